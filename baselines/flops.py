@@ -1,0 +1,33 @@
+"""The one FLOP count, as the FlashAttention-2 paper counts it (Section 4.1).
+
+Forward: two matmuls (S = QK^T and O = PV), 2 * 2 * b * h * n_q * n_k * d FLOPs, halved when
+causal. Backward: five matmuls, 2.5x the forward. Forward + backward: 3.5x the forward.
+Every TFLOPs/s figure in the project comes from `attention_flops`.
+"""
+
+from __future__ import annotations
+
+MODE_MULTIPLIER = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+
+
+def attention_flops(
+    batch: int,
+    heads: int,
+    seqlen_q: int,
+    seqlen_k: int,
+    headdim: int,
+    causal: bool,
+    mode: str = "fwd",
+) -> float:
+    """FLOPs of one attention call in `mode` ('fwd', 'bwd' or 'fwd_bwd')."""
+    if mode not in MODE_MULTIPLIER:
+        raise ValueError(f"mode must be one of {sorted(MODE_MULTIPLIER)}, got {mode!r}")
+    forward = 4.0 * batch * heads * seqlen_q * seqlen_k * headdim
+    if causal:
+        forward /= 2.0
+    return forward * MODE_MULTIPLIER[mode]
+
+
+def tflops_per_second(flops: float, ms: float) -> float:
+    """TFLOPs/s from a FLOP count and a time in milliseconds."""
+    return flops / (ms * 1e-3) / 1e12

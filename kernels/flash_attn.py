@@ -1,0 +1,674 @@
+"""FlashAttention-2 in Triton: forward and backward, with flash-attn's Python API.
+
+Provenance: the algorithm is FlashAttention-2 (Dao, 2023, arXiv 2307.08691), Algorithm 1
+(forward) and Algorithm 2 (backward); the code's shape follows Triton's fused-attention
+tutorial (python/tutorials/06-fused-attention.py): an inner-loop helper per pass, a `MASK`
+constexpr separating the off-diagonal (unmasked) blocks from the blocks that need a mask,
+and a backward split into a dK/dV pass and a dQ pass so that no atomics are needed.
+
+Differences from flash-attn's CUDA kernels:
+* the layout is flash-attn's (batch, seqlen, heads, headdim), read through strides; the last
+  dimension must be contiguous (other inputs are made contiguous first);
+* head dims that are not powers of two (59, 80, 96, 111, 160, ...) are padded inside the
+  kernel to the next power of two with masked loads, not by copying inputs;
+* the backward recomputes S and dP in the dQ pass (7 matmuls instead of 5) so that dQ is
+  written once by one program: deterministic, whatever `deterministic` says; TFLOPs/s still
+  use the paper's count of 5 (baselines/flops.py);
+* dropout, sliding windows, softcapping, ALiBi and GQA/MQA raise NotImplementedError.
+
+Cautions: a query row that sees no key (causal with seqlen_q > seqlen_k) outputs zeros and
+has logsumexp +inf, as flash-attn does. Triton's CPU interpreter (TRITON_INTERPRET=1) runs
+these kernels on CPU tensors, correctly for fp16 and fp32 but not bf16 (its bf16 dot is
+broken), and slowly: keep interpreter shapes small.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = 0.6931471805599453  # ln(2):   ln(x) = log2(x) * LN2
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEADDIM = 256
+
+
+# --------------------------------------------------------------------------------------
+# Block-size configurations: data, not code (one line of reason per choice).
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    block_m1: int  # query rows per step of the dK/dV pass
+    block_n1: int  # keys owned by one dK/dV program
+    block_m2: int  # query rows owned by one dQ program
+    block_n2: int  # keys per step of the dQ pass
+    num_warps: int
+    num_stages: int
+
+
+# Hopper (sm_90), keyed by (padded head dim, causal). Chosen on the H200, see
+# reports/h200/perf_notes.md for the measurements behind each line.
+HOPPER_FWD_CONFIGS = {
+    # 128x64 tiles keep the 8-warp wgmma busy while the fp32 accumulator stays in registers.
+    (16, False): FwdConfig(128, 64, 4, 3),
+    (16, True): FwdConfig(128, 64, 4, 3),
+    (32, False): FwdConfig(128, 64, 4, 3),
+    (32, True): FwdConfig(128, 64, 4, 3),
+    (64, False): FwdConfig(128, 64, 4, 3),
+    (64, True): FwdConfig(128, 64, 4, 3),
+    (128, False): FwdConfig(128, 64, 8, 3),
+    (128, True): FwdConfig(128, 64, 8, 3),
+    # head dim 256: the accumulator alone is 128 fp32 registers per thread at 8 warps.
+    (256, False): FwdConfig(128, 64, 8, 2),
+    (256, True): FwdConfig(128, 64, 8, 2),
+}
+HOPPER_BWD_CONFIGS = {
+    # tutorial 06's shape: narrow query steps against wide key blocks and vice versa.
+    16: BwdConfig(32, 128, 128, 32, 4, 3),
+    32: BwdConfig(32, 128, 128, 32, 4, 3),
+    64: BwdConfig(32, 128, 128, 32, 4, 3),
+    128: BwdConfig(32, 128, 128, 32, 4, 3),
+    # head dim 256: halve the tiles so K, V, dK, dV fit in shared memory and registers.
+    256: BwdConfig(32, 64, 64, 32, 4, 2),
+}
+# Any other CUDA GPU (Ampere, Ada): smaller tiles, fewer stages (less shared memory).
+GENERIC_FWD_CONFIG = FwdConfig(64, 64, 4, 2)
+GENERIC_BWD_CONFIG = BwdConfig(32, 64, 64, 32, 4, 2)
+# Triton's CPU interpreter: small tiles so that tiny test shapes still span several blocks.
+INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1)
+INTERPRETER_BWD_CONFIG = BwdConfig(16, 32, 32, 16, 4, 1)
+
+
+def padded_headdim(headdim: int) -> int:
+    """Head dim as the kernels tile it: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(headdim))
+
+
+def default_fwd_config(headdim: int, causal: bool, device: torch.device) -> FwdConfig:
+    if device.type != "cuda":
+        return INTERPRETER_FWD_CONFIG
+    if torch.cuda.get_device_capability(device)[0] == 9:
+        return HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+    return GENERIC_FWD_CONFIG
+
+
+def default_bwd_config(headdim: int, device: torch.device) -> BwdConfig:
+    if device.type != "cuda":
+        return INTERPRETER_BWD_CONFIG
+    if torch.cuda.get_device_capability(device)[0] == 9:
+        return HOPPER_BWD_CONFIGS[padded_headdim(headdim)]
+    return GENERIC_BWD_CONFIG
+
+
+# --------------------------------------------------------------------------------------
+# Shared jit helpers
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _load_tile(ptrs, rows_ok, cols_ok, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """Load a 2D tile, masking only the dimensions that can run out of bounds (so the
+    masks compile out for block-aligned lengths and power-of-two head dims)."""
+    if CHECK_ROWS:
+        if CHECK_COLS:
+            tile = tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    else:
+        if CHECK_COLS:
+            tile = tl.load(ptrs, mask=cols_ok[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _store_tile(ptrs, tile, rows_ok, cols_ok, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    if CHECK_ROWS:
+        if CHECK_COLS:
+            tl.store(ptrs, tile, mask=rows_ok[:, None] & cols_ok[None, :])
+        else:
+            tl.store(ptrs, tile, mask=rows_ok[:, None])
+    else:
+        if CHECK_COLS:
+            tl.store(ptrs, tile, mask=cols_ok[None, :])
+        else:
+            tl.store(ptrs, tile)
+
+
+@triton.jit
+def _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr):
+    """Key blocks a query block [start_m, start_m + BLOCK_M) visits, as [0, full) without a
+    mask and [full, end) with one. Causal is bottom-right aligned: row i sees key j iff
+    j <= i + seqlen_k - seqlen_q. Blocks entirely above the diagonal are never visited."""
+    if CAUSAL:
+        offset = seqlen_k - seqlen_q
+        end = tl.minimum(tl.maximum(start_m + BLOCK_M + offset, 0), seqlen_k)
+        full = tl.minimum(tl.maximum(start_m + offset + 1, 0), seqlen_k) // BLOCK_N * BLOCK_N
+    else:
+        end = seqlen_k
+        full = seqlen_k // BLOCK_N * BLOCK_N
+    return full, end
+
+
+# --------------------------------------------------------------------------------------
+# Forward (FA2 Algorithm 1)
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
+               seqlen_q, seqlen_k, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+               MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    """FA2 Alg. 1 lines 6-10 over key blocks [lo, hi)."""
+    offs_n_base = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n_base
+        n_ok = offs_n < seqlen_k
+        # line 6: load K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D)
+        kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok, n_ok,
+                        not EVEN_D, MASK)
+        v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
+                       MASK, not EVEN_D)
+        # line 8: S = Q K^T, in the log2 domain (softmax scale * log2(e) folded in)
+        s = tl.dot(q, kT) * qk_scale
+        if MASK:
+            # only blocks that cross the diagonal or the end of the keys pay for a mask
+            visible = n_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row that has seen no key yet keeps m = -inf: subtract 0, not -inf (no NaN)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_sub = m_new
+        # line 9: P~ = exp(S - m_new), l = exp(m_old - m_new) l + rowsum(P~)
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # line 10: O = diag(exp(m_old - m_new)) O + P~ V  -- unnormalised, no 1/l here
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_fwd_kernel(
+    Q, K, V, Out, LSE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    num_heads, seqlen_q, seqlen_k, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr,
+):
+    """One program per (query block, batch x head): FA2's thread-block parallelism over the
+    sequence (Section 3.2). O, l and m stay on chip for the program's whole life."""
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    Out += b * stride_ob + h * stride_oh
+    LSE += pid_bh.to(tl.int64) * seqlen_q
+
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < seqlen_q
+    d_ok = offs_d < HEAD_DIM
+
+    # line 4: load Q_i; lines 2-3 of the loop: O = 0, l = 0, m = -inf
+    q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
+                   not EVEN_M, not EVEN_D)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    # lines 5-11: key blocks left of the diagonal unmasked, then the ones that need a mask
+    full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                               0, full, seqlen_q, seqlen_k, qk_scale,
+                               HEAD_DIM, BLOCK_N, CAUSAL, False, EVEN_D)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                               full, end, seqlen_q, seqlen_k, qk_scale,
+                               HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D)
+
+    # line 12: one final rescale O = diag(l)^-1 O. A row that saw no key stays 0.
+    empty = l_i == 0.0
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    # line 13: L = m + log(l), stored in natural log; +inf for a row that saw no key
+    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_i)) * LN2)
+    # lines 14-15: write O_i and L_i
+    _store_tile(Out + offs_m[:, None] * stride_os + offs_d[None, :], acc.to(Out.dtype.element_ty),
+                m_ok, d_ok, not EVEN_M, not EVEN_D)
+    if EVEN_M:
+        tl.store(LSE + offs_m, lse)
+    else:
+        tl.store(LSE + offs_m, lse, mask=m_ok)
+
+
+# --------------------------------------------------------------------------------------
+# Backward (FA2 Algorithm 2)
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_preprocess_kernel(
+    Out, DO, Delta,
+    stride_ob, stride_os, stride_oh,
+    stride_dob, stride_dos, stride_doh,
+    num_heads, seqlen_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """FA2 Alg. 2 line 4: D = rowsum(dO * O), one float32 per query row."""
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    o = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
+                 mask=mask, other=0.0).to(tl.float32)
+    tl.store(Delta + pid_bh.to(tl.int64) * seqlen_q + offs_m, tl.sum(o * do, 1),
+             mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos, offs_n, offs_d,
+                    lo, hi, seqlen_q, seqlen_k, qk_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
+                    MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    """FA2 Alg. 2 lines 8-14 for one key block over query blocks [lo, hi), transposed so that
+    the key block is the M side of every matmul. Query rows past seqlen_q load L = +inf and
+    dO = 0, so they contribute exactly nothing without a mask."""
+    offs_m_base = tl.arange(0, BLOCK_M)
+    d_ok = offs_d < HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m_base
+        m_ok = offs_m < seqlen_q
+        qT = _load_tile(Q + offs_d[:, None] + offs_m[None, :] * stride_qs, d_ok, m_ok,
+                        not EVEN_D, not EVEN_M)
+        do = _load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], m_ok, d_ok,
+                        not EVEN_M, not EVEN_D)
+        if EVEN_M:
+            lse = tl.load(LSE + offs_m)
+            delta = tl.load(Delta + offs_m)
+        else:
+            lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf"))
+            delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
+        # lines 8-9: recompute S^T = K Q^T and P^T = exp(S^T - L) (log2 domain)
+        pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse[None, :] * LOG2E)
+        if MASK:
+            pT = tl.where(offs_n[:, None] <= offs_m[None, :] + (seqlen_k - seqlen_q), pT, 0.0)
+        # line 10: dV += P^T dO
+        dv = tl.dot(pT.to(do.dtype), do, dv)
+        # lines 11-12: dP^T = V dO^T, dS^T = P^T * (dP^T - D)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = pT * (dpT - delta[None, :])
+        # line 14: dK += dS^T Q (the softmax scale is applied once at the end)
+        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
+    return dk, dv
+
+
+@triton.jit
+def _flash_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, Delta, DK, DV,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    num_heads, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2 lines 5-16):
+    every element is written by exactly one program, so no atomics."""
+    start_n = tl.program_id(0) * BLOCK_N
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    DO += b * stride_dob + h * stride_doh
+    DK += b * stride_dkb + h * stride_dkh
+    DV += b * stride_dvb + h * stride_dvh
+    LSE += pid_bh.to(tl.int64) * seqlen_q
+    Delta += pid_bh.to(tl.int64) * seqlen_q
+
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_ok = offs_n < seqlen_k
+    d_ok = offs_d < HEAD_DIM
+    # line 6: load K_j, V_j; line 7: dK_j = dV_j = 0. Keys past seqlen_k load zeros and
+    # only produce rows of dK/dV that are never stored.
+    k = _load_tile(K + offs_n[:, None] * stride_ks + offs_d[None, :], n_ok, d_ok,
+                   not EVEN_N, not EVEN_D)
+    v = _load_tile(V + offs_n[:, None] * stride_vs + offs_d[None, :], n_ok, d_ok,
+                   not EVEN_N, not EVEN_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    if CAUSAL:
+        # query blocks that see some of these keys: row i sees key j iff i >= j - offset
+        offset = seqlen_k - seqlen_q
+        lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+        full = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - offset, lo), seqlen_q)
+        full = tl.cdiv(full, BLOCK_M) * BLOCK_M  # from here on every row sees every key
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos,
+                                 offs_n, offs_d, lo, full, seqlen_q, seqlen_k, qk_scale,
+                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D)
+    else:
+        full = 0
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos,
+                             offs_n, offs_d, full, seqlen_q, seqlen_q, seqlen_k, qk_scale,
+                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D)
+    # line 16: write dK_j (scaled once: S = scale * Q K^T) and dV_j
+    _store_tile(DK + offs_n[:, None] * stride_dks + offs_d[None, :],
+                (dk * softmax_scale).to(DK.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
+    _store_tile(DV + offs_n[:, None] * stride_dvs + offs_d[None, :],
+                dv.to(DV.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d, lo, hi,
+                  seqlen_q, seqlen_k, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                  MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    """FA2 Alg. 2 lines 8-13 for one query block over key blocks [lo, hi)."""
+    offs_n_base = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n_base
+        n_ok = offs_n < seqlen_k
+        kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_ks, d_ok, n_ok,
+                        not EVEN_D, MASK)
+        vT = _load_tile(V + offs_d[:, None] + offs_n[None, :] * stride_vs, d_ok, n_ok,
+                        not EVEN_D, MASK)
+        # lines 8-9: P = exp(S - L)
+        p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
+        if MASK:
+            visible = n_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
+            p = tl.where(visible, p, 0.0)
+        # lines 11-12: dP = dO V^T, dS = P * (dP - D)
+        ds = p * (tl.dot(do, vT) - delta[:, None])
+        # line 13: dQ += dS K
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq)
+    return dq
+
+
+@triton.jit
+def _flash_bwd_dq_kernel(
+    Q, K, V, DO, LSE, Delta, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    num_heads, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr,
+):
+    """One program per (query block, batch x head) owns dQ_i: the dQ part of FA2 Alg. 2
+    (line 13) as a separate pass, so dQ needs no atomics and the result is deterministic."""
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // num_heads).to(tl.int64)
+    h = (pid_bh % num_heads).to(tl.int64)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    DO += b * stride_dob + h * stride_doh
+    DQ += b * stride_dqb + h * stride_dqh
+    LSE += pid_bh.to(tl.int64) * seqlen_q
+    Delta += pid_bh.to(tl.int64) * seqlen_q
+
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < seqlen_q
+    d_ok = offs_d < HEAD_DIM
+    q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
+                   not EVEN_M, not EVEN_D)
+    do = _load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], m_ok, d_ok,
+                    not EVEN_M, not EVEN_D)
+    lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf")) * LOG2E
+    delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                       0, full, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL,
+                       False, EVEN_D)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                       full, end, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL,
+                       True, EVEN_D)
+    _store_tile(DQ + offs_m[:, None] * stride_dqs + offs_d[None, :],
+                (dq * softmax_scale).to(DQ.dtype.element_ty), m_ok, d_ok, not EVEN_M, not EVEN_D)
+
+
+# --------------------------------------------------------------------------------------
+# Launchers: validate, allocate, launch
+# --------------------------------------------------------------------------------------
+def _interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           softmax_scale: float | None) -> float:
+    """Raise TypeError/ValueError naming the argument for anything the kernels cannot take;
+    return the softmax scale to use."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (batch, seqlen, heads, headdim), "
+                             f"got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not _interpreter_enabled():
+        raise ValueError(f"q is on {q.device}: the Triton kernels need a CUDA tensor, or set "
+                         "TRITON_INTERPRET=1 in the environment before importing `kernels` to "
+                         "run them in Triton's CPU interpreter (slow, for tests)")
+    batch, _, heads, headdim = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != batch:
+        raise ValueError(f"k and v must have q's batch size {batch}, got {k.shape[0]}")
+    if k.shape[3] != headdim:
+        raise ValueError(f"k and v must have q's head dim {headdim}, got {k.shape[3]}")
+    if not 1 <= headdim <= MAX_HEADDIM:
+        raise ValueError(f"head dim must be between 1 and {MAX_HEADDIM}, got {headdim}")
+    if k.shape[2] != heads:
+        if k.shape[2] == 0 or heads % k.shape[2] != 0:
+            raise ValueError(f"k and v heads ({k.shape[2]}) must divide q heads ({heads})")
+        raise NotImplementedError(f"GQA/MQA (k/v heads {k.shape[2]} != q heads {heads}) is "
+                                  "not implemented yet")
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(headdim)
+    if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
+        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
+                       config: FwdConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward pass on validated inputs. Returns (out, lse): out like q, lse (batch, heads,
+    seqlen_q) float32 natural-log logsumexp. `config` overrides the block-size table."""
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    batch, seqlen_q, heads, headdim = q.shape
+    seqlen_k = k.shape[1]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
+    if out.numel() == 0:
+        return out, lse
+    if seqlen_k == 0:  # no key at all: every row is empty
+        return out.zero_(), lse.fill_(float("inf"))
+    cfg = config or default_fwd_config(headdim, causal, q.device)
+    grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
+    _flash_fwd_kernel[grid](
+        q, k, v, out, lse,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+        heads, seqlen_q, seqlen_k, softmax_scale * LOG2E,
+        HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: bool,
+                        config: BwdConfig | None = None):
+    """Backward pass: returns (dq, dk, dv) in the inputs' dtype."""
+    do, q, k, v = (_last_dim_contiguous(t) for t in (do, q, k, v))
+    batch, seqlen_q, heads, headdim = q.shape
+    seqlen_k = k.shape[1]
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if seqlen_q == 0 or seqlen_k == 0 or batch * heads == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    cfg = config or default_bwd_config(headdim, q.device)
+    block_d = padded_headdim(headdim)
+    delta = torch.empty_like(lse)
+    _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, 64), batch * heads)](
+        out, do, delta, *_strides(out), *_strides(do), heads, seqlen_q,
+        HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
+    )
+    common = dict(HEAD_DIM=headdim, BLOCK_D=block_d, CAUSAL=causal,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
+        q, k, v, do, lse, delta, dk, dv,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E,
+        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+        EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0, **common,
+    )
+    _flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.block_m2), batch * heads)](
+        q, k, v, do, lse, delta, dq,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E,
+        BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
+        EVEN_M=seqlen_q % cfg.block_m2 == 0, **common,
+    )
+    return dq, dk, dv
+
+
+class FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, fwd_config, bwd_config):
+        out, lse = flash_attn_forward(q, k, v, softmax_scale, causal, fwd_config)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softmax_scale, ctx.causal, ctx.bwd_config = softmax_scale, causal, bwd_config
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
+                                         ctx.bwd_config)
+        return dq, dk, dv, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------
+# Public API: flash-attn's signatures
+# --------------------------------------------------------------------------------------
+def _check_unimplemented(dropout_p, window_size, softcap, alibi_slopes):
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not implemented yet")
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError(f"window_size={tuple(window_size)}: sliding-window attention "
+                                  "is not implemented yet")
+    if softcap != 0.0:
+        raise NotImplementedError(f"softcap={softcap}: softcapping is not implemented yet")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: ALiBi is not implemented yet")
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False, *, fwd_config: FwdConfig | None = None,
+                    bwd_config: BwdConfig | None = None):
+    """Drop-in for `flash_attn.flash_attn_func`.
+
+    q: (batch, seqlen_q, heads, headdim); k, v: (batch, seqlen_k, heads, headdim); float16,
+    bfloat16 (or float32). Returns out (batch, seqlen_q, heads, headdim), or with
+    `return_attn_probs=True` the tuple (out, softmax_lse, S_dmask) where softmax_lse is
+    (batch, heads, seqlen_q) float32 and S_dmask is None (flash-attn returns its dropout
+    pattern there; this kernel has no dropout). The backward is always deterministic, so
+    `deterministic` is accepted and has nothing to change. `fwd_config`/`bwd_config`
+    override the block-size table (benchmarks use them; results are identical up to rounding).
+    """
+    _check_unimplemented(dropout_p, window_size, softcap, alibi_slopes)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    scale = check_attention_inputs(q, k, v, softmax_scale)
+    out, lse = FlashAttnFunc.apply(q, k, v, scale, causal, fwd_config, bwd_config)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    """Drop-in for `flash_attn.flash_attn_qkvpacked_func`: qkv (batch, seqlen, 3, heads, headdim)."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError("qkv must be a tensor of shape (batch, seqlen, 3, heads, headdim), got "
+                         f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
+                           causal, window_size, softcap, alibi_slopes, deterministic,
+                           return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    """Drop-in for `flash_attn.flash_attn_kvpacked_func`: kv (batch, seqlen_k, 2, heads, headdim)."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError("kv must be a tensor of shape (batch, seqlen_k, 2, heads, headdim), got "
+                         f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
+                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
