@@ -1,0 +1,314 @@
+"""The FA2 kernel (kernels/flash_attn.py) against the float64 reference.
+
+Criterion (flash-attn's own tests): the kernel's error against float64 is at most twice the
+error of the same computation done by PyTorch in the inputs' dtype, plus a small epsilon.
+On CPU the kernels run in Triton's interpreter (fp16/fp32, small shapes); the `gpu` tests
+repeat the checks in bf16/fp16 at real sizes on a CUDA device.
+"""
+
+import math
+
+import pytest
+import torch
+
+from baselines.reference import attention_reference, attention_same_dtype
+from kernels import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from kernels.flash_attn import FwdConfig, flash_attn_forward
+
+ABS_EPS = {torch.float16: 1e-3, torch.bfloat16: 4e-3, torch.float32: 1e-5}
+
+
+@pytest.fixture
+def poisoned_allocations(monkeypatch):
+    """Every buffer the launchers allocate starts as NaN, so an element the kernel fails to
+    write shows up as NaN instead of hiding behind whatever memory held."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def empty_like(*args, **kwargs):
+        t = real_empty_like(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+def make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, dtype, device, requires_grad=False):
+    """Fresh random inputs (never zeros)."""
+    q = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype, device=device)
+    k = torch.randn(batch, seqlen_k, heads, headdim, dtype=dtype, device=device)
+    v = torch.randn(batch, seqlen_k, heads, headdim, dtype=dtype, device=device)
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+def assert_close_to_reference(name, actual, reference64, same_dtype):
+    """`actual` is no further from float64 than twice PyTorch's same-dtype result."""
+    assert not torch.isnan(actual).any(), f"{name} has NaN"
+    err = (actual.double() - reference64).abs().max().item()
+    yardstick = (same_dtype.double() - reference64).abs().max().item()
+    bound = 2 * yardstick + ABS_EPS[actual.dtype]
+    assert err <= bound, f"{name}: max error {err:.3e} > 2 x same-dtype error {yardstick:.3e} + eps"
+
+
+def check_forward(batch, seqlen_q, seqlen_k, heads, headdim, causal, dtype, device):
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, dtype, device)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    ref_out, ref_lse = attention_reference(q, k, v, causal=causal)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (batch, heads, seqlen_q) and lse.dtype == torch.float32
+    assert_close_to_reference("out", out, ref_out, attention_same_dtype(q, k, v, causal=causal))
+    # rows that see no key have L = +inf in both; every other row agrees to float32 rounding
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-3, rtol=1e-4)
+
+
+def check_backward(batch, seqlen_q, seqlen_k, heads, headdim, causal, dtype, device):
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, dtype, device, requires_grad=True)
+    dout = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype, device=device)
+    grads = torch.autograd.grad(flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_grads = torch.autograd.grad(attention_reference(q64, k64, v64, causal=causal)[0],
+                                    (q64, k64, v64), dout.double())
+    same_grads = torch.autograd.grad(attention_same_dtype(q, k, v, causal=causal), (q, k, v), dout)
+    for name, g, ref, same in zip(("dq", "dk", "dv"), grads, ref_grads, same_grads):
+        assert g.shape == ref.shape and g.dtype == dtype
+        assert_close_to_reference(name, g, ref, same)
+
+
+# (batch, seqlen_q, seqlen_k, heads, headdim): ragged lengths, seqlen_q != seqlen_k both ways,
+# head dims that are not powers of two, several batch/head counts.
+CPU_SHAPES = [
+    (1, 1, 1, 1, 16),
+    (2, 17, 17, 2, 32),
+    (1, 113, 113, 2, 64),
+    (2, 64, 128, 1, 72),
+    (1, 113, 203, 2, 59),
+    (1, 203, 113, 1, 40),
+    (3, 32, 17, 2, 128),
+    (1, 1, 97, 3, 8),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", CPU_SHAPES, ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_forward_matches_reference(shape, causal, poisoned_allocations):
+    check_forward(*shape, causal, torch.float16, "cpu")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 45, 45, 2, 32), (2, 33, 70, 1, 24)],
+                         ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_forward_fp32_matches_reference(shape, causal, poisoned_allocations):
+    check_forward(*shape, causal, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 17, 17, 2, 16), (2, 113, 70, 1, 59), (1, 40, 97, 2, 64),
+                                   (1, 64, 64, 1, 128)],
+                         ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_backward_matches_reference(shape, causal, poisoned_allocations):
+    check_backward(*shape, causal, torch.float16, "cpu")
+
+
+def test_backward_fp32_matches_reference(poisoned_allocations):
+    check_backward(1, 50, 37, 2, 24, True, torch.float32, "cpu")
+
+
+def test_causal_bottom_right_when_sq_gt_sk_gives_zero_rows_not_nan(poisoned_allocations):
+    """seqlen_q > seqlen_k with causal: the first seqlen_q - seqlen_k rows see no key, so
+    they output exactly 0 with L = +inf (flash-attn's convention) and their grads are 0."""
+    q, k, v = make_qkv(1, 40, 10, 2, 32, torch.float16, "cpu", requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.all(out[:, :30] == 0) and torch.all(torch.isposinf(lse[:, :, :30]))
+    assert torch.isfinite(lse[:, :, 30:]).all() and out[:, 30:].abs().sum() > 0
+    out.backward(torch.randn_like(out))
+    assert torch.all(q.grad[:, :30] == 0)
+    assert all(torch.isfinite(g).all() for g in (q.grad, k.grad, v.grad))
+
+
+def test_causal_bottom_right_when_sq_lt_sk_sees_the_key_prefix():
+    """seqlen_q < seqlen_k with causal: the last query row sees every key, the first sees
+    seqlen_k - seqlen_q + 1 keys (bottom-right alignment, flash-attn >= 2.1)."""
+    q, k, v = make_qkv(1, 3, 20, 1, 16, torch.float32, "cpu")
+    out = flash_attn_func(q, k, v, causal=True)
+    first_row = flash_attn_func(q[:, :1], k[:, :18], v[:, :18], causal=False)
+    torch.testing.assert_close(out[:, :1], first_row, atol=1e-5, rtol=1e-5)
+    last_row = flash_attn_func(q[:, 2:], k, v, causal=False)
+    torch.testing.assert_close(out[:, 2:], last_row, atol=1e-5, rtol=1e-5)
+
+
+def test_custom_softmax_scale_matches_reference(poisoned_allocations):
+    q, k, v = make_qkv(1, 30, 30, 2, 32, torch.float16, "cpu")
+    out = flash_attn_func(q, k, v, softmax_scale=0.3, causal=True)
+    ref, _ = attention_reference(q, k, v, softmax_scale=0.3, causal=True)
+    assert_close_to_reference("out", out, ref, attention_same_dtype(q, k, v, 0.3, causal=True))
+
+
+def test_non_contiguous_inputs_match_contiguous():
+    base = torch.randn(2, 2, 37, 32, 3, dtype=torch.float16)  # (B, H, S, D, 3)
+    q, k, v = (base[..., i].transpose(1, 2) for i in range(3))  # last stride 3, not 1
+    q2 = torch.randn(2, 2, 37, 32, dtype=torch.float16).transpose(1, 2)  # (B, S, H, D) view
+    assert not q.is_contiguous() and not q2.is_contiguous() and q2.stride(-1) == 1
+    for query in (q, q2):
+        out = flash_attn_func(query, k, v, causal=True)
+        ref = flash_attn_func(query.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+        torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+def test_packed_variants_equal_unpacked():
+    qkv = torch.randn(2, 33, 3, 2, 32, dtype=torch.float16, requires_grad=True)
+    out_packed = flash_attn_qkvpacked_func(qkv, causal=True)
+    q, k, v = (qkv[:, :, i].detach().clone().requires_grad_() for i in range(3))
+    out = flash_attn_func(q, k, v, causal=True)
+    torch.testing.assert_close(out_packed, out, atol=0, rtol=0)
+    dout = torch.randn_like(out)
+    out_packed.backward(dout)
+    out.backward(dout)
+    torch.testing.assert_close(qkv.grad, torch.stack([q.grad, k.grad, v.grad], dim=2), atol=0, rtol=0)
+
+    kv = torch.stack([k.detach(), v.detach()], dim=2)
+    torch.testing.assert_close(flash_attn_kvpacked_func(q.detach(), kv, causal=True), out.detach(),
+                               atol=0, rtol=0)
+
+
+def test_backward_is_deterministic():
+    q, k, v = make_qkv(1, 70, 70, 2, 32, torch.float16, "cpu", requires_grad=True)
+    dout = torch.randn(1, 70, 2, 32, dtype=torch.float16)
+    first = torch.autograd.grad(flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
+    second = torch.autograd.grad(flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_block_config_does_not_change_the_result():
+    q, k, v = make_qkv(1, 50, 50, 1, 32, torch.float32, "cpu")
+    out_a, lse_a = flash_attn_forward(q, k, v, 0.2, True, FwdConfig(16, 16, 4, 1))
+    out_b, lse_b = flash_attn_forward(q, k, v, 0.2, True, FwdConfig(64, 32, 4, 1))
+    torch.testing.assert_close(out_a, out_b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_a, lse_b, atol=1e-5, rtol=1e-5)
+
+
+def test_training_step_reduces_the_loss():
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 2, 16)
+    proj = torch.nn.Linear(16, 3 * 16)
+    opt = torch.optim.SGD(proj.parameters(), lr=0.5)
+    target = torch.randn(2, 16, 2, 16)
+    losses = []
+    for _ in range(3):
+        q, k, v = proj(x).chunk(3, dim=-1)
+        loss = (flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+                - target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(0, 5), (5, 0), (0, 0)])
+def test_zero_length_sequences(seqlen_q, seqlen_k):
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 2, 16, torch.float16, "cpu", requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (2, 2, seqlen_q)
+    assert torch.all(out == 0) and torch.all(torch.isposinf(lse))  # vacuous when seqlen_q == 0
+    out.sum().backward()
+    assert all(g is not None and torch.all(g == 0) for g in (q.grad, k.grad, v.grad))
+
+
+def _valid():
+    return make_qkv(1, 8, 8, 2, 16, torch.float16, "cpu")
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda q, k, v: (q.float(), k, v), TypeError, "share one dtype"),
+    (lambda q, k, v: (q.double(), k.double(), v.double()), TypeError, "float16, bfloat16 or float32"),
+    (lambda q, k, v: (q.int(), k.int(), v.int()), TypeError, "float16, bfloat16 or float32"),
+    (lambda q, k, v: (q[0], k, v), ValueError, "q must have 4 dimensions"),
+    (lambda q, k, v: (q, k[..., :8], v[..., :8]), ValueError, "head dim 16"),
+    (lambda q, k, v: (q, k[:, :4], v), ValueError, "same shape"),
+    (lambda q, k, v: (q, torch.cat([k, k]), torch.cat([v, v])), ValueError, "batch size 1"),
+    (lambda q, k, v: (q, k[:, :, :1].expand(-1, -1, 3, -1), v[:, :, :1].expand(-1, -1, 3, -1)),
+     ValueError, "must divide q heads"),
+    (lambda q, k, v: (torch.randn(1, 8, 2, 264, dtype=torch.float16),) * 3, ValueError,
+     "between 1 and 256"),
+    (lambda q, k, v: (q, k, "v"), TypeError, "v must be a torch.Tensor"),
+])
+def test_bad_input_raises_naming_the_argument(mutate, error, match):
+    with pytest.raises(error, match=match):
+        flash_attn_func(*mutate(*_valid()))
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_softmax_scale_raises(scale):
+    with pytest.raises(ValueError, match="softmax_scale must be a finite number > 0"):
+        flash_attn_func(*_valid(), softmax_scale=scale)
+
+
+def test_gqa_is_reported_as_not_implemented():
+    q, k, v = make_qkv(1, 8, 8, 4, 16, torch.float16, "cpu")
+    with pytest.raises(NotImplementedError, match="GQA"):
+        flash_attn_func(q, k[:, :, :2], v[:, :, :2])
+
+
+def test_cpu_tensor_without_interpreter_says_how_to_enable_it(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        flash_attn_func(*_valid())
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    (dict(dropout_p=0.1), "dropout_p"),
+    (dict(window_size=(8, 0)), "window_size"),
+    (dict(softcap=30.0), "softcap"),
+    (dict(alibi_slopes=torch.ones(2)), "alibi_slopes"),
+])
+def test_unimplemented_features_raise_naming_the_argument(kwargs, name):
+    with pytest.raises(NotImplementedError, match=name):
+        flash_attn_func(*_valid(), **kwargs)
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: the same checks in bf16 and fp16 at real sizes (skipped without CUDA).
+# ---------------------------------------------------------------------------------------
+GPU_SHAPES = [
+    (2, 1024, 1024, 4, 64),
+    (1, 2048, 2048, 2, 128),
+    (1, 8192, 8192, 1, 128),
+    (1, 1000, 1000, 2, 256),
+    (2, 777, 1500, 3, 96),
+    (1, 1500, 777, 2, 80),
+    (1, 513, 513, 2, 111),
+    (4, 1, 129, 2, 64),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_gpu_forward_matches_reference(shape, causal, dtype, poisoned_allocations):
+    check_forward(*shape, causal, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 1024, 1024, 2, 64), (1, 2048, 2048, 2, 128),
+                                   (1, 4096, 4096, 1, 128), (1, 1000, 1000, 1, 256),
+                                   (1, 777, 1500, 2, 96), (1, 1500, 777, 2, 59)],
+                         ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_gpu_backward_matches_reference(shape, causal, dtype, poisoned_allocations):
+    check_backward(*shape, causal, dtype, "cuda")
+
+
+def test_reference_softmax_scale_default_is_inverse_sqrt_headdim():
+    q, k, v = make_qkv(1, 5, 5, 1, 16, torch.float32, "cpu")
+    a, _ = attention_reference(q, k, v)
+    b, _ = attention_reference(q, k, v, softmax_scale=1 / math.sqrt(16))
+    torch.testing.assert_close(a, b)
