@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634  # log2(e): exp(x) = exp2(x * LOG2E)
-LN2 = 0.6931471805599453  # ln(2):   ln(x) = log2(x) * LN2
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2):   ln(x) = log2(x) * LN2
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_HEADDIM = 256
 
@@ -551,7 +551,7 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
     _flash_fwd_kernel[grid](
         q, k, v, out, lse,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-        heads, seqlen_q, seqlen_k, softmax_scale * LOG2E,
+        heads, seqlen_q, seqlen_k, softmax_scale * LOG2E.value,
         HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0,
@@ -583,14 +583,14 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
         q, k, v, do, lse, delta, dk, dv,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
-        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E,
+        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
         BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
         EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0, **common,
     )
     _flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.block_m2), batch * heads)](
         q, k, v, do, lse, delta, dq,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
-        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E,
+        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
         BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
         EVEN_M=seqlen_q % cfg.block_m2 == 0, **common,
     )

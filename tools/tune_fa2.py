@@ -1,0 +1,134 @@
+"""Pick the FA2 kernel's block-size table on the GPU (kernels/flash_attn.py, HOPPER_*_CONFIGS).
+
+Times a small set of candidate configs per (head dim, causal) in the paper's setup
+(hidden 2048, batch = 16384 / seqlen) next to SDPA flash (the official FA2 CUDA kernel) and
+SDPA cuDNN in the same process, checks each candidate's output against the float64
+reference first, and writes every row to $OUT/tune_fa2.csv (or ./tune_fa2.csv).
+
+    python tools/tune_fa2.py --seqlen 4096 --hdims 64 128 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+import triton
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from baselines.flops import attention_flops, tflops_per_second  # noqa: E402
+from baselines.reference import attention_reference  # noqa: E402
+from kernels.flash_attn import (  # noqa: E402
+    BwdConfig,
+    FwdConfig,
+    flash_attn_backward,
+    flash_attn_forward,
+)
+
+FWD_CANDIDATES = [
+    FwdConfig(128, 64, 8, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 3),
+    FwdConfig(64, 64, 4, 3), FwdConfig(64, 128, 4, 3), FwdConfig(128, 32, 4, 3),
+    FwdConfig(128, 64, 8, 2), FwdConfig(128, 128, 8, 2), FwdConfig(128, 64, 8, 4),
+]
+BWD_CANDIDATES = [
+    BwdConfig(32, 128, 128, 32, 4, 3), BwdConfig(32, 128, 128, 32, 4, 5),
+    BwdConfig(64, 128, 128, 64, 8, 2), BwdConfig(32, 64, 64, 32, 4, 3),
+    BwdConfig(64, 64, 64, 64, 4, 2), BwdConfig(32, 128, 128, 32, 8, 3),
+    BwdConfig(64, 128, 128, 32, 8, 3),
+]
+
+
+def bench(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    args = parser.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    out_path = Path(os.environ.get("OUT", ".")) / "tune_fa2.csv"
+    rows = []
+
+    def record(**row):
+        rows.append(row)
+        pd.DataFrame(rows).to_csv(out_path, index=False)
+        print(f"{row['kind']:4s} d{row['hdim']:<3d} causal={row['causal']!s:5s} {row['config']:<48s} "
+              f"{row.get('tflops', float('nan')):7.1f} TFLOPs/s {row.get('status', '')}", flush=True)
+
+    seqlen = args.seqlen
+    for hdim in args.hdims:
+        batch, heads = 16384 // seqlen, 2048 // hdim
+        torch.manual_seed(0)
+        q, k, v, dout = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype)
+                         for _ in range(4))
+        small = [t[:1, :512, :2] for t in (q, k, v)]
+        scale = hdim ** -0.5
+        for causal in (False, True):
+            fwd_flops = attention_flops(batch, heads, seqlen, seqlen, hdim, causal, "fwd")
+            bwd_flops = attention_flops(batch, heads, seqlen, seqlen, hdim, causal, "bwd")
+            ref_small, _ = attention_reference(*small, scale, causal)
+            # peers, same process
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION),
+                                  ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
+                try:
+                    with sdpa_kernel(backend):
+                        ms = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+                            qt, kt, vt, is_causal=causal))
+                    record(kind="fwd", hdim=hdim, causal=causal, config=name, ms=ms,
+                           tflops=tflops_per_second(fwd_flops, ms), status="ok")
+                    qg, kg, vg = (t.detach().requires_grad_() for t in (qt, kt, vt))
+                    with sdpa_kernel(backend):
+                        o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                        g = dout.transpose(1, 2)
+                        ms = bench(lambda: o.backward(g, retain_graph=True))
+                    record(kind="bwd", hdim=hdim, causal=causal, config=name, ms=ms,
+                           tflops=tflops_per_second(bwd_flops, ms), status="ok")
+                except Exception as exc:  # a peer that cannot run this shape is a row, not a crash
+                    record(kind="fwd", hdim=hdim, causal=causal, config=name, status=f"error: {exc}"[:200])
+            out_full = lse_full = None
+            for cfg in FWD_CANDIDATES:
+                label = f"{cfg}"
+                try:
+                    out_s, _ = flash_attn_forward(*small, scale, causal, cfg)
+                    err = ((out_s.double() - ref_small).norm() / ref_small.norm()).item()
+                    if not err < 2e-2:
+                        record(kind="fwd", hdim=hdim, causal=causal, config=label, status=f"wrong {err:.2e}")
+                        continue
+                    ms = bench(lambda: flash_attn_forward(q, k, v, scale, causal, cfg))
+                    record(kind="fwd", hdim=hdim, causal=causal, config=label, ms=ms,
+                           tflops=tflops_per_second(fwd_flops, ms), status="ok", rel_err=err)
+                    if out_full is None:
+                        out_full, lse_full = flash_attn_forward(q, k, v, scale, causal, cfg)
+                except Exception as exc:
+                    record(kind="fwd", hdim=hdim, causal=causal, config=label, status=f"error: {exc}"[:200])
+            for cfg in BWD_CANDIDATES:
+                label = f"{cfg}"
+                try:
+                    ms = bench(lambda: flash_attn_backward(dout, q, k, v, out_full, lse_full, scale,
+                                                           causal, cfg))
+                    record(kind="bwd", hdim=hdim, causal=causal, config=label, ms=ms,
+                           tflops=tflops_per_second(bwd_flops, ms), status="ok")
+                except Exception as exc:
+                    record(kind="bwd", hdim=hdim, causal=causal, config=label, status=f"error: {exc}"[:200])
+            torch.cuda.empty_cache()
+
+    df = pd.DataFrame(rows)
+    ok = df[df.status == "ok"]
+    best = ok.loc[ok.groupby(["kind", "hdim", "causal"]).tflops.idxmax()]
+    print("\nbest per (kind, hdim, causal):")
+    print(best[["kind", "hdim", "causal", "config", "tflops"]].to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
