@@ -1,0 +1,144 @@
+"""The environment a measurement was taken in, stored beside every result row.
+
+`capture_environment()` gives the fields every row carries (gpu, driver, cuda, torch, triton,
+git_commit, timestamp) plus a GPU state snapshot read with nvidia-ml-py (NVML): SM and memory
+clocks, temperature, power, the current clock-event (throttle) reasons and NVML's cumulative
+power/thermal violation counters. Take one snapshot before and one after a run:
+`throttle_warnings(before, after)` reads the counters' growth, which covers the whole run and
+not only the instant of the snapshot. Without a GPU, gpu is 'cpu (Triton interpreter)'.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import re
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+INTERPRETER_GPU = "cpu (Triton interpreter)"
+ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "triton", "git_commit", "timestamp")
+# NVML clock-event reasons that mean the clocks were lowered by heat or a power limit.
+THROTTLE_REASON_NAMES = {
+    "nvmlClocksEventReasonSwPowerCap": "software power cap",
+    "nvmlClocksEventReasonHwSlowdown": "hardware slowdown",
+    "nvmlClocksEventReasonSwThermalSlowdown": "software thermal slowdown",
+    "nvmlClocksEventReasonHwThermalSlowdown": "hardware thermal slowdown",
+    "nvmlClocksEventReasonHwPowerBrakeSlowdown": "hardware power brake",
+}
+
+
+def git_commit(repo: Path = REPO_ROOT) -> str:
+    """`git rev-parse HEAD`, with '-dirty' when tracked files have uncommitted changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return f"{head}-dirty" if dirty else head
+
+
+def _nvml_handle(pynvml):
+    """NVML handle of the GPU torch uses (by UUID, so CUDA_VISIBLE_DEVICES cannot mislead)."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+    return pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+
+
+def gpu_state() -> dict:
+    """NVML snapshot of the current GPU; a field NVML cannot read is None, with the errors
+    listed under 'nvml_errors'. Empty without CUDA."""
+    if not torch.cuda.is_available():
+        return {}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 -- no NVML: say so in the metadata, measure anyway
+        return {"nvml_errors": [f"NVML unavailable: {type(exc).__name__}: {exc}"]}
+    try:
+        handle = _nvml_handle(pynvml)
+        errors: list[str] = []
+
+        def read(name, query):
+            try:
+                return query()
+            except pynvml.NVMLError as exc:
+                errors.append(f"{name}: {exc}")
+                return None
+
+        reasons_query = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons",
+                                getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+        reasons = read("clock_event_reasons", lambda: reasons_query(handle))
+        state = {
+            "name": read("name", lambda: pynvml.nvmlDeviceGetName(handle)),
+            "driver": read("driver", pynvml.nvmlSystemGetDriverVersion),
+            "sm_clock_mhz": read("sm_clock", lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+            "mem_clock_mhz": read("mem_clock", lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)),
+            "max_sm_clock_mhz": read("max_sm_clock",
+                                     lambda: pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+            "temperature_c": read("temperature",
+                                  lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)),
+            "power_w": read("power", lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+            "power_limit_w": read("power_limit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0),
+            "clock_event_reasons": None if reasons is None else [
+                label for attr, label in THROTTLE_REASON_NAMES.items() if reasons & getattr(pynvml, attr, 0)],
+            "power_violation_ns": read("power_violation", lambda: pynvml.nvmlDeviceGetViolationStatus(
+                handle, pynvml.NVML_PERF_POLICY_POWER).violationTime),
+            "thermal_violation_ns": read("thermal_violation", lambda: pynvml.nvmlDeviceGetViolationStatus(
+                handle, pynvml.NVML_PERF_POLICY_THERMAL).violationTime),
+            "nvml_errors": errors,
+        }
+    finally:
+        pynvml.nvmlShutdown()
+    return state
+
+
+def capture_environment() -> dict:
+    """The row environment columns (ENV_COLUMNS), 'interpreter', and the GPU 'state' snapshot."""
+    import triton
+
+    has_cuda = torch.cuda.is_available()
+    state = gpu_state()
+    return {
+        "gpu": (state.get("name") or torch.cuda.get_device_name()) if has_cuda else INTERPRETER_GPU,
+        "driver": state.get("driver") or "",
+        "cuda": torch.version.cuda or "",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "git_commit": git_commit(),
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "interpreter": not has_cuda,
+        "python": platform.python_version(),
+        "state": state,
+    }
+
+
+def throttle_warnings(before: dict, after: dict) -> list[str]:
+    """Warnings when the GPU was held back by heat or power between two `capture_environment()`
+    snapshots: NVML's violation counters grew, or a throttle reason is active at the end."""
+    start, end = before.get("state") or {}, after.get("state") or {}
+    warnings = []
+    for key, what in (("power_violation_ns", "power"), ("thermal_violation_ns", "thermal")):
+        if start.get(key) is not None and end.get(key) is not None and end[key] > start[key]:
+            warnings.append(f"clocks were {what}-throttled for {(end[key] - start[key]) / 1e6:.1f} ms "
+                            "during the run: numbers may be low")
+    if end.get("clock_event_reasons"):
+        warnings.append(f"throttle reasons active after the run: {', '.join(end['clock_event_reasons'])}")
+    return warnings
+
+
+def gpu_slug(gpu: str | None = None) -> str:
+    """File-name form of a GPU name ('NVIDIA H200' -> 'nvidia-h200'); 'cpu' for the interpreter."""
+    if gpu is None:
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else INTERPRETER_GPU
+    if gpu == INTERPRETER_GPU:
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")

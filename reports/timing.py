@@ -1,0 +1,94 @@
+"""The one timing helper: every time in the project's results comes from `time_attention`.
+
+On a GPU: `triton.testing.do_bench` (which flushes L2 before each call) returns the median
+and the 20th/80th percentiles of the call time; one call before it compiles and warms up
+(Triton JIT, torch.compile, cuDNN plans), so compilation is never timed, and that call's
+peak memory is recorded. On CPU (Triton's interpreter): the median of a few
+`time.perf_counter` measurements after one warm-up call; those numbers are not performance.
+
+Modes, as the paper times them: 'fwd' the forward alone; 'bwd' the backward alone
+(`out.backward(dout, retain_graph=True)` on one forward's graph); 'fwd_bwd' both.
+Gradients are cleared before every timed call (`grad_to_none`) so none accumulate.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+QUANTILES = (0.5, 0.2, 0.8)  # median, 20th and 80th percentile of the call time
+CPU_REPS = 3  # timed calls per measurement in the interpreter (each may take seconds)
+
+
+@dataclass(frozen=True)
+class Timing:
+    ms: float  # median milliseconds per call
+    ms_p20: float  # 20th percentile (a faster call than the median)
+    ms_p80: float  # 80th percentile
+    peak_mem_mb: float  # peak memory allocated during the warm-up call, inputs included (NaN on CPU)
+
+
+def _clear_grads(tensors: Sequence[torch.Tensor]) -> None:
+    for t in tensors:
+        t.grad = None
+
+
+def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
+              grad_to_none: Sequence[torch.Tensor] = (), cpu_reps: int = CPU_REPS) -> Timing:
+    """Time `fn()` on `device`; the first call (compile, warm-up) is never timed."""
+    if device.type == "cuda":
+        import triton.testing
+
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+        _clear_grads(grad_to_none)
+        ms, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
+                                               grad_to_none=list(grad_to_none) or None,
+                                               quantiles=list(QUANTILES))
+        return Timing(ms, p20, p80, peak_mb)
+    if cpu_reps < 1:
+        raise ValueError(f"cpu_reps must be >= 1, got {cpu_reps}")
+    fn()
+    times = []
+    for _ in range(cpu_reps):
+        _clear_grads(grad_to_none)
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    # linear interpolation between order statistics, as do_bench's quantiles
+    ms, p20, p80 = torch.tensor(times, dtype=torch.float64).quantile(
+        torch.tensor(QUANTILES, dtype=torch.float64)).tolist()
+    return Timing(ms, p20, p80, math.nan)
+
+
+def time_attention(forward: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                   softmax_scale: float, mode: str, warmup_ms: float = 25, rep_ms: float = 100,
+                   cpu_reps: int = CPU_REPS) -> Timing:
+    """Time one provider's `forward(q, k, v, causal, softmax_scale)` in `mode`. For 'bwd' and
+    'fwd_bwd', q, k and v must require grad; dout is fresh randn like the output."""
+    if mode == "fwd":
+        return benchmark(lambda: forward(q, k, v, causal, softmax_scale), q.device, warmup_ms, rep_ms,
+                         cpu_reps=cpu_reps)
+    if mode not in ("bwd", "fwd_bwd"):
+        raise ValueError(f"mode must be 'fwd', 'bwd' or 'fwd_bwd', got {mode!r}")
+    if not all(t.requires_grad for t in (q, k, v)):
+        raise ValueError(f"mode {mode!r} needs q, k and v with requires_grad=True")
+    if mode == "bwd":
+        out = forward(q, k, v, causal, softmax_scale)
+        dout = torch.randn_like(out)
+
+        def fn():
+            out.backward(dout, retain_graph=True)
+    else:
+        dout = torch.randn_like(q)
+
+        def fn():
+            forward(q, k, v, causal, softmax_scale).backward(dout)
+    return benchmark(fn, q.device, warmup_ms, rep_ms, grad_to_none=(q, k, v), cpu_reps=cpu_reps)
