@@ -120,6 +120,7 @@ class Sweep:
         self.env = {column: environment[column] for column in ENV_COLUMNS}
         self.interpreter = device.type != "cuda"
         self.status_counts: Counter = Counter()
+        self.rows: list[dict] = []  # every row written, in order
         self._availability: dict[str, str | None] = {}
         self._accuracy: dict[tuple, tuple[str, str, float]] = {}
 
@@ -149,6 +150,7 @@ class Sweep:
 
     def _emit(self, row: dict) -> None:
         self.writer.write(row)
+        self.rows.append(row)
         self.status_counts[row["status"]] += 1
         if self.log is not None:
             outcome = (f"{row['ms']:.4g} ms, {row['tflops']:.4g} TFLOPs/s" if row["status"] == "ok"
