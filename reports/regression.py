@@ -28,17 +28,17 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from reports.environment import ENV_COLUMNS, gpu_slug
+
 SCHEMA_VERSION = 1
 KEY_COLUMNS = ["provider", "mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype"]
 INT_KEYS = ("hdim", "seqlen", "batch", "heads")
 ENTRY_VALUES = ("tflops", "tflops_lo", "tflops_hi", "repeats")
-ENVIRONMENT_FIELDS = ("gpu", "driver", "cuda", "torch", "triton", "git_commit", "timestamp")
 VERSION_FIELDS = ("driver", "cuda", "torch", "triton")  # a difference is a warning, not a refusal
 VERDICTS = ("regression", "improvement", "missing", "new", "unchanged")  # report order
 DEFAULT_TOLERANCE = 0.05
@@ -83,14 +83,6 @@ class Comparison:
 
     def counts(self) -> dict[str, int]:
         return {verdict: int((self.table["verdict"] == verdict).sum()) for verdict in VERDICTS}
-
-
-def gpu_slug(gpu: str) -> str:
-    """'NVIDIA H200' -> 'nvidia-h200': the file name of that GPU's baseline."""
-    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
-    if not slug:
-        raise ValueError(f"gpu must name a GPU model, got {gpu!r}")
-    return slug
 
 
 def baseline_path(gpu: str, directory: Path = BASELINE_DIR) -> Path:
@@ -179,7 +171,7 @@ def save_baseline(results: pd.DataFrame, path, environment: dict) -> Path:
         entries.append(entry)
     document = {
         "schema_version": SCHEMA_VERSION,
-        "environment": {key: str(environment.get(key, "")) for key in ENVIRONMENT_FIELDS},
+        "environment": {key: str(environment.get(key, "")) for key in ENV_COLUMNS},
         "entries": entries,
     }
     path = Path(path)
@@ -359,7 +351,7 @@ def _band(median: float, lo: float, hi: float) -> str:
 
 
 def _environment_line(environment: dict) -> str:
-    return ", ".join(f"{key} {environment[key]}" for key in ENVIRONMENT_FIELDS if environment.get(key))
+    return ", ".join(f"{key} {environment[key]}" for key in ENV_COLUMNS if environment.get(key))
 
 
 def summary_line(comparison: Comparison) -> str:
