@@ -17,6 +17,7 @@ import datetime
 import os
 import shlex
 import sys
+import uuid
 from pathlib import Path
 
 import torch
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
 
     environment = capture_environment()
-    run = {"run_id": environment["timestamp"], "command": shlex.join([sys.executable, *sys.argv]),
+    run = {"run_id": f"{environment['timestamp']} {uuid.uuid4().hex[:8]}", "command": shlex.join([sys.executable, *sys.argv]),
            "arguments": {k: v if not isinstance(v, Path) else str(v) for k, v in vars(args).items()},
            "environment_before": environment, "finished": None}
     record_run(out_dir, run)

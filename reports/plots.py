@@ -107,8 +107,9 @@ def plot_figure(cells: pd.DataFrame, rows: pd.DataFrame, mode: str, dtype: str, 
     fig.tight_layout(rect=(0, 0.04 * legend_rows + 0.02, 1, 1))
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{mode}_{dtype}.{ext}" for ext in ("png", "svg")]
-    for path in paths:
-        fig.savefig(path, dpi=150)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text (searchable, editable)
+        for path in paths:
+            fig.savefig(path, dpi=150)
     return paths
 
 

@@ -1,0 +1,122 @@
+"""The provider registry: names, availability reasons, and that the CPU-usable providers
+compute flash-attn's function (bottom-right causal) or refuse with a reason."""
+
+import math
+import sys
+
+import pytest
+import torch
+
+from baselines import providers as registry
+from baselines.providers import RUNG_NAMES, Spec, UnsupportedInput, get_provider, unavailable_reason
+from baselines.reference import attention_reference
+
+HAS_CUDA = torch.cuda.is_available()
+CONTRACT_NAMES = ("fa2", "pytorch", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "xformers-cutlass",
+                  "xformers-flash", "flash-attn", "flash-attn-3", "flex-attention", "fa1", *RUNG_NAMES)
+CPU_PROVIDERS = ("fa2", "pytorch", "sdpa-math")
+CUDA_ONLY = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "xformers-cutlass", "xformers-flash", "flash-attn",
+             "flash-attn-3", "flash-attn-4", "flex-attention")
+
+
+def _inputs(seqlen_q, seqlen_k, device, dtype=torch.float16, seed=0):
+    generator = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(1, seqlen_q, 2, 32, generator=generator, device=device, dtype=dtype)
+    k, v = (torch.randn(1, seqlen_k, 2, 32, generator=generator, device=device, dtype=dtype) for _ in range(2))
+    return q, k, v
+
+
+def test_registry_has_every_contract_name_once_and_get_provider_returns_it():
+    for name in CONTRACT_NAMES:
+        provider = get_provider(name)
+        assert provider.name == name
+        assert provider.label and provider.label != ""
+    assert len(set(registry.PROVIDERS)) == len(registry.PROVIDERS)
+
+
+def test_unknown_provider_error_names_it_and_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown provider 'no-such-kernel'.*sdpa-flash"):
+        get_provider("no-such-kernel")
+
+
+def test_every_provider_is_available_or_says_why():
+    for provider in registry.PROVIDERS.values():
+        reason = unavailable_reason(provider)
+        assert reason is None or (isinstance(reason, str) and len(reason) > 5), provider.name
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the availability seen without a GPU")
+def test_without_cuda_only_interpreter_and_pytorch_providers_are_available():
+    for name in CPU_PROVIDERS:
+        assert unavailable_reason(get_provider(name)) is None, name
+    for name in CUDA_ONLY:
+        assert unavailable_reason(get_provider(name)) == registry.NEEDS_CUDA, name
+
+
+def test_rungs_are_unavailable_with_the_import_error_when_the_ladder_does_not_import(monkeypatch):
+    registry._ladder_rungs.cache_clear()
+    monkeypatch.setitem(sys.modules, "ablations.ladder", None)  # makes `import ablations.ladder` fail
+    try:
+        for name in ("fa1", *RUNG_NAMES):
+            reason = unavailable_reason(get_provider(name))
+            assert reason is not None and "ablations.ladder" in reason and "Error" in reason, (name, reason)
+    finally:
+        registry._ladder_rungs.cache_clear()
+
+
+def test_a_raising_availability_check_becomes_the_reason():
+    def broken():
+        raise OSError("driver went away")
+
+    provider = registry.Provider(name="x", label="x", forward=lambda *a: None, availability=broken)
+    assert "driver went away" in unavailable_reason(provider)
+
+
+@pytest.mark.parametrize("name", CPU_PROVIDERS)
+@pytest.mark.parametrize(("seqlen_q", "seqlen_k", "causal"), [(48, 48, False), (48, 48, True), (32, 80, True)])
+def test_cpu_provider_matches_the_float64_reference(name, seqlen_q, seqlen_k, causal, device):
+    provider = get_provider(name)
+    q, k, v = _inputs(seqlen_q, seqlen_k, device, seed=seqlen_q + seqlen_k)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if name.startswith("sdpa") and causal and seqlen_q != seqlen_k:
+        with pytest.raises(UnsupportedInput, match="top-left"):
+            provider.forward(q, k, v, causal, scale)
+        return
+    out = provider.forward(q, k, v, causal, scale)
+    ref, _ = attention_reference(q, k, v, softmax_scale=scale, causal=causal)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
+
+
+def test_sdpa_causal_with_unequal_lengths_is_refused_not_computed_top_left(device):
+    q, k, v = _inputs(16, 40, device, seed=3)
+    with pytest.raises(UnsupportedInput, match="seqlen_q 16 != seqlen_k 40"):
+        get_provider("sdpa-math").forward(q, k, v, True, 0.125)
+
+
+def test_spec_rejects_unknown_mode_dtype_and_sizes_naming_the_field():
+    with pytest.raises(ValueError, match="Spec.mode"):
+        Spec("forward", False, 64, 128, 1, 2, "fp16")
+    with pytest.raises(ValueError, match="Spec.dtype"):
+        Spec("fwd", False, 64, 128, 1, 2, "fp8")
+    with pytest.raises(ValueError, match="Spec.seqlen"):
+        Spec("fwd", False, 64, 0, 1, 2, "fp16")
+
+
+def test_triton_providers_refuse_bf16_only_in_the_interpreter():
+    spec = Spec("fwd", True, 64, 128, 1, 2, "bf16")
+    reason = get_provider("fa2").supports(spec)
+    assert (reason is None) if HAS_CUDA else ("interpreter" in reason)
+
+
+def test_rungs_are_forward_only():
+    spec = Spec("bwd", True, 64, 128, 1, 2, "fp16")
+    for name in ("fa1", *RUNG_NAMES):
+        provider = get_provider(name)
+        assert not provider.has_backward
+        assert "forward only" in provider.supports(spec)
+
+
+def test_fa2_config_is_the_json_of_its_kernel_config():
+    config = get_provider("fa2").config(Spec("fwd_bwd", True, 64, 128, 1, 2, "fp16"))
+    assert '"block_m"' in config and '"bwd"' in config

@@ -1,0 +1,179 @@
+"""Result rows (writer, loading, merging, results.json), the environment helpers, and the
+figures and report.md made from rows only.
+
+tests/fixtures/h200_anchor_rows.csv holds result rows made from
+../shared/reference/h200_anchors_2026-11-30.csv (bf16, fwd and fwd_bwd, head dim 64/128,
+seqlen 512/2048/16384; sdpa-flash, sdpa-cudnn, pytorch), plus two pytorch 'oom' rows where
+the anchors have no measurement and an 'unavailable' xformers-cutlass row per configuration.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from reports.environment import INTERPRETER_GPU, capture_environment, gpu_slug, throttle_warnings
+from reports.paper_report import build_report, write_report
+from reports.plots import plot_suite
+from reports.results import (
+    COLUMNS,
+    KEY_COLUMNS,
+    ResultWriter,
+    completed_keys,
+    load_results,
+    load_runs,
+    record_run,
+)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "h200_anchor_rows.csv"
+FIXTURE_LABELS = ("FA2 official CUDA (SDPA flash)", "cuDNN (SDPA cudnn)", "PyTorch eager (matmul + softmax)")
+
+
+def _row(**changes) -> dict:
+    row = {column: "" for column in COLUMNS}
+    row.update(provider="fa2", label="FA2", mode="fwd", causal=True, hdim=64, seqlen=128, batch=1, heads=2,
+               dtype="fp16", repeat=0, status="ok", interpreter=True, gpu=INTERPRETER_GPU,
+               **{c: math.nan for c in ("ms", "ms_p20", "ms_p80", "tflops", "tflops_p20", "tflops_p80",
+                                        "peak_mem_mb", "rel_err")})
+    row.update(changes)
+    return row
+
+
+# --------------------------------------------------------------------------------------
+# Rows
+# --------------------------------------------------------------------------------------
+def test_writer_flushes_each_row_before_closing(tmp_path):
+    path = tmp_path / "results.csv"
+    writer = ResultWriter(path)
+    writer.write(_row(ms=1.5, tflops=2.5))
+    assert load_results(path)["ms"].tolist() == [1.5]  # readable while the writer is still open
+    writer.close()
+
+
+def test_writer_rejects_unknown_columns_and_statuses(tmp_path):
+    with ResultWriter(tmp_path / "results.csv") as writer:
+        with pytest.raises(ValueError, match="unknown columns \\['speed'\\]"):
+            writer.write({**_row(), "speed": 1})
+        with pytest.raises(ValueError, match="status must be one of"):
+            writer.write(_row(status="fine"))
+
+
+def test_writer_refuses_a_csv_with_other_columns(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_text("provider,ms\nfa2,1.0\n")
+    with pytest.raises(ValueError, match="another version of the runner"):
+        ResultWriter(path)
+
+
+def test_rows_round_trip_with_types_and_nan(tmp_path):
+    with ResultWriter(tmp_path / "results.csv") as writer:
+        writer.write(_row(ms=0.25, tflops=123.5, rel_err=1e-3, setting="A"))
+        writer.write(_row(provider="pytorch", status="oom", reason="CUDA out of memory", causal=False))
+    rows = load_results(tmp_path)
+    assert list(rows.columns) == list(COLUMNS)
+    assert rows["causal"].tolist() == [True, False] and rows["interpreter"].dtype == bool
+    assert rows["hdim"].dtype.kind == "i" and rows["setting"].tolist() == ["A", ""]
+    assert rows.loc[0, "tflops"] == 123.5 and math.isnan(rows.loc[1, "ms"])
+
+
+def test_a_key_written_twice_keeps_the_later_row(tmp_path):
+    with ResultWriter(tmp_path / "results.csv") as writer:
+        writer.write(_row(status="oom", reason="first try"))
+        writer.write(_row(provider="pytorch", ms=2.0, tflops=1.0))
+        writer.write(_row(status="ok", ms=1.0, tflops=2.0))  # the retry of the first key
+    rows = load_results(tmp_path)
+    assert len(rows) == 2
+    assert rows.set_index("provider").loc["fa2", "status"] == "ok"
+    assert len(completed_keys(rows)) == 2 and len(KEY_COLUMNS) == len(next(iter(completed_keys(rows))))
+
+
+def test_record_run_keeps_every_run_and_writes_strict_json(tmp_path):
+    with ResultWriter(tmp_path / "results.csv") as writer:
+        writer.write(_row(status="error", reason="boom"))
+    record_run(tmp_path, {"run_id": "1", "finished": None})
+    record_run(tmp_path, {"run_id": "2", "finished": None})
+    record_run(tmp_path, {"run_id": "1", "finished": "later"})
+    document = json.loads((tmp_path / "results.json").read_text())  # NaN would not parse strictly below
+    json.dumps(document, allow_nan=False)
+    assert [run["run_id"] for run in load_runs(tmp_path)] == ["2", "1"]
+    assert load_runs(tmp_path)[1]["finished"] == "later"
+    assert document["rows"][0]["ms"] is None and document["rows"][0]["reason"] == "boom"
+
+
+# --------------------------------------------------------------------------------------
+# Environment
+# --------------------------------------------------------------------------------------
+def test_gpu_slug_names_baseline_files():
+    assert gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert gpu_slug("NVIDIA GeForce RTX 4090") == "nvidia-geforce-rtx-4090"
+    assert gpu_slug(INTERPRETER_GPU) == "cpu"
+
+
+def test_throttle_warnings_read_the_violation_counters_and_final_reasons():
+    before = {"state": {"power_violation_ns": 10, "thermal_violation_ns": 0, "clock_event_reasons": []}}
+    calm = {"state": {"power_violation_ns": 10, "thermal_violation_ns": 0, "clock_event_reasons": []}}
+    hot = {"state": {"power_violation_ns": 10, "thermal_violation_ns": 5_000_000,
+                     "clock_event_reasons": ["hardware thermal slowdown"]}}
+    assert throttle_warnings(before, calm) == []
+    warnings = throttle_warnings(before, hot)
+    assert any("thermal-throttled for 5.0 ms" in w for w in warnings)
+    assert any("hardware thermal slowdown" in w for w in warnings)
+    assert throttle_warnings({}, {}) == []  # no GPU, nothing to say
+
+
+def test_environment_has_every_row_column():
+    environment = capture_environment()
+    for column in ("gpu", "driver", "cuda", "torch", "triton", "git_commit", "timestamp"):
+        assert column in environment
+    assert environment["git_commit"]
+    if environment["interpreter"]:
+        assert environment["gpu"] == INTERPRETER_GPU
+
+
+# --------------------------------------------------------------------------------------
+# Figures and report, from the fixture rows
+# --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def fixture_rows() -> pd.DataFrame:
+    return load_results(FIXTURE)
+
+
+def test_one_figure_per_mode_with_every_measured_provider_and_oom_text(fixture_rows, tmp_path):
+    paths = plot_suite(fixture_rows, tmp_path)
+    assert sorted(p.name for p in paths) == ["fwd_bf16.png", "fwd_bf16.svg", "fwd_bwd_bf16.png", "fwd_bwd_bf16.svg"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+    fwd_bwd = (tmp_path / "fwd_bwd_bf16.svg").read_text()
+    for label in FIXTURE_LABELS:
+        assert label in fwd_bwd
+    assert ">OOM<" in fwd_bwd  # the pytorch OOM cells are written, not drawn as zero bars
+    assert ">OOM<" not in (tmp_path / "fwd_bf16.svg").read_text()
+    assert "xformers" not in fwd_bwd  # never measured: in the report's failures, not in the figure
+    assert "NVIDIA H200" in fwd_bwd and "bf16" in fwd_bwd
+
+
+def test_interpreter_rows_say_not_performance_in_figure_and_report(tmp_path):
+    rows = pd.DataFrame([_row(ms=30.0, tflops=3e-5, tflops_p20=3e-5, tflops_p80=3e-5)])
+    plot_suite(rows, tmp_path)
+    assert "NOT performance" in (tmp_path / "fwd_fp16.svg").read_text()
+    assert "NOT performance" in build_report(rows)
+
+
+def test_report_tables_speedups_and_failures_come_from_the_rows(fixture_rows, tmp_path):
+    figures = plot_suite(fixture_rows, tmp_path / "plots")
+    text = write_report(fixture_rows, tmp_path, runs=[], figures=figures).read_text()
+    assert "![fwd bf16](plots/fwd_bf16.png)" in text
+    # a cell of the table is the row's value: sdpa-flash fwd causal d128 seqlen 2048
+    row = fixture_rows.query("provider == 'sdpa-flash' and mode == 'fwd' and causal and hdim == 128 "
+                             "and seqlen == 2048").iloc[0]
+    assert f"| 2048 | 8 | 16 | {row['tflops']:.0f} |" in text
+    assert "## Speedup vs FA2 official CUDA (SDPA flash)" in text
+    assert "## Speedup vs PyTorch eager (matmul + softmax)" in text
+    cudnn = fixture_rows.query("provider == 'sdpa-cudnn' and mode == 'fwd' and not causal and hdim == 64")
+    flash = fixture_rows.query("provider == 'sdpa-flash' and mode == 'fwd' and not causal and hdim == 64")
+    ratios = cudnn.set_index("seqlen")["tflops"] / flash.set_index("seqlen")["tflops"]
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    assert f"| fwd bf16 d64 non-causal | {geomean:.2f}x" in text
+    assert "| pytorch | oom | 2 |" in text and "| xformers-cutlass | unavailable | 24 |" in text
+    assert "| OOM |" in text and "| nan" not in text
