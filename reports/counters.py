@@ -27,6 +27,7 @@ the H200 (../shared/GPU.md), and that one is part of ncu's LaunchStats section.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
@@ -78,7 +79,8 @@ TENSOR_PIPE = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_a
 
 METRIC_GROUPS: dict[str, list[str]] = {
     "non-matmul work": [FFMA, FADD, FMUL, MUFU, HMMA, GMMA],
-    "parallelism": [GRID, WAVES, WARPS_ACTIVE, SM_THROUGHPUT, OCCUPANCY_LIMIT_REGISTERS, OCCUPANCY_LIMIT_SHARED],
+    "parallelism": [GRID, WAVES, WARPS_ACTIVE, SM_THROUGHPUT, OCCUPANCY_LIMIT_REGISTERS,
+                    OCCUPANCY_LIMIT_SHARED],
     "communication": [SHARED_LD, SHARED_ST, SHARED_WAVEFRONTS, BANK_CONFLICTS, BARRIER_STALL],
     "context": [DURATION, DRAM_READ, DRAM_WRITE, REGISTERS, SHARED_PER_BLOCK, TENSOR_PIPE],
 }
@@ -86,10 +88,10 @@ METRICS: list[str] = [metric for group in METRIC_GROUPS.values() for metric in g
 
 # ncu output lines that name a failure, and what they mean
 PERMISSION_ERROR = "ERR_NVGPUCTRPERM"
-UNKNOWN_METRIC = re.compile(r"^==ERROR==.*(failed to find metric|metric.*not (found|valid|supported)|invalid metric)",
-                            re.IGNORECASE)
+UNKNOWN_METRIC = re.compile(
+    r"^==ERROR==.*(failed to find metric|metric.*not (found|valid|supported)|invalid metric)", re.IGNORECASE)
 NO_KERNEL = re.compile(r"no kernels were profiled", re.IGNORECASE)
-STATUSES = ("ok", "unavailable", "permission", "unknown-metric", "no-kernel", "timeout", "error")
+STATUSES = ("ok", "unavailable", "permission", "unknown-metric", "no-kernel", "timeout", "error")  # of a row
 
 SPEC_FIELDS = ["mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype"]
 GROUP_COLUMNS = ["setting", *SPEC_FIELDS]
@@ -155,20 +157,22 @@ def _last_line(text: str) -> str:
     return _one_line(lines[-1]) if lines else "(no output)"
 
 
-def _diagnose(returncode: int, stdout: str, stderr: str, kernel_regex: str) -> tuple[str, str]:
-    """(status, one-line reason) of a finished ncu run; ('ok', '') when it produced data."""
+def _diagnose(returncode: int, stdout: str, stderr: str, kernel_regex: str,
+              kernels: pd.DataFrame) -> tuple[str, str]:
+    """(status, one-line reason) of a finished ncu run whose parsed table is `kernels`;
+    ('ok', '') when it produced a row."""
     output = stdout + "\n" + stderr
     if PERMISSION_ERROR in output:
-        return "permission", (f"no permission to read GPU performance counters ({PERMISSION_ERROR}): run as root "
-                              "or load the nvidia module with NVreg_RestrictProfilingToAdminUsers=0")
+        return "permission", (f"no permission to read GPU performance counters ({PERMISSION_ERROR}): run as "
+                              "root or load the nvidia module with NVreg_RestrictProfilingToAdminUsers=0")
     for line in output.splitlines():
         if UNKNOWN_METRIC.search(line):
             return "unknown-metric", f"ncu refused a metric: {_one_line(line)}"
-    if returncode != 0:
-        target_lines = [line for line in stderr.splitlines() if line.startswith("ncu_target:")]
+    target_lines = [line for line in output.splitlines() if line.startswith("ncu_target:")]
+    if returncode != 0 or target_lines:
         detail = _one_line(target_lines[-1]) if target_lines else _last_line(stderr or stdout)
         return "error", f"ncu exited with {returncode}: {detail}"
-    if NO_KERNEL.search(output) or parse_ncu_csv(stdout).empty:
+    if NO_KERNEL.search(output) or kernels.empty:
         return "no-kernel", f"no kernel matched regex:{kernel_regex} inside the profiled range"
     return "ok", ""
 
@@ -190,17 +194,19 @@ def _profile_one(job: NcuJob, metrics: list[str], timeout_s: float, log_path: Pa
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # ncu and the target it started share this session
+        with contextlib.suppress(ProcessLookupError):  # it may have ended just now
+            os.killpg(process.pid, signal.SIGKILL)  # ncu and the target it started share this session
         stdout, stderr = process.communicate()
         log_path.write_text(" ".join(command) + "\n" + stdout + stderr)
         return {"status": "timeout", "reason": f"ncu did not finish within {timeout_s:g} s (killed)"}
     log_path.write_text(" ".join(command) + "\n" + stdout + stderr)
-    status, reason = _diagnose(process.returncode, stdout, stderr, job.kernel_regex)
+    kernels = parse_ncu_csv(stdout)
+    status, reason = _diagnose(process.returncode, stdout, stderr, job.kernel_regex, kernels)
     if status != "ok":
         return {"status": status, "reason": reason}
-    kernel = parse_ncu_csv(stdout).iloc[0]
-    row = {"status": "ok", "kernel_name": kernel.get("Kernel Name", ""), "block_size": kernel.get("Block Size", ""),
-           "grid_dims": kernel.get("Grid Size", "")}
+    kernel = kernels.iloc[0]  # --launch-count 1: one row
+    row = {"status": "ok", "kernel_name": kernel.get("Kernel Name", ""),
+           "block_size": kernel.get("Block Size", ""), "grid_dims": kernel.get("Grid Size", "")}
     row.update({metric: kernel.get(metric, math.nan) for metric in metrics})
     without_value = [metric for metric in metrics if pd.isna(row[metric])]
     row["reason"] = f"ncu gave no value (n/a) for {', '.join(without_value)}" if without_value else ""
@@ -383,7 +389,8 @@ def _with_previous(group: pd.DataFrame) -> pd.DataFrame:
         for index, provider in zip(group.index, group["provider"]):
             rung = rung_index(provider)
             previous = by_rung.get(rung - 1) if rung is not None else None
-            ratios.append(group.at[index, column] / group.at[previous, column] if previous is not None else math.nan)
+            value = group.at[index, column]
+            ratios.append(math.nan if previous is None else value / group.at[previous, column])
         group[f"{column}_vs_prev"] = ratios
     return group
 
@@ -399,7 +406,8 @@ def _sentence(check: TechniqueCheck, group: pd.DataFrame) -> str | None:
     head = f"**{check.technique}**, {after['provider']} vs {before['provider']}"
     for row in (before, after):
         if row["status"] != "ok":
-            return f"{head}: cannot be checked: {row['provider']} has no counters ({row['status']}: {row['reason']})."
+            return (f"{head}: cannot be checked: {row['provider']} has no counters "
+                    f"({row['status']}: {row['reason']}).")
     findings, confirmed = [], True
     for column, direction in check.expectations:
         old, new = before[column], after[column]
@@ -411,12 +419,13 @@ def _sentence(check: TechniqueCheck, group: pd.DataFrame) -> str | None:
         findings.append(f"{COMPARED[column]} {_fmt(old)} -> {_fmt(new)} ({new / old:.2f}x, {verdict})")
     sentence = f"{head}: {'confirmed' if confirmed else 'not confirmed'}: {'; '.join(findings)}."
     if "nonmatmul_per_mma" in dict(check.expectations) and before["mma_kind"] != after["mma_kind"]:
-        sentence += (f" Caution: {before['provider']} issues {before['mma_kind'].upper()} and {after['provider']} "
-                     f"{after['mma_kind'].upper()} tensor instructions, which do different amounts of work each.")
+        sentence += (f" Caution: {before['provider']} issues {before['mma_kind'].upper()} and "
+                     f"{after['provider']} {after['mma_kind'].upper()} tensor instructions, which do "
+                     "different amounts of work each.")
     return sentence
 
 
-# (derived column, Markdown header) shown in the Markdown tables; ratios to the previous rung follow in brackets
+# Derived column -> Markdown header of the tables; ratios to the previous rung follow in brackets.
 SHOWN = {
     "duration_us": "time (us)",
     "mma_kind": "mma",
@@ -463,8 +472,10 @@ def counter_table(counters: pd.DataFrame, order: list[str]) -> tuple[str, pd.Dat
                          for cell, ratio in zip(cells, group[f"{column}_vs_prev"])]
             shown[header] = cells
         ok = group["status"] == "ok"
-        lines = [f"### {_heading(dict(zip(GROUP_COLUMNS, key)))}", "", markdown_table(shown[ok.to_numpy()]), ""]
-        failed = [f"- {row.provider}: not profiled ({row.status}: {row.reason})" for row in group[~ok].itertuples()]
+        lines = [f"### {_heading(dict(zip(GROUP_COLUMNS, key)))}", "",
+                 markdown_table(shown[ok.to_numpy()]), ""]
+        failed = [f"- {row.provider}: not profiled ({row.status}: {row.reason})"
+                  for row in group[~ok].itertuples()]
         sentences = [f"- {s}" for s in (_sentence(check, group) for check in TECHNIQUE_CHECKS) if s]
         for block in (failed, sentences):
             lines += [*block, ""] if block else []

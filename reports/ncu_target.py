@@ -28,7 +28,8 @@ SEED = 0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m reports.ncu_target", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m reports.ncu_target",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--provider", required=True, help="a name in baselines.providers.PROVIDERS")
     parser.add_argument("--mode", choices=sorted(MODE_MULTIPLIER), default="fwd")
     parser.add_argument("--causal", type=int, choices=(0, 1), default=0)
@@ -67,8 +68,8 @@ def main(argv=None) -> int:
         provider = get_provider(args.provider)
     except ValueError as err:
         return fail(str(err))
-    spec = Spec(mode=args.mode, causal=bool(args.causal), hdim=args.hdim, seqlen=args.seqlen, batch=args.batch,
-                heads=args.heads, dtype=args.dtype)
+    spec = Spec(mode=args.mode, causal=bool(args.causal), hdim=args.hdim, seqlen=args.seqlen,
+                batch=args.batch, heads=args.heads, dtype=args.dtype)
     reason = unavailable_reason(provider) or provider.supports(spec)
     if reason is None and spec.mode != "fwd" and not provider.has_backward:
         reason = "it has no backward"

@@ -158,7 +158,8 @@ def save_baseline(results: pd.DataFrame, path, environment: dict) -> Path:
     if ok.empty:
         raise ValueError("results hold no `ok` measurement: nothing to save as a baseline")
     if _interpreted(ok):
-        raise ValueError("results come from Triton's interpreter (interpreter=True): they are not performance")
+        raise ValueError("results come from Triton's interpreter (interpreter=True): "
+                         "they are not performance")
     if "gpu" in ok.columns and set(ok["gpu"].astype(str)) != {str(environment["gpu"])}:
         raise ValueError(f"results were measured on {sorted(set(ok['gpu'].astype(str)))}, "
                          f"not on environment['gpu'] = {environment['gpu']!r}")
@@ -215,10 +216,12 @@ def load_baseline(path) -> Baseline:
     if not isinstance(entries, list) or not entries:
         raise wrong("`entries` must be a non-empty list of measurements")
     for index, entry in enumerate(entries):
-        absent = [key for key in (*KEY_COLUMNS, *ENTRY_VALUES) if not isinstance(entry, dict) or key not in entry]
+        absent = [key for key in (*KEY_COLUMNS, *ENTRY_VALUES)
+                  if not isinstance(entry, dict) or key not in entry]
         if absent:
             raise wrong(f"entry {index} lacks {absent}")
-        if not all(isinstance(entry[key], (int, float)) and math.isfinite(entry[key]) for key in ENTRY_VALUES):
+        numeric = (isinstance(entry[key], (int, float)) and math.isfinite(entry[key]) for key in ENTRY_VALUES)
+        if not all(numeric):
             raise wrong(f"entry {index} has non-numeric values among {list(ENTRY_VALUES)}")
     try:
         frame = _normal_keys(pd.DataFrame(entries, columns=[*KEY_COLUMNS, *ENTRY_VALUES]))
@@ -239,7 +242,8 @@ def _check_comparable(results: pd.DataFrame, baseline: Baseline, environment: di
         raise BaselineMismatch(
             f"baseline {baseline.path} was measured on {base_gpu!r}, this run is on {gpu!r}: timings of "
             f"different GPU models are not comparable; make a baseline on this GPU with "
-            f"`python runner.py <sweep options> --save-baseline` (it goes to {baseline_path(gpu or 'unknown')})")
+            f"`python runner.py <sweep options> --save-baseline` "
+            f"(it goes to {baseline_path(gpu or 'unknown')})")
     if _interpreted(results[results["status"] == "ok"]):
         raise BaselineMismatch("these results come from Triton's interpreter (interpreter=True): "
                                "they are not performance and cannot be compared with a baseline")
@@ -248,7 +252,8 @@ def _check_comparable(results: pd.DataFrame, baseline: Baseline, environment: di
     if not dtypes <= known:
         raise BaselineMismatch(
             f"this sweep measures dtype {sorted(dtypes - known)} but baseline {baseline.path} holds only "
-            f"{sorted(known)}: sweep with --dtype {' / '.join(sorted(known))}, or make a baseline for that dtype")
+            f"{sorted(known)}: sweep with --dtype {' / '.join(sorted(known))}, "
+            "or make a baseline for that dtype")
     warnings = []
     for key in VERSION_FIELDS:
         then, now = str(baseline.environment.get(key, "")), str(environment.get(key, ""))
@@ -304,13 +309,16 @@ def compare_to_baseline(results: pd.DataFrame, baseline: Baseline, environment: 
                                              table["verdict"])]
     failed_now = int((table["note"] != "").sum())
     if failed_now:
-        warnings.append(f"{failed_now} baseline configuration(s) did not measure `ok` in this run (see the notes)")
+        warnings.append(f"{failed_now} baseline configuration(s) did not measure `ok` in this run "
+                        "(see the notes)")
     order = {verdict: rank for rank, verdict in enumerate(VERDICTS)}
-    table = table.sort_values(by=["verdict", *KEY_COLUMNS], key=lambda s: s.map(order) if s.name == "verdict" else s)
-    columns = [*KEY_COLUMNS, "baseline_tflops", "baseline_lo", "baseline_hi", "baseline_spread", "current_tflops",
-               "current_lo", "current_hi", "current_spread", "ratio", "verdict", "note"]
-    return Comparison(table=table[columns].reset_index(drop=True), tolerance=tolerance, baseline_path=baseline.path,
-                      baseline_environment=baseline.environment, environment=dict(environment), warnings=warnings)
+    table = table.sort_values(by=["verdict", *KEY_COLUMNS],
+                              key=lambda s: s.map(order) if s.name == "verdict" else s)
+    columns = [*KEY_COLUMNS, "baseline_tflops", "baseline_lo", "baseline_hi", "baseline_spread",
+               "current_tflops", "current_lo", "current_hi", "current_spread", "ratio", "verdict", "note"]
+    return Comparison(table=table[columns].reset_index(drop=True), tolerance=tolerance,
+                      baseline_path=baseline.path, baseline_environment=baseline.environment,
+                      environment=dict(environment), warnings=warnings)
 
 
 def suspected_regressions(comparison: Comparison) -> pd.DataFrame:
@@ -384,10 +392,9 @@ def format_comparison(comparison: Comparison) -> str:
         if rows.empty:
             continue
         shown = rows[KEY_COLUMNS].copy()
-        shown["baseline TFLOPs/s (lo-hi)"] = [_band(*r) for r in
-                                              rows[["baseline_tflops", "baseline_lo", "baseline_hi"]].to_numpy()]
-        shown["current TFLOPs/s (lo-hi)"] = [_band(*r) for r in
-                                             rows[["current_tflops", "current_lo", "current_hi"]].to_numpy()]
+        for side in ("baseline", "current"):
+            bands = rows[[f"{side}_tflops", f"{side}_lo", f"{side}_hi"]].to_numpy()
+            shown[f"{side} TFLOPs/s (lo-hi)"] = [_band(*band) for band in bands]
         shown["ratio"] = rows["ratio"].map(lambda r: "-" if pd.isna(r) else f"{r:.3f}x")
         if (rows["note"] != "").any():
             shown["note"] = rows["note"]

@@ -60,7 +60,8 @@ def test_flash_attn_production_path_throughput(benchmark, mode, causal, hdim):
         return out
 
     def forward_backward_call():
-        grads = torch.autograd.grad(_forward(q, k, v, causal, scale), (q, k, v), dout)  # no .grad accumulation
+        out = _forward(q, k, v, causal, scale)
+        grads = torch.autograd.grad(out, (q, k, v), dout)  # returned, not accumulated into .grad
         torch.cuda.synchronize()
         return grads
 

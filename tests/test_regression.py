@@ -156,7 +156,8 @@ def test_remeasured_rows_replace_the_suspect_and_can_clear_it():
 def test_gpu_mismatch_is_refused_with_both_models_named():
     results = rows("current_noise")
     environment = {**environment_of(results), "gpu": "NVIDIA A100-SXM4-80GB"}
-    with pytest.raises(BaselineMismatch, match=r"NVIDIA H200.*NVIDIA A100-SXM4-80GB.*nvidia-a100-sxm4-80gb\.json"):
+    names = r"NVIDIA H200.*NVIDIA A100-SXM4-80GB.*nvidia-a100-sxm4-80gb\.json"
+    with pytest.raises(BaselineMismatch, match=names):
         compare_to_baseline(results, load_baseline(BASELINE_JSON), environment)
 
 
