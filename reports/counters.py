@@ -472,8 +472,8 @@ def counter_table(counters: pd.DataFrame, order: list[str]) -> tuple[str, pd.Dat
                          for cell, ratio in zip(cells, group[f"{column}_vs_prev"])]
             shown[header] = cells
         ok = group["status"] == "ok"
-        lines = [f"### {_heading(dict(zip(GROUP_COLUMNS, key)))}", "",
-                 markdown_table(shown[ok.to_numpy()]), ""]
+        lines = [f"### {_heading(dict(zip(GROUP_COLUMNS, key)))}", ""]
+        lines += [markdown_table(shown[ok.to_numpy()]), ""] if ok.any() else []
         failed = [f"- {row.provider}: not profiled ({row.status}: {row.reason})"
                   for row in group[~ok].itertuples()]
         sentences = [f"- {s}" for s in (_sentence(check, group) for check in TECHNIQUE_CHECKS) if s]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from baselines.providers import RUNG_NAMES, Spec
 from reports import counters
@@ -303,9 +304,29 @@ def test_each_failure_is_a_row_with_a_one_line_reason_and_the_rest_goes_on(tmp_p
 def test_ncu_target_refuses_to_run_without_cuda(capsys):
     from reports import ncu_target
 
-    if ncu_target.torch.cuda.is_available():
+    if torch.cuda.is_available():
         pytest.skip("checks the no-GPU message")
     code = ncu_target.main(["--provider", "fa2", "--hdim", "64", "--seqlen", "128", "--batch", "1",
                             "--heads", "2"])
     assert code == 2
     assert capsys.readouterr().err.startswith("ncu_target: needs a CUDA GPU")
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd", "fwd_bwd"])
+def test_ncu_target_step_runs_the_provider_in_each_mode(mode):
+    """The profiled step calls the provider on (B, S, H, D) inputs with the spec's mask and
+    scale (its forward matches the reference), and the backward modes return three gradients."""
+    from baselines.providers import get_provider
+    from baselines.reference import attention_reference
+    from reports import ncu_target
+    from reports.sweep import random_inputs
+
+    spec = Spec(mode=mode, causal=True, hdim=32, seqlen=48, batch=1, heads=2, dtype="fp32")
+    result = ncu_target.profiled_step(get_provider("fa2"), spec, torch.device("cpu"))()
+    if mode == "fwd":
+        q, k, v = random_inputs(spec, torch.device("cpu"), ncu_target.SEED, requires_grad=False)
+        expected, _ = attention_reference(q, k, v, causal=True)
+        torch.testing.assert_close(result.double(), expected, atol=1e-4, rtol=1e-4)
+    else:
+        assert len(result) == 3
+        assert all(grad.shape == (1, 48, 2, 32) and torch.isfinite(grad).all() for grad in result)
