@@ -307,6 +307,9 @@ def compare_to_baseline(results: pd.DataFrame, baseline: Baseline, environment: 
     table["note"] = [notes.get(key, "") if verdict == "missing" else ""
                      for key, verdict in zip(table[KEY_COLUMNS].itertuples(index=False, name=None),
                                              table["verdict"])]
+    if not table["verdict"].isin(["regression", "improvement", "unchanged"]).any():
+        warnings.append("no configuration of this run is in the baseline: nothing was compared "
+                        "(sweep with the options the baseline was saved with)")
     failed_now = int((table["note"] != "").sum())
     if failed_now:
         warnings.append(f"{failed_now} baseline configuration(s) did not measure `ok` in this run "

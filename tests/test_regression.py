@@ -153,6 +153,14 @@ def test_remeasured_rows_replace_the_suspect_and_can_clear_it():
     assert compare_to_baseline(still_slow, load_baseline(BASELINE_JSON), environment_of(results)).regressed
 
 
+def test_a_sweep_sharing_no_configuration_with_the_baseline_warns():
+    results = rows("current_noise").assign(seqlen=1024)
+    comparison = compare_to_baseline(results, load_baseline(BASELINE_JSON), environment_of(results))
+    assert not comparison.regressed
+    assert comparison.counts()["missing"] == comparison.counts()["new"] == 8
+    assert any("nothing was compared" in warning for warning in comparison.warnings)
+
+
 def test_gpu_mismatch_is_refused_with_both_models_named():
     results = rows("current_noise")
     environment = {**environment_of(results), "gpu": "NVIDIA A100-SXM4-80GB"}
