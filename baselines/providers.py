@@ -15,6 +15,7 @@ the caller can switch on Triton's interpreter (TRITON_INTERPRET=1) before that.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
@@ -231,21 +232,30 @@ def _sdpa_forward(backend_name: str):
 
         _check_causal_lengths(q, k, causal, f"SDPA {backend_name}")
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, S, D) views
-        with warnings.catch_warnings(record=True) as caught, sdpa_kernel(getattr(SDPBackend, backend_name)):
-            warnings.simplefilter("always")
-            try:
-                out = torch.nn.functional.scaled_dot_product_attention(
-                    qt, kt, vt, is_causal=causal, scale=softmax_scale)
-            except RuntimeError as exc:
-                if "No available kernel" not in str(exc):
-                    raise
-                why = "; ".join(str(w.message) for w in caught) or str(exc)
-                raise UnsupportedInput(f"SDPA {backend_name} refuses this input: {why}") from exc
+
+        def call():
+            with sdpa_kernel(getattr(SDPBackend, backend_name)):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                                        scale=softmax_scale)
+
+        try:
+            out = call()
+        except RuntimeError as exc:
+            if not any(refusal in str(exc) for refusal in SDPA_REFUSALS):
+                raise
+            with warnings.catch_warnings(record=True) as caught:  # SDPA explains a refusal in warnings
+                warnings.simplefilter("always")
+                with contextlib.suppress(RuntimeError):
+                    call()
+            why = "; ".join(str(w.message) for w in caught) or str(exc)
+            raise UnsupportedInput(f"SDPA {backend_name} refuses this input: {why}") from exc
         return out.transpose(1, 2)  # (B, S, H, D)
 
     return forward
 
 
+# How SDPA says that the pinned backend does not take the input (CUDA / CPU dispatch).
+SDPA_REFUSALS = ("No available kernel", "No viable backend for scaled_dot_product_attention")
 SDPA_BACKENDS = (
     # name, label, backend, kernel regex, CUDA only
     ("sdpa-flash", "FA2 official CUDA (SDPA flash)", "FLASH_ATTENTION", "flash_fwd", True),
@@ -322,6 +332,24 @@ for _name, _label, _module, _regex, _min_major in (
 FLEX_RECOMPILE_LIMIT = 4096  # one graph per (shape, grad mode) of a whole sweep fits under this
 
 
+class _CountingInductor:
+    """A torch.compile backend: inductor, counting the graphs it compiles. A FlexAttention call
+    that dynamo did not hand to it ran eagerly, i.e. unfused (eager flex_attention compiles
+    itself with another backend, so dynamo's own graph counter cannot tell the two apart)."""
+
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, graph_module, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        self.graphs += 1
+        return compile_fx(graph_module, example_inputs)
+
+
+_FLEX_BACKEND = _CountingInductor()
+
+
 @functools.cache
 def _flex_compiled():
     """torch.compile'd flex_attention with dynamo's silent fallbacks turned into errors:
@@ -333,7 +361,7 @@ def _flex_compiled():
     dynamo_config.recompile_limit = FLEX_RECOMPILE_LIMIT
     dynamo_config.accumulated_recompile_limit = FLEX_RECOMPILE_LIMIT
     dynamo_config.fail_on_recompile_limit_hit = True
-    return torch.compile(flex_attention, dynamic=False, fullgraph=True)
+    return torch.compile(flex_attention, backend=_FLEX_BACKEND, dynamic=False, fullgraph=True)
 
 
 @functools.cache
@@ -354,21 +382,19 @@ _FLEX_COMPILED_KEYS: set[tuple] = set()
 
 
 def _flex_forward(q, k, v, causal, softmax_scale):
-    """The first call for a new (shape, dtype, grad mode) compiles; it must add a dynamo
-    graph, else the call ran eagerly (FlexAttention's unfused path) and we raise."""
-    from torch._dynamo.utils import counters
-
+    """The first call for a new (shape, dtype, grad mode) compiles: it must make inductor
+    compile a graph, else the call ran eagerly (FlexAttention's unfused path) and we raise."""
     compiled = _flex_compiled()
     block_mask = _flex_block_mask(q.shape[1], k.shape[1], causal, str(q.device))
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, S, D) views
     key = (tuple(q.shape), tuple(k.shape), q.dtype, str(q.device), causal, softmax_scale,
            torch.is_grad_enabled() and q.requires_grad)
     first_call = key not in _FLEX_COMPILED_KEYS
-    graphs_before = counters["stats"]["unique_graphs"]
+    graphs_before = _FLEX_BACKEND.graphs
     out = compiled(qt, kt, vt, block_mask=block_mask, scale=softmax_scale)
     if first_call:
-        if counters["stats"]["unique_graphs"] == graphs_before:
-            raise RuntimeError("FlexAttention: torch.compile produced no graph for this shape, "
+        if _FLEX_BACKEND.graphs == graphs_before:
+            raise RuntimeError("FlexAttention: torch.compile did not compile this shape with inductor, "
                                "so it ran the unfused eager path; refusing to time it")
         _FLEX_COMPILED_KEYS.add(key)
     return out.transpose(1, 2)  # (B, S, H, D)

@@ -120,3 +120,18 @@ def test_rungs_are_forward_only():
 def test_fa2_config_is_the_json_of_its_kernel_config():
     config = get_provider("fa2").config(Spec("fwd_bwd", True, 64, 128, 1, 2, "fp16"))
     assert '"block_m"' in config and '"bwd"' in config
+
+
+def test_flex_attention_refuses_to_time_an_unfused_eager_fallback(device):
+    """Dynamo falling back to eager (as at its recompile limit) runs FlexAttention unfused;
+    forcing that fallback must raise instead of returning a number to time."""
+    q, k, v = _inputs(24, 24, device, dtype=torch.float32, seed=5)
+    with torch.compiler.set_stance("force_eager"), pytest.raises(RuntimeError, match="unfused"):
+        registry._flex_forward(q, k, v, True, 0.125)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="needs a backend that refuses the input: SDPA efficient on CPU does")
+def test_a_backend_refusing_the_input_is_unsupported_with_sdpas_reason():
+    q, k, v = _inputs(16, 16, "cpu", seed=7)
+    with pytest.raises(UnsupportedInput, match="SDPA EFFICIENT_ATTENTION refuses this input: No viable backend"):
+        registry._sdpa_forward("EFFICIENT_ATTENTION")(q, k, v, False, 0.125)
