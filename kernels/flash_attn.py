@@ -59,19 +59,22 @@ class BwdConfig:
     num_stages: int
 
 
-# Hopper (sm_90), keyed by (padded head dim, causal). Chosen on the H200, see
-# reports/h200/perf_notes.md for the measurements behind each line.
+# Hopper (sm_90), keyed by (padded head dim, causal). Chosen on the H200 by tools/tune_fa2.py
+# (bf16, seqlen 4096, paper shapes): rows in reports/h200/tune_fa2_seqlen4096_bf16.csv,
+# reasoning in reports/h200/perf_notes.md.
 HOPPER_FWD_CONFIGS = {
-    # 128x64 tiles keep the 8-warp wgmma busy while the fp32 accumulator stays in registers.
+    # small head dims: 4 warps of wgmma on 128x64 tiles; causal prefers 8 warps (more rows
+    # in flight to hide the diagonal blocks' mask arithmetic).
     (16, False): FwdConfig(128, 64, 4, 3),
-    (16, True): FwdConfig(128, 64, 4, 3),
+    (16, True): FwdConfig(128, 64, 8, 3),
     (32, False): FwdConfig(128, 64, 4, 3),
-    (32, True): FwdConfig(128, 64, 4, 3),
+    (32, True): FwdConfig(128, 64, 8, 3),
     (64, False): FwdConfig(128, 64, 4, 3),
-    (64, True): FwdConfig(128, 64, 4, 3),
-    (128, False): FwdConfig(128, 64, 8, 3),
-    (128, True): FwdConfig(128, 64, 8, 3),
-    # head dim 256: the accumulator alone is 128 fp32 registers per thread at 8 warps.
+    (64, True): FwdConfig(128, 64, 8, 3),
+    # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row.
+    (128, False): FwdConfig(128, 128, 8, 3),
+    (128, True): FwdConfig(128, 128, 8, 3),
+    # head dim 256: only 2 stages of 128x64 K/V tiles fit next to Q in shared memory.
     (256, False): FwdConfig(128, 64, 8, 2),
     (256, True): FwdConfig(128, 64, 8, 2),
 }
@@ -80,9 +83,10 @@ HOPPER_BWD_CONFIGS = {
     16: BwdConfig(32, 128, 128, 32, 4, 3),
     32: BwdConfig(32, 128, 128, 32, 4, 3),
     64: BwdConfig(32, 128, 128, 32, 4, 3),
-    128: BwdConfig(32, 128, 128, 32, 4, 3),
-    # head dim 256: halve the tiles so K, V, dK, dV fit in shared memory and registers.
-    256: BwdConfig(32, 64, 64, 32, 4, 2),
+    # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma.
+    128: BwdConfig(64, 128, 128, 32, 8, 3),
+    # head dim 256: 64x64 tiles, 2 stages: the largest that fit in shared memory.
+    256: BwdConfig(64, 64, 64, 64, 4, 2),
 }
 # Any other CUDA GPU (Ampere, Ada): smaller tiles, fewer stages (less shared memory).
 GENERIC_FWD_CONFIG = FwdConfig(64, 64, 4, 2)
