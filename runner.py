@@ -16,6 +16,7 @@ import argparse
 import datetime
 import os
 import shlex
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -331,6 +332,10 @@ def regression_check(args, df, environment: dict, out_dir: Path, remeasure) -> i
 # --------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -385,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_code = 0
     if args.ncu != "only":
         skip = frozenset(completed_keys(load_results(out_dir))) if args.resume else frozenset()
+        signal.signal(signal.SIGTERM, _interrupt)  # a time limit's SIGTERM: keep the rows, write the reports
         with ResultWriter(out_dir / RESULTS_CSV) as writer:
             try:
                 counts = new_sweep(writer, skip).run(jobs, providers)
@@ -392,9 +398,14 @@ def main(argv: list[str] | None = None) -> int:
             except SweepAborted as exc:
                 print(f"SWEEP ABORTED: {exc}", file=sys.stderr)
                 exit_code = 3
+            except KeyboardInterrupt:
+                print(f"INTERRUPTED: the rows measured so far are in {out_dir / RESULTS_CSV}; run the same "
+                      "command with --resume to go on", file=sys.stderr)
+                exit_code = 130
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     after = capture_environment()
     run.update(environment_after=after, throttle_warnings=throttle_warnings(environment, after),
-               finished=after["timestamp"])
+               finished=after["timestamp"] if exit_code == 0 else None, exit_code=exit_code)
     record_run(out_dir, run)
     for warning in run["throttle_warnings"]:
         print(f"WARNING: {warning}", file=sys.stderr)

@@ -21,14 +21,19 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INTERPRETER_GPU = "cpu (Triton interpreter)"
 ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "triton", "git_commit", "timestamp")
-# NVML clock-event reasons that mean the clocks were lowered by heat or a power limit.
-THROTTLE_REASON_NAMES = {
-    "nvmlClocksEventReasonSwPowerCap": "software power cap",
-    "nvmlClocksEventReasonHwSlowdown": "hardware slowdown",
-    "nvmlClocksEventReasonSwThermalSlowdown": "software thermal slowdown",
-    "nvmlClocksEventReasonHwThermalSlowdown": "hardware thermal slowdown",
-    "nvmlClocksEventReasonHwPowerBrakeSlowdown": "hardware power brake",
+# NVML clock-event reasons (nvmlClocksEventReason<X>, formerly nvmlClocksThrottleReason<X>) that
+# mean the clocks were lowered by heat or a power limit.
+THROTTLE_REASONS = {
+    "SwPowerCap": "software power cap",
+    "HwSlowdown": "hardware slowdown",
+    "SwThermalSlowdown": "software thermal slowdown",
+    "HwThermalSlowdown": "hardware thermal slowdown",
+    "HwPowerBrakeSlowdown": "hardware power brake",
 }
+
+
+def _reason_bit(pynvml, reason: str) -> int:
+    return getattr(pynvml, f"nvmlClocksEventReason{reason}", getattr(pynvml, f"nvmlClocksThrottleReason{reason}", 0))
 
 
 def git_commit(repo: Path = REPO_ROOT) -> str:
@@ -43,13 +48,17 @@ def git_commit(repo: Path = REPO_ROOT) -> str:
     return f"{head}-dirty" if dirty else head
 
 
-def _nvml_handle(pynvml):
-    """NVML handle of the GPU torch uses (by UUID, so CUDA_VISIBLE_DEVICES cannot mislead)."""
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    uuid = getattr(props, "uuid", None)
+def _nvml_handle(pynvml, errors: list[str]):
+    """NVML handle of the GPU torch uses: by UUID (CUDA_VISIBLE_DEVICES cannot mislead it),
+    else by torch's device index."""
+    index = torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
     if uuid is not None:
-        return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-    return pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        except pynvml.NVMLError as exc:
+            errors.append(f"handle by UUID GPU-{uuid}: {exc}; using device index {index}")
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
 
 
 def gpu_state() -> dict:
@@ -63,15 +72,18 @@ def gpu_state() -> dict:
         pynvml.nvmlInit()
     except Exception as exc:  # noqa: BLE001 -- no NVML: say so in the metadata, measure anyway
         return {"nvml_errors": [f"NVML unavailable: {type(exc).__name__}: {exc}"]}
+    errors: list[str] = []
     try:
-        handle = _nvml_handle(pynvml)
-        errors: list[str] = []
+        try:
+            handle = _nvml_handle(pynvml, errors)
+        except pynvml.NVMLError as exc:
+            return {"nvml_errors": [*errors, f"no NVML handle for this GPU: {exc}"]}
 
         def read(name, query):
             try:
                 return query()
-            except pynvml.NVMLError as exc:
-                errors.append(f"{name}: {exc}")
+            except Exception as exc:  # noqa: BLE001 -- NVMLError, or a query this nvidia-ml-py lacks
+                errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 return None
 
         reasons_query = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons",
@@ -89,7 +101,7 @@ def gpu_state() -> dict:
             "power_w": read("power", lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
             "power_limit_w": read("power_limit", lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0),
             "clock_event_reasons": None if reasons is None else [
-                label for attr, label in THROTTLE_REASON_NAMES.items() if reasons & getattr(pynvml, attr, 0)],
+                label for reason, label in THROTTLE_REASONS.items() if reasons & _reason_bit(pynvml, reason)],
             "power_violation_ns": read("power_violation", lambda: pynvml.nvmlDeviceGetViolationStatus(
                 handle, pynvml.NVML_PERF_POLICY_POWER).violationTime),
             "thermal_violation_ns": read("thermal_violation", lambda: pynvml.nvmlDeviceGetViolationStatus(

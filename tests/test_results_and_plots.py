@@ -9,12 +9,15 @@ the anchors have no measurement and an 'unavailable' xformers-cutlass row per co
 
 import json
 import math
+import sys
+import types
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
-from reports.environment import INTERPRETER_GPU, capture_environment, gpu_slug, throttle_warnings
+from reports.environment import INTERPRETER_GPU, capture_environment, gpu_slug, gpu_state, throttle_warnings
 from reports.paper_report import build_report, write_report
 from reports.plots import plot_suite
 from reports.results import (
@@ -121,6 +124,50 @@ def test_throttle_warnings_read_the_violation_counters_and_final_reasons():
     assert any("thermal-throttled for 5.0 ms" in w for w in warnings)
     assert any("hardware thermal slowdown" in w for w in warnings)
     assert throttle_warnings({}, {}) == []  # no GPU, nothing to say
+
+
+class _FakeNvml(types.ModuleType):
+    """Just enough of pynvml for gpu_state: an H200 that is power-capped, whose UUID lookup
+    and temperature query fail, and which lacks the violation counters."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+    nvmlClocksThrottleReasonSwPowerCap, nvmlClocksThrottleReasonGpuIdle = 0x4, 0x1
+
+    def __init__(self):
+        super().__init__("pynvml")
+        self.shutdown = False
+
+    def nvmlInit(self): pass
+    def nvmlShutdown(self): self.shutdown = True
+    def nvmlDeviceGetHandleByUUID(self, uuid): raise self.NVMLError("Not Found")
+    def nvmlDeviceGetHandleByIndex(self, index): return ("handle", index)
+    def nvmlDeviceGetName(self, handle): return "NVIDIA H200"
+    def nvmlSystemGetDriverVersion(self): return "570.1"
+    def nvmlDeviceGetClockInfo(self, handle, clock): return {1: 1755, 2: 3201}[clock]
+    def nvmlDeviceGetMaxClockInfo(self, handle, clock): return 1980
+    def nvmlDeviceGetTemperature(self, handle, sensor): raise self.NVMLError("Not Supported")
+    def nvmlDeviceGetPowerUsage(self, handle): return 650_000
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle): return 700_000
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle): return 0x4 | 0x1
+
+
+def test_gpu_state_reads_nvml_and_records_what_it_cannot_read(monkeypatch):
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid="1234-abcd"))
+    state = gpu_state()
+    assert state["name"] == "NVIDIA H200" and state["driver"] == "570.1"
+    assert state["sm_clock_mhz"] == 1755 and state["mem_clock_mhz"] == 3201 and state["power_w"] == 650.0
+    assert state["clock_event_reasons"] == ["software power cap"]  # GpuIdle is not a throttle
+    assert state["temperature_c"] is None and state["power_violation_ns"] is None
+    errors = " ".join(state["nvml_errors"])
+    assert "GPU-1234-abcd" in errors and "Not Supported" in errors and "AttributeError" in errors
+    assert fake.shutdown
 
 
 def test_environment_has_every_row_column():

@@ -5,8 +5,10 @@ end-to-end `python runner.py --quick` in Triton's interpreter writes every outpu
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -223,3 +225,27 @@ def test_quick_run_end_to_end_in_the_interpreter(tmp_path):
     assert len(document["rows"]) == len(rows) and document["runs"][0]["finished"]
     for name in ("report.md", "plots/fwd_fp16.png", "plots/fwd_fp16.svg", "plots/fwd_bwd_fp16.png"):
         assert (tmp_path / name).stat().st_size > 0, name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="times an interpreter run; the GPU path is the same code")
+def test_sigterm_keeps_the_rows_and_still_writes_the_report(tmp_path):
+    """A time limit's SIGTERM mid-sweep: exit code 130, the rows so far kept, the report written,
+    and the run recorded as unfinished."""
+    seqlens = ",".join(str(n) for n in range(32, 544, 32))
+    process = subprocess.Popen(
+        [sys.executable, "runner.py", "--providers", "fa2", "--modes", "fwd_bwd", "--hdims", "32", "--causal",
+         "false", "--seqlens", seqlens, "--out", str(tmp_path)],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    csv_path = tmp_path / "results.csv"
+    deadline = time.monotonic() + 120
+    while not (csv_path.exists() and len(csv_path.read_text().splitlines()) >= 2):
+        assert process.poll() is None and time.monotonic() < deadline, "no row was written"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-2000:]
+    assert "INTERRUPTED" in stderr and "--resume" in stderr
+    rows = load_results(tmp_path)
+    assert 1 <= len(rows) < len(seqlens.split(",")) and set(rows["status"]) == {"ok"}
+    assert (tmp_path / "report.md").exists()
+    assert load_runs(tmp_path)[0]["finished"] is None
