@@ -13,6 +13,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -51,6 +53,10 @@ class ResultWriter:
             if tuple(header) != COLUMNS:
                 raise ValueError(f"{self.path} has columns {header}, expected {list(COLUMNS)}: it was "
                                  "written by another version of the runner; use a new --out folder")
+            with self.path.open("rb+") as f:  # a process killed mid-row left no newline: end that line
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
             new_file = False
         else:
             new_file = True
@@ -89,9 +95,19 @@ def load_results(path: Path) -> pd.DataFrame:
     """Rows of a results CSV (or of the results.csv in a folder), typed, merged: for a key
     written more than once the last row wins. An absent file gives an empty frame."""
     csv_path = _csv_path(path)
-    if not csv_path.exists():
+    if not csv_path.exists() or csv_path.stat().st_size == 0:
         return pd.DataFrame(columns=list(COLUMNS))
-    df = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+    with csv_path.open(newline="") as f:
+        reader = csv.reader(f)
+        header = tuple(next(reader, ()))
+        records = list(reader)
+    if header != COLUMNS:
+        raise ValueError(f"{csv_path} has columns {list(header)}, expected {list(COLUMNS)}")
+    status = COLUMNS.index("status")
+    complete = [r for r in records if len(r) == len(COLUMNS) and r[status] in STATUSES]
+    if len(complete) < len(records):  # a line cut short by a killed process
+        warnings.warn(f"{csv_path}: skipped {len(records) - len(complete)} incomplete row(s)", stacklevel=2)
+    df = pd.DataFrame(complete, columns=list(COLUMNS))
     for column in _INT_COLUMNS:
         df[column] = df[column].astype(int)
     for column in MEASURE_COLUMNS:

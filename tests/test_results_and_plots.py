@@ -224,3 +224,18 @@ def test_report_tables_speedups_and_failures_come_from_the_rows(fixture_rows, tm
     assert f"| fwd bf16 d64 non-causal | {geomean:.2f}x" in text
     assert "| pytorch | oom | 2 |" in text and "| xformers-cutlass | unavailable | 24 |" in text
     assert "| OOM |" in text and "| nan" not in text
+
+
+def test_a_row_cut_short_by_a_kill_is_skipped_and_appending_goes_on_cleanly(tmp_path):
+    path = tmp_path / "results.csv"
+    with ResultWriter(path) as writer:
+        writer.write(_row(provider="pytorch", ms=1.0, tflops=1.0))
+        writer.write(_row(ms=2.0, tflops=2.0))
+    text = path.read_text()
+    path.write_text(text[: len(text) - 40])  # the last row loses its end (and its newline)
+    with pytest.warns(UserWarning, match="skipped 1 incomplete row"):
+        assert load_results(path)["provider"].tolist() == ["pytorch"]
+    with ResultWriter(path) as writer:
+        writer.write(_row(provider="sdpa-math", ms=3.0, tflops=3.0))
+    with pytest.warns(UserWarning, match="skipped 1 incomplete row"):
+        assert load_results(path)["provider"].tolist() == ["pytorch", "sdpa-math"]
