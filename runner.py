@@ -14,28 +14,49 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import shlex
 import signal
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from reports.timing import DEFAULT_REP_MS, DEFAULT_WARMUP_MS
 
 REPO_ROOT = Path(__file__).resolve().parent
 MODES = ("fwd", "bwd", "fwd_bwd")
 STUDY_NAMES = ("all", "fewer-nonmatmul", "seq-parallel", "warp-partitioning", "hopper")
 # The paper's sweep (FA2 paper Sec. 4.1): hidden size 2048 = heads x head dim, 16k tokens = batch x seqlen.
-PAPER_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
-PAPER_HDIMS = (64, 128, 256)
 PAPER_TOKENS = 16384
 PAPER_HIDDEN = 2048
-QUICK = {"modes": ("fwd", "fwd_bwd"), "hdims": (128,), "seqlens": (1024, 4096), "warmup_ms": 10, "rep_ms": 40}
-# Triton's interpreter: tiny sizes so that a whole sweep takes minutes on a CPU.
-INTERPRETER = {"seqlens": (32, 64, 128), "hdims": (32, 64), "batch": 1, "heads": 2,
-               "quick_hdims": (32,), "quick_seqlens": (64,), "ablation_seqlen": 128, "ablation_hdim": 64,
-               "ablation_heads": 2, "ablation_max_batch": 2}
+QUICK_MODES = ("fwd", "fwd_bwd")
+QUICK_WARMUP_MS, QUICK_REP_MS = 10, 40
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Default sweep sizes; batch/heads None means the paper's 16384 // seqlen and 2048 // hdim."""
+
+    hdims: tuple[int, ...]
+    seqlens: tuple[int, ...]
+    quick_hdims: tuple[int, ...]
+    quick_seqlens: tuple[int, ...]
+    batch: int | None = None
+    heads: int | None = None
+
+
+GPU_SIZES = Sizes(hdims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384), quick_hdims=(128,),
+                  quick_seqlens=(1024, 4096))
+# Triton's interpreter: tiny sizes so that a whole sweep takes minutes on a CPU. The ablation
+# settings shrink to seqlen 128, head dim 64, 2 heads, batch at most 2 (A: 2, B: 1).
+INTERPRETER_SIZES = Sizes(hdims=(32, 64), seqlens=(32, 64, 128), quick_hdims=(32,), quick_seqlens=(64,), batch=1,
+                          heads=2)
+INTERPRETER_ABLATION = {"seqlen": 128, "hdim": 64, "heads": 2}
+INTERPRETER_ABLATION_MAX_BATCH = 2
 BANNER = ("=" * 88 + "\nNO GPU: Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny sizes.\n"
           "These numbers are NOT performance; they show that the pipeline works.\n" + "=" * 88)
 EXAMPLES = """examples:
@@ -83,27 +104,16 @@ def _positive_int(name: str):
     return parse
 
 
-def _positive_float(name: str):
+def _number(name: str, accept, expectation: str):
+    """argparse type: a float for which accept(value) holds, else an error naming the option."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
-            value = -1.0
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{name} must be a number > 0, got {text!r}")
-        return value
-
-    return parse
-
-
-def _fraction(name: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = -1.0
-        if not 0.0 <= value < 1.0:
-            raise argparse.ArgumentTypeError(f"{name} must be a fraction in [0, 1), e.g. 0.05 for 5%, got {text!r}")
+            value = math.nan
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{name} must be {expectation}, got {text!r}")
         return value
 
     return parse
@@ -129,18 +139,23 @@ def build_parser() -> argparse.ArgumentParser:
                              "ablation rungs for --suite; the study's rungs plus sdpa-flash for --ablation "
                              "(whose rungs are always included)")
     narrow.add_argument("--modes", type=_csv_of(str, "--modes", MODES),
-                        help=f"comma-separated from {','.join(MODES)} (default: all three; --quick: fwd,fwd_bwd)")
+                        help=f"comma-separated from {','.join(MODES)} (default: all three; --quick: "
+                             f"{_join(QUICK_MODES)})")
     narrow.add_argument("--hdims", type=_csv_of(int, "--hdims"),
-                        help="head dims (default: 64,128,256; --quick: 128; no GPU: 32,64, --quick 32)")
+                        help=f"head dims (default: {_join(GPU_SIZES.hdims)}; --quick: {_join(GPU_SIZES.quick_hdims)}; "
+                             f"no GPU: {_join(INTERPRETER_SIZES.hdims)}, --quick {_join(INTERPRETER_SIZES.quick_hdims)})")
     narrow.add_argument("--seqlens", type=_csv_of(int, "--seqlens"),
-                        help="sequence lengths (default: 512,1024,2048,4096,8192,16384; --quick: 1024,4096; "
-                             "no GPU: 32,64,128, --quick 64)")
+                        help=f"sequence lengths (default: {_join(GPU_SIZES.seqlens)}; --quick: "
+                             f"{_join(GPU_SIZES.quick_seqlens)}; no GPU: {_join(INTERPRETER_SIZES.seqlens)}, --quick "
+                             f"{_join(INTERPRETER_SIZES.quick_seqlens)})")
     narrow.add_argument("--causal", choices=("true", "false", "both"), default="both",
                         help="causal masking (default: %(default)s)")
     narrow.add_argument("--batch", type=_positive_int("--batch"),
-                        help="batch size for every configuration (default: 16384 // seqlen; no GPU: 1)")
+                        help=f"batch size for every configuration (default: {PAPER_TOKENS} // seqlen; no GPU: "
+                             f"{INTERPRETER_SIZES.batch})")
     narrow.add_argument("--heads", type=_positive_int("--heads"),
-                        help="number of heads for every configuration (default: 2048 // hdim; no GPU: 2)")
+                        help=f"number of heads for every configuration (default: {PAPER_HIDDEN} // hdim; no GPU: "
+                             f"{INTERPRETER_SIZES.heads})")
     narrow.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16",
                         help="input dtype (default: %(default)s, as in the paper)")
     narrow.add_argument("--quick", action="store_true",
@@ -150,10 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
     timing.add_argument("--repeats", type=_positive_int("--repeats"), default=1,
                         help="independent measurements per configuration, each a do_bench median "
                              "(default: %(default)s)")
-    timing.add_argument("--warmup-ms", type=_positive_float("--warmup-ms"),
-                        help="do_bench warm-up time per measurement in ms (default: 25; --quick: 10)")
-    timing.add_argument("--rep-ms", type=_positive_float("--rep-ms"),
-                        help="do_bench timing time per measurement in ms (default: 100; --quick: 40)")
+    timing.add_argument("--warmup-ms", type=_number("--warmup-ms", lambda x: x > 0, "a number > 0"),
+                        help=f"do_bench warm-up time per measurement in ms (default: {DEFAULT_WARMUP_MS}; "
+                             f"--quick: {QUICK_WARMUP_MS})")
+    timing.add_argument("--rep-ms", type=_number("--rep-ms", lambda x: x > 0, "a number > 0"),
+                        help=f"do_bench timing time per measurement in ms (default: {DEFAULT_REP_MS}; "
+                             f"--quick: {QUICK_REP_MS})")
     timing.add_argument("--out", type=Path, help="output folder (default: results/<UTC timestamp>/)")
     timing.add_argument("--resume", action="store_true",
                         help="add to an existing OUT folder, skipping what it already measured with status ok")
@@ -165,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_argument("--compare", nargs="?", const="", metavar="PATH",
                         help="compare the results with a baseline (default PATH: reports/baselines/<gpu>.json); "
                              "a suspected regression is re-measured once; exit code 1 on a regression")
-    checks.add_argument("--tolerance", type=_fraction("--tolerance"), default=0.05,
+    checks.add_argument("--tolerance", type=_number("--tolerance", lambda x: 0 <= x < 1, "a fraction in [0, 1), e.g. 0.05 for 5%"), default=0.05,
                         help="regression tolerance beyond the measured spread, as a fraction (default: %(default)s)")
     ncu = checks.add_mutually_exclusive_group()
     ncu.add_argument("--ncu", dest="ncu", action="store_const", const="also",
@@ -180,28 +197,30 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------
 # Planning: which configurations and providers
 # --------------------------------------------------------------------------------------
+def _join(values) -> str:
+    return ",".join(str(v) for v in values)
+
+
 def _causal_values(choice: str) -> tuple[bool, ...]:
     return {"true": (True,), "false": (False,), "both": (False, True)}[choice]
 
 
 def suite_jobs(args, interpreter: bool) -> list:
+    """The paper suite's configurations: modes x head dims x causal x seqlens (narrowed by args)."""
     from baselines.providers import Spec
     from reports.sweep import Job
 
-    modes = args.modes or (QUICK["modes"] if args.quick else MODES)
-    if interpreter:
-        hdims = args.hdims or (INTERPRETER["quick_hdims"] if args.quick else INTERPRETER["hdims"])
-        seqlens = args.seqlens or (INTERPRETER["quick_seqlens"] if args.quick else INTERPRETER["seqlens"])
-    else:
-        hdims = args.hdims or (QUICK["hdims"] if args.quick else PAPER_HDIMS)
-        seqlens = args.seqlens or (QUICK["seqlens"] if args.quick else PAPER_SEQLENS)
+    sizes = INTERPRETER_SIZES if interpreter else GPU_SIZES
+    modes = args.modes or (QUICK_MODES if args.quick else MODES)
+    hdims = args.hdims or (sizes.quick_hdims if args.quick else sizes.hdims)
+    seqlens = args.seqlens or (sizes.quick_seqlens if args.quick else sizes.seqlens)
     jobs = []
     for mode in modes:
         for hdim in hdims:
             for causal in _causal_values(args.causal):
                 for seqlen in seqlens:
-                    batch = args.batch or (INTERPRETER["batch"] if interpreter else max(1, PAPER_TOKENS // seqlen))
-                    heads = args.heads or (INTERPRETER["heads"] if interpreter else max(1, PAPER_HIDDEN // hdim))
+                    batch = args.batch or sizes.batch or max(1, PAPER_TOKENS // seqlen)
+                    heads = args.heads or sizes.heads or max(1, PAPER_HIDDEN // hdim)
                     jobs.append(Job(Spec(mode, causal, hdim, seqlen, batch, heads, args.dtype)))
     return jobs
 
@@ -223,15 +242,13 @@ def ablation_plan(args, interpreter: bool) -> tuple[list, list[str]]:
         missing = {"batch", "heads", "hdim", "seqlen", "causal", "mode"} - set(setting)
         if missing:
             raise SystemExit(f"ablations.ladder.SETTINGS[{name!r}] lacks {sorted(missing)}")
-        batch, heads, hdim, seqlen = setting["batch"], setting["heads"], setting["hdim"], setting["seqlen"]
+        sizes = {key: setting[key] for key in ("batch", "heads", "hdim", "seqlen")}
         if interpreter:
-            batch = min(batch, INTERPRETER["ablation_max_batch"])
-            heads, hdim, seqlen = INTERPRETER["ablation_heads"], INTERPRETER["ablation_hdim"], INTERPRETER[
-                "ablation_seqlen"]
-        for h in args.hdims or (hdim,):
-            for s in args.seqlens or (seqlen,):
-                spec = Spec(setting["mode"], bool(setting["causal"]), h, s, args.batch or batch,
-                            args.heads or heads, args.dtype)
+            sizes.update(INTERPRETER_ABLATION, batch=min(sizes["batch"], INTERPRETER_ABLATION_MAX_BATCH))
+        for hdim in args.hdims or (sizes["hdim"],):
+            for seqlen in args.seqlens or (sizes["seqlen"],):
+                spec = Spec(setting["mode"], bool(setting["causal"]), hdim, seqlen, args.batch or sizes["batch"],
+                            args.heads or sizes["heads"], args.dtype)
                 jobs.append(Job(spec, setting=name))
     rungs = [RUNGS[index].name for index in STUDIES[args.ablation]]
     extras = [p for p in (args.providers or ("sdpa-flash",)) if p not in rungs]
@@ -378,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     record_run(out_dir, run)
     print(f"{len(jobs)} configurations x {len(providers)} providers -> {out_dir / RESULTS_CSV}", file=sys.stderr)
     device = torch.device("cpu" if interpreter else "cuda")
-    warmup_ms = args.warmup_ms or (QUICK["warmup_ms"] if args.quick else 25)
-    rep_ms = args.rep_ms or (QUICK["rep_ms"] if args.quick else 100)
+    warmup_ms = args.warmup_ms or (QUICK_WARMUP_MS if args.quick else DEFAULT_WARMUP_MS)
+    rep_ms = args.rep_ms or (QUICK_REP_MS if args.quick else DEFAULT_REP_MS)
 
     def new_sweep(writer, skip=frozenset()):
         from tqdm import tqdm

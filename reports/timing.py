@@ -22,6 +22,7 @@ import torch
 
 QUANTILES = (0.5, 0.2, 0.8)  # median, 20th and 80th percentile of the call time
 CPU_REPS = 3  # timed calls per measurement in the interpreter (each may take seconds)
+DEFAULT_WARMUP_MS, DEFAULT_REP_MS = 25, 100  # do_bench's own defaults
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ def _clear_grads(tensors: Sequence[torch.Tensor]) -> None:
         t.grad = None
 
 
-def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float = 25, rep_ms: float = 100,
+def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
               grad_to_none: Sequence[torch.Tensor] = (), cpu_reps: int = CPU_REPS) -> Timing:
     """Time `fn()` on `device`; the first call (compile, warm-up) is never timed."""
     if device.type == "cuda":
@@ -69,7 +70,7 @@ def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float =
 
 
 def time_attention(forward: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   softmax_scale: float, mode: str, warmup_ms: float = 25, rep_ms: float = 100,
+                   softmax_scale: float, mode: str, warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
                    cpu_reps: int = CPU_REPS) -> Timing:
     """Time one provider's `forward(q, k, v, causal, softmax_scale)` in `mode`. For 'bwd' and
     'fwd_bwd', q, k and v must require grad; dout is fresh randn like the output."""
