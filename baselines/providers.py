@@ -7,10 +7,11 @@ seqlen, headdim) get transposed views. Causal masks are bottom-right aligned (fl
 >= 2.1, baselines.reference). A provider that cannot compute the asked function raises
 `UnsupportedInput` (recorded as 'unsupported'), never computes a different one.
 
-Optional backends (xformers, flash-attn, FA3/FA4, the ablation ladder) are imported lazily:
-importing this module never imports them, and their availability check says why one is
-missing. The Triton kernels (`kernels`, `ablations.ladder`) are imported on first use, so
-the caller can switch on Triton's interpreter (TRITON_INTERPRET=1) before that.
+Optional backends (xformers, flash-attn, FA3/FA4) are imported by their availability check,
+which says why one is missing. Importing this module imports no Triton kernel: `kernels` is
+imported by the first call, ablations.ladder by the first use of `PROVIDERS` (a broken or
+missing ladder makes only the rung providers unavailable, with the import error as reason),
+so a caller can switch on Triton's interpreter (TRITON_INTERPRET=1) before that.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from baselines.reference import attention_same_dtype
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 NEEDS_CUDA = "needs CUDA (no GPU here)"
+MAX_HEADDIM = 256  # the largest head dim of our kernels, flash-attn and SDPA's flash backend
 INTERPRETER_BF16 = "bf16 tl.dot is wrong in Triton's CPU interpreter (see shared/GPU.md): test bf16 on a GPU"
 # The ablation rungs of docs/CONTRACTS.md, in ladder order; their kernels live in ablations/ladder.py.
 RUNG_NAMES = ("rung0-fa1", "rung1-fewer-nonmatmul", "rung2-seq-parallel", "rung3-split-q", "rung4-hopper")
@@ -154,9 +156,9 @@ def _probe(forward: Callable) -> Callable[[], object]:
 
 
 def _triton_supports(spec: Spec) -> str | None:
-    """Our Triton kernels: any head dim up to 256; bf16 only on a GPU."""
-    if spec.hdim > 256:
-        return f"head dim {spec.hdim} > 256"
+    """Our Triton kernels: any head dim up to MAX_HEADDIM; bf16 only on a GPU."""
+    if spec.hdim > MAX_HEADDIM:
+        return f"head dim {spec.hdim} > {MAX_HEADDIM}"
     if spec.dtype == "bf16" and not torch.cuda.is_available():
         return INTERPRETER_BF16
     return None
@@ -165,8 +167,8 @@ def _triton_supports(spec: Spec) -> str | None:
 def _half_only(spec: Spec) -> str | None:
     if spec.dtype not in ("fp16", "bf16"):
         return f"{spec.dtype} inputs: this kernel takes fp16/bf16 only"
-    if spec.hdim > 256:
-        return f"head dim {spec.hdim} > 256"
+    if spec.hdim > MAX_HEADDIM:
+        return f"head dim {spec.hdim} > {MAX_HEADDIM}"
     return None
 
 
