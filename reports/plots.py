@@ -52,7 +52,7 @@ def _x_labels(panel: pd.DataFrame) -> list[tuple]:
 def _environment_title(rows: pd.DataFrame) -> str:
     gpus = ", ".join(sorted(set(rows["gpu"].astype(str))))
     if rows["interpreter"].any():
-        return f"{gpus}: Triton interpreter, numbers are NOT performance"
+        return f"{gpus}: numbers are NOT performance"
     return gpus
 
 
@@ -118,7 +118,8 @@ def plot_suite(df: pd.DataFrame, out_dir: Path) -> list[Path]:
     rows = suite_rows(df)
     if rows.empty:
         return []
-    order = {name: i for i, name in enumerate(dict.fromkeys(rows["provider"]))}
+    measured = rows.loc[rows["status"] == "ok", "provider"]
+    order = {name: i for i, name in enumerate(dict.fromkeys(measured))}  # colours: same provider, same colour
     palette = matplotlib.colormaps["tab20" if len(order) > 10 else "tab10"].colors
     colors = {name: palette[i % len(palette)] for name, i in order.items()}
     cells = cell_summary(rows)
