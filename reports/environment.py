@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import platform
 import re
+import os
 import subprocess
 from pathlib import Path
 
@@ -37,7 +38,10 @@ def _reason_bit(pynvml, reason: str) -> int:
 
 
 def git_commit(repo: Path = REPO_ROOT) -> str:
-    """`git rev-parse HEAD`, with '-dirty' when tracked files have uncommitted changes."""
+    """`git rev-parse HEAD`, with '-dirty' when tracked files have uncommitted changes. A copy
+    of the tree without `.git` (a remote GPU machine) can name its commit in $GIT_COMMIT."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
