@@ -1,0 +1,74 @@
+"""The FA1 -> FA2 ablation ladder as data: the rungs, the studies that pick two of them, and
+the paper's two settings (docs/CONTRACTS.md).
+
+Rungs 0-3 are one Triton kernel family (kernels/fa_ladder.py, its docstring explains how each
+technique is expressed); rung 4 is the production FA2 kernel (kernels/flash_attn.py: wgmma,
+tuned tiles). Every rung is a forward pass; the backward of all of them is the FA2 backward
+(`kernels.flash_attn.flash_attn_backward`), so the ladder measures forward only. Kernels are
+imported when a rung first runs, so this module imports without Triton's JIT (the runner
+switches on the interpreter before that, and the report needs only these tables).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rung:
+    index: int
+    name: str  # provider name in baselines.providers
+    label: str  # plot label
+    technique: str  # what this rung adds to the one before, with the paper's section
+    forward: Callable  # (q, k, v, causal, softmax_scale) -> out, flash-attn layout (B, S, H, D)
+    kernel_regex: str  # Nsight Compute kernel-name regex of its forward kernel
+
+
+def _ladder_forward(index: int) -> Callable:
+    def forward(q, k, v, causal, softmax_scale):
+        from kernels.fa_ladder import ladder_forward
+
+        return ladder_forward(q, k, v, softmax_scale, causal, rung=index)[0]
+
+    return forward
+
+
+def _hopper_forward(q, k, v, causal, softmax_scale):
+    from kernels.flash_attn import check_attention_inputs, flash_attn_forward
+
+    return flash_attn_forward(q, k, v, check_attention_inputs(q, k, v, softmax_scale), causal)[0]
+
+
+RUNGS: list[Rung] = [
+    Rung(0, "rung0-fa1", "0: FA1 algorithm",
+         "FA1 (Dao et al. 2022, Alg. 1): K/V-outer loops, O/l/m in HBM, split-K warps",
+         _ladder_forward(0), "_ladder_kv_outer_kernel"),
+    Rung(1, "rung1-fewer-nonmatmul", "1: + fewer non-matmul FLOPs",
+         "FA2 Sec. 3.1: unnormalised O, one 1/l, logsumexp, exp2, diagonal-only causal mask",
+         _ladder_forward(1), "_ladder_kv_outer_kernel"),
+    Rung(2, "rung2-seq-parallel", "2: + sequence parallelism",
+         "FA2 Sec. 3.2: grid over (query blocks, batch x heads), Q-outer loops, O/l/m on chip",
+         _ladder_forward(2), "_ladder_q_outer_kernel"),
+    Rung(3, "rung3-split-q", "3: + split-Q warps (FA2)",
+         "FA2 Sec. 3.3: warps split the query rows, no inter-warp exchange",
+         _ladder_forward(3), "_ladder_q_outer_kernel"),
+    Rung(4, "rung4-hopper", "4: + Hopper wgmma (production FA2)",
+         "beyond the paper: the production kernel's wgmma (MMA v3) and tuned tiles",
+         _hopper_forward, "_flash_fwd_kernel"),
+]
+
+# Each study runs the rungs that one technique separates ('all': the whole ladder).
+STUDIES: dict[str, list[int]] = {
+    "all": [0, 1, 2, 3, 4],
+    "fewer-nonmatmul": [0, 1],
+    "seq-parallel": [1, 2],
+    "warp-partitioning": [2, 3],
+    "hopper": [3, 4],
+}
+
+# The paper's ablation settings (FA2 authors' ablation table, shared/reference/paper_numbers.md).
+SETTINGS: dict[str, dict] = {
+    "A": {"mode": "fwd", "causal": True, "hdim": 128, "seqlen": 2048, "batch": 8, "heads": 16, "dtype": "fp16"},
+    "B": {"mode": "fwd", "causal": True, "hdim": 128, "seqlen": 2048, "batch": 1, "heads": 16, "dtype": "fp16"},
+}
