@@ -119,6 +119,18 @@ def _number(name: str, accept, expectation: str):
     return parse
 
 
+def _fwd_config(text: str):
+    """argparse type of --fa2-fwd-config: four positive integers BM,BN,WARPS,STAGES (a tuple:
+    `kernels` must not be imported before main() has decided on Triton's interpreter)."""
+    try:
+        values = [int(x) for x in text.split(",")]
+        if len(values) != 4 or min(values) < 1:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected four positive integers BM,BN,WARPS,STAGES, got {text!r}") from None
+    return tuple(values)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runner.py", description=__doc__.split("\n\n")[0].strip() + " Results go to OUT/results.csv, "
@@ -171,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     timing.add_argument("--rep-ms", type=_number("--rep-ms", lambda x: x > 0, "a number > 0"),
                         help=f"do_bench timing time per measurement in ms (default: {DEFAULT_REP_MS}; "
                              f"--quick: {QUICK_REP_MS})")
+    timing.add_argument("--fa2-fwd-config", type=_fwd_config, metavar="BM,BN,WARPS,STAGES",
+                        help="run the fa2 provider's forward with this block config instead of the tuned "
+                             "table (e.g. 16,16,4,1 to show that --compare flags a slowed kernel); "
+                             "recorded in each row's config")
     timing.add_argument("--out", type=Path, help="output folder (default: results/<UTC timestamp>/)")
     timing.add_argument("--resume", action="store_true",
                         help="add to an existing OUT folder, skipping what it already measured with status ok")
@@ -377,6 +393,11 @@ def main(argv: list[str] | None = None) -> int:
         jobs, provider_names = ablation_plan(args, interpreter)
     else:
         jobs, provider_names = suite_jobs(args, interpreter), suite_providers(args)
+    if args.fa2_fwd_config is not None:
+        from baselines.providers import override_fa2_fwd_config
+        from kernels.flash_attn import FwdConfig
+
+        override_fa2_fwd_config(FwdConfig(*args.fa2_fwd_config))
     try:
         providers = [get_provider(name) for name in provider_names]
     except ValueError as exc:
