@@ -57,6 +57,8 @@ INTERPRETER_SIZES = Sizes(hdims=(32, 64), seqlens=(32, 64, 128), quick_hdims=(32
                           heads=2)
 INTERPRETER_ABLATION = {"seqlen": 128, "hdim": 64, "heads": 2}
 INTERPRETER_ABLATION_MAX_BATCH = 2
+ABLATION_SWEEP = "sweep"  # the `setting` of the ablation's seqlen x head dim x causal rows
+ABLATION_PEERS = ("sdpa-flash", "sdpa-cudnn")  # measured next to the rungs in the same run
 BANNER = ("=" * 88 + "\nNO GPU: Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny sizes.\n"
           "These numbers are NOT performance; they show that the pipeline works.\n" + "=" * 88)
 EXAMPLES = """examples:
@@ -143,12 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--ablation", choices=STUDY_NAMES,
                        help="the ablation ladder of ablations/ladder.py: the rungs of this study on its settings "
                             "A (batch 8) and B (batch 1); fwd, causal, head dim 128, seqlen 2048, 16 heads")
+    what.add_argument("--settings-only", action="store_true",
+                      help="with --ablation: only the paper's settings A and B, not the forward sweep over "
+                           "--seqlens x --hdims x --causal")
     what.add_argument("--list", action="store_true", help="list the providers, whether each is available here "
                       "and why not, then exit")
     narrow = parser.add_argument_group("narrowing a sweep (defaults: the paper's; without a GPU: tiny sizes)")
     narrow.add_argument("--providers", type=_csv_of(str, "--providers"),
                         help="comma-separated provider names (see --list). Default: every provider but the "
-                             "ablation rungs for --suite; the study's rungs plus sdpa-flash for --ablation "
+                             "ablation rungs for --suite; the study's rungs plus sdpa-flash and sdpa-cudnn for --ablation "
                              "(whose rungs are always included)")
     narrow.add_argument("--modes", type=_csv_of(str, "--modes", MODES),
                         help=f"comma-separated from {','.join(MODES)} (default: all three; --quick: "
@@ -254,20 +259,21 @@ def ablation_plan(args, interpreter: bool) -> tuple[list, list[str]]:
     if args.ablation not in STUDIES:
         raise SystemExit(f"--ablation {args.ablation}: ablations.ladder.STUDIES has {sorted(STUDIES)}")
     jobs = []
-    for name, setting in SETTINGS.items():
+    for name, setting in SETTINGS.items():  # the paper's settings, at their own sizes
         missing = {"batch", "heads", "hdim", "seqlen", "causal", "mode"} - set(setting)
         if missing:
             raise SystemExit(f"ablations.ladder.SETTINGS[{name!r}] lacks {sorted(missing)}")
         sizes = {key: setting[key] for key in ("batch", "heads", "hdim", "seqlen")}
         if interpreter:
             sizes.update(INTERPRETER_ABLATION, batch=min(sizes["batch"], INTERPRETER_ABLATION_MAX_BATCH))
-        for hdim in args.hdims or (sizes["hdim"],):
-            for seqlen in args.seqlens or (sizes["seqlen"],):
-                spec = Spec(setting["mode"], bool(setting["causal"]), hdim, seqlen, args.batch or sizes["batch"],
-                            args.heads or sizes["heads"], args.dtype)
-                jobs.append(Job(spec, setting=name))
+        spec = Spec(setting["mode"], bool(setting["causal"]), sizes["hdim"], sizes["seqlen"],
+                    args.batch or sizes["batch"], args.heads or sizes["heads"], args.dtype)
+        jobs.append(Job(spec, setting=name))
+    if not args.settings_only:  # the forward sweep: seqlen x head dim x causal, paper shapes
+        sweep_args = argparse.Namespace(**{**vars(args), "modes": ("fwd",)})
+        jobs += [Job(job.spec, setting=ABLATION_SWEEP) for job in suite_jobs(sweep_args, interpreter)]
     rungs = [RUNGS[index].name for index in STUDIES[args.ablation]]
-    extras = [p for p in (args.providers or ("sdpa-flash",)) if p not in rungs]
+    extras = [p for p in (args.providers or ABLATION_PEERS) if p not in rungs]
     return jobs, rungs + extras
 
 
