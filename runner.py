@@ -322,6 +322,8 @@ def run_counters(jobs, providers: list[str], df, out_dir: Path, only: bool):
     measured = {row_key(row) for _, row in df[df["status"] == "ok"].iterrows()}
     ncu_jobs = []
     for job in jobs:
+        if job.setting == ABLATION_SWEEP:  # one representative launch per rung and setting
+            continue
         for name in providers:
             provider = get_provider(name)
             if only:
