@@ -16,8 +16,12 @@ Sections, in this order (each row is written to $OUT, or ., as soon as it exists
    SDPA's FLASH_ATTENTION (the FA2 CUDA kernel) and cuDNN backends, in interleaved rounds;
    then alternative tiles per rung, timed once, to justify the table in kernels/fa_ladder.py.
 3. correctness (probe_correctness.csv): each rung against the float64 reference in bf16 and
-   fp16, causal and not, ragged lengths, head dims 64/128/256: the error must be at most twice
+   fp16, causal and not, ragged lengths, head dims 32-256: the error must be at most twice
    PyTorch's same-dtype error (plus a small epsilon) and the logsumexp must agree.
+4. launch overhead (probe_overhead.csv), setting B, whose kernels are the shortest: the host
+   time of one call (enqueued behind a sleeping GPU, so it is host time alone), do_bench's
+   median, and do_bench_cudagraph's (CUDA graph replay: no host launch cost), for each rung
+   through `Rung.forward` (what the runner times) and through a prepared launch.
 A short table is printed last.
 """
 
@@ -38,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ablations.ladder import RUNGS
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import fa_ladder
@@ -328,12 +333,45 @@ def correctness_section(checks: list, code: list, deadline: float) -> None:
             save(code, "probe_code.csv")
 
 
+def overhead_section(overhead: list, deadline: float) -> None:
+    import triton.testing
+
+    q, k, v = make_qkv(SETTINGS["B"], SEQLEN, SEQLEN, HEADS, HDIM, torch.float16, "cuda")
+    scale = HDIM ** -0.5
+    paths = {f"{rung.name} via Rung.forward": (lambda r=rung: r.forward(q, k, v, True, scale)) for rung in RUNGS}
+    paths |= {f"rung{rung} prepared launch": plan_ladder_forward(q, k, v, scale, True, rung=rung)[2].run
+              for rung in range(len(LADDER))}
+    paths |= {name: fn for name, (fn, _) in providers(q, k, v).items() if name.startswith("sdpa")}
+    calls = 200
+    for name, fn in paths.items():
+        if time.time() > deadline:
+            print("time budget reached in the overhead section", flush=True)
+            return
+        row = {"path": name}
+        try:
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda._sleep(200_000_000)  # keep the GPU busy: the loop below measures host time only
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            row["host_us_per_call"] = (time.perf_counter() - start) / calls * 1e6
+            torch.cuda.synchronize()
+            row["do_bench_ms"] = bench(fn)[1]
+            row["cudagraph_ms"] = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+            row["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001 -- a path that cannot be timed is a row with its reason
+            row["status"] = f"error: {type(exc).__name__}: {exc}"[:300]
+        overhead.append(row)
+        save(overhead, "probe_overhead.csv")
+
+
 def save(rows: list, name: str) -> None:
     if rows:
         pd.DataFrame(rows).to_csv(OUT / name, index=False)
 
 
-def summary(timings: list, checks: list, code: list) -> None:
+def summary(timings: list, checks: list, code: list, overhead: list) -> None:
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 30)
     pd.set_option("display.max_colwidth", 60)
@@ -369,6 +407,10 @@ def summary(timings: list, checks: list, code: list) -> None:
         if len(failed):
             print("\nfailed timings:")
             print(failed[["setting", "provider", "status"]].to_string(index=False))
+    if overhead:
+        print(f"\n== launch overhead, setting B ({SETTINGS['B']} x {HEADS} heads): host time per call, "
+              "do_bench and CUDA-graph medians")
+        print(pd.DataFrame(overhead).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
 
 
 def main() -> None:
@@ -377,7 +419,8 @@ def main() -> None:
                         help="no GPU: compile every rung for sm_90 and write probe_code_sm90_cpu.csv")
     parser.add_argument("--budget-s", type=float, default=270.0,
                         help="stop starting new work after this many seconds (default 270)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["timings", "candidates", "correctness"])
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["timings", "correctness", "candidates", "overhead"])
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     if args.compile_only:
@@ -391,17 +434,20 @@ def main() -> None:
     deadline = start + args.budget_s
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} (CUDA {torch.version.cuda}) | "
           f"triton {triton.__version__}", flush=True)
-    timings, checks, code = [], [], []
-    for section, run in (("timings", timing_section), ("correctness", None), ("candidates", candidates_section)):
+    timings, checks, code, overhead = [], [], [], []
+    sections = {
+        "timings": lambda: timing_section(timings, code, deadline),
+        "correctness": lambda: correctness_section(checks, code, deadline),
+        "candidates": lambda: candidates_section(timings, code, deadline),
+        "overhead": lambda: overhead_section(overhead, deadline),
+    }
+    for section, run in sections.items():
         if section in args.skip:
             continue
         t0 = time.time()
-        if section == "correctness":
-            correctness_section(checks, code, deadline)
-        else:
-            run(timings, code, deadline)
+        run()
         print(f"-- {section} done in {time.time() - t0:.0f} s", flush=True)
-    summary(timings, checks, code)
+    summary(timings, checks, code, overhead)
     print(f"\ntotal {time.time() - start:.0f} s; files in {OUT}")
 
 
