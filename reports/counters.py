@@ -265,10 +265,20 @@ def _base_unit(unit: str) -> tuple[str, float]:
 
 
 def _number(text: str) -> float:
+    """A metric value as a float; ValueError for a value that is text ('No-CC', a GPU name)."""
     cleaned = text.strip().replace(",", "")
     if cleaned in ("", "n/a"):
         return math.nan
     return float(cleaned)
+
+
+def _numeric_column(values: pd.Series, factor: float) -> pd.Series | None:
+    """The column as floats in base units, or None when it holds text (ncu's raw page also
+    lists device attributes such as 'device__attribute_confidential_computing_mode' = 'No-CC')."""
+    try:
+        return values.map(_number) * factor
+    except ValueError:
+        return None
 
 
 def parse_ncu_csv(text: str) -> pd.DataFrame:
@@ -293,7 +303,10 @@ def parse_ncu_csv(text: str) -> pd.DataFrame:
         if "__" not in column:
             continue
         unit, factor = _base_unit(units.get(column, ""))
-        frame[column] = frame[column].map(_number) * factor
+        numeric = _numeric_column(frame[column], factor)
+        if numeric is None:
+            continue  # a text attribute stays text
+        frame[column] = numeric
         base_units[column] = unit
     frame.attrs["units"] = base_units
     return frame

@@ -330,3 +330,13 @@ def test_ncu_target_step_runs_the_provider_in_each_mode(mode):
     else:
         assert len(result) == 3
         assert all(grad.shape == (1, 48, 2, 32) and torch.isfinite(grad).all() for grad in result)
+
+
+def test_parse_real_h200_output_keeps_text_attributes_as_text():
+    """A log captured on the H200 (rung 0, setting A): ncu's raw page also lists device
+    attributes whose values are text ('No-CC'); they stay text and the metrics are numbers."""
+    frame = parse_ncu_csv((FIXTURES / "raw_h200_rung0_with_text_attributes.log").read_text())
+    assert len(frame) == 1 and frame["Kernel Name"].iloc[0] == "_ladder_kv_outer_kernel"
+    assert frame["device__attribute_confidential_computing_mode"].iloc[0] == "No-CC"
+    assert frame["launch__grid_size"].iloc[0] == 128  # one program per (batch, head): 8 x 16
+    assert frame["sm__inst_executed_pipe_tensor_op_hmma.sum"].iloc[0] > 0
