@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--settings-only", action="store_true",
                       help="with --ablation: only the paper's settings A and B, not the forward sweep over "
                            "--seqlens x --hdims x --causal")
+    what.add_argument("--report-only", action="store_true",
+                      help="measure nothing: rebuild the report and plots (ablation.md with --ablation) of --out "
+                           "from its results.csv and counters.csv, e.g. after merging runs into one folder")
     what.add_argument("--list", action="store_true", help="list the providers, whether each is available here "
                       "and why not, then exit")
     narrow = parser.add_argument_group("narrowing a sweep (defaults: the paper's; without a GPU: tiny sizes)")
@@ -337,6 +340,43 @@ def run_counters(jobs, providers: list[str], df, out_dir: Path, only: bool):
     return counters
 
 
+def write_reports(args, df, out_dir: Path, counters=None) -> None:
+    """ablation.md (with --ablation) or report.md and the figures, from result rows."""
+    if args.ablation:
+        try:
+            from ablations.study import write_ablation_report
+        except Exception as exc:  # noqa: BLE001 -- the rows are saved; say why there is no report
+            print(f"no ablation report: ablations/study.py does not import ({type(exc).__name__}: {exc})",
+                  file=sys.stderr)
+        else:
+            print(f"ablation report: {write_ablation_report(df[df['setting'] != ''], out_dir, counters)}")
+    else:
+        from reports.paper_report import write_report
+        from reports.plots import plot_suite
+        from reports.results import load_runs
+
+        figures = plot_suite(df, out_dir / "plots")
+        print(f"report: {write_report(df, out_dir, load_runs(out_dir), figures)}")
+
+
+def rebuild_reports(args, out_dir: Path) -> int:
+    """--report-only: the reports of an existing results folder."""
+    import pandas as pd
+
+    from reports.results import RESULTS_CSV, load_results
+
+    if not (out_dir / RESULTS_CSV).exists():
+        raise SystemExit(f"--report-only: {out_dir / RESULTS_CSV} does not exist")
+    counters_csv = out_dir / "counters.csv"
+    counters = pd.read_csv(counters_csv) if counters_csv.exists() else None
+    if counters is not None:
+        from reports.counters import write_counter_report
+
+        print(f"counters: {write_counter_report(counters, list(dict.fromkeys(counters['provider'])), out_dir)}")
+    write_reports(args, load_results(out_dir), out_dir, counters)
+    return 0
+
+
 def regression_check(args, df, environment: dict, out_dir: Path, remeasure) -> int:
     """--save-baseline and --compare (reports.regression); returns the exit code."""
     try:
@@ -383,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     interpreter = not torch.cuda.is_available()
     if interpreter:
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports `kernels` (decoration time)
-        print(BANNER, file=sys.stderr)
+        if not args.report_only:
+            print(BANNER, file=sys.stderr)
     elif os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("TRITON_INTERPRET=1 is set but a GPU is present: unset it to measure on the GPU")
     if interpreter and (args.save_baseline is not None or args.compare is not None):
@@ -391,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from baselines.providers import get_provider
     from reports.environment import capture_environment, throttle_warnings
-    from reports.results import RESULTS_CSV, ResultWriter, completed_keys, load_results, load_runs, record_run
+    from reports.results import RESULTS_CSV, ResultWriter, completed_keys, load_results, record_run
     from reports.sweep import Job, Sweep, SweepAborted
 
     if args.list:
@@ -412,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--providers: {exc}")
     out_dir = args.out or REPO_ROOT / "results" / datetime.datetime.now(datetime.timezone.utc).strftime(
         "%Y%m%d-%H%M%S")
+    if args.report_only:
+        return rebuild_reports(args, out_dir)
     if (out_dir / RESULTS_CSV).exists() and not args.resume:
         parser.error(f"--out {out_dir} already holds {RESULTS_CSV}: pass --resume to add to it, "
                      "or choose another folder")
@@ -458,20 +501,7 @@ def main(argv: list[str] | None = None) -> int:
 
     df = load_results(out_dir)
     counters = run_counters(jobs, provider_names, df, out_dir, args.ncu == "only") if args.ncu != "off" else None
-    if args.ablation:
-        try:
-            from ablations.study import write_ablation_report
-        except Exception as exc:  # noqa: BLE001 -- the rows are saved; say why there is no report
-            print(f"no ablation report: ablations/study.py does not import ({type(exc).__name__}: {exc})",
-                  file=sys.stderr)
-        else:
-            print(f"ablation report: {write_ablation_report(df[df['setting'] != ''], out_dir, counters)}")
-    else:
-        from reports.paper_report import write_report
-        from reports.plots import plot_suite
-
-        figures = plot_suite(df, out_dir / "plots")
-        print(f"report: {write_report(df, out_dir, load_runs(out_dir), figures)}")
+    write_reports(args, df, out_dir, counters)
 
     if args.compare is not None or args.save_baseline is not None:
         def remeasure(keys):
