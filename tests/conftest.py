@@ -17,8 +17,9 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (runs 
 def pytest_collection_modifyitems(config, items):
     """`gpu` and `perf` tests need CUDA: skip them, saying why, when there is none."""
     for item in items:
-        if not HAS_CUDA and ("gpu" in item.keywords or "perf" in item.keywords):
-            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU: run `pytest -m gpu` on a GPU machine"))
+        for marker in ("gpu", "perf"):
+            if not HAS_CUDA and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: run `pytest -m {marker}` on a GPU machine"))
 
 
 @pytest.fixture
