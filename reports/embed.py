@@ -71,11 +71,27 @@ def file_section(path: Path, stop_at: str | None = None) -> str:
     return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", text, flags=re.MULTILINE)
 
 
+def tuning_table(path: Path) -> str:
+    """tools/tune_fa2.py's rows: TFLOPs/s of each candidate config per (pass, hdim, causal), the
+    two SDPA peers measured in the same process first."""
+    rows = pd.read_csv(path)
+    rows = rows[rows.status == "ok"]
+    wide = rows.pivot_table(index="config", columns=["kind", "hdim", "causal"], values="tflops")
+    wide = wide.reindex(["sdpa-flash", "sdpa-cudnn"] + [c for c in wide.index if c.startswith(("Fwd", "Bwd"))])
+    header = [f"{kind} d{hdim} {'causal' if causal else 'full'}" for kind, hdim, causal in wide.columns]
+    lines = ["| config | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for config, values in wide.iterrows():
+        cells = ["" if pd.isna(v) else f"{v:.0f}" for v in values]
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 SECTIONS = {
     "kernel_vs_fa2": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_CSV)),
     "ablation": lambda: file_section(H200 / "ablation.md", stop_at="## Sweep"),
     "counters": lambda: file_section(H200 / "counters.md"),
     "comparison": lambda: file_section(H200 / "comparison.md"),
+    "tuning": lambda: tuning_table(H200 / "tune_fa2_seqlen4096_bf16.csv"),
 }
 
 

@@ -42,6 +42,9 @@ BWD_CANDIDATES = [
     BwdConfig(64, 128, 128, 64, 8, 2), BwdConfig(32, 64, 64, 32, 4, 3),
     BwdConfig(64, 64, 64, 64, 4, 2), BwdConfig(32, 128, 128, 32, 8, 3),
     BwdConfig(64, 128, 128, 32, 8, 3),
+    # head dim 256: no spills in ptxas's report (tools/compile_check_sm90.py) only with 32-key
+    # dK/dV blocks at 8 warps and 128x16 dQ blocks
+    BwdConfig(64, 32, 128, 16, 8, 2), BwdConfig(32, 32, 128, 16, 8, 2), BwdConfig(64, 32, 128, 32, 8, 2),
 ]
 
 
@@ -54,7 +57,12 @@ def main() -> None:
     parser.add_argument("--seqlen", type=int, default=4096)
     parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    parser.add_argument("--passes", nargs="+", choices=["fwd", "bwd"], default=["fwd", "bwd"])
+    parser.add_argument("--bwd-configs", nargs="+", metavar="M1,N1,M2,N2,WARPS,STAGES",
+                        help="backward candidates to time instead of the built-in list")
     args = parser.parse_args()
+    bwd_candidates = ([BwdConfig(*map(int, text.split(","))) for text in args.bwd_configs]
+                      if args.bwd_configs else BWD_CANDIDATES)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     out_path = Path(os.environ.get("OUT", ".")) / "tune_fa2.csv"
     rows = []
@@ -96,8 +104,8 @@ def main() -> None:
                            tflops=tflops_per_second(bwd_flops, ms), status="ok")
                 except Exception as exc:  # a peer that cannot run this shape is a row, not a crash
                     record(kind="fwd", hdim=hdim, causal=causal, config=name, status=f"error: {exc}"[:200])
-            out_full = lse_full = None
-            for cfg in FWD_CANDIDATES:
+            out_full, lse_full = flash_attn_forward(q, k, v, scale, causal)
+            for cfg in FWD_CANDIDATES if "fwd" in args.passes else []:
                 label = f"{cfg}"
                 try:
                     out_s, _ = flash_attn_forward(*small, scale, causal, cfg)
@@ -108,11 +116,9 @@ def main() -> None:
                     ms = bench(lambda: flash_attn_forward(q, k, v, scale, causal, cfg))
                     record(kind="fwd", hdim=hdim, causal=causal, config=label, ms=ms,
                            tflops=tflops_per_second(fwd_flops, ms), status="ok", rel_err=err)
-                    if out_full is None:
-                        out_full, lse_full = flash_attn_forward(q, k, v, scale, causal, cfg)
                 except Exception as exc:
                     record(kind="fwd", hdim=hdim, causal=causal, config=label, status=f"error: {exc}"[:200])
-            for cfg in BWD_CANDIDATES:
+            for cfg in bwd_candidates if "bwd" in args.passes else []:
                 label = f"{cfg}"
                 try:
                     ms = bench(lambda: flash_attn_backward(dout, q, k, v, out_full, lse_full, scale,
