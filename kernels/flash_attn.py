@@ -60,7 +60,7 @@ class BwdConfig:
 
 
 # Hopper (sm_90), keyed by (padded head dim, causal). Chosen on the H200 by tools/tune_fa2.py
-# (bf16, seqlen 4096, paper shapes): rows in reports/h200/tune_fa2_seqlen4096_bf16.csv,
+# (bf16, seqlen 4096, paper shapes): rows in reports/h200/tuning/tune_fa2_seqlen4096_bf16.csv,
 # reasoning in reports/h200/perf_notes.md.
 HOPPER_FWD_CONFIGS = {
     # small head dims: 4 warps of wgmma on 128x64 tiles; causal prefers 8 warps (more rows
@@ -582,8 +582,8 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
         out, do, delta, *_strides(out), *_strides(do), heads, seqlen_q,
         HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
     )
-    common = dict(HEAD_DIM=headdim, BLOCK_D=block_d, CAUSAL=causal,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal,
+                  "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
         q, k, v, do, lse, delta, dk, dv,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),

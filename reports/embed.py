@@ -86,12 +86,38 @@ def tuning_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+def matmul_ceiling_tflops(path: Path) -> float:
+    """The bf16 matmul rate measured on the device (tools/device_run3.sh's first line)."""
+    match = re.search(r"([0-9.]+) TFLOP/s", path.read_text())
+    if match is None:
+        raise ValueError(f"{path}: no 'TFLOP/s' figure in it")
+    return float(match.group(1))
+
+
+def utilisation_table(rows: pd.DataFrame, ceiling: float) -> str:
+    """At each (mode, hdim, causal)'s longest sequence: TFLOPs/s of ours, the official FA2
+    kernel and cuDNN as a fraction of the measured matmul ceiling (the floor of METHOD.md:
+    attention cannot run faster than its matmul FLOPs at the matmul rate)."""
+    longest = rows[rows.seqlen == rows.seqlen.max()]
+    wide = longest.pivot_table(index=["mode", "hdim", "causal"], columns="provider", values="tflops")
+    lines = [f"Ceiling: {ceiling:.0f} TFLOP/s (bf16 8192^3 matmul, same GPU). Seqlen {rows.seqlen.max()}.", "",
+             "| mode | hdim | causal | ours | official FA2 | cuDNN |", "|---|---|---|---|---|---|"]
+    for (mode, hdim, causal), r in wide.iterrows():
+        cells = [f"{r[p] / ceiling:.0%}" if p in r and not pd.isna(r[p]) else "n/a" for p in (OURS, OFFICIAL, CUDNN)]
+        lines.append(f"| {mode} | {hdim} | {causal} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 SECTIONS = {
     "kernel_vs_fa2": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_CSV)),
     "ablation": lambda: file_section(H200 / "ablation.md", stop_at="## Sweep"),
     "counters": lambda: file_section(H200 / "counters.md"),
     "comparison": lambda: file_section(H200 / "comparison.md"),
-    "tuning": lambda: tuning_table(H200 / "tune_fa2_seqlen4096_bf16.csv"),
+    "tuning": lambda: tuning_table(H200 / "tuning" / "tune_fa2_seqlen4096_bf16.csv"),
+    "tuning_d256_bwd": lambda: tuning_table(H200 / "tuning" / "tune_fa2_d256_bwd_seqlen4096_bf16.csv"),
+    "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
+    "utilisation": lambda: utilisation_table(pd.read_csv(KERNEL_VS_FA2_CSV),
+                                             matmul_ceiling_tflops(H200 / "matmul_ceiling.txt")),
 }
 
 

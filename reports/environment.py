@@ -11,9 +11,9 @@ not only the instant of the snapshot. Without a GPU, gpu is 'cpu (Triton interpr
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import re
-import os
 import subprocess
 from pathlib import Path
 

@@ -1,27 +1,95 @@
+"""Compile the FA2 kernels for sm_90 on a machine without a GPU and read the compiler's report.
+
+Triton compiles for a named target without a device, and its package carries ptxas, so the
+questions METHOD.md says to answer before spending device time (does it compile, is wgmma
+there, how many registers, any spills) are answered here:
+
+    python tools/compile_check_sm90.py                  # the production table, hdim 64/128/256
+    python tools/compile_check_sm90.py --hdim 256 --bwd 64,32,128,32,8,2
+
+Prints one line per kernel: the block config, shared memory, registers and spill bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
 import os
-os.environ.pop("TRITON_INTERPRET", None)
-import triton, torch
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU target, not the interpreter
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-import kernels.flash_attn as fa
-target = GPUTarget("cuda", 90, 32)
-def sig(fn, consts, ptr_dtype="*bf16"):
-    s = {}
-    for name in fn.arg_names:
-        if name in consts: s[name] = "constexpr"
-        elif name[0].isupper() and name not in ("LSE", "Delta"): s[name] = ptr_dtype
-        elif name in ("LSE", "Delta"): s[name] = "*fp32"
-        elif "scale" in name: s[name] = "fp32"
-        else: s[name] = "i32"
-    return s
-for causal in (False, True):
-  for d, bd in ((128,128),(59,64)):
-    consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=128, BLOCK_N=64, CAUSAL=causal, EVEN_M=True)
-    k = triton.compile(ASTSource(fa._flash_fwd_kernel, sig(fa._flash_fwd_kernel, consts), consts), target=target, options=dict(num_warps=8, num_stages=3))
-    print("fwd", causal, d, "regs", k.n_regs if hasattr(k,'n_regs') else '?', "spills", getattr(k,'n_spills','?'), "wgmma" if "wgmma" in k.asm["ptx"] else "no wgmma", "shared", k.metadata.shared)
-    consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=32, BLOCK_N=128, CAUSAL=causal, EVEN_M=True, EVEN_N=True)
-    k = triton.compile(ASTSource(fa._flash_bwd_dkdv_kernel, sig(fa._flash_bwd_dkdv_kernel, consts), consts), target=target, options=dict(num_warps=4, num_stages=3))
-    print("dkdv", causal, d, "wgmma" if "wgmma" in k.asm["ptx"] else "no wgmma", "shared", k.metadata.shared)
-    consts = dict(HEAD_DIM=d, BLOCK_D=bd, BLOCK_M=128, BLOCK_N=32, CAUSAL=causal, EVEN_M=True)
-    k = triton.compile(ASTSource(fa._flash_bwd_dq_kernel, sig(fa._flash_bwd_dq_kernel, consts), consts), target=target, options=dict(num_warps=4, num_stages=3))
-    print("dq", causal, d, "wgmma" if "wgmma" in k.asm["ptx"] else "no wgmma", "shared", k.metadata.shared)
+
+from kernels import flash_attn as fa
+
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def signature(kernel, constexprs: dict, dtype: str) -> dict:
+    """Argument types by the kernels' naming convention: capitalised names are tensors
+    (LSE and Delta float32), *scale float32, the rest int32."""
+    types = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            types[name] = "constexpr"
+        elif name in ("LSE", "Delta"):
+            types[name] = "*fp32"
+        elif name[0].isupper():
+            types[name] = f"*{dtype}"
+        elif "scale" in name:
+            types[name] = "fp32"
+        else:
+            types[name] = "i32"
+    return types
+
+
+def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str = "bf16") -> str:
+    compiled = triton.compile(ASTSource(kernel, signature(kernel, constexprs, dtype), constexprs),
+                              target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(compiled.asm["ptx"])
+    ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
+                           capture_output=True, text=True, check=True)
+    os.unlink(f.name)
+    registers = re.search(r"Used (\d+) registers", ptxas.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
+    mma = "wgmma" if "wgmma" in compiled.asm["ptx"] else "mma.sync"
+    return (f"{kernel.fn.__name__:24s} M{constexprs['BLOCK_M']:<4d} N{constexprs['BLOCK_N']:<4d} "
+            f"w{num_warps} s{num_stages}  {mma:8s} smem {compiled.metadata.shared:6d} B  "
+            f"regs {registers.group(1) if registers else '?':>3s}  spill stores "
+            f"{spills.group(1) if spills else '?'} B")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hdim", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--fwd", metavar="BM,BN,WARPS,STAGES", help="forward config (default: the table's)")
+    parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES", help="backward config (default: the table's)")
+    args = parser.parse_args()
+    for hdim in args.hdim:
+        block_d = fa.padded_headdim(hdim)
+        fwd = (fa.FwdConfig(*map(int, args.fwd.split(","))) if args.fwd
+               else fa.HOPPER_FWD_CONFIGS[(block_d, args.causal)])
+        bwd = (fa.BwdConfig(*map(int, args.bwd.split(","))) if args.bwd else fa.HOPPER_BWD_CONFIGS[block_d])
+        common = {"HEAD_DIM": hdim, "BLOCK_D": block_d, "CAUSAL": args.causal, "EVEN_M": True}
+        print(f"head dim {hdim}:")
+        print("  " + report(fa._flash_fwd_kernel, dict(common, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n),
+                            fwd.num_warps, fwd.num_stages))
+        print("  " + report(fa._flash_bwd_dkdv_kernel,
+                            dict(common, BLOCK_M=bwd.block_m1, BLOCK_N=bwd.block_n1, EVEN_N=True),
+                            bwd.num_warps, bwd.num_stages))
+        print("  " + report(fa._flash_bwd_dq_kernel, dict(common, BLOCK_M=bwd.block_m2, BLOCK_N=bwd.block_n2),
+                            bwd.num_warps, bwd.num_stages))
+
+
+if __name__ == "__main__":
+    main()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -23,9 +24,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from baselines.flops import attention_flops, tflops_per_second  # noqa: E402
-from baselines.reference import attention_reference  # noqa: E402
-from kernels.flash_attn import (  # noqa: E402
+from baselines.flops import attention_flops, tflops_per_second
+from baselines.reference import attention_reference
+from kernels.flash_attn import (
     BwdConfig,
     FwdConfig,
     flash_attn_backward,
@@ -91,18 +92,18 @@ def main() -> None:
                                   ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
                 try:
                     with sdpa_kernel(backend):
-                        ms = bench(lambda: torch.nn.functional.scaled_dot_product_attention(
-                            qt, kt, vt, is_causal=causal))
+                        ms = bench(partial(torch.nn.functional.scaled_dot_product_attention,
+                                           qt, kt, vt, is_causal=causal))
                     record(kind="fwd", hdim=hdim, causal=causal, config=name, ms=ms,
                            tflops=tflops_per_second(fwd_flops, ms), status="ok")
                     qg, kg, vg = (t.detach().requires_grad_() for t in (qt, kt, vt))
                     with sdpa_kernel(backend):
                         o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
                         g = dout.transpose(1, 2)
-                        ms = bench(lambda: o.backward(g, retain_graph=True))
+                        ms = bench(partial(o.backward, g, retain_graph=True))
                     record(kind="bwd", hdim=hdim, causal=causal, config=name, ms=ms,
                            tflops=tflops_per_second(bwd_flops, ms), status="ok")
-                except Exception as exc:  # a peer that cannot run this shape is a row, not a crash
+                except Exception as exc:  # noqa: BLE001 -- a peer that cannot run this shape is a row, not a crash
                     record(kind="fwd", hdim=hdim, causal=causal, config=name, status=f"error: {exc}"[:200])
             out_full, lse_full = flash_attn_forward(q, k, v, scale, causal)
             for cfg in FWD_CANDIDATES if "fwd" in args.passes else []:
@@ -113,19 +114,19 @@ def main() -> None:
                     if not err < 2e-2:
                         record(kind="fwd", hdim=hdim, causal=causal, config=label, status=f"wrong {err:.2e}")
                         continue
-                    ms = bench(lambda: flash_attn_forward(q, k, v, scale, causal, cfg))
+                    ms = bench(partial(flash_attn_forward, q, k, v, scale, causal, cfg))
                     record(kind="fwd", hdim=hdim, causal=causal, config=label, ms=ms,
                            tflops=tflops_per_second(fwd_flops, ms), status="ok", rel_err=err)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 -- a failing candidate is a row, not a crash
                     record(kind="fwd", hdim=hdim, causal=causal, config=label, status=f"error: {exc}"[:200])
             for cfg in bwd_candidates if "bwd" in args.passes else []:
                 label = f"{cfg}"
                 try:
-                    ms = bench(lambda: flash_attn_backward(dout, q, k, v, out_full, lse_full, scale,
-                                                           causal, cfg))
+                    ms = bench(partial(flash_attn_backward, dout, q, k, v, out_full, lse_full, scale,
+                                       causal, cfg))
                     record(kind="bwd", hdim=hdim, causal=causal, config=label, ms=ms,
                            tflops=tflops_per_second(bwd_flops, ms), status="ok")
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 -- a failing candidate is a row, not a crash
                     record(kind="bwd", hdim=hdim, causal=causal, config=label, status=f"error: {exc}"[:200])
             torch.cuda.empty_cache()
 
