@@ -263,10 +263,10 @@ def test_cpu_tensor_without_interpreter_says_how_to_enable_it(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs,name", [
-    (dict(dropout_p=0.1), "dropout_p"),
-    (dict(window_size=(8, 0)), "window_size"),
-    (dict(softcap=30.0), "softcap"),
-    (dict(alibi_slopes=torch.ones(2)), "alibi_slopes"),
+    ({"dropout_p": 0.1}, "dropout_p"),
+    ({"window_size": (8, 0)}, "window_size"),
+    ({"softcap": 30.0}, "softcap"),
+    ({"alibi_slopes": torch.ones(2)}, "alibi_slopes"),
 ])
 def test_unimplemented_features_raise_naming_the_argument(kwargs, name):
     with pytest.raises(NotImplementedError, match=name):
