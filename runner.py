@@ -334,7 +334,13 @@ def run_counters(jobs, providers: list[str], df, out_dir: Path, only: bool):
             else:
                 wanted = row_key({"provider": name, "setting": job.setting, **vars(job.spec), "repeat": 0}) in measured
             if wanted:
-                ncu_jobs.append((name, job.spec, provider.kernel_regex, job.setting))
+                # the backward kernel for 'bwd'; the forward kernel (launched first) for 'fwd_bwd'
+                regex = provider.bwd_kernel_regex if job.spec.mode == "bwd" else provider.kernel_regex
+                if not regex:
+                    print(f"ncu: {name} {job.spec.mode}: no kernel name known to select, not profiled",
+                          file=sys.stderr)
+                    continue
+                ncu_jobs.append((name, job.spec, regex, job.setting))
     counters = profile_providers(ncu_jobs, out_dir)
     write_counter_report(counters, providers, out_dir)
     return counters

@@ -80,6 +80,7 @@ class Provider:
     supports: Callable[[Spec], str | None] = _always  # None when supported, else the reason
     kernel_regex: str = ""  # Nsight Compute kernel-name regex selecting its main forward kernel
     has_backward: bool = True  # gradients flow through `forward` via autograd
+    bwd_kernel_regex: str = ""  # ... and its main backward kernel ('' when unknown or forward-only)
     config: Callable[[Spec], str] | None = None  # JSON of the kernel config for a result row
 
 
@@ -221,7 +222,7 @@ def _fa2_config(spec: Spec) -> str:
 register(Provider(
     name="fa2", label="FA2 (this repo, Triton)", forward=_fa2_forward,
     availability=_everywhere, supports=_triton_supports,
-    kernel_regex="_flash_fwd_kernel", config=_fa2_config,
+    kernel_regex="_flash_fwd_kernel", bwd_kernel_regex="_flash_bwd_dkdv_kernel", config=_fa2_config,
 ))
 
 
@@ -234,7 +235,7 @@ def _pytorch_forward(q, k, v, causal, softmax_scale):
 
 register(Provider(
     name="pytorch", label="PyTorch eager (matmul + softmax)", forward=_pytorch_forward,
-    availability=_everywhere, kernel_regex="gemm|softmax",
+    availability=_everywhere, kernel_regex="gemm|softmax", bwd_kernel_regex="gemm|softmax",
 ))
 
 
@@ -272,18 +273,19 @@ def _sdpa_forward(backend_name: str):
 # How SDPA says that the pinned backend does not take the input (CUDA / CPU dispatch).
 SDPA_REFUSALS = ("No available kernel", "No viable backend for scaled_dot_product_attention")
 SDPA_BACKENDS = (
-    # name, label, backend, kernel regex, CUDA only
-    ("sdpa-flash", "FA2 official CUDA (SDPA flash)", "FLASH_ATTENTION", "flash_fwd", True),
-    ("sdpa-efficient", "xformers cutlass (SDPA efficient)", "EFFICIENT_ATTENTION", "fmha_cutlassF", True),
-    ("sdpa-cudnn", "cuDNN (SDPA cudnn)", "CUDNN_ATTENTION", "cudnn", True),
-    ("sdpa-math", "PyTorch SDPA math", "MATH", "gemm|softmax", False),
+    # name, label, backend, forward kernel regex, backward kernel regex, CUDA only
+    ("sdpa-flash", "FA2 official CUDA (SDPA flash)", "FLASH_ATTENTION", "flash_fwd", "flash_bwd", True),
+    ("sdpa-efficient", "xformers cutlass (SDPA efficient)", "EFFICIENT_ATTENTION", "fmha_cutlassF",
+     "fmha_cutlassB", True),
+    ("sdpa-cudnn", "cuDNN (SDPA cudnn)", "CUDNN_ATTENTION", "cudnn", "cudnn", True),
+    ("sdpa-math", "PyTorch SDPA math", "MATH", "gemm|softmax", "gemm|softmax", False),
 )
-for _name, _label, _backend, _regex, _cuda_only in SDPA_BACKENDS:
+for _name, _label, _backend, _regex, _bwd_regex, _cuda_only in SDPA_BACKENDS:
     register(Provider(
         name=_name, label=_label, forward=_sdpa_forward(_backend),
         availability=_cuda_available if _cuda_only else _everywhere,
         supports=_half_only if _backend in ("FLASH_ATTENTION", "CUDNN_ATTENTION") else _always,
-        kernel_regex=_regex,
+        kernel_regex=_regex, bwd_kernel_regex=_bwd_regex,
     ))
 
 
@@ -304,16 +306,16 @@ def _xformers_forward(op_module: str):
     return forward
 
 
-for _name, _label, _op, _regex in (
-    ("xformers-cutlass", "xformers cutlass", "cutlass", "fmha_cutlassF"),
-    ("xformers-flash", "xformers flash (FA2 inside xformers)", "flash", "flash_fwd"),
+for _name, _label, _op, _regex, _bwd_regex in (
+    ("xformers-cutlass", "xformers cutlass", "cutlass", "fmha_cutlassF", "fmha_cutlassB"),
+    ("xformers-flash", "xformers flash (FA2 inside xformers)", "flash", "flash_fwd", "flash_bwd"),
 ):
     _forward = _xformers_forward(_op)
     register(Provider(
         name=_name, label=_label, forward=_forward,
         availability=_optional_cuda_package(
             "xformers.ops", _probe(_forward)),
-        supports=_half_only if _op == "flash" else _always, kernel_regex=_regex,
+        supports=_half_only if _op == "flash" else _always, kernel_regex=_regex, bwd_kernel_regex=_bwd_regex,
     ))
 
 
@@ -327,17 +329,19 @@ def _package_forward(module: str):
     return forward
 
 
-for _name, _label, _module, _regex, _min_major in (
-    ("flash-attn", "FA2 official CUDA (flash-attn package)", "flash_attn", "flash_fwd", 8),
-    ("flash-attn-3", "FA3 (flash-attn Hopper package)", "flash_attn_interface", "FlashAttnFwd|flash_fwd", 9),
-    ("flash-attn-4", "FA4 (flash-attn CuTe DSL)", "flash_attn.cute", "flash_fwd|FlashAttention", 9),
+for _name, _label, _module, _regex, _bwd_regex, _min_major in (
+    ("flash-attn", "FA2 official CUDA (flash-attn package)", "flash_attn", "flash_fwd", "flash_bwd", 8),
+    ("flash-attn-3", "FA3 (flash-attn Hopper package)", "flash_attn_interface", "FlashAttnFwd|flash_fwd",
+     "FlashAttnBwd|flash_bwd", 9),
+    ("flash-attn-4", "FA4 (flash-attn CuTe DSL)", "flash_attn.cute", "flash_fwd|FlashAttention",
+     "flash_bwd|FlashAttentionBackward", 9),
 ):
     _forward = _package_forward(_module)
     register(Provider(
         name=_name, label=_label, forward=_forward,
         availability=_optional_cuda_package(
             _module, _probe(_forward), _min_major),
-        supports=_half_only, kernel_regex=_regex,
+        supports=_half_only, kernel_regex=_regex, bwd_kernel_regex=_bwd_regex,
     ))
 
 
@@ -422,7 +426,8 @@ def _flex_config(spec: Spec) -> str:
 
 register(Provider(
     name="flex-attention", label="FlexAttention (torch.compile)", forward=_flex_forward,
-    availability=_cuda_available, kernel_regex="triton_tem_fused", config=_flex_config,
+    availability=_cuda_available, kernel_regex="triton_tem_fused", bwd_kernel_regex="triton_tem_fused",
+    config=_flex_config,
 ))
 
 

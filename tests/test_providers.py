@@ -135,3 +135,22 @@ def test_a_backend_refusing_the_input_is_unsupported_with_sdpas_reason():
     q, k, v = _inputs(16, 16, "cpu", seed=7)
     with pytest.raises(UnsupportedInput, match="SDPA EFFICIENT_ATTENTION refuses this input: No viable backend"):
         registry._sdpa_forward("EFFICIENT_ATTENTION")(q, k, v, False, 0.125)
+
+
+def test_kernel_regexes_select_the_project_kernels_by_name():
+    """Nsight Compute selects kernels by these names: they must match the Triton kernels'."""
+    import re
+
+    from kernels import flash_attn
+
+    fa2 = get_provider("fa2")
+    assert re.search(fa2.kernel_regex, flash_attn._flash_fwd_kernel.fn.__name__)
+    assert re.search(fa2.bwd_kernel_regex, flash_attn._flash_bwd_dkdv_kernel.fn.__name__)
+    assert not re.search(fa2.bwd_kernel_regex, flash_attn._flash_fwd_kernel.fn.__name__)
+
+
+def test_every_provider_with_a_backward_names_its_backward_kernel():
+    from baselines.providers import PROVIDERS
+
+    missing = [p.name for p in PROVIDERS.values() if p.has_backward and not p.bwd_kernel_regex]
+    assert not missing, f"providers with a backward but no bwd_kernel_regex: {missing}"
