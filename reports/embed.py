@@ -32,6 +32,10 @@ def extract_kernel_vs_fa2(results_csv: Path, out_csv: Path = KERNEL_VS_FA2_CSV) 
     return rows
 
 
+def _ratio(ours: float, peer: float) -> str:
+    return "n/a" if pd.isna(peer) or peer == 0 else f"{ours / peer:.2f}x"
+
+
 def kernel_vs_fa2_table(rows: pd.DataFrame) -> str:
     """One line per (mode, hdim, causal), one column per seqlen; each cell: our TFLOPs/s, then
     our speed over the official FA2 kernel's and over cuDNN's, all measured in the same run."""
@@ -51,7 +55,7 @@ def kernel_vs_fa2_table(rows: pd.DataFrame) -> str:
                 cells.append("n/a")
                 continue
             r = group.loc[n]
-            cells.append(f"{r[OURS]:.0f} · {r[OURS] / r[OFFICIAL]:.2f}x · {r[OURS] / r[CUDNN]:.2f}x")
+            cells.append(f"{r[OURS]:.0f} · {_ratio(r[OURS], r[OFFICIAL])} · {_ratio(r[OURS], r[CUDNN])}")
         lines.append(f"| {mode} | {hdim} | {causal} | " + " | ".join(cells) + " |")
     env = rows.iloc[0]
     lines.append("")

@@ -1,0 +1,46 @@
+"""Generated Markdown sections (reports/embed.py): numbers come from rows, rewriting is idempotent."""
+
+import pandas as pd
+import pytest
+
+from reports import embed
+
+
+def _rows():
+    base = dict(mode="fwd", hdim=128, causal=True, batch=8, heads=16, dtype="bf16", gpu="NVIDIA H200",
+                torch="2.11", triton="3.6", git_commit="abc", timestamp="t")
+    return pd.DataFrame([
+        {**base, "provider": "fa2", "seqlen": 2048, "tflops": 300.0},
+        {**base, "provider": "sdpa-flash", "seqlen": 2048, "tflops": 200.0},
+        {**base, "provider": "sdpa-cudnn", "seqlen": 2048, "tflops": 400.0},
+        {**base, "provider": "fa2", "seqlen": 4096, "tflops": 330.0},
+        {**base, "provider": "sdpa-flash", "seqlen": 4096, "tflops": 300.0},
+    ])
+
+
+def test_kernel_vs_fa2_cells_are_ratios_of_the_same_run():
+    table = embed.kernel_vs_fa2_table(_rows())
+    assert "| fwd | 128 | True | 300 · 1.50x · 0.75x | 330 · 1.10x · n/a |" in table
+
+
+def test_utilisation_is_a_fraction_of_the_matmul_ceiling():
+    table = embed.utilisation_table(_rows(), ceiling=660.0)
+    assert "| fwd | 128 | True | 50% | 45% | n/a |" in table  # seqlen 4096: 330/660, 300/660
+
+
+def test_update_markdown_rewrites_marked_sections_and_is_idempotent(tmp_path, monkeypatch):
+    monkeypatch.setitem(embed.SECTIONS, "kernel_vs_fa2", lambda: "generated\ntable")
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- BEGIN kernel_vs_fa2 -->\n<!-- END kernel_vs_fa2 -->\noutro\n")
+    assert embed.update_markdown(page) == ["kernel_vs_fa2"]
+    once = page.read_text()
+    assert once == "intro\n<!-- BEGIN kernel_vs_fa2 -->\ngenerated\ntable\n<!-- END kernel_vs_fa2 -->\noutro\n"
+    embed.update_markdown(page)
+    assert page.read_text() == once
+
+
+def test_matmul_ceiling_without_a_figure_is_an_error(tmp_path):
+    path = tmp_path / "ceiling.txt"
+    path.write_text("no number here")
+    with pytest.raises(ValueError, match="TFLOP/s"):
+        embed.matmul_ceiling_tflops(path)
