@@ -15,8 +15,10 @@ The rule, with tolerance `tol` (default 5%):
   more than `tol` below the baseline's worst one);
 * improvement: current_lo > baseline_hi * (1 + tol)   (the symmetric case);
 * unchanged:   otherwise;
-* missing:     in the baseline, with no `ok` measurement in this run (the note says why when
-  the run tried it);
+* failed:      in the baseline, tried by this run and not `ok` now (error, wrong, oom, ...: the
+  note says which); it fails the check like a regression, since a broken kernel is the worst
+  regression;
+* missing:     in the baseline, not tried by this run;
 * new:         measured `ok` in this run, absent from the baseline.
 
 A suspected regression is re-measured once before it counts: the runner re-runs the keys of
@@ -40,7 +42,8 @@ KEY_COLUMNS = ["provider", "mode", "causal", "hdim", "seqlen", "batch", "heads",
 INT_KEYS = ("hdim", "seqlen", "batch", "heads")
 ENTRY_VALUES = ("tflops", "tflops_lo", "tflops_hi", "repeats")
 VERSION_FIELDS = ("driver", "cuda", "torch", "triton")  # a difference is a warning, not a refusal
-VERDICTS = ("regression", "improvement", "missing", "new", "unchanged")  # report order
+VERDICTS = ("regression", "failed", "improvement", "missing", "new", "unchanged")  # report order
+FAILING_VERDICTS = ("regression", "failed")
 DEFAULT_TOLERANCE = 0.05
 BASELINE_DIR = Path(__file__).resolve().parent / "baselines"
 REGENERATE = "regenerate it on that GPU with `python runner.py <sweep options> --save-baseline`"
@@ -79,7 +82,7 @@ class Comparison:
 
     @property
     def regressed(self) -> bool:
-        return bool((self.table["verdict"] == "regression").any())
+        return bool(self.table["verdict"].isin(FAILING_VERDICTS).any())
 
     def counts(self) -> dict[str, int]:
         return {verdict: int((self.table["verdict"] == verdict).sum()) for verdict in VERDICTS}
@@ -304,9 +307,11 @@ def compare_to_baseline(results: pd.DataFrame, baseline: Baseline, environment: 
     table["ratio"] = table["current_tflops"] / table["baseline_tflops"]
     table["verdict"] = _verdicts(table, tolerance)
     notes = _failure_notes(results)
-    table["note"] = [notes.get(key, "") if verdict == "missing" else ""
-                     for key, verdict in zip(table[KEY_COLUMNS].itertuples(index=False, name=None),
-                                             table["verdict"])]
+    keys = list(table[KEY_COLUMNS].itertuples(index=False, name=None))
+    tried_and_failed = pd.Series([key in notes for key in keys], index=table.index)
+    table.loc[(table["verdict"] == "missing") & tried_and_failed, "verdict"] = "failed"
+    table["note"] = [notes.get(key, "") if verdict == "failed" else ""
+                     for key, verdict in zip(keys, table["verdict"])]
     if not table["verdict"].isin(["regression", "improvement", "unchanged"]).any():
         warnings.append("no configuration of this run is in the baseline: nothing was compared "
                         "(sweep with the options the baseline was saved with)")

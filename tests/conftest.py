@@ -11,12 +11,16 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (runs on the device, not in CI)")
-
 
 def pytest_collection_modifyitems(config, items):
-    """`gpu` and `perf` tests need CUDA: skip them, saying why, when there is none."""
+    """`gpu` and `perf` tests need CUDA: skip them, saying why, when there is none. A module
+    that sets INTERPRETER_TESTS = True holds small-shape checks written for Triton's CPU
+    interpreter (CPU tensors, exact fp32 dots): on a CUDA machine its unmarked tests are
+    skipped, and its `gpu` tests run the same checks at real sizes instead."""
     for item in items:
+        if HAS_CUDA and getattr(item.module, "INTERPRETER_TESTS", False) and "gpu" not in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="interpreter test: the `gpu` tests of this module cover "
+                                                    "the same checks on a CUDA machine"))
         for marker in ("gpu", "perf"):
             if not HAS_CUDA and marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: run `pytest -m {marker}` on a GPU machine"))

@@ -7,8 +7,8 @@ from reports import embed
 
 
 def _rows():
-    base = dict(mode="fwd", hdim=128, causal=True, batch=8, heads=16, dtype="bf16", gpu="NVIDIA H200",
-                torch="2.11", triton="3.6", git_commit="abc", timestamp="t")
+    base = {"mode": "fwd", "hdim": 128, "causal": True, "batch": 8, "heads": 16, "dtype": "bf16", "gpu": "NVIDIA H200",
+                "torch": "2.11", "triton": "3.6", "git_commit": "abc", "timestamp": "t"}
     return pd.DataFrame([
         {**base, "provider": "fa2", "seqlen": 2048, "tflops": 300.0},
         {**base, "provider": "sdpa-flash", "seqlen": 2048, "tflops": 200.0},

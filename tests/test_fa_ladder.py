@@ -32,6 +32,8 @@ from kernels.fa_ladder import (
 # shared with the FA2 kernel's tests; the fixture is used through @pytest.mark.usefixtures
 from tests.test_flash_attn import assert_close_to_reference, make_qkv, poisoned_allocations  # noqa: F401
 
+INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
+
 LADDER_RUNGS = range(len(LADDER))
 # (dtype, causal, seqlen_q, seqlen_k, headdim): ragged lengths both ways, odd head dims
 CPU_CASES = [

@@ -107,13 +107,17 @@ def test_improvement_is_reported_but_does_not_fail():
     assert verdict_of(comparison, provider="sdpa-flash", mode="fwd_bwd", causal=False) == "improvement"
 
 
-def test_missing_and_new_configurations_are_listed_with_the_failure_reason():
+def test_failed_missing_and_new_configurations_are_listed():
+    """A baseline configuration this run tried and did not measure ok (here an error) fails
+    the check with its reason; one it did not try is only listed as missing."""
     comparison = compare("current_missing_new")
-    assert not comparison.regressed
-    missing = comparison.table[comparison.table.verdict == "missing"]
-    assert sorted(missing["provider"] + "/" + missing["mode"]) == ["fa2/fwd_bwd", "sdpa-flash/fwd_bwd"]
-    failed_note = missing.loc[missing.provider == "fa2", "note"].item()
+    assert comparison.regressed
+    failed = comparison.table[comparison.table.verdict == "failed"]
+    assert (failed["provider"] + "/" + failed["mode"]).tolist() == ["fa2/fwd_bwd"]
+    failed_note = failed["note"].item()
     assert failed_note.startswith("now error") and "OutOfResources" in failed_note
+    missing = comparison.table[comparison.table.verdict == "missing"]
+    assert (missing["provider"] + "/" + missing["mode"]).tolist() == ["sdpa-flash/fwd_bwd"]
     assert verdict_of(comparison, verdict="new")  # exactly one new row
     assert comparison.table.loc[comparison.table.verdict == "new", "hdim"].item() == 64
     assert any("did not measure" in warning for warning in comparison.warnings)
@@ -226,7 +230,7 @@ def test_report_groups_by_verdict_with_a_generated_summary(tmp_path):
     comparison = compare("current_regressed")
     report = format_comparison(comparison)
     assert report.index("### regression (1)") < report.index("### unchanged (7)")
-    assert "**FAIL**: 1 regression, 0 improvement, 0 missing, 0 new, 7 unchanged" in report
+    assert "**FAIL**: 1 regression, 0 failed, 0 improvement, 0 missing, 0 new, 7 unchanged" in report
     ratio = comparison.table.loc[comparison.table.verdict == "regression", "ratio"].item()
     assert f"{ratio:.3f}x" in report
     written = write_comparison(comparison, tmp_path / "out")
