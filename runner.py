@@ -171,10 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     narrow.add_argument("--causal", choices=("true", "false", "both"), default="both",
                         help="causal masking (default: %(default)s)")
     narrow.add_argument("--batch", type=_positive_int("--batch"),
-                        help=f"batch size for every configuration (default: {PAPER_TOKENS} // seqlen; no GPU: "
+                        help=f"batch size for every configuration of a sweep, not the ablation's settings A/B (default: {PAPER_TOKENS} // seqlen; no GPU: "
                              f"{INTERPRETER_SIZES.batch})")
     narrow.add_argument("--heads", type=_positive_int("--heads"),
-                        help=f"number of heads for every configuration (default: {PAPER_HIDDEN} // hdim; no GPU: "
+                        help=f"number of heads for every configuration of a sweep, not settings A/B (default: {PAPER_HIDDEN} // hdim; no GPU: "
                              f"{INTERPRETER_SIZES.heads})")
     narrow.add_argument("--dtype", choices=("fp16", "bf16"), default="fp16",
                         help="input dtype (default: %(default)s, as in the paper)")
@@ -210,11 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="regression tolerance beyond the measured spread, as a fraction (default: %(default)s)")
     ncu = checks.add_mutually_exclusive_group()
     ncu.add_argument("--ncu", dest="ncu", action="store_const", const="also",
-                     help="after timing, profile each measured provider's kernel with Nsight Compute")
-    ncu.add_argument("--no-ncu", dest="ncu", action="store_const", const="off", help="no profiling (default)")
+                     help="after timing, profile each measured provider's kernel with Nsight Compute "
+                          "(default with --ablation when `ncu` works here; --suite profiles only on request)")
+    ncu.add_argument("--no-ncu", dest="ncu", action="store_const", const="off", help="no profiling")
     ncu.add_argument("--ncu-only", dest="ncu", action="store_const", const="only",
                      help="profile with Nsight Compute, without timing")
-    parser.set_defaults(ncu="off")
+    parser.set_defaults(ncu=None)
     return parser
 
 
@@ -269,8 +270,10 @@ def ablation_plan(args, interpreter: bool) -> tuple[list, list[str]]:
         sizes = {key: setting[key] for key in ("batch", "heads", "hdim", "seqlen")}
         if interpreter:
             sizes.update(INTERPRETER_ABLATION, batch=min(sizes["batch"], INTERPRETER_ABLATION_MAX_BATCH))
+        # the paper's settings keep their own batch and heads (--batch/--heads narrow the sweep only),
+        # so the paper's A100 numbers cited beside them are for the same shape
         spec = Spec(setting["mode"], bool(setting["causal"]), sizes["hdim"], sizes["seqlen"],
-                    args.batch or sizes["batch"], args.heads or sizes["heads"], args.dtype)
+                    sizes["batch"], sizes["heads"], args.dtype)
         jobs.append(Job(spec, setting=name))
     if not args.settings_only:  # the forward sweep: seqlen x head dim x causal, paper shapes
         sweep_args = argparse.Namespace(**{**vars(args), "modes": ("fwd",)})
@@ -448,6 +451,13 @@ def main(argv: list[str] | None = None) -> int:
         jobs, provider_names = ablation_plan(args, interpreter)
     else:
         jobs, provider_names = suite_jobs(args, interpreter), suite_providers(args)
+    if args.ncu is None:  # the ablation profiles its rungs whenever Nsight Compute can
+        from reports.counters import ncu_status
+
+        reason = "no GPU" if interpreter else ncu_status()
+        args.ncu = "also" if args.ablation and reason is None else "off"
+        if args.ablation and reason is not None:
+            print(f"no Nsight Compute counters: {reason}", file=sys.stderr)
     if args.fa2_fwd_config is not None:
         from baselines.providers import override_fa2_fwd_config
         from kernels.flash_attn import FwdConfig
@@ -507,7 +517,6 @@ def main(argv: list[str] | None = None) -> int:
 
     df = load_results(out_dir)
     counters = run_counters(jobs, provider_names, df, out_dir, args.ncu == "only") if args.ncu != "off" else None
-    write_reports(args, df, out_dir, counters)
 
     if args.compare is not None or args.save_baseline is not None:
         def remeasure(keys):
@@ -526,7 +535,10 @@ def main(argv: list[str] | None = None) -> int:
             return pd.DataFrame(sweep.rows)
 
         exit_code = max(exit_code, regression_check(args, df, environment, out_dir, remeasure))
+        record_run(out_dir, run)  # results.json with any re-measured rows
 
+    # reports last, from the final rows (a re-measured key replaces its first measurement)
+    write_reports(args, load_results(out_dir), out_dir, counters)
     print(summary_table(load_results(out_dir)))
     print(f"results: {out_dir}")
     if interpreter:

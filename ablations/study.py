@@ -118,8 +118,9 @@ def with_gains(table: pd.DataFrame) -> pd.DataFrame:
 def with_paper(table: pd.DataFrame, paper: pd.DataFrame, setting: str) -> pd.DataFrame:
     """Add the paper's A100 TFLOPs/s and gain of the same rung in the same setting, when the
     table's shape is the paper's (else the columns stay empty)."""
-    same_shape = paper[SHAPE_COLUMNS[:-1]].drop_duplicates().merge(table[SHAPE_COLUMNS[:-1]].drop_duplicates())
-    cited = paper[paper["setting"] == setting].set_index("name")["tflops"] if len(same_shape) else pd.Series()
+    cited_setting = paper[paper["setting"] == setting]
+    same_shape = cited_setting[SHAPE_COLUMNS[:-1]].drop_duplicates().merge(table[SHAPE_COLUMNS[:-1]].drop_duplicates())
+    cited = cited_setting.set_index("name")["tflops"] if len(same_shape) else pd.Series()
     table = table.copy()
     table["paper_tflops"] = table["provider"].map(cited)
     previous = {rung.name: RUNGS[rung.index - 1].name for rung in RUNGS if rung.index > 0}
@@ -185,8 +186,9 @@ def technique_sentences(tables: dict[str, pd.DataFrame]) -> list[str]:
     gains = {s: t.set_index("rung")["gain"].get(2, float("nan")) for s, t in tables.items()}
     if {"A", "B"} <= gains.keys() and not pd.isna(gains["A"]) and not pd.isna(gains["B"]):
         larger = gains["B"] > gains["A"]
-        sentences.append(f"- The sequence-parallel gain is {'larger' if larger else 'NOT larger'} at batch 1 "
-                         f"(B, {gains['B']:.2f}x) than at batch 8 (A, {gains['A']:.2f}x)"
+        batch = {s: int(t["batch"].iloc[0]) for s, t in tables.items()}
+        sentences.append(f"- The sequence-parallel gain is {'larger' if larger else 'NOT larger'} at batch "
+                         f"{batch['B']} (B, {gains['B']:.2f}x) than at batch {batch['A']} (A, {gains['A']:.2f}x)"
                          f"{', as the paper found' if larger else ', unlike the paper'}.")
     for setting, table in tables.items():
         medians = table.set_index("provider")["tflops"]
@@ -257,7 +259,7 @@ def plot_settings(tables: dict[str, pd.DataFrame], rows: pd.DataFrame, out_dir: 
         top = max([*measured, *paper_v, 1.0])
         ax.set_ylim(0, top * 1.18)
         ax.set_ylabel("TFLOPs/s")
-        first = shown.iloc[0]
+        first = table.iloc[0]  # every row of the setting, measured or not, has its shape
         ax.set_title(f"{setting}: batch {first['batch']}, {first['heads']} heads, hdim {first['hdim']}, "
                      f"seqlen {first['seqlen']}, {first['dtype']}", fontsize=9)
         ax.grid(axis="y", alpha=0.3)

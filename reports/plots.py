@@ -92,7 +92,7 @@ def plot_figure(cells: pd.DataFrame, rows: pd.DataFrame, mode: str, dtype: str, 
                     ax.text(pos, 0.02 * top, failed, rotation=90, ha="center", va="bottom", fontsize=6,
                             color="dimgray")
         ax.set_xticks(range(len(xs)), ticks)
-        ax.set_ylim(0, top * 1.2)
+        ax.set_ylim(0, (top if top > 0 else 1.0) * 1.2)  # a panel with no ok cell shows only its failures
         ax.set_xlabel("sequence length")
         ax.set_ylabel("TFLOPs/s")
         ax.set_title(f"head dim {hdim}, {'causal' if causal else 'non-causal'}", fontsize=10)

@@ -35,7 +35,10 @@ from reports.timing import CPU_REPS, time_attention
 # correct kernel is ~1e-3 (fp16) / ~8e-3 (bf16) on random inputs; fp32 allows for Triton's
 # TF32 dots on a GPU.
 TOLERANCE = {"fp16": 2e-2, "bf16": 2e-2, "fp32": 2e-3}
-CHECK_BATCH, CHECK_HEADS, CHECK_MAX_SEQLEN = 1, 2, 128  # the small accuracy-check input
+# The small accuracy-check input: a ragged length spanning several of the largest tiles
+# (128 rows or keys), so that the unmasked off-diagonal loops, the diagonal blocks and the
+# partial last block all run in the check.
+CHECK_BATCH, CHECK_HEADS, CHECK_MAX_SEQLEN = 1, 2, 3 * 128 + 17
 MAX_REASON_CHARS = 500
 
 
