@@ -64,5 +64,8 @@ def attention_same_dtype(
     if causal:
         visible = causal_mask(q.shape[1], k.shape[1], device=q.device)
         scores = scores.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(q.dtype)
+    probs = torch.softmax(scores.float(), dim=-1)
+    if causal and q.shape[1] > k.shape[1]:  # rows that see no key: softmax gives NaN, flash-attn 0
+        probs = probs.nan_to_num(0.0)
+    probs = probs.to(q.dtype)
     return torch.matmul(probs, vt).transpose(1, 2)

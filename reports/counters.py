@@ -408,6 +408,9 @@ def _with_previous(group: pd.DataFrame) -> pd.DataFrame:
     return group
 
 
+MIN_CHANGE = 0.10  # the smallest relative change of a counter that a verdict counts
+
+
 def _sentence(check: TechniqueCheck, group: pd.DataFrame) -> str | None:
     """What the counters show about one technique in one setting, or None when the two
     rungs it compares were not both profiled."""
@@ -424,11 +427,17 @@ def _sentence(check: TechniqueCheck, group: pd.DataFrame) -> str | None:
     findings, confirmed = [], True
     for column, direction in check.expectations:
         old, new = before[column], after[column]
-        if pd.isna(old) or pd.isna(new) or old == 0:
+        if pd.isna(old) or pd.isna(new):
             return f"{head}: cannot be checked: no value of {COMPARED[column]} for both rungs."
-        holds = new < old if direction == "lower" else new > old
+        if old == 0:
+            return f"{head}: cannot be checked: {COMPARED[column]} is 0 for {before['provider']}."
+        # one launch per rung: a change smaller than MIN_CHANGE is not evidence either way
+        if abs(new / old - 1.0) < MIN_CHANGE:
+            holds, verdict = False, f"within {MIN_CHANGE:.0%}: no clear change"
+        else:
+            holds = new < old if direction == "lower" else new > old
+            verdict = f"{direction} as expected" if holds else f"expected {direction}"
         confirmed &= holds
-        verdict = f"{direction} as expected" if holds else f"expected {direction}"
         findings.append(f"{COMPARED[column]} {_fmt(old)} -> {_fmt(new)} ({new / old:.2f}x, {verdict})")
     sentence = f"{head}: {'confirmed' if confirmed else 'not confirmed'}: {'; '.join(findings)}."
     if "nonmatmul_per_mma" in dict(check.expectations) and before["mma_kind"] != after["mma_kind"]:
