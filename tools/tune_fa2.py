@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-import triton
-import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,6 +30,7 @@ from kernels.flash_attn import (
     flash_attn_backward,
     flash_attn_forward,
 )
+from reports.timing import benchmark
 
 FWD_CANDIDATES = [
     FwdConfig(128, 64, 8, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 3),
@@ -49,8 +48,9 @@ BWD_CANDIDATES = [
 ]
 
 
-def bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+def bench(fn, grad_to_none=()) -> float:
+    """Median ms through the project's one timing helper (do_bench, warm-up excluded)."""
+    return benchmark(fn, torch.device("cuda"), grad_to_none=grad_to_none).ms
 
 
 def main() -> None:
@@ -100,7 +100,7 @@ def main() -> None:
                     with sdpa_kernel(backend):
                         o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
                         g = dout.transpose(1, 2)
-                        ms = bench(partial(o.backward, g, retain_graph=True))
+                        ms = bench(partial(o.backward, g, retain_graph=True), grad_to_none=(qg, kg, vg))
                     record(kind="bwd", hdim=hdim, causal=causal, config=name, ms=ms,
                            tflops=tflops_per_second(bwd_flops, ms), status="ok")
                 except Exception as exc:  # noqa: BLE001 -- a peer that cannot run this shape is a row, not a crash
