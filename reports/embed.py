@@ -116,9 +116,33 @@ def utilisation_table(rows: pd.DataFrame, ceiling: float) -> str:
     return "\n".join(lines)
 
 
+ANCHOR_METHODS = {"sdpa_flash": "sdpa-flash", "sdpa_efficient": "sdpa-efficient", "sdpa_cudnn": "sdpa-cudnn",
+                  "torch_eager": "pytorch"}
+
+
+def anchor_table(rows: pd.DataFrame, anchors: pd.DataFrame, band: float = 0.10) -> str:
+    """This project's TFLOPs/s of each peer over the cited anchors' for the same (mode, causal,
+    hdim, seqlen, batch, heads): min / median / max per provider and mode, and how many cells
+    differ by more than `band`."""
+    anchors = anchors[anchors["method"].isin(ANCHOR_METHODS)].assign(
+        provider=lambda a: a["method"].map(ANCHOR_METHODS))
+    keys = ["provider", "mode", "causal", "hdim", "seqlen", "batch", "heads"]
+    ok = rows[rows["status"] == "ok"]
+    joined = anchors.merge(ok, on=keys, suffixes=("_anchor", ""))
+    joined["ratio"] = joined["tflops"] / joined["tflops_anchor"]
+    lines = ["| provider | mode | cells | min | median | max | outside +-10% |", "|---|---|---|---|---|---|---|"]
+    for (provider, mode), group in joined.groupby(["provider", "mode"]):
+        r = group["ratio"]
+        outside = int(((r < 1 - band) | (r > 1 + band)).sum())
+        lines.append(f"| {provider} | {mode} | {len(r)} | {r.min():.2f} | {r.median():.2f} | {r.max():.2f} | {outside} |")
+    return "\n".join(lines)
+
+
 SECTIONS = {
     "kernel_vs_fa2": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_CSV)),
     "ablation": lambda: file_section(H200 / "ablation.md", stop_at="## Sweep"),
+    "anchors": lambda: anchor_table(load_results(H200 / "paper"),
+                                    pd.read_csv(H200 / "anchors" / "h200_anchors_2026-11-30.csv")),
     "tuning": lambda: tuning_table(H200 / "tuning" / "tune_fa2_seqlen4096_bf16.csv"),
     "tuning_d256_bwd": lambda: tuning_table(H200 / "tuning" / "tune_fa2_d256_bwd_seqlen4096_bf16.csv"),
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
