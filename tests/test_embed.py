@@ -44,3 +44,16 @@ def test_matmul_ceiling_without_a_figure_is_an_error(tmp_path):
     path.write_text("no number here")
     with pytest.raises(ValueError, match="TFLOP/s"):
         embed.matmul_ceiling_tflops(path)
+
+
+def test_anchor_table_counts_cells_outside_the_band():
+    anchors = pd.DataFrame([
+        {"method": "sdpa_flash", "mode": "fwd", "causal": True, "hdim": 128, "seqlen": 2048, "batch": 8,
+         "heads": 16, "ms": 1.0, "tflops": 200.0},
+        {"method": "sdpa_flash", "mode": "fwd", "causal": True, "hdim": 128, "seqlen": 4096, "batch": 8,
+         "heads": 16, "ms": 1.0, "tflops": 250.0},
+    ])
+    rows = _rows().assign(status="ok")
+    table = embed.anchor_table(rows, anchors)
+    # 200/200 = 1.00 inside the band; 300/250 = 1.20 outside it
+    assert "| sdpa-flash | fwd | 2 | 1.00 | 1.10 | 1.20 | 1 |" in table
