@@ -383,7 +383,9 @@ def _fmt(value) -> str:
     for factor, suffix in ((1e9, " G"), (1e6, " M")):
         if abs(value) >= factor:
             return f"{value / factor:.3g}{suffix}"
-    return f"{value:,.0f}" if float(value).is_integer() else f"{value:.3g}"
+    if float(value).is_integer() or abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
 
 
 def _normal(counters: pd.DataFrame) -> pd.DataFrame:
