@@ -405,10 +405,11 @@ def regression_check(args, df, environment: dict, out_dir: Path, remeasure) -> i
                 comparison = regression.compare_to_baseline(df, baseline, environment, args.tolerance)
         except (regression.BaselineError, regression.BaselineMismatch) as exc:
             print(f"--compare: {exc}", file=sys.stderr)
-            return 2
-        print(regression.format_comparison(comparison))
-        print(f"comparison: {regression.write_comparison(comparison, out_dir)}")
-        status = 1 if comparison.regressed else 0
+            status = 2  # --save-baseline below still runs: the measurements are fine
+        else:
+            print(regression.format_comparison(comparison))
+            print(f"comparison: {regression.write_comparison(comparison, out_dir)}")
+            status = 1 if comparison.regressed else 0
     if args.save_baseline is not None:
         path = Path(args.save_baseline) if args.save_baseline else regression.baseline_path(environment["gpu"])
         try:
