@@ -29,7 +29,7 @@ from matplotlib.patches import Patch
 
 from ablations.ladder import RUNGS, SETTINGS
 from reports.environment import ENV_COLUMNS
-from reports.plots import value_label
+from reports.plots import cell_summary, environment_title, plot_figure, value_label
 from reports.regression import markdown_table
 
 PAPER_CSV = Path(__file__).with_name("paper_a100.csv")
@@ -211,13 +211,6 @@ def technique_sentences(tables: dict[str, pd.DataFrame]) -> list[str]:
 # --------------------------------------------------------------------------------------
 # Plots
 # --------------------------------------------------------------------------------------
-def _environment_title(rows: pd.DataFrame) -> str:
-    gpus = ", ".join(sorted(set(rows["gpu"].astype(str)) - {"", "nan"})) or "unknown GPU"
-    if rows["interpreter"].astype(bool).any():
-        return f"{gpus}: Triton interpreter, numbers are NOT performance"
-    return gpus
-
-
 def _save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.{ext}" for ext in ("png", "svg")]
@@ -267,53 +260,24 @@ def plot_settings(tables: dict[str, pd.DataFrame], rows: pd.DataFrame, out_dir: 
                Patch(color=PEER_COLOR, label="this run: peers"),
                Patch(**PAPER_STYLE, label="paper, A100 (FA2 authors' ablation)")]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
-    fig.suptitle(f"FA1 -> FA2 ablation, forward, causal\n{_environment_title(rows)}", fontsize=11)
+    fig.suptitle(f"FA1 -> FA2 ablation, forward, causal\n{environment_title(rows)}", fontsize=11)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return _save(fig, out_dir, "ablation")
 
 
-def plot_sweep(sweep: pd.DataFrame, rows: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """One panel per (setting, head dim, causal); sequence length on x; one bar per provider."""
-    sweep = sweep[sweep["status"] == "ok"]
-    if sweep.empty:
+def plot_sweep(sweep_rows: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """The sweep in the paper suite's figure style (reports/plots.py): one panel per (head dim,
+    causal), sequence length on x, one bar per rung and peer; failed cells written as such."""
+    cells = cell_summary(sweep_rows)
+    if not cells["tflops"].notna().any():
         return []
-    providers = list(dict.fromkeys(sweep["provider"]))
-    labels = dict(zip(sweep["provider"], sweep["label"], strict=False))
+    order = {name: RUNG_INDEX.get(name, len(RUNGS) + i) for i, name in enumerate(dict.fromkeys(cells["provider"]))}
     palette = matplotlib.colormaps["tab10"].colors
-    panels = sorted(set(sweep[["setting", "hdim", "causal"]].itertuples(index=False, name=None)))
-    ncols = min(len(panels), 2)
-    nrows = -(-len(panels) // ncols)
-    fig = Figure(figsize=(7.5 * ncols, 3.8 * nrows))
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    width = 0.8 / len(providers)
-    for ax, (setting, hdim, causal) in zip(axes.flat, panels, strict=False):
-        panel = sweep[(sweep["setting"] == setting) & (sweep["hdim"] == hdim) & (sweep["causal"] == causal)]
-        seqlens = sorted(set(panel["seqlen"]))
-        for i, provider in enumerate(providers):
-            values = panel[panel["provider"] == provider].set_index("seqlen")["tflops"]
-            heights = [values.get(s, float("nan")) for s in seqlens]
-            positions = [j + (i - (len(providers) - 1) / 2) * width for j in range(len(seqlens))]
-            bars = ax.bar(positions, [0 if pd.isna(h) else h for h in heights], width,
-                          label=labels[provider], color=palette[i % len(palette)])
-            ax.bar_label(bars, labels=["n/a" if pd.isna(h) else value_label(h) for h in heights],
-                         fontsize=6, rotation=90, padding=2)
-        batch = ", ".join(str(b) for b in sorted(set(panel["batch"])))
-        ax.set_xticks(range(len(seqlens)), [str(s) for s in seqlens])
-        ax.set_ylim(0, panel["tflops"].max() * 1.25)
-        ax.set_xlabel("sequence length")
-        ax.set_ylabel("TFLOPs/s")
-        ax.set_title(f"setting {setting} (batch {batch}), head dim {hdim}, "
-                     f"{'causal' if causal else 'non-causal'}", fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.set_visible(False)
-    handles, legend_labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, legend_labels, loc="lower center", ncol=min(len(providers), 4), fontsize=8,
-               frameon=False)
-    fig.suptitle(f"FA1 -> FA2 ablation sweep, forward\n{_environment_title(rows)}", fontsize=11)
-    fig.tight_layout(rect=(0, 0.05 * -(-len(providers) // 4) + 0.02, 1, 1))
-    return _save(fig, out_dir, "ablation_sweep")
+    colors = {name: palette[i % len(palette)] for i, name in enumerate(sorted(order, key=order.get))}
+    cells["order"] = cells["provider"].map(order)
+    dtypes = ", ".join(sorted(set(cells["dtype"])))
+    return plot_figure(cells, sweep_rows, "fwd", dtypes, colors, out_dir,
+                       title=f"FA1 -> FA2 ablation sweep, forward, {dtypes}", stem="ablation_sweep")
 
 
 # --------------------------------------------------------------------------------------
@@ -375,7 +339,10 @@ def write_ablation_report(results: pd.DataFrame, out_dir, counters: pd.DataFrame
 
     sweep = summary[~is_primary]
     if not sweep.empty:
-        figures += plot_sweep(sweep, rows, out_dir / "plots")
+        sweep_keys = set(sweep[["setting", *SHAPE_COLUMNS]].itertuples(index=False, name=None))
+        sweep_rows = rows[[key in sweep_keys for key in rows[["setting", *SHAPE_COLUMNS]].itertuples(index=False,
+                                                                                                   name=None)]]
+        figures += plot_sweep(sweep_rows, out_dir / "plots")
         pivot = sweep.assign(cell=[_tflops(v) if s == "ok" else s for v, s in zip(sweep["tflops"], sweep["status"])])
         providers = list(dict.fromkeys(pivot["provider"]))
         wide = pivot.pivot_table(index=["setting", "hdim", "causal", "seqlen", "batch", "heads", "dtype"],

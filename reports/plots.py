@@ -49,16 +49,19 @@ def _x_labels(panel: pd.DataFrame) -> list[tuple]:
     return sorted(set(panel[["seqlen", "batch", "heads"]].itertuples(index=False, name=None)))
 
 
-def _environment_title(rows: pd.DataFrame) -> str:
-    gpus = ", ".join(sorted(set(rows["gpu"].astype(str))))
-    if rows["interpreter"].any():
-        return f"{gpus}: numbers are NOT performance"
+def environment_title(rows: pd.DataFrame) -> str:
+    """The GPU(s) the rows were measured on, for a figure's title; says so when they come
+    from Triton's interpreter."""
+    gpus = ", ".join(sorted(set(rows["gpu"].astype(str)) - {"", "nan"})) or "unknown GPU"
+    if rows["interpreter"].astype(bool).any():
+        return f"{gpus}: Triton interpreter, numbers are NOT performance"
     return gpus
 
 
 def plot_figure(cells: pd.DataFrame, rows: pd.DataFrame, mode: str, dtype: str, colors: dict[str, str],
-                out_dir: Path) -> list[Path]:
-    """Draw one figure from its cells; returns the PNG and SVG paths."""
+                out_dir: Path, title: str | None = None, stem: str | None = None) -> list[Path]:
+    """Draw one figure from its cells (their `order` column orders the bars); returns the
+    PNG and SVG paths, `<stem>.png|svg` (default `<mode>_<dtype>`)."""
     measured = cells.groupby("provider")["tflops"].apply(lambda s: s.notna().any())
     cells = cells[cells["provider"].isin(measured[measured].index)]
     providers = list(dict.fromkeys(cells.sort_values("order")["provider"]))
@@ -102,11 +105,12 @@ def plot_figure(cells: pd.DataFrame, rows: pd.DataFrame, mode: str, dtype: str, 
     handles, legend_labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, legend_labels, loc="lower center", ncol=min(len(providers), 4), fontsize=8,
                frameon=False)
-    fig.suptitle(f"Attention {MODE_TITLES[mode]} speed, {dtype}\n{_environment_title(rows)}", fontsize=11)
+    title = title or f"Attention {MODE_TITLES[mode]} speed, {dtype}"
+    fig.suptitle(f"{title}\n{environment_title(rows)}", fontsize=11)
     legend_rows = -(-len(providers) // 4)
     fig.tight_layout(rect=(0, 0.04 * legend_rows + 0.02, 1, 1))
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{mode}_{dtype}.{ext}" for ext in ("png", "svg")]
+    paths = [out_dir / f"{stem or f'{mode}_{dtype}'}.{ext}" for ext in ("png", "svg")]
     with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text (searchable, editable)
         for path in paths:
             fig.savefig(path, dpi=150)
