@@ -191,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     timing.add_argument("--rep-ms", type=_number("--rep-ms", lambda x: x > 0, "a number > 0"),
                         help=f"do_bench timing time per measurement in ms (default: {DEFAULT_REP_MS}; "
                              f"--quick: {QUICK_REP_MS})")
+    timing.add_argument("--cuda-graph", action="store_true",
+                        help="time by replaying a CUDA graph of back-to-back calls (triton's "
+                             "do_bench_cudagraph): no host launch overhead and no L2 flush between calls. "
+                             "Use it for kernels of ~0.1 ms (the ablation's setting B), whose do_bench time "
+                             "includes Python launch time; recorded in results.json's arguments")
     timing.add_argument("--fa2-fwd-config", type=_fwd_config, metavar="BM,BN,WARPS,STAGES",
                         help="run the fa2 provider's forward with this block config instead of the tuned "
                              "table (e.g. 16,16,4,1 to show that --compare flags a slowed kernel); "
@@ -491,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         from tqdm import tqdm
 
         return Sweep(writer, environment, device=device, repeats=args.repeats, warmup_ms=warmup_ms, rep_ms=rep_ms,
-                     skip=skip, log=tqdm.write if args.verbose else None)
+                     cuda_graph=args.cuda_graph, skip=skip, log=tqdm.write if args.verbose else None)
 
     exit_code = 0
     if args.ncu != "only":

@@ -47,6 +47,7 @@ class FwdConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    tma: bool = False  # tensor-descriptor (TMA) loads and stores where the inputs allow them
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ HOPPER_BWD_CONFIGS = {
 GENERIC_FWD_CONFIG = FwdConfig(64, 64, 4, 2)
 GENERIC_BWD_CONFIG = BwdConfig(32, 64, 64, 32, 4, 2)
 # Triton's CPU interpreter: small tiles so that tiny test shapes still span several blocks.
-INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1)
+INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1, tma=True)  # covers the TMA path on CPU
 INTERPRETER_BWD_CONFIG = BwdConfig(16, 32, 32, 16, 4, 1)
 
 
@@ -174,34 +175,43 @@ def _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
                seqlen_q, seqlen_k, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-               MASK: tl.constexpr, EVEN_D: tl.constexpr):
-    """FA2 Alg. 1 lines 6-10 over key blocks [lo, hi)."""
+               MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
+    """FA2 Alg. 1 lines 6-10 over key blocks [lo, hi). With TMA, K and V are tensor
+    descriptors bounded at (seqlen_k, HEAD_DIM): the copy engine zero-fills past the ends."""
     offs_n_base = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n_base
         n_ok = offs_n < seqlen_k
         # line 6: load K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D)
-        kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok, n_ok,
-                        not EVEN_D, MASK)
-        v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
-                       MASK, not EVEN_D)
-        # line 8: S = Q K^T, in the log2 domain (softmax scale * log2(e) folded in)
-        s = tl.dot(q, kT) * qk_scale
+        if TMA:
+            kT = K.load([start_n, 0]).T
+            v = V.load([start_n, 0])
+        else:
+            kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok, n_ok,
+                            not EVEN_D, MASK)
+            v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
+                           MASK, not EVEN_D)
+        # line 8: S = Q K^T, kept unscaled; the softmax scale * log2(e) is folded into the
+        # exponent below (one FMA per score instead of a multiply and a subtract)
+        s = tl.dot(q, kT)
         if MASK:
             # only blocks that cross the diagonal or the end of the keys pay for a mask
             visible = n_ok[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
-            s = tl.where(visible, s, float("-inf"))
+            s = tl.where(visible, s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # a row that has seen no key yet keeps m = -inf: subtract 0, not -inf (no NaN)
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            # line 9: P~ = exp(S - m_new), l = exp(m_old - m_new) l + rowsum(P~)
+            p = tl.math.exp2(s - m_sub[:, None])
         else:
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
             m_sub = m_new
-        # line 9: P~ = exp(S - m_new), l = exp(m_old - m_new) l + rowsum(P~)
-        p = tl.math.exp2(s - m_sub[:, None])
+            # line 9, as above, with S scaled inside the exponent's FMA (qk_scale > 0, so
+            # max(S) * qk_scale is the scaled row max)
+            p = tl.math.exp2(s * qk_scale - m_sub[:, None])
         alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         # line 10: O = diag(exp(m_old - m_new)) O + P~ V  -- unnormalised, no 1/l here
@@ -221,10 +231,12 @@ def _flash_fwd_kernel(
     num_heads, seqlen_q, seqlen_k, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, TMA: tl.constexpr,
 ):
     """One program per (query block, batch x head): FA2's thread-block parallelism over the
-    sequence (Section 3.2). O, l and m stay on chip for the program's whole life."""
+    sequence (Section 3.2). O, l and m stay on chip for the program's whole life.
+    TMA: move Q, K, V and O with Hopper's tensor memory accelerator (descriptors made here,
+    per batch and head, bounded at the true seqlen and head dim) instead of pointer tiles."""
     start_m = tl.program_id(0) * BLOCK_M
     pid_bh = tl.program_id(1)
     b = (pid_bh // num_heads).to(tl.int64)
@@ -242,8 +254,17 @@ def _flash_fwd_kernel(
     d_ok = offs_d < HEAD_DIM
 
     # line 4: load Q_i; lines 2-3 of the loop: O = 0, l = 0, m = -inf
-    q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
-                   not EVEN_M, not EVEN_D)
+    if TMA:
+        Q = tl.make_tensor_descriptor(Q, shape=[seqlen_q, HEAD_DIM], strides=[stride_qs, 1],
+                                      block_shape=[BLOCK_M, BLOCK_D])
+        K = tl.make_tensor_descriptor(K, shape=[seqlen_k, HEAD_DIM], strides=[stride_ks, 1],
+                                      block_shape=[BLOCK_N, BLOCK_D])
+        V = tl.make_tensor_descriptor(V, shape=[seqlen_k, HEAD_DIM], strides=[stride_vs, 1],
+                                      block_shape=[BLOCK_N, BLOCK_D])
+        q = Q.load([start_m, 0])
+    else:
+        q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
+                       not EVEN_M, not EVEN_D)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -252,10 +273,10 @@ def _flash_fwd_kernel(
     full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
                                0, full, seqlen_q, seqlen_k, qk_scale,
-                               HEAD_DIM, BLOCK_N, CAUSAL, False, EVEN_D)
+                               HEAD_DIM, BLOCK_N, CAUSAL, False, EVEN_D, TMA)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
                                full, end, seqlen_q, seqlen_k, qk_scale,
-                               HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D)
+                               HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D, TMA)
 
     # line 12: one final rescale O = diag(l)^-1 O. A row that saw no key stays 0.
     empty = l_i == 0.0
@@ -263,8 +284,13 @@ def _flash_fwd_kernel(
     # line 13: L = m + log(l), stored in natural log; +inf for a row that saw no key
     lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_i)) * LN2)
     # lines 14-15: write O_i and L_i
-    _store_tile(Out + offs_m[:, None] * stride_os + offs_d[None, :], acc.to(Out.dtype.element_ty),
-                m_ok, d_ok, not EVEN_M, not EVEN_D)
+    if TMA:
+        out_desc = tl.make_tensor_descriptor(Out, shape=[seqlen_q, HEAD_DIM], strides=[stride_os, 1],
+                                             block_shape=[BLOCK_M, BLOCK_D])
+        out_desc.store([start_m, 0], acc.to(Out.dtype.element_ty))  # clipped at the bounds
+    else:
+        _store_tile(Out + offs_m[:, None] * stride_os + offs_d[None, :], acc.to(Out.dtype.element_ty),
+                    m_ok, d_ok, not EVEN_M, not EVEN_D)
     if EVEN_M:
         tl.store(LSE + offs_m, lse)
     else:
@@ -551,6 +577,9 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
     if seqlen_k == 0:  # no key at all: every row is empty
         return out.zero_(), lse.fill_(float("inf"))
     cfg = config or default_fwd_config(headdim, causal, q.device)
+    tma = cfg.tma and tma_compatible(q, k, v, out)
+    if tma:
+        _ensure_descriptor_allocator()
     grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
     _flash_fwd_kernel[grid](
         q, k, v, out, lse,
@@ -558,10 +587,36 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         heads, seqlen_q, seqlen_k, softmax_scale * LOG2E.value,
         HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0,
+        CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0, TMA=tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
+
+
+def tma_compatible(*tensors: torch.Tensor) -> bool:
+    """Whether per-(batch, head) TMA descriptors can describe these (batch, seqlen, heads,
+    headdim) tensors: the copy engine needs 16-byte aligned addresses and row strides, so
+    the base pointer and every stride but the last (which must be 1) in bytes are multiples
+    of 16. Otherwise the forward falls back to pointer tiles (same results)."""
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
+_ALLOCATOR_SET = False
+
+
+def _ensure_descriptor_allocator() -> None:
+    """Descriptors made inside a kernel (tl.make_tensor_descriptor) live in a global scratch
+    buffer that Triton asks the host for; give it torch's caching allocator, once."""
+    global _ALLOCATOR_SET
+    if not _ALLOCATOR_SET:
+        def alloc(size: int, alignment: int, stream):
+            return torch.empty(size, dtype=torch.int8, device="cpu" if _interpreter_enabled() else "cuda")
+        triton.set_allocator(alloc)
+        _ALLOCATOR_SET = True
 
 
 def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: bool,

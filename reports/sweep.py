@@ -113,12 +113,12 @@ class Sweep:
     """Runs jobs x providers, writing each row to `writer` as soon as it is made."""
 
     def __init__(self, writer: ResultWriter, environment: dict, *, device: torch.device, repeats: int = 1,
-                 warmup_ms: float = 25, rep_ms: float = 100, cpu_reps: int = CPU_REPS,
+                 warmup_ms: float = 25, rep_ms: float = 100, cpu_reps: int = CPU_REPS, cuda_graph: bool = False,
                  skip: frozenset = frozenset(), log: Callable[[str], None] | None = None):
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         self.writer, self.device, self.repeats = writer, device, repeats
-        self.warmup_ms, self.rep_ms, self.cpu_reps = warmup_ms, rep_ms, cpu_reps
+        self.warmup_ms, self.rep_ms, self.cpu_reps, self.cuda_graph = warmup_ms, rep_ms, cpu_reps, cuda_graph
         self.skip, self.log = skip, log
         self.env = {column: environment[column] for column in ENV_COLUMNS}
         self.interpreter = device.type != "cuda"
@@ -201,7 +201,8 @@ class Sweep:
     def _time(self, provider: Provider, spec: Spec, repeat: int):
         q, k, v = random_inputs(spec, self.device, _seed(spec, repeat), requires_grad=spec.mode != "fwd")
         return time_attention(provider.forward, q, k, v, spec.causal, 1.0 / math.sqrt(spec.hdim), spec.mode,
-                              warmup_ms=self.warmup_ms, rep_ms=self.rep_ms, cpu_reps=self.cpu_reps)
+                              warmup_ms=self.warmup_ms, rep_ms=self.rep_ms, cpu_reps=self.cpu_reps,
+                              cuda_graph=self.cuda_graph)
 
     def measure(self, provider: Provider, job: Job) -> None:
         """All rows of one (provider, configuration)."""

@@ -39,8 +39,13 @@ def _clear_grads(tensors: Sequence[torch.Tensor]) -> None:
 
 
 def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
-              grad_to_none: Sequence[torch.Tensor] = (), cpu_reps: int = CPU_REPS) -> Timing:
-    """Time `fn()` on `device`; the first call (compile, warm-up) is never timed."""
+              grad_to_none: Sequence[torch.Tensor] = (), cpu_reps: int = CPU_REPS, cuda_graph: bool = False) -> Timing:
+    """Time `fn()` on `device`; the first call (compile, warm-up) is never timed.
+
+    cuda_graph: time with `triton.testing.do_bench_cudagraph` instead: the calls are captured
+    in one CUDA graph and replayed back to back, so host launch overhead (tens of us per call
+    in Python) and the L2 flush are not timed; quantiles are over 10 replays of the graph.
+    The clock for kernels of ~0.1 ms, whose do_bench time is partly host time."""
     if device.type == "cuda":
         import triton.testing
 
@@ -50,9 +55,13 @@ def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float =
         torch.cuda.synchronize(device)
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
         _clear_grads(grad_to_none)
-        ms, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
-                                               grad_to_none=list(grad_to_none) or None,
-                                               quantiles=list(QUANTILES))
+        if cuda_graph:
+            ms, p20, p80 = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=list(grad_to_none) or None,
+                                                             quantiles=list(QUANTILES))
+        else:
+            ms, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
+                                                   grad_to_none=list(grad_to_none) or None,
+                                                   quantiles=list(QUANTILES))
         return Timing(ms, p20, p80, peak_mb)
     if cpu_reps < 1:
         raise ValueError(f"cpu_reps must be >= 1, got {cpu_reps}")
@@ -71,12 +80,12 @@ def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float =
 
 def time_attention(forward: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    softmax_scale: float, mode: str, warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
-                   cpu_reps: int = CPU_REPS) -> Timing:
+                   cpu_reps: int = CPU_REPS, cuda_graph: bool = False) -> Timing:
     """Time one provider's `forward(q, k, v, causal, softmax_scale)` in `mode`. For 'bwd' and
     'fwd_bwd', q, k and v must require grad; dout is fresh randn like the output."""
     if mode == "fwd":
         return benchmark(lambda: forward(q, k, v, causal, softmax_scale), q.device, warmup_ms, rep_ms,
-                         cpu_reps=cpu_reps)
+                         cpu_reps=cpu_reps, cuda_graph=cuda_graph)
     if mode not in ("bwd", "fwd_bwd"):
         raise ValueError(f"mode must be 'fwd', 'bwd' or 'fwd_bwd', got {mode!r}")
     if not all(t.requires_grad for t in (q, k, v)):
@@ -92,4 +101,5 @@ def time_attention(forward: Callable, q: torch.Tensor, k: torch.Tensor, v: torch
 
         def fn():
             forward(q, k, v, causal, softmax_scale).backward(dout)
-    return benchmark(fn, q.device, warmup_ms, rep_ms, grad_to_none=(q, k, v), cpu_reps=cpu_reps)
+    return benchmark(fn, q.device, warmup_ms, rep_ms, grad_to_none=(q, k, v), cpu_reps=cpu_reps,
+                     cuda_graph=cuda_graph)

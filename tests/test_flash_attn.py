@@ -13,7 +13,8 @@ import torch
 
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
-from kernels.flash_attn import FwdConfig, flash_attn_forward
+from kernels import flash_attn as fa
+from kernels.flash_attn import FwdConfig, flash_attn_forward, tma_compatible
 
 INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
 ABS_EPS = {torch.float16: 1e-3, torch.bfloat16: 4e-3, torch.float32: 1e-5}
@@ -183,6 +184,31 @@ def test_block_config_does_not_change_the_result():
     out_b, lse_b = flash_attn_forward(q, k, v, 0.2, True, FwdConfig(64, 32, 4, 1))
     torch.testing.assert_close(out_a, out_b, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse_a, lse_b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tma_path_equals_pointer_path(causal, monkeypatch, poisoned_allocations):
+    """Ragged seqlens (not block multiples) and head dim 40 (padded to 64 inside the kernel;
+    80-byte rows, so TMA-compatible): the descriptors' zero fill and clipped stores must give
+    bit-for-bit the pointer path's masked loads and stores."""
+    q, k, v = make_qkv(2, 37, 53, 2, 40, torch.float16, "cpu")
+    assert tma_compatible(q, k, v)
+    tma_launches = []
+    real = fa._ensure_descriptor_allocator
+    monkeypatch.setattr(fa, "_ensure_descriptor_allocator", lambda: tma_launches.append(1) or real())
+    out_tma, lse_tma = flash_attn_forward(q, k, v, 0.3, causal, FwdConfig(32, 32, 4, 1, tma=True))
+    out_ptr, lse_ptr = flash_attn_forward(q, k, v, 0.3, causal, FwdConfig(32, 32, 4, 1, tma=False))
+    assert tma_launches == [1], "the TMA config did not take the TMA path"
+    torch.testing.assert_close(out_tma, out_ptr, atol=0, rtol=0)
+    torch.testing.assert_close(lse_tma, lse_ptr, atol=0, rtol=0)
+
+
+def test_tma_compatible_needs_16_byte_rows_and_bases():
+    q = torch.randn(1, 8, 2, 59, dtype=torch.float16)  # 118-byte rows
+    assert not tma_compatible(q)
+    aligned = torch.randn(1, 8, 2, 64, dtype=torch.float16)
+    assert tma_compatible(aligned)
+    assert not tma_compatible(aligned[..., 1:])  # base pointer 2 bytes past an aligned one
 
 
 def test_training_step_reduces_the_loss():

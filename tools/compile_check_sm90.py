@@ -61,7 +61,7 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str
     os.unlink(f.name)
     registers = re.search(r"Used (\d+) registers", ptxas.stderr)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
-    mma = "wgmma" if "wgmma" in compiled.asm["ptx"] else "mma.sync"
+    mma = ("tma+" if "cp.async.bulk.tensor" in compiled.asm["ptx"] else "") + ("wgmma" if "wgmma" in compiled.asm["ptx"] else "mma.sync")
     return (f"{kernel.fn.__name__:24s} M{constexprs['BLOCK_M']:<4d} N{constexprs['BLOCK_N']:<4d} "
             f"w{num_warps} s{num_stages}  {mma:8s} smem {compiled.metadata.shared:6d} B  "
             f"regs {registers.group(1) if registers else '?':>3s}  spill stores "
@@ -72,17 +72,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hdim", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--fwd", metavar="BM,BN,WARPS,STAGES", help="forward config (default: the table's)")
+    parser.add_argument("--fwd", metavar="BM,BN,WARPS,STAGES[,TMA]",
+                        help="forward config (default: the table's); TMA is 0 or 1")
     parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES", help="backward config (default: the table's)")
     args = parser.parse_args()
     for hdim in args.hdim:
         block_d = fa.padded_headdim(hdim)
-        fwd = (fa.FwdConfig(*map(int, args.fwd.split(","))) if args.fwd
+        fwd = (fa.FwdConfig(*(int(x) for x in args.fwd.split(","))) if args.fwd
                else fa.HOPPER_FWD_CONFIGS[(block_d, args.causal)])
         bwd = (fa.BwdConfig(*map(int, args.bwd.split(","))) if args.bwd else fa.HOPPER_BWD_CONFIGS[block_d])
         common = {"HEAD_DIM": hdim, "BLOCK_D": block_d, "CAUSAL": args.causal, "EVEN_M": True}
         print(f"head dim {hdim}:")
-        print("  " + report(fa._flash_fwd_kernel, dict(common, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n),
+        print("  " + report(fa._flash_fwd_kernel, dict(common, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
+                                                    TMA=bool(fwd.tma)),
                             fwd.num_warps, fwd.num_stages))
         print("  " + report(fa._flash_bwd_dkdv_kernel,
                             dict(common, BLOCK_M=bwd.block_m1, BLOCK_N=bwd.block_n1, EVEN_N=True),

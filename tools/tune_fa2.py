@@ -5,7 +5,7 @@ Times a small set of candidate configs per (head dim, causal) in the paper's set
 SDPA cuDNN in the same process, checks each candidate's output against the float64
 reference first, and writes every row to $OUT/tune_fa2.csv (or ./tune_fa2.csv).
 
-    python tools/tune_fa2.py --seqlen 4096 --hdims 64 128 256
+    python tools/tune_fa2.py --seqlens 4096 16384 --hdims 64 128 256 --fwd-configs 128,128,8,3,1 128,64,8,3,1
 """
 
 from __future__ import annotations
@@ -55,15 +55,19 @@ def bench(fn, grad_to_none=()) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seqlen", type=int, default=4096)
+    parser.add_argument("--seqlens", type=int, nargs="+", default=[4096])
     parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--passes", nargs="+", choices=["fwd", "bwd"], default=["fwd", "bwd"])
+    parser.add_argument("--fwd-configs", nargs="+", metavar="BM,BN,WARPS,STAGES,TMA",
+                        help="forward candidates to time instead of the built-in list (TMA: 0 or 1)")
     parser.add_argument("--bwd-configs", nargs="+", metavar="M1,N1,M2,N2,WARPS,STAGES",
                         help="backward candidates to time instead of the built-in list")
     args = parser.parse_args()
     bwd_candidates = ([BwdConfig(*map(int, text.split(","))) for text in args.bwd_configs]
                       if args.bwd_configs else BWD_CANDIDATES)
+    fwd_candidates = ([FwdConfig(*(int(x) for x in text.split(","))) for text in args.fwd_configs]
+                      if args.fwd_configs else FWD_CANDIDATES)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     out_path = Path(os.environ.get("OUT", ".")) / "tune_fa2.csv"
     rows = []
@@ -71,11 +75,10 @@ def main() -> None:
     def record(**row):
         rows.append(row)
         pd.DataFrame(rows).to_csv(out_path, index=False)
-        print(f"{row['kind']:4s} d{row['hdim']:<3d} causal={row['causal']!s:5s} {row['config']:<48s} "
+        print(f"{row['kind']:4s} s{row['seqlen']:<5d} d{row['hdim']:<3d} causal={row['causal']!s:5s} {row['config']:<48s} "
               f"{row.get('tflops', float('nan')):7.1f} TFLOPs/s {row.get('status', '')}", flush=True)
 
-    seqlen = args.seqlen
-    for hdim in args.hdims:
+    for seqlen, hdim in ((s, h) for s in args.seqlens for h in args.hdims):
         batch, heads = 16384 // seqlen, 2048 // hdim
         torch.manual_seed(0)
         q, k, v, dout = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype)
@@ -94,47 +97,49 @@ def main() -> None:
                     with sdpa_kernel(backend):
                         ms = bench(partial(torch.nn.functional.scaled_dot_product_attention,
                                            qt, kt, vt, is_causal=causal))
-                    record(kind="fwd", hdim=hdim, causal=causal, config=name, ms=ms,
+                    record(kind="fwd", seqlen=seqlen, hdim=hdim, causal=causal, config=name, ms=ms,
                            tflops=tflops_per_second(fwd_flops, ms), status="ok")
+                    if "bwd" not in args.passes:
+                        continue
                     qg, kg, vg = (t.detach().requires_grad_() for t in (qt, kt, vt))
                     with sdpa_kernel(backend):
                         o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
                         g = dout.transpose(1, 2)
                         ms = bench(partial(o.backward, g, retain_graph=True), grad_to_none=(qg, kg, vg))
-                    record(kind="bwd", hdim=hdim, causal=causal, config=name, ms=ms,
+                    record(kind="bwd", seqlen=seqlen, hdim=hdim, causal=causal, config=name, ms=ms,
                            tflops=tflops_per_second(bwd_flops, ms), status="ok")
                 except Exception as exc:  # noqa: BLE001 -- a peer that cannot run this shape is a row, not a crash
-                    record(kind="fwd", hdim=hdim, causal=causal, config=name, status=f"error: {exc}"[:200])
+                    record(kind="fwd", seqlen=seqlen, hdim=hdim, causal=causal, config=name, status=f"error: {exc}"[:200])
             out_full, lse_full = flash_attn_forward(q, k, v, scale, causal)
-            for cfg in FWD_CANDIDATES if "fwd" in args.passes else []:
+            for cfg in fwd_candidates if "fwd" in args.passes else []:
                 label = f"{cfg}"
                 try:
                     out_s, _ = flash_attn_forward(*small, scale, causal, cfg)
                     err = ((out_s.double() - ref_small).norm() / ref_small.norm()).item()
                     if not err < 2e-2:
-                        record(kind="fwd", hdim=hdim, causal=causal, config=label, status=f"wrong {err:.2e}")
+                        record(kind="fwd", seqlen=seqlen, hdim=hdim, causal=causal, config=label, status=f"wrong {err:.2e}")
                         continue
                     ms = bench(partial(flash_attn_forward, q, k, v, scale, causal, cfg))
-                    record(kind="fwd", hdim=hdim, causal=causal, config=label, ms=ms,
+                    record(kind="fwd", seqlen=seqlen, hdim=hdim, causal=causal, config=label, ms=ms,
                            tflops=tflops_per_second(fwd_flops, ms), status="ok", rel_err=err)
                 except Exception as exc:  # noqa: BLE001 -- a failing candidate is a row, not a crash
-                    record(kind="fwd", hdim=hdim, causal=causal, config=label, status=f"error: {exc}"[:200])
+                    record(kind="fwd", seqlen=seqlen, hdim=hdim, causal=causal, config=label, status=f"error: {exc}"[:200])
             for cfg in bwd_candidates if "bwd" in args.passes else []:
                 label = f"{cfg}"
                 try:
                     ms = bench(partial(flash_attn_backward, dout, q, k, v, out_full, lse_full, scale,
                                        causal, cfg))
-                    record(kind="bwd", hdim=hdim, causal=causal, config=label, ms=ms,
+                    record(kind="bwd", seqlen=seqlen, hdim=hdim, causal=causal, config=label, ms=ms,
                            tflops=tflops_per_second(bwd_flops, ms), status="ok")
                 except Exception as exc:  # noqa: BLE001 -- a failing candidate is a row, not a crash
-                    record(kind="bwd", hdim=hdim, causal=causal, config=label, status=f"error: {exc}"[:200])
+                    record(kind="bwd", seqlen=seqlen, hdim=hdim, causal=causal, config=label, status=f"error: {exc}"[:200])
             torch.cuda.empty_cache()
 
     df = pd.DataFrame(rows)
     ok = df[df.status == "ok"]
-    best = ok.loc[ok.groupby(["kind", "hdim", "causal"]).tflops.idxmax()]
+    best = ok.loc[ok.groupby(["kind", "seqlen", "hdim", "causal"]).tflops.idxmax()]
     print("\nbest per (kind, hdim, causal):")
-    print(best[["kind", "hdim", "causal", "config", "tflops"]].to_string(index=False))
+    print(best[["kind", "seqlen", "hdim", "causal", "config", "tflops"]].to_string(index=False))
 
 
 if __name__ == "__main__":
