@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from baselines.reference import attention_reference, attention_same_dtype
-from kernels import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from kernels import flash_attn as fa
+from kernels import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from kernels.flash_attn import FwdConfig, flash_attn_forward, tma_compatible
 
 INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
