@@ -48,6 +48,11 @@ class FwdConfig:
     num_warps: int
     num_stages: int
     tma: bool = False  # tensor-descriptor (TMA) loads and stores where the inputs allow them
+    # ... and only when a program visits at least this many keys on average: each program
+    # makes its descriptors itself (a global write and a proxy fence each), a fixed cost that
+    # only a long key loop amortises. On the H200 TMA lost 10-25% at head dim 128 with
+    # 512-1024 keys per program and won 5-13% from 2048 up (reports/h200/perf_notes.md).
+    tma_min_keys: int = 2048
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,7 @@ HOPPER_BWD_CONFIGS = {
 GENERIC_FWD_CONFIG = FwdConfig(64, 64, 4, 2)
 GENERIC_BWD_CONFIG = BwdConfig(32, 64, 64, 32, 4, 2)
 # Triton's CPU interpreter: small tiles so that tiny test shapes still span several blocks.
-INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1, tma=True)  # covers the TMA path on CPU
+INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0)  # TMA path on CPU
 INTERPRETER_BWD_CONFIG = BwdConfig(16, 32, 32, 16, 4, 1)
 
 
@@ -589,7 +594,7 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
     if seqlen_k == 0:  # no key at all: every row is empty
         return out.zero_(), lse.fill_(float("inf"))
     cfg = config or default_fwd_config(headdim, causal, q.device)
-    tma = cfg.tma and tma_compatible(q, k, v, out)
+    tma = tma_worthwhile(cfg, seqlen_k, causal) and tma_compatible(q, k, v, out)
     if tma:
         _ensure_descriptor_allocator()
     grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
@@ -603,6 +608,12 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
+
+
+def tma_worthwhile(config: FwdConfig, seqlen_k: int, causal: bool) -> bool:
+    """Whether a forward program visits enough keys on average (half of them when causal)
+    for the TMA path to pay for its descriptors (FwdConfig.tma_min_keys)."""
+    return config.tma and (seqlen_k // 2 if causal else seqlen_k) >= config.tma_min_keys
 
 
 def tma_compatible(*tensors: torch.Tensor) -> bool:

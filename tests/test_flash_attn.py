@@ -14,7 +14,7 @@ import torch
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import flash_attn as fa
 from kernels import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
-from kernels.flash_attn import FwdConfig, flash_attn_forward, tma_compatible
+from kernels.flash_attn import FwdConfig, flash_attn_forward, tma_compatible, tma_worthwhile
 
 INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
 ABS_EPS = {torch.float16: 1e-3, torch.bfloat16: 4e-3, torch.float32: 1e-5}
@@ -196,11 +196,18 @@ def test_tma_path_equals_pointer_path(causal, monkeypatch, poisoned_allocations)
     tma_launches = []
     real = fa._ensure_descriptor_allocator
     monkeypatch.setattr(fa, "_ensure_descriptor_allocator", lambda: tma_launches.append(1) or real())
-    out_tma, lse_tma = flash_attn_forward(q, k, v, 0.3, causal, FwdConfig(32, 32, 4, 1, tma=True))
+    out_tma, lse_tma = flash_attn_forward(q, k, v, 0.3, causal, FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0))
     out_ptr, lse_ptr = flash_attn_forward(q, k, v, 0.3, causal, FwdConfig(32, 32, 4, 1, tma=False))
     assert tma_launches == [1], "the TMA config did not take the TMA path"
     torch.testing.assert_close(out_tma, out_ptr, atol=0, rtol=0)
     torch.testing.assert_close(lse_tma, lse_ptr, atol=0, rtol=0)
+
+
+def test_tma_is_used_only_for_long_key_loops():
+    config = FwdConfig(128, 128, 8, 3, tma=True)  # tma_min_keys 2048
+    assert tma_worthwhile(config, 2048, causal=False) and not tma_worthwhile(config, 1024, causal=False)
+    assert tma_worthwhile(config, 4096, causal=True) and not tma_worthwhile(config, 2048, causal=True)
+    assert not tma_worthwhile(FwdConfig(128, 128, 8, 3), 16384, causal=False)
 
 
 def test_tma_compatible_needs_16_byte_rows_and_bases():
