@@ -3,7 +3,8 @@ the paper's two settings (docs/CONTRACTS.md).
 
 Rungs 0-3 are one Triton kernel family (kernels/fa_ladder.py, its docstring explains how each
 technique is expressed); rung 4 is the production FA2 kernel (kernels/flash_attn.py: wgmma,
-tuned tiles, TMA loads at head dim 128). Every rung is a forward pass; the backward of all of them is the FA2 backward
+tuned tiles; TMA loads at head dim 128 when a program visits >= 2048 keys, so
+not at settings A and B). Every rung is a forward pass; the backward of all of them is the FA2 backward
 (`kernels.flash_attn.flash_attn_backward`), so the ladder measures forward only. Kernels are
 imported when a rung first runs, so this module imports without Triton's JIT (the runner
 switches on the interpreter before that, and the report needs only these tables).
@@ -53,7 +54,7 @@ RUNGS: list[Rung] = [
     Rung(3, "rung3-split-q", "3: + split-Q warps (FA2)",
          "FA2 Sec. 3.3: warps split the query rows, no inter-warp exchange",
          _ladder_forward(3), "_ladder_q_outer_kernel"),
-    Rung(4, "rung4-hopper", "4: + Hopper wgmma, TMA (production FA2)",
+    Rung(4, "rung4-hopper", "4: + Hopper wgmma (production FA2)",
          "beyond the paper: the production kernel's wgmma (MMA v3) and tuned tiles",
          _hopper_forward, "_flash_fwd_kernel"),
 ]

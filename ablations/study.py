@@ -298,6 +298,27 @@ def _environment_lines(rows: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _run_lines(out_dir: Path) -> list[str]:
+    """How the rows were timed: each run's command line from results.json, and the clock."""
+    from reports.results import load_runs
+
+    runs = load_runs(out_dir)
+    if not runs:
+        return []
+    lines = ["## Runs", ""]
+    for run in runs:
+        arguments = run.get("arguments", {})
+        if arguments.get("ncu") == "only":
+            what = "Nsight Compute counters only, no timing"
+        elif arguments.get("cuda_graph"):
+            what = "timed with CUDA-graph replay of back-to-back calls (do_bench_cudagraph)"
+        else:
+            what = "timed with do_bench (CUDA events, L2 flushed before each call)"
+        finished = "" if run.get("finished") else " (did not finish)"
+        lines.append(f"- `{run.get('command', '?')}`: {what}{finished}")
+    return [*lines, ""]
+
+
 def write_ablation_report(results: pd.DataFrame, out_dir, counters: pd.DataFrame | None = None) -> Path:
     """Write ablation.md and the plots for the ablation rows in `results` (rows whose
     `setting` is empty are ignored); returns the path of ablation.md."""
@@ -358,7 +379,7 @@ def write_ablation_report(results: pd.DataFrame, out_dir, counters: pd.DataFrame
     else:
         lines += ["## Performance counters", "", "Not profiled in this run (`python runner.py --ablation all --ncu`).",
                   ""]
-    lines += ["## Environment", "", *_environment_lines(rows), ""]
+    lines += ["## Environment", "", *_environment_lines(rows), "", *_run_lines(out_dir)]
     path = out_dir / REPORT_NAME
     path.write_text("\n".join(lines))
     return path

@@ -4,7 +4,7 @@ Markdown files mark a generated section with `<!-- BEGIN name -->` ... `<!-- END
 `python -m reports.embed README.md reports/h200/perf_notes.md` rewrites every marked section
 from the CSVs under reports/h200/, so no number in them is typed by hand.
 
-    python -m reports.embed --kernel-vs-fa2 results/paper/results.csv   # extract the rows first
+    python -m reports.embed --kernel-vs-fa2 results/paper/results.csv results/paper_fp16/results.csv
 """
 
 from __future__ import annotations
@@ -18,19 +18,25 @@ import pandas as pd
 from reports.results import load_results
 
 H200 = Path(__file__).resolve().parent / "h200"
-KERNEL_VS_FA2_CSV = H200 / "kernel_vs_fa2.csv"
+KERNEL_VS_FA2_CSV = H200 / "kernel_vs_fa2.csv"  # bf16, as the paper
+KERNEL_VS_FA2_FP16_CSV = H200 / "kernel_vs_fa2_fp16.csv"
+KERNEL_VS_FA2_BY_DTYPE = {"bf16": KERNEL_VS_FA2_CSV, "fp16": KERNEL_VS_FA2_FP16_CSV}
 KERNEL_VS_FA2_COLUMNS = ["provider", "mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype", "ms",
                          "ms_p20", "ms_p80", "tflops", "rel_err", "config", "gpu", "driver", "cuda",
                          "torch", "triton", "git_commit", "timestamp"]
 OURS, OFFICIAL, CUDNN = "fa2", "sdpa-flash", "sdpa-cudnn"
 
 
-def extract_kernel_vs_fa2(results_csv: Path, out_csv: Path = KERNEL_VS_FA2_CSV) -> pd.DataFrame:
-    """The rows of our FA2 kernel, the official FA2 kernel and cuDNN from a paper-suite run."""
+def extract_kernel_vs_fa2(results_csv: Path, out_csv: Path | None = None) -> pd.DataFrame:
+    """The rows of our FA2 kernel, the official FA2 kernel and cuDNN from a paper-suite run of
+    one dtype, written to that dtype's CSV (KERNEL_VS_FA2_BY_DTYPE) unless `out_csv` is given."""
     rows = load_results(results_csv)  # a later row for the same key replaces an earlier one
     rows = rows[rows.provider.isin([OURS, OFFICIAL, CUDNN]) & (rows.status == "ok")]
+    dtypes = sorted(rows.dtype.unique())
+    if len(dtypes) != 1:
+        raise ValueError(f"{results_csv}: expected the rows of one dtype, found {dtypes}")
     rows = rows[KERNEL_VS_FA2_COLUMNS].sort_values(["mode", "hdim", "causal", "seqlen", "provider"])
-    rows.to_csv(out_csv, index=False)
+    rows.to_csv(out_csv or KERNEL_VS_FA2_BY_DTYPE[dtypes[0]], index=False)
     return rows
 
 
@@ -38,7 +44,7 @@ def _ratio(ours: float, peer: float) -> str:
     return "n/a" if pd.isna(peer) or peer == 0 else f"{ours / peer:.2f}x"
 
 
-def kernel_vs_fa2_table(rows: pd.DataFrame) -> str:
+def kernel_vs_fa2_table(rows: pd.DataFrame, source: Path = KERNEL_VS_FA2_CSV) -> str:
     """One line per (mode, hdim, causal), one column per seqlen; each cell: our TFLOPs/s, then
     our speed over the official FA2 kernel's and over cuDNN's, all measured in the same run."""
     wide = rows.pivot_table(index=["mode", "hdim", "causal", "seqlen"], columns="provider",
@@ -66,7 +72,7 @@ def kernel_vs_fa2_table(rows: pd.DataFrame) -> str:
     lines.append(f"Each cell: this repo's FA2 kernel in TFLOPs/s · its speed over the official FA2 CUDA kernel "
                  f"(SDPA flash) · over cuDNN (SDPA cudnn), measured in the same run. {env['dtype']}, "
                  f"batch x seqlen = {', '.join(map(str, tokens))}, heads x hdim = {', '.join(map(str, hidden))}, "
-                 f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}; rows: `reports/h200/kernel_vs_fa2.csv`.")
+                 f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}; rows: `reports/h200/{source.name}`.")
     return "\n".join(lines)
 
 
@@ -84,13 +90,34 @@ def tuning_table(path: Path) -> str:
     two SDPA peers measured in the same process first."""
     rows = pd.read_csv(path)
     rows = rows[rows.status == "ok"]
-    wide = rows.pivot_table(index="config", columns=["kind", "hdim", "causal"], values="tflops")
+    if "seqlen" not in rows:  # the first session's rows: seqlen 4096 only
+        rows = rows.assign(seqlen=4096)
+    wide = rows.pivot_table(index="config", columns=["kind", "seqlen", "hdim", "causal"], values="tflops")
     wide = wide.reindex(["sdpa-flash", "sdpa-cudnn"] + [c for c in wide.index if c.startswith(("Fwd", "Bwd"))])
-    header = [f"{kind} d{hdim} {'causal' if causal else 'full'}" for kind, hdim, causal in wide.columns]
+    several = rows["seqlen"].nunique() > 1
+    header = [f"{kind}{f' n{seqlen}' if several else ''} d{hdim} {'causal' if causal else 'full'}"
+              for kind, seqlen, hdim, causal in wide.columns]
     lines = ["| config | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
     for config, values in wide.iterrows():
         cells = ["" if pd.isna(v) else f"{v:.0f}" for v in values]
         lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def timing_window_table(short: pd.DataFrame, sustained: pd.DataFrame, hdim: int = 128) -> str:
+    """Forward TFLOPs/s of ours and cuDNN at `hdim` in two paper runs of the same code family:
+    20-ms do_bench windows against the default (25 ms warm-up, 100 ms of calls)."""
+    def forward(rows):
+        rows = rows[(rows["status"] == "ok") & (rows["mode"] == "fwd") & (rows["hdim"] == hdim)
+                    & rows["provider"].isin([OURS, CUDNN]) & (rows["seqlen"] >= 4096)]
+        return rows.pivot_table(index=["causal", "seqlen"], columns="provider", values="tflops")
+    a, b = forward(short), forward(sustained)
+    lines = ["| causal | seqlen | cuDNN, 20 ms | cuDNN, 100 ms | ours, 20 ms | ours, 100 ms | ours/cuDNN, 20 ms | ours/cuDNN, 100 ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (causal, seqlen), r in a.iterrows():
+        q = b.loc[(causal, seqlen)]
+        lines.append(f"| {causal} | {seqlen} | {r[CUDNN]:.0f} | {q[CUDNN]:.0f} | {r[OURS]:.0f} | {q[OURS]:.0f} | "
+                     f"{r[OURS] / r[CUDNN]:.2f} | {q[OURS] / q[CUDNN]:.2f} |")
     return "\n".join(lines)
 
 
@@ -113,6 +140,51 @@ def utilisation_table(rows: pd.DataFrame, ceiling: float) -> str:
     for (mode, hdim, causal), r in wide.iterrows():
         cells = [f"{r[p] / ceiling:.0%}" if p in r and not pd.isna(r[p]) else "n/a" for p in (OURS, OFFICIAL, CUDNN)]
         lines.append(f"| {mode} | {hdim} | {causal} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _ratios(rows: pd.DataFrame, peer: str) -> pd.DataFrame:
+    """Our TFLOPs/s over `peer`'s, per (dtype, mode, hdim, causal, seqlen), same run."""
+    wide = rows.pivot_table(index=["dtype", "mode", "hdim", "causal", "seqlen"], columns="provider",
+                            values="tflops", aggfunc="median")
+    return (wide[OURS] / wide[peer]).rename("ratio").reset_index().dropna()
+
+
+def _worst(ratios: pd.DataFrame, by: list[str], bar: float, target: str) -> list[str]:
+    lines = []
+    for key, group in ratios.groupby(by, sort=True):
+        worst = group.loc[group["ratio"].idxmin()]
+        where = ", ".join(f"{k} {v}" for k, v in zip(by, key if isinstance(key, tuple) else (key,)))
+        lines.append(f"| {target} | {where} | {worst['ratio']:.3f}x (seqlen {worst['seqlen']}) | "
+                     f"{'met' if worst['ratio'] >= bar else 'not met'} |")
+    return lines
+
+
+def targets_table(runs: list[pd.DataFrame], ablation: pd.DataFrame | None = None) -> str:
+    """Issue 7's targets checked against the committed rows: for each group, the worst ratio of
+    our kernel over the peer measured in the same run, and whether it clears the bar."""
+    rows = pd.concat(runs, ignore_index=True)
+    official, cudnn = _ratios(rows, OFFICIAL), _ratios(rows, CUDNN)
+    lines = ["| target | group | worst ratio (where) | verdict |", "|---|---|---|---|"]
+    fwd = official[(official["mode"] == "fwd") & (official["seqlen"] >= 2048)]
+    lines += _worst(fwd, ["dtype", "hdim", "causal"], 1.3, "fwd >= 1.3x official FA2, seqlen >= 2k")
+    fwd_cudnn = cudnn[(cudnn["mode"] == "fwd") & (cudnn["hdim"] == 128) & (cudnn["seqlen"] >= 4096)]
+    lines += _worst(fwd_cudnn, ["dtype", "causal"], 0.9, "fwd >= 0.9x cuDNN, hdim 128, seqlen >= 4k")
+    bwd = official[(official["mode"] == "bwd") & (official["seqlen"] >= 2048)]
+    lines += _worst(bwd, ["dtype", "hdim", "causal"], 1.2, "bwd >= 1.2x official FA2, seqlen >= 2k")
+    bwd_cudnn = cudnn[(cudnn["mode"] == "bwd") & (cudnn["seqlen"] >= 2048)]
+    lines += _worst(bwd_cudnn, ["dtype", "hdim"], 0.85, "stretch: bwd >= 0.85x cuDNN, seqlen >= 2k")
+    short = official[official["seqlen"] <= 1024]
+    lines += _worst(short, ["dtype", "mode", "hdim"], 1.0, "seqlen 512 and 1k: no slower than official FA2")
+    if ablation is not None:
+        ok = ablation[(ablation["status"] == "ok") & ablation["setting"].isin(["A", "B"])]
+        medians = ok.groupby(["setting", "provider"])["tflops"].median()
+        for setting in sorted(ok["setting"].unique()):
+            ratio = medians[(setting, "rung4-hopper")] / medians[(setting, OFFICIAL)]
+            lines.append(f"| ablation fwd >= 1.3x official FA2 | setting {setting} | {ratio:.3f}x | "
+                         f"{'met' if ratio >= 1.3 else 'not met'} |")
+    lines += ["", ("Ratios of medians measured in the same run; rows: `reports/h200/kernel_vs_fa2.csv` (bf16), "
+                   "`kernel_vs_fa2_fp16.csv` (fp16) and `ablation.csv` (fp16, CUDA-graph timing).")]
     return "\n".join(lines)
 
 
@@ -140,11 +212,20 @@ def anchor_table(rows: pd.DataFrame, anchors: pd.DataFrame, band: float = 0.10) 
 
 SECTIONS = {
     "kernel_vs_fa2": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_CSV)),
+    "kernel_vs_fa2_fp16": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_FP16_CSV), KERNEL_VS_FA2_FP16_CSV),
+    "targets": lambda: targets_table([pd.read_csv(KERNEL_VS_FA2_CSV), pd.read_csv(KERNEL_VS_FA2_FP16_CSV)],
+                                     load_results(H200 / "ablation")),
     "ablation": lambda: file_section(H200 / "ablation.md", stop_at="## Sweep"),
     "anchors": lambda: anchor_table(load_results(H200 / "paper"),
                                     pd.read_csv(H200 / "anchors" / "h200_anchors_2026-11-30.csv")),
     "tuning": lambda: tuning_table(H200 / "tuning" / "tune_fa2_seqlen4096_bf16.csv"),
     "tuning_d256_bwd": lambda: tuning_table(H200 / "tuning" / "tune_fa2_d256_bwd_seqlen4096_bf16.csv"),
+    **{f"tuning_tma_d{h}": (lambda h=h: tuning_table(H200 / "tuning" / f"tune_fa2_fwd_tma_d{h}_bf16.csv"))
+       for h in (64, 128, 256)},
+    "tuning_launch_order": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_d128_after_launch_order_bf16.csv"),
+    "tuning_tma_by_seqlen": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_tma_by_seqlen_d128_bf16.csv"),
+    "timing_window": lambda: timing_window_table(load_results(H200 / "tuning" / "paper_bf16_rep20ms"),
+                                                 load_results(H200 / "paper")),
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
     "utilisation": lambda: utilisation_table(pd.read_csv(KERNEL_VS_FA2_CSV),
                                              matmul_ceiling_tflops(H200 / "matmul_ceiling.txt")),
@@ -174,11 +255,12 @@ def update_markdown(path: Path) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("markdown", nargs="*", type=Path, help="Markdown files whose marked sections to rewrite")
-    parser.add_argument("--kernel-vs-fa2", type=Path, metavar="RESULTS_CSV",
-                        help="extract reports/h200/kernel_vs_fa2.csv from a paper-suite results.csv first")
+    parser.add_argument("--kernel-vs-fa2", type=Path, nargs="+", metavar="RESULTS_CSV", default=[],
+                        help="extract reports/h200/kernel_vs_fa2.csv (bf16) / kernel_vs_fa2_fp16.csv from "
+                             "paper-suite results.csv files first")
     args = parser.parse_args()
-    if args.kernel_vs_fa2:
-        extract_kernel_vs_fa2(args.kernel_vs_fa2)
+    for results_csv in args.kernel_vs_fa2:
+        extract_kernel_vs_fa2(results_csv)
     for path in args.markdown:
         print(f"{path}: rewrote {', '.join(update_markdown(path)) or 'nothing'}")
 

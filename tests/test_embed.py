@@ -57,3 +57,35 @@ def test_anchor_table_counts_cells_outside_the_band():
     table = embed.anchor_table(rows, anchors)
     # 200/200 = 1.00 inside the band; 300/250 = 1.20 outside it
     assert "| sdpa-flash | fwd | 2 | 1.00 | 1.10 | 1.20 | 1 |" in table
+
+
+def test_targets_report_the_worst_ratio_and_the_verdict():
+    rows = _rows()  # fwd, hdim 128, causal: 1.50x official at 2k, 1.10x at 4k
+    table = embed.targets_table([rows])
+    assert "| fwd >= 1.3x official FA2, seqlen >= 2k | dtype bf16, hdim 128, causal True | 1.100x (seqlen 4096) | not met |" in table
+    better = rows.assign(tflops=[300.0, 200.0, 400.0, 400.0, 300.0])  # 1.33x at 4k
+    assert "1.333x (seqlen 4096) | met |" in embed.targets_table([better])
+
+
+def test_targets_check_the_ablation_settings():
+    base = {"mode": "fwd", "causal": True, "hdim": 128, "seqlen": 2048, "status": "ok"}
+    ablation = pd.DataFrame([
+        {**base, "setting": "A", "provider": "rung4-hopper", "tflops": 260.0},
+        {**base, "setting": "A", "provider": "sdpa-flash", "tflops": 200.0},
+        {**base, "setting": "B", "provider": "rung4-hopper", "tflops": 250.0},
+        {**base, "setting": "B", "provider": "sdpa-flash", "tflops": 200.0},
+    ])
+    table = embed.targets_table([_rows()], ablation)
+    assert "| ablation fwd >= 1.3x official FA2 | setting A | 1.300x | met |" in table
+    assert "| ablation fwd >= 1.3x official FA2 | setting B | 1.250x | not met |" in table
+
+
+def test_extract_kernel_vs_fa2_refuses_mixed_dtypes(tmp_path):
+    from reports.results import COLUMNS
+
+    rows = pd.concat([_rows(), _rows().assign(dtype="fp16")]).assign(status="ok", repeat=0, setting="",
+                                                                      interpreter=False)
+    path = tmp_path / "results.csv"
+    rows.reindex(columns=COLUMNS).to_csv(path, index=False)
+    with pytest.raises(ValueError, match="one dtype"):
+        embed.extract_kernel_vs_fa2(path, tmp_path / "out.csv")

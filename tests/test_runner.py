@@ -178,6 +178,26 @@ def test_runner_resume_adds_to_a_folder_without_measuring_again(tmp_path, capsys
     assert (tmp_path / "report.md").exists()
 
 
+def test_cuda_graph_timing_is_recorded_with_the_run(tmp_path):
+    argv = ["--modes", "fwd", "--hdims", "32", "--seqlens", "32", "--causal", "false", "--out", str(tmp_path),
+            "--warmup-ms", "1", "--rep-ms", "2", "--providers", "pytorch", "--cuda-graph"]
+    assert runner.main(argv) == 0
+    assert load_runs(tmp_path)[0]["arguments"]["cuda_graph"] is True
+
+
+def test_ablation_report_says_how_each_run_timed(tmp_path):
+    from ablations.study import _run_lines
+    from reports.results import record_run
+
+    record_run(tmp_path, {"run_id": "1", "command": "runner.py --ablation all --cuda-graph",
+                          "arguments": {"cuda_graph": True, "ncu": "off"}, "finished": "t"})
+    record_run(tmp_path, {"run_id": "2", "command": "runner.py --ablation all --ncu-only",
+                          "arguments": {"cuda_graph": False, "ncu": "only"}, "finished": None})
+    lines = "\n".join(_run_lines(tmp_path))
+    assert "--cuda-graph`: timed with CUDA-graph replay" in lines
+    assert "--ncu-only`: Nsight Compute counters only, no timing (did not finish)" in lines
+
+
 def test_list_prints_every_provider_with_its_availability(capsys):
     assert runner.main(["--list"]) == 0
     out = capsys.readouterr().out
@@ -192,7 +212,8 @@ def test_help_shows_every_option_and_its_default(capsys):
     out = capsys.readouterr().out
     for option in ("--suite", "--ablation", "--providers", "--modes", "--hdims", "--seqlens", "--causal", "--batch",
                    "--heads", "--dtype", "--repeats", "--out", "--quick", "--list", "--resume", "--warmup-ms",
-                   "--rep-ms", "--save-baseline", "--compare", "--tolerance", "--ncu", "--no-ncu", "--ncu-only"):
+                   "--rep-ms", "--save-baseline", "--compare", "--tolerance", "--ncu", "--no-ncu", "--ncu-only",
+                   "--cuda-graph"):
         assert option in out, option
     assert "default: fp16" in out and "examples:" in out
 
