@@ -16,6 +16,12 @@ Differences from flash-attn's CUDA kernels:
   use the paper's count of 5 (baselines/flops.py);
 * dropout, sliding windows, softcapping, ALiBi and GQA/MQA raise NotImplementedError.
 
+On Hopper the forward moves its tiles with TMA tensor descriptors (made per program, bounded at
+the true seqlen and head dim) where the block table asks for it, the inputs are 16-byte
+aligned and the key loop is long enough to pay for the descriptors (`FwdConfig.tma`,
+`tma_min_keys`); otherwise it uses pointer tiles with masks. Causal programs are launched
+longest-first. Measurements behind these choices: reports/h200/perf_notes.md.
+
 Cautions: a query row that sees no key (causal with seqlen_q > seqlen_k) outputs zeros and
 has logsumexp +inf, as flash-attn does. Triton's CPU interpreter (TRITON_INTERPRET=1) runs
 these kernels on CPU tensors, correctly for fp16 and fp32 but not bf16 (its bf16 dot is
