@@ -55,7 +55,9 @@ RUNGS: list[Rung] = [
          "FA2 Sec. 3.3: warps split the query rows, no inter-warp exchange",
          _ladder_forward(3), "_ladder_q_outer_kernel"),
     Rung(4, "rung4-hopper", "4: + Hopper wgmma (production FA2)",
-         "beyond the paper: the production kernel's wgmma (MMA v3) and tuned tiles",
+         "beyond the paper, and more than one change: the production kernel's wgmma (MMA v3), its "
+         "tuned tiles and stages, the softmax scale folded into one FMA, causal programs "
+         "launched longest-first, and TMA loads on key loops of >= 2048 keys (not in settings A, B)",
          _hopper_forward, "_flash_fwd_kernel"),
 ]
 

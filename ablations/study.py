@@ -162,7 +162,7 @@ TECHNIQUES = {
     1: "fewer non-matmul FLOPs (FA2 Sec. 3.1)",
     2: "parallelism over the sequence (FA2 Sec. 3.2)",
     3: "split-Q warp partitioning (FA2 Sec. 3.3)",
-    4: "Hopper wgmma and tuned tiles (beyond the paper)",
+    4: "the production kernel: wgmma, tuned tiles, FMA-folded scale, longest-first launch (beyond the paper)",
 }
 
 

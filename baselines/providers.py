@@ -209,13 +209,14 @@ def _fa2_forward(q, k, v, causal, softmax_scale):
 
 
 def _fa2_config(spec: Spec) -> str:
-    from kernels.flash_attn import default_bwd_config, default_fwd_config, tma_worthwhile
+    from kernels.flash_attn import default_bwd_config, default_fwd_config, tma_compatible, tma_worthwhile
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     fwd = _fa2_fwd_override or default_fwd_config(spec.hdim, spec.causal, device)
-    # the sweep's inputs are contiguous (batch, seqlen, heads, hdim), TMA-compatible when a
-    # row is a multiple of 16 bytes
-    tma_used = tma_worthwhile(fwd, spec.seqlen, spec.causal) and spec.hdim % 8 == 0
+    # the sweep's inputs: contiguous (batch, seqlen, heads, hdim) tensors at aligned addresses,
+    # stood in for by a meta tensor (address 0) of the same shape, dtype and strides
+    like_inputs = torch.empty(spec.batch, spec.seqlen, spec.heads, spec.hdim, dtype=spec.torch_dtype, device="meta")
+    tma_used = tma_worthwhile(fwd, spec.seqlen, spec.causal) and tma_compatible(like_inputs)
     config = {"fwd": asdict(fwd), "fwd_tma_used": tma_used, "fwd_overridden": _fa2_fwd_override is not None}
     if spec.mode != "fwd":
         config["bwd"] = asdict(default_bwd_config(spec.hdim, device))

@@ -70,6 +70,7 @@ from kernels.flash_attn import (
     LN2,
     LOG2E,
     FwdConfig,
+    _batch_head,
     _key_range,
     _last_dim_contiguous,
     _load_tile,
@@ -305,8 +306,7 @@ def _ladder_kv_outer_kernel(
     with FEWER_NONMATMUL=False, M_run and L_run end as FA1's stored statistics, with True
     the logsumexp goes to LSE."""
     pid_bh = tl.program_id(0)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
+    b, h = _batch_head(pid_bh, num_heads)
     Q += b * stride_qb + h * stride_qh
     K += b * stride_kb + h * stride_kh
     V += b * stride_vb + h * stride_vh
@@ -389,8 +389,7 @@ def _ladder_q_outer_kernel(
     O, l, m on chip across all K/V blocks; the warp split comes from BLOCK_M (rung 2 vs 3)."""
     start_m = tl.program_id(0) * BLOCK_M
     pid_bh = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
+    b, h = _batch_head(pid_bh, num_heads)
     Q += b * stride_qb + h * stride_qh
     K += b * stride_kb + h * stride_kh
     V += b * stride_vb + h * stride_vh

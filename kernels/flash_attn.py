@@ -166,6 +166,13 @@ def _store_tile(ptrs, tile, rows_ok, cols_ok, CHECK_ROWS: tl.constexpr, CHECK_CO
 
 
 @triton.jit
+def _batch_head(pid_bh, num_heads):
+    """(batch, head) of the program whose grid index over batch x heads is `pid_bh`, as int64
+    so that offsets past 2^31 elements do not overflow."""
+    return (pid_bh // num_heads).to(tl.int64), (pid_bh % num_heads).to(tl.int64)
+
+
+@triton.jit
 def _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr):
     """Key blocks a query block [start_m, start_m + BLOCK_M) visits, as [0, full) without a
@@ -262,8 +269,7 @@ def _flash_fwd_kernel(
     per batch and head, bounded at the true seqlen and head dim) instead of pointer tiles."""
     start_m = _query_block_start(CAUSAL, BLOCK_M)
     pid_bh = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
+    b, h = _batch_head(pid_bh, num_heads)
     Q += b * stride_qb + h * stride_qh
     K += b * stride_kb + h * stride_kh
     V += b * stride_vb + h * stride_vh
@@ -334,8 +340,7 @@ def _bwd_preprocess_kernel(
     """FA2 Alg. 2 line 4: D = rowsum(dO * O), one float32 per query row."""
     start_m = tl.program_id(0) * BLOCK_M
     pid_bh = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
+    b, h = _batch_head(pid_bh, num_heads)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
@@ -402,8 +407,7 @@ def _flash_bwd_dkdv_kernel(
     every element is written by exactly one program, so no atomics."""
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
+    b, h = _batch_head(pid_bh, num_heads)
     Q += b * stride_qb + h * stride_qh
     K += b * stride_kb + h * stride_kh
     V += b * stride_vb + h * stride_vh
@@ -494,8 +498,7 @@ def _flash_bwd_dq_kernel(
     (line 13) as a separate pass, so dQ needs no atomics and the result is deterministic."""
     start_m = _query_block_start(CAUSAL, BLOCK_M)
     pid_bh = tl.program_id(1)
-    b = (pid_bh // num_heads).to(tl.int64)
-    h = (pid_bh % num_heads).to(tl.int64)
+    b, h = _batch_head(pid_bh, num_heads)
     Q += b * stride_qb + h * stride_qh
     K += b * stride_kb + h * stride_kh
     V += b * stride_vb + h * stride_vh
@@ -634,18 +637,23 @@ def tma_compatible(*tensors: torch.Tensor) -> bool:
     return True
 
 
-_ALLOCATOR_SET = False
+def _torch_scratch(size: int, alignment: int, stream):
+    """Global scratch for Triton from torch's caching allocator, aligned as Triton asks (a
+    view into a slightly larger buffer, which the view keeps alive)."""
+    buffer = torch.empty(size + alignment, dtype=torch.int8, device="cpu" if _interpreter_enabled() else "cuda")
+    offset = -buffer.data_ptr() % alignment
+    return buffer[offset:offset + size]
 
 
 def _ensure_descriptor_allocator() -> None:
     """Descriptors made inside a kernel (tl.make_tensor_descriptor) live in a global scratch
-    buffer that Triton asks the host for; give it torch's caching allocator, once."""
-    global _ALLOCATOR_SET
-    if not _ALLOCATOR_SET:
-        def alloc(size: int, alignment: int, stream):
-            return torch.empty(size, dtype=torch.int8, device="cpu" if _interpreter_enabled() else "cuda")
-        triton.set_allocator(alloc)
-        _ALLOCATOR_SET = True
+    buffer that Triton asks the host for at launch. Triton keeps that allocator in a context
+    variable (per thread), so this is checked at every TMA launch: torch's allocator is set
+    only where none is, and an allocator the caller set is kept."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_scratch)
 
 
 def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: bool,

@@ -203,6 +203,30 @@ def test_tma_path_equals_pointer_path(causal, monkeypatch, poisoned_allocations)
     torch.testing.assert_close(lse_tma, lse_ptr, atol=0, rtol=0)
 
 
+def test_tma_launch_keeps_an_allocator_the_caller_set():
+    """The TMA path sets torch's scratch allocator only where none is set. (The interpreter makes
+    descriptors without asking for memory; `test_gpu_tma_launch_uses_the_callers_allocator`
+    checks that a GPU launch really asks the caller's allocator.)"""
+    from triton.runtime import _allocation
+
+    def recording(size, alignment, stream):
+        return fa._torch_scratch(size, alignment, stream)
+
+    token = _allocation._allocator.set(recording)
+    try:
+        q, k, v = make_qkv(1, 40, 40, 1, 32, torch.float16, "cpu")
+        flash_attn_forward(q, k, v, 0.2, False, FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0))
+        assert _allocation._allocator.get() is recording
+    finally:
+        _allocation._allocator.reset(token)
+
+
+def test_descriptor_scratch_is_aligned_as_asked():
+    for alignment in (64, 128, 1024):
+        buffer = fa._torch_scratch(100, alignment, None)
+        assert buffer.data_ptr() % alignment == 0 and buffer.numel() == 100
+
+
 def test_tma_is_used_only_for_long_key_loops():
     config = FwdConfig(128, 128, 8, 3, tma=True)  # tma_min_keys 2048
     assert tma_worthwhile(config, 2048, causal=False) and not tma_worthwhile(config, 1024, causal=False)
@@ -349,3 +373,54 @@ def test_gpu_backward_is_deterministic_at_real_size():
     for _ in range(4):
         again = torch.autograd.grad(flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
         assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def _tma_forward_in(run_in_thread: bool, allocator=None):
+    """A TMA forward on the GPU, optionally in a fresh thread and under `allocator`."""
+    import threading
+
+    from triton.runtime import _allocation
+
+    q, k, v = make_qkv(1, 512, 512, 2, 128, torch.bfloat16, "cuda")
+    config = FwdConfig(128, 128, 8, 3, tma=True, tma_min_keys=0)
+    results = []
+
+    def run():
+        token = _allocation._allocator.set(allocator) if allocator is not None else None
+        try:
+            results.append(flash_attn_forward(q, k, v, 0.1, True, config))
+        except Exception as exc:  # noqa: BLE001 -- reported by the caller
+            results.append(exc)
+        finally:
+            if token is not None:
+                _allocation._allocator.reset(token)
+
+    if run_in_thread:
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+    else:
+        run()
+    return (q, k, v), results[0]
+
+
+@pytest.mark.gpu
+def test_gpu_tma_launch_works_in_a_fresh_thread():
+    """Triton keeps its allocator per context: a thread that never set one still gets torch's."""
+    (q, k, v), result = _tma_forward_in(run_in_thread=True)
+    assert not isinstance(result, Exception), result
+    expected = flash_attn_forward(q, k, v, 0.1, True, FwdConfig(128, 128, 8, 3, tma=False))
+    torch.testing.assert_close(result[0], expected[0], atol=2e-2, rtol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_tma_launch_uses_the_callers_allocator():
+    calls = []
+
+    def recording(size, alignment, stream):
+        calls.append(size)
+        return fa._torch_scratch(size, alignment, stream)
+
+    _, result = _tma_forward_in(run_in_thread=False, allocator=recording)
+    assert not isinstance(result, Exception), result
+    assert calls, "the TMA launch did not ask the caller's allocator for descriptor memory"

@@ -1,6 +1,7 @@
 """The provider registry: names, availability reasons, and that the CPU-usable providers
 compute flash-attn's function (bottom-right causal) or refuse with a reason."""
 
+import json
 import math
 import sys
 
@@ -120,6 +121,20 @@ def test_rungs_are_forward_only():
 def test_fa2_config_is_the_json_of_its_kernel_config():
     config = get_provider("fa2").config(Spec("fwd_bwd", True, 64, 128, 1, 2, "fp16"))
     assert '"block_m"' in config and '"bwd"' in config
+
+
+@pytest.mark.parametrize(("hdim", "tma_used"), [(64, True), (59, False)])
+def test_fa2_config_says_whether_the_forward_takes_the_tma_path(hdim, tma_used):
+    """59-element fp16 rows are 118 bytes, not a multiple of 16: no TMA. The config asks for TMA
+    at every length, so alignment alone decides."""
+    from kernels.flash_attn import FwdConfig
+
+    registry.override_fa2_fwd_config(FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0))
+    try:
+        config = json.loads(get_provider("fa2").config(Spec("fwd", False, hdim, 128, 1, 2, "fp16")))
+    finally:
+        registry.override_fa2_fwd_config(None)
+    assert config["fwd_tma_used"] is tma_used
 
 
 def test_flex_attention_refuses_to_time_an_unfused_eager_fallback(device):

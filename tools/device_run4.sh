@@ -2,12 +2,7 @@
 # Session 2, first device call (issue 7): TMA forward candidates per head dim next to SDPA
 # flash and cuDNN at seqlen 4k and 16k; the GPU tests of the forward/backward at real sizes
 # (TMA path, determinism); the ablation settings timed with CUDA-graph replay.
-set -u
-export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=15
-R=/tmp/h200; mkdir -p $R
-pack() { tar czf $OUT/h200.tgz -C $R . ; }
-trap pack EXIT
-stage() { echo "== $(date +%T) $*"; }
+TQDM_MININTERVAL=15; source "$(dirname "$0")/device_lib.sh"
 stage gpu tests
 timeout 200 python3 -m pytest -q -m gpu tests/test_flash_attn.py -x > $R/gpu_tests_flash_attn.log 2>&1; echo "rc=$?"; tail -3 $R/gpu_tests_flash_attn.log
 tune() {  # hdim, then candidate forward configs

@@ -2,12 +2,7 @@
 # Session 2, second device call (issue 7): the head-dim-128 forward after the causal
 # longest-first launch order (same-process peers), then the bf16 paper suite with the
 # TMA forward (the issue's peers first, the other providers resumed into the same folder).
-set -u
-export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=20
-R=/tmp/h200; mkdir -p $R
-pack() { tar czf $OUT/h200.tgz -C $R . ; }
-trap pack EXIT
-stage() { echo "== $(date +%T) $*"; }
+TQDM_MININTERVAL=20; source "$(dirname "$0")/device_lib.sh"
 T="--rep-ms ${REP_MS:-20} --warmup-ms ${WARMUP_MS:-5}"
 stage tune forward d128 after the launch-order change
 timeout 60 python3 tools/tune_fa2.py --seqlens 4096 16384 --hdims 128 --passes fwd --fwd-configs 128,128,8,3,1 \

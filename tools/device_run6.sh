@@ -2,12 +2,7 @@
 # Session 2, third device call (issue 7): TMA vs pointer tiles at short key loops (the
 # tma_min_keys rule), then the paper suites in bf16 and fp16 with do_bench's default timing
 # (25 ms warm-up, 100 ms of calls: a sustained clock; 20-ms windows read cuDNN ~10% high).
-set -u
-export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=30
-R=/tmp/h200; mkdir -p $R
-pack() { tar czf $OUT/h200.tgz -C $R . ; }
-trap pack EXIT
-stage() { echo "== $(date +%T) $*"; }
+source "$(dirname "$0")/device_lib.sh"
 stage "TMA vs pointer tiles by seqlen"
 timeout 70 python3 tools/tune_fa2.py --seqlens 512 1024 2048 4096 --hdims 128 --passes fwd \
   --fwd-configs 128,128,8,3,0 128,128,8,3,1,0 > $R/tune_tma_by_seqlen.log 2>&1; echo "rc=$?"

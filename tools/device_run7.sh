@@ -3,12 +3,7 @@
 # determinism; the ablation (head dim 128 sweep and settings A/B) timed with CUDA-graph
 # replay, its Nsight Compute counters; the regression baseline re-saved for the new forward;
 # the pytest-benchmark perf tests.
-set -u
-export PYTHONUNBUFFERED=1 TQDM_MININTERVAL=30
-R=/tmp/h200; mkdir -p $R
-pack() { tar czf $OUT/h200.tgz -C $R . ; }
-trap pack EXIT
-stage() { echo "== $(date +%T) $*"; }
+source "$(dirname "$0")/device_lib.sh"
 stage "gpu tests: causal backward, determinism"
 timeout 90 python3 -m pytest -q -m gpu tests/test_flash_attn.py -k "(backward and causal) or deterministic" \
   > $R/gpu_tests_causal_bwd.log 2>&1; echo "rc=$?"; tail -2 $R/gpu_tests_causal_bwd.log; pack
