@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2):   ln(x) = log2(x) * LN2
@@ -59,6 +60,7 @@ class FwdConfig:
     # only a long key loop amortises. On the H200 TMA lost 10-25% at head dim 128 with
     # 512-1024 keys per program and won 5-13% from 2048 up (reports/h200/perf_notes.md).
     tma_min_keys: int = 2048
+    host_descriptors: bool = False  # EXPERIMENT: (batch, seqlen, heads, dim) descriptors made on the host
 
 
 @dataclass(frozen=True)
@@ -203,8 +205,8 @@ def _query_block_start(CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
-               seqlen_q, seqlen_k, qk_scale,
-               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+               seqlen_q, seqlen_k, qk_scale, b, h,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
     """FA2 Alg. 1 lines 6-10 over key blocks [lo, hi). With TMA, K and V are tensor
     descriptors bounded at (seqlen_k, HEAD_DIM): the copy engine zero-fills past the ends."""
@@ -214,7 +216,10 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo,
         offs_n = start_n + offs_n_base
         n_ok = offs_n < seqlen_k
         # line 6: load K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D)
-        if TMA:
+        if TMA == 2:
+            kT = K.load([b.to(tl.int32), start_n, h.to(tl.int32), 0]).reshape(BLOCK_N, BLOCK_D).T
+            v = V.load([b.to(tl.int32), start_n, h.to(tl.int32), 0]).reshape(BLOCK_N, BLOCK_D)
+        elif TMA:
             kT = K.load([start_n, 0]).T
             v = V.load([start_n, 0])
         else:
@@ -270,10 +275,11 @@ def _flash_fwd_kernel(
     start_m = _query_block_start(CAUSAL, BLOCK_M)
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
-    Q += b * stride_qb + h * stride_qh
-    K += b * stride_kb + h * stride_kh
-    V += b * stride_vb + h * stride_vh
-    Out += b * stride_ob + h * stride_oh
+    if TMA != 2:
+        Q += b * stride_qb + h * stride_qh
+        K += b * stride_kb + h * stride_kh
+        V += b * stride_vb + h * stride_vh
+        Out += b * stride_ob + h * stride_oh
     LSE += pid_bh.to(tl.int64) * seqlen_q
 
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
@@ -283,7 +289,9 @@ def _flash_fwd_kernel(
     d_ok = offs_d < HEAD_DIM
 
     # line 4: load Q_i; lines 2-3 of the loop: O = 0, l = 0, m = -inf
-    if TMA:
+    if TMA == 2:
+        q = Q.load([b.to(tl.int32), start_m, h.to(tl.int32), 0]).reshape(BLOCK_M, BLOCK_D)
+    elif TMA:
         Q = tl.make_tensor_descriptor(Q, shape=[seqlen_q, HEAD_DIM], strides=[stride_qs, 1],
                                       block_shape=[BLOCK_M, BLOCK_D])
         K = tl.make_tensor_descriptor(K, shape=[seqlen_k, HEAD_DIM], strides=[stride_ks, 1],
@@ -301,11 +309,11 @@ def _flash_fwd_kernel(
     # lines 5-11: key blocks left of the diagonal unmasked, then the ones that need a mask
     full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                               0, full, seqlen_q, seqlen_k, qk_scale,
-                               HEAD_DIM, BLOCK_N, CAUSAL, False, EVEN_D, TMA)
+                               0, full, seqlen_q, seqlen_k, qk_scale, b, h,
+                               HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, EVEN_D, TMA)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                               full, end, seqlen_q, seqlen_k, qk_scale,
-                               HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D, TMA)
+                               full, end, seqlen_q, seqlen_k, qk_scale, b, h,
+                               HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, EVEN_D, TMA)
 
     # line 12: one final rescale O = diag(l)^-1 O. A row that saw no key stays 0.
     empty = l_i == 0.0
@@ -313,7 +321,9 @@ def _flash_fwd_kernel(
     # line 13: L = m + log(l), stored in natural log; +inf for a row that saw no key
     lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_i)) * LN2)
     # lines 14-15: write O_i and L_i
-    if TMA:
+    if TMA == 2:
+        Out.store([b.to(tl.int32), start_m, h.to(tl.int32), 0], acc.to(Out.dtype).reshape(1, BLOCK_M, 1, BLOCK_D))
+    elif TMA:
         out_desc = tl.make_tensor_descriptor(Out, shape=[seqlen_q, HEAD_DIM], strides=[stride_os, 1],
                                              block_shape=[BLOCK_M, BLOCK_D])
         out_desc.store([start_m, 0], acc.to(Out.dtype.element_ty))  # clipped at the bounds
@@ -604,11 +614,18 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         return out.zero_(), lse.fill_(float("inf"))
     cfg = config or default_fwd_config(headdim, causal, q.device)
     tma = tma_worthwhile(cfg, seqlen_k, causal) and tma_compatible(q, k, v, out)
-    if tma:
-        _ensure_descriptor_allocator()
+    block_d = padded_headdim(headdim)
+    if tma and (cfg.host_descriptors or os.environ.get("FA_HOST_TMA", "0") == "1"):
+        tma = 2
+        args = tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, bs, 1, block_d])
+                            for t, bs in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
+    else:
+        args = (q, k, v, out)
+        if tma:
+            _ensure_descriptor_allocator()
     grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
     _flash_fwd_kernel[grid](
-        q, k, v, out, lse,
+        *args, lse,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
         heads, seqlen_q, seqlen_k, softmax_scale * LOG2E.value,
         HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim),

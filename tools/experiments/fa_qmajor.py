@@ -1,0 +1,781 @@
+# EXPERIMENT (session 3): kernels/flash_attn.py with a query-major dK/dV inner loop
+"""FlashAttention-2 in Triton: forward and backward, with flash-attn's Python API.
+
+Provenance: the algorithm is FlashAttention-2 (Dao, 2023, arXiv 2307.08691), Algorithm 1
+(forward) and Algorithm 2 (backward); the code's shape follows Triton's fused-attention
+tutorial (python/tutorials/06-fused-attention.py): an inner-loop helper per pass, a `MASK`
+constexpr separating the off-diagonal (unmasked) blocks from the blocks that need a mask,
+and a backward split into a dK/dV pass and a dQ pass so that no atomics are needed.
+
+Differences from flash-attn's CUDA kernels:
+* the layout is flash-attn's (batch, seqlen, heads, headdim), read through strides; the last
+  dimension must be contiguous (other inputs are made contiguous first);
+* head dims that are not powers of two (59, 80, 96, 111, 160, ...) are padded inside the
+  kernel to the next power of two with masked loads, not by copying inputs;
+* the backward recomputes S and dP in the dQ pass (7 matmuls instead of 5) so that dQ is
+  written once by one program: deterministic, whatever `deterministic` says; TFLOPs/s still
+  use the paper's count of 5 (baselines/flops.py);
+* dropout, sliding windows, softcapping, ALiBi and GQA/MQA raise NotImplementedError.
+
+On Hopper the forward moves its tiles with TMA tensor descriptors (made per program, bounded at
+the true seqlen and head dim) where the block table asks for it, the inputs are 16-byte
+aligned and the key loop is long enough to pay for the descriptors (`FwdConfig.tma`,
+`tma_min_keys`); otherwise it uses pointer tiles with masks. Causal programs are launched
+longest-first. Measurements behind these choices: reports/h200/perf_notes.md.
+
+Cautions: a query row that sees no key (causal with seqlen_q > seqlen_k) outputs zeros and
+has logsumexp +inf, as flash-attn does. Triton's CPU interpreter (TRITON_INTERPRET=1) runs
+these kernels on CPU tensors, correctly for fp16 and fp32 but not bf16 (its bf16 dot is
+broken), and slowly: keep interpreter shapes small.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2):   ln(x) = log2(x) * LN2
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEADDIM = 256
+
+
+# --------------------------------------------------------------------------------------
+# Block-size configurations: data, not code (one line of reason per choice).
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    tma: bool = False  # tensor-descriptor (TMA) loads and stores where the inputs allow them
+    # ... and only when a program visits at least this many keys on average: each program
+    # makes its descriptors itself (a global write and a proxy fence each), a fixed cost that
+    # only a long key loop amortises. On the H200 TMA lost 10-25% at head dim 128 with
+    # 512-1024 keys per program and won 5-13% from 2048 up (reports/h200/perf_notes.md).
+    tma_min_keys: int = 2048
+    host_descriptors: bool = False  # EXPERIMENT: (batch, seqlen, heads, dim) descriptors made on the host
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    block_m1: int  # query rows per step of the dK/dV pass
+    block_n1: int  # keys owned by one dK/dV program
+    block_m2: int  # query rows owned by one dQ program
+    block_n2: int  # keys per step of the dQ pass
+    num_warps: int
+    num_stages: int
+
+
+# Hopper (sm_90), keyed by (padded head dim, causal). Chosen on the H200 by tools/tune_fa2.py
+# (bf16, seqlen 4096, paper shapes): rows in reports/h200/tuning/tune_fa2_seqlen4096_bf16.csv,
+# reasoning in reports/h200/perf_notes.md.
+HOPPER_FWD_CONFIGS = {
+    # small head dims: 4 warps of wgmma on 128x64 tiles; causal prefers 8 warps (more rows
+    # in flight to hide the diagonal blocks' mask arithmetic).
+    (16, False): FwdConfig(128, 64, 4, 3),
+    (16, True): FwdConfig(128, 64, 8, 3),
+    (32, False): FwdConfig(128, 64, 4, 3),
+    (32, True): FwdConfig(128, 64, 8, 3),
+    (64, False): FwdConfig(128, 64, 4, 3),
+    (64, True): FwdConfig(128, 64, 8, 3),
+    # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
+    # frees the pointer registers (255 registers + 124 B of spills -> 216, none): +5-13%.
+    (128, False): FwdConfig(128, 128, 8, 3, tma=True),
+    (128, True): FwdConfig(128, 128, 8, 3, tma=True),
+    # head dim 256: only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
+    # gained 1-6% non-causal and was mixed causal (-3%, +1%), so only non-causal uses it.
+    (256, False): FwdConfig(128, 64, 8, 2, tma=True),
+    (256, True): FwdConfig(128, 64, 8, 2),
+}
+HOPPER_BWD_CONFIGS = {
+    # tutorial 06's shape: narrow query steps against wide key blocks and vice versa.
+    16: BwdConfig(32, 128, 128, 32, 4, 3),
+    32: BwdConfig(32, 128, 128, 32, 4, 3),
+    64: BwdConfig(32, 128, 128, 32, 4, 3),
+    # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma.
+    128: BwdConfig(64, 128, 128, 32, 8, 3),
+    # head dim 256: 64x64 tiles, 2 stages: the largest that fit in shared memory.
+    256: BwdConfig(64, 64, 64, 64, 4, 2),
+}
+# Any other CUDA GPU (Ampere, Ada): smaller tiles, fewer stages (less shared memory).
+GENERIC_FWD_CONFIG = FwdConfig(64, 64, 4, 2)
+GENERIC_BWD_CONFIG = BwdConfig(32, 64, 64, 32, 4, 2)
+# Triton's CPU interpreter: small tiles so that tiny test shapes still span several blocks.
+INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0)  # TMA path on CPU
+INTERPRETER_BWD_CONFIG = BwdConfig(16, 32, 32, 16, 4, 1)
+
+
+def padded_headdim(headdim: int) -> int:
+    """Head dim as the kernels tile it: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(headdim))
+
+
+def default_fwd_config(headdim: int, causal: bool, device: torch.device) -> FwdConfig:
+    if device.type != "cuda":
+        return INTERPRETER_FWD_CONFIG
+    if torch.cuda.get_device_capability(device)[0] == 9:
+        return HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+    return GENERIC_FWD_CONFIG
+
+
+def default_bwd_config(headdim: int, device: torch.device) -> BwdConfig:
+    if device.type != "cuda":
+        return INTERPRETER_BWD_CONFIG
+    if torch.cuda.get_device_capability(device)[0] == 9:
+        return HOPPER_BWD_CONFIGS[padded_headdim(headdim)]
+    return GENERIC_BWD_CONFIG
+
+
+# --------------------------------------------------------------------------------------
+# Shared jit helpers
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _load_tile(ptrs, rows_ok, cols_ok, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    """Load a 2D tile, masking only the dimensions that can run out of bounds (so the
+    masks compile out for block-aligned lengths and power-of-two head dims)."""
+    if CHECK_ROWS:
+        if CHECK_COLS:
+            tile = tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    else:
+        if CHECK_COLS:
+            tile = tl.load(ptrs, mask=cols_ok[None, :], other=0.0)
+        else:
+            tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _store_tile(ptrs, tile, rows_ok, cols_ok, CHECK_ROWS: tl.constexpr, CHECK_COLS: tl.constexpr):
+    if CHECK_ROWS:
+        if CHECK_COLS:
+            tl.store(ptrs, tile, mask=rows_ok[:, None] & cols_ok[None, :])
+        else:
+            tl.store(ptrs, tile, mask=rows_ok[:, None])
+    else:
+        if CHECK_COLS:
+            tl.store(ptrs, tile, mask=cols_ok[None, :])
+        else:
+            tl.store(ptrs, tile)
+
+
+@triton.jit
+def _batch_head(pid_bh, num_heads):
+    """(batch, head) of the program whose grid index over batch x heads is `pid_bh`, as int64
+    so that offsets past 2^31 elements do not overflow."""
+    return (pid_bh // num_heads).to(tl.int64), (pid_bh % num_heads).to(tl.int64)
+
+
+@triton.jit
+def _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr):
+    """Key blocks a query block [start_m, start_m + BLOCK_M) visits, as [0, full) without a
+    mask and [full, end) with one. Causal is bottom-right aligned: row i sees key j iff
+    j <= i + seqlen_k - seqlen_q. Blocks entirely above the diagonal are never visited."""
+    if CAUSAL:
+        offset = seqlen_k - seqlen_q
+        end = tl.minimum(tl.maximum(start_m + BLOCK_M + offset, 0), seqlen_k)
+        full = tl.minimum(tl.maximum(start_m + offset + 1, 0), seqlen_k) // BLOCK_N * BLOCK_N
+    else:
+        end = seqlen_k
+        full = seqlen_k // BLOCK_N * BLOCK_N
+    return full, end
+
+
+@triton.jit
+def _query_block_start(CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    """First query row of this program. Causal: the last query block (the most key blocks to
+    visit) is launched first, so the long programs start early and short ones fill the tail
+    of the last wave (longest-processing-time-first, as flash-attn's CUDA kernels order them)."""
+    if CAUSAL:
+        return (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M
+    return tl.program_id(0) * BLOCK_M
+
+
+# --------------------------------------------------------------------------------------
+# Forward (FA2 Algorithm 1)
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
+               seqlen_q, seqlen_k, qk_scale, b, h,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+               MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
+    """FA2 Alg. 1 lines 6-10 over key blocks [lo, hi). With TMA, K and V are tensor
+    descriptors bounded at (seqlen_k, HEAD_DIM): the copy engine zero-fills past the ends."""
+    offs_n_base = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n_base
+        n_ok = offs_n < seqlen_k
+        # line 6: load K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D)
+        if TMA == 2:
+            kT = K.load([b.to(tl.int32), start_n, h.to(tl.int32), 0]).reshape(BLOCK_N, BLOCK_D).T
+            v = V.load([b.to(tl.int32), start_n, h.to(tl.int32), 0]).reshape(BLOCK_N, BLOCK_D)
+        elif TMA:
+            kT = K.load([start_n, 0]).T
+            v = V.load([start_n, 0])
+        else:
+            kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok, n_ok,
+                            not EVEN_D, MASK)
+            v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
+                           MASK, not EVEN_D)
+        # line 8: S = Q K^T, kept unscaled; the softmax scale * log2(e) is folded into the
+        # exponent below (one FMA per score instead of a multiply and a subtract)
+        s = tl.dot(q, kT)
+        if MASK:
+            # only blocks that cross the diagonal or the end of the keys pay for a mask
+            visible = n_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
+            s = tl.where(visible, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row that has seen no key yet keeps m = -inf: subtract 0, not -inf (no NaN)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            # line 9: P~ = exp(S - m_new), l = exp(m_old - m_new) l + rowsum(P~)
+            p = tl.math.exp2(s - m_sub[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_sub = m_new
+            # line 9, as above, with S scaled inside the exponent's FMA (qk_scale > 0, so
+            # max(S) * qk_scale is the scaled row max)
+            p = tl.math.exp2(s * qk_scale - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # line 10: O = diag(exp(m_old - m_new)) O + P~ V  -- unnormalised, no 1/l here
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_fwd_kernel(
+    Q, K, V, Out, LSE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    num_heads, seqlen_q, seqlen_k, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, TMA: tl.constexpr,
+):
+    """One program per (query block, batch x head): FA2's thread-block parallelism over the
+    sequence (Section 3.2). O, l and m stay on chip for the program's whole life.
+    TMA: move Q, K, V and O with Hopper's tensor memory accelerator (descriptors made here,
+    per batch and head, bounded at the true seqlen and head dim) instead of pointer tiles."""
+    start_m = _query_block_start(CAUSAL, BLOCK_M)
+    pid_bh = tl.program_id(1)
+    b, h = _batch_head(pid_bh, num_heads)
+    if TMA != 2:
+        Q += b * stride_qb + h * stride_qh
+        K += b * stride_kb + h * stride_kh
+        V += b * stride_vb + h * stride_vh
+        Out += b * stride_ob + h * stride_oh
+    LSE += pid_bh.to(tl.int64) * seqlen_q
+
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < seqlen_q
+    d_ok = offs_d < HEAD_DIM
+
+    # line 4: load Q_i; lines 2-3 of the loop: O = 0, l = 0, m = -inf
+    if TMA == 2:
+        q = Q.load([b.to(tl.int32), start_m, h.to(tl.int32), 0]).reshape(BLOCK_M, BLOCK_D)
+    elif TMA:
+        Q = tl.make_tensor_descriptor(Q, shape=[seqlen_q, HEAD_DIM], strides=[stride_qs, 1],
+                                      block_shape=[BLOCK_M, BLOCK_D])
+        K = tl.make_tensor_descriptor(K, shape=[seqlen_k, HEAD_DIM], strides=[stride_ks, 1],
+                                      block_shape=[BLOCK_N, BLOCK_D])
+        V = tl.make_tensor_descriptor(V, shape=[seqlen_k, HEAD_DIM], strides=[stride_vs, 1],
+                                      block_shape=[BLOCK_N, BLOCK_D])
+        q = Q.load([start_m, 0])
+    else:
+        q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
+                       not EVEN_M, not EVEN_D)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+
+    # lines 5-11: key blocks left of the diagonal unmasked, then the ones that need a mask
+    full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                               0, full, seqlen_q, seqlen_k, qk_scale, b, h,
+                               HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, EVEN_D, TMA)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                               full, end, seqlen_q, seqlen_k, qk_scale, b, h,
+                               HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, EVEN_D, TMA)
+
+    # line 12: one final rescale O = diag(l)^-1 O. A row that saw no key stays 0.
+    empty = l_i == 0.0
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    # line 13: L = m + log(l), stored in natural log; +inf for a row that saw no key
+    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_i)) * LN2)
+    # lines 14-15: write O_i and L_i
+    if TMA == 2:
+        Out.store([b.to(tl.int32), start_m, h.to(tl.int32), 0], acc.to(Out.dtype).reshape(1, BLOCK_M, 1, BLOCK_D))
+    elif TMA:
+        out_desc = tl.make_tensor_descriptor(Out, shape=[seqlen_q, HEAD_DIM], strides=[stride_os, 1],
+                                             block_shape=[BLOCK_M, BLOCK_D])
+        out_desc.store([start_m, 0], acc.to(Out.dtype.element_ty))  # clipped at the bounds
+    else:
+        _store_tile(Out + offs_m[:, None] * stride_os + offs_d[None, :], acc.to(Out.dtype.element_ty),
+                    m_ok, d_ok, not EVEN_M, not EVEN_D)
+    if EVEN_M:
+        tl.store(LSE + offs_m, lse)
+    else:
+        tl.store(LSE + offs_m, lse, mask=m_ok)
+
+
+# --------------------------------------------------------------------------------------
+# Backward (FA2 Algorithm 2)
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_preprocess_kernel(
+    Out, DO, Delta,
+    stride_ob, stride_os, stride_oh,
+    stride_dob, stride_dos, stride_doh,
+    num_heads, seqlen_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """FA2 Alg. 2 line 4: D = rowsum(dO * O), one float32 per query row."""
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    b, h = _batch_head(pid_bh, num_heads)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    o = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
+                 mask=mask, other=0.0).to(tl.float32)
+    tl.store(Delta + pid_bh.to(tl.int64) * seqlen_q + offs_m, tl.sum(o * do, 1),
+             mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos, offs_n, offs_d,
+                    lo, hi, seqlen_q, seqlen_k, qk_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
+                    MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    offs_m_base = tl.arange(0, BLOCK_M)
+    d_ok = offs_d < HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m_base
+        m_ok = offs_m < seqlen_q
+        q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
+                       not EVEN_M, not EVEN_D)
+        do = _load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], m_ok, d_ok,
+                        not EVEN_M, not EVEN_D)
+        if EVEN_M:
+            lse = tl.load(LSE + offs_m)
+            delta = tl.load(Delta + offs_m)
+        else:
+            lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf"))
+            delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None] * LOG2E)
+        if MASK:
+            p = tl.where(offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q), p, 0.0)
+        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _flash_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, Delta, DK, DV,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    num_heads, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+):
+    """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2 lines 5-16):
+    every element is written by exactly one program, so no atomics."""
+    start_n = tl.program_id(0) * BLOCK_N
+    pid_bh = tl.program_id(1)
+    b, h = _batch_head(pid_bh, num_heads)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    DO += b * stride_dob + h * stride_doh
+    DK += b * stride_dkb + h * stride_dkh
+    DV += b * stride_dvb + h * stride_dvh
+    LSE += pid_bh.to(tl.int64) * seqlen_q
+    Delta += pid_bh.to(tl.int64) * seqlen_q
+
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_ok = offs_n < seqlen_k
+    d_ok = offs_d < HEAD_DIM
+    # line 6: load K_j, V_j; line 7: dK_j = dV_j = 0. Keys past seqlen_k load zeros and
+    # only produce rows of dK/dV that are never stored.
+    k = _load_tile(K + offs_n[:, None] * stride_ks + offs_d[None, :], n_ok, d_ok,
+                   not EVEN_N, not EVEN_D)
+    v = _load_tile(V + offs_n[:, None] * stride_vs + offs_d[None, :], n_ok, d_ok,
+                   not EVEN_N, not EVEN_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+    if CAUSAL:
+        # query blocks that see some of these keys: row i sees key j iff i >= j - offset
+        offset = seqlen_k - seqlen_q
+        lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+        full = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - offset, lo), seqlen_q)
+        full = tl.cdiv(full, BLOCK_M) * BLOCK_M  # from here on every row sees every key
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos,
+                                 offs_n, offs_d, lo, full, seqlen_q, seqlen_k, qk_scale,
+                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D)
+    else:
+        full = 0
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos,
+                             offs_n, offs_d, full, seqlen_q, seqlen_q, seqlen_k, qk_scale,
+                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D)
+    # line 16: write dK_j (scaled once: S = scale * Q K^T) and dV_j
+    _store_tile(DK + offs_n[:, None] * stride_dks + offs_d[None, :],
+                (dk * softmax_scale).to(DK.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
+    _store_tile(DV + offs_n[:, None] * stride_dvs + offs_d[None, :],
+                dv.to(DV.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d, lo, hi,
+                  seqlen_q, seqlen_k, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                  MASK: tl.constexpr, EVEN_D: tl.constexpr):
+    """FA2 Alg. 2 lines 8-13 for one query block over key blocks [lo, hi)."""
+    offs_n_base = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n_base
+        n_ok = offs_n < seqlen_k
+        kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_ks, d_ok, n_ok,
+                        not EVEN_D, MASK)
+        vT = _load_tile(V + offs_d[:, None] + offs_n[None, :] * stride_vs, d_ok, n_ok,
+                        not EVEN_D, MASK)
+        # lines 8-9: P = exp(S - L)
+        p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
+        if MASK:
+            visible = n_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
+            p = tl.where(visible, p, 0.0)
+        # lines 11-12: dP = dO V^T, dS = P * (dP - D)
+        ds = p * (tl.dot(do, vT) - delta[:, None])
+        # line 13: dQ += dS K
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq)
+    return dq
+
+
+@triton.jit
+def _flash_bwd_dq_kernel(
+    Q, K, V, DO, LSE, Delta, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    num_heads, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr,
+):
+    """One program per (query block, batch x head) owns dQ_i: the dQ part of FA2 Alg. 2
+    (line 13) as a separate pass, so dQ needs no atomics and the result is deterministic."""
+    start_m = _query_block_start(CAUSAL, BLOCK_M)
+    pid_bh = tl.program_id(1)
+    b, h = _batch_head(pid_bh, num_heads)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    DO += b * stride_dob + h * stride_doh
+    DQ += b * stride_dqb + h * stride_dqh
+    LSE += pid_bh.to(tl.int64) * seqlen_q
+    Delta += pid_bh.to(tl.int64) * seqlen_q
+
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < seqlen_q
+    d_ok = offs_d < HEAD_DIM
+    q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
+                   not EVEN_M, not EVEN_D)
+    do = _load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], m_ok, d_ok,
+                    not EVEN_M, not EVEN_D)
+    lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf")) * LOG2E
+    delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                       0, full, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL,
+                       False, EVEN_D)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                       full, end, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL,
+                       True, EVEN_D)
+    _store_tile(DQ + offs_m[:, None] * stride_dqs + offs_d[None, :],
+                (dq * softmax_scale).to(DQ.dtype.element_ty), m_ok, d_ok, not EVEN_M, not EVEN_D)
+
+
+# --------------------------------------------------------------------------------------
+# Launchers: validate, allocate, launch
+# --------------------------------------------------------------------------------------
+def _interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           softmax_scale: float | None) -> float:
+    """Raise TypeError/ValueError naming the argument for anything the kernels cannot take;
+    return the softmax scale to use."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (batch, seqlen, heads, headdim), "
+                             f"got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type != "cuda" and not _interpreter_enabled():
+        raise ValueError(f"q is on {q.device}: the Triton kernels need a CUDA tensor, or set "
+                         "TRITON_INTERPRET=1 in the environment before importing `kernels` to "
+                         "run them in Triton's CPU interpreter (slow, for tests)")
+    batch, _, heads, headdim = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != batch:
+        raise ValueError(f"k and v must have q's batch size {batch}, got {k.shape[0]}")
+    if k.shape[3] != headdim:
+        raise ValueError(f"k and v must have q's head dim {headdim}, got {k.shape[3]}")
+    if not 1 <= headdim <= MAX_HEADDIM:
+        raise ValueError(f"head dim must be between 1 and {MAX_HEADDIM}, got {headdim}")
+    if k.shape[2] != heads:
+        if k.shape[2] == 0 or heads % k.shape[2] != 0:
+            raise ValueError(f"k and v heads ({k.shape[2]}) must divide q heads ({heads})")
+        raise NotImplementedError(f"GQA/MQA (k/v heads {k.shape[2]} != q heads {heads}) is "
+                                  "not implemented yet")
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(headdim)
+    if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
+        raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
+    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale}")
+    return float(softmax_scale)
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
+                       config: FwdConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward pass on validated inputs. Returns (out, lse): out like q, lse (batch, heads,
+    seqlen_q) float32 natural-log logsumexp. `config` overrides the block-size table."""
+    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    batch, seqlen_q, heads, headdim = q.shape
+    seqlen_k = k.shape[1]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
+    if out.numel() == 0:
+        return out, lse
+    if seqlen_k == 0:  # no key at all: every row is empty
+        return out.zero_(), lse.fill_(float("inf"))
+    cfg = config or default_fwd_config(headdim, causal, q.device)
+    tma = tma_worthwhile(cfg, seqlen_k, causal) and tma_compatible(q, k, v, out)
+    block_d = padded_headdim(headdim)
+    if tma and (cfg.host_descriptors or os.environ.get("FA_HOST_TMA", "0") == "1"):
+        tma = 2
+        args = tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, bs, 1, block_d])
+                            for t, bs in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
+    else:
+        args = (q, k, v, out)
+        if tma:
+            _ensure_descriptor_allocator()
+    grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
+    _flash_fwd_kernel[grid](
+        *args, lse,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+        heads, seqlen_q, seqlen_k, softmax_scale * LOG2E.value,
+        HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0, TMA=tma,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def tma_worthwhile(config: FwdConfig, seqlen_k: int, causal: bool) -> bool:
+    """Whether a forward program visits enough keys on average (half of them when causal)
+    for the TMA path to pay for its descriptors (FwdConfig.tma_min_keys)."""
+    return config.tma and (seqlen_k // 2 if causal else seqlen_k) >= config.tma_min_keys
+
+
+def tma_compatible(*tensors: torch.Tensor) -> bool:
+    """Whether per-(batch, head) TMA descriptors can describe these (batch, seqlen, heads,
+    headdim) tensors: the copy engine needs 16-byte aligned addresses and row strides, so
+    the base pointer and every stride but the last (which must be 1) in bytes are multiples
+    of 16. Otherwise the forward falls back to pointer tiles (same results)."""
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _torch_scratch(size: int, alignment: int, stream):
+    """Global scratch for Triton from torch's caching allocator, aligned as Triton asks (a
+    view into a slightly larger buffer, which the view keeps alive)."""
+    buffer = torch.empty(size + alignment, dtype=torch.int8, device="cpu" if _interpreter_enabled() else "cuda")
+    offset = -buffer.data_ptr() % alignment
+    return buffer[offset:offset + size]
+
+
+def _ensure_descriptor_allocator() -> None:
+    """Descriptors made inside a kernel (tl.make_tensor_descriptor) live in a global scratch
+    buffer that Triton asks the host for at launch. Triton keeps that allocator in a context
+    variable (per thread), so this is checked at every TMA launch: torch's allocator is set
+    only where none is, and an allocator the caller set is kept."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_scratch)
+
+
+def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: bool,
+                        config: BwdConfig | None = None):
+    """Backward pass: returns (dq, dk, dv) in the inputs' dtype."""
+    do, q, k, v = (_last_dim_contiguous(t) for t in (do, q, k, v))
+    batch, seqlen_q, heads, headdim = q.shape
+    seqlen_k = k.shape[1]
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if seqlen_q == 0 or seqlen_k == 0 or batch * heads == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    cfg = config or default_bwd_config(headdim, q.device)
+    block_d = padded_headdim(headdim)
+    delta = torch.empty_like(lse)
+    _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, 64), batch * heads)](
+        out, do, delta, *_strides(out), *_strides(do), heads, seqlen_q,
+        HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
+    )
+    common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal,
+                  "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
+        q, k, v, do, lse, delta, dk, dv,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
+        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+        EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0, **common,
+    )
+    _flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.block_m2), batch * heads)](
+        q, k, v, do, lse, delta, dq,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
+        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
+        BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
+        EVEN_M=seqlen_q % cfg.block_m2 == 0, **common,
+    )
+    return dq, dk, dv
+
+
+class FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, fwd_config, bwd_config):
+        out, lse = flash_attn_forward(q, k, v, softmax_scale, causal, fwd_config)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softmax_scale, ctx.causal, ctx.bwd_config = softmax_scale, causal, bwd_config
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
+                                         ctx.bwd_config)
+        return dq, dk, dv, None, None, None, None
+
+
+# --------------------------------------------------------------------------------------
+# Public API: flash-attn's signatures
+# --------------------------------------------------------------------------------------
+def _check_unimplemented(dropout_p, window_size, softcap, alibi_slopes):
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"dropout_p={dropout_p}: dropout is not implemented yet")
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError(f"window_size={tuple(window_size)}: sliding-window attention "
+                                  "is not implemented yet")
+    if softcap != 0.0:
+        raise NotImplementedError(f"softcap={softcap}: softcapping is not implemented yet")
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: ALiBi is not implemented yet")
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                    return_attn_probs=False, *, fwd_config: FwdConfig | None = None,
+                    bwd_config: BwdConfig | None = None):
+    """Drop-in for `flash_attn.flash_attn_func`.
+
+    q: (batch, seqlen_q, heads, headdim); k, v: (batch, seqlen_k, heads, headdim); float16,
+    bfloat16 (or float32). Returns out (batch, seqlen_q, heads, headdim), or with
+    `return_attn_probs=True` the tuple (out, softmax_lse, S_dmask) where softmax_lse is
+    (batch, heads, seqlen_q) float32 and S_dmask is None (flash-attn returns its dropout
+    pattern there; this kernel has no dropout). The backward is always deterministic, so
+    `deterministic` is accepted and has nothing to change. `fwd_config`/`bwd_config`
+    override the block-size table (benchmarks use them; results are identical up to rounding).
+    """
+    _check_unimplemented(dropout_p, window_size, softcap, alibi_slopes)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    scale = check_attention_inputs(q, k, v, softmax_scale)
+    out, lse = FlashAttnFunc.apply(q, k, v, scale, causal, fwd_config, bwd_config)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False):
+    """Drop-in for `flash_attn.flash_attn_qkvpacked_func`: qkv (batch, seqlen, 3, heads, headdim)."""
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError("qkv must be a tensor of shape (batch, seqlen, 3, heads, headdim), got "
+                         f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale,
+                           causal, window_size, softcap, alibi_slopes, deterministic,
+                           return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False):
+    """Drop-in for `flash_attn.flash_attn_kvpacked_func`: kv (batch, seqlen_k, 2, heads, headdim)."""
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError("kv must be a tensor of shape (batch, seqlen_k, 2, heads, headdim), got "
+                         f"{tuple(kv.shape) if isinstance(kv, torch.Tensor) else type(kv).__name__}")
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal,
+                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
