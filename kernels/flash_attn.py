@@ -71,6 +71,13 @@ class BwdConfig:
     block_n2: int  # keys per step of the dQ pass
     num_warps: int
     num_stages: int
+    # the dQ kernel's warps and stages, where they differ from the dK/dV kernel's
+    dq_num_warps: int | None = None
+    dq_num_stages: int | None = None
+    # dK/dV matmuls laid out with the query block as M (S = Q K^T) instead of the key block
+    # (S^T = K Q^T): K and V then stay in shared memory as wgmma B operands instead of
+    # registers, which is what lets head dim 256 keep both 64x256 accumulators in registers.
+    query_major: bool = False
 
 
 # Hopper (sm_90), keyed by (padded head dim, causal). Chosen on the H200 by tools/tune_fa2.py
@@ -101,8 +108,10 @@ HOPPER_BWD_CONFIGS = {
     64: BwdConfig(32, 128, 128, 32, 4, 3),
     # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma.
     128: BwdConfig(64, 128, 128, 32, 8, 3),
-    # head dim 256: 64x64 tiles, 2 stages: the largest that fit in shared memory.
-    256: BwdConfig(64, 64, 64, 64, 4, 2),
+    # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
+    # only stage count that fits), dQ 64x64 at 4 warps. Against the v1 key-major 64x64 (4
+    # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k (reports/h200/perf_notes.md, v3).
+    256: BwdConfig(128, 64, 64, 64, 8, 1, dq_num_warps=4, dq_num_stages=2, query_major=True),
 }
 # Any other CUDA GPU (Ampere, Ada): smaller tiles, fewer stages (less shared memory).
 GENERIC_FWD_CONFIG = FwdConfig(64, 64, 4, 2)
@@ -205,7 +214,7 @@ def _query_block_start(CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
-               seqlen_q, seqlen_k, qk_scale, b, h,
+               seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
     """FA2 Alg. 1 lines 6-10 over key blocks [lo, hi). With TMA, K and V are tensor
@@ -216,12 +225,9 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo,
         offs_n = start_n + offs_n_base
         n_ok = offs_n < seqlen_k
         # line 6: load K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D)
-        if TMA == 2:
-            kT = K.load([b.to(tl.int32), start_n, h.to(tl.int32), 0]).reshape(BLOCK_N, BLOCK_D).T
-            v = V.load([b.to(tl.int32), start_n, h.to(tl.int32), 0]).reshape(BLOCK_N, BLOCK_D)
-        elif TMA:
-            kT = K.load([start_n, 0]).T
-            v = V.load([start_n, 0])
+        if TMA:
+            kT = K.load([kv_row0 + start_n, col0]).T
+            v = V.load([kv_row0 + start_n, col0])
         else:
             kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok, n_ok,
                             not EVEN_D, MASK)
@@ -289,16 +295,23 @@ def _flash_fwd_kernel(
     d_ok = offs_d < HEAD_DIM
 
     # line 4: load Q_i; lines 2-3 of the loop: O = 0, l = 0, m = -inf
-    if TMA == 2:
-        q = Q.load([b.to(tl.int32), start_m, h.to(tl.int32), 0]).reshape(BLOCK_M, BLOCK_D)
-    elif TMA:
+    if TMA == 2:  # EXPERIMENT: host-made descriptors over (batch * seqlen, heads * head_dim)
+        q_row0 = (b * seqlen_q).to(tl.int32)
+        kv_row0 = (b * seqlen_k).to(tl.int32)
+        col0 = (h * HEAD_DIM).to(tl.int32)
+    else:
+        q_row0 = 0
+        kv_row0 = 0
+        col0 = 0
+    if TMA == 1:
         Q = tl.make_tensor_descriptor(Q, shape=[seqlen_q, HEAD_DIM], strides=[stride_qs, 1],
                                       block_shape=[BLOCK_M, BLOCK_D])
         K = tl.make_tensor_descriptor(K, shape=[seqlen_k, HEAD_DIM], strides=[stride_ks, 1],
                                       block_shape=[BLOCK_N, BLOCK_D])
         V = tl.make_tensor_descriptor(V, shape=[seqlen_k, HEAD_DIM], strides=[stride_vs, 1],
                                       block_shape=[BLOCK_N, BLOCK_D])
-        q = Q.load([start_m, 0])
+    if TMA:
+        q = Q.load([q_row0 + start_m, col0])
     else:
         q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
                        not EVEN_M, not EVEN_D)
@@ -309,10 +322,10 @@ def _flash_fwd_kernel(
     # lines 5-11: key blocks left of the diagonal unmasked, then the ones that need a mask
     full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                               0, full, seqlen_q, seqlen_k, qk_scale, b, h,
+                               0, full, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
                                HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, EVEN_D, TMA)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                               full, end, seqlen_q, seqlen_k, qk_scale, b, h,
+                               full, end, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
                                HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, EVEN_D, TMA)
 
     # line 12: one final rescale O = diag(l)^-1 O. A row that saw no key stays 0.
@@ -322,7 +335,7 @@ def _flash_fwd_kernel(
     lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_i)) * LN2)
     # lines 14-15: write O_i and L_i
     if TMA == 2:
-        Out.store([b.to(tl.int32), start_m, h.to(tl.int32), 0], acc.to(Out.dtype).reshape(1, BLOCK_M, 1, BLOCK_D))
+        Out.store([q_row0 + start_m, col0], acc.to(Out.dtype))
     elif TMA:
         out_desc = tl.make_tensor_descriptor(Out, shape=[seqlen_q, HEAD_DIM], strides=[stride_os, 1],
                                              block_shape=[BLOCK_M, BLOCK_D])
@@ -366,17 +379,23 @@ def _bwd_preprocess_kernel(
 def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos, offs_n, offs_d,
                     lo, hi, seqlen_q, seqlen_k, qk_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
-                    MASK: tl.constexpr, EVEN_D: tl.constexpr):
-    """FA2 Alg. 2 lines 8-14 for one key block over query blocks [lo, hi), transposed so that
-    the key block is the M side of every matmul. Query rows past seqlen_q load L = +inf and
-    dO = 0, so they contribute exactly nothing without a mask."""
+                    MASK: tl.constexpr, EVEN_D: tl.constexpr, QUERY_MAJOR: tl.constexpr):
+    """FA2 Alg. 2 lines 8-14 for one key block over query blocks [lo, hi). Query rows past
+    seqlen_q load L = +inf and dO = 0, so they contribute exactly nothing without a mask.
+    Key-major (default): every matmul has the key block as M (S^T = K Q^T), K and V are
+    register operands. Query-major: S = Q K^T and dP = dO V^T have the query block as M, and
+    P and dS are transposed on chip for the dV and dK updates; K and V stay in shared memory."""
     offs_m_base = tl.arange(0, BLOCK_M)
     d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m_base
         m_ok = offs_m < seqlen_q
-        qT = _load_tile(Q + offs_d[:, None] + offs_m[None, :] * stride_qs, d_ok, m_ok,
-                        not EVEN_D, not EVEN_M)
+        if QUERY_MAJOR:
+            q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
+                           not EVEN_M, not EVEN_D)
+        else:
+            qT = _load_tile(Q + offs_d[:, None] + offs_m[None, :] * stride_qs, d_ok, m_ok,
+                            not EVEN_D, not EVEN_M)
         do = _load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], m_ok, d_ok,
                         not EVEN_M, not EVEN_D)
         if EVEN_M:
@@ -385,17 +404,28 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos, offs
         else:
             lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf"))
             delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
-        # lines 8-9: recompute S^T = K Q^T and P^T = exp(S^T - L) (log2 domain)
-        pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse[None, :] * LOG2E)
-        if MASK:
-            pT = tl.where(offs_n[:, None] <= offs_m[None, :] + (seqlen_k - seqlen_q), pT, 0.0)
-        # line 10: dV += P^T dO
-        dv = tl.dot(pT.to(do.dtype), do, dv)
-        # lines 11-12: dP^T = V dO^T, dS^T = P^T * (dP^T - D)
-        dpT = tl.dot(v, tl.trans(do))
-        dsT = pT * (dpT - delta[None, :])
-        # line 14: dK += dS^T Q (the softmax scale is applied once at the end)
-        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
+        if QUERY_MAJOR:
+            # lines 8-9: recompute S = Q K^T and P = exp(S - L) (log2 domain)
+            p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None] * LOG2E)
+            if MASK:
+                p = tl.where(offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q), p, 0.0)
+            # line 10: dV += P^T dO
+            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
+            # lines 11-12: dP = dO V^T, dS = P * (dP - D)
+            ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+            # line 14: dK += dS^T Q (the softmax scale is applied once at the end)
+            dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+        else:
+            # lines 8-9: recompute S^T = K Q^T and P^T = exp(S^T - L) (log2 domain)
+            pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse[None, :] * LOG2E)
+            if MASK:
+                pT = tl.where(offs_n[:, None] <= offs_m[None, :] + (seqlen_k - seqlen_q), pT, 0.0)
+            # line 10: dV += P^T dO
+            dv = tl.dot(pT.to(do.dtype), do, dv)
+            # lines 11-12: dP^T = V dO^T, dS^T = P^T * (dP^T - D)
+            dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
+            # line 14: dK += dS^T Q (the softmax scale is applied once at the end)
+            dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
     return dk, dv
 
 
@@ -411,7 +441,7 @@ def _flash_bwd_dkdv_kernel(
     num_heads, seqlen_q, seqlen_k, softmax_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, QUERY_MAJOR: tl.constexpr,
 ):
     """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2 lines 5-16):
     every element is written by exactly one program, so no atomics."""
@@ -449,12 +479,12 @@ def _flash_bwd_dkdv_kernel(
         full = tl.cdiv(full, BLOCK_M) * BLOCK_M  # from here on every row sees every key
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos,
                                  offs_n, offs_d, lo, full, seqlen_q, seqlen_k, qk_scale,
-                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D)
+                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D, QUERY_MAJOR)
     else:
         full = 0
     dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos,
                              offs_n, offs_d, full, seqlen_q, seqlen_q, seqlen_k, qk_scale,
-                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D)
+                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D, QUERY_MAJOR)
     # line 16: write dK_j (scaled once: S = scale * Q K^T) and dV_j
     _store_tile(DK + offs_n[:, None] * stride_dks + offs_d[None, :],
                 (dk * softmax_scale).to(DK.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
@@ -614,11 +644,11 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         return out.zero_(), lse.fill_(float("inf"))
     cfg = config or default_fwd_config(headdim, causal, q.device)
     tma = tma_worthwhile(cfg, seqlen_k, causal) and tma_compatible(q, k, v, out)
-    block_d = padded_headdim(headdim)
-    if tma and (cfg.host_descriptors or os.environ.get("FA_HOST_TMA", "0") == "1"):
+    if tma and cfg.host_descriptors and _flat_2d_ok(q, k, v, out, cfg):
         tma = 2
-        args = tuple(TensorDescriptor(t, list(t.shape), list(t.stride()), [1, bs, 1, block_d])
-                            for t, bs in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
+        args = tuple(TensorDescriptor(t, [t.shape[0] * t.shape[1], t.shape[2] * t.shape[3]], [t.stride(1), 1],
+                                      [rows, headdim])
+                     for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
     else:
         args = (q, k, v, out)
         if tma:
@@ -634,6 +664,16 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
+
+
+def _flat_2d_ok(q, k, v, out, cfg) -> bool:
+    """EXPERIMENT: whether (batch * seqlen, heads * head_dim) 2D descriptors are exact: head
+    dim a power of two (no padding columns), whole blocks (no tile crosses into the next
+    batch), heads packed in rows and batches back to back."""
+    headdim = q.shape[3]
+    if headdim != padded_headdim(headdim) or q.shape[1] % cfg.block_m or k.shape[1] % cfg.block_n:
+        return False
+    return all(t.stride(2) == headdim and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v, out))
 
 
 def tma_worthwhile(config: FwdConfig, seqlen_k: int, causal: bool) -> bool:
@@ -691,21 +731,22 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
         out, do, delta, *_strides(out), *_strides(do), heads, seqlen_q,
         HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
     )
-    common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal,
-                  "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal}
     _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
         q, k, v, do, lse, delta, dk, dv,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
         heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
         BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
-        EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0, **common,
+        EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0,
+        QUERY_MAJOR=cfg.query_major, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
     )
     _flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.block_m2), batch * heads)](
         q, k, v, do, lse, delta, dq,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
         heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
         BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
-        EVEN_M=seqlen_q % cfg.block_m2 == 0, **common,
+        EVEN_M=seqlen_q % cfg.block_m2 == 0, num_warps=cfg.dq_num_warps or cfg.num_warps,
+        num_stages=cfg.dq_num_stages or cfg.num_stages, **common,
     )
     return dq, dk, dv
 

@@ -6,6 +6,7 @@ On CPU the kernels run in Triton's interpreter (fp16/fp32, small shapes); the `g
 repeat the checks in bf16/fp16 at real sizes on a CUDA device.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -68,10 +69,11 @@ def check_forward(batch, seqlen_q, seqlen_k, heads, headdim, causal, dtype, devi
     torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-3, rtol=1e-4)
 
 
-def check_backward(batch, seqlen_q, seqlen_k, heads, headdim, causal, dtype, device):
+def check_backward(batch, seqlen_q, seqlen_k, heads, headdim, causal, dtype, device, bwd_config=None):
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, dtype, device, requires_grad=True)
     dout = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype, device=device)
-    grads = torch.autograd.grad(flash_attn_func(q, k, v, causal=causal), (q, k, v), dout)
+    grads = torch.autograd.grad(flash_attn_func(q, k, v, causal=causal, bwd_config=bwd_config),
+                                (q, k, v), dout)
 
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref_grads = torch.autograd.grad(attention_reference(q64, k64, v64, causal=causal)[0],
@@ -115,6 +117,18 @@ def test_forward_fp32_matches_reference(shape, causal, poisoned_allocations):
                          ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
 def test_backward_matches_reference(shape, causal, poisoned_allocations):
     check_backward(*shape, causal, torch.float16, "cpu")
+
+
+# The query-major dK/dV layout (the head-dim-256 production config on Hopper) with the
+# interpreter's block sizes: ragged lengths both ways, a head dim that is not a power of two.
+QUERY_MAJOR_BWD_CONFIG = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, query_major=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 113, 70, 1, 59), (1, 40, 97, 2, 64), (1, 64, 64, 1, 32)],
+                         ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_backward_query_major_matches_reference(shape, causal, poisoned_allocations):
+    check_backward(*shape, causal, torch.float16, "cpu", bwd_config=QUERY_MAJOR_BWD_CONFIG)
 
 
 def test_backward_fp32_matches_reference(poisoned_allocations):

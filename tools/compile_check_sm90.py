@@ -74,7 +74,8 @@ def main() -> None:
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--fwd", metavar="BM,BN,WARPS,STAGES[,TMA]",
                         help="forward config (default: the table's); TMA is 0 or 1")
-    parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES", help="backward config (default: the table's)")
+    parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR]",
+                        help="backward config (default: the table's)")
     args = parser.parse_args()
     for hdim in args.hdim:
         block_d = fa.padded_headdim(hdim)
@@ -87,10 +88,11 @@ def main() -> None:
                                                     TMA=bool(fwd.tma)),
                             fwd.num_warps, fwd.num_stages))
         print("  " + report(fa._flash_bwd_dkdv_kernel,
-                            dict(common, BLOCK_M=bwd.block_m1, BLOCK_N=bwd.block_n1, EVEN_N=True),
+                            dict(common, BLOCK_M=bwd.block_m1, BLOCK_N=bwd.block_n1, EVEN_N=True,
+                                 QUERY_MAJOR=bwd.query_major),
                             bwd.num_warps, bwd.num_stages))
         print("  " + report(fa._flash_bwd_dq_kernel, dict(common, BLOCK_M=bwd.block_m2, BLOCK_N=bwd.block_n2),
-                            bwd.num_warps, bwd.num_stages))
+                            bwd.dq_num_warps or bwd.num_warps, bwd.dq_num_stages or bwd.num_stages))
 
 
 if __name__ == "__main__":
