@@ -209,15 +209,15 @@ def _fa2_forward(q, k, v, causal, softmax_scale):
 
 
 def _fa2_config(spec: Spec) -> str:
-    from kernels.flash_attn import default_bwd_config, default_fwd_config, tma_compatible, tma_worthwhile
+    from kernels.flash_attn import default_bwd_config, default_fwd_config, fwd_memory_path
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     fwd = _fa2_fwd_override or default_fwd_config(spec.hdim, spec.causal, device)
     # the sweep's inputs: contiguous (batch, seqlen, heads, hdim) tensors at aligned addresses,
     # stood in for by a meta tensor (address 0) of the same shape, dtype and strides
-    like_inputs = torch.empty(spec.batch, spec.seqlen, spec.heads, spec.hdim, dtype=spec.torch_dtype, device="meta")
-    tma_used = tma_worthwhile(fwd, spec.seqlen, spec.causal) and tma_compatible(like_inputs)
-    config = {"fwd": asdict(fwd), "fwd_tma_used": tma_used, "fwd_overridden": _fa2_fwd_override is not None}
+    like = torch.empty(spec.batch, spec.seqlen, spec.heads, spec.hdim, dtype=spec.torch_dtype, device="meta")
+    path = fwd_memory_path(fwd, like, like, like, like, spec.causal)
+    config = {"fwd": asdict(fwd), "fwd_memory_path": path, "fwd_overridden": _fa2_fwd_override is not None}
     if spec.mode != "fwd":
         config["bwd"] = asdict(default_bwd_config(spec.hdim, device))
     return json.dumps(config, sort_keys=True)

@@ -16,11 +16,13 @@ Differences from flash-attn's CUDA kernels:
   use the paper's count of 5 (baselines/flops.py);
 * dropout, sliding windows, softcapping, ALiBi and GQA/MQA raise NotImplementedError.
 
-On Hopper the forward moves its tiles with TMA tensor descriptors (made per program, bounded at
-the true seqlen and head dim) where the block table asks for it, the inputs are 16-byte
-aligned and the key loop is long enough to pay for the descriptors (`FwdConfig.tma`,
-`tma_min_keys`); otherwise it uses pointer tiles with masks. Causal programs are launched
-longest-first. Measurements behind these choices: reports/h200/perf_notes.md.
+On Hopper the forward moves its tiles with TMA tensor descriptors where the block table asks
+for it and the inputs are 16-byte aligned (`FwdConfig.tma`, `fwd_memory_path`): 2D descriptors
+made on the host for whole-block shapes with short and medium key loops, per-(batch, head)
+descriptors made in the kernel (bounded at the true seqlen and head dim) for long ones;
+otherwise pointer tiles with masks. Causal programs are launched longest-first. The
+head-dim-256 backward lays its dK/dV matmuls out query-major (`BwdConfig.query_major`).
+Measurements behind these choices: reports/h200/perf_notes.md.
 
 Cautions: a query row that sees no key (causal with seqlen_q > seqlen_k) outputs zeros and
 has logsumexp +inf, as flash-attn does. Triton's CPU interpreter (TRITON_INTERPRET=1) runs
@@ -54,13 +56,20 @@ class FwdConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    tma: bool = False  # tensor-descriptor (TMA) loads and stores where the inputs allow them
-    # ... and only when a program visits at least this many keys on average: each program
-    # makes its descriptors itself (a global write and a proxy fence each), a fixed cost that
-    # only a long key loop amortises. On the H200 TMA lost 10-25% at head dim 128 with
-    # 512-1024 keys per program and won 5-13% from 2048 up (reports/h200/perf_notes.md).
+    # Tensor-descriptor (TMA) loads and stores where the inputs allow them (16-byte aligned),
+    # with descriptors made one of two ways, chosen by the keys a program visits on average
+    # (all of seqlen_k, half when causal); see fwd_memory_path().
+    tma: bool = False
+    # In the kernel, per (batch, head), bounded at the true seqlen and head dim (any ragged
+    # shape), from this many keys: each program makes its own (a global write and a proxy
+    # fence each), a fixed cost that only a long key loop amortises (at head dim 128 they lost
+    # 10-25% to pointer tiles at 512-1024 keys and won 5-13% from 2048 up).
     tma_min_keys: int = 2048
-    host_descriptors: bool = False  # EXPERIMENT: (batch, seqlen, heads, dim) descriptors made on the host
+    # On the host, 2D over (batch * seqlen, heads * head dim), below this many keys, where
+    # that view is exact (whole blocks, a power-of-two head dim): no per-program set-up.
+    # 0 = never. At head dim 128 they beat pointer tiles by 5-13% at 512-4096 keys and lost
+    # 3-4% to in-kernel descriptors at 8k-16k (reports/h200/perf_notes.md, v3).
+    tma_host_below_keys: int = 0
 
 
 @dataclass(frozen=True)
@@ -94,12 +103,13 @@ HOPPER_FWD_CONFIGS = {
     (64, True): FwdConfig(128, 64, 8, 3),
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
     # frees the pointer registers (255 registers + 124 B of spills -> 216, none): +5-13%.
-    (128, False): FwdConfig(128, 128, 8, 3, tma=True),
-    (128, True): FwdConfig(128, 128, 8, 3, tma=True),
+    (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192),
+    (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192),
     # head dim 256: only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
-    # gained 1-6% non-causal and was mixed causal (-3%, +1%), so only non-causal uses it.
-    (256, False): FwdConfig(128, 64, 8, 2, tma=True),
-    (256, True): FwdConfig(128, 64, 8, 2),
+    # (host descriptors to 4k keys, in-kernel from 8k) within -1..+2% of pointer tiles up
+    # to 4k keys and +2-5% at 16k.
+    (256, False): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192),
+    (256, True): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192),
 }
 HOPPER_BWD_CONFIGS = {
     # tutorial 06's shape: narrow query steps against wide key blocks and vice versa.
@@ -110,14 +120,17 @@ HOPPER_BWD_CONFIGS = {
     128: BwdConfig(64, 128, 128, 32, 8, 3),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x64 at 4 warps. Against the v1 key-major 64x64 (4
-    # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k (reports/h200/perf_notes.md, v3).
-    256: BwdConfig(128, 64, 64, 64, 8, 1, dq_num_warps=4, dq_num_stages=2, query_major=True),
+    # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k, whole backward 1.7-2.0x
+    # (reports/h200/perf_notes.md, v3).
+    256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True),
 }
 # Any other CUDA GPU (Ampere, Ada): smaller tiles, fewer stages (less shared memory).
 GENERIC_FWD_CONFIG = FwdConfig(64, 64, 4, 2)
 GENERIC_BWD_CONFIG = BwdConfig(32, 64, 64, 32, 4, 2)
 # Triton's CPU interpreter: small tiles so that tiny test shapes still span several blocks.
-INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0)  # TMA path on CPU
+# On CPU both TMA paths run: host descriptors for whole-block shapes below 64 keys, in-kernel
+# descriptors for the rest.
+INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1, tma=True, tma_host_below_keys=64, tma_min_keys=0)
 INTERPRETER_BWD_CONFIG = BwdConfig(16, 32, 32, 16, 4, 1)
 
 
@@ -276,8 +289,10 @@ def _flash_fwd_kernel(
 ):
     """One program per (query block, batch x head): FA2's thread-block parallelism over the
     sequence (Section 3.2). O, l and m stay on chip for the program's whole life.
-    TMA: move Q, K, V and O with Hopper's tensor memory accelerator (descriptors made here,
-    per batch and head, bounded at the true seqlen and head dim) instead of pointer tiles."""
+    TMA (FWD_MEMORY_PATHS): 0 = pointer tiles; 1 = Hopper's tensor memory accelerator with
+    descriptors made here per (batch, head), bounded at the true seqlen and head dim; 2 = TMA
+    with descriptors made on the host over (batch * seqlen, heads * head dim), addressed at
+    this (batch, head)'s first row and column (the launcher checks that view is exact)."""
     start_m = _query_block_start(CAUSAL, BLOCK_M)
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
@@ -295,7 +310,7 @@ def _flash_fwd_kernel(
     d_ok = offs_d < HEAD_DIM
 
     # line 4: load Q_i; lines 2-3 of the loop: O = 0, l = 0, m = -inf
-    if TMA == 2:  # EXPERIMENT: host-made descriptors over (batch * seqlen, heads * head_dim)
+    if TMA == 2:  # where this (batch, head) starts in the host descriptors' 2D view
         q_row0 = (b * seqlen_q).to(tl.int32)
         kv_row0 = (b * seqlen_k).to(tl.int32)
         col0 = (h * HEAD_DIM).to(tl.int32)
@@ -643,15 +658,13 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
     if seqlen_k == 0:  # no key at all: every row is empty
         return out.zero_(), lse.fill_(float("inf"))
     cfg = config or default_fwd_config(headdim, causal, q.device)
-    tma = tma_worthwhile(cfg, seqlen_k, causal) and tma_compatible(q, k, v, out)
-    if tma and cfg.host_descriptors and _flat_2d_ok(q, k, v, out, cfg):
-        tma = 2
-        args = tuple(TensorDescriptor(t, [t.shape[0] * t.shape[1], t.shape[2] * t.shape[3]], [t.stride(1), 1],
-                                      [rows, headdim])
-                     for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
+    path = fwd_memory_path(cfg, q, k, v, out, causal)
+    if path == "tma-host":
+        args = tuple(_flat_descriptor(t, rows) for t, rows in
+                     ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
     else:
         args = (q, k, v, out)
-        if tma:
+        if path == "tma-kernel":
             _ensure_descriptor_allocator()
     grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
     _flash_fwd_kernel[grid](
@@ -660,26 +673,42 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         heads, seqlen_q, seqlen_k, softmax_scale * LOG2E.value,
         HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0, TMA=tma,
+        CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0, TMA=FWD_MEMORY_PATHS.index(path),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 
 
-def _flat_2d_ok(q, k, v, out, cfg) -> bool:
-    """EXPERIMENT: whether (batch * seqlen, heads * head_dim) 2D descriptors are exact: head
-    dim a power of two (no padding columns), whole blocks (no tile crosses into the next
-    batch), heads packed in rows and batches back to back."""
+FWD_MEMORY_PATHS = ("pointer", "tma-kernel", "tma-host")  # the kernel's TMA constexpr: 0, 1, 2
+
+
+def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool) -> str:
+    """How the forward moves Q, K, V and O for these (batch, seqlen, heads, headdim) tensors:
+    'tma-host' (2D descriptors made here), 'tma-kernel' (per-head descriptors made by each
+    program) or 'pointer' (pointer tiles), by FwdConfig's rules."""
+    if not config.tma or not tma_compatible(q, k, v, out):
+        return "pointer"
+    keys = k.shape[1] // 2 if causal else k.shape[1]
+    if keys < config.tma_host_below_keys and _flat_view_is_exact(q, k, v, out, config):
+        return "tma-host"
+    return "tma-kernel" if keys >= config.tma_min_keys else "pointer"
+
+
+def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
+    """Whether a (batch * seqlen, heads * headdim) 2D descriptor reads and writes exactly a
+    (batch, head)'s tiles: whole blocks (no tile runs into the next batch's rows), a head dim
+    with no padding columns (no tile runs into the next head's), heads side by side in a row
+    and batches back to back."""
     headdim = q.shape[3]
-    if headdim != padded_headdim(headdim) or q.shape[1] % cfg.block_m or k.shape[1] % cfg.block_n:
+    if (headdim != padded_headdim(headdim) or q.shape[1] % config.block_m or k.shape[1] % config.block_n
+            or q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31):
         return False
     return all(t.stride(2) == headdim and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v, out))
 
 
-def tma_worthwhile(config: FwdConfig, seqlen_k: int, causal: bool) -> bool:
-    """Whether a forward program visits enough keys on average (half of them when causal)
-    for the TMA path to pay for its descriptors (FwdConfig.tma_min_keys)."""
-    return config.tma and (seqlen_k // 2 if causal else seqlen_k) >= config.tma_min_keys
+def _flat_descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    batch, seqlen, heads, headdim = t.shape
+    return TensorDescriptor(t, [batch * seqlen, heads * headdim], [t.stride(1), 1], [block_rows, headdim])
 
 
 def tma_compatible(*tensors: torch.Tensor) -> bool:

@@ -15,7 +15,7 @@ import torch
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import flash_attn as fa
 from kernels import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
-from kernels.flash_attn import FwdConfig, flash_attn_forward, tma_compatible, tma_worthwhile
+from kernels.flash_attn import FwdConfig, flash_attn_forward, fwd_memory_path, tma_compatible
 
 INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
 ABS_EPS = {torch.float16: 1e-3, torch.bfloat16: 4e-3, torch.float32: 1e-5}
@@ -201,20 +201,33 @@ def test_block_config_does_not_change_the_result():
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_tma_path_equals_pointer_path(causal, monkeypatch, poisoned_allocations):
-    """Ragged seqlens (not block multiples) and head dim 40 (padded to 64 inside the kernel;
-    80-byte rows, so TMA-compatible): the descriptors' zero fill and clipped stores must give
-    bit-for-bit the pointer path's masked loads and stores."""
-    q, k, v = make_qkv(2, 37, 53, 2, 40, torch.float16, "cpu")
-    assert tma_compatible(q, k, v)
-    tma_launches = []
-    real = fa._ensure_descriptor_allocator
-    monkeypatch.setattr(fa, "_ensure_descriptor_allocator", lambda: tma_launches.append(1) or real())
-    out_tma, lse_tma = flash_attn_forward(q, k, v, 0.3, causal, FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0))
+@pytest.mark.parametrize(("shape", "path"), [
+    # ragged seqlens (not block multiples) and head dim 40 (padded to 64 inside the kernel;
+    # 80-byte rows, so TMA-compatible): the in-kernel descriptors' zero fill and clipped stores
+    ((2, 37, 53, 2, 40), "tma-kernel"),
+    # whole blocks, head dim 32, three heads, two batches: the host descriptors' 2D view must
+    # land each (batch, head) on its own rows and columns
+    ((2, 64, 96, 3, 32), "tma-host"),
+], ids=["ragged", "whole-blocks"])
+def test_tma_paths_equal_the_pointer_path(shape, path, causal, poisoned_allocations):
+    """Each TMA path gives bit-for-bit the pointer path's masked loads and stores."""
+    batch, seqlen_q, seqlen_k, heads, headdim = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, torch.float16, "cpu")
+    tma_config = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_below_keys=4096)
+    assert fwd_memory_path(tma_config, q, k, v, torch.empty_like(q), causal) == path
+    out_tma, lse_tma = flash_attn_forward(q, k, v, 0.3, causal, tma_config)
     out_ptr, lse_ptr = flash_attn_forward(q, k, v, 0.3, causal, FwdConfig(32, 32, 4, 1, tma=False))
-    assert tma_launches == [1], "the TMA config did not take the TMA path"
     torch.testing.assert_close(out_tma, out_ptr, atol=0, rtol=0)
     torch.testing.assert_close(lse_tma, lse_ptr, atol=0, rtol=0)
+
+
+def test_tma_kernel_path_sets_the_descriptor_allocator(monkeypatch):
+    launches = []
+    real = fa._ensure_descriptor_allocator
+    monkeypatch.setattr(fa, "_ensure_descriptor_allocator", lambda: launches.append(1) or real())
+    q, k, v = make_qkv(1, 37, 53, 1, 32, torch.float16, "cpu")
+    flash_attn_forward(q, k, v, 0.3, False, FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0))
+    assert launches == [1], "the TMA config did not take the in-kernel descriptor path"
 
 
 def test_tma_launch_keeps_an_allocator_the_caller_set():
@@ -241,11 +254,32 @@ def test_descriptor_scratch_is_aligned_as_asked():
         assert buffer.data_ptr() % alignment == 0 and buffer.numel() == 100
 
 
-def test_tma_is_used_only_for_long_key_loops():
-    config = FwdConfig(128, 128, 8, 3, tma=True)  # tma_min_keys 2048
-    assert tma_worthwhile(config, 2048, causal=False) and not tma_worthwhile(config, 1024, causal=False)
-    assert tma_worthwhile(config, 4096, causal=True) and not tma_worthwhile(config, 2048, causal=True)
-    assert not tma_worthwhile(FwdConfig(128, 128, 8, 3), 16384, causal=False)
+def test_fwd_memory_path_follows_the_key_count_rules():
+    """Visited keys (half of seqlen_k when causal) pick the path: host descriptors below
+    tma_host_below_keys where the 2D view is exact, in-kernel ones from tma_min_keys."""
+    config = FwdConfig(128, 128, 8, 3, tma=True, tma_min_keys=2048, tma_host_below_keys=8192)
+
+    def path(seqlen, causal, headdim=128, batch=2):
+        like = torch.empty(batch, seqlen, 4, headdim, dtype=torch.float16, device="meta")
+        return fwd_memory_path(config, like, like, like, like, causal)
+
+    assert path(1024, False) == "tma-host" and path(4096, False) == "tma-host"
+    assert path(8192, False) == "tma-kernel" and path(16384, True) == "tma-kernel"
+    assert path(8192, True) == "tma-host"
+    assert path(1000, False) == "pointer"  # not whole blocks and too short for in-kernel ones
+    assert path(4000, False) == "tma-kernel"  # not whole blocks: the bounded per-head descriptors
+    assert path(1024, False, headdim=96) == "pointer"  # padding columns: no 2D view
+    assert path(4096, False, headdim=96) == "tma-kernel"
+    assert fwd_memory_path(FwdConfig(128, 128, 8, 3), *[torch.empty(1, 16384, 1, 128, device="meta")] * 4,
+                           False) == "pointer"
+
+
+def test_flat_view_needs_heads_side_by_side_and_batches_back_to_back():
+    config = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_below_keys=4096)
+    bshd = torch.empty(2, 64, 3, 32, dtype=torch.float16, device="meta")
+    bhsd = torch.empty(2, 3, 64, 32, dtype=torch.float16, device="meta").transpose(1, 2)
+    assert fwd_memory_path(config, bshd, bshd, bshd, bshd, False) == "tma-host"
+    assert fwd_memory_path(config, bhsd, bhsd, bhsd, bshd, False) == "tma-kernel"
 
 
 def test_tma_compatible_needs_16_byte_rows_and_bases():
@@ -344,6 +378,8 @@ GPU_SHAPES = [
     (1, 2048, 2048, 2, 128),
     (1, 8192, 8192, 1, 128),
     (1, 1100, 4200, 2, 128),  # ragged, >= 2048 keys per program: the TMA path's zero fill and clipping
+    (2, 1024, 2048, 3, 128),  # whole blocks, several batches and heads: host-made TMA descriptors
+    (2, 512, 1024, 3, 256),
     (1, 1000, 1000, 2, 256),
     (2, 777, 1500, 3, 96),
     (1, 1500, 777, 2, 80),
@@ -364,7 +400,7 @@ def test_gpu_forward_matches_reference(shape, causal, dtype, poisoned_allocation
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(2, 1024, 1024, 2, 64), (1, 2048, 2048, 2, 128),
-                                   (1, 4096, 4096, 1, 128), (1, 1000, 1000, 1, 256),
+                                   (1, 4096, 4096, 1, 128), (1, 1000, 1000, 1, 256), (2, 1024, 1024, 2, 256),
                                    (1, 777, 1500, 2, 96), (1, 1500, 777, 2, 59)],
                          ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
 def test_gpu_backward_matches_reference(shape, causal, dtype, poisoned_allocations):

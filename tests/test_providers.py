@@ -123,18 +123,20 @@ def test_fa2_config_is_the_json_of_its_kernel_config():
     assert '"block_m"' in config and '"bwd"' in config
 
 
-@pytest.mark.parametrize(("hdim", "tma_used"), [(64, True), (59, False)])
-def test_fa2_config_says_whether_the_forward_takes_the_tma_path(hdim, tma_used):
-    """59-element fp16 rows are 118 bytes, not a multiple of 16: no TMA. The config asks for TMA
-    at every length, so alignment alone decides."""
+@pytest.mark.parametrize(("hdim", "seqlen", "path"), [(64, 128, "tma-host"), (64, 256, "tma-kernel"),
+                                                     (64, 100, "tma-kernel"), (59, 128, "pointer")])
+def test_fa2_config_records_the_forwards_memory_path(hdim, seqlen, path):
+    """Host descriptors below 256 keys where whole blocks allow them (100 is not a multiple of
+    32), in-kernel descriptors otherwise; 59-element fp16 rows are 118 bytes, not a multiple
+    of 16: no TMA at all."""
     from kernels.flash_attn import FwdConfig
 
-    registry.override_fa2_fwd_config(FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0))
+    registry.override_fa2_fwd_config(FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_below_keys=256))
     try:
-        config = json.loads(get_provider("fa2").config(Spec("fwd", False, hdim, 128, 1, 2, "fp16")))
+        config = json.loads(get_provider("fa2").config(Spec("fwd", False, hdim, seqlen, 1, 2, "fp16")))
     finally:
         registry.override_fa2_fwd_config(None)
-    assert config["fwd_tma_used"] is tma_used
+    assert config["fwd_memory_path"] == path
 
 
 def test_flex_attention_refuses_to_time_an_unfused_eager_fallback(device):

@@ -1,16 +1,16 @@
-"""EXPERIMENT (session 3): head-dim-256 (and 128) backward variants, timed kernel by kernel.
+"""The backward timed kernel by kernel: which of the dK/dV and dQ kernels a config speeds up.
 
-Times SDPA flash and cuDNN's backward, the production backward, and variants that launch the
-dK/dV kernel (key-major as in production, or query-major: tools/experiments/fa_qmajor.py) and
-the dQ kernel with their own warps and stages. Each variant's dq/dk/dv are checked against the
-production backward's first. Rows go to $OUT/exp_bwd.csv.
+Times SDPA flash and cuDNN's backward, the production backward, and each BwdConfig given
+(all three kernels, then the dK/dV kernel alone, then the dQ kernel alone). Each config's
+dq/dk/dv are checked against the production backward's first. Rows go to $OUT/exp_bwd.csv.
+Session 3 used it (as `kmajor:`/`qmajor:` variants of a copy of the kernel, since folded into
+BwdConfig.query_major) to find the head-dim-256 backward (reports/h200/perf_notes.md, v3).
 
-    python tools/experiments/exp_bwd.py --hdims 256 --seqlens 4096 16384
+    python tools/experiments/exp_bwd.py --hdims 256 --seqlens 4096 --configs 128,64,64,32,8,1,4,3,1
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from functools import partial
@@ -28,17 +28,13 @@ from baselines.flops import attention_flops, tflops_per_second
 from kernels import flash_attn as fa
 from reports.timing import benchmark
 
-spec = importlib.util.spec_from_file_location("fa_qmajor", ROOT / "tools/experiments/fa_qmajor.py")
-faq = importlib.util.module_from_spec(spec)
-sys.modules["fa_qmajor"] = faq
-spec.loader.exec_module(faq)
-
 
 def bench(fn, grad_to_none=()):
     return benchmark(fn, torch.device("cuda"), grad_to_none=grad_to_none).ms
 
 
-def backward(mod, dkdv, dq_cfg, do, q, k, v, out, lse, scale, causal, parts=("pre", "dkdv", "dq"), bufs=None):
+def backward(cfg, do, q, k, v, out, lse, scale, causal, parts=("pre", "dkdv", "dq"), bufs=None):
+    """flash_attn_backward's three launches, each only if named in `parts`, into `bufs`."""
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
     dq, dk, dv, delta = bufs
@@ -48,20 +44,21 @@ def backward(mod, dkdv, dq_cfg, do, q, k, v, out, lse, scale, causal, parts=("pr
             HEAD_DIM=headdim, BLOCK_D=headdim, BLOCK_M=64)
     common = {"HEAD_DIM": headdim, "BLOCK_D": headdim, "CAUSAL": causal}
     if "dkdv" in parts:
-        m1, n1, w1, s1 = dkdv
-        mod._flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, n1), batch * heads)](
+        m1, n1 = cfg.block_m1, cfg.block_n1
+        fa._flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, n1), batch * heads)](
             q, k, v, do, lse, delta, dk, dv,
             *fa._strides(q), *fa._strides(k), *fa._strides(v), *fa._strides(do), *fa._strides(dk), *fa._strides(dv),
             heads, seqlen_q, seqlen_k, scale, scale * fa.LOG2E.value,
             BLOCK_M=m1, BLOCK_N=n1, EVEN_M=seqlen_q % m1 == 0, EVEN_N=seqlen_k % n1 == 0,
-            num_warps=w1, num_stages=s1, **common)
+            QUERY_MAJOR=cfg.query_major, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
     if "dq" in parts:
-        m2, n2, w2, s2 = dq_cfg
+        m2, n2 = cfg.block_m2, cfg.block_n2
         fa._flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, m2), batch * heads)](
             q, k, v, do, lse, delta, dq,
             *fa._strides(q), *fa._strides(k), *fa._strides(v), *fa._strides(do), *fa._strides(dq),
             heads, seqlen_q, seqlen_k, scale, scale * fa.LOG2E.value,
-            BLOCK_M=m2, BLOCK_N=n2, EVEN_M=seqlen_q % m2 == 0, num_warps=w2, num_stages=s2, **common)
+            BLOCK_M=m2, BLOCK_N=n2, EVEN_M=seqlen_q % m2 == 0,
+            num_warps=cfg.dq_num_warps or cfg.num_warps, num_stages=cfg.dq_num_stages or cfg.num_stages, **common)
     return dq, dk, dv
 
 
@@ -69,8 +66,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hdims", type=int, nargs="+", default=[256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096])
-    ap.add_argument("--variants", nargs="+", required=True,
-                    help="MODULE:M1,N1,W1,S1:M2,N2,W2,S2 with MODULE kmajor or qmajor")
+    ap.add_argument("--configs", nargs="+", required=True,
+                    help="BwdConfig fields: M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR]")
     args = ap.parse_args()
     out_path = Path(os.environ.get("OUT", ".")) / "exp_bwd.csv"
     rows = []
@@ -101,20 +98,18 @@ def main():
                 ref = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal)
                 ms = bench(partial(fa.flash_attn_backward, do, q, k, v, out, lse, scale, causal))
                 record(**base, config="production", ms=ms, tflops=tflops_per_second(flops, ms), status="ok")
-                for text in args.variants:
-                    modname, a, b = text.split(":")
-                    mod = faq if modname == "qmajor" else fa
-                    dkdv, dqc = tuple(map(int, a.split(","))), tuple(map(int, b.split(",")))
+                for text in args.configs:
+                    cfg = fa.BwdConfig(*map(int, text.split(",")))
                     bufs = (torch.full_like(q, float("nan")), torch.full_like(k, float("nan")),
                             torch.full_like(v, float("nan")), torch.empty_like(lse))
                     try:
-                        got = backward(mod, dkdv, dqc, do, q, k, v, out, lse, scale, causal, bufs=bufs)
+                        got = backward(cfg, do, q, k, v, out, lse, scale, causal, bufs=bufs)
                         err = max(((g.float() - r.float()).norm() / r.float().norm()).item() for g, r in zip(got, ref))
                         if not err < 1e-2:
                             record(**base, config=text, status=f"wrong {err:.2e}")
                             continue
                         for parts in (("pre", "dkdv", "dq"), ("dkdv",), ("dq",)):
-                            ms = bench(partial(backward, mod, dkdv, dqc, do, q, k, v, out, lse, scale, causal, parts, bufs))
+                            ms = bench(partial(backward, cfg, do, q, k, v, out, lse, scale, causal, parts, bufs))
                             record(**base, config=text, part="+".join(parts) if len(parts) == 1 else "all", ms=ms,
                                    tflops=tflops_per_second(flops, ms), status="ok", rel_err=err)
                     except Exception as exc:  # noqa: BLE001
