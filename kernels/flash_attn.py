@@ -18,7 +18,7 @@ Differences from flash-attn's CUDA kernels:
 
 On Hopper the forward moves its tiles with TMA tensor descriptors where the block table asks
 for it and the inputs are 16-byte aligned (`FwdConfig.tma`, `fwd_memory_path`): 2D descriptors
-made on the host for whole-block shapes with short and medium key loops, per-(batch, head)
+made on the host for whole-block shapes with medium key loops (1k-8k keys), per-(batch, head)
 descriptors made in the kernel (bounded at the true seqlen and head dim) for long ones;
 otherwise pointer tiles with masks. Causal programs are launched longest-first. The
 head-dim-256 backward lays its dK/dV matmuls out query-major (`BwdConfig.query_major`).
@@ -65,10 +65,14 @@ class FwdConfig:
     # fence each), a fixed cost that only a long key loop amortises (at head dim 128 they lost
     # 10-25% to pointer tiles at 512-1024 keys and won 5-13% from 2048 up).
     tma_min_keys: int = 2048
-    # On the host, 2D over (batch * seqlen, heads * head dim), below this many keys, where
-    # that view is exact (whole blocks, a power-of-two head dim): no per-program set-up.
-    # 0 = never. At head dim 128 they beat pointer tiles by 5-13% at 512-4096 keys and lost
-    # 3-4% to in-kernel descriptors at 8k-16k (reports/h200/perf_notes.md, v3).
+    # On the host, 2D over (batch * seqlen, heads * head dim), for key counts in
+    # [tma_host_min_keys, tma_host_below_keys) where that view is exact (whole blocks, a
+    # power-of-two head dim): no per-program set-up, but four descriptors to encode on the
+    # host per launch. tma_host_below_keys = 0: never. At head dim 128 they beat pointer tiles
+    # by 5-13% at 1024-4096 keys and lost 3-4% to in-kernel descriptors at 8k-16k; at 512 keys
+    # the paper sweep's launches (~25 us of GPU work) became host-bound: 0.62-0.84x the
+    # pointer tiles (reports/h200/perf_notes.md, v3).
+    tma_host_min_keys: int = 1024
     tma_host_below_keys: int = 0
 
 
@@ -130,7 +134,8 @@ GENERIC_BWD_CONFIG = BwdConfig(32, 64, 64, 32, 4, 2)
 # Triton's CPU interpreter: small tiles so that tiny test shapes still span several blocks.
 # On CPU both TMA paths run: host descriptors for whole-block shapes below 64 keys, in-kernel
 # descriptors for the rest.
-INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1, tma=True, tma_host_below_keys=64, tma_min_keys=0)
+INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_min_keys=0,
+                                   tma_host_below_keys=64)
 INTERPRETER_BWD_CONFIG = BwdConfig(16, 32, 32, 16, 4, 1)
 
 
@@ -689,7 +694,8 @@ def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool) -> str:
     if not config.tma or not tma_compatible(q, k, v, out):
         return "pointer"
     keys = k.shape[1] // 2 if causal else k.shape[1]
-    if keys < config.tma_host_below_keys and _flat_view_is_exact(q, k, v, out, config):
+    if (config.tma_host_min_keys <= keys < config.tma_host_below_keys
+            and _flat_view_is_exact(q, k, v, out, config)):
         return "tma-host"
     return "tma-kernel" if keys >= config.tma_min_keys else "pointer"
 

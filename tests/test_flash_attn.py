@@ -213,7 +213,7 @@ def test_tma_paths_equal_the_pointer_path(shape, path, causal, poisoned_allocati
     """Each TMA path gives bit-for-bit the pointer path's masked loads and stores."""
     batch, seqlen_q, seqlen_k, heads, headdim = shape
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, torch.float16, "cpu")
-    tma_config = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_below_keys=4096)
+    tma_config = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_min_keys=0, tma_host_below_keys=4096)
     assert fwd_memory_path(tma_config, q, k, v, torch.empty_like(q), causal) == path
     out_tma, lse_tma = flash_attn_forward(q, k, v, 0.3, causal, tma_config)
     out_ptr, lse_ptr = flash_attn_forward(q, k, v, 0.3, causal, FwdConfig(32, 32, 4, 1, tma=False))
@@ -255,9 +255,11 @@ def test_descriptor_scratch_is_aligned_as_asked():
 
 
 def test_fwd_memory_path_follows_the_key_count_rules():
-    """Visited keys (half of seqlen_k when causal) pick the path: host descriptors below
-    tma_host_below_keys where the 2D view is exact, in-kernel ones from tma_min_keys."""
-    config = FwdConfig(128, 128, 8, 3, tma=True, tma_min_keys=2048, tma_host_below_keys=8192)
+    """Visited keys (half of seqlen_k when causal) pick the path: host descriptors in
+    [tma_host_min_keys, tma_host_below_keys) where the 2D view is exact, in-kernel ones from
+    tma_min_keys, pointer tiles otherwise."""
+    config = FwdConfig(128, 128, 8, 3, tma=True, tma_min_keys=2048, tma_host_min_keys=1024,
+                       tma_host_below_keys=8192)
 
     def path(seqlen, causal, headdim=128, batch=2):
         like = torch.empty(batch, seqlen, 4, headdim, dtype=torch.float16, device="meta")
@@ -266,6 +268,7 @@ def test_fwd_memory_path_follows_the_key_count_rules():
     assert path(1024, False) == "tma-host" and path(4096, False) == "tma-host"
     assert path(8192, False) == "tma-kernel" and path(16384, True) == "tma-kernel"
     assert path(8192, True) == "tma-host"
+    assert path(512, False) == "pointer" and path(2048, True) == "tma-host"  # 512 / 1024 keys
     assert path(1000, False) == "pointer"  # not whole blocks and too short for in-kernel ones
     assert path(4000, False) == "tma-kernel"  # not whole blocks: the bounded per-head descriptors
     assert path(1024, False, headdim=96) == "pointer"  # padding columns: no 2D view
@@ -275,7 +278,7 @@ def test_fwd_memory_path_follows_the_key_count_rules():
 
 
 def test_flat_view_needs_heads_side_by_side_and_batches_back_to_back():
-    config = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_below_keys=4096)
+    config = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_min_keys=0, tma_host_below_keys=4096)
     bshd = torch.empty(2, 64, 3, 32, dtype=torch.float16, device="meta")
     bhsd = torch.empty(2, 3, 64, 32, dtype=torch.float16, device="meta").transpose(1, 2)
     assert fwd_memory_path(config, bshd, bshd, bshd, bshd, False) == "tma-host"

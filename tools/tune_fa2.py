@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--passes", nargs="+", choices=["fwd", "bwd"], default=["fwd", "bwd"])
-    parser.add_argument("--fwd-configs", nargs="+", metavar="BM,BN,WARPS,STAGES,TMA[,MIN_KEYS[,HOST_BELOW_KEYS]]",
+    parser.add_argument("--fwd-configs", nargs="+", metavar="BM,BN,WARPS,STAGES,TMA[,MIN_KEYS[,HOST_MIN_KEYS,HOST_BELOW_KEYS]]",
                         help="forward candidates to time instead of the built-in list (TMA: 0 or 1; the "
                              "key counts as in FwdConfig)")
     parser.add_argument("--bwd-configs", nargs="+", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR]",
