@@ -69,9 +69,9 @@ class FwdConfig:
     # [tma_host_min_keys, tma_host_below_keys) where that view is exact (whole blocks, a
     # power-of-two head dim): no per-program set-up, but four descriptors to encode on the
     # host per launch. tma_host_below_keys = 0: never. At head dim 128 they beat pointer tiles
-    # by 5-13% at 1024-4096 keys and lost 3-4% to in-kernel descriptors at 8k-16k; at 512 keys
-    # the paper sweep's launches (~25 us of GPU work) became host-bound: 0.62-0.84x the
-    # pointer tiles (reports/h200/perf_notes.md, v3).
+    # by 6-13% at 1024-4096 keys and lost 2-5% to in-kernel descriptors at 8k-16k; at 512 keys
+    # the paper sweep's launches (20-30 us of GPU work) became host-bound, at 0.61-0.75x what
+    # the same kernel read when called directly (reports/h200/perf_notes.md, v3).
     tma_host_min_keys: int = 1024
     tma_host_below_keys: int = 0
 

@@ -85,11 +85,11 @@ def file_section(path: Path, stop_at: str | None = None) -> str:
     return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", text, flags=re.MULTILINE)
 
 
-def tuning_table(path: Path) -> str:
+def tuning_table(path: Path, hdims: tuple[int, ...] | None = None) -> str:
     """tools/tune_fa2.py's rows: TFLOPs/s of each candidate config per (pass, hdim, causal), the
-    two SDPA peers measured in the same process first."""
+    two SDPA peers measured in the same process first; `hdims` keeps only those head dims."""
     rows = pd.read_csv(path)
-    rows = rows[rows.status == "ok"]
+    rows = rows[(rows.status == "ok") & (rows.hdim.isin(hdims) if hdims else True)]
     if "seqlen" not in rows:  # the first session's rows: seqlen 4096 only
         rows = rows.assign(seqlen=4096)
     wide = rows.pivot_table(index="config", columns=["kind", "seqlen", "hdim", "causal"], values="tflops")
@@ -101,6 +101,18 @@ def tuning_table(path: Path) -> str:
     for config, values in wide.iterrows():
         cells = ["" if pd.isna(v) else f"{v:.0f}" for v in values]
         lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def backward_parts_table(path: Path) -> str:
+    """tools/experiments/exp_bwd.py's rows: milliseconds of the whole backward and of its dK/dV
+    and dQ kernels alone, per config and causal mode, the SDPA peers' whole backward first."""
+    rows = pd.read_csv(path)
+    rows = rows[rows.status == "ok"].fillna({"part": "all"})
+    wide = rows.pivot_table(index=["config", "part"], columns="causal", values="ms", sort=False)
+    lines = ["| config | kernels timed | ms, non-causal | ms, causal |", "|---|---|---|---|"]
+    for (config, part), values in wide.iterrows():
+        lines.append(f"| {config} | {part} | {values.get(False, float('nan')):.3f} | {values.get(True, float('nan')):.3f} |")
     return "\n".join(lines)
 
 
@@ -225,7 +237,15 @@ SECTIONS = {
     "tuning_launch_order": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_d128_after_launch_order_bf16.csv"),
     "tuning_tma_by_seqlen": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_tma_by_seqlen_d128_bf16.csv"),
     "timing_window": lambda: timing_window_table(load_results(H200 / "tuning" / "paper_bf16_rep20ms"),
-                                                 load_results(H200 / "paper")),
+                                                 load_results(H200 / "paper_runs" / "session2_bf16")),
+    **{f"tuning_host_tma_d{h}": (lambda h=h: tuning_table(H200 / "tuning" / "tune_fa2_fwd_host2d_d64_d128_bf16.csv", (h,)))
+       for h in (64, 128)},
+    "tuning_host_tma_d256": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_host2d_d256_bf16.csv"),
+    "tuning_host_tma_d128_fp16": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_host2d_d128_fp16.csv"),
+    "tuning_host4d_d128": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_host4d_vs_kernel_d64_d128_bf16.csv", (128,)),
+    "tuning_bwd_d256_v3": lambda: tuning_table(H200 / "tuning" / "tune_fa2_bwd_query_major_d256_bf16.csv"),
+    "bwd_parts_d256": lambda: backward_parts_table(H200 / "tuning" / "exp_bwd_kernel_by_kernel_d256_seqlen4096_bf16.csv"),
+    "bwd_parts_d128": lambda: backward_parts_table(H200 / "tuning" / "exp_bwd_kernel_by_kernel_d128_seqlen4096_bf16.csv"),
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
     "utilisation": lambda: utilisation_table(pd.read_csv(KERNEL_VS_FA2_CSV),
                                              matmul_ceiling_tflops(H200 / "matmul_ceiling.txt")),

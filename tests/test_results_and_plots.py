@@ -239,3 +239,39 @@ def test_a_row_cut_short_by_a_kill_is_skipped_and_appending_goes_on_cleanly(tmp_
         writer.write(_row(provider="sdpa-math", ms=3.0, tflops=3.0))
     with pytest.warns(UserWarning, match="skipped 1 incomplete row"):
         assert load_results(path)["provider"].tolist() == ["pytorch", "sdpa-math"]
+
+
+# --------------------------------------------------------------------------------------
+# Merging runs (tools/merge_paper_runs.py)
+# --------------------------------------------------------------------------------------
+def _load_merge_tool():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "merge_paper_runs.py"
+    spec = importlib.util.spec_from_file_location("merge_paper_runs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_merged_runs_take_later_rows_filter_sources_and_keep_every_run(tmp_path, monkeypatch):
+    first, second, out = tmp_path / "first", tmp_path / "second", tmp_path / "merged"
+    with ResultWriter(first / "results.csv") as writer:
+        writer.write(_row(seqlen=128, tflops=1.0))
+        writer.write(_row(seqlen=256, tflops=1.0))
+        writer.write(_row(provider="pytorch", seqlen=128, tflops=0.5))
+    record_run(first, {"run_id": "a", "finished": "x"})
+    with ResultWriter(second / "results.csv") as writer:
+        writer.write(_row(seqlen=128, tflops=2.0))  # replaces first's row of the same key
+        writer.write(_row(mode="bwd", seqlen=128, tflops=9.0))  # filtered out by --where
+    record_run(second, {"run_id": "b", "finished": "y"})
+    tool = _load_merge_tool()
+    monkeypatch.setattr(sys, "argv", ["merge_paper_runs.py", "--out", str(out), "--source", str(first),
+                                      "--source", str(second), "--where", 'mode == "fwd"',
+                                      "--drop", 'provider == "pytorch"'])
+    tool.main()
+    rows = load_results(out).set_index(["provider", "mode", "seqlen"])["tflops"].to_dict()
+    assert rows == {("fa2", "fwd", 128): 2.0, ("fa2", "fwd", 256): 1.0}
+    runs = load_runs(out)
+    assert [r["run_id"] for r in runs[:2]] == ["a", "b"] and "--drop" in runs[2]["command"]
+    json.dumps(json.loads((out / "results.json").read_text()), allow_nan=False)
