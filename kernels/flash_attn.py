@@ -92,6 +92,16 @@ class BwdConfig:
     # registers, which is what lets head dim 256 keep both 64x256 accumulators in registers.
     query_major: bool = False
 
+    @property
+    def dq_warps(self) -> int:
+        """Warps of the dQ kernel."""
+        return self.num_warps if self.dq_num_warps is None else self.dq_num_warps
+
+    @property
+    def dq_stages(self) -> int:
+        """Pipeline stages of the dQ kernel."""
+        return self.num_stages if self.dq_num_stages is None else self.dq_num_stages
+
 
 # Hopper (sm_90), keyed by (padded head dim, causal). Chosen on the H200 by tools/tune_fa2.py
 # (bf16, seqlen 4096, paper shapes): rows in reports/h200/tuning/tune_fa2_seqlen4096_bf16.csv,
@@ -123,7 +133,7 @@ HOPPER_BWD_CONFIGS = {
     # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma.
     128: BwdConfig(64, 128, 128, 32, 8, 3),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
-    # only stage count that fits), dQ 64x64 at 4 warps. Against the v1 key-major 64x64 (4
+    # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
     # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k, whole backward 1.7-2.0x
     # (reports/h200/perf_notes.md, v3).
     256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True),
@@ -233,10 +243,13 @@ def _query_block_start(CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
                seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
-               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
     """FA2 Alg. 1 lines 6-10 over key blocks [lo, hi). With TMA, K and V are tensor
-    descriptors bounded at (seqlen_k, HEAD_DIM): the copy engine zero-fills past the ends."""
+    descriptors and this (batch, head)'s keys start at (kv_row0, col0): per-(batch, head)
+    descriptors (TMA 1) are bounded at (seqlen_k, HEAD_DIM) and zero-fill past the ends; the
+    host's 2D ones (TMA 2) are used only for whole blocks and unpadded head dims, so no tile
+    reaches past this (batch, head)."""
     offs_n_base = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -343,10 +356,10 @@ def _flash_fwd_kernel(
     full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
                                0, full, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, False, EVEN_D, TMA)
+                               HEAD_DIM, BLOCK_N, CAUSAL, False, EVEN_D, TMA)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
                                full, end, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
-                               HEAD_DIM, BLOCK_D, BLOCK_N, CAUSAL, True, EVEN_D, TMA)
+                               HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D, TMA)
 
     # line 12: one final rescale O = diag(l)^-1 O. A row that saw no key stays 0.
     empty = l_i == 0.0
@@ -718,10 +731,10 @@ def _flat_descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
 
 
 def tma_compatible(*tensors: torch.Tensor) -> bool:
-    """Whether per-(batch, head) TMA descriptors can describe these (batch, seqlen, heads,
-    headdim) tensors: the copy engine needs 16-byte aligned addresses and row strides, so
-    the base pointer and every stride but the last (which must be 1) in bytes are multiples
-    of 16. Otherwise the forward falls back to pointer tiles (same results)."""
+    """Whether TMA descriptors (either kind, see fwd_memory_path) can describe these (batch,
+    seqlen, heads, headdim) tensors: the copy engine needs 16-byte aligned addresses and row
+    strides, so the base pointer and every stride but the last (which must be 1) in bytes are
+    multiples of 16. Otherwise the forward uses pointer tiles (same results)."""
     for t in tensors:
         size = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
@@ -780,8 +793,7 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
         heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
         BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
-        EVEN_M=seqlen_q % cfg.block_m2 == 0, num_warps=cfg.dq_num_warps or cfg.num_warps,
-        num_stages=cfg.dq_num_stages or cfg.num_stages, **common,
+        EVEN_M=seqlen_q % cfg.block_m2 == 0, num_warps=cfg.dq_warps, num_stages=cfg.dq_stages, **common,
     )
     return dq, dk, dv
 

@@ -18,6 +18,7 @@ import pandas as pd
 from reports.results import load_results
 
 H200 = Path(__file__).resolve().parent / "h200"
+TUNING = H200 / "tuning"
 KERNEL_VS_FA2_CSV = H200 / "kernel_vs_fa2.csv"  # bf16, as the paper
 KERNEL_VS_FA2_FP16_CSV = H200 / "kernel_vs_fa2_fp16.csv"
 KERNEL_VS_FA2_BY_DTYPE = {"bf16": KERNEL_VS_FA2_CSV, "fp16": KERNEL_VS_FA2_FP16_CSV}
@@ -238,14 +239,15 @@ SECTIONS = {
     "tuning_tma_by_seqlen": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_tma_by_seqlen_d128_bf16.csv"),
     "timing_window": lambda: timing_window_table(load_results(H200 / "tuning" / "paper_bf16_rep20ms"),
                                                  load_results(H200 / "paper_runs" / "session2_bf16")),
-    **{f"tuning_host_tma_d{h}": (lambda h=h: tuning_table(H200 / "tuning" / "tune_fa2_fwd_host2d_d64_d128_bf16.csv", (h,)))
+    # third session (v3): host-made descriptors, the query-major head-dim-256 backward
+    **{f"tuning_host_tma_d{h}": (lambda h=h: tuning_table(TUNING / "tune_fa2_fwd_host2d_d64_d128_bf16.csv", (h,)))
        for h in (64, 128)},
-    "tuning_host_tma_d256": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_host2d_d256_bf16.csv"),
-    "tuning_host_tma_d128_fp16": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_host2d_d128_fp16.csv"),
-    "tuning_host4d_d128": lambda: tuning_table(H200 / "tuning" / "tune_fa2_fwd_host4d_vs_kernel_d64_d128_bf16.csv", (128,)),
-    "tuning_bwd_d256_v3": lambda: tuning_table(H200 / "tuning" / "tune_fa2_bwd_query_major_d256_bf16.csv"),
-    "bwd_parts_d256": lambda: backward_parts_table(H200 / "tuning" / "exp_bwd_kernel_by_kernel_d256_seqlen4096_bf16.csv"),
-    "bwd_parts_d128": lambda: backward_parts_table(H200 / "tuning" / "exp_bwd_kernel_by_kernel_d128_seqlen4096_bf16.csv"),
+    "tuning_host_tma_d256": lambda: tuning_table(TUNING / "tune_fa2_fwd_host2d_d256_bf16.csv"),
+    "tuning_host_tma_d128_fp16": lambda: tuning_table(TUNING / "tune_fa2_fwd_host2d_d128_fp16.csv"),
+    "tuning_host4d_d128": lambda: tuning_table(TUNING / "tune_fa2_fwd_host4d_vs_kernel_d64_d128_bf16.csv", (128,)),
+    "tuning_bwd_d256_v3": lambda: tuning_table(TUNING / "tune_fa2_bwd_query_major_d256_bf16.csv"),
+    **{f"bwd_parts_d{h}": (lambda h=h: backward_parts_table(
+        TUNING / f"exp_bwd_kernel_by_kernel_d{h}_seqlen4096_bf16.csv")) for h in (128, 256)},
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
     "utilisation": lambda: utilisation_table(pd.read_csv(KERNEL_VS_FA2_CSV),
                                              matmul_ceiling_tflops(H200 / "matmul_ceiling.txt")),

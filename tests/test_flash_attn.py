@@ -213,7 +213,8 @@ def test_tma_paths_equal_the_pointer_path(shape, path, causal, poisoned_allocati
     """Each TMA path gives bit-for-bit the pointer path's masked loads and stores."""
     batch, seqlen_q, seqlen_k, heads, headdim = shape
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, torch.float16, "cpu")
-    tma_config = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_min_keys=0, tma_host_below_keys=4096)
+    tma_config = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_min_keys=0,
+                           tma_host_below_keys=4096)
     assert fwd_memory_path(tma_config, q, k, v, torch.empty_like(q), causal) == path
     out_tma, lse_tma = flash_attn_forward(q, k, v, 0.3, causal, tma_config)
     out_ptr, lse_ptr = flash_attn_forward(q, k, v, 0.3, causal, FwdConfig(32, 32, 4, 1, tma=False))
@@ -283,6 +284,19 @@ def test_flat_view_needs_heads_side_by_side_and_batches_back_to_back():
     bhsd = torch.empty(2, 3, 64, 32, dtype=torch.float16, device="meta").transpose(1, 2)
     assert fwd_memory_path(config, bshd, bshd, bshd, bshd, False) == "tma-host"
     assert fwd_memory_path(config, bhsd, bhsd, bhsd, bshd, False) == "tma-kernel"
+    # a seqlen slice of a longer buffer: batch b's rows do not start at row b * seqlen
+    longer = torch.empty(2, 128, 3, 32, dtype=torch.float16, device="meta")
+    assert fwd_memory_path(config, longer[:, :64], bshd, bshd, bshd, False) == "tma-kernel"
+    # one key tensor broadcast over the batch (stride 0): rows b * seqlen do not exist
+    shared_k = torch.empty(1, 64, 3, 32, dtype=torch.float16, device="meta").expand(2, 64, 3, 32)
+    assert fwd_memory_path(config, bshd, shared_k, bshd, bshd, False) == "tma-kernel"
+    # keys not a whole number of blocks: the last tile would run into the next batch's keys
+    ragged_k = torch.empty(2, 40, 3, 32, dtype=torch.float16, device="meta")
+    assert fwd_memory_path(config, bshd, ragged_k, ragged_k, bshd, False) == "tma-kernel"
+    # 2^31 rows or more would overflow the kernel's int32 row coordinate
+    huge = torch.empty(2**16, 2**15, 1, 32, dtype=torch.float16, device="meta")
+    assert fwd_memory_path(dataclasses.replace(config, tma_host_below_keys=2**16), huge, huge, huge, huge,
+                           False) == "tma-kernel"
 
 
 def test_tma_compatible_needs_16_byte_rows_and_bases():

@@ -131,7 +131,8 @@ def test_fa2_config_records_the_forwards_memory_path(hdim, seqlen, path):
     of 16: no TMA at all."""
     from kernels.flash_attn import FwdConfig
 
-    registry.override_fa2_fwd_config(FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_min_keys=0, tma_host_below_keys=256))
+    registry.override_fa2_fwd_config(FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_min_keys=0,
+                                               tma_host_below_keys=256))
     try:
         config = json.loads(get_provider("fa2").config(Spec("fwd", False, hdim, seqlen, 1, 2, "fp16")))
     finally:

@@ -7,7 +7,8 @@ there, how many registers, any spills) are answered here:
     python tools/compile_check_sm90.py                  # the production table, hdim 64/128/256
     python tools/compile_check_sm90.py --hdim 256 --bwd 64,32,128,32,8,2
 
-Prints one line per kernel: the block config, shared memory, registers and spill bytes.
+Prints one line per kernel (and per memory path the forward config can take): the block config,
+shared memory, registers and spill bytes.
 """
 
 from __future__ import annotations
@@ -35,11 +36,19 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 def signature(kernel, constexprs: dict, dtype: str) -> dict:
     """Argument types by the kernels' naming convention: capitalised names are tensors
-    (LSE and Delta float32), *scale float32, the rest int32."""
+    (LSE and Delta float32), *scale float32, the rest int32; the forward's Q, K, V and Out are
+    host-made 2D tensor descriptors on its TMA path 2."""
+    host_blocks = {}
+    if constexprs.get("TMA") == fa.FWD_MEMORY_PATHS.index("tma-host"):
+        rows = {"Q": "BLOCK_M", "Out": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"}
+        host_blocks = {name: f"tensordesc<{dtype}[{constexprs[block]},{constexprs['BLOCK_D']}]>"
+                       for name, block in rows.items()}
     types = {}
     for name in kernel.arg_names:
         if name in constexprs:
             types[name] = "constexpr"
+        elif name in host_blocks:
+            types[name] = host_blocks[name]
         elif name in ("LSE", "Delta"):
             types[name] = "*fp32"
         elif name[0].isupper():
@@ -62,7 +71,8 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str
     registers = re.search(r"Used (\d+) registers", ptxas.stderr)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     mma = ("tma+" if "cp.async.bulk.tensor" in compiled.asm["ptx"] else "") + ("wgmma" if "wgmma" in compiled.asm["ptx"] else "mma.sync")
-    return (f"{kernel.fn.__name__:24s} M{constexprs['BLOCK_M']:<4d} N{constexprs['BLOCK_N']:<4d} "
+    path = f" {fa.FWD_MEMORY_PATHS[constexprs['TMA']]:10s}" if "TMA" in constexprs else ""
+    return (f"{kernel.fn.__name__:24s}{path} M{constexprs['BLOCK_M']:<4d} N{constexprs['BLOCK_N']:<4d} "
             f"w{num_warps} s{num_stages}  {mma:8s} smem {compiled.metadata.shared:6d} B  "
             f"regs {registers.group(1) if registers else '?':>3s}  spill stores "
             f"{spills.group(1) if spills else '?'} B")
@@ -72,8 +82,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hdim", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--fwd", metavar="BM,BN,WARPS,STAGES[,TMA]",
-                        help="forward config (default: the table's); TMA is 0 or 1")
+    parser.add_argument("--fwd", metavar="BM,BN,WARPS,STAGES[,TMA[,MIN_KEYS,HOST_MIN_KEYS,HOST_BELOW_KEYS]]",
+                        help="forward config (default: the table's), FwdConfig's fields in order; each memory "
+                             "path it can take is compiled")
     parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR]",
                         help="backward config (default: the table's)")
     args = parser.parse_args()
@@ -84,15 +95,19 @@ def main() -> None:
         bwd = (fa.BwdConfig(*map(int, args.bwd.split(","))) if args.bwd else fa.HOPPER_BWD_CONFIGS[block_d])
         common = {"HEAD_DIM": hdim, "BLOCK_D": block_d, "CAUSAL": args.causal, "EVEN_M": True}
         print(f"head dim {hdim}:")
-        print("  " + report(fa._flash_fwd_kernel, dict(common, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
-                                                    TMA=bool(fwd.tma)),
-                            fwd.num_warps, fwd.num_stages))
+        # every memory path the config can take (fwd_memory_path picks one per launch)
+        paths = ["pointer"] + (["tma-kernel"] if fwd.tma else [])
+        paths += ["tma-host"] if fwd.tma and fwd.tma_host_below_keys else []
+        for path in paths:
+            print("  " + report(fa._flash_fwd_kernel, dict(common, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
+                                                        TMA=fa.FWD_MEMORY_PATHS.index(path)),
+                                fwd.num_warps, fwd.num_stages))
         print("  " + report(fa._flash_bwd_dkdv_kernel,
                             dict(common, BLOCK_M=bwd.block_m1, BLOCK_N=bwd.block_n1, EVEN_N=True,
                                  QUERY_MAJOR=bwd.query_major),
                             bwd.num_warps, bwd.num_stages))
         print("  " + report(fa._flash_bwd_dq_kernel, dict(common, BLOCK_M=bwd.block_m2, BLOCK_N=bwd.block_n2),
-                            bwd.dq_num_warps or bwd.num_warps, bwd.dq_num_stages or bwd.num_stages))
+                            bwd.dq_warps, bwd.dq_stages))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Historical: written for commit 523169d; its --fwd-configs' 7th field was then `host_descriptors`
+# (now tma_host_min_keys), and device_run8.sh's exp_bwd.py variants and FA_HOST_TMA are gone. Check
+# out 523169d to re-run it.
 # Session 3, first device call: the forward with host-made TMA descriptors against the in-kernel
 # ones and pointer tiles (head dim 64/128/256, seqlen 1k-16k, bf16; fp16 at head dim 128);
 # head-dim-256 backward variants kernel by kernel (tools/experiments/exp_bwd.py); the GPU tests

@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Historical: written for commit adfcb88; its --fwd-configs' 7th field was then `host_descriptors`
+# (now tma_host_min_keys), and device_run8.sh's exp_bwd.py variants and FA_HOST_TMA are gone. Check
+# out adfcb88 to re-run it.
 # Session 3, second device call: the forward with host-made 2D TMA descriptors (batch * seqlen,
 # heads * head dim) against in-kernel descriptors and pointer tiles, 512-16k, head dim 64/128/256,
 # bf16 (fp16 at head dim 128); the head-dim-256 query-major backward and dQ alternatives.

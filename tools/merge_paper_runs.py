@@ -14,7 +14,6 @@ results.json, and each row keeps its own git_commit and timestamp. Rebuild the r
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from datetime import datetime, timezone
@@ -24,7 +23,15 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reports.results import COLUMNS, KEY_COLUMNS, RESULTS_CSV, RESULTS_JSON, load_results, load_runs
+from reports.results import (
+    COLUMNS,
+    KEY_COLUMNS,
+    RESULTS_CSV,
+    RESULTS_JSON,
+    load_results,
+    load_runs,
+    record_run,
+)
 
 
 def merge(sources: list[tuple[Path, str | None]], drop: list[str]) -> tuple[pd.DataFrame, list[dict]]:
@@ -45,31 +52,47 @@ def merge(sources: list[tuple[Path, str | None]], drop: list[str]) -> tuple[pd.D
     return merged.reset_index(drop=True), runs
 
 
+class _Source(argparse.Action):
+    """--source DIR: a new source, with no filter yet."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.sources.append([Path(value), None])
+
+
+class _Where(argparse.Action):
+    """--where QUERY: the filter of the --source just before it (one per source)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if not namespace.sources:
+            parser.error("--where must follow a --source")
+        if namespace.sources[-1][1] is not None:
+            parser.error(f"{namespace.sources[-1][0]}: one --where per --source")
+        namespace.sources[-1][1] = value
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="folder for the merged results.csv and results.json")
-    parser.add_argument("--source", type=Path, action="append", required=True, help="a runner output folder")
-    parser.add_argument("--where", action="append", default=[], metavar="QUERY",
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
+    parser.add_argument("--out", type=Path, required=True,
+                        help="folder for the merged results.csv and results.json")
+    parser.add_argument("--source", action=_Source, dest="sources", default=[], metavar="DIR",
+                        help="a runner output folder (repeat; later sources win)")
+    parser.add_argument("--where", action=_Where, dest="sources", metavar="QUERY",
                         help="keep only the rows of the preceding --source that match (pandas query)")
-    parser.add_argument("--drop", action="append", default=[], metavar="QUERY", help="remove merged rows that match")
+    parser.add_argument("--drop", action="append", default=[], metavar="QUERY",
+                        help="remove merged rows that match (pandas query)")
     args = parser.parse_args()
-    # pair each --where with the --source before it on the command line
-    sources, argv = [], sys.argv[1:]
-    for i, token in enumerate(argv):
-        if token == "--source":
-            sources.append([Path(argv[i + 1]), None])
-        elif token == "--where":
-            if not sources:
-                parser.error("--where must follow a --source")
-            sources[-1][1] = argv[i + 1]
-    merged, runs = merge([tuple(s) for s in sources], args.drop)
+    if not args.sources:
+        parser.error("give at least one --source")
+    merged, runs = merge([tuple(source) for source in args.sources], args.drop)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     runs.append({"run_id": f"{now} merge", "command": shlex.join(["python", *sys.argv]), "finished": now})
     args.out.mkdir(parents=True, exist_ok=True)
     merged.to_csv(args.out / RESULTS_CSV, index=False, columns=list(COLUMNS))
-    rows = json.loads(merged.to_json(orient="records"))
-    (args.out / RESULTS_JSON).write_text(json.dumps({"runs": runs, "rows": rows}, indent=1))
-    print(f"{len(merged)} rows from {len(sources)} sources, {len(runs)} runs -> {args.out}")
+    (args.out / RESULTS_JSON).unlink(missing_ok=True)  # the merged runs replace any recorded there
+    for run in runs:
+        record_run(args.out, run)  # the runner's own writer: strict JSON, rows from results.csv
+    print(f"{len(merged)} rows from {len(args.sources)} sources, {len(runs)} runs -> {args.out}")
 
 
 if __name__ == "__main__":
