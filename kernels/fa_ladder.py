@@ -67,10 +67,10 @@ import triton
 import triton.language as tl
 
 from kernels.flash_attn import (
-    LN2,
     LOG2E,
     FwdConfig,
     _batch_head,
+    _finalize,
     _key_range,
     _last_dim_contiguous,
     _load_tile,
@@ -221,16 +221,6 @@ def _attend_block(acc, l_i, m_i, q, kT, v, offs_m, offs_n, seqlen_q, seqlen_k, s
         pv = tl.dot(p.to(v.dtype), v)
         acc = (acc * (alpha * l_i)[:, None] + pv * beta[:, None]) * inv_l[:, None]
     return acc, l_new, m_new
-
-
-@triton.jit
-def _finalize(acc, l_i, m_i):
-    """FA2 Alg. 1 lines 12-13: O = diag(l)^-1 O once, L = m + log(l) (natural log). A row
-    that saw no key has l = 0: it outputs 0 and L = +inf."""
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_i)) * LN2)
-    return out, lse
 
 
 # --------------------------------------------------------------------------------------

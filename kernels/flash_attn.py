@@ -228,6 +228,16 @@ def _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
+def _finalize(acc, l_i, m_i):
+    """FA2 Alg. 1 lines 12-13: O = diag(l)^-1 O once, L = m + log(l) (natural log). A row
+    that saw no key has l = 0: it outputs 0 and L = +inf."""
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_i)) * LN2)
+    return out, lse
+
+
+@triton.jit
 def _query_block_start(CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
     """First query row of this program. Causal: the last query block (the most key blocks to
     visit) is launched first, so the long programs start early and short ones fill the tail
@@ -361,11 +371,8 @@ def _flash_fwd_kernel(
                                full, end, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
                                HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D, TMA)
 
-    # line 12: one final rescale O = diag(l)^-1 O. A row that saw no key stays 0.
-    empty = l_i == 0.0
-    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
-    # line 13: L = m + log(l), stored in natural log; +inf for a row that saw no key
-    lse = tl.where(empty, float("inf"), (m_i + tl.math.log2(l_i)) * LN2)
+    # lines 12-13: one final rescale O = diag(l)^-1 O, L = m + log(l)
+    acc, lse = _finalize(acc, l_i, m_i)
     # lines 14-15: write O_i and L_i
     if TMA == 2:
         Out.store([q_row0 + start_m, col0], acc.to(Out.dtype))

@@ -53,6 +53,35 @@ def bench(fn, grad_to_none=()) -> float:
     return benchmark(fn, torch.device("cuda"), grad_to_none=grad_to_none).ms
 
 
+class CsvRows:
+    """Rows as they are measured: the CSV at `path` is rewritten after each row (so a run cut
+    short keeps what it measured) and `echo(row)` prints it."""
+
+    def __init__(self, path: Path, echo):
+        self.path, self.echo, self.rows = path, echo, []
+
+    def __call__(self, **row) -> None:
+        self.rows.append(row)
+        pd.DataFrame(self.rows).to_csv(self.path, index=False)
+        print(self.echo(row), flush=True)
+
+
+SDPA_PEERS = (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION))
+
+
+def sdpa_ms(backend, q, k, v, dout, causal: bool, kind: str) -> float:
+    """Median ms of SDPA's forward (`kind` 'fwd') or backward ('bwd') with one backend, on
+    flash-attn layout (batch, seqlen, heads, headdim) inputs."""
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    if kind == "fwd":
+        with sdpa_kernel(backend):
+            return bench(partial(torch.nn.functional.scaled_dot_product_attention, qt, kt, vt, is_causal=causal))
+    qg, kg, vg = (t.detach().requires_grad_() for t in (qt, kt, vt))
+    with sdpa_kernel(backend):
+        o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+        return bench(partial(o.backward, dout.transpose(1, 2), retain_graph=True), grad_to_none=(qg, kg, vg))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seqlens", type=int, nargs="+", default=[4096])
@@ -70,14 +99,9 @@ def main() -> None:
     fwd_candidates = ([FwdConfig(*(int(x) for x in text.split(","))) for text in args.fwd_configs]
                       if args.fwd_configs else FWD_CANDIDATES)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    out_path = Path(os.environ.get("OUT", ".")) / "tune_fa2.csv"
-    rows = []
-
-    def record(**row):
-        rows.append(row)
-        pd.DataFrame(rows).to_csv(out_path, index=False)
-        print(f"{row['kind']:4s} s{row['seqlen']:<5d} d{row['hdim']:<3d} causal={row['causal']!s:5s} {row['config']:<48s} "
-              f"{row.get('tflops', float('nan')):7.1f} TFLOPs/s {row.get('status', '')}", flush=True)
+    record = CsvRows(Path(os.environ.get("OUT", ".")) / "tune_fa2.csv", lambda row: (
+        f"{row['kind']:4s} s{row['seqlen']:<5d} d{row['hdim']:<3d} causal={row['causal']!s:5s} {row['config']:<48s} "
+        f"{row.get('tflops', float('nan')):7.1f} TFLOPs/s {row.get('status', '')}"))
 
     for seqlen, hdim in ((s, h) for s in args.seqlens for h in args.hdims):
         batch, heads = 16384 // seqlen, 2048 // hdim
@@ -91,22 +115,14 @@ def main() -> None:
             bwd_flops = attention_flops(batch, heads, seqlen, seqlen, hdim, causal, "bwd")
             ref_small, _ = attention_reference(*small, scale, causal)
             # peers, same process
-            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-            for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION),
-                                  ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
+            for name, backend in SDPA_PEERS:
                 try:
-                    with sdpa_kernel(backend):
-                        ms = bench(partial(torch.nn.functional.scaled_dot_product_attention,
-                                           qt, kt, vt, is_causal=causal))
+                    ms = sdpa_ms(backend, q, k, v, dout, causal, "fwd")
                     record(kind="fwd", seqlen=seqlen, hdim=hdim, causal=causal, config=name, ms=ms,
                            tflops=tflops_per_second(fwd_flops, ms), status="ok")
                     if "bwd" not in args.passes:
                         continue
-                    qg, kg, vg = (t.detach().requires_grad_() for t in (qt, kt, vt))
-                    with sdpa_kernel(backend):
-                        o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                        g = dout.transpose(1, 2)
-                        ms = bench(partial(o.backward, g, retain_graph=True), grad_to_none=(qg, kg, vg))
+                    ms = sdpa_ms(backend, q, k, v, dout, causal, "bwd")
                     record(kind="bwd", seqlen=seqlen, hdim=hdim, causal=causal, config=name, ms=ms,
                            tflops=tflops_per_second(bwd_flops, ms), status="ok")
                 except Exception as exc:  # noqa: BLE001 -- a peer that cannot run this shape is a row, not a crash
@@ -136,7 +152,7 @@ def main() -> None:
                     record(kind="bwd", seqlen=seqlen, hdim=hdim, causal=causal, config=label, status=f"error: {exc}"[:200])
             torch.cuda.empty_cache()
 
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(record.rows)
     ok = df[df.status == "ok"]
     best = ok.loc[ok.groupby(["kind", "seqlen", "hdim", "causal"]).tflops.idxmax()]
     print("\nbest per (kind, hdim, causal):")

@@ -16,21 +16,17 @@ import sys
 from functools import partial
 from pathlib import Path
 
-import pandas as pd
 import torch
 import triton
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from tune_fa2 import SDPA_PEERS, CsvRows, bench, sdpa_ms  # the same peers and timing as tune_fa2.py
 
 from baselines.flops import attention_flops, tflops_per_second
 from kernels import flash_attn as fa
-from reports.timing import benchmark
-
-
-def bench(fn, grad_to_none=()):
-    return benchmark(fn, torch.device("cuda"), grad_to_none=grad_to_none).ms
 
 
 def backward(cfg, do, q, k, v, out, lse, scale, causal, parts=("pre", "dkdv", "dq"), bufs=None):
@@ -69,14 +65,10 @@ def main():
     ap.add_argument("--configs", nargs="+", required=True,
                     help="BwdConfig fields: M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR]")
     args = ap.parse_args()
-    out_path = Path(os.environ.get("OUT", ".")) / "exp_bwd.csv"
-    rows = []
-
-    def record(**row):
-        rows.append(row)
-        pd.DataFrame(rows).to_csv(out_path, index=False)
-        print(f"s{row['seqlen']:<5d} d{row['hdim']:<3d} c={row['causal']!s:5s} {row['config']:<44s} {row.get('part','all'):5s} "
-              f"{row.get('ms', float('nan')):8.3f} ms {row.get('tflops', float('nan')):6.1f} TF/s {row.get('status','')}", flush=True)
+    record = CsvRows(Path(os.environ.get("OUT", ".")) / "exp_bwd.csv", lambda row: (
+        f"s{row['seqlen']:<5d} d{row['hdim']:<3d} c={row['causal']!s:5s} {row['config']:<44s} "
+        f"{row.get('part', 'all'):5s} {row.get('ms', float('nan')):8.3f} ms "
+        f"{row.get('tflops', float('nan')):6.1f} TF/s {row.get('status', '')}"))
 
     for seqlen in args.seqlens:
         for hdim in args.hdims:
@@ -87,13 +79,12 @@ def main():
             for causal in (False, True):
                 flops = attention_flops(batch, heads, seqlen, seqlen, hdim, causal, "bwd")
                 base = {"seqlen": seqlen, "hdim": hdim, "causal": causal}
-                qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-                for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
-                    qg, kg, vg = (t.detach().requires_grad_() for t in (qt, kt, vt))
-                    with sdpa_kernel(backend):
-                        o = torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
-                        ms = bench(partial(o.backward, do.transpose(1, 2), retain_graph=True), grad_to_none=(qg, kg, vg))
-                    record(**base, config=name, ms=ms, tflops=tflops_per_second(flops, ms), status="ok")
+                for name, backend in SDPA_PEERS:
+                    try:
+                        ms = sdpa_ms(backend, q, k, v, do, causal, "bwd")
+                        record(**base, config=name, ms=ms, tflops=tflops_per_second(flops, ms), status="ok")
+                    except Exception as exc:  # noqa: BLE001 -- a peer that cannot run this shape is a row
+                        record(**base, config=name, status=f"error: {exc}"[:200])
                 out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
                 ref = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal)
                 ms = bench(partial(fa.flash_attn_backward, do, q, k, v, out, lse, scale, causal))
