@@ -91,6 +91,10 @@ class BwdConfig:
     # (S^T = K Q^T): K and V then stay in shared memory as wgmma B operands instead of
     # registers, which is what lets head dim 256 keep both 64x256 accumulators in registers.
     query_major: bool = False
+    # Tensor-descriptor (TMA) loads for the tiles each loop step streams (Q and dO in the
+    # dK/dV kernel, K and V in the dQ kernel), descriptors made per program and bounded at
+    # (seqlen, head dim) like the forward's in-kernel path: no address registers per tile.
+    tma: bool = False
 
     @property
     def dq_warps(self) -> int:
@@ -419,25 +423,34 @@ def _bwd_preprocess_kernel(
 def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos, offs_n, offs_d,
                     lo, hi, seqlen_q, seqlen_k, qk_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
-                    MASK: tl.constexpr, EVEN_D: tl.constexpr, QUERY_MAJOR: tl.constexpr):
+                    MASK: tl.constexpr, EVEN_D: tl.constexpr, QUERY_MAJOR: tl.constexpr,
+                    TMA: tl.constexpr):
     """FA2 Alg. 2 lines 8-14 for one key block over query blocks [lo, hi). Query rows past
     seqlen_q load L = +inf and dO = 0, so they contribute exactly nothing without a mask.
     Key-major (default): every matmul has the key block as M (S^T = K Q^T), K and V are
     register operands. Query-major: S = Q K^T and dP = dO V^T have the query block as M, and
-    P and dS are transposed on chip for the dV and dK updates; K and V stay in shared memory."""
+    P and dS are transposed on chip for the dV and dK updates; K and V stay in shared memory.
+    With TMA, Q and DO are tensor descriptors bounded at (seqlen_q, HEAD_DIM) (zero fill)."""
     offs_m_base = tl.arange(0, BLOCK_M)
     d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m_base
         m_ok = offs_m < seqlen_q
-        if QUERY_MAJOR:
-            q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
-                           not EVEN_M, not EVEN_D)
+        if TMA:
+            if QUERY_MAJOR:
+                q = Q.load([start_m, 0])
+            else:
+                qT = Q.load([start_m, 0]).T
+            do = DO.load([start_m, 0])
         else:
-            qT = _load_tile(Q + offs_d[:, None] + offs_m[None, :] * stride_qs, d_ok, m_ok,
-                            not EVEN_D, not EVEN_M)
-        do = _load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], m_ok, d_ok,
-                        not EVEN_M, not EVEN_D)
+            if QUERY_MAJOR:
+                q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
+                               not EVEN_M, not EVEN_D)
+            else:
+                qT = _load_tile(Q + offs_d[:, None] + offs_m[None, :] * stride_qs, d_ok, m_ok,
+                                not EVEN_D, not EVEN_M)
+            do = _load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], m_ok, d_ok,
+                            not EVEN_M, not EVEN_D)
         if EVEN_M:
             lse = tl.load(LSE + offs_m)
             delta = tl.load(Delta + offs_m)
@@ -482,6 +495,7 @@ def _flash_bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, QUERY_MAJOR: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2 lines 5-16):
     every element is written by exactly one program, so no atomics."""
@@ -510,6 +524,11 @@ def _flash_bwd_dkdv_kernel(
                    not EVEN_N, not EVEN_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    if TMA:
+        Q = tl.make_tensor_descriptor(Q, shape=[seqlen_q, HEAD_DIM], strides=[stride_qs, 1],
+                                      block_shape=[BLOCK_M, BLOCK_D])
+        DO = tl.make_tensor_descriptor(DO, shape=[seqlen_q, HEAD_DIM], strides=[stride_dos, 1],
+                                       block_shape=[BLOCK_M, BLOCK_D])
 
     if CAUSAL:
         # query blocks that see some of these keys: row i sees key j iff i >= j - offset
@@ -519,12 +538,12 @@ def _flash_bwd_dkdv_kernel(
         full = tl.cdiv(full, BLOCK_M) * BLOCK_M  # from here on every row sees every key
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos,
                                  offs_n, offs_d, lo, full, seqlen_q, seqlen_k, qk_scale,
-                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D, QUERY_MAJOR)
+                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D, QUERY_MAJOR, TMA)
     else:
         full = 0
     dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos,
                              offs_n, offs_d, full, seqlen_q, seqlen_q, seqlen_k, qk_scale,
-                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D, QUERY_MAJOR)
+                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D, QUERY_MAJOR, TMA)
     # line 16: write dK_j (scaled once: S = scale * Q K^T) and dV_j
     _store_tile(DK + offs_n[:, None] * stride_dks + offs_d[None, :],
                 (dk * softmax_scale).to(DK.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
@@ -536,17 +555,22 @@ def _flash_bwd_dkdv_kernel(
 def _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d, lo, hi,
                   seqlen_q, seqlen_k, qk_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                  MASK: tl.constexpr, EVEN_D: tl.constexpr):
-    """FA2 Alg. 2 lines 8-13 for one query block over key blocks [lo, hi)."""
+                  MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
+    """FA2 Alg. 2 lines 8-13 for one query block over key blocks [lo, hi). With TMA, K and V
+    are tensor descriptors bounded at (seqlen_k, HEAD_DIM) (zero fill)."""
     offs_n_base = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n_base
         n_ok = offs_n < seqlen_k
-        kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_ks, d_ok, n_ok,
-                        not EVEN_D, MASK)
-        vT = _load_tile(V + offs_d[:, None] + offs_n[None, :] * stride_vs, d_ok, n_ok,
-                        not EVEN_D, MASK)
+        if TMA:
+            kT = K.load([start_n, 0]).T
+            vT = V.load([start_n, 0]).T
+        else:
+            kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_ks, d_ok, n_ok,
+                            not EVEN_D, MASK)
+            vT = _load_tile(V + offs_d[:, None] + offs_n[None, :] * stride_vs, d_ok, n_ok,
+                            not EVEN_D, MASK)
         # lines 8-9: P = exp(S - L)
         p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
         if MASK:
@@ -572,7 +596,7 @@ def _flash_bwd_dq_kernel(
     num_heads, seqlen_q, seqlen_k, softmax_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, TMA: tl.constexpr,
 ):
     """One program per (query block, batch x head) owns dQ_i: the dQ part of FA2 Alg. 2
     (line 13) as a separate pass, so dQ needs no atomics and the result is deterministic."""
@@ -599,14 +623,19 @@ def _flash_bwd_dq_kernel(
     lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf")) * LOG2E
     delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if TMA:
+        K = tl.make_tensor_descriptor(K, shape=[seqlen_k, HEAD_DIM], strides=[stride_ks, 1],
+                                      block_shape=[BLOCK_N, BLOCK_D])
+        V = tl.make_tensor_descriptor(V, shape=[seqlen_k, HEAD_DIM], strides=[stride_vs, 1],
+                                      block_shape=[BLOCK_N, BLOCK_D])
 
     full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d,
                        0, full, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL,
-                       False, EVEN_D)
+                       False, EVEN_D, TMA)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d,
                        full, end, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL,
-                       True, EVEN_D)
+                       True, EVEN_D, TMA)
     _store_tile(DQ + offs_m[:, None] * stride_dqs + offs_d[None, :],
                 (dq * softmax_scale).to(DQ.dtype.element_ty), m_ok, d_ok, not EVEN_M, not EVEN_D)
 
@@ -786,7 +815,10 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
         out, do, delta, *_strides(out), *_strides(do), heads, seqlen_q,
         HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
     )
-    common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal}
+    tma = bwd_uses_tma(cfg, q, k, v, do)
+    if tma:
+        _ensure_descriptor_allocator()
+    common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal, "TMA": tma}
     _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
         q, k, v, do, lse, delta, dk, dv,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
@@ -803,6 +835,12 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
         EVEN_M=seqlen_q % cfg.block_m2 == 0, num_warps=cfg.dq_warps, num_stages=cfg.dq_stages, **common,
     )
     return dq, dk, dv
+
+
+def bwd_uses_tma(config: BwdConfig, q, k, v, do) -> bool:
+    """Whether the backward streams its loop tiles through tensor descriptors: where the
+    config asks for it and the copy engine can address the tensors (tma_compatible)."""
+    return config.tma and tma_compatible(q, k, v, do)
 
 
 class FlashAttnFunc(torch.autograd.Function):

@@ -222,6 +222,25 @@ def test_tma_paths_equal_the_pointer_path(shape, path, causal, poisoned_allocati
     torch.testing.assert_close(lse_tma, lse_ptr, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("query_major", [False, True], ids=["key-major", "query-major"])
+@pytest.mark.parametrize("shape", [(2, 37, 53, 2, 40), (1, 53, 37, 3, 32)],
+                         ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_backward_tma_equals_the_pointer_path(shape, query_major, causal, poisoned_allocations):
+    """The backward's descriptor loads (zero fill past seqlen and the head dim) give bit for
+    bit the pointer path's masked loads, in both dK/dV layouts, with ragged lengths both ways."""
+    batch, seqlen_q, seqlen_k, heads, headdim = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, torch.float16, "cpu")
+    do = torch.randn_like(q)
+    out, lse = flash_attn_forward(q, k, v, 0.3, causal)
+    pointer = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, query_major=query_major, tma=False)
+    tma = dataclasses.replace(pointer, tma=True)
+    assert fa.bwd_uses_tma(tma, q, k, v, do) and not fa.bwd_uses_tma(pointer, q, k, v, do)
+    for name, got, want in zip(("dq", "dk", "dv"), fa.flash_attn_backward(do, q, k, v, out, lse, 0.3, causal, tma),
+                               fa.flash_attn_backward(do, q, k, v, out, lse, 0.3, causal, pointer)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0, msg=name)
+
+
 def test_tma_kernel_path_sets_the_descriptor_allocator(monkeypatch):
     launches = []
     real = fa._ensure_descriptor_allocator

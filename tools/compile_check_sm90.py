@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--fwd", metavar="BM,BN,WARPS,STAGES[,TMA[,MIN_KEYS,HOST_MIN_KEYS,HOST_BELOW_KEYS]]",
                         help="forward config (default: the table's), FwdConfig's fields in order; each memory "
                              "path it can take is compiled")
-    parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR]",
+    parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA]",
                         help="backward config (default: the table's)")
     args = parser.parse_args()
     for hdim in args.hdim:
@@ -104,9 +104,10 @@ def main() -> None:
                                 fwd.num_warps, fwd.num_stages))
         print("  " + report(fa._flash_bwd_dkdv_kernel,
                             dict(common, BLOCK_M=bwd.block_m1, BLOCK_N=bwd.block_n1, EVEN_N=True,
-                                 QUERY_MAJOR=bwd.query_major),
+                                 QUERY_MAJOR=bwd.query_major, TMA=bwd.tma),
                             bwd.num_warps, bwd.num_stages))
-        print("  " + report(fa._flash_bwd_dq_kernel, dict(common, BLOCK_M=bwd.block_m2, BLOCK_N=bwd.block_n2),
+        print("  " + report(fa._flash_bwd_dq_kernel, dict(common, BLOCK_M=bwd.block_m2, BLOCK_N=bwd.block_n2,
+                                                       TMA=bwd.tma),
                             bwd.dq_warps, bwd.dq_stages))
 
 

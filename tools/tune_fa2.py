@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--fwd-configs", nargs="+", metavar="BM,BN,WARPS,STAGES,TMA[,MIN_KEYS[,HOST_MIN_KEYS,HOST_BELOW_KEYS]]",
                         help="forward candidates to time instead of the built-in list (TMA: 0 or 1; the "
                              "key counts as in FwdConfig)")
-    parser.add_argument("--bwd-configs", nargs="+", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR]",
+    parser.add_argument("--bwd-configs", nargs="+", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA]",
                         help="backward candidates to time instead of the built-in list")
     args = parser.parse_args()
     bwd_candidates = ([BwdConfig(*map(int, text.split(","))) for text in args.bwd_configs]

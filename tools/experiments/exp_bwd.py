@@ -38,7 +38,10 @@ def backward(cfg, do, q, k, v, out, lse, scale, causal, parts=("pre", "dkdv", "d
         fa._bwd_preprocess_kernel[(triton.cdiv(seqlen_q, 64), batch * heads)](
             out, do, delta, *fa._strides(out), *fa._strides(do), heads, seqlen_q,
             HEAD_DIM=headdim, BLOCK_D=fa.padded_headdim(headdim), BLOCK_M=64)
-    common = {"HEAD_DIM": headdim, "BLOCK_D": fa.padded_headdim(headdim), "CAUSAL": causal}
+    tma = fa.bwd_uses_tma(cfg, q, k, v, do)
+    if tma:
+        fa._ensure_descriptor_allocator()
+    common = {"HEAD_DIM": headdim, "BLOCK_D": fa.padded_headdim(headdim), "CAUSAL": causal, "TMA": tma}
     if "dkdv" in parts:
         m1, n1 = cfg.block_m1, cfg.block_n1
         fa._flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, n1), batch * heads)](
@@ -63,7 +66,7 @@ def main():
     ap.add_argument("--hdims", type=int, nargs="+", default=[256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096])
     ap.add_argument("--configs", nargs="+", required=True,
-                    help="BwdConfig fields: M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR]")
+                    help="BwdConfig fields: M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA]")
     args = ap.parse_args()
     record = CsvRows(Path(os.environ.get("OUT", ".")) / "exp_bwd.csv", lambda row: (
         f"s{row['seqlen']:<5d} d{row['hdim']:<3d} c={row['causal']!s:5s} {row['config']:<44s} "
