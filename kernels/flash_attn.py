@@ -122,7 +122,9 @@ HOPPER_FWD_CONFIGS = {
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
     # frees the pointer registers (255 registers + 124 B of spills -> 216, none): +5-13%.
     (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192),
-    (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192),
+    # causal: in-kernel descriptors from 4096 visited keys (seqlen 8k, whose longest programs
+    # visit all 8192): +3.4% bf16 and +0-4% fp16 over host ones there, same process.
+    (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=4096),
     # head dim 256: only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
     # (host descriptors to 4k keys, in-kernel from 8k) within -1..+2% of pointer tiles up
     # to 4k keys and +2-5% at 16k.
@@ -139,8 +141,10 @@ HOPPER_BWD_CONFIGS = {
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
     # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k, whole backward 1.7-2.0x
-    # (reports/h200/perf_notes.md, v3).
-    256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True),
+    # (reports/h200/perf_notes.md, v3). Descriptor loads free the address registers that
+    # spilled (ptxas: 300 and 568 B -> 0): -2..-7% time at 4k-16k (v4). At head dims 64 and 128
+    # they were 0-7% slower (the dQ kernel), so those keep pointer loads.
+    256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True, tma=True),
 }
 # Any other CUDA GPU (Ampere, Ada): smaller tiles, fewer stages (less shared memory).
 GENERIC_FWD_CONFIG = FwdConfig(64, 64, 4, 2)
