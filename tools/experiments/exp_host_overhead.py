@@ -1,0 +1,113 @@
+"""Host time against GPU time of one attention call, per provider, where the paper sweep's
+calls are shortest (seqlen 512 and 1k: ~0.1-0.8 ms of GPU work each).
+
+For each provider and mode (fwd, bwd, fwd_bwd as `reports.timing` times them) it measures:
+- `do_bench_ms`: the runner's clock (do_bench: L2 flush, then the call, back to back);
+- `graph_ms`: the same calls replayed from a CUDA graph (no host work at all: the GPU time);
+- `host_ms`: host time per call, 200 calls issued without synchronising (time.perf_counter).
+When `host_ms` approaches `graph_ms` the GPU waits on the host and do_bench reads host time.
+With --profile, the top functions by own time of 200 fa2 fwd_bwd calls (cProfile) are printed.
+Rows go to $OUT/exp_host_overhead.csv.
+
+    python tools/experiments/exp_host_overhead.py --hdims 128 256 --seqlens 512 1024 --profile
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton.testing
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from tune_fa2 import CsvRows
+
+from baselines.providers import get_provider
+from reports.timing import time_attention
+
+HOST_CALLS = 200
+
+
+def timed_call(forward, q, k, v, causal, scale, mode):
+    """The callable `reports.timing.time_attention` times for `mode`, and the tensors whose
+    gradients it clears."""
+    if mode == "fwd":
+        return lambda: forward(q, k, v, causal, scale)
+    if mode == "bwd":
+        out = forward(q, k, v, causal, scale)
+        dout = torch.randn_like(out)
+        return lambda: out.backward(dout, retain_graph=True)
+    dout = torch.randn_like(q)
+    return lambda: forward(q, k, v, causal, scale).backward(dout)
+
+
+def host_ms(fn, tensors) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(HOST_CALLS):
+        for t in tensors:
+            t.grad = None
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e3 / HOST_CALLS
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hdims", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[512, 1024])
+    ap.add_argument("--providers", nargs="+", default=["fa2", "sdpa-flash"])
+    ap.add_argument("--modes", nargs="+", default=["fwd", "bwd", "fwd_bwd"])
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--profile", action="store_true", help="cProfile fa2's fwd_bwd at the first shape")
+    args = ap.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    record = CsvRows(Path(os.environ.get("OUT", ".")) / "exp_host_overhead.csv", lambda r: (
+        f"s{r['seqlen']:<5d} d{r['hdim']:<3d} causal={r['causal']!s:5s} {r['provider']:10s} {r['mode']:7s} "
+        f"do_bench {r.get('do_bench_ms', float('nan')):7.3f}  graph {r.get('graph_ms', float('nan')):7.3f}  "
+        f"host {r.get('host_ms', float('nan')):7.3f} ms {r.get('status', '')}"))
+    profiled = not args.profile
+    for seqlen in args.seqlens:
+        for hdim in args.hdims:
+            batch, heads = 16384 // seqlen, 2048 // hdim
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype, requires_grad=True)
+                       for _ in range(3))
+            scale = hdim ** -0.5
+            for causal in (False, True):
+                for name in args.providers:
+                    forward = get_provider(name).forward
+                    for mode in args.modes:
+                        row = {"seqlen": seqlen, "hdim": hdim, "causal": causal, "provider": name, "mode": mode,
+                               "dtype": args.dtype}
+                        try:
+                            fn = timed_call(forward, q, k, v, causal, scale, mode)
+                            row["do_bench_ms"] = time_attention(forward, q, k, v, causal, scale, mode).ms
+                            row["host_ms"] = host_ms(fn, (q, k, v))
+                            row["graph_ms"] = triton.testing.do_bench_cudagraph(fn, grad_to_none=[q, k, v])
+                            row["status"] = "ok"
+                        except Exception as exc:  # noqa: BLE001 -- a failing measurement is a row
+                            row["status"] = f"error: {exc}"[:200]
+                        record(**row)
+                        if not profiled and name == "fa2" and mode == "fwd_bwd":
+                            profiled = True
+                            profiler = cProfile.Profile()
+                            profiler.enable()
+                            host_ms(fn, (q, k, v))
+                            profiler.disable()
+                            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+            del q, k, v
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
