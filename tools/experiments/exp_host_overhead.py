@@ -3,10 +3,12 @@ calls are shortest (seqlen 512 and 1k: ~0.1-0.8 ms of GPU work each).
 
 For each provider and mode (fwd, bwd, fwd_bwd as `reports.timing` times them) it measures:
 - `do_bench_ms`: the runner's clock (do_bench: L2 flush, then the call, back to back);
-- `graph_ms`: the same calls replayed from a CUDA graph (no host work at all: the GPU time);
-- `host_ms`: host time per call, 200 calls issued without synchronising (time.perf_counter).
-When `host_ms` approaches `graph_ms` the GPU waits on the host and do_bench reads host time.
-With --profile, the top functions by own time of 200 fa2 fwd_bwd calls (cProfile) are printed.
+- `gpu_ms`: GPU time per call: CALLS calls queued behind a GPU sleep (torch.cuda._sleep) long
+  enough that the host has issued them all before the first starts, timed by CUDA events
+  around them (a CUDA graph cannot capture the autograd backward);
+- `host_ms`: host time per call to issue those calls (time.perf_counter), the GPU busy.
+When `host_ms` approaches `gpu_ms`, the GPU waits on the host and do_bench reads host time.
+With --profile, the top functions by own time of fa2's fwd_bwd calls (cProfile) are printed.
 Rows go to $OUT/exp_host_overhead.csv.
 
     python tools/experiments/exp_host_overhead.py --hdims 128 256 --seqlens 512 1024 --profile
@@ -22,7 +24,6 @@ import time
 from pathlib import Path
 
 import torch
-import triton.testing
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -33,7 +34,8 @@ from tune_fa2 import CsvRows
 from baselines.providers import get_provider
 from reports.timing import time_attention
 
-HOST_CALLS = 200
+CALLS = 30
+SLEEP_CYCLES = 400_000_000  # ~0.2 s at the H200's clocks: longer than issuing CALLS calls
 
 
 def timed_call(forward, q, k, v, causal, scale, mode):
@@ -49,16 +51,24 @@ def timed_call(forward, q, k, v, causal, scale, mode):
     return lambda: forward(q, k, v, causal, scale).backward(dout)
 
 
-def host_ms(fn, tensors) -> float:
+def gpu_and_host_ms(fn, tensors) -> tuple[float, float, float]:
+    """(GPU ms per call, host ms per call, slack ms: how long the sleep outlasted the issuing;
+    negative means the GPU caught up with the host and gpu_ms includes host time)."""
+    before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    fn()
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(HOST_CALLS):
+    before.record()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(CALLS):
         for t in tensors:
             t.grad = None
         fn()
-    elapsed = time.perf_counter() - start
+    host_total = (time.perf_counter() - t0) * 1e3
+    end.record()
     torch.cuda.synchronize()
-    return elapsed * 1e3 / HOST_CALLS
+    return start.elapsed_time(end) / CALLS, host_total / CALLS, before.elapsed_time(start) - host_total
 
 
 def main() -> None:
@@ -73,8 +83,8 @@ def main() -> None:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     record = CsvRows(Path(os.environ.get("OUT", ".")) / "exp_host_overhead.csv", lambda r: (
         f"s{r['seqlen']:<5d} d{r['hdim']:<3d} causal={r['causal']!s:5s} {r['provider']:10s} {r['mode']:7s} "
-        f"do_bench {r.get('do_bench_ms', float('nan')):7.3f}  graph {r.get('graph_ms', float('nan')):7.3f}  "
-        f"host {r.get('host_ms', float('nan')):7.3f} ms {r.get('status', '')}"))
+        f"do_bench {r.get('do_bench_ms', float('nan')):7.3f}  gpu {r.get('gpu_ms', float('nan')):7.3f}  "
+        f"host {r.get('host_ms', float('nan')):7.3f} ms (slack {r.get('slack_ms', float('nan')):6.1f}) {r.get('status', '')}"))
     profiled = not args.profile
     for seqlen in args.seqlens:
         for hdim in args.hdims:
@@ -92,8 +102,7 @@ def main() -> None:
                         try:
                             fn = timed_call(forward, q, k, v, causal, scale, mode)
                             row["do_bench_ms"] = time_attention(forward, q, k, v, causal, scale, mode).ms
-                            row["host_ms"] = host_ms(fn, (q, k, v))
-                            row["graph_ms"] = triton.testing.do_bench_cudagraph(fn, grad_to_none=[q, k, v])
+                            row["gpu_ms"], row["host_ms"], row["slack_ms"] = gpu_and_host_ms(fn, (q, k, v))
                             row["status"] = "ok"
                         except Exception as exc:  # noqa: BLE001 -- a failing measurement is a row
                             row["status"] = f"error: {exc}"[:200]
@@ -102,7 +111,7 @@ def main() -> None:
                             profiled = True
                             profiler = cProfile.Profile()
                             profiler.enable()
-                            host_ms(fn, (q, k, v))
+                            gpu_and_host_ms(fn, (q, k, v))
                             profiler.disable()
                             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
             del q, k, v
