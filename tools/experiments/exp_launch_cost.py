@@ -59,14 +59,14 @@ def main() -> None:
 
     pre_args = (out, do, delta, *fa._strides(out), *fa._strides(do), heads, seqlen)
     pre_const = {"HEAD_DIM": hdim, "BLOCK_D": fa.padded_headdim(hdim), "BLOCK_M": 64}
-    pre_grid = (triton.cdiv(seqlen, 64), batch * heads)
+    pre_grid = (triton.cdiv(seqlen, 64), batch * heads, 1)
     tma = fa.bwd_uses_tma(cfg, q, k, v, do)
     dq_args = (q, k, v, do, lse, delta, dq, *fa._strides(q), *fa._strides(k), *fa._strides(v),
                *fa._strides(do), *fa._strides(dq), heads, seqlen, seqlen, scale, scale * fa.LOG2E.value)
     dq_const = {"HEAD_DIM": hdim, "BLOCK_D": fa.padded_headdim(hdim), "CAUSAL": True, "TMA": tma,
                 "BLOCK_M": cfg.block_m2, "BLOCK_N": cfg.block_n2, "EVEN_M": seqlen % cfg.block_m2 == 0,
                 "num_warps": cfg.dq_warps, "num_stages": cfg.dq_stages}
-    dq_grid = (triton.cdiv(seqlen, cfg.block_m2), batch * heads)
+    dq_grid = (triton.cdiv(seqlen, cfg.block_m2), batch * heads, 1)
     if tma:
         fa._ensure_descriptor_allocator()
 
