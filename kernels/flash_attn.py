@@ -32,6 +32,7 @@ broken), and slowly: keep interpreter shapes small.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -162,10 +163,21 @@ def padded_headdim(headdim: int) -> int:
     return max(16, triton.next_power_of_2(headdim))
 
 
+@functools.cache
+def _is_hopper(device_index: int) -> bool:
+    """Whether this CUDA device is sm_90 (asked once per device: the query costs ~7 us of host
+    time, which calls of ~0.1 ms feel)."""
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+def _on_hopper(device: torch.device) -> bool:
+    return _is_hopper(torch.cuda.current_device() if device.index is None else device.index)
+
+
 def default_fwd_config(headdim: int, causal: bool, device: torch.device) -> FwdConfig:
     if device.type != "cuda":
         return INTERPRETER_FWD_CONFIG
-    if torch.cuda.get_device_capability(device)[0] == 9:
+    if _on_hopper(device):
         return HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
     return GENERIC_FWD_CONFIG
 
@@ -173,7 +185,7 @@ def default_fwd_config(headdim: int, causal: bool, device: torch.device) -> FwdC
 def default_bwd_config(headdim: int, device: torch.device) -> BwdConfig:
     if device.type != "cuda":
         return INTERPRETER_BWD_CONFIG
-    if torch.cuda.get_device_capability(device)[0] == 9:
+    if _on_hopper(device):
         return HOPPER_BWD_CONFIGS[padded_headdim(headdim)]
     return GENERIC_BWD_CONFIG
 
@@ -854,10 +866,14 @@ class FlashAttnFunc(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.softmax_scale, ctx.causal, ctx.bwd_config = softmax_scale, causal, bwd_config
         ctx.mark_non_differentiable(lse)
+        # lse has no gradient: do not have autograd allocate and zero one for it per backward
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
+        if dout is None:  # the loss does not depend on out (only on the non-differentiable lse)
+            return None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
                                          ctx.bwd_config)

@@ -326,6 +326,21 @@ def test_tma_compatible_needs_16_byte_rows_and_bases():
     assert not tma_compatible(aligned[..., 1:])  # base pointer 2 bytes past an aligned one
 
 
+def test_backward_without_an_output_gradient_returns_no_gradients():
+    """Autograd does not materialise zero gradients for the outputs (set_materialize_grads(False)),
+    so the backward gets None when the loss does not depend on `out`, and passes None on."""
+    assert fa.FlashAttnFunc.backward(None, None, None) == (None,) * 7
+
+
+def test_gradients_flow_through_out_only():
+    """The non-differentiable lse has no gradient to materialise; the one of out still arrives."""
+    q, k, v = make_qkv(1, 20, 20, 1, 16, torch.float32, "cpu", requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert not lse.requires_grad
+    (out.sum() + lse.sum()).backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
 def test_training_step_reduces_the_loss():
     torch.manual_seed(0)
     x = torch.randn(2, 16, 2, 16)
