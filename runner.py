@@ -195,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="time by replaying a CUDA graph of back-to-back calls (triton's "
                              "do_bench_cudagraph): no host launch overhead and no L2 flush between calls. "
                              "Use it for kernels of ~0.1 ms (the ablation's setting B), whose do_bench time "
-                             "includes Python launch time; recorded in results.json's arguments")
+                             "includes Python launch time; forward only (--modes fwd; the ablation is "
+                             "forward only); recorded in results.json's arguments")
     timing.add_argument("--fa2-fwd-config", type=_fwd_config, metavar="BM,BN,WARPS,STAGES",
                         help="run the fa2 provider's forward with this block config instead of the tuned "
                              "table (e.g. 16,16,4,1 to show that --compare flags a slowed kernel); "
@@ -442,6 +443,9 @@ def main(argv: list[str] | None = None) -> int:
             print(BANNER, file=sys.stderr)
     elif os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("TRITON_INTERPRET=1 is set but a GPU is present: unset it to measure on the GPU")
+    if args.cuda_graph and not args.ablation and {"bwd", "fwd_bwd"} & set(args.modes or (QUICK_MODES if args.quick else MODES)):
+        parser.error("--cuda-graph times forward passes only (autograd's backward cannot be captured in a "
+                     "CUDA graph): add --modes fwd")
     if interpreter and (args.save_baseline is not None or args.compare is not None):
         parser.error("--save-baseline/--compare need a GPU: numbers from Triton's interpreter are not performance")
 

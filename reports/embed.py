@@ -86,6 +86,11 @@ def file_section(path: Path, stop_at: str | None = None) -> str:
     return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", text, flags=re.MULTILINE)
 
 
+def text_block(path: Path) -> str:
+    """A tool's saved text output (e.g. a compiler report), embedded verbatim as a code block."""
+    return "```\n" + path.read_text().strip() + "\n```"
+
+
 def tuning_table(path: Path, hdims: tuple[int, ...] | None = None) -> str:
     """tools/tune_fa2.py's rows: TFLOPs/s of each candidate config per (pass, hdim, causal), the
     two SDPA peers measured in the same process first; `hdims` keeps only those head dims."""
@@ -107,13 +112,38 @@ def tuning_table(path: Path, hdims: tuple[int, ...] | None = None) -> str:
 
 def backward_parts_table(path: Path) -> str:
     """tools/experiments/exp_bwd.py's rows: milliseconds of the whole backward and of its dK/dV
-    and dQ kernels alone, per config and causal mode, the SDPA peers' whole backward first."""
+    and dQ kernels alone, per config and causal mode (and seqlen, where the rows have several),
+    the SDPA peers' whole backward first."""
     rows = pd.read_csv(path)
     rows = rows[rows.status == "ok"].fillna({"part": "all"})
-    wide = rows.pivot_table(index=["config", "part"], columns="causal", values="ms", sort=False)
-    lines = ["| config | kernels timed | ms, non-causal | ms, causal |", "|---|---|---|---|"]
+    wide = rows.pivot_table(index=["config", "part"], columns=["seqlen", "causal"], values="ms", sort=False)
+    several = rows["seqlen"].nunique() > 1
+    header = [f"ms, {f'n{seqlen} ' if several else ''}{'causal' if causal else 'non-causal'}"
+              for seqlen, causal in wide.columns]
+    lines = ["| config | kernels timed | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
     for (config, part), values in wide.iterrows():
-        lines.append(f"| {config} | {part} | {values.get(False, float('nan')):.3f} | {values.get(True, float('nan')):.3f} |")
+        lines.append(f"| {config} | {part} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
+    return "\n".join(lines)
+
+
+def host_time_table(path: Path, modes: tuple[str, ...] = ("fwd", "bwd", "fwd_bwd")) -> str:
+    """tools/experiments/exp_host_overhead.py's rows: per call, the GPU time, the host time to
+    issue it and what do_bench reads, for each provider; do_bench reads host time where the
+    host time exceeds the GPU time."""
+    rows = pd.read_csv(path)
+    rows = rows[(rows.status == "ok") & rows["mode"].isin(modes)]
+    wide = rows.pivot_table(index=["seqlen", "hdim", "causal", "mode"], columns="provider",
+                            values=["gpu_ms", "host_ms", "do_bench_ms"], sort=False)
+    providers = list(dict.fromkeys(rows["provider"]))
+    header = [f"{p} {what}" for p in providers for what in ("GPU", "host", "do_bench")]
+    lines = ["| seqlen | hdim | causal | mode | " + " | ".join(header) + " |",
+             "|---|---|---|---|" + "---|" * len(header)]
+    for (seqlen, hdim, causal, mode), r in wide.iterrows():
+        cells = [f"{r[(what, p)]:.3f}" for p in providers for what in ("gpu_ms", "host_ms", "do_bench_ms")]
+        lines.append(f"| {seqlen} | {hdim} | {causal} | {mode} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Milliseconds per call, bf16, paper shapes; GPU: calls queued behind a GPU sleep, timed by "
+                 "CUDA events; host: time to issue them; do_bench: the runner's clock.")
     return "\n".join(lines)
 
 
@@ -246,6 +276,15 @@ SECTIONS = {
     "tuning_host_tma_d128_fp16": lambda: tuning_table(TUNING / "tune_fa2_fwd_host2d_d128_fp16.csv"),
     "tuning_host4d_d128": lambda: tuning_table(TUNING / "tune_fa2_fwd_host4d_vs_kernel_d64_d128_bf16.csv", (128,)),
     "tuning_bwd_d256_v3": lambda: tuning_table(TUNING / "tune_fa2_bwd_query_major_d256_bf16.csv"),
+    "bwd_tma_d256": lambda: backward_parts_table(TUNING / "exp_bwd_tma_d256_bf16.csv"),
+    "bwd_tma_d128": lambda: backward_parts_table(TUNING / "exp_bwd_tma_d128_bf16.csv"),
+    "bwd_tma_d64": lambda: backward_parts_table(TUNING / "exp_bwd_tma_d64_bf16.csv"),
+    "fwd_host_vs_kernel_bf16": lambda: tuning_table(TUNING / "tune_fa2_fwd_host_vs_kernel_4k_16k_d128_bf16.csv"),
+    "fwd_host_vs_kernel_fp16": lambda: tuning_table(TUNING / "tune_fa2_fwd_host_vs_kernel_4k_16k_d128_fp16.csv"),
+    "host_time_before": lambda: host_time_table(TUNING / "exp_host_overhead_before_trims_bf16.csv", ("fwd_bwd",)),
+    "host_time": lambda: host_time_table(TUNING / "exp_host_overhead_bf16.csv"),
+    "compile_bwd_tma": lambda: text_block(TUNING / "compile_check_bwd_tma_sm90.txt"),
+    "compile_fwd_overlap": lambda: text_block(TUNING / "exp_fwd_overlap_sm90_compile.txt"),
     **{f"bwd_parts_d{h}": (lambda h=h: backward_parts_table(
         TUNING / f"exp_bwd_kernel_by_kernel_d{h}_seqlen4096_bf16.csv")) for h in (128, 256)},
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),

@@ -45,7 +45,8 @@ def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float =
     cuda_graph: time with `triton.testing.do_bench_cudagraph` instead: the calls are captured
     in one CUDA graph and replayed back to back, so host launch overhead (tens of us per call
     in Python) and the L2 flush are not timed; quantiles are over 10 replays of the graph.
-    The clock for kernels of ~0.1 ms, whose do_bench time is partly host time."""
+    The clock for kernels of ~0.1 ms, whose do_bench time is partly host time; forward only
+    (time_attention refuses it for the backward modes)."""
     if device.type == "cuda":
         import triton.testing
 
@@ -88,6 +89,11 @@ def time_attention(forward: Callable, q: torch.Tensor, k: torch.Tensor, v: torch
                          cpu_reps=cpu_reps, cuda_graph=cuda_graph)
     if mode not in ("bwd", "fwd_bwd"):
         raise ValueError(f"mode must be 'fwd', 'bwd' or 'fwd_bwd', got {mode!r}")
+    if cuda_graph:
+        # autograd runs a CUDA backward on its own device thread, outside the capturing stream:
+        # the capture fails, and the failed capture breaks the next random draw of the process
+        raise ValueError(f"cuda_graph times forward passes only: autograd's backward (mode {mode!r}) "
+                         "cannot be captured in a CUDA graph")
     if not all(t.requires_grad for t in (q, k, v)):
         raise ValueError(f"mode {mode!r} needs q, k and v with requires_grad=True")
     if mode == "bwd":

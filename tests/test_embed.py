@@ -89,3 +89,27 @@ def test_extract_kernel_vs_fa2_refuses_mixed_dtypes(tmp_path):
     rows.reindex(columns=COLUMNS).to_csv(path, index=False)
     with pytest.raises(ValueError, match="one dtype"):
         embed.extract_kernel_vs_fa2(path, tmp_path / "out.csv")
+
+
+def test_backward_parts_table_has_a_column_per_seqlen_and_causal_mode(tmp_path):
+    rows = [{"seqlen": n, "hdim": 256, "causal": c, "config": "cfg", "part": part, "ms": ms, "status": "ok"}
+            for n in (4096, 16384) for c in (False, True) for part, ms in ((None, n / 1000 + c), ("dq", 0.5))]
+    path = tmp_path / "exp_bwd.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    lines = embed.backward_parts_table(path).splitlines()
+    assert lines[0] == ("| config | kernels timed | ms, n4096 non-causal | ms, n4096 causal | ms, n16384 non-causal | "
+                        "ms, n16384 causal |")
+    assert lines[2] == "| cfg | all | 4.096 | 5.096 | 16.384 | 17.384 |"
+    assert lines[3] == "| cfg | dq | 0.500 | 0.500 | 0.500 | 0.500 |"
+
+
+def test_host_time_table_shows_gpu_host_and_do_bench_per_provider(tmp_path):
+    rows = [{"seqlen": 512, "hdim": 128, "causal": True, "provider": p, "mode": m, "gpu_ms": g, "host_ms": h,
+             "do_bench_ms": d, "status": "ok"}
+            for p, g, h, d in (("fa2", 0.6, 0.8, 0.82), ("sdpa-flash", 0.7, 0.3, 0.71)) for m in ("fwd", "fwd_bwd")]
+    path = tmp_path / "host.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    lines = embed.host_time_table(path, ("fwd_bwd",)).splitlines()
+    assert lines[0].startswith("| seqlen | hdim | causal | mode | fa2 GPU | fa2 host | fa2 do_bench | sdpa-flash GPU")
+    assert lines[2] == "| 512 | 128 | True | fwd_bwd | 0.600 | 0.800 | 0.820 | 0.700 | 0.300 | 0.710 |"
+    assert len([line for line in lines if line.startswith("| 512")]) == 1

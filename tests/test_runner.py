@@ -163,6 +163,13 @@ def test_timing_quantiles_are_ordered_and_backward_needs_grads():
         time_attention(get_provider("pytorch").forward, q, k, v, False, 0.2, "bwd")
 
 
+@pytest.mark.parametrize("mode", ["bwd", "fwd_bwd"])
+def test_cuda_graph_timing_refuses_the_backward(mode):
+    q, k, v = (torch.randn(1, 16, 2, 32, requires_grad=True) for _ in range(3))
+    with pytest.raises(ValueError, match="forward passes only"):
+        time_attention(get_provider("pytorch").forward, q, k, v, False, 0.2, mode, cuda_graph=True)
+
+
 def test_runner_resume_adds_to_a_folder_without_measuring_again(tmp_path, capsys):
     base = ["--modes", "fwd", "--hdims", "32", "--seqlens", "32", "--causal", "false", "--out", str(tmp_path),
             "--warmup-ms", "1", "--rep-ms", "2"]
@@ -223,6 +230,8 @@ def test_help_shows_every_option_and_its_default(capsys):
     (["--modes", "fwd,sideways"], "unknown ['sideways']"),
     (["--providers", "nope"], "unknown provider 'nope'"),
     (["--tolerance", "2"], "--tolerance must be a fraction"),
+    (["--cuda-graph"], "--cuda-graph times forward passes only"),
+    (["--cuda-graph", "--modes", "fwd,bwd"], "add --modes fwd"),
 ])
 def test_bad_arguments_are_named_in_the_error(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit):

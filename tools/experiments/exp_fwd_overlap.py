@@ -1,0 +1,165 @@
+"""Can Triton 3.6 overlap the forward's softmax with its matmuls on Hopper? Compile-only (no GPU):
+two restructured head-dim-128 forwards are compiled for sm_90 next to the production kernel
+(host-descriptor path, 128x128 tiles, 8 warps, 3 stages) and the compiler's answer printed.
+
+- `software-pipelined`: FA3's intra-warpgroup overlap written in the source: S_{j+1} = Q K_{j+1}^T
+  is issued before the softmax of S_j, so its wgmma could run while the softmax does.
+- `persistent` / `persistent-flattened`: one program per SM walking the (query block, batch x
+  head) tiles, the inner key loop fused with the tile loop (`tl.range(..., flatten=True)`) so
+  the pipeliner could prefetch the next tile's K/V under the current tile's epilogue.
+
+For each: shared memory (the H200 allows 232,448 B per block), registers, spills, and in the
+main loop the `wgmma.wait_group` that follows the first wgmma group of an iteration, i.e.
+whether the S matmul is waited for at once (`0`: nothing overlaps the softmax) or left in flight.
+
+    python tools/experiments/exp_fwd_overlap.py
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import triton
+import triton.language as tl
+from compile_check_sm90 import PTXAS, TARGET
+from triton.compiler import ASTSource
+
+from kernels import flash_attn as fa
+
+BM, BN, D, WARPS, STAGES = 128, 128, 128, 8, 3
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i, qk_scale):
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_new
+
+
+@triton.jit
+def _software_pipelined_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k, qk_scale,
+                               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    b, h = fa._batch_head(pid_bh, num_heads)
+    q_row0, kv_row0, col0 = (b * seqlen_q).to(tl.int32), (b * seqlen_k).to(tl.int32), (h * HEAD_DIM).to(tl.int32)
+    q = Q.load([q_row0 + start_m, col0])
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    s = tl.dot(q, K.load([kv_row0, col0]).T)
+    for start_n in range(BLOCK_N, seqlen_k, BLOCK_N):
+        s_next = tl.dot(q, K.load([kv_row0 + start_n, col0]).T)  # issued before the softmax of s
+        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale)
+        v = V.load([kv_row0 + start_n - BLOCK_N, col0])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        s = s_next
+    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale)
+    v = V.load([kv_row0 + seqlen_k - BLOCK_N, col0])
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    acc, lse = fa._finalize(acc, l_i, m_i)
+    Out.store([q_row0 + start_m, col0], acc.to(Out.dtype))
+    tl.store(LSE + pid_bh.to(tl.int64) * seqlen_q + start_m + tl.arange(0, BLOCK_M), lse)
+
+
+@triton.jit
+def _persistent_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k, qk_scale,
+                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       FLATTEN: tl.constexpr):
+    n_mblocks = seqlen_q // BLOCK_M
+    n_tiles = n_mblocks * tl.num_programs(1)
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=FLATTEN):
+        pid_bh = tile // n_mblocks
+        start_m = (tile % n_mblocks) * BLOCK_M
+        b, h = fa._batch_head(pid_bh, num_heads)
+        q_row0, kv_row0, col0 = (b * seqlen_q).to(tl.int32), (b * seqlen_k).to(tl.int32), (h * HEAD_DIM).to(tl.int32)
+        q = Q.load([q_row0 + start_m, col0])
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        for start_n in tl.range(0, seqlen_k, BLOCK_N):
+            s = tl.dot(q, K.load([kv_row0 + start_n, col0]).T)
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale)
+            v = V.load([kv_row0 + start_n, col0])
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        acc, lse = fa._finalize(acc, l_i, m_i)
+        Out.store([q_row0 + start_m, col0], acc.to(Out.dtype))
+        tl.store(LSE + pid_bh.to(tl.int64) * seqlen_q + start_m + tl.arange(0, BLOCK_M), lse)
+
+
+def signature(kernel, constexprs: dict) -> dict:
+    blocks = {"Q": BM, "Out": BM, "K": BN, "V": BN}
+    types = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            types[name] = "constexpr"
+        elif name in blocks:
+            types[name] = f"tensordesc<bf16[{blocks[name]},{D}]>"
+        elif name == "LSE":
+            types[name] = "*fp32"
+        else:
+            types[name] = "fp32" if "scale" in name else "i32"
+    return types
+
+
+def report(name: str, kernel, constexprs: dict) -> str:
+    with tempfile.TemporaryFile("w+") as stderr:  # MLIR writes its diagnostics to file descriptor 2
+        saved = os.dup(2)
+        os.dup2(stderr.fileno(), 2)
+        try:
+            compiled = triton.compile(ASTSource(kernel, signature(kernel, constexprs), constexprs), target=TARGET,
+                                      options={"num_warps": WARPS, "num_stages": STAGES})
+        except Exception as exc:  # noqa: BLE001 -- a compiler failure is the answer for this variant
+            compiled = exc
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        stderr.seek(0)
+        diagnostics = [line.split("error: ", 1)[1] for line in stderr.read().splitlines() if "error: " in line]
+    if isinstance(compiled, Exception):
+        return f"{name:22s} does not compile: {'; '.join(diagnostics)[:300] or compiled}"
+    ptx = compiled.asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", f.name, "-o", os.devnull], capture_output=True, text=True, check=True)
+    os.unlink(f.name)
+    registers = re.search(r"Used (\d+) registers", ptxas.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
+    # the main loop: the last basic block that branches back to itself; its first wgmma group's wait
+    loops = re.findall(r"(\$L__BB\d+_\d+):.*?bra\s+\1;", ptx, flags=re.DOTALL)
+    body = ptx[ptx.rindex(loops[-1] + ":"):] if loops else ptx
+    wait = re.search(r"wgmma\.commit_group\.sync\.aligned;.*?wgmma\.wait_group\.sync\.aligned (\d+);", body, re.DOTALL)
+    return (f"{name:22s} smem {compiled.metadata.shared:7d} B  regs {registers.group(1) if registers else '?':>3s}  "
+            f"spill stores {spills.group(1) if spills else '?':>4s} B  first wgmma group of the loop waited with "
+            f"wait_group {wait.group(1) if wait else 'none'}")
+
+
+def main() -> None:
+    common = {"HEAD_DIM": D, "BLOCK_M": BM, "BLOCK_N": BN}
+    production = {"HEAD_DIM": D, "BLOCK_D": D, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": False, "EVEN_M": True,
+                  "TMA": fa.FWD_MEMORY_PATHS.index("tma-host")}
+    print(f"sm_90, bf16, head dim {D}, {BM}x{BN} tiles, {WARPS} warps, {STAGES} stages, host descriptors; "
+          f"triton {triton.__version__}")
+    from compile_check_sm90 import signature as production_signature
+
+    compiled = triton.compile(ASTSource(fa._flash_fwd_kernel, production_signature(fa._flash_fwd_kernel, production, "bf16"),
+                                        production), target=TARGET, options={"num_warps": WARPS, "num_stages": STAGES})
+    wait = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", compiled.asm["ptx"])
+    print(f"{'production':22s} smem {compiled.metadata.shared:7d} B  wait_group values in order: {' '.join(wait)}")
+    print(report("software-pipelined", _software_pipelined_kernel, common))
+    print(report("persistent", _persistent_kernel, {**common, "FLATTEN": False}))
+    print(report("persistent-flattened", _persistent_kernel, {**common, "FLATTEN": True}))
+
+
+if __name__ == "__main__":
+    main()
