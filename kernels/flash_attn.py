@@ -856,7 +856,7 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
 def bwd_uses_tma(config: BwdConfig, q, k, v, do) -> bool:
     """Whether the backward streams its loop tiles through tensor descriptors: where the
     config asks for it and the copy engine can address the tensors (tma_compatible)."""
-    return config.tma and tma_compatible(q, k, v, do)
+    return bool(config.tma) and tma_compatible(q, k, v, do)
 
 
 class FlashAttnFunc(torch.autograd.Function):
