@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="time by replaying a CUDA graph of back-to-back calls (triton's "
                              "do_bench_cudagraph): no host launch overhead and no L2 flush between calls. "
                              "Use it for kernels of ~0.1 ms (the ablation's setting B), whose do_bench time "
-                             "includes Python launch time; forward only (--modes fwd; the ablation is "
+                             "includes Python launch time; forward modes only (--modes fwd; the ablation is "
                              "forward only); recorded in results.json's arguments")
     timing.add_argument("--fa2-fwd-config", type=_fwd_config, metavar="BM,BN,WARPS,STAGES",
                         help="run the fa2 provider's forward with this block config instead of the tuned "
@@ -236,13 +236,18 @@ def _causal_values(choice: str) -> tuple[bool, ...]:
     return {"true": (True,), "false": (False,), "both": (False, True)}[choice]
 
 
+def suite_modes(args) -> tuple[str, ...]:
+    """The paper suite's modes: --modes, else the quick or the full default."""
+    return tuple(args.modes or (QUICK_MODES if args.quick else MODES))
+
+
 def suite_jobs(args, interpreter: bool) -> list:
     """The paper suite's configurations: modes x head dims x causal x seqlens (narrowed by args)."""
     from baselines.providers import Spec
     from reports.sweep import Job
 
     sizes = INTERPRETER_SIZES if interpreter else GPU_SIZES
-    modes = args.modes or (QUICK_MODES if args.quick else MODES)
+    modes = suite_modes(args)
     hdims = args.hdims or (sizes.quick_hdims if args.quick else sizes.hdims)
     seqlens = args.seqlens or (sizes.quick_seqlens if args.quick else sizes.seqlens)
     jobs = []
@@ -443,9 +448,9 @@ def main(argv: list[str] | None = None) -> int:
             print(BANNER, file=sys.stderr)
     elif os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("TRITON_INTERPRET=1 is set but a GPU is present: unset it to measure on the GPU")
-    if args.cuda_graph and not args.ablation and {"bwd", "fwd_bwd"} & set(args.modes or (QUICK_MODES if args.quick else MODES)):
-        parser.error("--cuda-graph times forward passes only (autograd's backward cannot be captured in a "
-                     "CUDA graph): add --modes fwd")
+    if args.cuda_graph and not args.ablation and {"bwd", "fwd_bwd"} & set(suite_modes(args)):
+        parser.error("--cuda-graph times forward passes only (the backward timing failed to capture in a "
+                     "CUDA graph on the H200): add --modes fwd")
     if interpreter and (args.save_baseline is not None or args.compare is not None):
         parser.error("--save-baseline/--compare need a GPU: numbers from Triton's interpreter are not performance")
 

@@ -143,8 +143,9 @@ HOPPER_BWD_CONFIGS = {
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
     # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k, whole backward 1.7-2.0x
     # (reports/h200/perf_notes.md, v3). Descriptor loads free the address registers that
-    # spilled (ptxas: 300 and 568 B -> 0): -2..-7% time at 4k-16k (v4). At head dims 64 and 128
-    # they were 0-7% slower (the dQ kernel), so those keep pointer loads.
+    # spilled (ptxas: 300 and 568 B -> 0): -2..-8% time at 4k-16k (v4). At head dim 128 the
+    # whole backward was 0-8% slower with them (the dQ kernel), at 64 1.5-6% slower (mostly
+    # the dK/dV kernel), so those keep pointer loads.
     256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True, tma=True),
 }
 # Any other CUDA GPU (Ampere, Ada): smaller tiles, fewer stages (less shared memory).
@@ -872,7 +873,7 @@ class FlashAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        if dout is None:  # the loss does not depend on out (only on the non-differentiable lse)
+        if dout is None:  # an upstream node returned no gradient for out (none is materialised)
             return None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,

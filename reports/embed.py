@@ -128,8 +128,8 @@ def backward_parts_table(path: Path) -> str:
 
 def host_time_table(path: Path, modes: tuple[str, ...] = ("fwd", "bwd", "fwd_bwd")) -> str:
     """tools/experiments/exp_host_overhead.py's rows: per call, the GPU time, the host time to
-    issue it and what do_bench reads, for each provider; do_bench reads host time where the
-    host time exceeds the GPU time."""
+    issue it and what do_bench reads, for each provider. Where the host takes about as long as
+    the GPU or longer, host stalls between a call's launches can show in do_bench's reading."""
     rows = pd.read_csv(path)
     rows = rows[(rows.status == "ok") & rows["mode"].isin(modes)]
     wide = rows.pivot_table(index=["seqlen", "hdim", "causal", "mode"], columns="provider",
@@ -142,8 +142,9 @@ def host_time_table(path: Path, modes: tuple[str, ...] = ("fwd", "bwd", "fwd_bwd
         cells = [f"{r[(what, p)]:.3f}" for p in providers for what in ("gpu_ms", "host_ms", "do_bench_ms")]
         lines.append(f"| {seqlen} | {hdim} | {causal} | {mode} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Milliseconds per call, bf16, paper shapes; GPU: calls queued behind a GPU sleep, timed by "
-                 "CUDA events; host: time to issue them; do_bench: the runner's clock.")
+    lines.append(f"Milliseconds per call, {', '.join(sorted(rows['dtype'].unique()))}, paper shapes; GPU: calls "
+                 "queued behind a GPU sleep, timed by CUDA events; host: time to issue them; do_bench: the "
+                 "runner's clock.")
     return "\n".join(lines)
 
 

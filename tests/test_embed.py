@@ -105,7 +105,7 @@ def test_backward_parts_table_has_a_column_per_seqlen_and_causal_mode(tmp_path):
 
 def test_host_time_table_shows_gpu_host_and_do_bench_per_provider(tmp_path):
     rows = [{"seqlen": 512, "hdim": 128, "causal": True, "provider": p, "mode": m, "gpu_ms": g, "host_ms": h,
-             "do_bench_ms": d, "status": "ok"}
+             "do_bench_ms": d, "dtype": "fp16", "status": "ok"}
             for p, g, h, d in (("fa2", 0.6, 0.8, 0.82), ("sdpa-flash", 0.7, 0.3, 0.71)) for m in ("fwd", "fwd_bwd")]
     path = tmp_path / "host.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
@@ -113,3 +113,4 @@ def test_host_time_table_shows_gpu_host_and_do_bench_per_provider(tmp_path):
     assert lines[0].startswith("| seqlen | hdim | causal | mode | fa2 GPU | fa2 host | fa2 do_bench | sdpa-flash GPU")
     assert lines[2] == "| 512 | 128 | True | fwd_bwd | 0.600 | 0.800 | 0.820 | 0.700 | 0.300 | 0.710 |"
     assert len([line for line in lines if line.startswith("| 512")]) == 1
+    assert lines[-1].startswith("Milliseconds per call, fp16, paper shapes")

@@ -326,19 +326,57 @@ def test_tma_compatible_needs_16_byte_rows_and_bases():
     assert not tma_compatible(aligned[..., 1:])  # base pointer 2 bytes past an aligned one
 
 
-def test_backward_without_an_output_gradient_returns_no_gradients():
-    """Autograd does not materialise zero gradients for the outputs (set_materialize_grads(False)),
-    so the backward gets None when the loss does not depend on `out`, and passes None on."""
+def test_backward_passes_no_gradient_on_when_out_gets_none():
+    """With set_materialize_grads(False) an upstream node that returns no gradient for `out`
+    reaches the backward as None, which it passes on as no gradients."""
     assert fa.FlashAttnFunc.backward(None, None, None) == (None,) * 7
 
 
-def test_gradients_flow_through_out_only():
-    """The non-differentiable lse has no gradient to materialise; the one of out still arrives."""
+def test_autograd_materialises_no_gradient_for_lse(monkeypatch):
+    """The non-differentiable lse gets no zero-filled gradient (an allocation and a fill per
+    backward): the backward sees None for it, and the gradient of out still arrives."""
+    seen = []
+    real = fa.FlashAttnFunc.backward
+
+    def spy(ctx, dout, dlse):
+        seen.append((dout is None, dlse is None))
+        return real(ctx, dout, dlse)
+
+    monkeypatch.setattr(fa.FlashAttnFunc, "backward", staticmethod(spy))
     q, k, v = make_qkv(1, 20, 20, 1, 16, torch.float32, "cpu", requires_grad=True)
     out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     assert not lse.requires_grad
-    (out.sum() + lse.sum()).backward()
+    out.sum().backward()
+    assert seen == [(False, True)]
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_device_capability_is_asked_once_per_device(monkeypatch):
+    """The config lookup asks torch for the device's capability once (it costs ~7 us a call)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: calls.append(index) or (9, 0))
+    fa._is_hopper.cache_clear()
+    try:
+        for _ in range(3):
+            assert fa.default_bwd_config(256, torch.device("cuda", 0)) is fa.HOPPER_BWD_CONFIGS[256]
+            assert fa.default_fwd_config(128, True, torch.device("cuda", 0)) is fa.HOPPER_FWD_CONFIGS[(128, True)]
+        assert calls == [0]
+    finally:
+        fa._is_hopper.cache_clear()
+
+
+def test_backward_tma_with_a_broadcast_dout_equals_the_pointer_path(poisoned_allocations):
+    """A dO broadcast along the sequence (stride 0, e.g. the gradient of out.mean(1)) is a valid
+    descriptor source: the descriptor loads give the pointer loads' gradients bit for bit."""
+    q, k, v = make_qkv(1, 37, 53, 2, 32, torch.float16, "cpu")
+    do = torch.randn(1, 1, 2, 32, dtype=torch.float16).expand(1, 37, 2, 32)
+    out, lse = flash_attn_forward(q, k, v, 0.3, True)
+    pointer = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, query_major=True)
+    tma = dataclasses.replace(pointer, tma=True)
+    assert do.stride(1) == 0 and fa.bwd_uses_tma(tma, q, k, v, do)
+    for got, want in zip(fa.flash_attn_backward(do, q, k, v, out, lse, 0.3, True, tma),
+                         fa.flash_attn_backward(do, q, k, v, out, lse, 0.3, True, pointer)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
 def test_training_step_reduces_the_loss():
@@ -452,7 +490,9 @@ def test_gpu_forward_matches_reference(shape, causal, dtype, poisoned_allocation
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(2, 1024, 1024, 2, 64), (1, 2048, 2048, 2, 128),
                                    (1, 4096, 4096, 1, 128), (1, 1000, 1000, 1, 256), (2, 1024, 1024, 2, 256),
-                                   (1, 777, 1500, 2, 96), (1, 1500, 777, 2, 59)],
+                                   (1, 777, 1500, 2, 96), (1, 1500, 777, 2, 59),
+                                   # padded to 256 with descriptor loads: ragged both ways
+                                   (1, 777, 1500, 2, 192), (1, 1500, 777, 2, 160)],
                          ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
 def test_gpu_backward_matches_reference(shape, causal, dtype, poisoned_allocations):
     check_backward(*shape, causal, dtype, "cuda")

@@ -4,13 +4,15 @@ two restructured head-dim-128 forwards are compiled for sm_90 next to the produc
 
 - `software-pipelined`: FA3's intra-warpgroup overlap written in the source: S_{j+1} = Q K_{j+1}^T
   is issued before the softmax of S_j, so its wgmma could run while the softmax does.
-- `persistent` / `persistent-flattened`: one program per SM walking the (query block, batch x
-  head) tiles, the inner key loop fused with the tile loop (`tl.range(..., flatten=True)`) so
+- `persistent`: one program per SM walking the (query block, batch x head) tiles, the key loop
+  nested in the tile loop (no launch per tile; the O store's wait moves into the loop).
+- `persistent-flattened`: the same with the two loops fused (`tl.range(..., flatten=True)`), so
   the pipeliner could prefetch the next tile's K/V under the current tile's epilogue.
 
 For each: shared memory (the H200 allows 232,448 B per block), registers, spills, and in the
-main loop the `wgmma.wait_group` that follows the first wgmma group of an iteration, i.e.
-whether the S matmul is waited for at once (`0`: nothing overlaps the softmax) or left in flight.
+innermost loop that issues wgmma the `wgmma.wait_group` that follows its first wgmma group,
+i.e. whether the S matmul is waited for at once (`0`: nothing overlaps the softmax inside a
+warpgroup) or left in flight.
 
     python tools/experiments/exp_fwd_overlap.py
 """
@@ -135,12 +137,18 @@ def report(name: str, kernel, constexprs: dict) -> str:
     os.unlink(f.name)
     registers = re.search(r"Used (\d+) registers", ptxas.stderr)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
-    # the main loop: the last basic block that branches back to itself; its first wgmma group's wait
-    loops = re.findall(r"(\$L__BB\d+_\d+):.*?bra\s+\1;", ptx, flags=re.DOTALL)
-    body = ptx[ptx.rindex(loops[-1] + ":"):] if loops else ptx
+    # loops: a label up to the branch back to it; the innermost one that issues wgmma is the
+    # shortest such body holding a commit
+    bodies = []
+    for label in re.finditer(r"^(\$L__BB\d+_\d+):", ptx, flags=re.MULTILINE):
+        back = re.compile(r"bra(?:\.uni)?\s+" + re.escape(label.group(1)) + ";").search(ptx, label.end())
+        if back:
+            bodies.append(ptx[label.end():back.start()])
+    bodies = sorted((b for b in bodies if "wgmma.commit_group" in b), key=len)
+    body = bodies[0] if bodies else ptx
     wait = re.search(r"wgmma\.commit_group\.sync\.aligned;.*?wgmma\.wait_group\.sync\.aligned (\d+);", body, re.DOTALL)
     return (f"{name:22s} smem {compiled.metadata.shared:7d} B  regs {registers.group(1) if registers else '?':>3s}  "
-            f"spill stores {spills.group(1) if spills else '?':>4s} B  first wgmma group of the loop waited with "
+            f"spill stores {spills.group(1) if spills else '?':>4s} B  first wgmma group of the innermost wgmma loop waited with "
             f"wait_group {wait.group(1) if wait else 'none'}")
 
 

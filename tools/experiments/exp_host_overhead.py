@@ -7,7 +7,9 @@ For each provider and mode (fwd, bwd, fwd_bwd as `reports.timing` times them) it
   enough that the host has issued them all before the first starts, timed by CUDA events
   around them (a CUDA graph cannot capture the autograd backward);
 - `host_ms`: host time per call to issue those calls (time.perf_counter), the GPU busy.
-When `host_ms` approaches `gpu_ms`, the GPU waits on the host and do_bench reads host time.
+Where `host_ms` approaches or exceeds `gpu_ms`, the GPU can wait on the host between a call's
+launches, and do_bench's reading then includes host stalls (one 30-call sample per row: host
+time varies from run to run).
 With --profile, the top functions by own time of fa2's fwd_bwd calls (cProfile) are printed.
 Rows go to $OUT/exp_host_overhead.csv.
 

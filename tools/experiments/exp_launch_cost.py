@@ -1,7 +1,8 @@
-"""Host cost of the backward's launch path, piece by piece, with the GPU kept busy (a GPU sleep
-queued first) so that no launch waits on the device: Triton's JIT launch against a launch of
-the already compiled kernel (`CompiledKernel[grid](*args)`, which skips argument binding and
-the cache-key computation), the allocations, and the whole `flash_attn_backward`.
+"""Host cost of the launch path, piece by piece, with the GPU kept busy (a GPU sleep queued
+first) so that no launch waits on the device: Triton's JIT launch against a launch of the
+already compiled kernel (`CompiledKernel[grid](*args)`, which skips argument binding and the
+cache-key computation) for two backward kernels, the allocations and checks around them, and
+the whole `flash_attn_backward` and `flash_attn_forward`.
 
     python tools/experiments/exp_launch_cost.py --hdim 256 --seqlen 512
 """
