@@ -2,7 +2,9 @@
 # Session 4, first device call: the backward with tensor-descriptor loop loads (BwdConfig.tma;
 # ptxas: no spills left at head dim 256) timed kernel by kernel against pointer loads, head dims
 # 64/128/256 at seqlen 4k and 16k; the forward's host against in-kernel descriptors at head dim
-# 128, 4k-16k, twice each in one process (causal 8k visits 4096 keys); rung 4's counters.
+# 128, 4k-16k, twice each in one process (causal 8k visits 4096 keys); rung 4's counters (the
+# folder is named counters_v3 after the forward it profiles, which v4 left unchanged at
+# settings A and B; merged as reports/h200/ablation/ablation_ncu_v4_rung4.log).
 source "$(dirname "$0")/device_lib.sh"
 stage "bwd d256"
 timeout 170 python3 tools/experiments/exp_bwd.py --hdims 256 --seqlens 4096 16384 --configs \
