@@ -274,6 +274,20 @@ def test_descriptor_scratch_is_aligned_as_asked():
         assert buffer.data_ptr() % alignment == 0 and buffer.numel() == 100
 
 
+@pytest.mark.parametrize(("causal", "paths"), [
+    (False, {512: "pointer", 1024: "tma-host", 4096: "tma-host", 8192: "tma-kernel", 16384: "tma-kernel"}),
+    # causal visits half the keys on average; in-kernel descriptors from 4096 visited keys (8k)
+    (True, {1024: "pointer", 2048: "tma-host", 4096: "tma-host", 8192: "tma-kernel", 16384: "tma-kernel"}),
+], ids=["full", "causal"])
+def test_hopper_head_dim_128_paths_at_paper_lengths(causal, paths):
+    """The memory path the Hopper table picks for head dim 128 at the paper sweep's lengths
+    (batch x seqlen = 16384, 16 heads; layout only, so tensors of one head suffice)."""
+    config = fa.HOPPER_FWD_CONFIGS[(128, causal)]
+    for seqlen, path in paths.items():
+        q = torch.empty(16384 // seqlen, seqlen, 1, 128, dtype=torch.float16)
+        assert fwd_memory_path(config, q, q, q, q, causal) == path, seqlen
+
+
 def test_fwd_memory_path_follows_the_key_count_rules():
     """Visited keys (half of seqlen_k when causal) pick the path: host descriptors in
     [tma_host_min_keys, tma_host_below_keys) where the 2D view is exact, in-kernel ones from
