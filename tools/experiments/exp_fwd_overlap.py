@@ -49,16 +49,26 @@ def _softmax_step(s, m_i, l_i, qk_scale):
 
 
 @triton.jit
-def _software_pipelined_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k, qk_scale,
-                               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
-    pid_bh = tl.program_id(1)
+def _tile_prologue(Q, pid_bh, start_m, num_heads, seqlen_q, seqlen_k, HEAD_DIM: tl.constexpr,
+                   BLOCK_M: tl.constexpr):
+    """Where the tile's (batch, head) starts in the 2-D host descriptors, its Q block, and FA2
+    Alg. 1 lines 2-4's initial O = 0, l = 0, m = -inf."""
     b, h = fa._batch_head(pid_bh, num_heads)
     q_row0, kv_row0, col0 = (b * seqlen_q).to(tl.int32), (b * seqlen_k).to(tl.int32), (h * HEAD_DIM).to(tl.int32)
     q = Q.load([q_row0 + start_m, col0])
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    return q, q_row0, kv_row0, col0, acc, l_i, m_i
+
+
+@triton.jit
+def _software_pipelined_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k, qk_scale,
+                               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    q, q_row0, kv_row0, col0, acc, l_i, m_i = _tile_prologue(Q, pid_bh, start_m, num_heads, seqlen_q, seqlen_k,
+                                                             HEAD_DIM, BLOCK_M)
     s = tl.dot(q, K.load([kv_row0, col0]).T)
     for start_n in range(BLOCK_N, seqlen_k, BLOCK_N):
         s_next = tl.dot(q, K.load([kv_row0 + start_n, col0]).T)  # issued before the softmax of s
@@ -75,20 +85,16 @@ def _software_pipelined_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k,
 
 
 @triton.jit
-def _persistent_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k, qk_scale,
+def _persistent_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k, qk_scale, batch_heads,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        FLATTEN: tl.constexpr):
+    """Launched on a 1-D grid of one program per SM; `batch_heads` = batch x heads."""
     n_mblocks = seqlen_q // BLOCK_M
-    n_tiles = n_mblocks * tl.num_programs(1)
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=FLATTEN):
+    for tile in tl.range(tl.program_id(0), n_mblocks * batch_heads, tl.num_programs(0), flatten=FLATTEN):
         pid_bh = tile // n_mblocks
         start_m = (tile % n_mblocks) * BLOCK_M
-        b, h = fa._batch_head(pid_bh, num_heads)
-        q_row0, kv_row0, col0 = (b * seqlen_q).to(tl.int32), (b * seqlen_k).to(tl.int32), (h * HEAD_DIM).to(tl.int32)
-        q = Q.load([q_row0 + start_m, col0])
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        q, q_row0, kv_row0, col0, acc, l_i, m_i = _tile_prologue(Q, pid_bh, start_m, num_heads, seqlen_q, seqlen_k,
+                                                                 HEAD_DIM, BLOCK_M)
         for start_n in tl.range(0, seqlen_k, BLOCK_N):
             s = tl.dot(q, K.load([kv_row0 + start_n, col0]).T)
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale)
