@@ -79,17 +79,32 @@ def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float =
     return Timing(ms, p20, p80, math.nan)
 
 
+def attention_call(forward: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                   softmax_scale: float, mode: str) -> tuple[Callable[[], object], tuple[torch.Tensor, ...]]:
+    """The call that `mode` times for one provider's `forward(q, k, v, causal, softmax_scale)`,
+    and the tensors whose gradients are cleared before each call. 'fwd': the forward; 'bwd':
+    `out.backward(dout, retain_graph=True)` on one forward's graph; 'fwd_bwd': both. For 'bwd'
+    and 'fwd_bwd', q, k and v must require grad; dout is fresh randn like the output."""
+    if mode == "fwd":
+        return (lambda: forward(q, k, v, causal, softmax_scale)), ()
+    if mode not in ("bwd", "fwd_bwd"):
+        raise ValueError(f"mode must be 'fwd', 'bwd' or 'fwd_bwd', got {mode!r}")
+    if not all(t.requires_grad for t in (q, k, v)):
+        raise ValueError(f"mode {mode!r} needs q, k and v with requires_grad=True")
+    if mode == "bwd":
+        out = forward(q, k, v, causal, softmax_scale)
+        dout = torch.randn_like(out)
+        return (lambda: out.backward(dout, retain_graph=True)), (q, k, v)
+    dout = torch.randn_like(q)
+    return (lambda: forward(q, k, v, causal, softmax_scale).backward(dout)), (q, k, v)
+
+
 def time_attention(forward: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    softmax_scale: float, mode: str, warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
                    cpu_reps: int = CPU_REPS, cuda_graph: bool = False) -> Timing:
-    """Time one provider's `forward(q, k, v, causal, softmax_scale)` in `mode`. For 'bwd' and
-    'fwd_bwd', q, k and v must require grad; dout is fresh randn like the output."""
-    if mode == "fwd":
-        return benchmark(lambda: forward(q, k, v, causal, softmax_scale), q.device, warmup_ms, rep_ms,
-                         cpu_reps=cpu_reps, cuda_graph=cuda_graph)
-    if mode not in ("bwd", "fwd_bwd"):
-        raise ValueError(f"mode must be 'fwd', 'bwd' or 'fwd_bwd', got {mode!r}")
-    if cuda_graph:
+    """Time one provider's `forward(q, k, v, causal, softmax_scale)` in `mode` (the call
+    `attention_call` makes)."""
+    if cuda_graph and mode in ("bwd", "fwd_bwd"):
         # Seen on the H200 (reports/h200/tuning/exp_host_overhead_cuda_graph_failure.log):
         # do_bench_cudagraph failed to capture mode 'bwd' (the backward of a graph whose forward
         # ran before the capture; our kernel and SDPA's alike), and the failed capture left the
@@ -97,18 +112,6 @@ def time_attention(forward: Callable, q: torch.Tensor, k: torch.Tensor, v: torch
         # stay refused until a capture of them is shown to work.
         raise ValueError(f"cuda_graph times forward passes only: capturing the backward timing (mode "
                          f"{mode!r}) failed on the H200")
-    if not all(t.requires_grad for t in (q, k, v)):
-        raise ValueError(f"mode {mode!r} needs q, k and v with requires_grad=True")
-    if mode == "bwd":
-        out = forward(q, k, v, causal, softmax_scale)
-        dout = torch.randn_like(out)
-
-        def fn():
-            out.backward(dout, retain_graph=True)
-    else:
-        dout = torch.randn_like(q)
-
-        def fn():
-            forward(q, k, v, causal, softmax_scale).backward(dout)
-    return benchmark(fn, q.device, warmup_ms, rep_ms, grad_to_none=(q, k, v), cpu_reps=cpu_reps,
+    fn, grads = attention_call(forward, q, k, v, causal, softmax_scale, mode)
+    return benchmark(fn, q.device, warmup_ms, rep_ms, grad_to_none=grads, cpu_reps=cpu_reps,
                      cuda_graph=cuda_graph)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import triton
 import triton.language as tl
 from compile_check_sm90 import PTXAS, TARGET
+from compile_check_sm90 import signature as compile_check_signature
 from triton.compiler import ASTSource
 
 from kernels import flash_attn as fa
@@ -106,18 +107,10 @@ def _persistent_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k, qk_scal
 
 
 def signature(kernel, constexprs: dict) -> dict:
-    blocks = {"Q": BM, "Out": BM, "K": BN, "V": BN}
-    types = {}
-    for name in kernel.arg_names:
-        if name in constexprs:
-            types[name] = "constexpr"
-        elif name in blocks:
-            types[name] = f"tensordesc<bf16[{blocks[name]},{D}]>"
-        elif name == "LSE":
-            types[name] = "*fp32"
-        else:
-            types[name] = "fp32" if "scale" in name else "i32"
-    return types
+    """compile_check_sm90's argument types, with Q, K, V and Out as the host-made 2-D
+    descriptors of the production kernel's TMA path 2 (BLOCK_M rows for Q/Out, BLOCK_N for K/V)."""
+    host_path = {**constexprs, "TMA": fa.FWD_MEMORY_PATHS.index("tma-host"), "BLOCK_D": D}
+    return compile_check_signature(kernel, host_path, "bf16")
 
 
 def report(name: str, kernel, constexprs: dict) -> str:
@@ -164,9 +157,7 @@ def main() -> None:
                   "TMA": fa.FWD_MEMORY_PATHS.index("tma-host")}
     print(f"sm_90, bf16, head dim {D}, {BM}x{BN} tiles, {WARPS} warps, {STAGES} stages, host descriptors; "
           f"triton {triton.__version__}")
-    from compile_check_sm90 import signature as production_signature
-
-    compiled = triton.compile(ASTSource(fa._flash_fwd_kernel, production_signature(fa._flash_fwd_kernel, production, "bf16"),
+    compiled = triton.compile(ASTSource(fa._flash_fwd_kernel, compile_check_signature(fa._flash_fwd_kernel, production, "bf16"),
                                         production), target=TARGET, options={"num_warps": WARPS, "num_stages": STAGES})
     wait = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", compiled.asm["ptx"])
     print(f"{'production':22s} smem {compiled.metadata.shared:7d} B  wait_group values in order: {' '.join(wait)}")

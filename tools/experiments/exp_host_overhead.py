@@ -34,28 +34,16 @@ sys.path.insert(0, str(ROOT / "tools"))
 from tune_fa2 import CsvRows
 
 from baselines.providers import get_provider
-from reports.timing import time_attention
+from reports.timing import attention_call, time_attention
 
 CALLS = 30
 SLEEP_CYCLES = 400_000_000  # ~0.2 s at the H200's clocks: longer than issuing CALLS calls
 
 
-def timed_call(forward, q, k, v, causal, scale, mode):
-    """The callable `reports.timing.time_attention` times for `mode`, and the tensors whose
-    gradients it clears."""
-    if mode == "fwd":
-        return lambda: forward(q, k, v, causal, scale)
-    if mode == "bwd":
-        out = forward(q, k, v, causal, scale)
-        dout = torch.randn_like(out)
-        return lambda: out.backward(dout, retain_graph=True)
-    dout = torch.randn_like(q)
-    return lambda: forward(q, k, v, causal, scale).backward(dout)
-
-
-def gpu_and_host_ms(fn, tensors) -> tuple[float, float, float]:
-    """(GPU ms per call, host ms per call, slack ms: how long the sleep outlasted the issuing;
-    negative means the GPU caught up with the host and gpu_ms includes host time)."""
+def gpu_and_host_ms(fn, tensors=(), calls: int = CALLS) -> tuple[float, float, float]:
+    """For `calls` calls of fn (gradients of `tensors` cleared before each): (GPU ms per call,
+    host ms per call, slack ms: how long the sleep outlasted the issuing; negative means the GPU
+    caught up with the host and gpu_ms includes host time)."""
     before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
     fn()
     torch.cuda.synchronize()
@@ -63,14 +51,14 @@ def gpu_and_host_ms(fn, tensors) -> tuple[float, float, float]:
     torch.cuda._sleep(SLEEP_CYCLES)
     start.record()
     t0 = time.perf_counter()
-    for _ in range(CALLS):
+    for _ in range(calls):
         for t in tensors:
             t.grad = None
         fn()
     host_total = (time.perf_counter() - t0) * 1e3
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / CALLS, host_total / CALLS, before.elapsed_time(start) - host_total
+    return start.elapsed_time(end) / calls, host_total / calls, before.elapsed_time(start) - host_total
 
 
 def main() -> None:
@@ -102,7 +90,7 @@ def main() -> None:
                         row = {"seqlen": seqlen, "hdim": hdim, "causal": causal, "provider": name, "mode": mode,
                                "dtype": args.dtype}
                         try:
-                            fn = timed_call(forward, q, k, v, causal, scale, mode)
+                            fn, _ = attention_call(forward, q, k, v, causal, scale, mode)
                             row["do_bench_ms"] = time_attention(forward, q, k, v, causal, scale, mode).ms
                             row["gpu_ms"], row["host_ms"], row["slack_ms"] = gpu_and_host_ms(fn, (q, k, v))
                             row["status"] = "ok"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -18,6 +17,9 @@ import triton
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from exp_host_overhead import gpu_and_host_ms  # the same GPU-sleep clock
 
 from kernels import flash_attn as fa
 
@@ -26,15 +28,7 @@ REPS = 200
 
 def host_us(fn) -> float:
     """Host microseconds per call of fn, REPS calls issued behind a GPU sleep."""
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(1_000_000_000)
-    start = time.perf_counter()
-    for _ in range(REPS):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed * 1e6 / REPS
+    return gpu_and_host_ms(fn, calls=REPS)[1] * 1e3
 
 
 def all_args(kernel, args, constexprs):
