@@ -5,6 +5,7 @@
 # SDPA flash and cuDNN in the same process (tools/tune_fa2.py checks each candidate against
 # the float64 reference first).
 source "$(dirname "$0")/device_lib.sh"
+rm -rf $R/d128_* $R/d64_*  # this run's rows only
 D128="128,128,8,3,1,2048,1024,8192 128,128,8,3,1,2048,1024,4096 256,64,16,3,1,2048,1024,8192 256,64,16,3,1,2048,1024,4096 256,64,16,2,1,2048,1024,8192 256,64,16,4,1,2048,1024,8192"
 D64="128,64,4,3,0 128,64,8,3,0 256,128,16,3,1,2048,1024,8192 256,128,16,2,1,2048,1024,8192 256,64,16,3,1,2048,1024,8192"
 for dt in bf16 fp16; do
