@@ -75,11 +75,6 @@ class FwdConfig:
     # the same kernel read when called directly (reports/h200/perf_notes.md, v3).
     tma_host_min_keys: int = 1024
     tma_host_below_keys: int = 0
-    # Hopper warp specialisation of the key loops (tl.range(..., warp_specialize=True), Triton's
-    # sm_90 pass): num_warps is then per partition, and the kernel runs a producer warpgroup
-    # (TMA loads) and two consumer warpgroups of BLOCK_M / 2 rows each, FA3's layout. O is
-    # stored through pointers (the pass rejects a descriptor store of the split tile).
-    warp_specialize: bool = False
 
 
 @dataclass(frozen=True)
@@ -277,67 +272,55 @@ def _query_block_start(CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
 # Forward (FA2 Algorithm 1)
 # --------------------------------------------------------------------------------------
 @triton.jit
-def _fwd_block(acc, l_i, m_i, q, K, V, start_n, stride_kn, stride_vn, offs_m, offs_d,
+def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
                seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
-    """FA2 Alg. 1 lines 6-10 for the key block at start_n. With TMA, K and V are tensor
+    """FA2 Alg. 1 lines 6-10 over key blocks [lo, hi). With TMA, K and V are tensor
     descriptors and this (batch, head)'s keys start at (kv_row0, col0): per-(batch, head)
     descriptors (TMA 1) are bounded at (seqlen_k, HEAD_DIM) and zero-fill past the ends; the
     host's 2D ones (TMA 2) are used only for whole blocks and unpadded head dims, so no tile
     reaches past this (batch, head)."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < seqlen_k
-    # line 6: load K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D)
-    if TMA:
-        kT = K.load([kv_row0 + start_n, col0]).T
-        v = V.load([kv_row0 + start_n, col0])
-    else:
-        d_ok = offs_d < HEAD_DIM
-        kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok, n_ok,
-                        not EVEN_D, MASK)
-        v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
-                       MASK, not EVEN_D)
-    # line 8: S = Q K^T, kept unscaled; the softmax scale * log2(e) is folded into the
-    # exponent below (one FMA per score instead of a multiply and a subtract)
-    s = tl.dot(q, kT)
-    if MASK:
-        # only blocks that cross the diagonal or the end of the keys pay for a mask
-        visible = n_ok[None, :]
-        if CAUSAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
-        s = tl.where(visible, s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a row that has seen no key yet keeps m = -inf: subtract 0, not -inf (no NaN)
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        # line 9: P~ = exp(S - m_new), l = exp(m_old - m_new) l + rowsum(P~)
-        p = tl.math.exp2(s - m_sub[:, None])
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        m_sub = m_new
-        # line 9, as above, with S scaled inside the exponent's FMA (qk_scale > 0, so
-        # max(S) * qk_scale is the scaled row max)
-        p = tl.math.exp2(s * qk_scale - m_sub[:, None])
-    alpha = tl.math.exp2(m_i - m_sub)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    # line 10: O = diag(exp(m_old - m_new)) O + P~ V  -- unnormalised, no 1/l here
-    acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
-               seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
-               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-               MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
-    """FA2 Alg. 1 lines 5-11: the key blocks [lo, hi), one _fwd_block each. WS: Triton's sm_90
-    warp specialisation splits the loop into a producer warpgroup issuing the TMA loads and
-    consumer warpgroups doing the matmuls and the softmax (FwdConfig.warp_specialize)."""
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, K, V, start_n, stride_kn, stride_vn, offs_m, offs_d,
-                                   seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
-                                   HEAD_DIM, BLOCK_N, CAUSAL, MASK, EVEN_D, TMA)
+    offs_n_base = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n_base
+        n_ok = offs_n < seqlen_k
+        # line 6: load K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D)
+        if TMA:
+            kT = K.load([kv_row0 + start_n, col0]).T
+            v = V.load([kv_row0 + start_n, col0])
+        else:
+            kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok, n_ok,
+                            not EVEN_D, MASK)
+            v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
+                           MASK, not EVEN_D)
+        # line 8: S = Q K^T, kept unscaled; the softmax scale * log2(e) is folded into the
+        # exponent below (one FMA per score instead of a multiply and a subtract)
+        s = tl.dot(q, kT)
+        if MASK:
+            # only blocks that cross the diagonal or the end of the keys pay for a mask
+            visible = n_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
+            s = tl.where(visible, s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a row that has seen no key yet keeps m = -inf: subtract 0, not -inf (no NaN)
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+            # line 9: P~ = exp(S - m_new), l = exp(m_old - m_new) l + rowsum(P~)
+            p = tl.math.exp2(s - m_sub[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_sub = m_new
+            # line 9, as above, with S scaled inside the exponent's FMA (qk_scale > 0, so
+            # max(S) * qk_scale is the scaled row max)
+            p = tl.math.exp2(s * qk_scale - m_sub[:, None])
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # line 10: O = diag(exp(m_old - m_new)) O + P~ V  -- unnormalised, no 1/l here
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -351,8 +334,7 @@ def _flash_fwd_kernel(
     num_heads, seqlen_q, seqlen_k, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, TMA: tl.constexpr,
-    WS: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, TMA: tl.constexpr,
 ):
     """One program per (query block, batch x head): FA2's thread-block parallelism over the
     sequence (Section 3.2). O, l and m stay on chip for the program's whole life.
@@ -367,7 +349,6 @@ def _flash_fwd_kernel(
         Q += b * stride_qb + h * stride_qh
         K += b * stride_kb + h * stride_kh
         V += b * stride_vb + h * stride_vh
-    if TMA != 2 or WS:  # with WS, O is stored through pointers on every path
         Out += b * stride_ob + h * stride_oh
     LSE += pid_bh.to(tl.int64) * seqlen_q
 
@@ -402,30 +383,19 @@ def _flash_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
-    # lines 5-11: key blocks left of the diagonal unmasked, and the ones that need a mask
+    # lines 5-11: key blocks left of the diagonal unmasked, then the ones that need a mask
     full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
-    if WS:
-        # Triton 3.6 fails to compile any other matmul next to a warp-specialised loop, so this
-        # path is one loop over every visited block; where some need a mask (causal, or a
-        # partial last key block), all of them take it (FwdConfig.warp_specialize).
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                                   0, end, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
-                                   HEAD_DIM, BLOCK_N, CAUSAL, CAUSAL or not EVEN_N, EVEN_D, TMA, True)
-    else:
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                                   0, full, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
-                                   HEAD_DIM, BLOCK_N, CAUSAL, False, EVEN_D, TMA, False)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                                   full, end, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
-                                   HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D, TMA, False)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                               0, full, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
+                               HEAD_DIM, BLOCK_N, CAUSAL, False, EVEN_D, TMA)
+    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                               full, end, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
+                               HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D, TMA)
 
     # lines 12-13: one final rescale O = diag(l)^-1 O, L = m + log(l)
     acc, lse = _finalize(acc, l_i, m_i)
     # lines 14-15: write O_i and L_i
-    if WS:
-        _store_tile(Out + offs_m[:, None] * stride_os + offs_d[None, :], acc.to(Out.dtype.element_ty),
-                    m_ok, d_ok, not EVEN_M, not EVEN_D)
-    elif TMA == 2:
+    if TMA == 2:
         Out.store([q_row0 + start_m, col0], acc.to(Out.dtype))
     elif TMA:
         out_desc = tl.make_tensor_descriptor(Out, shape=[seqlen_q, HEAD_DIM], strides=[stride_os, 1],
@@ -760,10 +730,9 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         return out.zero_(), lse.fill_(float("inf"))
     cfg = config or default_fwd_config(headdim, causal, q.device)
     path = fwd_memory_path(cfg, q, k, v, out, causal)
-    ws = fwd_can_warp_specialize(cfg, path)
     if path == "tma-host":
-        args = tuple(_flat_descriptor(t, rows) for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n)))
-        args += (out if ws else _flat_descriptor(out, cfg.block_m),)
+        args = tuple(_flat_descriptor(t, rows) for t, rows in
+                     ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
     else:
         args = (q, k, v, out)
         if path == "tma-kernel":
@@ -775,19 +744,13 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         heads, seqlen_q, seqlen_k, softmax_scale * LOG2E.value,
         HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0, EVEN_N=seqlen_k % cfg.block_n == 0,
-        TMA=FWD_MEMORY_PATHS.index(path), WS=ws, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0, TMA=FWD_MEMORY_PATHS.index(path),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out, lse
 
 
 FWD_MEMORY_PATHS = ("pointer", "tma-kernel", "tma-host")  # the kernel's TMA constexpr: 0, 1, 2
-
-
-def fwd_can_warp_specialize(config: FwdConfig, path: str) -> bool:
-    """Whether the forward runs its key loop warp-specialised: where the config asks for it and
-    K and V come through tensor descriptors (the producer warpgroup issues TMA loads)."""
-    return config.warp_specialize and path != "pointer"
 
 
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool) -> str:

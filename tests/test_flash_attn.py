@@ -56,9 +56,9 @@ def assert_close_to_reference(name, actual, reference64, same_dtype):
     assert err <= bound, f"{name}: max error {err:.3e} > 2 x same-dtype error {yardstick:.3e} + eps"
 
 
-def check_forward(batch, seqlen_q, seqlen_k, heads, headdim, causal, dtype, device, fwd_config=None):
+def check_forward(batch, seqlen_q, seqlen_k, heads, headdim, causal, dtype, device):
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, dtype, device)
-    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True, fwd_config=fwd_config)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     ref_out, ref_lse = attention_reference(q, k, v, causal=causal)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert lse.shape == (batch, heads, seqlen_q) and lse.dtype == torch.float32
@@ -220,37 +220,6 @@ def test_tma_paths_equal_the_pointer_path(shape, path, causal, poisoned_allocati
     out_ptr, lse_ptr = flash_attn_forward(q, k, v, 0.3, causal, FwdConfig(32, 32, 4, 1, tma=False))
     torch.testing.assert_close(out_tma, out_ptr, atol=0, rtol=0)
     torch.testing.assert_close(lse_tma, lse_ptr, atol=0, rtol=0)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize(("shape", "path"), [
-    ((2, 37, 53, 2, 40), "tma-kernel"),   # ragged: every block masked, zero fill past seqlen_k
-    ((1, 53, 37, 3, 32), "tma-kernel"),   # seqlen_q > seqlen_k: causal rows that see no key
-    ((2, 64, 96, 3, 32), "tma-host"),     # whole blocks: the unmasked loop, O stored by pointer
-], ids=["ragged", "more-queries", "whole-blocks"])
-def test_warp_specialized_forward_matches_reference(shape, path, causal, poisoned_allocations):
-    """FwdConfig.warp_specialize runs one loop over every visited key block (masking all of them
-    where any needs it); on CPU the same kernel source runs without the split into warpgroups."""
-    batch, seqlen_q, seqlen_k, heads, headdim = shape
-    config = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_min_keys=0, tma_host_below_keys=4096,
-                       warp_specialize=True)
-    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, torch.float16, "cpu")
-    assert fwd_memory_path(config, q, k, v, torch.empty_like(q), causal) == path
-    assert fa.fwd_can_warp_specialize(config, path)
-    check_forward(batch, seqlen_q, seqlen_k, heads, headdim, causal, torch.float16, "cpu", config)
-    # and it agrees with the two-loop kernel (diagonal-only masking) to rounding
-    out_ws, lse_ws = flash_attn_forward(q, k, v, 0.3, causal, config)
-    out_two, lse_two = flash_attn_forward(q, k, v, 0.3, causal, dataclasses.replace(config, warp_specialize=False))
-    torch.testing.assert_close(out_ws, out_two, atol=2e-3, rtol=0)
-    torch.testing.assert_close(lse_ws, lse_two, atol=1e-5, rtol=1e-5)
-
-
-def test_warp_specialization_needs_descriptors():
-    """The producer warpgroup issues TMA loads: the pointer path never takes the warp-specialised loop."""
-    config = FwdConfig(128, 128, 4, 2, tma=True, warp_specialize=True)
-    assert not fa.fwd_can_warp_specialize(config, "pointer")
-    assert fa.fwd_can_warp_specialize(config, "tma-host") and fa.fwd_can_warp_specialize(config, "tma-kernel")
-    assert not fa.fwd_can_warp_specialize(dataclasses.replace(config, warp_specialize=False), "tma-host")
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -528,29 +497,6 @@ GPU_SHAPES = [
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
 def test_gpu_forward_matches_reference(shape, causal, dtype, poisoned_allocations):
     check_forward(*shape, causal, dtype, "cuda")
-
-
-# Warp-specialised forwards (FwdConfig.warp_specialize) at each padded head dim, descriptors
-# from any length, so that every GPU shape takes them.
-WS_GPU_CONFIGS = {
-    64: FwdConfig(128, 128, 4, 2, tma=True, tma_min_keys=0, warp_specialize=True),
-    128: FwdConfig(128, 128, 4, 2, tma=True, tma_min_keys=0, warp_specialize=True),
-    256: FwdConfig(128, 64, 4, 2, tma=True, tma_min_keys=0, warp_specialize=True),
-}
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
-def test_gpu_warp_specialized_forward_matches_reference(shape, causal, dtype, poisoned_allocations):
-    config = WS_GPU_CONFIGS[fa.padded_headdim(shape[4])]
-    q = torch.empty(shape[0], shape[1], shape[3], shape[4], dtype=dtype, device="cuda")
-    k = torch.empty(shape[0], shape[2], shape[3], shape[4], dtype=dtype, device="cuda")
-    path = fwd_memory_path(config, q, k, k, q, causal)
-    if not fa.fwd_can_warp_specialize(config, path):
-        pytest.skip(f"{path} path: the copy engine cannot address these rows (warp specialisation needs TMA)")
-    check_forward(*shape, causal, dtype, "cuda", config)
 
 
 @pytest.mark.gpu

@@ -40,9 +40,7 @@ def signature(kernel, constexprs: dict, dtype: str) -> dict:
     host-made 2D tensor descriptors on its TMA path 2."""
     host_blocks = {}
     if constexprs.get("TMA") == fa.FWD_MEMORY_PATHS.index("tma-host"):
-        rows = {"Q": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"}
-        if not constexprs.get("WS"):  # the warp-specialised kernel stores O through pointers
-            rows["Out"] = "BLOCK_M"
+        rows = {"Q": "BLOCK_M", "Out": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"}
         host_blocks = {name: f"tensordesc<{dtype}[{constexprs[block]},{constexprs['BLOCK_D']}]>"
                        for name, block in rows.items()}
     types = {}
@@ -72,7 +70,7 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str
     os.unlink(f.name)
     registers = re.search(r"Used (\d+) registers", ptxas.stderr)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
-    mma = ("ws+" if "setmaxnreg" in compiled.asm["ptx"] else "") + ("tma+" if "cp.async.bulk.tensor" in compiled.asm["ptx"] else "") + ("wgmma" if "wgmma" in compiled.asm["ptx"] else "mma.sync")
+    mma = ("tma+" if "cp.async.bulk.tensor" in compiled.asm["ptx"] else "") + ("wgmma" if "wgmma" in compiled.asm["ptx"] else "mma.sync")
     path = f" {fa.FWD_MEMORY_PATHS[constexprs['TMA']]:10s}" if "TMA" in constexprs else ""
     return (f"{kernel.fn.__name__:24s}{path} M{constexprs['BLOCK_M']:<4d} N{constexprs['BLOCK_N']:<4d} "
             f"w{num_warps} s{num_stages}  {mma:8s} smem {compiled.metadata.shared:6d} B  "
@@ -96,15 +94,13 @@ def main() -> None:
                else fa.HOPPER_FWD_CONFIGS[(block_d, args.causal)])
         bwd = (fa.BwdConfig(*map(int, args.bwd.split(","))) if args.bwd else fa.HOPPER_BWD_CONFIGS[block_d])
         common = {"HEAD_DIM": hdim, "BLOCK_D": block_d, "CAUSAL": args.causal, "EVEN_M": True}
-        fwd_common = dict(common, EVEN_N=True)
         print(f"head dim {hdim}:")
         # every memory path the config can take (fwd_memory_path picks one per launch)
         paths = ["pointer"] + (["tma-kernel"] if fwd.tma else [])
         paths += ["tma-host"] if fwd.tma and fwd.tma_host_below_keys else []
         for path in paths:
-            ws = fa.fwd_can_warp_specialize(fwd, path)
-            print("  " + report(fa._flash_fwd_kernel, dict(fwd_common, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
-                                                        TMA=fa.FWD_MEMORY_PATHS.index(path), WS=ws),
+            print("  " + report(fa._flash_fwd_kernel, dict(common, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
+                                                        TMA=fa.FWD_MEMORY_PATHS.index(path)),
                                 fwd.num_warps, fwd.num_stages))
         print("  " + report(fa._flash_bwd_dkdv_kernel,
                             dict(common, BLOCK_M=bwd.block_m1, BLOCK_N=bwd.block_n1, EVEN_N=True,

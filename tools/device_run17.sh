@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran at 3ec9ed6; FwdConfig.warp_specialize, which it times, was removed after it (wrong rows,
+# illegal addresses and hangs on the H200: reports/h200/perf_notes.md, v4 -> v5).
 # Session 5, second device call: Triton 3.6's sm_90 warp specialisation of the forward's key
 # loop (FwdConfig.warp_specialize: a producer warpgroup issuing TMA loads, two consumer
 # warpgroups; 4 warps per partition). First the GPU reference tests of the warp-specialised

@@ -153,7 +153,7 @@ def report(name: str, kernel, constexprs: dict) -> str:
 
 def main() -> None:
     common = {"HEAD_DIM": D, "BLOCK_M": BM, "BLOCK_N": BN}
-    production = {"HEAD_DIM": D, "BLOCK_D": D, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": False, "EVEN_M": True, "WS": False,
+    production = {"HEAD_DIM": D, "BLOCK_D": D, "BLOCK_M": BM, "BLOCK_N": BN, "CAUSAL": False, "EVEN_M": True,
                   "TMA": fa.FWD_MEMORY_PATHS.index("tma-host")}
     print(f"sm_90, bf16, head dim {D}, {BM}x{BN} tiles, {WARPS} warps, {STAGES} stages, host descriptors; "
           f"triton {triton.__version__}")
