@@ -286,6 +286,11 @@ SECTIONS = {
     "host_time": lambda: host_time_table(TUNING / "exp_host_overhead_bf16.csv"),
     "compile_bwd_tma": lambda: text_block(TUNING / "compile_check_bwd_tma_sm90.txt"),
     "compile_fwd_overlap": lambda: text_block(TUNING / "exp_fwd_overlap_sm90_compile.txt"),
+    "fwd_16warps_d128_bf16": lambda: tuning_table(TUNING / "tune_fa2_fwd_256rows_16warps_d128_bf16.csv"),
+    "fwd_16warps_d128_fp16": lambda: tuning_table(TUNING / "tune_fa2_fwd_256rows_16warps_d128_fp16.csv"),
+    "fwd_16warps_d64_bf16": lambda: tuning_table(TUNING / "tune_fa2_fwd_256rows_16warps_d64_bf16.csv"),
+    "compile_fwd_warp_specialize": lambda: text_block(TUNING / "exp_fwd_warp_specialize_sm90_compile.txt"),
+    "fwd_warp_specialize": lambda: text_block(TUNING / "exp_fwd_warp_specialize_bf16.log"),
     **{f"bwd_parts_d{h}": (lambda h=h: backward_parts_table(
         TUNING / f"exp_bwd_kernel_by_kernel_d{h}_seqlen4096_bf16.csv")) for h in (128, 256)},
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),

@@ -4,6 +4,8 @@ two restructured head-dim-128 forwards are compiled for sm_90 next to the produc
 
 - `software-pipelined`: FA3's intra-warpgroup overlap written in the source: S_{j+1} = Q K_{j+1}^T
   is issued before the softmax of S_j, so its wgmma could run while the softmax does.
+- `fa3-order`: FA3's Algorithm 2 order instead: S_j = Q K_j^T issued, then P_{j-1} V_{j-1}, then
+  the softmax of S_j, which could run under the P V matmul if the S wait left it in flight.
 - `persistent`: one program per SM walking the (query block, batch x head) tiles, the key loop
   nested in the tile loop (no launch per tile; the O store's wait moves into the loop).
 - `persistent-flattened`: the same with the two loops fused (`tl.range(..., flatten=True)`), so
@@ -86,6 +88,27 @@ def _software_pipelined_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k,
 
 
 @triton.jit
+def _fa3_order_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k, qk_scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    q, q_row0, kv_row0, col0, acc, l_i, m_i = _tile_prologue(Q, pid_bh, start_m, num_heads, seqlen_q, seqlen_k,
+                                                             HEAD_DIM, BLOCK_M)
+    p, alpha, l_i, m_i = _softmax_step(tl.dot(q, K.load([kv_row0, col0]).T), m_i, l_i, qk_scale)
+    for start_n in range(BLOCK_N, seqlen_k, BLOCK_N):
+        s = tl.dot(q, K.load([kv_row0 + start_n, col0]).T)          # S_j issued
+        v = V.load([kv_row0 + start_n - BLOCK_N, col0])
+        acc = tl.dot(p.to(v.dtype), v, acc)                          # then P_{j-1} V_{j-1}
+        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale)    # softmax of S_j under it
+        acc = acc * alpha[:, None]
+    v = V.load([kv_row0 + seqlen_k - BLOCK_N, col0])
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    acc, lse = fa._finalize(acc, l_i, m_i)
+    Out.store([q_row0 + start_m, col0], acc.to(Out.dtype))
+    tl.store(LSE + pid_bh.to(tl.int64) * seqlen_q + start_m + tl.arange(0, BLOCK_M), lse)
+
+
+@triton.jit
 def _persistent_kernel(Q, K, V, Out, LSE, num_heads, seqlen_q, seqlen_k, qk_scale, batch_heads,
                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        FLATTEN: tl.constexpr):
@@ -162,6 +185,7 @@ def main() -> None:
     wait = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", compiled.asm["ptx"])
     print(f"{'production':22s} smem {compiled.metadata.shared:7d} B  wait_group values in order: {' '.join(wait)}")
     print(report("software-pipelined", _software_pipelined_kernel, common))
+    print(report("fa3-order", _fa3_order_kernel, common))
     print(report("persistent", _persistent_kernel, {**common, "FLATTEN": False}))
     print(report("persistent-flattened", _persistent_kernel, {**common, "FLATTEN": True}))
 

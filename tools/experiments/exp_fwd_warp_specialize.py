@@ -15,12 +15,14 @@ The committed log (reports/h200/tuning/exp_fwd_warp_specialize_bf16.log, run at 
 two variants of the production forward with a warp-specialised key loop (FwdConfig.warp_specialize,
 removed after that run): with host descriptors it hung, with in-kernel ones it faulted.
 
-    python tools/experiments/exp_fwd_warp_specialize.py
+    python tools/experiments/exp_fwd_warp_specialize.py                  # on the GPU
+    python tools/experiments/exp_fwd_warp_specialize.py --compile-only   # sm_90 compiler report, no GPU
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,11 +116,40 @@ def run_one(variant: str) -> None:
           f"({table_ms / ws_ms:.3f}x)", flush=True)
 
 
+def compile_report() -> None:
+    """Compile both variants for sm_90 (no GPU) and print whether the pass split the loop into
+    warp groups (setmaxnreg in the PTX), the warps of the program and the shared memory."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    sys.path.insert(0, str(ROOT / "tools"))
+    from compile_check_sm90 import TARGET
+    from triton.compiler import ASTSource
+
+    print(f"sm_90, bf16, head dim 128, 128-key blocks, num_warps=4, num_stages=2; triton {triton.__version__}")
+    for variant in VARIANTS:
+        block_m, desc_store = (128, False) if variant == "min128-ptr" else (64, True)
+        signature = {"Q": f"tensordesc<bf16[{block_m},128]>", "K": "tensordesc<bf16[128,128]>",
+                     "V": "tensordesc<bf16[128,128]>", "Out": f"tensordesc<bf16[{block_m},128]>" if desc_store else "*bf16",
+                     "LSE": "*fp32", "num_heads": "i32", "seqlen_q": "i32", "seqlen_k": "i32", "qk_scale": "fp32",
+                     "stride_os": "i32", "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+                     "DESC_STORE": "constexpr"}
+        constexprs = {"HEAD_DIM": 128, "BLOCK_M": block_m, "BLOCK_N": 128, "DESC_STORE": desc_store}
+        compiled = triton.compile(ASTSource(_minimal_ws_kernel, signature, constexprs), target=TARGET,
+                                  options={"num_warps": 4, "num_stages": 2})
+        ptx = compiled.asm["ptx"]
+        registers = sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)})
+        print(f"{variant:12s} warp-specialised: {'yes' if registers else 'no'}  warps per program "
+              f"{compiled.metadata.num_warps}  setmaxnreg targets {registers}  smem {compiled.metadata.shared} B")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", choices=VARIANTS, help="run one variant in this process")
+    parser.add_argument("--compile-only", action="store_true", help="the sm_90 compiler report only (no GPU)")
     parser.add_argument("--timeout", type=float, default=40.0, help="seconds per variant")
     args = parser.parse_args()
+    if args.compile_only:
+        compile_report()
+        return
     if args.variant:
         run_one(args.variant)
         return
