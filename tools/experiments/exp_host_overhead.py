@@ -10,7 +10,10 @@ For each provider and mode (fwd, bwd, fwd_bwd as `reports.timing` times them) it
 Where `host_ms` approaches or exceeds `gpu_ms`, the GPU can wait on the host between a call's
 launches, and do_bench's reading then includes host stalls (one 30-call sample per row: host
 time varies from run to run).
-With --profile, the top functions by own time of fa2's fwd_bwd calls (cProfile) are printed.
+With --profile, for fa2's fwd_bwd calls at the first shape: the top Python functions by own
+time (cProfile), then torch.profiler's operator table for fa2 and each other provider (CPU time
+per operator and the CUDA kernels launched: copies or fills besides the attention kernels show
+up there).
 Rows go to $OUT/exp_host_overhead.csv.
 
     python tools/experiments/exp_host_overhead.py --hdims 128 256 --seqlens 512 1024 --profile
@@ -61,6 +64,23 @@ def gpu_and_host_ms(fn, tensors=(), calls: int = CALLS) -> tuple[float, float, f
     return start.elapsed_time(end) / calls, host_total / calls, before.elapsed_time(start) - host_total
 
 
+def print_operator_table(name: str, fn, tensors, calls: int = 10) -> None:
+    """torch.profiler over `calls` calls of fn (gradients cleared before each): CPU time and
+    count per operator, and the CUDA kernels, sorted by CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            for t in tensors:
+                t.grad = None
+            fn()
+        torch.cuda.synchronize()
+    print(f"== torch.profiler: {name}, {calls} fwd_bwd calls")
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hdims", type=int, nargs="+", default=[128, 256])
@@ -97,13 +117,15 @@ def main() -> None:
                         except Exception as exc:  # noqa: BLE001 -- a failing measurement is a row
                             row["status"] = f"error: {exc}"[:200]
                         record(**row)
-                        if not profiled and name == "fa2" and mode == "fwd_bwd":
-                            profiled = True
-                            profiler = cProfile.Profile()
-                            profiler.enable()
-                            gpu_and_host_ms(fn, (q, k, v))
-                            profiler.disable()
-                            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+                        if not profiled and mode == "fwd_bwd":
+                            if name == "fa2":
+                                profiler = cProfile.Profile()
+                                profiler.enable()
+                                gpu_and_host_ms(fn, (q, k, v))
+                                profiler.disable()
+                                pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+                            print_operator_table(name, fn, (q, k, v))
+                            profiled = name == args.providers[-1]
             del q, k, v
             torch.cuda.empty_cache()
 
