@@ -1,0 +1,331 @@
+"""A Hopper forward written in Gluon (Triton's lower-level language) with FA3's intra-warpgroup
+overlap, which Triton 3.6 does not produce from `tl.dot` (it waits for every wgmma group at once;
+perf_notes "Why the forward stays below 0.9x cuDNN at 4k"):
+
+    for each key block j (FA3 Algorithm 2):
+        issue S_j = Q K_j^T                      (async wgmma)
+        issue O += P_{j-1} V_{j-1}                (async wgmma)
+        wait until one group is left: S_j is done, P_{j-1} V_{j-1} may still run
+        softmax of S_j -> P_j, rescale factor     (runs under the P V matmul)
+        wait for P_{j-1} V_{j-1}; O *= rescale
+        refill the freed K/V stage with block j - 1 + STAGES (TMA, mbarriers)
+
+128-row query blocks over two warpgroups (8 warps), 128-key blocks, K and V in a STAGES-deep
+shared-memory ring, Q and O through host-made 2D descriptors over (batch * seqlen, heads *
+head dim). Scope: equal query and key lengths that are whole blocks, head dims whose rows fill the
+2D view exactly (a power of two), causal or not.
+
+    python tools/experiments/exp_fwd_gluon.py --compile-only    # sm_90 compiler report, no GPU
+    python tools/experiments/exp_fwd_gluon.py                   # on the GPU: check, then time
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from functools import partial
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, stage, block, kv_row0, col0, n_blocks,
+             BLOCK_N: gl.constexpr):
+    """TMA loads of key block `block` into ring stage `stage` (none past the last block)."""
+    needed = block < n_blocks
+    row = kv_row0 + block * BLOCK_N
+    mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes, pred=needed)
+    tma.async_copy_global_to_shared(k_desc, [row, col0], k_bar.index(stage), k_smem.index(stage), pred=needed)
+    mbarrier.expect(v_bar.index(stage), v_desc.block_type.nbytes, pred=needed)
+    tma.async_copy_global_to_shared(v_desc, [row, col0], v_bar.index(stage), v_smem.index(stage), pred=needed)
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+    """FA2 Alg. 1 line 9 on unscaled scores S: P~ = exp2(S * scale - m_new), the rescale factor
+    exp2(m_old - m_new) and l; causal masking on the diagonal block only (the last one)."""
+    if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
+        if block == n_blocks - 1:
+            visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
+            s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _gluon_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
+                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    if CAUSAL:  # longest programs first
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    start_m = pid_m * BLOCK_M
+    q_row = b * seqlen + start_m
+    kv_row0 = b * seqlen
+    col0 = h * HEAD_DIM
+    if CAUSAL:
+        n_blocks = (start_m + BLOCK_M) // BLOCK_N
+    else:
+        n_blocks = seqlen // BLOCK_N
+
+    # wgmma layouts: warps split the query rows (each warpgroup owns BLOCK_M / 2 rows)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for stage in gl.static_range(STAGES):
+        mbarrier.init(k_bar.index(stage), count=1)
+        mbarrier.init(v_bar.index(stage), count=1)
+
+    # line 4: load Q_i; the first STAGES key blocks
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [q_row, col0], q_bar, q_smem)
+    for stage in gl.static_range(STAGES):
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, stage, stage, kv_row0, col0, n_blocks, BLOCK_N)
+
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    # key block 0: S_0 and its softmax
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_bar.index(0), 0)
+    s_tok = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=[s_tok])
+    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
+
+    for block in range(1, n_blocks):
+        slot = block % STAGES
+        prev = (block - 1) % STAGES
+        # line 8 for block j, then line 10's P V for block j - 1, both in flight
+        mbarrier.wait(k_bar.index(slot), (block // STAGES) & 1)
+        s_tok = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        mbarrier.wait(v_bar.index(prev), ((block - 1) // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        # S_j done (one group, P_{j-1} V_{j-1}, may still run): its softmax overlaps that matmul
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N, CAUSAL)
+        acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+        acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+        # every warp is done with stage `prev`: refill it with block j - 1 + STAGES
+        gl.thread_barrier()
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, prev, block - 1 + STAGES, kv_row0, col0,
+                 n_blocks, BLOCK_N)
+
+    # line 10 for the last block
+    last = (n_blocks - 1) % STAGES
+    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+
+    # lines 12-15: O = diag(l)^-1 O, L = m + log(l) (natural log, m in log2 units)
+    out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse)
+    gl.thread_barrier()  # every warpgroup is done reading Q: its buffer stages O
+    q_smem.store(out.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [q_row, col0], q_smem)
+    tma.store_wait(pendings=0)
+    mbarrier.invalidate(q_bar)
+    for stage in gl.static_range(STAGES):
+        mbarrier.invalidate(k_bar.index(stage))
+        mbarrier.invalidate(v_bar.index(stage))
+
+
+BLOCK_M = BLOCK_N = 128
+
+
+def supported(q, k, v, causal: bool) -> bool:
+    """Where this kernel applies: equal lengths in whole blocks, a power-of-two head dim up to 128,
+    16-bit inputs laid out (batch, seqlen, heads, headdim) contiguously."""
+    seqlen, d = q.shape[1], q.shape[3]
+    return (q.dtype in (torch.float16, torch.bfloat16) and k.shape == q.shape and v.shape == q.shape
+            and d in (64, 128) and seqlen % BLOCK_M == 0 and all(t.is_contiguous() for t in (q, k, v)))
+
+
+def gluon_forward(q, k, v, softmax_scale: float, causal: bool, stages: int = 2, poison: bool = False):
+    batch, seqlen, heads, d = q.shape
+    out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)
+    lse = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
+    el = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, d], el)
+
+    def flat(t, rows):
+        return TensorDescriptor(t, [batch * seqlen, heads * d], [heads * d, 1], [rows, d], layout)
+
+    grid = (seqlen // BLOCK_M, batch * heads)
+    _gluon_fwd_kernel[grid](flat(q, BLOCK_M), flat(k, BLOCK_N), flat(v, BLOCK_N), flat(out, BLOCK_M), lse,
+                            heads, seqlen, softmax_scale * LOG2E, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                            STAGES=stages, CAUSAL=causal, num_warps=8)
+    return out, lse
+
+
+def compile_report() -> None:
+    os.environ.pop("TRITON_INTERPRET", None)
+    sys.path.insert(0, str(ROOT / "tools"))
+    from compile_check_sm90 import PTXAS, TARGET
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    print(f"sm_90, Gluon forward, 128x128 blocks, 8 warps; triton {triton.__version__}")
+    for d in (128, 64):
+        for stages in (2, 3):
+            for causal in (False, True):
+                desc = f"tensordesc<bf16[128,{d}],{gl.NVMMASharedLayout.get_default_for([128, d], gl.bfloat16)!r}>"
+                signature = {"q_desc": desc, "k_desc": desc, "v_desc": desc, "o_desc": desc, "LSE": "*fp32",
+                             "num_heads": "i32", "seqlen": "i32", "qk_scale": "fp32", "HEAD_DIM": "constexpr",
+                             "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "STAGES": "constexpr",
+                             "CAUSAL": "constexpr", "num_warps": "constexpr"}
+                constexprs = {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": 128, "STAGES": stages, "CAUSAL": causal,
+                              "num_warps": 8}
+                try:
+                    compiled = triton.compile(GluonASTSource(_gluon_fwd_kernel, signature, constexprs), target=TARGET,
+                                              options={"num_warps": 8})
+                except Exception as exc:  # noqa: BLE001 -- a compiler failure is the answer for this variant
+                    print(f"d{d} stages {stages} causal {causal}: does not compile: {str(exc)[:300]}")
+                    continue
+                ptx = compiled.asm["ptx"]
+                path = Path(f"/tmp/gluon_fwd_d{d}_s{stages}_{int(causal)}.ptx")
+                path.write_text(ptx)
+                import subprocess
+                ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", str(path), "-o", os.devnull],
+                                       capture_output=True, text=True, check=True)
+                registers = re.search(r"Used (\d+) registers", ptxas.stderr)
+                spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
+                waits = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)
+                print(f"d{d} stages {stages} causal {causal!s:5s}: smem {compiled.metadata.shared} B, regs "
+                      f"{registers.group(1) if registers else '?'}, spill stores {spills.group(1) if spills else '?'} B, "
+                      f"wgmma waits in order {' '.join(waits)}")
+
+
+def check(dtype_name: str) -> None:
+    """Gluon forward against the float64 reference (NaN-poisoned output, fresh random inputs)."""
+    from baselines.reference import attention_reference
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    for d in (128, 64):
+        for stages in (2, 3):
+            for causal in (False, True):
+                torch.manual_seed(d + stages + causal)
+                q, k, v = (torch.randn(2, 1024, 3, d, device="cuda", dtype=dtype) for _ in range(3))
+                scale = d ** -0.5
+                out, lse = gluon_forward(q, k, v, scale, causal, stages, poison=True)
+                ref, ref_lse = attention_reference(q, k, v, scale, causal)
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                lse_err = (lse.double() - ref_lse).abs().max().item()
+                ok = not torch.isnan(out).any().item() and err < 2e-2 and lse_err < 1e-3
+                print(f"check {dtype_name} d{d} stages {stages} causal {causal!s:5s}: rel err {err:.2e}, "
+                      f"lse max err {lse_err:.1e}, NaN rows {int(torch.isnan(out).any(-1).sum())} -> "
+                      f"{'ok' if ok else 'WRONG'}", flush=True)
+
+
+def _sdpa(backend, qt, kt, vt, causal: bool):
+    from torch.nn.attention import sdpa_kernel
+
+    with sdpa_kernel(backend):
+        return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+
+def time_all(dtype_name: str, out_csv: Path) -> None:
+    """TFLOPs/s of the Gluon forward (2 and 3 stages), the production Triton forward, SDPA flash
+    and SDPA cuDNN, same process, paper shapes (hidden 2048, batch = 16384 / seqlen)."""
+    import pandas as pd
+    from torch.nn.attention import SDPBackend
+
+    from baselines.flops import attention_flops, tflops_per_second
+    from kernels.flash_attn import flash_attn_forward
+    from reports.timing import benchmark
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    device = torch.device("cuda")
+    rows = []
+    for d, seqlens in ((128, (1024, 2048, 4096, 8192, 16384)), (64, (4096, 16384))):
+        for seqlen in seqlens:
+            batch, heads = 16384 // seqlen, 2048 // d
+            q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=dtype) for _ in range(3))
+            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+            scale = d ** -0.5
+            for causal in (False, True):
+                calls = {
+                    "gluon-s2": partial(gluon_forward, q, k, v, scale, causal, 2),
+                    "gluon-s3": partial(gluon_forward, q, k, v, scale, causal, 3),
+                    "fa2": partial(flash_attn_forward, q, k, v, scale, causal),
+                    "sdpa-flash": partial(_sdpa, SDPBackend.FLASH_ATTENTION, qt, kt, vt, causal),
+                    "sdpa-cudnn": partial(_sdpa, SDPBackend.CUDNN_ATTENTION, qt, kt, vt, causal),
+                }
+                flops = attention_flops(batch, heads, seqlen, seqlen, d, causal, "fwd")
+                for name, fn in calls.items():
+                    ms = benchmark(fn, device).ms
+                    rows.append({"provider": name, "mode": "fwd", "dtype": dtype_name, "hdim": d, "seqlen": seqlen,
+                                 "causal": causal, "ms": ms, "tflops": tflops_per_second(flops, ms),
+                                 "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                 "triton": triton.__version__, "git_commit": os.environ.get("GIT_COMMIT", "")})
+                    pd.DataFrame(rows).to_csv(out_csv, index=False)
+                line = {r["provider"]: r["tflops"] for r in rows[-len(calls):]}
+                print(f"{dtype_name} d{d} s{seqlen:<5d} causal={causal!s:5s} " + "  ".join(
+                    f"{n} {t:5.0f}" for n, t in line.items()) + f"  gluon-s2/cudnn {line['gluon-s2'] / line['sdpa-cudnn']:.3f}"
+                    f"  gluon-s3/cudnn {line['gluon-s3'] / line['sdpa-cudnn']:.3f}  fa2/cudnn {line['fa2'] / line['sdpa-cudnn']:.3f}",
+                    flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--check", choices=["bf16", "fp16"], help="correctness only, this dtype")
+    parser.add_argument("--time", choices=["bf16", "fp16"], help="timing only, this dtype")
+    args = parser.parse_args()
+    if args.compile_only:
+        compile_report()
+    elif args.check:
+        check(args.check)
+    elif args.time:
+        time_all(args.time, Path(os.environ.get("OUT", ".")) / f"exp_fwd_gluon_{args.time}.csv")
+    else:
+        parser.error("give --compile-only, --check DTYPE or --time DTYPE")
+
+
+if __name__ == "__main__":
+    main()
