@@ -9,7 +9,7 @@ mkdir -p $R/gluon_rows
 ok=1
 for dt in bf16 fp16; do
   stage "check $dt"
-  timeout 100 python3 tools/experiments/exp_fwd_gluon.py --check $dt > $R/gluon_check_$dt.log 2>&1
+  timeout 120 python3 tools/experiments/exp_fwd_gluon.py --check $dt > $R/gluon_check_$dt.log 2>&1
   rc=$?; echo "rc=$rc"; grep "^check" $R/gluon_check_$dt.log; tail -3 $R/gluon_check_$dt.log | grep -v "^check"
   if [ $rc -ne 0 ] || grep -q WRONG $R/gluon_check_$dt.log; then ok=0; fi
   pack
