@@ -36,9 +36,15 @@ def _ladder_forward(index: int) -> Callable:
 
 
 def _hopper_forward(q, k, v, causal, softmax_scale):
-    from kernels.flash_attn import check_attention_inputs, flash_attn_forward
+    """The production Triton forward (_flash_fwd_kernel) with its block table, kept off the Gluon
+    forward (kernels/flash_attn_hopper.py) that the table now takes at head dim 128 from 1k
+    keys: rung 4 stays the kernel it was measured as."""
+    from dataclasses import replace
 
-    return flash_attn_forward(q, k, v, check_attention_inputs(q, k, v, softmax_scale), causal)[0]
+    from kernels.flash_attn import check_attention_inputs, default_fwd_config, flash_attn_forward
+
+    config = replace(default_fwd_config(q.shape[3], causal, q.device), hopper_gluon_min_keys=0)
+    return flash_attn_forward(q, k, v, check_attention_inputs(q, k, v, softmax_scale), causal, config)[0]
 
 
 RUNGS: list[Rung] = [

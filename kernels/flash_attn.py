@@ -42,6 +42,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels import flash_attn_hopper
+
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2):   ln(x) = log2(x) * LN2
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -75,6 +77,10 @@ class FwdConfig:
     # the same kernel read when called directly (reports/h200/perf_notes.md, v3).
     tma_host_min_keys: int = 1024
     tma_host_below_keys: int = 0
+    # From this many keys, the Gluon forward with FA3's warp layout (kernels/flash_attn_hopper.py:
+    # a loader warp, two consumer warpgroups, the softmax under the P V matmul) where its scope
+    # holds (hopper_forward_applies); 0 = never.
+    hopper_gluon_min_keys: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,10 +128,12 @@ HOPPER_FWD_CONFIGS = {
     (64, True): FwdConfig(128, 64, 8, 3),
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
     # frees the pointer registers (255 registers + 124 B of spills -> 216, none): +5-13%.
-    (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192),
+    # From 1024 keys, equal lengths in whole blocks take the Gluon kernel instead: 1.06-1.24x
+    # this one at 1k-16k in bf16 and fp16, same process (perf_notes, "v5: a Gluon forward").
+    (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024),
     # causal: in-kernel descriptors from 4096 visited keys (seqlen 8k, whose longest programs
     # visit all 8192): +3.4% bf16 and +0-4% fp16 over host ones there, same process.
-    (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=4096),
+    (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=4096, hopper_gluon_min_keys=1024),
     # head dim 256: only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
     # (host descriptors to 4k keys, in-kernel from 8k) within -1..+2% of pointer tiles up
     # to 4k keys and +2-5% at 16k.
@@ -730,6 +738,9 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         return out.zero_(), lse.fill_(float("inf"))
     cfg = config or default_fwd_config(headdim, causal, q.device)
     path = fwd_memory_path(cfg, q, k, v, out, causal)
+    if path == HOPPER_GLUON_PATH:
+        flash_attn_hopper.flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale, causal)
+        return out, lse
     if path == "tma-host":
         args = tuple(_flat_descriptor(t, rows) for t, rows in
                      ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
@@ -751,12 +762,17 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
 
 
 FWD_MEMORY_PATHS = ("pointer", "tma-kernel", "tma-host")  # the kernel's TMA constexpr: 0, 1, 2
+HOPPER_GLUON_PATH = "gluon-ws"  # kernels/flash_attn_hopper.py instead of _flash_fwd_kernel
 
 
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool) -> str:
-    """How the forward moves Q, K, V and O for these (batch, seqlen, heads, headdim) tensors:
-    'tma-host' (2D descriptors made here), 'tma-kernel' (per-head descriptors made by each
-    program) or 'pointer' (pointer tiles), by FwdConfig's rules."""
+    """How the forward runs for these (batch, seqlen, heads, headdim) tensors: 'gluon-ws' (the
+    Gluon kernel of flash_attn_hopper.py, from hopper_gluon_min_keys keys where its scope holds),
+    or _flash_fwd_kernel with 'tma-host' (2D descriptors made here), 'tma-kernel' (per-head
+    descriptors made by each program) or 'pointer' (pointer tiles), by FwdConfig's rules."""
+    if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
+            and hopper_forward_applies(q, k, v, out)):
+        return HOPPER_GLUON_PATH
     if not config.tma or not tma_compatible(q, k, v, out):
         return "pointer"
     keys = k.shape[1] // 2 if causal else k.shape[1]
@@ -776,6 +792,18 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
             or q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31):
         return False
     return all(t.stride(2) == headdim and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v, out))
+
+
+def hopper_forward_applies(q, k, v, out) -> bool:
+    """The Gluon forward's scope (kernels/flash_attn_hopper.py): query and key lengths equal and
+    whole blocks, head dim 128, fp16 or bf16, and each tensor an exact 2D view for its
+    descriptors (as the host-descriptor path needs, for the Gluon kernel's 128-row blocks)."""
+    hopper = flash_attn_hopper
+    if not (q.shape == k.shape == v.shape == out.shape and q.shape[3] == hopper.HEAD_DIM
+            and q.shape[1] % hopper.BLOCK_M == 0 and q.dtype in (torch.float16, torch.bfloat16)):
+        return False
+    blocks = FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, hopper.STAGES)
+    return tma_compatible(q, k, v, out) and _flat_view_is_exact(q, k, v, out, blocks)
 
 
 def _flat_descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:

@@ -280,12 +280,64 @@ def test_descriptor_scratch_is_aligned_as_asked():
     (True, {1024: "pointer", 2048: "tma-host", 4096: "tma-host", 8192: "tma-kernel", 16384: "tma-kernel"}),
 ], ids=["full", "causal"])
 def test_hopper_head_dim_128_paths_at_paper_lengths(causal, paths):
-    """The memory path the Hopper table picks for head dim 128 at the paper sweep's lengths
-    (batch x seqlen = 16384, 16 heads; layout only, so tensors of one head suffice)."""
+    """The path the Hopper table picks for head dim 128 at the paper sweep's lengths (batch x
+    seqlen = 16384, 16 heads; layout only, so tensors of one head suffice): the Gluon forward from
+    1024 keys, and below it (or with it switched off, as the ablation's rung 4 does) the Triton
+    kernel's memory path."""
     config = fa.HOPPER_FWD_CONFIGS[(128, causal)]
+    triton_only = dataclasses.replace(config, hopper_gluon_min_keys=0)
     for seqlen, path in paths.items():
         q = torch.empty(16384 // seqlen, seqlen, 1, 128, dtype=torch.float16)
-        assert fwd_memory_path(config, q, q, q, q, causal) == path, seqlen
+        assert fwd_memory_path(triton_only, q, q, q, q, causal) == path, seqlen
+        expected = fa.HOPPER_GLUON_PATH if seqlen >= 1024 else path
+        assert fwd_memory_path(config, q, q, q, q, causal) == expected, seqlen
+
+
+def test_hopper_gluon_forward_scope():
+    """The Gluon forward takes only what it implements: equal lengths in whole 128-row blocks,
+    head dim 128, fp16/bf16, exact 2D views; anything else keeps the Triton kernel."""
+    config = fa.HOPPER_FWD_CONFIGS[(128, False)]
+
+    def path(q_shape, k_shape=None, dtype=torch.bfloat16, transpose=False):
+        q = torch.empty(*q_shape, dtype=dtype)
+        k = torch.empty(*(k_shape or q_shape), dtype=dtype)
+        if transpose:  # (batch, heads, seqlen, hdim) memory seen as (batch, seqlen, heads, hdim)
+            q = torch.empty(q_shape[0], q_shape[2], q_shape[1], q_shape[3], dtype=dtype).transpose(1, 2)
+        return fwd_memory_path(config, q, k, k, torch.empty_like(q, memory_format=torch.contiguous_format), False)
+
+    assert path((2, 1024, 4, 128)) == fa.HOPPER_GLUON_PATH
+    assert path((2, 1024, 4, 128), dtype=torch.float16) == fa.HOPPER_GLUON_PATH
+    assert path((2, 1024, 4, 128), k_shape=(2, 2048, 4, 128)) != fa.HOPPER_GLUON_PATH  # unequal lengths
+    assert path((2, 1000, 4, 128)) != fa.HOPPER_GLUON_PATH  # not whole blocks
+    assert path((2, 1024, 4, 64)) != fa.HOPPER_GLUON_PATH  # head dim 64: the Triton kernel
+    assert path((2, 1024, 4, 128), dtype=torch.float32) != fa.HOPPER_GLUON_PATH
+    assert path((2, 1024, 4, 128), transpose=True) != fa.HOPPER_GLUON_PATH  # heads not side by side
+    assert path((2, 512, 4, 128)) != fa.HOPPER_GLUON_PATH  # below hopper_gluon_min_keys
+
+
+def test_hopper_gluon_forward_compiles_for_sm90():
+    """Gluon has no CPU interpreter: compile the kernel for sm_90 (Triton's bundled ptxas, in a
+    process without TRITON_INTERPRET) and check what makes it fast is there: warp specialisation,
+    TMA loads and a wgmma left in flight (wait_group 1), within sm_90's shared memory. The GPU tests
+    run it against the float64 reference."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {key: value for key, value in __import__("os").environ.items() if key != "TRITON_INTERPRET"}
+    report = subprocess.run([sys.executable, str(root / "tools" / "compile_check_sm90.py"), "--hopper-gluon"],
+                            capture_output=True, text=True, env=env, check=True).stdout
+    lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel")]
+    assert len(lines) == 2, report
+    for line in lines:
+        assert "warp-specialised yes" in line and "tma yes" in line, line
+        assert "1" in re.search(r"wait_group values ([\d ]+)", line).group(1).split(), line
+        assert int(re.search(r"smem (\d+) B", line).group(1)) <= 232448, line  # sm_90's per-block limit
+
+
+
 
 
 def test_fwd_memory_path_follows_the_key_count_rules():
@@ -496,6 +548,22 @@ GPU_SHAPES = [
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
 def test_gpu_forward_matches_reference(shape, causal, dtype, poisoned_allocations):
+    check_forward(*shape, causal, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 1024, 1024, 3, 128), (1, 4096, 4096, 2, 128), (4, 2048, 2048, 1, 128),
+                                   (1, 16384, 16384, 1, 128)],
+                         ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_gpu_hopper_gluon_forward_matches_reference(shape, causal, dtype, poisoned_allocations):
+    """The Gluon forward (kernels/flash_attn_hopper.py), which the Hopper table takes at head dim
+    128 from 1k keys, against float64: several batches and heads, both causal modes."""
+    if not fa._on_hopper(torch.device("cuda")):
+        pytest.skip("the Gluon forward is compiled for Hopper (sm_90) only")
+    q = torch.empty(shape[0], shape[1], shape[3], shape[4], dtype=dtype, device="cuda")
+    assert fwd_memory_path(fa.default_fwd_config(128, causal, q.device), q, q, q, q, causal) == fa.HOPPER_GLUON_PATH
     check_forward(*shape, causal, dtype, "cuda")
 
 

@@ -6,6 +6,7 @@ there, how many registers, any spills) are answered here:
 
     python tools/compile_check_sm90.py                  # the production table, hdim 64/128/256
     python tools/compile_check_sm90.py --hdim 256 --bwd 64,32,128,32,8,2
+    python tools/compile_check_sm90.py --hopper-gluon     # the Gluon forward (flash_attn_hopper.py)
 
 Prints one line per kernel (and per memory path the forward config can take): the block config,
 shared memory, registers and spill bytes.
@@ -78,6 +79,41 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str
             f"{spills.group(1) if spills else '?'} B")
 
 
+def hopper_gluon_report(causal: bool, dtype: str = "bf16") -> str:
+    """The Gluon forward (kernels/flash_attn_hopper.py) compiled for sm_90: shared memory,
+    registers and spills (ptxas), and what makes it fast: warp specialisation (setmaxnreg), a
+    wgmma left in flight (wait_group 1), TMA loads."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels import flash_attn_hopper as hopper
+
+    element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+
+    def desc(rows):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, hopper.HEAD_DIM], element)
+        return f"tensordesc<{dtype}[{rows},{hopper.HEAD_DIM}],{layout!r}>"
+
+    signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
+                 "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
+                 "qk_scale": "fp32", "causal": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+    compiled = triton.compile(
+        GluonASTSource(hopper._flash_fwd_hopper_kernel, signature, {"STAGES": hopper.STAGES, "CAUSAL": causal}),
+        target=TARGET, options={"num_warps": 4, "maxnreg": 168})
+    ptx = compiled.asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
+                           capture_output=True, text=True, check=True)
+    os.unlink(f.name)
+    spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
+    waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)))
+    return (f"_flash_fwd_hopper_kernel causal={causal!s:5s} {dtype} smem {compiled.metadata.shared} B  "
+            f"spill stores {spills.group(1) if spills else '?'} B  warp-specialised "
+            f"{'yes' if 'setmaxnreg' in ptx else 'no'}  tma {'yes' if 'cp.async.bulk.tensor' in ptx else 'no'}  "
+            f"wgmma wait_group values {' '.join(waits)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hdim", type=int, nargs="+", default=[64, 128, 256])
@@ -87,7 +123,13 @@ def main() -> None:
                              "path it can take is compiled")
     parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA]",
                         help="backward config (default: the table's)")
+    parser.add_argument("--hopper-gluon", action="store_true",
+                        help="compile the Gluon forward (kernels/flash_attn_hopper.py) instead")
     args = parser.parse_args()
+    if args.hopper_gluon:
+        for causal in (False, True):
+            print(hopper_gluon_report(causal))
+        return
     for hdim in args.hdim:
         block_d = fa.padded_headdim(hdim)
         fwd = (fa.FwdConfig(*(int(x) for x in args.fwd.split(","))) if args.fwd

@@ -1,0 +1,241 @@
+"""FA2's forward (Algorithm 1) on Hopper, written in Gluon with FlashAttention-3's layout.
+
+Triton 3.6 compiles the forward of `flash_attn.py` to wgmma, but it waits for every matmul at
+once and keeps its warps in lockstep, so the softmax never runs under a matmul of the same warps
+(reports/h200/perf_notes.md, "v4 -> v5"). Gluon, Triton's lower-level language, lets a kernel say
+which warps do what and when a matmul is waited for. This kernel (FA3, Shah et al. 2024):
+
+- **Warp specialisation:** a producer warp issues the TMA loads of Q, K and V; two consumer
+  warpgroups own 64 query rows each. They synchronise only through mbarriers (a K/V stage is
+  refilled once both consumers have released it), so the two consumers drift apart and one's
+  softmax runs while the other's matmuls do.
+- **Intra-warpgroup overlap (FA3's Algorithm 2):** for key block j a consumer issues S_j = Q K_j^T,
+  then O += P_{j-1} V_{j-1}, and waits for S_j alone (`warpgroup_mma_wait(1)`): the softmax of
+  S_j runs under the P V matmul.
+- FA2's non-matmul savings are kept: O unnormalised until one final rescale, the softmax scale
+  folded into the exponent's FMA, logsumexp stored, the causal mask only on the diagonal block.
+
+Scope (`flash_attn.fwd_memory_path` picks this path, "gluon-ws", only where it holds): query and
+key lengths equal and whole 128-row blocks; head dim 128; fp16 or bf16; each tensor a
+(batch * seqlen, heads * head dim) 2D view with unit column stride (`_flat_view_is_exact`).
+Gluon has no CPU interpreter: the CPU tests compile this kernel for sm_90, the GPU tests run it.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64
+BLOCK_N = 128  # keys per block
+STAGES = 3  # K/V blocks in flight (shared memory: Q 32 KiB + 3 x 64 KiB of K and V)
+HEAD_DIM = 128
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_block, BLOCK_N: gl.constexpr):
+    """FA2 Alg. 1 line 9 on unscaled scores S: m_new, P~ = exp2(S * scale - m_new) and
+    l = exp2(m_old - m_new) l + rowsum(P~); the causal mask only where `mask_block` (the diagonal
+    block). Every row sees its own key on the diagonal, so m_new is finite."""
+    if mask_block:
+        visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
+                    q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal):
+    """One warp: FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 6 (K_j, V_j) as TMA loads,
+    each key block into the ring stage both consumers have released (empty_bar counts two)."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    for half in gl.static_range(2):
+        mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
+                                        q_smem.index(half))
+    for block in range(n_blocks):
+        stage = block % STAGES
+        # a fresh mbarrier counts as having completed the phase before its first, so the first
+        # STAGES waits pass at once
+        mbarrier.wait(empty_bar.index(stage), ((block // STAGES) & 1) ^ 1)
+        row = kv_row0 + block * BLOCK_N
+        mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, col0], k_bar.index(stage), k_smem.index(stage))
+        mbarrier.expect(v_bar.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row, col0], v_bar.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
+                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal, HALF: gl.constexpr):
+    """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
+    of the block, in FA3's Algorithm 2 order."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    # wgmma accumulators of one warpgroup (its 4 warps split the 64 rows), and P as the
+    # register-held A operand of P V
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_buf = q_smem.index(HALF)
+    is_causal = causal != 0
+
+    # lines 2-3: O = 0, l = 0, m = -inf
+    start_m = (q_row - kv_row0) + HALF * ROWS  # this half's first query row in its sequence
+    offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
+    l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+
+    # key block 0: line 8 (S = Q K^T, unscaled) and line 9
+    mbarrier.wait(q_bar.index(HALF), 0)
+    mbarrier.wait(k_bar.index(0), 0)
+    s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=[s_tok])
+    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, is_causal & (n_blocks == 1),
+                                       BLOCK_N)
+    for block in range(1, n_blocks):
+        stage = block % STAGES
+        prev = (block - 1) % STAGES
+        # line 8 for block j and line 10's P~ V for block j - 1, both in flight
+        mbarrier.wait(k_bar.index(stage), (block // STAGES) & 1)
+        s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        mbarrier.wait(v_bar.index(prev), ((block - 1) // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        # S_j done (wgmma groups complete in order); line 9 for block j runs under P~ V
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block,
+                                           is_causal & (block == n_blocks - 1), BLOCK_N)
+        acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+        mbarrier.arrive(empty_bar.index(prev), count=1)  # this warpgroup is done with block j - 1
+        # line 10's rescale: O = diag(exp(m_old - m_new)) O, before P~_j V_j is added
+        acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+    # line 10 for the last block
+    last = (n_blocks - 1) % STAGES
+    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+    mbarrier.arrive(empty_bar.index(last), count=1)
+
+    # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
+    out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
+    gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453)
+    q_buf.store(out.to(dtype))  # this half's Q buffer stages its O (only this warpgroup read it)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _softmax_partition_first_half(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
+                                  empty_bar, q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal):
+    _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
+                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal, 0)
+
+
+@gluon.jit
+def _softmax_partition_second_half(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
+                                   empty_bar, q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal):
+    _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
+                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal, 1)
+
+
+@gluon.jit
+def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale, causal,
+                             STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
+    FA3 does. The descriptors view (batch * seqlen, heads * head dim); `causal` is CAUSAL as a
+    run-time value (worker partitions take no compile-time arguments)."""
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = 2 * ROWS
+    if CAUSAL:  # the last query block (the most key blocks) first: longest programs start early
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    start_m = pid_m * BLOCK_M
+    q_row = b * seqlen + start_m
+    kv_row0 = b * seqlen
+    col0 = h * HEAD_DIM
+    if CAUSAL:  # key blocks up to the diagonal
+        n_blocks = (start_m + BLOCK_M) // BLOCK_N
+    else:
+        n_blocks = seqlen // BLOCK_N
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for half in gl.static_range(2):
+        mbarrier.init(q_bar.index(half), count=1)
+    for stage in gl.static_range(STAGES):
+        mbarrier.init(k_bar.index(stage), count=1)
+        mbarrier.init(v_bar.index(stage), count=1)
+        mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
+
+    args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
+            q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal)
+    # the default partition (4 warps) and one worker (4 warps) consume, one warp loads;
+    # registers: 240 per consumer thread, 24 for the loader
+    gl.warp_specialize([
+        (_softmax_partition_first_half, args),
+        (_softmax_partition_second_half, args),
+        (_load_partition, args),
+    ], [4, 1], [240, 24])
+
+
+def _row_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A (batch * seqlen, heads * head dim) 2D view of a (batch, seqlen, heads, head dim) tensor,
+    `rows` rows per tile (the layout `flash_attn._flat_view_is_exact` checks)."""
+    batch, seqlen, heads, headdim = t.shape
+    dtype = gl.float16 if t.dtype == torch.float16 else gl.bfloat16
+    layout = gl.NVMMASharedLayout.get_default_for([rows, headdim], dtype)
+    return TensorDescriptor(t, [batch * seqlen, heads * headdim], [t.stride(1), 1], [rows, headdim], layout)
+
+
+def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
+    """Write O into `out` and the natural-log logsumexp into `lse` (batch, heads, seqlen); the
+    caller (flash_attn.flash_attn_forward) has checked the scope above."""
+    batch, seqlen, heads, _ = q.shape
+    grid = (seqlen // BLOCK_M, batch * heads)
+    _flash_fwd_hopper_kernel[grid](
+        _row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
+        _row_descriptor(out, BLOCK_M // 2), lse, heads, seqlen, softmax_scale * LOG2E, int(causal),
+        STAGES=STAGES, CAUSAL=causal,
+        # 4 warps in the default partition; with the worker warps 12 in all, 168 registers each
+        # at launch, moved to the consumers by setmaxnreg
+        num_warps=4, maxnreg=168,
+    )
