@@ -128,7 +128,7 @@ HOPPER_FWD_CONFIGS = {
     (64, True): FwdConfig(128, 64, 8, 3),
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
     # frees the pointer registers (255 registers + 124 B of spills -> 216, none): +5-13%.
-    # From 1024 keys, equal lengths in whole blocks take the Gluon kernel instead: 1.06-1.24x
+    # From 1024 keys, equal lengths in whole blocks take the Gluon kernel instead: 1.03-1.33x
     # this one at 1k-16k in bf16 and fp16, same process (perf_notes, "v5: a Gluon forward").
     (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024),
     # causal: in-kernel descriptors from 4096 visited keys (seqlen 8k, whose longest programs

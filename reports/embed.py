@@ -110,6 +110,19 @@ def tuning_table(path: Path, hdims: tuple[int, ...] | None = None) -> str:
     return "\n".join(lines)
 
 
+def provider_table(path: Path, hdim: int) -> str:
+    """tools/experiments/exp_fwd_gluon.py's rows: forward TFLOPs/s of each kernel (one process per
+    dtype, the SDPA peers included) per (seqlen, causal) at head dim `hdim`."""
+    rows = pd.read_csv(path)
+    rows = rows[rows.hdim == hdim]
+    wide = rows.pivot_table(index="provider", columns=["seqlen", "causal"], values="tflops", sort=False)
+    header = [f"n{seqlen} {'causal' if causal else 'full'}" for seqlen, causal in wide.columns]
+    lines = ["| kernel | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for provider, values in wide.iterrows():
+        lines.append(f"| {provider} | " + " | ".join(f"{v:.0f}" for v in values) + " |")
+    return "\n".join(lines)
+
+
 def backward_parts_table(path: Path) -> str:
     """tools/experiments/exp_bwd.py's rows: milliseconds of the whole backward and of its dK/dV
     and dQ kernels alone, per config and causal mode (and seqlen, where the rows have several),
@@ -291,6 +304,14 @@ SECTIONS = {
     "fwd_16warps_d64_bf16": lambda: tuning_table(TUNING / "tune_fa2_fwd_256rows_16warps_d64_bf16.csv"),
     "compile_fwd_warp_specialize": lambda: text_block(TUNING / "exp_fwd_warp_specialize_sm90_compile.txt"),
     "fwd_warp_specialize": lambda: text_block(TUNING / "exp_fwd_warp_specialize_bf16.log"),
+    "compile_fwd_gluon": lambda: text_block(TUNING / "exp_fwd_gluon_sm90_compile.txt"),
+    "fwd_gluon_d128_bf16": lambda: provider_table(TUNING / "exp_fwd_gluon_6cef64c" / "exp_fwd_gluon_bf16.csv", 128),
+    "fwd_gluon_d128_fp16": lambda: provider_table(TUNING / "exp_fwd_gluon_6cef64c" / "exp_fwd_gluon_fp16.csv", 128),
+    "fwd_gluon_d64_bf16": lambda: provider_table(TUNING / "exp_fwd_gluon_6cef64c" / "exp_fwd_gluon_bf16.csv", 64),
+    "fwd_gluon_d64_fp16": lambda: provider_table(TUNING / "exp_fwd_gluon_6cef64c" / "exp_fwd_gluon_fp16.csv", 64),
+    "fwd_gluon_one_partition_bf16": lambda: provider_table(TUNING / "exp_fwd_gluon_a9646c6" / "exp_fwd_gluon_bf16.csv",
+                                                           128),
+    "compile_fwd_hopper": lambda: text_block(TUNING / "compile_check_hopper_gluon_sm90.txt"),
     **{f"bwd_parts_d{h}": (lambda h=h: backward_parts_table(
         TUNING / f"exp_bwd_kernel_by_kernel_d{h}_seqlen4096_bf16.csv")) for h in (128, 256)},
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
