@@ -1,22 +1,27 @@
-"""A Hopper forward written in Gluon (Triton's lower-level language) with FA3's intra-warpgroup
-overlap, which Triton 3.6 does not produce from `tl.dot` (it waits for every wgmma group at once;
-perf_notes "Why the forward stays below 0.9x cuDNN at 4k"):
+"""Two Hopper forwards written in Gluon (Triton's lower-level language), against Triton 3.6's
+`tl.dot` forward, which waits for every wgmma group at once and keeps its warps in lockstep
+(perf_notes "Why the forward stays below 0.9x cuDNN at 4k"):
 
-    for each key block j (FA3 Algorithm 2):
-        issue S_j = Q K_j^T                      (async wgmma)
-        issue O += P_{j-1} V_{j-1}                (async wgmma)
-        wait until one group is left: S_j is done, P_{j-1} V_{j-1} may still run
-        softmax of S_j -> P_j, rescale factor     (runs under the P V matmul)
-        wait for P_{j-1} V_{j-1}; O *= rescale
-        refill the freed K/V stage with block j - 1 + STAGES (TMA, mbarriers)
+- one partition (`_gluon_fwd_kernel` below, 8 warps): FA3's Algorithm 2 order in each warpgroup,
 
-128-row query blocks over two warpgroups (8 warps), 128-key blocks, K and V in a STAGES-deep
-shared-memory ring, Q and O through host-made 2D descriptors over (batch * seqlen, heads *
-head dim). Scope: equal query and key lengths that are whole blocks, head dims whose rows fill the
-2D view exactly (a power of two), causal or not.
+      for each key block j:
+          issue S_j = Q K_j^T                      (async wgmma)
+          issue O += P_{j-1} V_{j-1}                (async wgmma)
+          wait until one group is left: S_j is done, P_{j-1} V_{j-1} may still run
+          softmax of S_j -> P_j, rescale factor     (runs under the P V matmul)
+          wait for P_{j-1} V_{j-1}; O *= rescale
+          refill the freed K/V stage (TMA, mbarriers; a CTA-wide barrier first)
+
+- warp-specialised (kernels/flash_attn_hopper.py, written here first and measured at 6cef64c,
+  moved there unchanged): a loader warp and two consumer warpgroups of 64 rows running that
+  loop, synchronised by mbarriers only.
+
+128-row query blocks, 128-key blocks, host-made 2D descriptors over (batch * seqlen, heads *
+head dim). Scope: equal query and key lengths in whole blocks, head dim 64 or 128, causal or not.
 
     python tools/experiments/exp_fwd_gluon.py --compile-only    # sm_90 compiler report, no GPU
-    python tools/experiments/exp_fwd_gluon.py                   # on the GPU: check, then time
+    python tools/experiments/exp_fwd_gluon.py --check bf16      # on the GPU: float64 reference
+    python tools/experiments/exp_fwd_gluon.py --time bf16       # on the GPU: TFLOPs/s with peers
 """
 from __future__ import annotations
 
@@ -67,19 +72,6 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_
         if block == n_blocks - 1:
             visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
             s = gl.where(visible, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, l_i, m_new
-
-
-@gluon.jit
-def _softmax_step_masked_if(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_block, BLOCK_N: gl.constexpr):
-    """_softmax_step with the causal mask chosen at run time (`mask_block`)."""
-    if mask_block:
-        visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
-        s = gl.where(visible, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     p = gl.exp2(s * qk_scale - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
@@ -189,180 +181,23 @@ def _gluon_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk
         mbarrier.invalidate(v_bar.index(stage))
 
 
-@gluon.jit
-def _ws_producer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                 q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal):
-    """One warp: the TMA loads. Q's two 64-row halves once, then each key block's K and V into the
-    ring stage freed by both consumers (empty_bar counts their two arrivals)."""
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    STAGES: gl.constexpr = k_smem.type.shape[0]
-    for half in gl.static_range(2):
-        mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
-                                        q_smem.index(half))
-    for block in range(n_blocks):
-        slot = block % STAGES
-        # a fresh mbarrier counts as having completed the phase before its first: the first
-        # STAGES waits pass at once
-        mbarrier.wait(empty_bar.index(slot), ((block // STAGES) & 1) ^ 1)
-        row = kv_row0 + block * BLOCK_N
-        mbarrier.expect(k_bar.index(slot), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, col0], k_bar.index(slot), k_smem.index(slot))
-        mbarrier.expect(v_bar.index(slot), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, col0], v_bar.index(slot), v_smem.index(slot))
-
-
-@gluon.jit
-def _ws_consumer_first(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal):
-    _ws_consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                 q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal, 0)
-
-
-@gluon.jit
-def _ws_consumer_second(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                        q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal):
-    _ws_consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                 q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal, 1)
-
-
-@gluon.jit
-def _ws_consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                 q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal, HALF: gl.constexpr):
-    """One warpgroup: query rows [HALF * 64, HALF * 64 + 64) of the block, FA3's Algorithm 2
-    order (S_j and P_{j-1} V_{j-1} in flight together, the softmax of S_j under the latter)."""
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    STAGES: gl.constexpr = k_smem.type.shape[0]
-    dtype: gl.constexpr = q_desc.dtype
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    q_buf = q_smem.index(HALF)
-
-    start_m = (q_row - kv_row0) + HALF * ROWS  # this half's first query row within its sequence
-    offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
-    l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-
-    mbarrier.wait(q_bar.index(HALF), 0)
-    mbarrier.wait(k_bar.index(0), 0)
-    s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=[s_tok])
-    p, alpha, l_i, m_i = _softmax_step_masked_if(s, m_i, l_i, qk_scale, offs_m, offs_n, 0,
-                                                 (causal != 0) & (n_blocks == 1), BLOCK_N)
-    for block in range(1, n_blocks):
-        slot = block % STAGES
-        prev = (block - 1) % STAGES
-        mbarrier.wait(k_bar.index(slot), (block // STAGES) & 1)
-        s_tok = warpgroup_mma(q_buf, k_smem.index(slot).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        mbarrier.wait(v_bar.index(prev), ((block - 1) // STAGES) & 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=[s_tok])
-        p, alpha, l_i, m_i = _softmax_step_masked_if(s, m_i, l_i, qk_scale, offs_m, offs_n, block,
-                                                     (causal != 0) & (block == n_blocks - 1), BLOCK_N)
-        acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-        mbarrier.arrive(empty_bar.index(prev), count=1)  # this warpgroup is done with block j - 1's stage
-        acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
-    last = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-    mbarrier.arrive(empty_bar.index(last), count=1)
-
-    out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
-    gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453)
-    q_buf.store(out.to(dtype))  # this half's Q buffer stages its O (only this warpgroup read it)
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def _gluon_fwd_ws_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale, causal,
-                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
-    """FA3's layout: a producer warp and two consumer warpgroups of 64 query rows each, every
-    partition synchronised through mbarriers only (no CTA-wide barrier in the key loop)."""
-    dtype: gl.constexpr = q_desc.dtype
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_M: gl.constexpr = 2 * ROWS
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    else:
-        pid_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
-    start_m = pid_m * BLOCK_M
-    q_row = b * seqlen + start_m
-    kv_row0 = b * seqlen
-    col0 = h * HEAD_DIM
-    if CAUSAL:
-        n_blocks = (start_m + BLOCK_M) // BLOCK_N
-    else:
-        n_blocks = seqlen // BLOCK_N
-
-    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for half in gl.static_range(2):
-        mbarrier.init(q_bar.index(half), count=1)
-    for stage in gl.static_range(STAGES):
-        mbarrier.init(k_bar.index(stage), count=1)
-        mbarrier.init(v_bar.index(stage), count=1)
-        mbarrier.init(empty_bar.index(stage), count=2)  # both consumer warpgroups
-
-    args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-            q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal)
-    gl.warp_specialize([
-        (_ws_consumer_first, args),
-        (_ws_consumer_second, args),
-        (_ws_producer, args),
-    ], [4, 1], [240, 24])
-
-
 def gluon_forward_ws(q, k, v, softmax_scale: float, causal: bool, stages: int = 3, poison: bool = False):
-    batch, seqlen, heads, d = q.shape
+    """The warp-specialised kernel: kernels/flash_attn_hopper.py's (written here first and measured
+    at 6cef64c, moved there unchanged at 91833d5), launched with `stages` K/V stages."""
+    from kernels import flash_attn_hopper as hopper
+
+    batch, seqlen, heads, _ = q.shape
     out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)
     lse = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
-    el = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
-    q_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M // 2, d], el)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, d], el)
-
-    def flat(t, rows, layout):
-        return TensorDescriptor(t, [batch * seqlen, heads * d], [heads * d, 1], [rows, d], layout)
-
-    grid = (seqlen // BLOCK_M, batch * heads)
-    _gluon_fwd_ws_kernel[grid](flat(q, BLOCK_M // 2, q_layout), flat(k, BLOCK_N, kv_layout), flat(v, BLOCK_N, kv_layout),
-                               flat(out, BLOCK_M // 2, q_layout), lse, heads, seqlen, softmax_scale * LOG2E,
-                               int(causal), BLOCK_N=BLOCK_N, STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
+    grid = (seqlen // hopper.BLOCK_M, batch * heads)
+    hopper._flash_fwd_hopper_kernel[grid](
+        hopper._row_descriptor(q, hopper.BLOCK_M // 2), hopper._row_descriptor(k, hopper.BLOCK_N),
+        hopper._row_descriptor(v, hopper.BLOCK_N), hopper._row_descriptor(out, hopper.BLOCK_M // 2), lse, heads,
+        seqlen, softmax_scale * LOG2E, int(causal), STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
     return out, lse
 
 
 BLOCK_M = BLOCK_N = 128
-
-
-def supported(q, k, v, causal: bool) -> bool:
-    """Where this kernel applies: equal lengths in whole blocks, a power-of-two head dim up to 128,
-    16-bit inputs laid out (batch, seqlen, heads, headdim) contiguously."""
-    seqlen, d = q.shape[1], q.shape[3]
-    return (q.dtype in (torch.float16, torch.bfloat16) and k.shape == q.shape and v.shape == q.shape
-            and d in (64, 128) and seqlen % BLOCK_M == 0 and all(t.is_contiguous() for t in (q, k, v)))
 
 
 def gluon_forward(q, k, v, softmax_scale: float, causal: bool, stages: int = 2, poison: bool = False):
@@ -407,6 +242,8 @@ def compile_report() -> None:
     from compile_check_sm90 import TARGET
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from kernels import flash_attn_hopper
+
     def desc(rows, d):
         return f"tensordesc<bf16[{rows},{d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)!r}>"
 
@@ -419,13 +256,13 @@ def compile_report() -> None:
                        **scalars, "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
                        "STAGES": "constexpr", "CAUSAL": "constexpr", "num_warps": "constexpr"}
                 ws = {"q_desc": desc(64, d), "k_desc": desc(128, d), "v_desc": desc(128, d), "o_desc": desc(64, d),
-                      **scalars, "causal": "i32", "BLOCK_N": "constexpr", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+                      **scalars, "causal": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
                 variants = (
                     ("one-partition", _gluon_fwd_kernel, one,
                      {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": 128, "STAGES": stages, "CAUSAL": causal, "num_warps": 8},
                      {"num_warps": 8}),
-                    ("warp-specialised", _gluon_fwd_ws_kernel, ws,
-                     {"BLOCK_N": 128, "STAGES": stages, "CAUSAL": causal}, {"num_warps": 4, "maxnreg": 168}),
+                    ("warp-specialised", flash_attn_hopper._flash_fwd_hopper_kernel, ws,
+                     {"STAGES": stages, "CAUSAL": causal}, {"num_warps": 4, "maxnreg": 168}),
                 )
                 for name, kernel, signature, constexprs, options in variants:
                     label = f"{name:16s} d{d} stages {stages} causal {causal!s:5s}"
