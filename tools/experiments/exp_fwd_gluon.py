@@ -13,8 +13,9 @@
           refill the freed K/V stage (TMA, mbarriers; a CTA-wide barrier first)
 
 - warp-specialised (kernels/flash_attn_hopper.py, written here first and measured at 6cef64c,
-  moved there unchanged): a loader warp and two consumer warpgroups of 64 rows running that
-  loop, synchronised by mbarriers only.
+  then moved there with new names and comments: the same PTX instructions, one comparison placed
+  earlier): a loader warp and two consumer warpgroups of 64 rows running that loop, synchronised
+  by mbarriers only.
 
 128-row query blocks, 128-key blocks, host-made 2D descriptors over (batch * seqlen, heads *
 head dim). Scope: equal query and key lengths in whole blocks, head dim 64 or 128, causal or not.
@@ -183,7 +184,7 @@ def _gluon_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk
 
 def gluon_forward_ws(q, k, v, softmax_scale: float, causal: bool, stages: int = 3, poison: bool = False):
     """The warp-specialised kernel: kernels/flash_attn_hopper.py's (written here first and measured
-    at 6cef64c, moved there unchanged at 91833d5), launched with `stages` K/V stages."""
+    at 6cef64c, moved there at 91833d5), launched with `stages` K/V stages."""
     from kernels import flash_attn_hopper as hopper
 
     batch, seqlen, heads, _ = q.shape
