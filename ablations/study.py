@@ -41,7 +41,8 @@ WITHIN_OFFICIAL = 0.15  # the issue's bar: rung 3 within 15% of the official ker
 INTERPRETER_NOTE = ("> **Triton's CPU interpreter on tiny sizes: these numbers are NOT performance.** They show "
                     "that every rung runs and the report is built end to end.")
 INTRO = ("Rungs 0-3 are one Triton kernel family compiled to mma.sync (kernels/fa_ladder.py); rung 4 is the "
-         "production FA2 kernel (kernels/flash_attn.py, wgmma). All rungs are forward passes; the backward "
+         "production Triton FA2 kernel (kernels/flash_attn.py, wgmma; without the Gluon forward of "
+         "kernels/flash_attn_hopper.py). All rungs are forward passes; the backward "
          "of every rung is the FA2 backward. TFLOPs/s use the paper's FLOP count (baselines/flops.py).")
 
 

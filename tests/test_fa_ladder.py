@@ -285,3 +285,18 @@ def test_config_with_the_wrong_warp_split_is_refused_on_gpu():
     q, k, v = make_qkv(1, 64, 64, 1, 128, torch.float16, "cuda")
     with pytest.raises(ValueError, match="rung 3 needs split-Q"):
         ladder_forward(q, k, v, rung=3, config=FwdConfig(64, 128, 4, 2))
+
+
+def test_rung4_is_the_triton_kernel_not_the_gluon_forward(monkeypatch):
+    """Rung 4 times the Triton forward it was measured as: where the Hopper table would take the
+    Gluon forward (head dim 128, 1k keys and more), rung 4 switches it off."""
+    import kernels.flash_attn as fa
+
+    seen = []
+    monkeypatch.setattr(fa, "default_fwd_config", lambda headdim, causal, device: fa.HOPPER_FWD_CONFIGS[(128, causal)])
+    monkeypatch.setattr(fa, "flash_attn_forward", lambda q, k, v, scale, causal, config=None: seen.append(config) or (q, None))
+    q = torch.randn(1, 1024, 1, 128, dtype=torch.float16)
+    RUNGS[4].forward(q, q, q, True, None)
+    assert seen and seen[0].hopper_gluon_min_keys == 0
+    assert fa.fwd_memory_path(seen[0], q, q, q, q, True) != fa.HOPPER_GLUON_PATH
+    assert fa.fwd_memory_path(fa.HOPPER_FWD_CONFIGS[(128, True)], q, q, q, q, True) == fa.HOPPER_GLUON_PATH
