@@ -226,7 +226,8 @@ def _fa2_config(spec: Spec) -> str:
 register(Provider(
     name="fa2", label="FA2 (this repo, Triton)", forward=_fa2_forward,
     availability=_everywhere, supports=_triton_supports,
-    kernel_regex="_flash_fwd_kernel", bwd_kernel_regex="_flash_bwd_dkdv_kernel", config=_fa2_config,
+    # the forward is _flash_fwd_kernel, or the Gluon _flash_fwd_hopper_kernel (head dim 128 on Hopper)
+    kernel_regex="_flash_fwd(_hopper)?_kernel", bwd_kernel_regex="_flash_bwd_dkdv_kernel", config=_fa2_config,
 ))
 
 

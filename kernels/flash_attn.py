@@ -32,6 +32,7 @@ broken), and slowly: keep interpreter shapes small.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -132,7 +133,8 @@ HOPPER_FWD_CONFIGS = {
     # this one at 1k-16k in bf16 and fp16, same process (perf_notes, "v5: a Gluon forward").
     (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024),
     # causal: in-kernel descriptors from 4096 visited keys (seqlen 8k, whose longest programs
-    # visit all 8192): +3.4% bf16 and +0-4% fp16 over host ones there, same process.
+    # visit all 8192): +3.4% bf16 and +0-4% fp16 over host ones there, same process (v4; since v5
+    # that applies to shapes outside the Gluon kernel's scope, and to the ablation's rung 4).
     (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=4096, hopper_gluon_min_keys=1024),
     # head dim 256: only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
     # (host descriptors to 4k keys, in-kernel from 8k) within -1..+2% of pointer tiles up
@@ -739,8 +741,12 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
     cfg = config or default_fwd_config(headdim, causal, q.device)
     path = fwd_memory_path(cfg, q, k, v, out, causal)
     if path == HOPPER_GLUON_PATH:
-        flash_attn_hopper.flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale, causal)
-        return out, lse
+        if q.is_cuda and _on_hopper(q.device):
+            flash_attn_hopper.flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale, causal)
+            return out, lse
+        # a Hopper config passed for another device: the Gluon kernel is compiled for sm_90 only
+        cfg = dataclasses.replace(cfg, hopper_gluon_min_keys=0)
+        path = fwd_memory_path(cfg, q, k, v, out, causal)
     if path == "tma-host":
         args = tuple(_flat_descriptor(t, rows) for t, rows in
                      ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
@@ -799,11 +805,15 @@ def hopper_forward_applies(q, k, v, out) -> bool:
     whole blocks, head dim 128, fp16 or bf16, and each tensor an exact 2D view for its
     descriptors (as the host-descriptor path needs, for the Gluon kernel's 128-row blocks)."""
     hopper = flash_attn_hopper
-    if not (q.shape == k.shape == v.shape == out.shape and q.shape[3] == hopper.HEAD_DIM
-            and q.shape[1] % hopper.BLOCK_M == 0 and q.dtype in (torch.float16, torch.bfloat16)):
+    batch, seqlen, heads, headdim = q.shape
+    if not (q.shape == k.shape == v.shape == out.shape and headdim == hopper.HEAD_DIM
+            and seqlen % hopper.BLOCK_M == 0 and batch * heads <= 65535  # the grid's y limit
+            and all(t.dtype == q.dtype for t in (k, v, out)) and q.dtype in (torch.float16, torch.bfloat16)):
         return False
-    blocks = FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, hopper.STAGES)
-    return tma_compatible(q, k, v, out) and _flat_view_is_exact(q, k, v, out, blocks)
+    # rows that do not overlap (no broadcast K or V with stride 0): one descriptor row each
+    if any(t.stride(1) < heads * headdim for t in (q, k, v, out)):
+        return False
+    return tma_compatible(q, k, v, out) and _flat_view_is_exact(q, k, v, out, FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, 1))
 
 
 def _flat_descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:

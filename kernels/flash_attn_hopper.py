@@ -7,17 +7,19 @@ which warps do what and when a matmul is waited for. This kernel (FA3, Shah et a
 
 - **Warp specialisation:** a producer warp issues the TMA loads of Q, K and V; two consumer
   warpgroups own 64 query rows each. They synchronise only through mbarriers (a K/V stage is
-  refilled once both consumers have released it), so the two consumers drift apart and one's
-  softmax runs while the other's matmuls do.
+  refilled once both consumers have released it), with no CTA-wide barrier in the key loop, so
+  one consumer's softmax can run while the other's matmuls do. Nothing orders them (FA3 adds
+  named barriers for a strict ping-pong); the overlap is what the warp schedulers make of it.
 - **Intra-warpgroup overlap (FA3's Algorithm 2):** for key block j a consumer issues S_j = Q K_j^T,
   then O += P_{j-1} V_{j-1}, and waits for S_j alone (`warpgroup_mma_wait(1)`): the softmax of
   S_j runs under the P V matmul.
 - FA2's non-matmul savings are kept: O unnormalised until one final rescale, the softmax scale
   folded into the exponent's FMA, logsumexp stored, the causal mask only on the diagonal block.
 
-Scope (`flash_attn.fwd_memory_path` picks this path, "gluon-ws", only where it holds): query and
-key lengths equal and whole 128-row blocks; head dim 128; fp16 or bf16; each tensor a
-(batch * seqlen, heads * head dim) 2D view with unit column stride (`_flat_view_is_exact`).
+Scope (`flash_attn.fwd_memory_path` picks this path, "gluon-ws", only where
+`hopper_forward_applies` holds, and `flash_attn_forward` only on an sm_90 device): query and key
+lengths equal and whole 128-row blocks; head dim 128; fp16 or bf16; each tensor a
+(batch * seqlen, heads * head dim) 2D view with rows that do not overlap.
 Gluon has no CPU interpreter: the CPU tests compile this kernel for sm_90, the GPU tests run it.
 """
 from __future__ import annotations
@@ -169,13 +171,16 @@ def _softmax_partition_second_half(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, 
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale, causal,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
-    FA3 does. The descriptors view (batch * seqlen, heads * head dim); `causal` is CAUSAL as a
-    run-time value (worker partitions take no compile-time arguments)."""
+    FA3 does. The descriptors view (batch * seqlen, heads * head dim). `causal` is CAUSAL again as
+    a run-time value for the partitions, so the non-causal kernel keeps the mask behind a
+    per-block branch; passing CAUSAL to them at compile time would drop that code (not measured)."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = 2 * ROWS
+    # the causal loop's block count and its one masked (diagonal) block assume square blocks
+    gl.static_assert(BLOCK_M == BLOCK_N)
     if CAUSAL:  # the last query block (the most key blocks) first: longest programs start early
         pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
     else:
@@ -221,6 +226,8 @@ def _row_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A (batch * seqlen, heads * head dim) 2D view of a (batch, seqlen, heads, head dim) tensor,
     `rows` rows per tile (the layout `flash_attn._flat_view_is_exact` checks)."""
     batch, seqlen, heads, headdim = t.shape
+    if t.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"the Hopper forward takes float16 or bfloat16 tensors, got {t.dtype}")
     dtype = gl.float16 if t.dtype == torch.float16 else gl.bfloat16
     layout = gl.NVMMASharedLayout.get_default_for([rows, headdim], dtype)
     return TensorDescriptor(t, [batch * seqlen, heads * headdim], [t.stride(1), 1], [rows, headdim], layout)
@@ -235,7 +242,7 @@ def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: b
         _row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
         _row_descriptor(out, BLOCK_M // 2), lse, heads, seqlen, softmax_scale * LOG2E, int(causal),
         STAGES=STAGES, CAUSAL=causal,
-        # 4 warps in the default partition; with the worker warps 12 in all, 168 registers each
-        # at launch, moved to the consumers by setmaxnreg
+        # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
+        # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
         num_warps=4, maxnreg=168,
     )

@@ -313,6 +313,28 @@ def test_hopper_gluon_forward_scope():
     assert path((2, 1024, 4, 128), dtype=torch.float32) != fa.HOPPER_GLUON_PATH
     assert path((2, 1024, 4, 128), transpose=True) != fa.HOPPER_GLUON_PATH  # heads not side by side
     assert path((2, 512, 4, 128)) != fa.HOPPER_GLUON_PATH  # below hopper_gluon_min_keys
+    # broadcast K and V (stride 0 between rows): not one descriptor row per key
+    q = torch.empty(2, 1024, 4, 128, dtype=torch.bfloat16)
+    kv = torch.empty(1, 1, 4, 128, dtype=torch.bfloat16).expand(2, 1024, 4, 128)
+    assert fwd_memory_path(config, q, kv, kv, torch.empty_like(q), False) != fa.HOPPER_GLUON_PATH
+    # more batch x heads than the grid's y dimension takes
+    wide = torch.empty(1, 1024, 65536, 128, dtype=torch.bfloat16, device="meta")
+    assert fwd_memory_path(config, wide, wide, wide, wide, False) != fa.HOPPER_GLUON_PATH
+    # mixed dtypes
+    k16 = torch.empty(2, 1024, 4, 128, dtype=torch.float16)
+    assert fwd_memory_path(config, q, k16, k16, torch.empty_like(q), False) != fa.HOPPER_GLUON_PATH
+
+
+def test_a_hopper_config_elsewhere_falls_back_to_the_triton_kernel(poisoned_allocations):
+    """A Hopper table entry passed as fwd_config on another device (here the CPU interpreter) does
+    not launch the sm_90-only Gluon kernel: the Triton kernel runs, with the right result."""
+    config = fa.HOPPER_FWD_CONFIGS[(128, False)]
+    q, k, v = make_qkv(1, 1024, 1024, 1, 128, torch.float16, "cpu")
+    assert fwd_memory_path(config, q, k, v, torch.empty_like(q), False) == fa.HOPPER_GLUON_PATH
+    out, lse = flash_attn_forward(q, k, v, 128 ** -0.5, False, config)
+    ref, ref_lse = attention_reference(q, k, v, 128 ** -0.5, False)
+    assert_close_to_reference("out", out, ref, attention_same_dtype(q, k, v, 128 ** -0.5, False))
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-4)
 
 
 def test_hopper_gluon_forward_compiles_for_sm90():

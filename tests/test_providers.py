@@ -159,10 +159,12 @@ def test_kernel_regexes_select_the_project_kernels_by_name():
     """Nsight Compute selects kernels by these names: they must match the Triton kernels'."""
     import re
 
-    from kernels import flash_attn
+    from kernels import flash_attn, flash_attn_hopper
 
     fa2 = get_provider("fa2")
     assert re.search(fa2.kernel_regex, flash_attn._flash_fwd_kernel.fn.__name__)
+    assert re.search(fa2.kernel_regex, flash_attn_hopper._flash_fwd_hopper_kernel.fn.__name__)
+    assert not re.search(fa2.kernel_regex, flash_attn._flash_bwd_dkdv_kernel.fn.__name__)
     assert re.search(fa2.bwd_kernel_regex, flash_attn._flash_bwd_dkdv_kernel.fn.__name__)
     assert not re.search(fa2.bwd_kernel_regex, flash_attn._flash_fwd_kernel.fn.__name__)
 
