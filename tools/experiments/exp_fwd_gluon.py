@@ -231,10 +231,20 @@ def _ptxas_report(compiled, name: str) -> str:
     registers = re.search(r"Used (\d+) registers", ptxas.stderr)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     waits = re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)
+    # the innermost key loop: the shortest label..branch-back body that issues wgmma
+    bodies = []
+    for label in re.finditer(r"^(\$L__BB\d+_\d+):", ptx, flags=re.MULTILINE):
+        back = re.compile(r"bra(?:\.uni)?\s+" + re.escape(label.group(1)) + ";").search(ptx, label.end())
+        if back and "wgmma.commit_group" in ptx[label.end():back.start()]:
+            bodies.append(ptx[label.end():back.start()])
+    loop = min(bodies, key=len) if bodies else ""
+    cta_barriers = len(re.findall(r"bar\.sync\s+0;", loop))
+    group_barriers = len(re.findall(r"bar\.sync\s+\d+,\s*128;", loop))
     setmaxnreg = sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)})
     return (f"smem {compiled.metadata.shared} B, regs {registers.group(1) if registers else '?'}, spill stores "
             f"{spills.group(1) if spills else '?'} B, wgmma waits in order {' '.join(waits)}"
-            + (f", setmaxnreg {setmaxnreg}" if setmaxnreg else ""))
+            + (f", setmaxnreg {setmaxnreg}" if setmaxnreg else "")
+            + f"; key loop: {cta_barriers} CTA-wide barriers, {group_barriers} warpgroup barriers")
 
 
 def compile_report() -> None:

@@ -124,8 +124,8 @@ def compile_report() -> None:
     from compile_check_sm90 import TARGET
     from triton.compiler import ASTSource
 
-    print(f"sm_90, bf16, head dim 128, 128-key blocks, num_warps=4, num_stages=2; triton {triton.__version__}")
-    for variant in VARIANTS:
+    print(f"sm_90, bf16, head dim 128, 128-key blocks, num_stages=2; triton {triton.__version__}")
+    for variant, num_warps in [(v, 4) for v in VARIANTS] + [("min128-ptr", 8)]:
         block_m, desc_store = (128, False) if variant == "min128-ptr" else (64, True)
         signature = {"Q": f"tensordesc<bf16[{block_m},128]>", "K": "tensordesc<bf16[128,128]>",
                      "V": "tensordesc<bf16[128,128]>", "Out": f"tensordesc<bf16[{block_m},128]>" if desc_store else "*bf16",
@@ -134,10 +134,10 @@ def compile_report() -> None:
                      "DESC_STORE": "constexpr"}
         constexprs = {"HEAD_DIM": 128, "BLOCK_M": block_m, "BLOCK_N": 128, "DESC_STORE": desc_store}
         compiled = triton.compile(ASTSource(_minimal_ws_kernel, signature, constexprs), target=TARGET,
-                                  options={"num_warps": 4, "num_stages": 2})
+                                  options={"num_warps": num_warps, "num_stages": 2})
         ptx = compiled.asm["ptx"]
         registers = sorted({int(n) for n in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+);", ptx)})
-        print(f"{variant:12s} warp-specialised: {'yes' if registers else 'no'}  warps per program "
+        print(f"{variant:12s} num_warps={num_warps} warp-specialised: {'yes' if registers else 'no'}  warps per program "
               f"{compiled.metadata.num_warps}  setmaxnreg targets {registers}  smem {compiled.metadata.shared} B")
 
 
