@@ -22,7 +22,10 @@ made on the host for whole-block shapes with medium key loops (1k-8k keys), per-
 descriptors made in the kernel (bounded at the true seqlen and head dim) for long ones;
 otherwise pointer tiles with masks. Causal programs are launched longest-first. The
 head-dim-256 backward lays its dK/dV matmuls out query-major (`BwdConfig.query_major`).
-Measurements behind these choices: reports/h200/perf_notes.md.
+At head dim 128 from 1k keys (equal lengths in whole blocks, 16-bit, exact 2D views), the
+Hopper forward is not this file's kernel but the Gluon one of flash_attn_hopper.py, with
+FlashAttention-3's warp layout (`fwd_memory_path` returns 'gluon-ws'); the backward is this
+file's in every case. Measurements behind these choices: reports/h200/perf_notes.md.
 
 Cautions: a query row that sees no key (causal with seqlen_q > seqlen_k) outputs zeros and
 has logsumexp +inf, as flash-attn does. Triton's CPU interpreter (TRITON_INTERPRET=1) runs
