@@ -323,6 +323,12 @@ def test_hopper_gluon_forward_scope():
     # mixed dtypes
     k16 = torch.empty(2, 1024, 4, 128, dtype=torch.float16)
     assert fwd_memory_path(config, q, k16, k16, torch.empty_like(q), False) != fa.HOPPER_GLUON_PATH
+    # views whose rows are longer than heads x head dim: q, k, v of a packed qkv, padded rows
+    qkv = torch.empty(2, 1024, 3, 4, 128, dtype=torch.bfloat16)
+    out = torch.empty(2, 1024, 4, 128, dtype=torch.bfloat16)
+    assert fwd_memory_path(config, qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], out, False) == fa.HOPPER_GLUON_PATH
+    padded = torch.empty(2, 1024, 4 * 128 + 64, dtype=torch.bfloat16)[..., :512].unflatten(-1, (4, 128))
+    assert fwd_memory_path(config, padded, padded, padded, out, False) == fa.HOPPER_GLUON_PATH
 
 
 def test_a_hopper_config_elsewhere_falls_back_to_the_triton_kernel(poisoned_allocations):
@@ -587,6 +593,40 @@ def test_gpu_hopper_gluon_forward_matches_reference(shape, causal, dtype, poison
     q = torch.empty(shape[0], shape[1], shape[3], shape[4], dtype=dtype, device="cuda")
     assert fwd_memory_path(fa.default_fwd_config(128, causal, q.device), q, q, q, q, causal) == fa.HOPPER_GLUON_PATH
     check_forward(*shape, causal, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("layout", ["qkv-packed", "padded-rows"])
+def test_gpu_hopper_gluon_forward_on_strided_views(layout, causal, poisoned_allocations):
+    """The Gluon forward's scope admits views whose rows are longer than heads x head dim (q, k, v
+    sliced out of a packed qkv, or rows padded at the end): its 2D descriptors step by stride(1).
+    Forward against float64, and the backward through autograd for the packed layout."""
+    if not fa._on_hopper(torch.device("cuda")):
+        pytest.skip("the Gluon forward is compiled for Hopper (sm_90) only")
+    batch, seqlen, heads, headdim = 2, 1024, 3, 128
+    if layout == "qkv-packed":
+        qkv = torch.randn(batch, seqlen, 3, heads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    else:
+        rows = torch.randn(3, batch, seqlen, heads * headdim + 64, device="cuda", dtype=torch.bfloat16)
+        q, k, v = (r[..., :heads * headdim].unflatten(-1, (heads, headdim)) for r in rows)
+    assert q.stride(1) > heads * headdim
+    config = fa.default_fwd_config(headdim, causal, q.device)
+    assert fwd_memory_path(config, q, k, v, torch.empty_like(q, memory_format=torch.contiguous_format),
+                           causal) == fa.HOPPER_GLUON_PATH
+    out = flash_attn_func(q, k, v, causal=causal)
+    ref, _ = attention_reference(q, k, v, causal=causal)
+    assert_close_to_reference("out", out, ref, attention_same_dtype(q, k, v, causal=causal))
+    if layout == "qkv-packed":
+        dout = torch.randn_like(out)
+        (grad,) = torch.autograd.grad(out, qkv, dout)
+        qkv64 = qkv.detach().double().requires_grad_()
+        ref_out, _ = attention_reference(qkv64[:, :, 0], qkv64[:, :, 1], qkv64[:, :, 2], causal=causal)
+        (ref_grad,) = torch.autograd.grad(ref_out, qkv64, dout.double())
+        same_out = attention_same_dtype(q, k, v, causal=causal)
+        (same_grad,) = torch.autograd.grad(same_out, qkv, dout)
+        assert_close_to_reference("dqkv", grad, ref_grad, same_grad)
 
 
 @pytest.mark.gpu
