@@ -14,7 +14,8 @@ rc=$?; echo "rc=$rc"; tail -3 $R/gpu_tests_v6.log; pack
 if [ $rc -ne 0 ]; then stage "tests failed: nothing else"; exit 0; fi
 stage "regression baseline"
 timeout 200 python3 runner.py --quick --providers fa2,sdpa-flash --dtype bf16 --repeats 2 \
-  --out $R/v6_baseline --save-baseline > $R/v6_baseline.log 2>&1; echo "rc=$?"; pack
+  --out $R/v6_baseline --save-baseline $R/v6_baseline/nvidia-h200.json > $R/v6_baseline.log 2>&1
+echo "rc=$?"; pack  # then copy v6_baseline/nvidia-h200.json to reports/baselines/
 stage "Gluon forward at head dim 64, second run"
 OUT=$R/v6_gluon_d64 timeout 150 python3 tools/experiments/exp_fwd_gluon.py --time bf16 > $R/v6_gluon_d64.log 2>&1
 echo "rc=$?"; grep "d64" $R/v6_gluon_d64.log; pack
