@@ -1,8 +1,8 @@
 """FA2's forward (Algorithm 1) on Hopper, written in Gluon with FlashAttention-3's layout.
 
 Triton 3.6 compiles the forward of `flash_attn.py` to wgmma, but it waits for every matmul at
-once and keeps its warps in lockstep, so the softmax never runs under a matmul of the same warps
-(reports/h200/perf_notes.md, "v4 -> v5"). Gluon, Triton's lower-level language, lets a kernel say
+once and its key loop synchronises all warps at CTA-wide barriers, so the softmax does not run
+under a matmul of the same warps (reports/h200/perf_notes.md, "v4 -> v5"). Gluon, Triton's lower-level language, lets a kernel say
 which warps do what and when a matmul is waited for. This kernel (FA3, Shah et al. 2024):
 
 - **Warp specialisation:** a producer warp issues the TMA loads of Q, K and V; two consumer

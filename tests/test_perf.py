@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from baselines.flops import attention_flops, tflops_per_second
-from kernels.flash_attn import default_bwd_config, default_fwd_config, flash_attn_func
+from kernels.flash_attn import default_bwd_config, default_fwd_config, flash_attn_func, fwd_memory_path
 from reports.timing import time_attention
 
 pytestmark = pytest.mark.perf
@@ -73,7 +73,10 @@ def test_flash_attn_production_path_throughput(benchmark, mode, causal, hdim):
 
     flops = attention_flops(batch, heads, SEQLEN, SEQLEN, hdim, causal, mode)
     device_ms = time_attention(_forward, q, k, v, causal, scale, mode).ms
-    config = {"fwd": dataclasses.asdict(default_fwd_config(hdim, causal, q.device))}
+    fwd_config = default_fwd_config(hdim, causal, q.device)
+    # which forward ran: _flash_fwd_kernel's memory path, or 'gluon-ws' (kernels/flash_attn_hopper.py)
+    config = {"fwd": dataclasses.asdict(fwd_config),
+              "fwd_memory_path": fwd_memory_path(fwd_config, q, k, v, torch.empty_like(q), causal)}
     if backward:
         config["bwd"] = dataclasses.asdict(default_bwd_config(hdim, q.device))
     benchmark.extra_info.update(
