@@ -79,20 +79,26 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str
             f"{spills.group(1) if spills else '?'} B")
 
 
+def gluon_descriptor_type(rows: int, headdim: int, dtype: str = "bf16") -> str:
+    """The signature type of a host-made Gluon tensor descriptor of [rows, headdim] tiles, with the
+    shared-memory layout the launchers give it (NVMMASharedLayout.get_default_for)."""
+    from triton.experimental.gluon import language as gl
+
+    element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    layout = gl.NVMMASharedLayout.get_default_for([rows, headdim], element)
+    return f"tensordesc<{dtype}[{rows},{headdim}],{layout!r}>"
+
+
 def hopper_gluon_report(causal: bool, dtype: str = "bf16") -> str:
     """The Gluon forward (kernels/flash_attn_hopper.py) compiled for sm_90: shared memory,
     registers and spills (ptxas), and what makes it fast: warp specialisation (setmaxnreg), a
     wgmma left in flight (wait_group 1), TMA loads."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels import flash_attn_hopper as hopper
 
-    element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
-
     def desc(rows):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, hopper.HEAD_DIM], element)
-        return f"tensordesc<{dtype}[{rows},{hopper.HEAD_DIM}],{layout!r}>"
+        return gluon_descriptor_type(rows, hopper.HEAD_DIM, dtype)
 
     signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
                  "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",

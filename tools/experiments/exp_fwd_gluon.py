@@ -47,9 +47,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-LOG2E = 1.4426950408889634
 
 
 @gluon.jit
@@ -194,7 +191,7 @@ def gluon_forward_ws(q, k, v, softmax_scale: float, causal: bool, stages: int = 
     hopper._flash_fwd_hopper_kernel[grid](
         hopper._row_descriptor(q, hopper.BLOCK_M // 2), hopper._row_descriptor(k, hopper.BLOCK_N),
         hopper._row_descriptor(v, hopper.BLOCK_N), hopper._row_descriptor(out, hopper.BLOCK_M // 2), lse, heads,
-        seqlen, softmax_scale * LOG2E, int(causal), STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
+        seqlen, softmax_scale * hopper.LOG2E, int(causal), STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
     return out, lse
 
 
@@ -202,18 +199,16 @@ BLOCK_M = BLOCK_N = 128
 
 
 def gluon_forward(q, k, v, softmax_scale: float, causal: bool, stages: int = 2, poison: bool = False):
+    """The one-partition kernel, on the production module's 2D descriptors (_row_descriptor)."""
+    from kernels import flash_attn_hopper as hopper
+
     batch, seqlen, heads, d = q.shape
     out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)
     lse = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
-    el = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, d], el)
-
-    def flat(t, rows):
-        return TensorDescriptor(t, [batch * seqlen, heads * d], [heads * d, 1], [rows, d], layout)
-
     grid = (seqlen // BLOCK_M, batch * heads)
-    _gluon_fwd_kernel[grid](flat(q, BLOCK_M), flat(k, BLOCK_N), flat(v, BLOCK_N), flat(out, BLOCK_M), lse,
-                            heads, seqlen, softmax_scale * LOG2E, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+    _gluon_fwd_kernel[grid](hopper._row_descriptor(q, BLOCK_M), hopper._row_descriptor(k, BLOCK_N),
+                            hopper._row_descriptor(v, BLOCK_N), hopper._row_descriptor(out, BLOCK_M), lse,
+                            heads, seqlen, softmax_scale * hopper.LOG2E, HEAD_DIM=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                             STAGES=stages, CAUSAL=causal, num_warps=8)
     return out, lse
 
@@ -250,13 +245,13 @@ def _ptxas_report(compiled, name: str) -> str:
 def compile_report() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     sys.path.insert(0, str(ROOT / "tools"))
-    from compile_check_sm90 import TARGET
+    from compile_check_sm90 import TARGET, gluon_descriptor_type
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from kernels import flash_attn_hopper
 
     def desc(rows, d):
-        return f"tensordesc<bf16[{rows},{d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gl.bfloat16)!r}>"
+        return gluon_descriptor_type(rows, d)
 
     print(f"sm_90, Gluon forwards, 128x128 blocks; triton {triton.__version__}")
     for d in (128, 64):
@@ -310,20 +305,13 @@ def check(dtype_name: str, variants: tuple[str, ...] = ("ws", "one")) -> None:
                           f"{'ok' if ok else 'WRONG'}", flush=True)
 
 
-def _sdpa(backend, qt, kt, vt, causal: bool):
-    from torch.nn.attention import sdpa_kernel
-
-    with sdpa_kernel(backend):
-        return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-
-
 def time_all(dtype_name: str, out_csv: Path) -> None:
     """TFLOPs/s of the Gluon forwards (warp-specialised at 2 and 3 stages, one partition at 3),
     the production Triton forward, SDPA flash and SDPA cuDNN, same process, paper shapes (hidden 2048, batch = 16384 / seqlen)."""
     import pandas as pd
-    from torch.nn.attention import SDPBackend
 
     from baselines.flops import attention_flops, tflops_per_second
+    from baselines.providers import get_provider
     from kernels.flash_attn import flash_attn_forward
     from reports.timing import benchmark
 
@@ -334,7 +322,6 @@ def time_all(dtype_name: str, out_csv: Path) -> None:
         for seqlen in seqlens:
             batch, heads = 16384 // seqlen, 2048 // d
             q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=dtype) for _ in range(3))
-            qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             scale = d ** -0.5
             for causal in (False, True):
                 calls = {
@@ -342,8 +329,8 @@ def time_all(dtype_name: str, out_csv: Path) -> None:
                     "gluon-ws-s3": partial(gluon_forward_ws, q, k, v, scale, causal, 3),
                     "gluon-s3": partial(gluon_forward, q, k, v, scale, causal, 3),
                     "fa2": partial(flash_attn_forward, q, k, v, scale, causal),
-                    "sdpa-flash": partial(_sdpa, SDPBackend.FLASH_ATTENTION, qt, kt, vt, causal),
-                    "sdpa-cudnn": partial(_sdpa, SDPBackend.CUDNN_ATTENTION, qt, kt, vt, causal),
+                    "sdpa-flash": partial(get_provider("sdpa-flash").forward, q, k, v, causal, scale),
+                    "sdpa-cudnn": partial(get_provider("sdpa-cudnn").forward, q, k, v, causal, scale),
                 }
                 flops = attention_flops(batch, heads, seqlen, seqlen, d, causal, "fwd")
                 for name, fn in calls.items():

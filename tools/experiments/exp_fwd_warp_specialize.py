@@ -33,7 +33,6 @@ sys.path.insert(0, str(ROOT))
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import flash_attn as fa
 
@@ -80,12 +79,11 @@ def forward(variant: str, q, k, v, scale: float):
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
 
-    def flat(t, rows):
-        return TensorDescriptor(t, [batch * seqlen, heads * d], [heads * d, 1], [rows, d])
+    flat = fa._flat_descriptor  # the host-descriptor path's (batch * seqlen, heads * head dim) view
 
     o_arg = flat(out, block_m) if variant == "min64-desc" else out
     _minimal_ws_kernel[(seqlen // block_m, batch * heads)](
-        flat(q, block_m), flat(k, 128), flat(v, 128), o_arg, lse, heads, seqlen, seqlen, scale * 1.4426950408889634,
+        flat(q, block_m), flat(k, 128), flat(v, 128), o_arg, lse, heads, seqlen, seqlen, scale * fa.LOG2E.value,
         heads * d, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=128, DESC_STORE=variant == "min64-desc", num_warps=4, num_stages=2)
     return out, lse
 
