@@ -34,6 +34,7 @@ for f in ("exp_bwd_d256", "exp_bwd_d128", "exp_bwd_d64"):
     try:
         d = pd.read_csv(f"/tmp/h200/{f}.csv")
     except FileNotFoundError:
+        print(f"{f}: no rows (its stage did not write any)")
         continue
     d["part"] = d["part"].fillna("all") if "part" in d else "all"
     print(d.pivot_table(index=["config", "part"], columns=["hdim", "seqlen", "causal"], values="ms").round(3).to_string())
@@ -41,6 +42,7 @@ for dt in ("bf16", "fp16"):
     try:
         d = pd.read_csv(f"/tmp/h200/tune_fwd_host_vs_kernel_{dt}.csv")
     except FileNotFoundError:
+        print(f"tune_fwd_host_vs_kernel_{dt}: no rows (its stage did not write any)")
         continue
     d = d[d.status == "ok"]
     d["config"] = d.config.str.replace(r"FwdConfig\(block_m=128, block_n=128, num_warps=8, num_stages=3, tma=1, ", "", regex=True)
