@@ -44,13 +44,16 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_block, BLOCK_N: gl.constexpr):
+def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr):
     """FA2 Alg. 1 line 9 on unscaled scores S: m_new, P~ = exp2(S * scale - m_new) and
-    l = exp2(m_old - m_new) l + rowsum(P~); the causal mask only where `mask_block` (the diagonal
-    block). Every row sees its own key on the diagonal, so m_new is finite."""
-    if mask_block:
-        visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
-        s = gl.where(visible, s, float("-inf"))
+    l = exp2(m_old - m_new) l + rowsum(P~); the causal mask only on the diagonal block (the last
+    one), and no mask code at all in the non-causal kernel. Every row sees its own key on the
+    diagonal, so m_new is finite."""
+    if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
+        if block == n_blocks - 1:
+            visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
+            s = gl.where(visible, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     p = gl.exp2(s * qk_scale - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
@@ -60,7 +63,7 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_block, BLOC
 
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                    q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal):
+                    q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL: gl.constexpr):
     """One warp: FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 6 (K_j, V_j) as TMA loads,
     each key block into the ring stage both consumers have released (empty_bar counts two)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -83,7 +86,8 @@ def _load_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
 
 @gluon.jit
 def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal, HALF: gl.constexpr):
+                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL: gl.constexpr,
+                       HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
     of the block, in FA3's Algorithm 2 order."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -101,7 +105,6 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     q_buf = q_smem.index(HALF)
-    is_causal = causal != 0
 
     # lines 2-3: O = 0, l = 0, m = -inf
     start_m = (q_row - kv_row0) + HALF * ROWS  # this half's first query row in its sequence
@@ -117,8 +120,7 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
     mbarrier.wait(k_bar.index(0), 0)
     s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=[s_tok])
-    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, is_causal & (n_blocks == 1),
-                                       BLOCK_N)
+    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
     for block in range(1, n_blocks):
         stage = block % STAGES
         prev = (block - 1) % STAGES
@@ -130,8 +132,8 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
         acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         # S_j done (wgmma groups complete in order); line 9 for block j runs under P~ V
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block,
-                                           is_causal & (block == n_blocks - 1), BLOCK_N)
+        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N,
+                                           CAUSAL)
         acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
         mbarrier.arrive(empty_bar.index(prev), count=1)  # this warpgroup is done with block j - 1
         # line 10's rescale: O = diag(exp(m_old - m_new)) O, before P~_j V_j is added
@@ -155,25 +157,25 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
 
 @gluon.jit
 def _softmax_partition_first_half(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
-                                  empty_bar, q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal):
+                                  empty_bar, q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL: gl.constexpr):
     _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal, 0)
+                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL, 0)
 
 
 @gluon.jit
 def _softmax_partition_second_half(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
-                                   empty_bar, q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal):
+                                   empty_bar, q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL: gl.constexpr):
     _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal, 1)
+                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL, 1)
 
 
 @gluon.jit
-def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale, causal,
+def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
-    FA3 does. The descriptors view (batch * seqlen, heads * head dim). `causal` is CAUSAL again as
-    a run-time value for the partitions, so the non-causal kernel keeps the mask behind a
-    per-block branch; passing CAUSAL to them at compile time would drop that code (not measured)."""
+    FA3 does. The descriptors view (batch * seqlen, heads * head dim). CAUSAL reaches the
+    partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
+    no mask code; v5 passed it as a run-time flag (perf_notes, "v6")."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -212,7 +214,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-            q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, causal)
+            q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL)
     # the default partition (4 warps) and one worker (4 warps) consume, one warp loads;
     # registers: 240 per consumer thread, 24 for the loader
     gl.warp_specialize([
@@ -240,7 +242,7 @@ def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: b
     grid = (seqlen // BLOCK_M, batch * heads)
     _flash_fwd_hopper_kernel[grid](
         _row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
-        _row_descriptor(out, BLOCK_M // 2), lse, heads, seqlen, softmax_scale * LOG2E, int(causal),
+        _row_descriptor(out, BLOCK_M // 2), lse, heads, seqlen, softmax_scale * LOG2E,
         STAGES=STAGES, CAUSAL=causal,
         # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
         # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg

@@ -102,7 +102,7 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16") -> str:
 
     signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
                  "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
-                 "qk_scale": "fp32", "causal": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+                 "qk_scale": "fp32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
     compiled = triton.compile(
         GluonASTSource(hopper._flash_fwd_hopper_kernel, signature, {"STAGES": hopper.STAGES, "CAUSAL": causal}),
         target=TARGET, options={"num_warps": 4, "maxnreg": 168})

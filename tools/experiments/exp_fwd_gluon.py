@@ -191,7 +191,7 @@ def gluon_forward_ws(q, k, v, softmax_scale: float, causal: bool, stages: int = 
     hopper._flash_fwd_hopper_kernel[grid](
         hopper._row_descriptor(q, hopper.BLOCK_M // 2), hopper._row_descriptor(k, hopper.BLOCK_N),
         hopper._row_descriptor(v, hopper.BLOCK_N), hopper._row_descriptor(out, hopper.BLOCK_M // 2), lse, heads,
-        seqlen, softmax_scale * hopper.LOG2E, int(causal), STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
+        seqlen, softmax_scale * hopper.LOG2E, STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
     return out, lse
 
 
@@ -262,7 +262,7 @@ def compile_report() -> None:
                        **scalars, "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
                        "STAGES": "constexpr", "CAUSAL": "constexpr", "num_warps": "constexpr"}
                 ws = {"q_desc": desc(64, d), "k_desc": desc(128, d), "v_desc": desc(128, d), "o_desc": desc(64, d),
-                      **scalars, "causal": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+                      **scalars, "STAGES": "constexpr", "CAUSAL": "constexpr"}
                 variants = (
                     ("one-partition", _gluon_fwd_kernel, one,
                      {"HEAD_DIM": d, "BLOCK_M": 128, "BLOCK_N": 128, "STAGES": stages, "CAUSAL": causal, "num_warps": 8},
@@ -305,7 +305,32 @@ def check(dtype_name: str, variants: tuple[str, ...] = ("ws", "one")) -> None:
                           f"{'ok' if ok else 'WRONG'}", flush=True)
 
 
-def time_all(dtype_name: str, out_csv: Path) -> None:
+def load_previous_forward(path: Path):
+    """A previous version of kernels/flash_attn_hopper.py (e.g. `git show fd7e67e:kernels/flash_attn_hopper.py
+    > results/v5_flash_attn_hopper.py`, carried to the device), as a call like gluon_forward_ws's at
+    3 stages, for a same-run A/B. v5's kernel takes the causal flag again as a run-time int."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("previous_flash_attn_hopper", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runtime_flag = "causal" in module._flash_fwd_hopper_kernel.arg_names
+
+    def forward(q, k, v, softmax_scale, causal, stages=3, poison=False):
+        batch, seqlen, heads, _ = q.shape
+        out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)
+        lse = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
+        flag = (int(causal),) if runtime_flag else ()
+        module._flash_fwd_hopper_kernel[(seqlen // module.BLOCK_M, batch * heads)](
+            module._row_descriptor(q, module.BLOCK_M // 2), module._row_descriptor(k, module.BLOCK_N),
+            module._row_descriptor(v, module.BLOCK_N), module._row_descriptor(out, module.BLOCK_M // 2), lse, heads,
+            seqlen, softmax_scale * module.LOG2E, *flag, STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
+        return out, lse
+
+    return forward
+
+
+def time_all(dtype_name: str, out_csv: Path, previous: Path | None = None) -> None:
     """TFLOPs/s of the Gluon forwards (warp-specialised at 2 and 3 stages, one partition at 3),
     the production Triton forward, SDPA flash and SDPA cuDNN, same process, paper shapes (hidden 2048, batch = 16384 / seqlen)."""
     import pandas as pd
@@ -318,6 +343,7 @@ def time_all(dtype_name: str, out_csv: Path) -> None:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     device = torch.device("cuda")
     rows = []
+    previous_forward = load_previous_forward(previous) if previous else None
     for d, seqlens in ((128, (1024, 2048, 4096, 8192, 16384)), (64, (4096, 16384))):
         for seqlen in seqlens:
             batch, heads = 16384 // seqlen, 2048 // d
@@ -325,6 +351,7 @@ def time_all(dtype_name: str, out_csv: Path) -> None:
             scale = d ** -0.5
             for causal in (False, True):
                 calls = {
+                    **({"gluon-ws-previous": partial(previous_forward, q, k, v, scale, causal, 3)} if previous else {}),
                     "gluon-ws-s2": partial(gluon_forward_ws, q, k, v, scale, causal, 2),
                     "gluon-ws-s3": partial(gluon_forward_ws, q, k, v, scale, causal, 3),
                     "gluon-s3": partial(gluon_forward, q, k, v, scale, causal, 3),
@@ -343,7 +370,7 @@ def time_all(dtype_name: str, out_csv: Path) -> None:
                 line = {r["provider"]: r["tflops"] for r in rows[-len(calls):]}
                 print(f"{dtype_name} d{d} s{seqlen:<5d} causal={causal!s:5s} " + "  ".join(
                     f"{n} {t:5.0f}" for n, t in line.items()) + "  /cudnn: " + "  ".join(
-                    f"{n} {line[n] / line['sdpa-cudnn']:.3f}" for n in ("gluon-ws-s2", "gluon-ws-s3", "gluon-s3", "fa2")),
+                    f"{n} {line[n] / line['sdpa-cudnn']:.3f}" for n in line if n.startswith(("gluon", "fa2"))),
                     flush=True)
 
 
@@ -354,13 +381,16 @@ def main() -> None:
     parser.add_argument("--time", choices=["bf16", "fp16"], help="timing only, this dtype")
     parser.add_argument("--variants", nargs="+", choices=["ws", "one"], default=["ws", "one"],
                         help="which Gluon forwards --check runs")
+    parser.add_argument("--previous", type=Path, metavar="PY",
+                        help="with --time: also time this earlier copy of kernels/flash_attn_hopper.py "
+                             "(as gluon-ws-previous, 3 stages)")
     args = parser.parse_args()
     if args.compile_only:
         compile_report()
     elif args.check:
         check(args.check, tuple(args.variants))
     elif args.time:
-        time_all(args.time, Path(os.environ.get("OUT", ".")) / f"exp_fwd_gluon_{args.time}.csv")
+        time_all(args.time, Path(os.environ.get("OUT", ".")) / f"exp_fwd_gluon_{args.time}.csv", args.previous)
     else:
         parser.error("give --compile-only, --check DTYPE or --time DTYPE")
 
