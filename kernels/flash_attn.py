@@ -11,9 +11,11 @@ Differences from flash-attn's CUDA kernels:
   dimension must be contiguous (other inputs are made contiguous first);
 * head dims that are not powers of two (59, 80, 96, 111, 160, ...) are padded inside the
   kernel to the next power of two with masked loads, not by copying inputs;
-* the backward recomputes S and dP in the dQ pass (7 matmuls instead of 5) so that dQ is
-  written once by one program: deterministic, whatever `deterministic` says; TFLOPs/s still
-  use the paper's count of 5 (baselines/flops.py);
+* where the block table does not fuse dQ (`BwdConfig.fused_dq_min_rows`; off Hopper, short
+  sequences) or `deterministic=True`, the backward recomputes S and dP in a dQ pass (7 matmuls
+  instead of 5) so that dQ is written once by one program, bit-identical between runs; TFLOPs/s
+  always use the paper's count of 5 (baselines/flops.py). Fused, the dK/dV kernel adds dQ
+  into a float32 accumulator by TMA reduce-adds, as FlashAttention-3 does;
 * dropout, sliding windows, softcapping, ALiBi and GQA/MQA raise NotImplementedError.
 
 On Hopper the forward moves its tiles with TMA tensor descriptors where the block table asks
@@ -106,6 +108,11 @@ class BwdConfig:
     # dK/dV kernel, K and V in the dQ kernel), descriptors made per program and bounded at
     # (seqlen, head dim) like the forward's in-kernel path: no address registers per tile.
     tma: bool = False
+    # dQ added by the dK/dV kernel into a float32 accumulator (TMA reduce-adds; FA2 Alg. 2 as
+    # the paper has it: 5 matmuls, not 7) where flash_attn_backward's `deterministic` is False,
+    # from this many query rows (below, the zeroed accumulator and its cast cost more launches
+    # than the dQ kernel's recomputation). 0 = never: the dQ kernel, deterministic.
+    fused_dq_min_rows: int = 0
 
     @property
     def dq_warps(self) -> int:
@@ -450,17 +457,20 @@ def _bwd_preprocess_kernel(
 
 
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos, offs_n, offs_d,
-                    lo, hi, seqlen_q, seqlen_k, qk_scale,
+def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, stride_dqs, offs_n, offs_d,
+                    lo, hi, seqlen_q, seqlen_k, softmax_scale, qk_scale,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
                     MASK: tl.constexpr, EVEN_D: tl.constexpr, QUERY_MAJOR: tl.constexpr,
-                    TMA: tl.constexpr):
+                    TMA: tl.constexpr, FUSED_DQ: tl.constexpr):
     """FA2 Alg. 2 lines 8-14 for one key block over query blocks [lo, hi). Query rows past
     seqlen_q load L = +inf and dO = 0, so they contribute exactly nothing without a mask.
     Key-major (default): every matmul has the key block as M (S^T = K Q^T), K and V are
     register operands. Query-major: S = Q K^T and dP = dO V^T have the query block as M, and
     P and dS are transposed on chip for the dV and dK updates; K and V stay in shared memory.
-    With TMA, Q and DO are tensor descriptors bounded at (seqlen_q, HEAD_DIM) (zero fill)."""
+    With TMA, Q and DO are tensor descriptors bounded at (seqlen_q, HEAD_DIM) (zero fill).
+    FUSED_DQ (FA2 Alg. 2 line 13 as the paper has it): dQ_i += scale * dS K_j is added into the
+    float32 accumulator DQ here, by a TMA reduce-add of the tile (2: DQ a descriptor bounded at
+    (seqlen_q, HEAD_DIM)) or element-wise atomics (1: DQ a pointer); 0: the dQ kernel does it."""
     offs_m_base = tl.arange(0, BLOCK_M)
     d_ok = offs_d < HEAD_DIM
     for start_m in range(lo, hi, BLOCK_M):
@@ -498,6 +508,9 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos, offs
             ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
             # line 14: dK += dS^T Q (the softmax scale is applied once at the end)
             dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+            if FUSED_DQ:  # line 13: dQ_i += scale * dS K_j
+                _bwd_add_dq(DQ, tl.dot(ds.to(k.dtype), k) * softmax_scale, start_m, offs_m, offs_d, m_ok,
+                            d_ok, stride_dqs, EVEN_M, EVEN_D, FUSED_DQ)
         else:
             # lines 8-9: recompute S^T = K Q^T and P^T = exp(S^T - L) (log2 domain)
             pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse[None, :] * LOG2E)
@@ -509,26 +522,48 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos, offs
             dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
             # line 14: dK += dS^T Q (the softmax scale is applied once at the end)
             dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
+            if FUSED_DQ:  # line 13: dQ_i += scale * dS K_j
+                _bwd_add_dq(DQ, tl.dot(tl.trans(dsT.to(k.dtype)), k) * softmax_scale, start_m, offs_m, offs_d,
+                            m_ok, d_ok, stride_dqs, EVEN_M, EVEN_D, FUSED_DQ)
     return dk, dv
 
 
 @triton.jit
+def _bwd_add_dq(DQ, dq, start_m, offs_m, offs_d, m_ok, d_ok, stride_dqs, EVEN_M: tl.constexpr,
+                EVEN_D: tl.constexpr, FUSED_DQ: tl.constexpr):
+    """Add one program's share of dQ_i into the float32 accumulator that every key block adds
+    to: one TMA reduce-add of the tile (FUSED_DQ 2, rows past seqlen_q dropped by the
+    descriptor's bounds) or element-wise atomics (1)."""
+    if FUSED_DQ == 2:
+        DQ.atomic_add([start_m, 0], dq)
+    else:
+        ptrs = DQ + offs_m[:, None] * stride_dqs + offs_d[None, :]
+        if EVEN_M and EVEN_D:
+            tl.atomic_add(ptrs, dq, sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, dq, mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
+
+
+@triton.jit
 def _flash_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, Delta, DK, DV,
+    Q, K, V, DO, LSE, Delta, DK, DV, DQ,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_dob, stride_dos, stride_doh,
     stride_dkb, stride_dks, stride_dkh,
     stride_dvb, stride_dvs, stride_dvh,
+    stride_dqb, stride_dqs, stride_dqh,
     num_heads, seqlen_q, seqlen_k, softmax_scale, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, QUERY_MAJOR: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
 ):
     """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2 lines 5-16):
-    every element is written by exactly one program, so no atomics."""
+    every element is written by exactly one program, so no atomics for them. With FUSED_DQ the
+    program also adds its part of every dQ_i into DQ, a float32 accumulator (line 13, atomics:
+    the sum's order varies between runs); without, DQ is unused and the dQ kernel follows."""
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
@@ -540,6 +575,11 @@ def _flash_bwd_dkdv_kernel(
     DV += b * stride_dvb + h * stride_dvh
     LSE += pid_bh.to(tl.int64) * seqlen_q
     Delta += pid_bh.to(tl.int64) * seqlen_q
+    if FUSED_DQ:
+        DQ += b * stride_dqb + h * stride_dqh
+    if FUSED_DQ == 2:
+        DQ = tl.make_tensor_descriptor(DQ, shape=[seqlen_q, HEAD_DIM], strides=[stride_dqs, 1],
+                                       block_shape=[BLOCK_M, BLOCK_D])
 
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -566,14 +606,14 @@ def _flash_bwd_dkdv_kernel(
         lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
         full = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - offset, lo), seqlen_q)
         full = tl.cdiv(full, BLOCK_M) * BLOCK_M  # from here on every row sees every key
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos,
-                                 offs_n, offs_d, lo, full, seqlen_q, seqlen_k, qk_scale,
-                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D, QUERY_MAJOR, TMA)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, stride_dqs,
+                                 offs_n, offs_d, lo, full, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D, QUERY_MAJOR, TMA, FUSED_DQ)
     else:
         full = 0
-    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, stride_qs, stride_dos,
-                             offs_n, offs_d, full, seqlen_q, seqlen_q, seqlen_k, qk_scale,
-                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D, QUERY_MAJOR, TMA)
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, stride_dqs,
+                             offs_n, offs_d, full, seqlen_q, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D, QUERY_MAJOR, TMA, FUSED_DQ)
     # line 16: write dK_j (scaled once: S = scale * Q K^T) and dV_j
     _store_tile(DK + offs_n[:, None] * stride_dks + offs_d[None, :],
                 (dk * softmax_scale).to(DK.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
@@ -856,8 +896,10 @@ def _ensure_descriptor_allocator() -> None:
 
 
 def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: bool,
-                        config: BwdConfig | None = None):
-    """Backward pass: returns (dq, dk, dv) in the inputs' dtype."""
+                        config: BwdConfig | None = None, deterministic: bool = False):
+    """Backward pass: returns (dq, dk, dv) in the inputs' dtype. Where the config fuses dQ into
+    the dK/dV kernel (`bwd_fuses_dq`), dQ is summed by atomics in an order that varies between
+    runs (as flash-attn's own backward does); `deterministic=True` takes the dQ kernel instead."""
     do, q, k, v = (_last_dim_contiguous(t) for t in (do, q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
@@ -877,14 +919,26 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     if tma:
         _ensure_descriptor_allocator()
     common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal, "TMA": tma}
+    fused_dq = 0
+    dq_acc = dq  # unused by the dK/dV kernel unless dQ is fused
+    if bwd_fuses_dq(cfg, seqlen_q, deterministic):
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        # TMA reduce-adds, else element-wise atomics (and in Triton's CPU interpreter, which has no
+        # descriptor reduce)
+        fused_dq = 2 if q.is_cuda and tma_compatible(dq_acc) else 1
+        if fused_dq == 2:
+            _ensure_descriptor_allocator()
     _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
-        q, k, v, do, lse, delta, dk, dv,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv),
+        q, k, v, do, lse, delta, dk, dv, dq_acc,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *_strides(dq_acc),
         heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
         BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
         EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0,
-        QUERY_MAJOR=cfg.query_major, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common,
+        QUERY_MAJOR=cfg.query_major, FUSED_DQ=fused_dq, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **common,
     )
+    if fused_dq:
+        return dq.copy_(dq_acc), dk, dv
     _flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.block_m2), batch * heads)](
         q, k, v, do, lse, delta, dq,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
@@ -895,6 +949,13 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     return dq, dk, dv
 
 
+def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) -> bool:
+    """Whether the dK/dV kernel adds dQ into a float32 accumulator (atomics, run-to-run rounding
+    differences) instead of the dQ kernel writing it: where the config asks for it from this
+    many query rows and the caller does not ask for a deterministic backward."""
+    return bool(config.fused_dq_min_rows) and seqlen_q >= config.fused_dq_min_rows and not deterministic
+
+
 def bwd_uses_tma(config: BwdConfig, q, k, v, do) -> bool:
     """Whether the backward streams its loop tiles through tensor descriptors: where the
     config asks for it and the copy engine can address the tensors (tma_compatible)."""
@@ -903,10 +964,11 @@ def bwd_uses_tma(config: BwdConfig, q, k, v, do) -> bool:
 
 class FlashAttnFunc(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, fwd_config, bwd_config):
+    def forward(ctx, q, k, v, softmax_scale, causal, fwd_config, bwd_config, deterministic=False):
         out, lse = flash_attn_forward(q, k, v, softmax_scale, causal, fwd_config)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.softmax_scale, ctx.causal, ctx.bwd_config = softmax_scale, causal, bwd_config
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(lse)
         # lse has no gradient: do not have autograd allocate and zero one for it per backward
         ctx.set_materialize_grads(False)
@@ -915,11 +977,11 @@ class FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         if dout is None:  # an upstream node returned no gradient for out (none is materialised)
-            return None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal,
-                                         ctx.bwd_config)
-        return dq, dk, dv, None, None, None, None
+                                         ctx.bwd_config, ctx.deterministic)
+        return dq, dk, dv, None, None, None, None, None
 
 
 # --------------------------------------------------------------------------------------
@@ -947,15 +1009,19 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     bfloat16 (or float32). Returns out (batch, seqlen_q, heads, headdim), or with
     `return_attn_probs=True` the tuple (out, softmax_lse, S_dmask) where softmax_lse is
     (batch, heads, seqlen_q) float32 and S_dmask is None (flash-attn returns its dropout
-    pattern there; this kernel has no dropout). The backward is always deterministic, so
-    `deterministic` is accepted and has nothing to change. `fwd_config`/`bwd_config`
+    pattern there; this kernel has no dropout). `deterministic=False` lets the backward add dQ
+    with atomics where its config fuses dQ into the dK/dV kernel (Hopper, `BwdConfig.
+    fused_dq_min_rows`): rounding then differs from run to run, as in flash-attn;
+    `deterministic=True` gives bit-identical gradients (a separate dQ pass). `fwd_config`/`bwd_config`
     override the block-size table (benchmarks use them; results are identical up to rounding).
     """
     _check_unimplemented(dropout_p, window_size, softcap, alibi_slopes)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     scale = check_attention_inputs(q, k, v, softmax_scale)
-    out, lse = FlashAttnFunc.apply(q, k, v, scale, causal, fwd_config, bwd_config)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    out, lse = FlashAttnFunc.apply(q, k, v, scale, causal, fwd_config, bwd_config, deterministic)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -50,7 +50,7 @@ def signature(kernel, constexprs: dict, dtype: str) -> dict:
             types[name] = "constexpr"
         elif name in host_blocks:
             types[name] = host_blocks[name]
-        elif name in ("LSE", "Delta"):
+        elif name in ("LSE", "Delta") or (name == "DQ" and constexprs.get("FUSED_DQ")):  # DQ: the accumulator
             types[name] = "*fp32"
         elif name[0].isupper():
             types[name] = f"*{dtype}"
@@ -72,7 +72,9 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str
     registers = re.search(r"Used (\d+) registers", ptxas.stderr)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     mma = ("tma+" if "cp.async.bulk.tensor" in compiled.asm["ptx"] else "") + ("wgmma" if "wgmma" in compiled.asm["ptx"] else "mma.sync")
-    path = f" {fa.FWD_MEMORY_PATHS[constexprs['TMA']]:10s}" if "TMA" in constexprs else ""
+    path = f" {fa.FWD_MEMORY_PATHS[constexprs['TMA']]:10s}" if kernel is fa._flash_fwd_kernel else ""
+    if kernel is fa._flash_bwd_dkdv_kernel:
+        path = f" {'fused dQ' if constexprs['FUSED_DQ'] else 'dK/dV only':10s}"
     return (f"{kernel.fn.__name__:24s}{path} M{constexprs['BLOCK_M']:<4d} N{constexprs['BLOCK_N']:<4d} "
             f"w{num_warps} s{num_stages}  {mma:8s} smem {compiled.metadata.shared:6d} B  "
             f"regs {registers.group(1) if registers else '?':>3s}  spill stores "
@@ -127,7 +129,7 @@ def main() -> None:
     parser.add_argument("--fwd", metavar="BM,BN,WARPS,STAGES[,TMA[,MIN_KEYS,HOST_MIN_KEYS,HOST_BELOW_KEYS]]",
                         help="forward config (default: the table's), FwdConfig's fields in order; each memory "
                              "path it can take is compiled")
-    parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA]",
+    parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA,FUSED_DQ_MIN_ROWS]",
                         help="backward config (default: the table's)")
     parser.add_argument("--hopper-gluon", action="store_true",
                         help="compile the Gluon forward (kernels/flash_attn_hopper.py) instead")
@@ -150,10 +152,12 @@ def main() -> None:
             print("  " + report(fa._flash_fwd_kernel, dict(common, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
                                                         TMA=fa.FWD_MEMORY_PATHS.index(path)),
                                 fwd.num_warps, fwd.num_stages))
-        print("  " + report(fa._flash_bwd_dkdv_kernel,
-                            dict(common, BLOCK_M=bwd.block_m1, BLOCK_N=bwd.block_n1, EVEN_N=True,
-                                 QUERY_MAJOR=bwd.query_major, TMA=bwd.tma),
-                            bwd.num_warps, bwd.num_stages))
+        # the dK/dV kernel alone, and with dQ fused (TMA reduce-adds) where the config fuses it
+        for fused in (0, 2) if bwd.fused_dq_min_rows else (0,):
+            print("  " + report(fa._flash_bwd_dkdv_kernel,
+                                dict(common, BLOCK_M=bwd.block_m1, BLOCK_N=bwd.block_n1, EVEN_N=True,
+                                     QUERY_MAJOR=bwd.query_major, TMA=bwd.tma, FUSED_DQ=fused),
+                                bwd.num_warps, bwd.num_stages))
         print("  " + report(fa._flash_bwd_dq_kernel, dict(common, BLOCK_M=bwd.block_m2, BLOCK_N=bwd.block_n2,
                                                        TMA=bwd.tma),
                             bwd.dq_warps, bwd.dq_stages))

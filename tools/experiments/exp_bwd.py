@@ -1,8 +1,10 @@
 """The backward timed kernel by kernel: which of the dK/dV and dQ kernels a config speeds up.
 
-Times SDPA flash and cuDNN's backward, the production backward, and each BwdConfig given
-(all three kernels, then the dK/dV kernel alone, then the dQ kernel alone). Each config's
-dq/dk/dv are checked against the production backward's first. Rows go to $OUT/exp_bwd.csv.
+Times SDPA flash and cuDNN's backward, the production backward (deterministic: the dQ kernel),
+and each BwdConfig given (all three kernels, then the dK/dV kernel alone, then the dQ kernel
+alone; a config that fuses dQ into the dK/dV kernel, field 11 `fused_dq_min_rows` > 0, only as
+a whole, through flash_attn_backward). Each config's dq/dk/dv are checked against the
+deterministic production backward's first. Rows go to $OUT/exp_bwd.csv.
 Session 3 used it (as `kmajor:`/`qmajor:` variants of a copy of the kernel, since folded into
 BwdConfig.query_major) to find the head-dim-256 backward (reports/h200/perf_notes.md, v3).
 
@@ -45,11 +47,11 @@ def backward(cfg, do, q, k, v, out, lse, scale, causal, parts=("pre", "dkdv", "d
     if "dkdv" in parts:
         m1, n1 = cfg.block_m1, cfg.block_n1
         fa._flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, n1), batch * heads)](
-            q, k, v, do, lse, delta, dk, dv,
+            q, k, v, do, lse, delta, dk, dv, dq,
             *fa._strides(q), *fa._strides(k), *fa._strides(v), *fa._strides(do), *fa._strides(dk), *fa._strides(dv),
-            heads, seqlen_q, seqlen_k, scale, scale * fa.LOG2E.value,
+            *fa._strides(dq), heads, seqlen_q, seqlen_k, scale, scale * fa.LOG2E.value,
             BLOCK_M=m1, BLOCK_N=n1, EVEN_M=seqlen_q % m1 == 0, EVEN_N=seqlen_k % n1 == 0,
-            QUERY_MAJOR=cfg.query_major, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
+            QUERY_MAJOR=cfg.query_major, FUSED_DQ=0, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **common)
     if "dq" in parts:
         m2, n2 = cfg.block_m2, cfg.block_n2
         fa._flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, m2), batch * heads)](
@@ -89,18 +91,25 @@ def main():
                     except Exception as exc:  # noqa: BLE001 -- a peer that cannot run this shape is a row
                         record(**base, config=name, status=f"error: {exc}"[:200])
                 out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
-                ref = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal)
-                ms = bench(partial(fa.flash_attn_backward, do, q, k, v, out, lse, scale, causal))
+                ref = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, deterministic=True)
+                ms = bench(partial(fa.flash_attn_backward, do, q, k, v, out, lse, scale, causal, deterministic=True))
                 record(**base, config="production", ms=ms, tflops=tflops_per_second(flops, ms), status="ok")
                 for text in args.configs:
                     cfg = fa.BwdConfig(*map(int, text.split(",")))
                     bufs = (torch.full_like(q, float("nan")), torch.full_like(k, float("nan")),
                             torch.full_like(v, float("nan")), torch.empty_like(lse))
+                    fused = fa.bwd_fuses_dq(cfg, seqlen)
                     try:
-                        got = backward(cfg, do, q, k, v, out, lse, scale, causal, bufs=bufs)
+                        got = (fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, cfg) if fused
+                               else backward(cfg, do, q, k, v, out, lse, scale, causal, bufs=bufs))
                         err = max(((g.float() - r.float()).norm() / r.float().norm()).item() for g, r in zip(got, ref))
                         if not err < 1e-2:
                             record(**base, config=text, status=f"wrong {err:.2e}")
+                            continue
+                        if fused:
+                            ms = bench(partial(fa.flash_attn_backward, do, q, k, v, out, lse, scale, causal, cfg))
+                            record(**base, config=text, part="all", ms=ms, tflops=tflops_per_second(flops, ms),
+                                   status="ok", rel_err=err)
                             continue
                         for parts in (("pre", "dkdv", "dq"), ("dkdv",), ("dq",)):
                             ms = bench(partial(backward, cfg, do, q, k, v, out, lse, scale, causal, parts, bufs))
