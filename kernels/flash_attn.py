@@ -24,8 +24,8 @@ made on the host for whole-block shapes with medium key loops (1k-8k keys), per-
 descriptors made in the kernel (bounded at the true seqlen and head dim) for long ones;
 otherwise pointer tiles with masks. Causal programs are launched longest-first. The
 head-dim-256 backward lays its dK/dV matmuls out query-major (`BwdConfig.query_major`).
-At head dim 128 from 1k keys (equal lengths in whole blocks, 16-bit, exact 2D views), the
-Hopper forward is not this file's kernel but the Gluon one of flash_attn_hopper.py, with
+At head dim 128 from 1k keys and 64 from 4k (equal lengths in whole blocks, 16-bit, exact 2D
+views), the Hopper forward is not this file's kernel but the Gluon one of flash_attn_hopper.py, with
 FlashAttention-3's warp layout (`fwd_memory_path` returns 'gluon-ws'); the backward is this
 file's in every case. Measurements behind these choices: reports/h200/perf_notes.md.
 
@@ -135,8 +135,11 @@ HOPPER_FWD_CONFIGS = {
     (16, True): FwdConfig(128, 64, 8, 3),
     (32, False): FwdConfig(128, 64, 4, 3),
     (32, True): FwdConfig(128, 64, 8, 3),
-    (64, False): FwdConfig(128, 64, 4, 3),
-    (64, True): FwdConfig(128, 64, 8, 3),
+    # head dim 64 from 4096 keys: the Gluon forward (below for 128), 1.03-1.09x this kernel at
+    # 4k and 16k in bf16 (two runs) and fp16 (one), 0.97x once (perf_notes, "v6"); not measured
+    # below 4k, so not taken there.
+    (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=4096),
+    (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096),
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
     # frees the pointer registers (255 registers + 124 B of spills -> 216, none): +5-13%.
     # From 1024 keys, equal lengths in whole blocks take the Gluon kernel instead: 1.03-1.33x
@@ -845,11 +848,11 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
 
 def hopper_forward_applies(q, k, v, out) -> bool:
     """The Gluon forward's scope (kernels/flash_attn_hopper.py): query and key lengths equal and
-    whole blocks, head dim 128, fp16 or bf16, and each tensor an exact 2D view for its
+    whole blocks, head dim 64 or 128, fp16 or bf16, and each tensor an exact 2D view for its
     descriptors (as the host-descriptor path needs, for the Gluon kernel's 128-row blocks)."""
     hopper = flash_attn_hopper
     batch, seqlen, heads, headdim = q.shape
-    if not (q.shape == k.shape == v.shape == out.shape and headdim == hopper.HEAD_DIM
+    if not (q.shape == k.shape == v.shape == out.shape and headdim in hopper.HEAD_DIMS
             and seqlen % hopper.BLOCK_M == 0 and batch * heads <= 65535  # the grid's y limit
             and all(t.dtype == q.dtype for t in (k, v, out)) and q.dtype in (torch.float16, torch.bfloat16)):
         return False

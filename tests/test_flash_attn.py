@@ -295,7 +295,7 @@ def test_hopper_head_dim_128_paths_at_paper_lengths(causal, paths):
 
 def test_hopper_gluon_forward_scope():
     """The Gluon forward takes only what it implements: equal lengths in whole 128-row blocks,
-    head dim 128, fp16/bf16, exact 2D views; anything else keeps the Triton kernel."""
+    head dim 64 or 128, fp16/bf16, exact 2D views; anything else keeps the Triton kernel."""
     config = fa.HOPPER_FWD_CONFIGS[(128, False)]
 
     def path(q_shape, k_shape=None, dtype=torch.bfloat16, transpose=False):
@@ -309,7 +309,8 @@ def test_hopper_gluon_forward_scope():
     assert path((2, 1024, 4, 128), dtype=torch.float16) == fa.HOPPER_GLUON_PATH
     assert path((2, 1024, 4, 128), k_shape=(2, 2048, 4, 128)) != fa.HOPPER_GLUON_PATH  # unequal lengths
     assert path((2, 1000, 4, 128)) != fa.HOPPER_GLUON_PATH  # not whole blocks
-    assert path((2, 1024, 4, 64)) != fa.HOPPER_GLUON_PATH  # head dim 64: the Triton kernel
+    assert path((2, 1024, 4, 96)) != fa.HOPPER_GLUON_PATH  # head dims other than 64 and 128
+    assert path((2, 1024, 4, 256)) != fa.HOPPER_GLUON_PATH
     assert path((2, 1024, 4, 128), dtype=torch.float32) != fa.HOPPER_GLUON_PATH
     assert path((2, 1024, 4, 128), transpose=True) != fa.HOPPER_GLUON_PATH  # heads not side by side
     assert path((2, 512, 4, 128)) != fa.HOPPER_GLUON_PATH  # below hopper_gluon_min_keys
@@ -329,6 +330,15 @@ def test_hopper_gluon_forward_scope():
     assert fwd_memory_path(config, qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], out, False) == fa.HOPPER_GLUON_PATH
     padded = torch.empty(2, 1024, 4 * 128 + 64, dtype=torch.bfloat16)[..., :512].unflatten(-1, (4, 128))
     assert fwd_memory_path(config, padded, padded, padded, out, False) == fa.HOPPER_GLUON_PATH
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
+    """At head dim 64 the table takes the Gluon forward from 4096 keys, where it was measured."""
+    config = fa.HOPPER_FWD_CONFIGS[(64, causal)]
+    for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
+        q = torch.empty(16384 // seqlen, seqlen, 1, 64, dtype=torch.bfloat16)
+        assert (fwd_memory_path(config, q, q, q, q, causal) == fa.HOPPER_GLUON_PATH) == (seqlen >= 4096), seqlen
 
 
 def test_a_hopper_config_elsewhere_falls_back_to_the_triton_kernel(poisoned_allocations):
@@ -358,7 +368,7 @@ def test_hopper_gluon_forward_compiles_for_sm90():
     report = subprocess.run([sys.executable, str(root / "tools" / "compile_check_sm90.py"), "--hopper-gluon"],
                             capture_output=True, text=True, env=env, check=True).stdout
     lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel")]
-    assert len(lines) == 2, report
+    assert len(lines) == 4, report  # head dims 64 and 128, causal or not
     for line in lines:
         assert "warp-specialised yes" in line and "tma yes" in line, line
         assert "1" in re.search(r"wait_group values ([\d ]+)", line).group(1).split(), line
@@ -583,15 +593,16 @@ def test_gpu_forward_matches_reference(shape, causal, dtype, poisoned_allocation
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(2, 1024, 1024, 3, 128), (1, 4096, 4096, 2, 128), (4, 2048, 2048, 1, 128),
-                                   (1, 16384, 16384, 1, 128)],
+                                   (1, 16384, 16384, 1, 128), (2, 4096, 4096, 3, 64), (1, 8192, 8192, 2, 64)],
                          ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
 def test_gpu_hopper_gluon_forward_matches_reference(shape, causal, dtype, poisoned_allocations):
     """The Gluon forward (kernels/flash_attn_hopper.py), which the Hopper table takes at head dim
-    128 from 1k keys, against float64: several batches and heads, both causal modes."""
+    128 from 1k keys and 64 from 4k, against float64: several batches and heads, both causal modes."""
     if not fa._on_hopper(torch.device("cuda")):
         pytest.skip("the Gluon forward is compiled for Hopper (sm_90) only")
     q = torch.empty(shape[0], shape[1], shape[3], shape[4], dtype=dtype, device="cuda")
-    assert fwd_memory_path(fa.default_fwd_config(128, causal, q.device), q, q, q, q, causal) == fa.HOPPER_GLUON_PATH
+    config = fa.default_fwd_config(shape[4], causal, q.device)
+    assert fwd_memory_path(config, q, q, q, q, causal) == fa.HOPPER_GLUON_PATH
     check_forward(*shape, causal, dtype, "cuda")
 
 

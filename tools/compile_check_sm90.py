@@ -91,7 +91,7 @@ def gluon_descriptor_type(rows: int, headdim: int, dtype: str = "bf16") -> str:
     return f"tensordesc<{dtype}[{rows},{headdim}],{layout!r}>"
 
 
-def hopper_gluon_report(causal: bool, dtype: str = "bf16") -> str:
+def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
     """The Gluon forward (kernels/flash_attn_hopper.py) compiled for sm_90: shared memory,
     registers and spills (ptxas), and what makes it fast: warp specialisation (setmaxnreg), a
     wgmma left in flight (wait_group 1), TMA loads."""
@@ -100,7 +100,7 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16") -> str:
     from kernels import flash_attn_hopper as hopper
 
     def desc(rows):
-        return gluon_descriptor_type(rows, hopper.HEAD_DIM, dtype)
+        return gluon_descriptor_type(rows, headdim, dtype)
 
     signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
                  "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
@@ -116,7 +116,7 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16") -> str:
     os.unlink(f.name)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)))
-    return (f"_flash_fwd_hopper_kernel causal={causal!s:5s} {dtype} smem {compiled.metadata.shared} B  "
+    return (f"_flash_fwd_hopper_kernel d{headdim} causal={causal!s:5s} {dtype} smem {compiled.metadata.shared} B  "
             f"spill stores {spills.group(1) if spills else '?'} B  warp-specialised "
             f"{'yes' if 'setmaxnreg' in ptx else 'no'}  tma {'yes' if 'cp.async.bulk.tensor' in ptx else 'no'}  "
             f"wgmma wait_group values {' '.join(waits)}")
@@ -135,8 +135,11 @@ def main() -> None:
                         help="compile the Gluon forward (kernels/flash_attn_hopper.py) instead")
     args = parser.parse_args()
     if args.hopper_gluon:
-        for causal in (False, True):
-            print(hopper_gluon_report(causal))
+        from kernels import flash_attn_hopper as hopper
+
+        for headdim in hopper.HEAD_DIMS:
+            for causal in (False, True):
+                print(hopper_gluon_report(causal, headdim=headdim))
         return
     for hdim in args.hdim:
         block_d = fa.padded_headdim(hdim)
