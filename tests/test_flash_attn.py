@@ -119,6 +119,31 @@ def test_backward_matches_reference(shape, causal, poisoned_allocations):
     check_backward(*shape, causal, torch.float16, "cpu")
 
 
+@pytest.mark.parametrize("query_major", [False, True], ids=["key-major", "query-major"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 17, 17, 2, 16), (2, 113, 70, 1, 59), (1, 40, 97, 2, 64)],
+                         ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_backward_with_fused_dq_matches_reference(shape, causal, query_major, poisoned_allocations):
+    """dQ added by the dK/dV kernel (element-wise atomics here: the interpreter has no TMA
+    reduce) instead of the dQ kernel: ragged lengths both ways, both dK/dV layouts."""
+    fusing = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, fused_dq_min_rows=1, query_major=query_major)
+    check_backward(*shape, causal, torch.float16, "cpu", bwd_config=fusing)
+
+
+def test_fused_dq_follows_min_rows_and_deterministic():
+    config = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, fused_dq_min_rows=1024)
+    assert fa.bwd_fuses_dq(config, 1024) and not fa.bwd_fuses_dq(config, 1023)
+    assert not fa.bwd_fuses_dq(config, 4096, deterministic=True)
+    assert not fa.bwd_fuses_dq(fa.INTERPRETER_BWD_CONFIG, 4096)  # 0: never
+    assert all(not config.fused_dq_min_rows for config in fa.HOPPER_BWD_CONFIGS.values())  # measured slower
+
+
+def test_deterministic_must_be_a_bool():
+    q, k, v = make_qkv(1, 8, 8, 1, 16, torch.float16, "cpu")
+    with pytest.raises(TypeError, match="deterministic"):
+        flash_attn_func(q, k, v, deterministic=None)
+
+
 # The query-major dK/dV layout (the head-dim-256 production config on Hopper) with the
 # interpreter's block sizes: ragged lengths both ways, a head dim that is not a power of two.
 QUERY_MAJOR_BWD_CONFIG = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, query_major=True)
@@ -662,13 +687,34 @@ def test_reference_softmax_scale_default_is_inverse_sqrt_headdim():
 
 @pytest.mark.gpu
 def test_gpu_backward_is_deterministic_at_real_size():
-    """No atomics: five backward passes at a size that spans many programs agree bit for bit."""
+    """deterministic=True (the dQ kernel, no atomics), even with a config that would fuse dQ:
+    five backward passes at a size that spans many programs agree bit for bit."""
     q, k, v = make_qkv(2, 2048, 2048, 8, 128, torch.bfloat16, "cuda", requires_grad=True)
     dout = torch.randn_like(q)
-    first = torch.autograd.grad(flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
+    fusing = dataclasses.replace(fa.default_bwd_config(128, q.device), fused_dq_min_rows=1)
+
+    def grads():
+        out = flash_attn_func(q, k, v, causal=True, deterministic=True, bwd_config=fusing)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    first = grads()
     for _ in range(4):
-        again = torch.autograd.grad(flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
-        assert all(torch.equal(a, b) for a, b in zip(first, again))
+        assert all(torch.equal(a, b) for a, b in zip(first, grads()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 1024, 1024, 2, 64), (1, 4096, 4096, 2, 128), (1, 1100, 4200, 2, 128),
+                                   (1, 1500, 777, 2, 96)],
+                         ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_gpu_backward_with_fused_dq_matches_reference(shape, causal, dtype, poisoned_allocations):
+    """dQ fused into the dK/dV kernel (TMA reduce-adds into a float32 accumulator; the CPU tests
+    run its element-wise-atomic form): ragged lengths both ways (the descriptor drops rows past
+    seqlen_q), a head dim padded to 128, both causal modes."""
+    fusing = dataclasses.replace(fa.default_bwd_config(shape[4], torch.device("cuda")), fused_dq_min_rows=1)
+    assert fa.bwd_fuses_dq(fusing, shape[1]) and not fa.bwd_fuses_dq(fusing, shape[1], deterministic=True)
+    check_backward(*shape, causal, dtype, "cuda", bwd_config=fusing)
 
 
 def _tma_forward_in(run_in_thread: bool, allocator=None):
