@@ -11,11 +11,11 @@ Differences from flash-attn's CUDA kernels:
   dimension must be contiguous (other inputs are made contiguous first);
 * head dims that are not powers of two (59, 80, 96, 111, 160, ...) are padded inside the
   kernel to the next power of two with masked loads, not by copying inputs;
-* where the block table does not fuse dQ (`BwdConfig.fused_dq_min_rows`; off Hopper, short
-  sequences) or `deterministic=True`, the backward recomputes S and dP in a dQ pass (7 matmuls
-  instead of 5) so that dQ is written once by one program, bit-identical between runs; TFLOPs/s
-  always use the paper's count of 5 (baselines/flops.py). Fused, the dK/dV kernel adds dQ
-  into a float32 accumulator by TMA reduce-adds, as FlashAttention-3 does;
+* the backward recomputes S and dP in a dQ pass (7 matmuls instead of 5) so that dQ is written
+  once by one program, bit-identical between runs; TFLOPs/s always use the paper's count of 5
+  (baselines/flops.py). A config with `BwdConfig.fused_dq_min_rows` set instead has the dK/dV
+  kernel add dQ into a float32 accumulator (TMA reduce-adds, as FlashAttention-3 does) unless
+  `deterministic=True`; on the H200 that measured slower, so no shipped table sets it;
 * dropout, sliding windows, softcapping, ALiBi and GQA/MQA raise NotImplementedError.
 
 On Hopper the forward moves its tiles with TMA tensor descriptors where the block table asks
@@ -108,10 +108,11 @@ class BwdConfig:
     # dK/dV kernel, K and V in the dQ kernel), descriptors made per program and bounded at
     # (seqlen, head dim) like the forward's in-kernel path: no address registers per tile.
     tma: bool = False
-    # dQ added by the dK/dV kernel into a float32 accumulator (TMA reduce-adds; FA2 Alg. 2 as
-    # the paper has it: 5 matmuls, not 7) where flash_attn_backward's `deterministic` is False,
-    # from this many query rows (below, the zeroed accumulator and its cast cost more launches
-    # than the dQ kernel's recomputation). 0 = never: the dQ kernel, deterministic.
+    # From this many query rows, dQ added by the dK/dV kernel into a float32 accumulator (TMA
+    # reduce-adds; FA2 Alg. 2 as the paper has it: 5 matmuls, not 7) unless flash_attn_backward
+    # is asked to be deterministic. 0 = never: the dQ kernel. 0 in every table: on the H200 the
+    # fused backward (its best config per point) ran at 0.89-0.98x the speed of the two-kernel
+    # one at head dims 64 and 128, 1k-16k (perf_notes, "v6").
     fused_dq_min_rows: int = 0
 
     @property

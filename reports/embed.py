@@ -77,10 +77,12 @@ def kernel_vs_fa2_table(rows: pd.DataFrame, source: Path = KERNEL_VS_FA2_CSV) ->
     return "\n".join(lines)
 
 
-def file_section(path: Path, stop_at: str | None = None) -> str:
-    """A generated Markdown file, embedded as it is up to the heading `stop_at` (its own
-    headings demoted by one level)."""
+def file_section(path: Path, stop_at: str | None = None, start_at: str | None = None) -> str:
+    """A generated Markdown file, embedded as it is from the first line starting with `start_at`
+    up to the heading `stop_at` (its own headings demoted by one level)."""
     text = path.read_text().strip()
+    if start_at:
+        text = text[re.search("^" + re.escape(start_at), text, flags=re.MULTILINE).start():]
     if stop_at and stop_at in text:
         text = text[:text.index(stop_at)].strip()
     return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", text, flags=re.MULTILINE)
@@ -136,6 +138,54 @@ def backward_parts_table(path: Path) -> str:
     lines = ["| config | kernels timed | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
     for (config, part), values in wide.iterrows():
         lines.append(f"| {config} | {part} | " + " | ".join(f"{v:.3f}" for v in values) + " |")
+    return "\n".join(lines)
+
+
+def provider_ratio_table(sources: list[tuple[str, Path]], hdim: int, numerator: str, denominator: str) -> str:
+    """exp_fwd_gluon.py's rows: `numerator`'s TFLOPs/s over `denominator`'s, measured in the same
+    process, one line per source (a run, labelled) and one column per (seqlen, causal)."""
+    lines, header = [], None
+    for label, path in sources:
+        rows = pd.read_csv(path)
+        wide = rows[rows.hdim == hdim].pivot_table(index=["seqlen", "causal"], columns="provider", values="tflops")
+        ratio = wide[numerator] / wide[denominator]
+        if header is None:
+            header = [f"n{seqlen} {'causal' if causal else 'full'}" for seqlen, causal in ratio.index]
+            lines = ["| run | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+        lines.append(f"| {label} | " + " | ".join(f"{v:.2f}x" for v in ratio) + " |")
+    return "\n".join(lines)
+
+
+def fused_dq_prediction_table(paths: list[Path]) -> str:
+    """exp_bwd.py's rows of the two-kernel backward and the fused-dQ configs: the prediction (the
+    fused kernel running its 5 matmuls at the rate the dK/dV kernel runs its 4: 5/4 of the dK/dV
+    kernel's time, plus the preprocessing left out) against the best fused config measured."""
+    lines = [("| hdim | seqlen | causal | two kernels ms | dK/dV kernel ms | predicted fused ms | fused ms (best) "
+              "| fused speed vs two kernels |"), "|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        rows = pd.read_csv(path)
+        rows = rows[rows.status == "ok"].fillna({"part": "all"})
+        separate = rows[rows.config.str.endswith(",0,0,0")]
+        fused = rows[rows.config.str.endswith(",1") & (rows.part == "all")]
+        for (hdim, seqlen, causal), group in separate.groupby(["hdim", "seqlen", "causal"]):
+            whole = group[group.part == "all"].ms.iloc[0]
+            dkdv = group[group.part == "dkdv"].ms.iloc[0]
+            best = fused[(fused.seqlen == seqlen) & (fused.causal == causal)].ms.min()
+            lines.append(f"| {hdim} | {seqlen} | {causal} | {whole:.3f} | {dkdv:.3f} | {dkdv * 5 / 4:.3f} | "
+                         f"{best:.3f} | {whole / best:.2f}x |")
+    return "\n".join(lines)
+
+
+def counters_by_call_table(path: Path) -> str:
+    """tools/experiments/exp_bwd_dq_counters.py's rows: one column per profiled kernel launch
+    (which backward it belongs to, and the kernel), one line per Nsight Compute metric."""
+    rows = pd.read_csv(path, thousands=",")
+    header = [f"{call}: {kernel.removeprefix('_flash_bwd_').removesuffix('_kernel')}"
+              for call, kernel in zip(rows["call"], rows["Kernel Name"])]
+    lines = ["| metric | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for metric in rows.columns.drop(["call", "Kernel Name"]):
+        lines.append(f"| `{metric}` | " + " | ".join(f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+                                                     for v in rows[metric]) + " |")
     return "\n".join(lines)
 
 
@@ -312,6 +362,25 @@ SECTIONS = {
     "fwd_gluon_one_partition_bf16": lambda: provider_table(TUNING / "exp_fwd_gluon_a9646c6" / "exp_fwd_gluon_bf16.csv",
                                                            128),
     "compile_fwd_hopper": lambda: text_block(TUNING / "compile_check_hopper_gluon_sm90.txt"),
+    **{f"fwd_gluon_v6_d{h}_bf16": (lambda h=h: provider_table(TUNING / "exp_fwd_gluon_30e5a98" / "exp_fwd_gluon_bf16.csv",
+                                                                h)) for h in (128, 64)},
+    "compile_fwd_hopper_v6": lambda: text_block(TUNING / "compile_check_hopper_gluon_v6_sm90.txt"),
+    "fwd_gluon_v6_vs_v5": lambda: "\n\n".join(
+        f"Head dim {h}:\n\n" + provider_ratio_table([("30e5a98 bf16", TUNING / "exp_fwd_gluon_30e5a98" / "exp_fwd_gluon_bf16.csv")],
+                                                   h, "gluon-ws-s3", "gluon-ws-previous") for h in (128, 64)),
+    "fwd_gluon_same_kernel_twice": lambda: provider_ratio_table(
+        [("30e5a98 bf16", TUNING / "exp_fwd_gluon_30e5a98" / "exp_fwd_gluon_bf16.csv")], 128, "gluon-ws-s3", "fa2"),
+    "fwd_gluon_d64_vs_triton": lambda: provider_ratio_table(
+        [("6cef64c bf16", TUNING / "exp_fwd_gluon_6cef64c" / "exp_fwd_gluon_bf16.csv"),
+         ("6cef64c fp16", TUNING / "exp_fwd_gluon_6cef64c" / "exp_fwd_gluon_fp16.csv"),
+         ("30e5a98 bf16", TUNING / "exp_fwd_gluon_30e5a98" / "exp_fwd_gluon_bf16.csv")], 64, "gluon-ws-s3", "fa2"),
+    "bwd_fused_dq_prediction": lambda: fused_dq_prediction_table(
+        [TUNING / "exp_bwd_fused_dq_cd1510e" / f"exp_bwd_d{h}.csv" for h in (128, 64)]),
+    "counters_fwd_gluon": lambda: file_section(H200 / "counters_fwd_gluon" / "counters.md", start_at="### "),
+    **{f"bwd_fused_dq_d{h}": (lambda h=h: backward_parts_table(TUNING / "exp_bwd_fused_dq_cd1510e" / f"exp_bwd_d{h}.csv"))
+       for h in (128, 64)},
+    "compile_bwd_fused_dq": lambda: text_block(TUNING / "compile_check_bwd_fused_dq_sm90.txt"),
+    "bwd_dq_counters": lambda: counters_by_call_table(TUNING / "exp_bwd_dq_counters_eb2e8a9" / "exp_bwd_dq_counters.csv"),
     **{f"bwd_parts_d{h}": (lambda h=h: backward_parts_table(
         TUNING / f"exp_bwd_kernel_by_kernel_d{h}_seqlen4096_bf16.csv")) for h in (128, 256)},
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),

@@ -71,12 +71,14 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str
     os.unlink(f.name)
     registers = re.search(r"Used (\d+) registers", ptxas.stderr)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
-    mma = ("tma+" if "cp.async.bulk.tensor" in compiled.asm["ptx"] else "") + ("wgmma" if "wgmma" in compiled.asm["ptx"] else "mma.sync")
+    ptx = compiled.asm["ptx"]
+    mma = ("tma+" if "cp.async.bulk.tensor" in ptx else "") + ("wgmma" if "wgmma" in ptx else "mma.sync")
+    mma += "+tma-reduce" if "cp.reduce.async.bulk.tensor" in ptx else ""  # the fused dQ's adds
     path = f" {fa.FWD_MEMORY_PATHS[constexprs['TMA']]:10s}" if kernel is fa._flash_fwd_kernel else ""
     if kernel is fa._flash_bwd_dkdv_kernel:
         path = f" {'fused dQ' if constexprs['FUSED_DQ'] else 'dK/dV only':10s}"
     return (f"{kernel.fn.__name__:24s}{path} M{constexprs['BLOCK_M']:<4d} N{constexprs['BLOCK_N']:<4d} "
-            f"w{num_warps} s{num_stages}  {mma:8s} smem {compiled.metadata.shared:6d} B  "
+            f"w{num_warps} s{num_stages}  {mma:9s} smem {compiled.metadata.shared:6d} B  "
             f"regs {registers.group(1) if registers else '?':>3s}  spill stores "
             f"{spills.group(1) if spills else '?'} B")
 

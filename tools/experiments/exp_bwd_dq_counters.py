@@ -78,7 +78,7 @@ def main() -> None:
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
     if run.returncode != 0 or start is None:
         sys.exit(f"ncu failed (exit {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
-    table = pd.read_csv(io.StringIO("\n".join(lines[start:])), skiprows=[1])  # row 1: units
+    table = pd.read_csv(io.StringIO("\n".join(lines[start:])), skiprows=[1]).copy()  # row 1: units
     table["call"] = ["separate dQ", "separate dQ", "fused dQ"][: len(table)]
     keep = ["call", "Kernel Name", *METRICS]
     table = table[[c for c in keep if c in table.columns]]
