@@ -9,7 +9,7 @@ timeout 400 python3 -m pytest -q -m gpu tests/ > $R/gpu_tests_v6d.log 2>&1
 echo "rc=$?"; tail -4 $R/gpu_tests_v6d.log; pack
 if [ $SECONDS -lt 470 ]; then
   stage "perf tests"
-  timeout 60 python3 -m pytest -q -m perf tests/ > $R/v6d_perf_tests.log 2>&1
+  timeout 60 python3 -m pytest -q -m perf tests/test_perf.py --benchmark-json=$R/v6d_perf_benchmark.json > $R/v6d_perf_tests.log 2>&1
   echo "rc=$?"; tail -3 $R/v6d_perf_tests.log; pack
 fi
 if [ $SECONDS -lt 520 ]; then
