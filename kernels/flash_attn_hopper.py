@@ -25,6 +25,8 @@ Gluon has no CPU interpreter: the CPU tests compile this kernel for sm_90, the G
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -225,15 +227,21 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     ], [4, 1], [240, 24])
 
 
+@functools.cache
+def _tile_layout(rows: int, headdim: int, dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    """The shared-memory layout of a [rows, headdim] tile (computed once per shape and dtype: four
+    descriptors per launch would otherwise recompute it)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, headdim], gl.float16 if dtype == torch.float16 else gl.bfloat16)
+
+
 def _row_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """A (batch * seqlen, heads * head dim) 2D view of a (batch, seqlen, heads, head dim) tensor,
     `rows` rows per tile (the layout `flash_attn._flat_view_is_exact` checks)."""
     batch, seqlen, heads, headdim = t.shape
     if t.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"the Hopper forward takes float16 or bfloat16 tensors, got {t.dtype}")
-    dtype = gl.float16 if t.dtype == torch.float16 else gl.bfloat16
-    layout = gl.NVMMASharedLayout.get_default_for([rows, headdim], dtype)
-    return TensorDescriptor(t, [batch * seqlen, heads * headdim], [t.stride(1), 1], [rows, headdim], layout)
+    return TensorDescriptor(t, [batch * seqlen, heads * headdim], [t.stride(1), 1], [rows, headdim],
+                            _tile_layout(rows, headdim, t.dtype))
 
 
 def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:

@@ -10,7 +10,8 @@ For each provider and mode (fwd, bwd, fwd_bwd as `reports.timing` times them) it
 Where `host_ms` approaches or exceeds `gpu_ms`, the GPU can wait on the host between a call's
 launches, and do_bench's reading then includes host stalls (one 30-call sample per row: host
 time varies from run to run).
-With --profile, for fa2's fwd_bwd calls at the first shape: the top Python functions by own
+With --profile, for fa2's calls of the last --modes mode (fwd_bwd by default) at the first
+shape: the top Python functions by own
 time (cProfile), then torch.profiler's operator table for fa2 and each other provider (CPU time
 per operator and the CUDA kernels launched: copies or fills besides the attention kernels show
 up there).
@@ -64,7 +65,7 @@ def gpu_and_host_ms(fn, tensors=(), calls: int = CALLS) -> tuple[float, float, f
     return start.elapsed_time(end) / calls, host_total / calls, before.elapsed_time(start) - host_total
 
 
-def print_operator_table(name: str, fn, tensors, calls: int = 10) -> None:
+def print_operator_table(name: str, mode: str, fn, tensors, calls: int = 10) -> None:
     """torch.profiler over `calls` calls of fn (gradients cleared before each): CPU time and
     count per operator, and the CUDA kernels, sorted by CPU time."""
     from torch.profiler import ProfilerActivity, profile
@@ -77,7 +78,7 @@ def print_operator_table(name: str, fn, tensors, calls: int = 10) -> None:
                 t.grad = None
             fn()
         torch.cuda.synchronize()
-    print(f"== torch.profiler: {name}, {calls} fwd_bwd calls")
+    print(f"== torch.profiler: {name}, {calls} {mode} calls")
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60))
 
 
@@ -88,7 +89,8 @@ def main() -> None:
     ap.add_argument("--providers", nargs="+", default=["fa2", "sdpa-flash"])
     ap.add_argument("--modes", nargs="+", default=["fwd", "bwd", "fwd_bwd"])
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    ap.add_argument("--profile", action="store_true", help="cProfile fa2's fwd_bwd at the first shape")
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile fa2's calls of the last --modes mode at the first shape; torch.profiler for each provider")
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     record = CsvRows(Path(os.environ.get("OUT", ".")) / "exp_host_overhead.csv", lambda r: (
@@ -117,14 +119,14 @@ def main() -> None:
                         except Exception as exc:  # noqa: BLE001 -- a failing measurement is a row
                             row["status"] = f"error: {exc}"[:200]
                         record(**row)
-                        if not profiled and mode == "fwd_bwd":
+                        if not profiled and mode == args.modes[-1]:
                             if name == "fa2":
                                 profiler = cProfile.Profile()
                                 profiler.enable()
                                 gpu_and_host_ms(fn, (q, k, v))
                                 profiler.disable()
                                 pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
-                            print_operator_table(name, fn, (q, k, v))
+                            print_operator_table(name, mode, fn, (q, k, v))
                             profiled = name == args.providers[-1]
             del q, k, v
             torch.cuda.empty_cache()
