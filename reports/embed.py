@@ -374,6 +374,8 @@ SECTIONS = {
         [("6cef64c bf16", TUNING / "exp_fwd_gluon_6cef64c" / "exp_fwd_gluon_bf16.csv"),
          ("6cef64c fp16", TUNING / "exp_fwd_gluon_6cef64c" / "exp_fwd_gluon_fp16.csv"),
          ("30e5a98 bf16", TUNING / "exp_fwd_gluon_30e5a98" / "exp_fwd_gluon_bf16.csv")], 64, "gluon-ws-s3", "fa2"),
+    "host_time_gluon_fwd": lambda: host_time_table(TUNING / "exp_host_overhead_gluon_fwd_f5015f3" / "exp_host_overhead.csv",
+                                                   ("fwd",)),
     "bwd_fused_dq_prediction": lambda: fused_dq_prediction_table(
         [TUNING / "exp_bwd_fused_dq_cd1510e" / f"exp_bwd_d{h}.csv" for h in (128, 64)]),
     "counters_fwd_gluon": lambda: file_section(H200 / "counters_fwd_gluon" / "counters.md", start_at="### "),
