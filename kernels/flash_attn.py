@@ -111,7 +111,7 @@ class BwdConfig:
     # From this many query rows, dQ added by the dK/dV kernel into a float32 accumulator (TMA
     # reduce-adds; FA2 Alg. 2 as the paper has it: 5 matmuls, not 7) unless flash_attn_backward
     # is asked to be deterministic. 0 = never: the dQ kernel. 0 in every table: on the H200 the
-    # fused backward (its best config per point) ran at 0.89-0.98x the speed of the two-kernel
+    # fused backward (its best config per point) ran at 0.89-0.99x the speed of the two-kernel
     # one at head dims 64 and 128, 1k-16k (perf_notes, "v6").
     fused_dq_min_rows: int = 0
 
@@ -136,9 +136,9 @@ HOPPER_FWD_CONFIGS = {
     (16, True): FwdConfig(128, 64, 8, 3),
     (32, False): FwdConfig(128, 64, 4, 3),
     (32, True): FwdConfig(128, 64, 8, 3),
-    # head dim 64 from 4096 keys: the Gluon forward (below for 128), 1.03-1.09x this kernel at
-    # 4k and 16k in bf16 (two runs) and fp16 (one), 0.97x once (perf_notes, "v6"); not measured
-    # below 4k, so not taken there.
+    # head dim 64 from 4096 keys: the Gluon forward (below for 128). Against this kernel, same
+    # process, three runs (bf16 twice, fp16 once): 0.97-1.05x at 4k, 1.03-1.10x at 16k
+    # (perf_notes, "v6"); 8k not timed in that A/B; not measured below 4k, so not taken there.
     (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=4096),
     (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096),
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
