@@ -927,9 +927,9 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     dq_acc = dq  # unused by the dK/dV kernel unless dQ is fused
     if bwd_fuses_dq(cfg, seqlen_q, deterministic):
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        # TMA reduce-adds, else element-wise atomics (and in Triton's CPU interpreter, which has no
-        # descriptor reduce)
-        fused_dq = 2 if q.is_cuda and tma_compatible(dq_acc) else 1
+        # TMA reduce-adds on Hopper, else element-wise atomics (also in Triton's CPU interpreter,
+        # which has no descriptor reduce)
+        fused_dq = 2 if q.is_cuda and _on_hopper(q.device) and tma_compatible(dq_acc) else 1
         if fused_dq == 2:
             _ensure_descriptor_allocator()
     _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
@@ -1013,10 +1013,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     bfloat16 (or float32). Returns out (batch, seqlen_q, heads, headdim), or with
     `return_attn_probs=True` the tuple (out, softmax_lse, S_dmask) where softmax_lse is
     (batch, heads, seqlen_q) float32 and S_dmask is None (flash-attn returns its dropout
-    pattern there; this kernel has no dropout). `deterministic=False` lets the backward add dQ
-    with atomics where its config fuses dQ into the dK/dV kernel (Hopper, `BwdConfig.
-    fused_dq_min_rows`): rounding then differs from run to run, as in flash-attn;
-    `deterministic=True` gives bit-identical gradients (a separate dQ pass). `fwd_config`/`bwd_config`
+    pattern there; this kernel has no dropout). `deterministic` matters only with a `bwd_config`
+    that fuses dQ into the dK/dV kernel (`BwdConfig.fused_dq_min_rows`; no shipped table does):
+    then `deterministic=False` adds dQ with atomics, whose rounding differs from run to run as in
+    flash-attn, and `deterministic=True` keeps the separate dQ pass (bit-identical gradients). `fwd_config`/`bwd_config`
     override the block-size table (benchmarks use them; results are identical up to rounding).
     """
     _check_unimplemented(dropout_p, window_size, softcap, alibi_slopes)

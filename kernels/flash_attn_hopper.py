@@ -41,7 +41,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64
 BLOCK_N = 128  # keys per block
-STAGES = 3  # K/V blocks in flight (shared memory: Q 32 KiB + 3 x 64 KiB of K and V)
+STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 x 64 KiB of K and V; half at 64)
 HEAD_DIMS = (64, 128)  # the head dims it serves (flash_attn.hopper_forward_applies)
 LOG2E = 1.4426950408889634
 

@@ -82,7 +82,10 @@ def file_section(path: Path, stop_at: str | None = None, start_at: str | None = 
     up to the heading `stop_at` (its own headings demoted by one level)."""
     text = path.read_text().strip()
     if start_at:
-        text = text[re.search("^" + re.escape(start_at), text, flags=re.MULTILINE).start():]
+        start = re.search("^" + re.escape(start_at), text, flags=re.MULTILINE)
+        if start is None:
+            raise ValueError(f"{path}: no line starts with {start_at!r}")
+        text = text[start.start():]
     if stop_at and stop_at in text:
         text = text[:text.index(stop_at)].strip()
     return re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", text, flags=re.MULTILINE)
@@ -370,6 +373,8 @@ SECTIONS = {
                                                    h, "gluon-ws-s3", "gluon-ws-previous") for h in (128, 64)),
     "fwd_gluon_same_kernel_twice": lambda: provider_ratio_table(
         [("30e5a98 bf16", TUNING / "exp_fwd_gluon_30e5a98" / "exp_fwd_gluon_bf16.csv")], 128, "gluon-ws-s3", "fa2"),
+    # `fa2` was the Triton forward at head dim 64 in these runs (before the table took the Gluon
+    # kernel there); later runs name the Triton forward `fa2-triton`
     "fwd_gluon_d64_vs_triton": lambda: provider_ratio_table(
         [("6cef64c bf16", TUNING / "exp_fwd_gluon_6cef64c" / "exp_fwd_gluon_bf16.csv"),
          ("6cef64c fp16", TUNING / "exp_fwd_gluon_6cef64c" / "exp_fwd_gluon_fp16.csv"),

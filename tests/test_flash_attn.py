@@ -119,15 +119,53 @@ def test_backward_matches_reference(shape, causal, poisoned_allocations):
     check_backward(*shape, causal, torch.float16, "cpu")
 
 
+class LaunchSpy:
+    """Stands in for a jitted kernel (monkeypatched onto the module): records each launch's
+    keyword arguments, then launches the real kernel."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+def spy_backward_kernels(monkeypatch):
+    """(dK/dV kernel spy, dQ kernel spy), both in place in kernels.flash_attn."""
+    spies = LaunchSpy(fa._flash_bwd_dkdv_kernel), LaunchSpy(fa._flash_bwd_dq_kernel)
+    monkeypatch.setattr(fa, "_flash_bwd_dkdv_kernel", spies[0])
+    monkeypatch.setattr(fa, "_flash_bwd_dq_kernel", spies[1])
+    return spies
+
+
 @pytest.mark.parametrize("query_major", [False, True], ids=["key-major", "query-major"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", [(1, 17, 17, 2, 16), (2, 113, 70, 1, 59), (1, 40, 97, 2, 64)],
+@pytest.mark.parametrize("shape", [(1, 17, 17, 2, 16), (2, 113, 70, 1, 59), (1, 40, 97, 2, 64),
+                                   (1, 64, 64, 2, 16)],  # whole blocks: the unmasked atomics
                          ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
-def test_backward_with_fused_dq_matches_reference(shape, causal, query_major, poisoned_allocations):
+def test_backward_with_fused_dq_matches_reference(shape, causal, query_major, poisoned_allocations, monkeypatch):
     """dQ added by the dK/dV kernel (element-wise atomics here: the interpreter has no TMA
-    reduce) instead of the dQ kernel: ragged lengths both ways, both dK/dV layouts."""
+    reduce) instead of the dQ kernel, which must not run: ragged lengths both ways, whole blocks,
+    both dK/dV layouts."""
+    dkdv, dq = spy_backward_kernels(monkeypatch)
     fusing = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, fused_dq_min_rows=1, query_major=query_major)
     check_backward(*shape, causal, torch.float16, "cpu", bwd_config=fusing)
+    assert [launch["FUSED_DQ"] for launch in dkdv.launches] == [1] and not dq.launches
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_reaches_the_backward(deterministic, monkeypatch):
+    """flash_attn_func's `deterministic` decides, with a config that fuses dQ, whether the dQ
+    kernel runs (True) or the dK/dV kernel adds dQ (False)."""
+    dkdv, dq = spy_backward_kernels(monkeypatch)
+    fusing = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, fused_dq_min_rows=1)
+    q, k, v = make_qkv(1, 32, 32, 1, 16, torch.float16, "cpu", requires_grad=True)
+    flash_attn_func(q, k, v, bwd_config=fusing, deterministic=deterministic).sum().backward()
+    assert [launch["FUSED_DQ"] for launch in dkdv.launches] == [0 if deterministic else 1]
+    assert len(dq.launches) == (1 if deterministic else 0)
 
 
 def test_fused_dq_follows_min_rows_and_deterministic():
@@ -135,7 +173,7 @@ def test_fused_dq_follows_min_rows_and_deterministic():
     assert fa.bwd_fuses_dq(config, 1024) and not fa.bwd_fuses_dq(config, 1023)
     assert not fa.bwd_fuses_dq(config, 4096, deterministic=True)
     assert not fa.bwd_fuses_dq(fa.INTERPRETER_BWD_CONFIG, 4096)  # 0: never
-    assert all(not config.fused_dq_min_rows for config in fa.HOPPER_BWD_CONFIGS.values())  # measured slower
+    assert all(not table_entry.fused_dq_min_rows for table_entry in fa.HOPPER_BWD_CONFIGS.values())  # measured slower
 
 
 def test_deterministic_must_be_a_bool():
@@ -394,6 +432,8 @@ def test_hopper_gluon_forward_compiles_for_sm90():
                             capture_output=True, text=True, env=env, check=True).stdout
     lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel")]
     assert len(lines) == 4, report  # head dims 64 and 128, causal or not
+    # v6: the causal flag at compile time left the non-causal head-dim-128 kernel without spills
+    assert "spill stores 0 B" in next(line for line in lines if "d128 causal=False" in line), report
     for line in lines:
         assert "warp-specialised yes" in line and "tma yes" in line, line
         assert "1" in re.search(r"wait_group values ([\d ]+)", line).group(1).split(), line
@@ -708,13 +748,15 @@ def test_gpu_backward_is_deterministic_at_real_size():
 @pytest.mark.parametrize("shape", [(2, 1024, 1024, 2, 64), (1, 4096, 4096, 2, 128), (1, 1100, 4200, 2, 128),
                                    (1, 1500, 777, 2, 96)],
                          ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
-def test_gpu_backward_with_fused_dq_matches_reference(shape, causal, dtype, poisoned_allocations):
-    """dQ fused into the dK/dV kernel (TMA reduce-adds into a float32 accumulator; the CPU tests
-    run its element-wise-atomic form): ragged lengths both ways (the descriptor drops rows past
-    seqlen_q), a head dim padded to 128, both causal modes."""
+def test_gpu_backward_with_fused_dq_matches_reference(shape, causal, dtype, poisoned_allocations, monkeypatch):
+    """dQ fused into the dK/dV kernel (TMA reduce-adds into a float32 accumulator on Hopper,
+    element-wise atomics elsewhere; the CPU tests run the atomic form): ragged lengths both ways
+    (the descriptor drops rows past seqlen_q), a head dim padded to 128, both causal modes."""
+    dkdv, dq = spy_backward_kernels(monkeypatch)
     fusing = dataclasses.replace(fa.default_bwd_config(shape[4], torch.device("cuda")), fused_dq_min_rows=1)
-    assert fa.bwd_fuses_dq(fusing, shape[1]) and not fa.bwd_fuses_dq(fusing, shape[1], deterministic=True)
     check_backward(*shape, causal, dtype, "cuda", bwd_config=fusing)
+    expected = 2 if fa._on_hopper(torch.device("cuda")) else 1
+    assert [launch["FUSED_DQ"] for launch in dkdv.launches] == [expected] and not dq.launches
 
 
 def _tma_forward_in(run_in_thread: bool, allocator=None):

@@ -78,7 +78,7 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str
     if kernel is fa._flash_bwd_dkdv_kernel:
         path = f" {'fused dQ' if constexprs['FUSED_DQ'] else 'dK/dV only':10s}"
     return (f"{kernel.fn.__name__:24s}{path} M{constexprs['BLOCK_M']:<4d} N{constexprs['BLOCK_N']:<4d} "
-            f"w{num_warps} s{num_stages}  {mma:9s} smem {compiled.metadata.shared:6d} B  "
+            f"w{num_warps} s{num_stages}  {mma:16s} smem {compiled.metadata.shared:6d} B  "
             f"regs {registers.group(1) if registers else '?':>3s}  spill stores "
             f"{spills.group(1) if spills else '?'} B")
 

@@ -3,8 +3,9 @@
 Times SDPA flash and cuDNN's backward, the production backward (deterministic: the dQ kernel),
 and each BwdConfig given (all three kernels, then the dK/dV kernel alone, then the dQ kernel
 alone; a config that fuses dQ into the dK/dV kernel, field 11 `fused_dq_min_rows` > 0, only as
-a whole, through flash_attn_backward). Each config's dq/dk/dv are checked against the
-deterministic production backward's first. Rows go to $OUT/exp_bwd.csv.
+a whole, through flash_attn_backward, whose time then includes zeroing the float32 dQ
+accumulator and casting it). Each config's dq/dk/dv are checked against the deterministic
+production backward's first. Rows go to $OUT/exp_bwd.csv.
 Session 3 used it (as `kmajor:`/`qmajor:` variants of a copy of the kernel, since folded into
 BwdConfig.query_major) to find the head-dim-256 backward (reports/h200/perf_notes.md, v3).
 
@@ -68,7 +69,7 @@ def main():
     ap.add_argument("--hdims", type=int, nargs="+", default=[256])
     ap.add_argument("--seqlens", type=int, nargs="+", default=[4096])
     ap.add_argument("--configs", nargs="+", required=True,
-                    help="BwdConfig fields: M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA]")
+                    help="BwdConfig fields: M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA,FUSED_DQ_MIN_ROWS]")
     args = ap.parse_args()
     record = CsvRows(Path(os.environ.get("OUT", ".")) / "exp_bwd.csv", lambda row: (
         f"s{row['seqlen']:<5d} d{row['hdim']:<3d} c={row['causal']!s:5s} {row['config']:<44s} "

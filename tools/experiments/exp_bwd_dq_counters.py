@@ -79,7 +79,9 @@ def main() -> None:
     if run.returncode != 0 or start is None:
         sys.exit(f"ncu failed (exit {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
     table = pd.read_csv(io.StringIO("\n".join(lines[start:])), skiprows=[1]).copy()  # row 1: units
-    table["call"] = ["separate dQ", "separate dQ", "fused dQ"][: len(table)]
+    # launch order: the two-kernel backward's dK/dV and dQ kernels, then the fused dK/dV kernel
+    dkdv_seen = (table["Kernel Name"] == "_flash_bwd_dkdv_kernel").cumsum()
+    table["call"] = ["fused dQ" if seen > 1 else "separate dQ" for seen in dkdv_seen]
     keep = ["call", "Kernel Name", *METRICS]
     table = table[[c for c in keep if c in table.columns]]
     out = Path(os.environ.get("OUT", ".")) / "exp_bwd_dq_counters.csv"

@@ -316,9 +316,9 @@ def load_previous_forward(path: Path):
     spec.loader.exec_module(module)
     runtime_flag = "causal" in module._flash_fwd_hopper_kernel.arg_names
 
-    def forward(q, k, v, softmax_scale, causal, stages=3, poison=False):
+    def forward(q, k, v, softmax_scale, causal, stages=3):
         batch, seqlen, heads, _ = q.shape
-        out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)
+        out = torch.empty_like(q)
         lse = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
         flag = (int(causal),) if runtime_flag else ()
         module._flash_fwd_hopper_kernel[(seqlen // module.BLOCK_M, batch * heads)](
@@ -330,21 +330,28 @@ def load_previous_forward(path: Path):
     return forward
 
 
-def time_all(dtype_name: str, out_csv: Path, previous: Path | None = None) -> None:
+def time_all(dtype_name: str, out_csv: Path, previous: Path | None = None,
+             shapes: tuple[tuple[int, tuple[int, ...]], ...] = ((128, (1024, 2048, 4096, 8192, 16384)),
+                                                               (64, (4096, 16384)))) -> None:
     """TFLOPs/s of the Gluon forwards (warp-specialised at 2 and 3 stages, one partition at 3),
-    the production Triton forward, SDPA flash and SDPA cuDNN, same process, paper shapes (hidden 2048, batch = 16384 / seqlen)."""
+    the production forward (`fa2`: the Gluon kernel where the table takes it), the Triton
+    forward (`fa2-triton`: the table's config with the Gluon kernel switched off), SDPA flash and
+    SDPA cuDNN, same process, paper shapes (hidden 2048, batch = 16384 / seqlen) for each
+    (head dim, seqlens) of `shapes`."""
+    from dataclasses import replace
+
     import pandas as pd
 
     from baselines.flops import attention_flops, tflops_per_second
     from baselines.providers import get_provider
-    from kernels.flash_attn import flash_attn_forward
+    from kernels.flash_attn import default_fwd_config, flash_attn_forward
     from reports.timing import benchmark
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     device = torch.device("cuda")
     rows = []
     previous_forward = load_previous_forward(previous) if previous else None
-    for d, seqlens in ((128, (1024, 2048, 4096, 8192, 16384)), (64, (4096, 16384))):
+    for d, seqlens in shapes:
         for seqlen in seqlens:
             batch, heads = 16384 // seqlen, 2048 // d
             q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=dtype) for _ in range(3))
@@ -356,6 +363,8 @@ def time_all(dtype_name: str, out_csv: Path, previous: Path | None = None) -> No
                     "gluon-ws-s3": partial(gluon_forward_ws, q, k, v, scale, causal, 3),
                     "gluon-s3": partial(gluon_forward, q, k, v, scale, causal, 3),
                     "fa2": partial(flash_attn_forward, q, k, v, scale, causal),
+                    "fa2-triton": partial(flash_attn_forward, q, k, v, scale, causal,
+                                          replace(default_fwd_config(d, causal, device), hopper_gluon_min_keys=0)),
                     "sdpa-flash": partial(get_provider("sdpa-flash").forward, q, k, v, causal, scale),
                     "sdpa-cudnn": partial(get_provider("sdpa-cudnn").forward, q, k, v, causal, scale),
                 }
@@ -384,13 +393,18 @@ def main() -> None:
     parser.add_argument("--previous", type=Path, metavar="PY",
                         help="with --time: also time this earlier copy of kernels/flash_attn_hopper.py "
                              "(as gluon-ws-previous, 3 stages)")
+    parser.add_argument("--hdims", type=int, nargs="+", choices=[64, 128], default=[128, 64],
+                        help="with --time: head dims (default: 128 at 1k-16k, 64 at 4k and 16k)")
+    parser.add_argument("--seqlens", type=int, nargs="+", help="with --time: these seqlens at every head dim")
     args = parser.parse_args()
     if args.compile_only:
         compile_report()
     elif args.check:
         check(args.check, tuple(args.variants))
     elif args.time:
-        time_all(args.time, Path(os.environ.get("OUT", ".")) / f"exp_fwd_gluon_{args.time}.csv", args.previous)
+        default_seqlens = {128: (1024, 2048, 4096, 8192, 16384), 64: (4096, 16384)}
+        shapes = tuple((d, tuple(args.seqlens) if args.seqlens else default_seqlens[d]) for d in args.hdims)
+        time_all(args.time, Path(os.environ.get("OUT", ".")) / f"exp_fwd_gluon_{args.time}.csv", args.previous, shapes)
     else:
         parser.error("give --compile-only, --check DTYPE or --time DTYPE")
 
