@@ -137,8 +137,9 @@ HOPPER_FWD_CONFIGS = {
     (32, False): FwdConfig(128, 64, 4, 3),
     (32, True): FwdConfig(128, 64, 8, 3),
     # head dim 64 from 4096 keys: the Gluon forward (below for 128). Against this kernel, same
-    # process, three runs (bf16 twice, fp16 once): 0.97-1.05x at 4k, 1.03-1.10x at 16k
-    # (perf_notes, "v6"); 8k not timed in that A/B; not measured below 4k, so not taken there.
+    # process, four runs (bf16 and fp16 twice each): 0.97-1.05x at 4k, 1.01-1.05x at 8k (one run
+    # per dtype), 1.03-1.10x at 16k; at 2k 0.97-1.04x, slower causal, so not taken there
+    # (perf_notes, "v6").
     (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=4096),
     (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096),
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA

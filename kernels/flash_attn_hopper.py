@@ -19,7 +19,7 @@ which warps do what and when a matmul is waited for. This kernel (FA3, Shah et a
 Scope (`flash_attn.fwd_memory_path` picks this path, "gluon-ws", only where
 `hopper_forward_applies` holds, and `flash_attn_forward` only on an sm_90 device): query and key
 lengths equal and whole 128-row blocks; head dim 128 (from 1k keys) or 64 (from 4k keys, where
-it measured 0.97-1.10x the Triton kernel, faster on average); fp16 or bf16; each tensor a
+it measured 0.97-1.10x the Triton kernel, faster on average; at 2k causal it was slower); fp16 or bf16; each tensor a
 (batch * seqlen, heads * head dim) 2D view with rows that do not overlap.
 Gluon has no CPU interpreter: the CPU tests compile this kernel for sm_90, the GPU tests run it.
 """

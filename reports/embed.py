@@ -381,6 +381,9 @@ SECTIONS = {
          ("30e5a98 bf16", TUNING / "exp_fwd_gluon_30e5a98" / "exp_fwd_gluon_bf16.csv")], 64, "gluon-ws-s3", "fa2"),
     "host_time_gluon_fwd": lambda: host_time_table(TUNING / "exp_host_overhead_gluon_fwd_f5015f3" / "exp_host_overhead.csv",
                                                    ("fwd",)),
+    "fwd_gluon_d64_vs_triton_3cc3be2": lambda: provider_ratio_table(
+        [(f"3cc3be2 {dtype}", TUNING / "exp_fwd_gluon_3cc3be2" / f"exp_fwd_gluon_{dtype}.csv") for dtype in ("bf16", "fp16")],
+        64, "gluon-ws-s3", "fa2-triton"),
     "bwd_fused_dq_prediction": lambda: fused_dq_prediction_table(
         [TUNING / "exp_bwd_fused_dq_cd1510e" / f"exp_bwd_d{h}.csv" for h in (128, 64)]),
     "counters_fwd_gluon": lambda: file_section(H200 / "counters_fwd_gluon" / "counters.md", start_at="### "),
