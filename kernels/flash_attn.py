@@ -15,7 +15,7 @@ Differences from flash-attn's CUDA kernels:
   once by one program, bit-identical between runs; TFLOPs/s always use the paper's count of 5
   (baselines/flops.py). A config with `BwdConfig.fused_dq_min_rows` set instead has the dK/dV
   kernel add dQ into a float32 accumulator (TMA reduce-adds, as FlashAttention-3 does) unless
-  `deterministic=True`; on the H200 that measured slower, so no shipped table sets it;
+  `deterministic=True`; on the H200 that measured no faster, so no shipped table sets it;
 * dropout, sliding windows, softcapping, ALiBi and GQA/MQA raise NotImplementedError.
 
 On Hopper the forward moves its tiles with TMA tensor descriptors where the block table asks
@@ -111,7 +111,7 @@ class BwdConfig:
     # From this many query rows, dQ added by the dK/dV kernel into a float32 accumulator (TMA
     # reduce-adds; FA2 Alg. 2 as the paper has it: 5 matmuls, not 7) unless flash_attn_backward
     # is asked to be deterministic. 0 = never: the dQ kernel. 0 in every table: on the H200 the
-    # fused backward (its best config per point) ran at 0.89-0.99x the speed of the two-kernel
+    # fused backward (its best config per point) ran at 0.90-1.00x the speed of the two-kernel
     # one at head dims 64 and 128, 1k-16k (perf_notes, "v6").
     fused_dq_min_rows: int = 0
 

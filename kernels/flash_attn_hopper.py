@@ -244,15 +244,16 @@ def _row_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
                             _tile_layout(rows, headdim, t.dtype))
 
 
-def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: bool) -> None:
+def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: bool, stages: int = STAGES) -> None:
     """Write O into `out` and the natural-log logsumexp into `lse` (batch, heads, seqlen); the
-    caller (flash_attn.flash_attn_forward) has checked the scope above."""
+    caller (flash_attn.flash_attn_forward) has checked the scope above. `stages`: K/V blocks in
+    flight (experiments time other counts)."""
     batch, seqlen, heads, _ = q.shape
     grid = (seqlen // BLOCK_M, batch * heads)
     _flash_fwd_hopper_kernel[grid](
         _row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
         _row_descriptor(out, BLOCK_M // 2), lse, heads, seqlen, softmax_scale * LOG2E,
-        STAGES=STAGES, CAUSAL=causal,
+        STAGES=stages, CAUSAL=causal,
         # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
         # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
         num_warps=4, maxnreg=168,

@@ -48,6 +48,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from kernels.flash_attn_hopper import _softmax_step  # FA2 Alg. 1 line 9, shared with the production kernel
+
 
 @gluon.jit
 def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, stage, block, kv_row0, col0, n_blocks,
@@ -59,22 +61,6 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, stage, block, kv_row0
     tma.async_copy_global_to_shared(k_desc, [row, col0], k_bar.index(stage), k_smem.index(stage), pred=needed)
     mbarrier.expect(v_bar.index(stage), v_desc.block_type.nbytes, pred=needed)
     tma.async_copy_global_to_shared(v_desc, [row, col0], v_bar.index(stage), v_smem.index(stage), pred=needed)
-
-
-@gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr,
-                  CAUSAL: gl.constexpr):
-    """FA2 Alg. 1 line 9 on unscaled scores S: P~ = exp2(S * scale - m_new), the rescale factor
-    exp2(m_old - m_new) and l; causal masking on the diagonal block only (the last one)."""
-    if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
-        if block == n_blocks - 1:
-            visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
-            s = gl.where(visible, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, l_i, m_new
 
 
 @gluon.jit
@@ -187,11 +173,7 @@ def gluon_forward_ws(q, k, v, softmax_scale: float, causal: bool, stages: int = 
     batch, seqlen, heads, _ = q.shape
     out = torch.full_like(q, float("nan")) if poison else torch.empty_like(q)
     lse = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
-    grid = (seqlen // hopper.BLOCK_M, batch * heads)
-    hopper._flash_fwd_hopper_kernel[grid](
-        hopper._row_descriptor(q, hopper.BLOCK_M // 2), hopper._row_descriptor(k, hopper.BLOCK_N),
-        hopper._row_descriptor(v, hopper.BLOCK_N), hopper._row_descriptor(out, hopper.BLOCK_M // 2), lse, heads,
-        seqlen, softmax_scale * hopper.LOG2E, STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
+    hopper.flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale, causal, stages)
     return out, lse
 
 
@@ -307,24 +289,20 @@ def check(dtype_name: str, variants: tuple[str, ...] = ("ws", "one")) -> None:
 
 def load_previous_forward(path: Path):
     """A previous version of kernels/flash_attn_hopper.py (e.g. `git show fd7e67e:kernels/flash_attn_hopper.py
-    > results/v5_flash_attn_hopper.py`, carried to the device), as a call like gluon_forward_ws's at
-    3 stages, for a same-run A/B. v5's kernel takes the causal flag again as a run-time int."""
+    > results/v5_flash_attn_hopper.py`, carried to the device), called through its own launcher
+    (`flash_attn_forward_hopper`, at its own STAGES: 3 in v5), for a same-run A/B. It is imported
+    from the file, so its kernel compiles as it was then."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("previous_flash_attn_hopper", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    runtime_flag = "causal" in module._flash_fwd_hopper_kernel.arg_names
 
-    def forward(q, k, v, softmax_scale, causal, stages=3):
+    def forward(q, k, v, softmax_scale, causal):
         batch, seqlen, heads, _ = q.shape
         out = torch.empty_like(q)
         lse = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
-        flag = (int(causal),) if runtime_flag else ()
-        module._flash_fwd_hopper_kernel[(seqlen // module.BLOCK_M, batch * heads)](
-            module._row_descriptor(q, module.BLOCK_M // 2), module._row_descriptor(k, module.BLOCK_N),
-            module._row_descriptor(v, module.BLOCK_N), module._row_descriptor(out, module.BLOCK_M // 2), lse, heads,
-            seqlen, softmax_scale * module.LOG2E, *flag, STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
+        module.flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale, causal)
         return out, lse
 
     return forward
@@ -358,7 +336,7 @@ def time_all(dtype_name: str, out_csv: Path, previous: Path | None = None,
             scale = d ** -0.5
             for causal in (False, True):
                 calls = {
-                    **({"gluon-ws-previous": partial(previous_forward, q, k, v, scale, causal, 3)} if previous else {}),
+                    **({"gluon-ws-previous": partial(previous_forward, q, k, v, scale, causal)} if previous else {}),
                     "gluon-ws-s2": partial(gluon_forward_ws, q, k, v, scale, causal, 2),
                     "gluon-ws-s3": partial(gluon_forward_ws, q, k, v, scale, causal, 3),
                     "gluon-s3": partial(gluon_forward, q, k, v, scale, causal, 3),
@@ -392,7 +370,7 @@ def main() -> None:
                         help="which Gluon forwards --check runs")
     parser.add_argument("--previous", type=Path, metavar="PY",
                         help="with --time: also time this earlier copy of kernels/flash_attn_hopper.py "
-                             "(as gluon-ws-previous, 3 stages)")
+                             "(as gluon-ws-previous, through its own launcher)")
     parser.add_argument("--hdims", type=int, nargs="+", choices=[64, 128], default=[128, 64],
                         help="with --time: head dims (default: 128 at 1k-16k, 64 at 4k and 16k)")
     parser.add_argument("--seqlens", type=int, nargs="+", help="with --time: these seqlens at every head dim")
