@@ -258,3 +258,188 @@ def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: b
         # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
         num_warps=4, maxnreg=168,
     )
+
+
+# --------------------------------------------------------------------------------------
+# Backward: the dK/dV kernel (FA2 Alg. 2 lines 5-16 without line 13) in FA3's layout
+# --------------------------------------------------------------------------------------
+BWD_BLOCK_M = 64  # query rows per step of the key block's loop
+BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
+BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB)
+
+
+@gluon.jit
+def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
+                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
+                        softmax_scale, qk_scale, CAUSAL: gl.constexpr):
+    """One warp: FA2 Alg. 2 line 6 (K_j, V_j, as two 64-key halves, once) and line 8's loads of
+    Q_i and dO_i, each query step into the ring stage both consumers have released."""
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+    for half in gl.static_range(2):
+        kv_row = row0 + start_n + half * ROWS
+        tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
+        tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
+    for step in range(n_steps):
+        stage = step % STAGES
+        # a fresh mbarrier counts as having completed the phase before its first
+        mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
+        row = row0 + first_m + step * BLOCK_M
+        mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [row, col0], q_bar.index(stage), q_smem.index(stage))
+        mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [row, col0], do_bar.index(stage), do_smem.index(stage))
+
+
+@gluon.jit
+def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
+                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
+                        softmax_scale, qk_scale, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+    """One consumer warpgroup: FA2 Alg. 2 lines 7-16 for keys [HALF * 64, HALF * 64 + 64) of the
+    block, key-major (every matmul has these keys as M, K_j and V_j are shared-memory operands).
+    Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV matmul."""
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    k_buf = k_smem.index(HALF)
+    v_buf = v_smem.index(HALF)
+
+    kv_row = row0 + start_n + HALF * ROWS  # this half's first key row in the descriptors
+    offs_n = start_n + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    offs_m_base = gl.arange(0, BLOCK_M, layout=col_layout)
+    LSE += pid_bh.to(gl.int64) * seqlen
+    Delta += pid_bh.to(gl.int64) * seqlen
+    # line 7: dK_j = dV_j = 0
+    dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+    s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
+    mbarrier.wait(kv_bar, 0)
+    for step in range(n_steps):
+        stage = step % STAGES
+        phase = (step // STAGES) & 1
+        offs_m = first_m + step * BLOCK_M + offs_m_base
+        q_buf = q_smem.index(stage)
+        do_buf = do_smem.index(stage)
+        # line 8: S^T = K_j Q_i^T (unscaled); line 11: dP^T = V_j dO_i^T; both in flight
+        mbarrier.wait(q_bar.index(stage), phase)
+        s_tok = warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        mbarrier.wait(do_bar.index(stage), phase)
+        dp_tok = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        lse = gl.load(LSE + offs_m) * 1.4426950408889634  # natural log -> log2 (LOG2E)
+        delta = gl.load(Delta + offs_m)
+        # line 9: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p = gl.exp2(s * qk_scale - lse[None, :])
+        if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
+            if step * BLOCK_M < 2 * ROWS:  # the query steps that cross the diagonal of this block
+                p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
+        p_op = gl.convert_layout(p.to(dtype), op_layout)
+        # line 10: dV_j += P^T dO_i
+        dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
+        # line 12: dS^T = P^T * (dP^T - D_i), under the dV matmul
+        dp = warpgroup_mma_wait(1, deps=[dp_tok])
+        ds = p * (dp - delta[None, :])
+        ds_op = gl.convert_layout(ds.to(dtype), op_layout)
+        # line 14: dK_j += dS^T Q_i (the softmax scale is applied once at the end)
+        dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+        mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
+
+    # line 16: write dK_j, dV_j, staged through this half's K and V buffers (only it read them)
+    k_buf.store((dk * softmax_scale).to(dtype))
+    v_buf.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [kv_row, col0], k_buf)
+    tma.async_copy_shared_to_global(dv_desc, [kv_row, col0], v_buf)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _bwd_dkdv_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem,
+                                   v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
+                                   pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
+                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
+                        softmax_scale, qk_scale, CAUSAL, 0)
+
+
+@gluon.jit
+def _bwd_dkdv_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem,
+                                    v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
+                                    pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
+                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
+                        softmax_scale, qk_scale, CAUSAL, 1)
+
+
+@gluon.jit
+def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, num_heads, seqlen,
+                                  softmax_scale, qk_scale, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
+    parallelism over key blocks), partitioned as FA3's backward: a loader warp and two consumer
+    warpgroups of 64 keys each that share every Q_i and dO_i tile. dQ is the dQ kernel's
+    (flash_attn._flash_bwd_dq_kernel). The descriptors view (batch * seqlen, heads * head dim)."""
+    dtype: gl.constexpr = q_desc.dtype
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = 2 * ROWS
+    pid_bh = gl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    start_n = gl.program_id(0) * BLOCK_N  # causal: program 0 has the most query steps and starts first
+    row0 = b * seqlen
+    col0 = h * HEAD_DIM
+    if CAUSAL:  # query rows from the block's first key on see some of its keys
+        first_m = start_n
+    else:
+        first_m = 0
+    n_steps = (seqlen - first_m) // BLOCK_M
+
+    k_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for stage in gl.static_range(STAGES):
+        mbarrier.init(q_bar.index(stage), count=1)
+        mbarrier.init(do_bar.index(stage), count=1)
+        mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
+
+    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem, do_smem, kv_bar,
+            q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL)
+    gl.warp_specialize([
+        (_bwd_dkdv_partition_first_half, args),
+        (_bwd_dkdv_partition_second_half, args),
+        (_bwd_load_partition, args),
+    ], [4, 1], [240, 24])
+
+
+def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale: float, causal: bool,
+                                    stages: int = BWD_STAGES) -> None:
+    """Write dK and dV (FA2 Alg. 2 without dQ) given the forward's logsumexp `lse` and
+    D = rowsum(dO * O) in `delta` (both (batch, heads, seqlen) float32); the caller
+    (flash_attn.flash_attn_backward) has checked the scope (hopper_backward_applies)."""
+    batch, seqlen, heads, _ = q.shape
+    grid = (seqlen // BWD_BLOCK_N, batch * heads)
+    rows = BWD_BLOCK_N // 2
+    _flash_bwd_dkdv_hopper_kernel[grid](
+        _row_descriptor(q, BWD_BLOCK_M), _row_descriptor(k, rows), _row_descriptor(v, rows),
+        _row_descriptor(do, BWD_BLOCK_M), _row_descriptor(dk, rows), _row_descriptor(dv, rows),
+        lse, delta, heads, seqlen, softmax_scale, softmax_scale * LOG2E,
+        STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168,
+    )

@@ -1,0 +1,180 @@
+"""The Gluon dK/dV kernel (kernels/flash_attn_hopper.py, FA3's warp layout) against the Triton
+dK/dV kernel of the production backward, on the H200.
+
+    python tools/experiments/exp_bwd_gluon.py --check            # dK, dV against float64, then
+                                                                  # against the production backward
+    python tools/experiments/exp_bwd_gluon.py --time --dtype bf16 # ms and TFLOPs/s, with peers
+
+`--check` compares the Gluon kernel's dK and dV (written into NaN-poisoned buffers) with the
+float64 reference's gradients at batch 2 and 1k (every head dim, causal mode and stage count),
+then with the production backward's at the paper shapes that `--time` uses. Gluon kernels that
+deadlock hang the process, so run `--check` under `timeout` before `--time`.
+
+`--time` times, per (head dim, seqlen, causal), in one process:
+- the dK/dV kernels alone: Triton (the table's config) and Gluon (each `--stages`);
+- whole backwards: the production one (preprocess, Triton dK/dV, dQ), the same with the Gluon
+  dK/dV kernel, SDPA flash and SDPA cuDNN (TFLOPs/s by the paper's count, `baselines/flops.py`).
+Rows go to $OUT/exp_bwd_gluon.csv as they are measured.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from functools import partial
+from pathlib import Path
+
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "experiments"))
+
+from exp_bwd import backward as triton_backward_parts  # the production backward's launches, one by one
+from tune_fa2 import SDPA_PEERS, CsvRows, bench, sdpa_ms
+
+from baselines.flops import attention_flops, tflops_per_second
+from baselines.reference import attention_reference
+from kernels import flash_attn as fa
+from kernels import flash_attn_hopper as hopper
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def inputs(batch, seqlen, heads, hdim, dtype, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype, generator=gen) for _ in range(4)]
+
+
+def preprocess(out, do):
+    """D = rowsum(dO * O) by the production preprocess kernel (FA2 Alg. 2 line 4)."""
+    batch, seqlen, heads, hdim = out.shape
+    delta = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
+    fa._bwd_preprocess_kernel[(triton.cdiv(seqlen, 64), batch * heads)](
+        out, do, delta, *fa._strides(out), *fa._strides(do), heads, seqlen,
+        HEAD_DIM=hdim, BLOCK_D=fa.padded_headdim(hdim), BLOCK_M=64)
+    return delta
+
+
+def gluon_dkdv(q, k, v, do, lse, delta, scale, causal, stages, bufs):
+    dk, dv = bufs
+    hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale, causal, stages)
+    return dk, dv
+
+
+def gluon_backward(q, k, v, do, out, lse, scale, causal, stages, bufs):
+    """The production backward with the Gluon dK/dV kernel: preprocess, Gluon dK/dV, Triton dQ."""
+    dq, dk, dv, delta = bufs
+    cfg = fa.default_bwd_config(q.shape[3], q.device)
+    triton_backward_parts(cfg, do, q, k, v, out, lse, scale, causal, ("pre",), bufs)
+    hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale, causal, stages)
+    triton_backward_parts(cfg, do, q, k, v, out, lse, scale, causal, ("dq",), bufs)
+    return dq, dk, dv
+
+
+def rel_err(got, want):
+    return ((got.double() - want.double()).norm() / want.double().norm()).item()
+
+
+def check(args, record):
+    dtype = DTYPES[args.dtype]
+    for hdim in args.hdims:
+        for causal in (False, True):
+            for stages in args.stages:
+                base = {"check": "float64", "hdim": hdim, "causal": causal, "stages": stages, "seqlen": 1024}
+                q, k, v, do = inputs(2, 1024, 4, hdim, dtype, seed=hdim + causal)
+                scale = hdim ** -0.5
+                out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
+                delta = preprocess(out, do)
+                dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
+                gluon_dkdv(q, k, v, do, lse, delta, scale, causal, stages, (dk, dv))
+                torch.cuda.synchronize()
+                # float64 gradients, and the production backward's error against them as the yardstick
+                q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+                ref_out, _ = attention_reference(q64, k64, v64, scale, causal)
+                ref_out.backward(do.double())
+                _, prod_dk, prod_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, deterministic=True)
+                errs = {"dk": rel_err(dk, k64.grad), "dv": rel_err(dv, v64.grad),
+                        "prod_dk": rel_err(prod_dk, k64.grad), "prod_dv": rel_err(prod_dv, v64.grad)}
+                ok = (not torch.isnan(dk).any() and not torch.isnan(dv).any()
+                      and errs["dk"] <= 2 * errs["prod_dk"] + 1e-4 and errs["dv"] <= 2 * errs["prod_dv"] + 1e-4)
+                record(**base, **errs, status="ok" if ok else "WRONG")
+    for hdim in args.hdims:
+        for seqlen in args.seqlens:
+            for causal in (False, True):
+                q, k, v, do = inputs(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype)
+                scale = hdim ** -0.5
+                out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
+                delta = preprocess(out, do)
+                _, want_dk, want_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, deterministic=True)
+                for stages in args.stages:
+                    dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
+                    gluon_dkdv(q, k, v, do, lse, delta, scale, causal, stages, (dk, dv))
+                    errs = {"dk": rel_err(dk, want_dk), "dv": rel_err(dv, want_dv)}
+                    ok = not torch.isnan(dk).any() and not torch.isnan(dv).any() and max(errs.values()) < 1e-2
+                    record(check="production", hdim=hdim, causal=causal, stages=stages, seqlen=seqlen, **errs,
+                           status="ok" if ok else "WRONG")
+                torch.cuda.empty_cache()
+
+
+def time(args, record):
+    dtype = DTYPES[args.dtype]
+    for hdim in args.hdims:
+        for seqlen in args.seqlens:
+            batch, heads = 16384 // seqlen, 2048 // hdim
+            q, k, v, do = inputs(batch, seqlen, heads, hdim, dtype)
+            scale = hdim ** -0.5
+            cfg = fa.default_bwd_config(hdim, q.device)
+            for causal in (False, True):
+                flops = attention_flops(batch, heads, seqlen, seqlen, hdim, causal, "bwd")
+                base = {"dtype": args.dtype, "hdim": hdim, "seqlen": seqlen, "causal": causal}
+                out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
+                bufs = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), preprocess(out, do))
+                ms = bench(partial(triton_backward_parts, cfg, do, q, k, v, out, lse, scale, causal, ("dkdv",), bufs))
+                record(**base, provider="triton dkdv", ms=ms)
+                for stages in args.stages:
+                    ms = bench(partial(gluon_dkdv, q, k, v, do, lse, bufs[3], scale, causal, stages, bufs[1:3]))
+                    record(**base, provider=f"gluon dkdv s{stages}", ms=ms)
+                for name, backend in SDPA_PEERS:
+                    try:
+                        ms = sdpa_ms(backend, q, k, v, do, causal, "bwd")
+                        record(**base, provider=name, ms=ms, tflops=tflops_per_second(flops, ms))
+                    except Exception as exc:  # noqa: BLE001 -- a peer that cannot run this shape is a row
+                        record(**base, provider=name, status=f"error: {exc}"[:200])
+                ms = bench(partial(fa.flash_attn_backward, do, q, k, v, out, lse, scale, causal))
+                record(**base, provider="fa2 backward", ms=ms, tflops=tflops_per_second(flops, ms))
+                for stages in args.stages:
+                    ms = bench(partial(gluon_backward, q, k, v, do, out, lse, scale, causal, stages, bufs))
+                    record(**base, provider=f"fa2 backward, gluon dkdv s{stages}", ms=ms,
+                           tflops=tflops_per_second(flops, ms))
+            del q, k, v, do, out, lse, bufs
+            torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="correctness only")
+    mode.add_argument("--time", action="store_true", help="timing (run --check first)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--hdims", type=int, nargs="+", default=list(hopper.HEAD_DIMS))
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
+    ap.add_argument("--stages", type=int, nargs="+", default=[hopper.BWD_STAGES])
+    args = ap.parse_args()
+    out_dir = Path(os.environ.get("OUT", "."))
+    if args.check:
+        record = CsvRows(out_dir / f"exp_bwd_gluon_check_{args.dtype}.csv", lambda r: (
+            f"{r['check']:10s} d{r['hdim']:<3d} s{r['seqlen']:<5d} c={r['causal']!s:5s} stages {r['stages']}  "
+            f"dk {r['dk']:.2e} dv {r['dv']:.2e}  {r['status']}"))
+        check(args, record)
+    else:
+        record = CsvRows(out_dir / f"exp_bwd_gluon_{args.dtype}.csv", lambda r: (
+            f"{r['dtype']} d{r['hdim']:<3d} s{r['seqlen']:<5d} c={r['causal']!s:5s} {r['provider']:34s} "
+            f"{r.get('ms', float('nan')):8.3f} ms {r.get('tflops', float('nan')):6.1f} TF/s {r.get('status', '')}"))
+        time(args, record)
+
+
+if __name__ == "__main__":
+    main()
