@@ -85,7 +85,7 @@ class FwdConfig:
     tma_host_below_keys: int = 0
     # From this many keys, the Gluon forward with FA3's warp layout (kernels/flash_attn_hopper.py:
     # a loader warp, two consumer warpgroups, the softmax under the P V matmul) where its scope
-    # holds (hopper_forward_applies); 0 = never.
+    # holds (hopper_gluon_applies); 0 = never.
     hopper_gluon_min_keys: int = 0
 
 
@@ -114,6 +114,10 @@ class BwdConfig:
     # fused backward (its best config per point) ran at 0.90-1.00x the speed of the two-kernel
     # one at head dims 64 and 128, 1k-16k (perf_notes, "v6").
     fused_dq_min_rows: int = 0
+    # From this many keys, the dK/dV kernel is the Gluon one with FA3's warp layout
+    # (kernels/flash_attn_hopper.py: a loader warp and two consumer warpgroups sharing each Q/dO
+    # tile) where its scope holds (hopper_gluon_applies) and dQ is not fused; 0 = never.
+    hopper_gluon_min_keys: int = 0
 
     @property
     def dq_warps(self) -> int:
@@ -162,8 +166,11 @@ HOPPER_BWD_CONFIGS = {
     16: BwdConfig(32, 128, 128, 32, 4, 3),
     32: BwdConfig(32, 128, 128, 32, 4, 3),
     64: BwdConfig(32, 128, 128, 32, 4, 3),
-    # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma.
-    128: BwdConfig(64, 128, 128, 32, 8, 3),
+    # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 1024
+    # keys the Gluon dK/dV kernel instead: 0.84-0.97x this kernel's time at 1k-16k, whole backward
+    # 1.03-1.08x faster, bf16, same process (perf_notes, "v7"). At head dim 64 it was 0.95-1.05x
+    # this kernel's time, so not taken there.
+    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
     # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k, whole backward 1.7-2.0x
@@ -825,7 +832,7 @@ def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool) -> str:
     or _flash_fwd_kernel with 'tma-host' (2D descriptors made here), 'tma-kernel' (per-head
     descriptors made by each program) or 'pointer' (pointer tiles), by FwdConfig's rules."""
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
-            and hopper_forward_applies(q, k, v, out)):
+            and hopper_gluon_applies(q, k, v, out)):
         return HOPPER_GLUON_PATH
     if not config.tma or not tma_compatible(q, k, v, out):
         return "pointer"
@@ -848,10 +855,11 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
     return all(t.stride(2) == headdim and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v, out))
 
 
-def hopper_forward_applies(q, k, v, out) -> bool:
-    """The Gluon forward's scope (kernels/flash_attn_hopper.py): query and key lengths equal and
+def hopper_gluon_applies(q, k, v, out) -> bool:
+    """The Gluon kernels' scope (kernels/flash_attn_hopper.py): query and key lengths equal and
     whole blocks, head dim 64 or 128, fp16 or bf16, and each tensor an exact 2D view for its
-    descriptors (as the host-descriptor path needs, for the Gluon kernel's 128-row blocks)."""
+    descriptors (as the host-descriptor path needs, for the Gluon kernels' 128-row blocks).
+    `out` is the forward's output, or dO for the backward's dK/dV kernel."""
     hopper = flash_attn_hopper
     batch, seqlen, heads, headdim = q.shape
     if not (q.shape == k.shape == v.shape == out.shape and headdim in hopper.HEAD_DIMS
@@ -933,15 +941,19 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
         fused_dq = 2 if q.is_cuda and _on_hopper(q.device) and tma_compatible(dq_acc) else 1
         if fused_dq == 2:
             _ensure_descriptor_allocator()
-    _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
-        q, k, v, do, lse, delta, dk, dv, dq_acc,
-        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *_strides(dq_acc),
-        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
-        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
-        EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0,
-        QUERY_MAJOR=cfg.query_major, FUSED_DQ=fused_dq, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **common,
-    )
+    if (bwd_dkdv_path(cfg, q, k, v, do, bool(fused_dq)) == HOPPER_GLUON_PATH
+            and q.is_cuda and _on_hopper(q.device)):  # the Gluon kernel is compiled for sm_90 only
+        flash_attn_hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale, causal)
+    else:
+        _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
+            q, k, v, do, lse, delta, dk, dv, dq_acc,
+            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *_strides(dq_acc),
+            heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
+            BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+            EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0,
+            QUERY_MAJOR=cfg.query_major, FUSED_DQ=fused_dq, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **common,
+        )
     if fused_dq:
         return dq.copy_(dq_acc), dk, dv
     _flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.block_m2), batch * heads)](
@@ -959,6 +971,17 @@ def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) 
     differences) instead of the dQ kernel writing it: where the config asks for it from this
     many query rows and the caller does not ask for a deterministic backward."""
     return bool(config.fused_dq_min_rows) and seqlen_q >= config.fused_dq_min_rows and not deterministic
+
+
+def bwd_dkdv_path(config: BwdConfig, q, k, v, do, fused_dq: bool = False) -> str:
+    """Which kernel computes dK and dV for these tensors by the config's rule: 'gluon-ws'
+    (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds and dQ
+    is not fused) or 'triton' (_flash_bwd_dkdv_kernel). flash_attn_backward takes 'gluon-ws' only
+    on an sm_90 device."""
+    if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys and not fused_dq
+            and hopper_gluon_applies(q, k, v, do)):
+        return HOPPER_GLUON_PATH
+    return "triton"
 
 
 def bwd_uses_tma(config: BwdConfig, q, k, v, do) -> bool:

@@ -1,4 +1,5 @@
-"""FA2's forward (Algorithm 1) on Hopper, written in Gluon with FlashAttention-3's layout.
+"""FA2's forward (Algorithm 1) and the backward's dK/dV kernel (Algorithm 2 without line 13) on
+Hopper, written in Gluon with FlashAttention-3's layout.
 
 Triton 3.6 compiles the forward of `flash_attn.py` to wgmma, but it waits for every matmul at
 once and its key loop synchronises all warps at CTA-wide barriers, so the softmax does not run
@@ -17,11 +18,18 @@ which warps do what and when a matmul is waited for. This kernel (FA3, Shah et a
   folded into the exponent's FMA, logsumexp stored, the causal mask only on the diagonal block.
 
 Scope (`flash_attn.fwd_memory_path` picks this path, "gluon-ws", only where
-`hopper_forward_applies` holds, and `flash_attn_forward` only on an sm_90 device): query and key
+`hopper_gluon_applies` holds, and `flash_attn_forward` only on an sm_90 device): query and key
 lengths equal and whole 128-row blocks; head dim 128 (from 1k keys) or 64 (from 4k keys, where
 it measured 0.97-1.10x the Triton kernel, faster on average; at 2k causal it was slower); fp16 or bf16; each tensor a
 (batch * seqlen, heads * head dim) 2D view with rows that do not overlap.
-Gluon has no CPU interpreter: the CPU tests compile this kernel for sm_90, the GPU tests run it.
+
+The backward's dK/dV kernel (below the forward) has the same shape: a loader warp streams Q_i and
+dO_i tiles, two consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax
+with the next matmul of the same query step. `flash_attn.flash_attn_backward` takes it at head dim
+128 from 1k keys in the same scope (`flash_attn.bwd_dkdv_path`); dQ stays the Triton dQ kernel's
+(fusing it here, with element-wise atomics, made the backward 1.2-1.5x slower; perf_notes, "v7").
+
+Gluon has no CPU interpreter: the CPU tests compile these kernels for sm_90, the GPU tests run them.
 """
 from __future__ import annotations
 
@@ -42,7 +50,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64
 BLOCK_N = 128  # keys per block
 STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 x 64 KiB of K and V; half at 64)
-HEAD_DIMS = (64, 128)  # the head dims it serves (flash_attn.hopper_forward_applies)
+HEAD_DIMS = (64, 128)  # the head dims the kernels serve (flash_attn.hopper_gluon_applies)
 LOG2E = 1.4426950408889634
 
 
@@ -260,9 +268,8 @@ def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: b
     )
 
 
-
 # --------------------------------------------------------------------------------------
-# Backward: the dK/dV kernel (FA2 Alg. 2 lines 5-16) in FA3's layout, dQ optionally fused
+# Backward: the dK/dV kernel (FA2 Alg. 2 lines 5-16 without line 13) in FA3's layout
 # --------------------------------------------------------------------------------------
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
@@ -270,10 +277,9 @@ BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 6
 
 
 @gluon.jit
-def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem,
-                        do_smem, ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
-                        pid_bh, seqlen, num_heads, softmax_scale, qk_scale, CAUSAL: gl.constexpr,
-                        FUSED_DQ: gl.constexpr):
+def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
+                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
+                        softmax_scale, qk_scale, CAUSAL: gl.constexpr):
     """One warp: FA2 Alg. 2 line 6 (K_j, V_j, as two 64-key halves, once) and line 8's loads of
     Q_i and dO_i, each query step into the ring stage both consumers have released."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
@@ -296,15 +302,12 @@ def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, 
 
 
 @gluon.jit
-def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem,
-                        do_smem, ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
-                        pid_bh, seqlen, num_heads, softmax_scale, qk_scale, CAUSAL: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
+def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
+                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
+                        softmax_scale, qk_scale, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-16 for keys [HALF * 64, HALF * 64 + 64) of the
-    block, key-major (every matmul of lines 8-14 has these keys as M; K_j and V_j are shared-memory
-    operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
-    matmul. FUSED_DQ: line 13 too, dQ_i += scale dS K_j added into the float32 accumulator DQ by
-    element-wise atomics (the sum's order varies between runs)."""
+    block, key-major (every matmul has these keys as M, K_j and V_j are shared-memory operands).
+    Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV matmul."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -318,22 +321,12 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, 
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     k_buf = k_smem.index(HALF)
     v_buf = v_smem.index(HALF)
+
     kv_row = row0 + start_n + HALF * ROWS  # this half's first key row in the descriptors
     offs_n = start_n + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     offs_m_base = gl.arange(0, BLOCK_M, layout=col_layout)
     LSE += pid_bh.to(gl.int64) * seqlen
     Delta += pid_bh.to(gl.int64) * seqlen
-    # FUSED_DQ only (unused otherwise): this consumer's dS^T buffer, and DQ as (batch * seqlen,
-    # heads * head dim) float32 from the loop's first query row
-    DQ_CHUNK: gl.constexpr = 64
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_CHUNK, 16])
-    ds_buf = ds_smem.index(HALF if FUSED_DQ else 0)
-    dq_init = gl.zeros([BLOCK_M, DQ_CHUNK], gl.float32, layout=dq_layout)
-    row_stride = num_heads * HEAD_DIM
-    dq_rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-    dq_cols = col0 + gl.arange(0, DQ_CHUNK, layout=gl.SliceLayout(0, dq_layout))
-    DQ += (row0 + first_m).to(gl.int64) * row_stride
     # line 7: dK_j = dV_j = 0
     dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
@@ -363,30 +356,12 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, 
         dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
         # line 12: dS^T = P^T * (dP^T - D_i), under the dV matmul
         dp = warpgroup_mma_wait(1, deps=[dp_tok])
-        ds = (p * (dp - delta[None, :])).to(dtype)
-        ds_op = gl.convert_layout(ds, op_layout)
+        ds = p * (dp - delta[None, :])
+        ds_op = gl.convert_layout(ds.to(dtype), op_layout)
         # line 14: dK_j += dS^T Q_i (the softmax scale is applied once at the end)
         dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
-        if FUSED_DQ:
-            # line 13: dQ_i += dS K_j, dS read back transposed from shared memory, in DQ_CHUNK-column
-            # pieces (a 64 x 128 float32 accumulator does not fit next to dK_j and dV_j)
-            ds_buf.store(ds)
-            fence_async_shared()
-            for chunk in gl.static_range(HEAD_DIM // DQ_CHUNK):
-                dq_tok = warpgroup_mma(ds_buf.permute((1, 0)), k_buf.slice(chunk * DQ_CHUNK, DQ_CHUNK, dim=1),
-                                       dq_init, use_acc=False, is_async=True)
-                if chunk == 0:
-                    dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op, ds_op])
-                    mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
-                else:
-                    dq = warpgroup_mma_wait(0, deps=[dq_tok])
-                # offsets made here from 1D vectors: a [64, 64] offset tile kept across the loop spills
-                rows = (step * BLOCK_M + dq_rows) * row_stride
-                gl.atomic_add(DQ + rows[:, None] + (chunk * DQ_CHUNK + dq_cols)[None, :], dq * softmax_scale,
-                              sem="relaxed")
-        else:
-            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
-            mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+        mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
 
     # line 16: write dK_j, dV_j, staged through this half's K and V buffers (only it read them)
     k_buf.store((dk * softmax_scale).to(dtype))
@@ -397,55 +372,31 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, 
     tma.store_wait(pendings=0)
 
 
-# The consumers' entry points, one per (dQ fused or not, half of the key block). FUSED_DQ is
-# passed on as a literal: a flag that came through gl.warp_specialize's arguments is a run-time
-# value in the partitions, and with the fused branch left in the non-fused kernel Triton 3.6's
-# lowering fails (an assertion in ConvertTritonGPUToLLVM).
 @gluon.jit
-def _bwd_dkdv_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem, do_smem,
-                                   ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
-                                   num_heads, softmax_scale, qk_scale, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem,
-                        do_smem, ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
-                        pid_bh, seqlen, num_heads, softmax_scale, qk_scale, CAUSAL, False, 0)
+def _bwd_dkdv_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem,
+                                   v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
+                                   pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
+                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
+                        softmax_scale, qk_scale, CAUSAL, 0)
 
 
 @gluon.jit
-def _bwd_dkdv_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem, do_smem,
-                                    ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
-                                    num_heads, softmax_scale, qk_scale, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem,
-                        do_smem, ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
-                        pid_bh, seqlen, num_heads, softmax_scale, qk_scale, CAUSAL, False, 1)
+def _bwd_dkdv_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem,
+                                    v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
+                                    pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
+                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
+                        softmax_scale, qk_scale, CAUSAL, 1)
 
 
 @gluon.jit
-def _bwd_fused_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem, do_smem,
-                                    ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
-                                    num_heads, softmax_scale, qk_scale, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem,
-                        do_smem, ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
-                        pid_bh, seqlen, num_heads, softmax_scale, qk_scale, CAUSAL, True, 0)
-
-
-@gluon.jit
-def _bwd_fused_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem, do_smem,
-                                     ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
-                                     num_heads, softmax_scale, qk_scale, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem,
-                        do_smem, ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
-                        pid_bh, seqlen, num_heads, softmax_scale, qk_scale, CAUSAL, True, 1)
-
-
-@gluon.jit
-def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, num_heads,
-                                  seqlen, softmax_scale, qk_scale, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                  FUSED_DQ: gl.constexpr):
+def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, num_heads, seqlen,
+                                  softmax_scale, qk_scale, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks), partitioned as FA3's backward: a loader warp and two consumer
-    warpgroups of 64 keys each that share every Q_i and dO_i tile. Without FUSED_DQ, dQ is the dQ
-    kernel's (flash_attn._flash_bwd_dq_kernel). The descriptors view (batch * seqlen, heads * head
-    dim); DQ (FUSED_DQ only) is a float32 tensor of that shape."""
+    warpgroups of 64 keys each that share every Q_i and dO_i tile. dQ is the dQ kernel's
+    (flash_attn._flash_bwd_dq_kernel). The descriptors view (batch * seqlen, heads * head dim)."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
@@ -467,8 +418,6 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    # dS^T of each consumer, read back transposed as the A operand of dQ = dS K (FUSED_DQ only)
-    ds_smem = gl.allocate_shared_memory(dtype, [2 if FUSED_DQ else 1, ROWS, BLOCK_M], q_desc.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -479,35 +428,26 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
         mbarrier.init(do_bar.index(stage), count=1)
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
 
-    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, DQ, q_smem, k_smem, v_smem, do_smem,
-            ds_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
-            num_heads, softmax_scale, qk_scale, CAUSAL, FUSED_DQ)
-    if FUSED_DQ:
-        gl.warp_specialize([
-            (_bwd_fused_partition_first_half, args),
-            (_bwd_fused_partition_second_half, args),
-            (_bwd_load_partition, args),
-        ], [4, 1], [240, 24])
-    else:
-        gl.warp_specialize([
-            (_bwd_dkdv_partition_first_half, args),
-            (_bwd_dkdv_partition_second_half, args),
-            (_bwd_load_partition, args),
-        ], [4, 1], [240, 24])
+    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem, do_smem, kv_bar,
+            q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL)
+    gl.warp_specialize([
+        (_bwd_dkdv_partition_first_half, args),
+        (_bwd_dkdv_partition_second_half, args),
+        (_bwd_load_partition, args),
+    ], [4, 1], [240, 24])
 
 
 def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale: float, causal: bool,
-                                    dq_accum: torch.Tensor | None = None, stages: int = BWD_STAGES) -> None:
-    """Write dK and dV (FA2 Alg. 2) given the forward's logsumexp `lse` and D = rowsum(dO * O) in
-    `delta` (both (batch, heads, seqlen) float32); with `dq_accum` (a zeroed float32 tensor shaped
-    like q), also add dQ into it. The caller (flash_attn.flash_attn_backward) has checked the
-    scope (flash_attn.hopper_backward_applies)."""
+                                    stages: int = BWD_STAGES) -> None:
+    """Write dK and dV (FA2 Alg. 2 without dQ) given the forward's logsumexp `lse` and
+    D = rowsum(dO * O) in `delta` (both (batch, heads, seqlen) float32); the caller
+    (flash_attn.flash_attn_backward) has checked the scope (flash_attn.hopper_gluon_applies)."""
     batch, seqlen, heads, _ = q.shape
     grid = (seqlen // BWD_BLOCK_N, batch * heads)
     rows = BWD_BLOCK_N // 2
     _flash_bwd_dkdv_hopper_kernel[grid](
         _row_descriptor(q, BWD_BLOCK_M), _row_descriptor(k, rows), _row_descriptor(v, rows),
         _row_descriptor(do, BWD_BLOCK_M), _row_descriptor(dk, rows), _row_descriptor(dv, rows),
-        lse, delta, lse if dq_accum is None else dq_accum, heads, seqlen, softmax_scale, softmax_scale * LOG2E,
-        STAGES=stages, CAUSAL=causal, FUSED_DQ=dq_accum is not None, num_warps=4, maxnreg=168,
+        lse, delta, heads, seqlen, softmax_scale, softmax_scale * LOG2E,
+        STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168,
     )

@@ -14,7 +14,7 @@ import torch
 
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import flash_attn as fa
-from kernels import flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
+from kernels import flash_attn_func, flash_attn_hopper, flash_attn_kvpacked_func, flash_attn_qkvpacked_func
 from kernels.flash_attn import FwdConfig, flash_attn_forward, fwd_memory_path, tma_compatible
 
 INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
@@ -404,6 +404,45 @@ def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
         assert (fwd_memory_path(config, q, q, q, q, causal) == fa.HOPPER_GLUON_PATH) == (seqlen >= 4096), seqlen
 
 
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dim_128_from_1k_keys(hdim):
+    """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon one at head dim 128
+    from 1024 keys (where it was measured faster), the Triton one below that and at head dims 64
+    (measured no faster) and 256 (outside the Gluon kernel's scope); never with dQ fused."""
+    config = fa.HOPPER_BWD_CONFIGS[hdim]
+    for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
+        q = torch.empty(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype=torch.bfloat16)
+        gluon = hdim == 128 and seqlen >= 1024
+        assert (fa.bwd_dkdv_path(config, q, q, q, q) == fa.HOPPER_GLUON_PATH) == gluon, seqlen
+        assert fa.bwd_dkdv_path(config, q, q, q, q, fused_dq=True) == "triton"
+
+
+def test_hopper_gluon_dkdv_scope():
+    """The Gluon dK/dV kernel has the Gluon forward's scope (hopper_gluon_applies), with dO in the
+    output's place: anything else keeps the Triton kernel."""
+    config = fa.HOPPER_BWD_CONFIGS[128]
+    q = torch.empty(2, 1024, 4, 128, dtype=torch.bfloat16)
+    assert fa.bwd_dkdv_path(config, q, q, q, torch.empty_like(q)) == fa.HOPPER_GLUON_PATH
+    assert fa.bwd_dkdv_path(config, q[:, :1000], q[:, :1000], q[:, :1000], q[:, :1000]) == "triton"  # ragged
+    k = torch.empty(2, 2048, 4, 128, dtype=torch.bfloat16)
+    assert fa.bwd_dkdv_path(config, q, k, k, q) == "triton"  # unequal lengths
+    do_t = torch.empty(2, 4, 1024, 128, dtype=torch.bfloat16).transpose(1, 2)  # heads not side by side
+    assert fa.bwd_dkdv_path(config, q, q, q, do_t) == "triton"
+    q32 = q.float()
+    assert fa.bwd_dkdv_path(config, q32, q32, q32, q32) == "triton"
+
+
+def test_a_hopper_bwd_config_elsewhere_takes_the_triton_dkdv_kernel(poisoned_allocations, monkeypatch):
+    """A Hopper backward config whose rule picks the Gluon dK/dV kernel, on another device (here
+    the CPU interpreter), runs the Triton dK/dV kernel instead, with the right gradients."""
+    dkdv, dq = spy_backward_kernels(monkeypatch)
+    config = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, hopper_gluon_min_keys=128)
+    q = torch.empty(1, 128, 1, 64, dtype=torch.float16)
+    assert fa.bwd_dkdv_path(config, q, q, q, q) == fa.HOPPER_GLUON_PATH
+    check_backward(1, 128, 128, 1, 64, True, torch.float16, "cpu", bwd_config=config)
+    assert len(dkdv.launches) == 1 and len(dq.launches) == 1
+
+
 def test_a_hopper_config_elsewhere_falls_back_to_the_triton_kernel(poisoned_allocations):
     """A Hopper table entry passed as fwd_config on another device (here the CPU interpreter) does
     not launch the sm_90-only Gluon kernel: the Triton kernel runs, with the right result."""
@@ -416,11 +455,12 @@ def test_a_hopper_config_elsewhere_falls_back_to_the_triton_kernel(poisoned_allo
     torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-4)
 
 
-def test_hopper_gluon_forward_compiles_for_sm90():
-    """Gluon has no CPU interpreter: compile the kernel for sm_90 (Triton's bundled ptxas, in a
-    process without TRITON_INTERPRET) and check what makes it fast is there: warp specialisation,
-    TMA loads and a wgmma left in flight (wait_group 1), within sm_90's shared memory. The GPU tests
-    run it against the float64 reference."""
+def test_hopper_gluon_kernels_compile_for_sm90():
+    """Gluon has no CPU interpreter: compile the forward and the dK/dV kernel for sm_90 (Triton's
+    bundled ptxas, in a process without TRITON_INTERPRET) and check what makes them fast is there:
+    warp specialisation, TMA loads and a wgmma left in flight (wait_group 1), no wgmma serialised
+    for want of registers, within sm_90's shared memory. The GPU tests run them against the
+    float64 reference."""
     import re
     import subprocess
     import sys
@@ -430,12 +470,13 @@ def test_hopper_gluon_forward_compiles_for_sm90():
     env = {key: value for key, value in __import__("os").environ.items() if key != "TRITON_INTERPRET"}
     report = subprocess.run([sys.executable, str(root / "tools" / "compile_check_sm90.py"), "--hopper-gluon"],
                             capture_output=True, text=True, env=env, check=True).stdout
-    lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel")]
-    assert len(lines) == 4, report  # head dims 64 and 128, causal or not
-    # v6: the causal flag at compile time left the non-causal head-dim-128 kernel without spills
-    assert "spill stores 0 B" in next(line for line in lines if "d128 causal=False" in line), report
-    for line in lines:
-        assert "warp-specialised yes" in line and "tma yes" in line, line
+    forward = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
+    backward = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
+    assert len(forward) == len(backward) == 4, report  # head dims 64 and 128, causal or not
+    # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
+    assert "spill stores 0 B" in next(line for line in forward if "d128 causal=False" in line), report
+    for line in forward + backward:
+        assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
         assert "1" in re.search(r"wait_group values ([\d ]+)", line).group(1).split(), line
         assert int(re.search(r"smem (\d+) B", line).group(1)) <= 232448, line  # sm_90's per-block limit
 
@@ -716,6 +757,32 @@ def test_gpu_hopper_gluon_forward_on_strided_views(layout, causal, poisoned_allo
                          ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
 def test_gpu_backward_matches_reference(shape, causal, dtype, poisoned_allocations):
     check_backward(*shape, causal, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 1024, 1024, 3, 128), (1, 4096, 4096, 2, 128), (4, 2048, 2048, 1, 128),
+                                   (1, 16384, 16384, 1, 128), (2, 4096, 4096, 3, 64), (1, 8192, 8192, 2, 64)],
+                         ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_gpu_hopper_gluon_dkdv_matches_reference(shape, causal, dtype, poisoned_allocations, monkeypatch):
+    """The backward with the Gluon dK/dV kernel (kernels/flash_attn_hopper.py), which the Hopper
+    table takes at head dim 128 from 1k keys (head dim 64 through a config that takes it too),
+    against float64; the Triton dK/dV kernel must not run, the Triton dQ kernel must."""
+    if not fa._on_hopper(torch.device("cuda")):
+        pytest.skip("the Gluon dK/dV kernel is compiled for Hopper (sm_90) only")
+    dkdv, dq = spy_backward_kernels(monkeypatch)
+    gluon_calls = []
+    gluon_dkdv = flash_attn_hopper.flash_attn_backward_dkdv_hopper
+
+    def counted(*args, **kwargs):
+        gluon_calls.append(args[0].shape)
+        return gluon_dkdv(*args, **kwargs)
+
+    monkeypatch.setattr(flash_attn_hopper, "flash_attn_backward_dkdv_hopper", counted)
+    config = dataclasses.replace(fa.default_bwd_config(shape[4], torch.device("cuda")), hopper_gluon_min_keys=1024)
+    check_backward(*shape, causal, dtype, "cuda", bwd_config=config)
+    assert len(gluon_calls) == 1 and not dkdv.launches and len(dq.launches) == 1
 
 
 def test_reference_softmax_scale_default_is_inverse_sqrt_headdim():

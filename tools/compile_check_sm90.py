@@ -6,7 +6,7 @@ there, how many registers, any spills) are answered here:
 
     python tools/compile_check_sm90.py                  # the production table, hdim 64/128/256
     python tools/compile_check_sm90.py --hdim 256 --bwd 64,32,128,32,8,2
-    python tools/compile_check_sm90.py --hopper-gluon     # the Gluon forward (flash_attn_hopper.py)
+    python tools/compile_check_sm90.py --hopper-gluon     # the Gluon kernels (flash_attn_hopper.py)
 
 Prints one line per kernel (and per memory path the forward config can take): the block config,
 shared memory, registers and spill bytes.
@@ -93,23 +93,14 @@ def gluon_descriptor_type(rows: int, headdim: int, dtype: str = "bf16") -> str:
     return f"tensordesc<{dtype}[{rows},{headdim}],{layout!r}>"
 
 
-def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
-    """The Gluon forward (kernels/flash_attn_hopper.py) compiled for sm_90: shared memory,
-    registers and spills (ptxas), and what makes it fast: warp specialisation (setmaxnreg), a
-    wgmma left in flight (wait_group 1), TMA loads."""
+def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
+    """A Gluon kernel of kernels/flash_attn_hopper.py compiled for sm_90: shared memory, spills
+    (ptxas), and what makes it fast: warp specialisation (setmaxnreg), a wgmma left in flight
+    (wait_group 1), TMA loads."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from kernels import flash_attn_hopper as hopper
-
-    def desc(rows):
-        return gluon_descriptor_type(rows, headdim, dtype)
-
-    signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
-                 "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
-                 "qk_scale": "fp32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
-    compiled = triton.compile(
-        GluonASTSource(hopper._flash_fwd_hopper_kernel, signature, {"STAGES": hopper.STAGES, "CAUSAL": causal}),
-        target=TARGET, options={"num_warps": 4, "maxnreg": 168})
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=TARGET,
+                              options={"num_warps": 4, "maxnreg": 168})
     ptx = compiled.asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
@@ -118,10 +109,39 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -
     os.unlink(f.name)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)))
-    return (f"_flash_fwd_hopper_kernel d{headdim} causal={causal!s:5s} {dtype} smem {compiled.metadata.shared} B  "
+    serialised = " wgmma serialised (ptxas C7512)" if "C7512" in ptxas.stderr else ""
+    return (f"{kernel.fn.__name__} {label} smem {compiled.metadata.shared} B  "
             f"spill stores {spills.group(1) if spills else '?'} B  warp-specialised "
             f"{'yes' if 'setmaxnreg' in ptx else 'no'}  tma {'yes' if 'cp.async.bulk.tensor' in ptx else 'no'}  "
-            f"wgmma wait_group values {' '.join(waits)}")
+            f"wgmma wait_group values {' '.join(waits)}{serialised}")
+
+
+def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
+    """The Gluon forward (kernels/flash_attn_hopper.py) compiled for sm_90."""
+    from kernels import flash_attn_hopper as hopper
+
+    def desc(rows):
+        return gluon_descriptor_type(rows, headdim, dtype)
+
+    signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
+                 "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
+                 "qk_scale": "fp32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}", hopper._flash_fwd_hopper_kernel, signature,
+                        {"STAGES": hopper.STAGES, "CAUSAL": causal})
+
+
+def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
+    """The Gluon dK/dV kernel (kernels/flash_attn_hopper.py) compiled for sm_90."""
+    from kernels import flash_attn_hopper as hopper
+
+    query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
+    key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
+    signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
+                 "dk_desc": key_tile, "dv_desc": key_tile, "LSE": "*fp32", "Delta": "*fp32", "num_heads": "i32",
+                 "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32", "STAGES": "constexpr",
+                 "CAUSAL": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}", hopper._flash_bwd_dkdv_hopper_kernel, signature,
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
 
 
 def main() -> None:
@@ -134,14 +154,16 @@ def main() -> None:
     parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA,FUSED_DQ_MIN_ROWS]",
                         help="backward config (default: the table's)")
     parser.add_argument("--hopper-gluon", action="store_true",
-                        help="compile the Gluon forward (kernels/flash_attn_hopper.py) instead")
+                        help="compile the Gluon kernels (kernels/flash_attn_hopper.py: the forward, the "
+                             "dK/dV kernel) instead")
     args = parser.parse_args()
     if args.hopper_gluon:
         from kernels import flash_attn_hopper as hopper
 
-        for headdim in hopper.HEAD_DIMS:
-            for causal in (False, True):
-                print(hopper_gluon_report(causal, headdim=headdim))
+        for report_fn in (hopper_gluon_report, hopper_gluon_bwd_report):
+            for headdim in hopper.HEAD_DIMS:
+                for causal in (False, True):
+                    print(report_fn(causal, headdim=headdim))
         return
     for hdim in args.hdim:
         block_d = fa.padded_headdim(hdim)
