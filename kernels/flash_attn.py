@@ -26,8 +26,10 @@ otherwise pointer tiles with masks. Causal programs are launched longest-first. 
 head-dim-256 backward lays its dK/dV matmuls out query-major (`BwdConfig.query_major`).
 At head dim 128 from 1k keys and 64 from 4k (equal lengths in whole blocks, 16-bit, exact 2D
 views), the Hopper forward is not this file's kernel but the Gluon one of flash_attn_hopper.py, with
-FlashAttention-3's warp layout (`fwd_memory_path` returns 'gluon-ws'); the backward is this
-file's in every case. Measurements behind these choices: reports/h200/perf_notes.md.
+FlashAttention-3's warp layout (`fwd_memory_path` returns 'gluon-ws'). In the same scope the
+head-dim-128 backward from 2k keys computes dK and dV with that file's Gluon kernel
+(`bwd_dkdv_path`); the preprocessing and dQ kernels are this file's in every case. Measurements
+behind these choices: reports/h200/perf_notes.md.
 
 Cautions: a query row that sees no key (causal with seqlen_q > seqlen_k) outputs zeros and
 has logsumexp +inf, as flash-attn does. Triton's CPU interpreter (TRITON_INTERPRET=1) runs
@@ -166,11 +168,12 @@ HOPPER_BWD_CONFIGS = {
     16: BwdConfig(32, 128, 128, 32, 4, 3),
     32: BwdConfig(32, 128, 128, 32, 4, 3),
     64: BwdConfig(32, 128, 128, 32, 4, 3),
-    # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 1024
+    # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 2048
     # keys the Gluon dK/dV kernel instead: 0.84-0.97x this kernel's time at 1k-16k, whole backward
-    # 1.03-1.08x faster, bf16, same process (perf_notes, "v7"). At head dim 64 it was 0.95-1.05x
-    # this kernel's time, so not taken there.
-    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024),
+    # 1.03-1.08x faster, bf16, same process (perf_notes, "v7"). Not at 1k: there forward+backward
+    # is host-bound when causal, and the Gluon launch costs more host time than it saves on the GPU.
+    # At head dim 64 it was 0.95-1.05x this kernel's time, so not taken there.
+    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=2048),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
     # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k, whole backward 1.7-2.0x

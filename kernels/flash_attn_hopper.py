@@ -26,7 +26,7 @@ it measured 0.97-1.10x the Triton kernel, faster on average; at 2k causal it was
 The backward's dK/dV kernel (below the forward) has the same shape: a loader warp streams Q_i and
 dO_i tiles, two consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax
 with the next matmul of the same query step. `flash_attn.flash_attn_backward` takes it at head dim
-128 from 1k keys in the same scope (`flash_attn.bwd_dkdv_path`); dQ stays the Triton dQ kernel's
+128 from 2k keys in the same scope (`flash_attn.bwd_dkdv_path`); dQ stays the Triton dQ kernel's
 (fusing it here, with element-wise atomics, made the backward 1.2-1.5x slower; perf_notes, "v7").
 
 Gluon has no CPU interpreter: the CPU tests compile these kernels for sm_90, the GPU tests run them.

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import os
 import pstats
 import sys
@@ -38,6 +39,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 from tune_fa2 import CsvRows
 
 from baselines.providers import get_provider
+from kernels import flash_attn_func
+from kernels.flash_attn import default_bwd_config
 from reports.timing import attention_call, time_attention
 
 CALLS = 30
@@ -82,6 +85,13 @@ def print_operator_table(name: str, mode: str, fn, tensors, calls: int = 10) -> 
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60))
 
 
+def fa2_with_bwd_gluon_min_keys(min_keys: int, hdim: int):
+    """flash_attn_func with the Hopper backward config's hopper_gluon_min_keys replaced."""
+    config = dataclasses.replace(default_bwd_config(hdim, torch.device("cuda")), hopper_gluon_min_keys=min_keys)
+    return lambda q, k, v, causal, softmax_scale: flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal,
+                                                                  bwd_config=config)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hdims", type=int, nargs="+", default=[128, 256])
@@ -89,6 +99,9 @@ def main() -> None:
     ap.add_argument("--providers", nargs="+", default=["fa2", "sdpa-flash"])
     ap.add_argument("--modes", nargs="+", default=["fwd", "bwd", "fwd_bwd"])
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--bwd-gluon-min-keys", type=int, nargs="+", default=[],
+                    help="also time fa2 with the backward config's hopper_gluon_min_keys set to each of these "
+                         "(provider 'fa2 gluon-dkdv>=N'; 0: the Triton dK/dV kernel throughout)")
     ap.add_argument("--profile", action="store_true",
                     help="cProfile fa2's calls of the last --modes mode at the first shape; torch.profiler for each provider")
     args = ap.parse_args()
@@ -106,8 +119,9 @@ def main() -> None:
                        for _ in range(3))
             scale = hdim ** -0.5
             for causal in (False, True):
-                for name in args.providers:
-                    forward = get_provider(name).forward
+                for name in args.providers + [f"fa2 gluon-dkdv>={n}" for n in args.bwd_gluon_min_keys]:
+                    forward = (get_provider(name).forward if name in args.providers
+                               else fa2_with_bwd_gluon_min_keys(int(name.split(">=")[1]), hdim))
                     for mode in args.modes:
                         row = {"seqlen": seqlen, "hdim": hdim, "causal": causal, "provider": name, "mode": mode,
                                "dtype": args.dtype}
