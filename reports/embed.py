@@ -159,6 +159,20 @@ def provider_ratio_table(sources: list[tuple[str, Path]], hdim: int, numerator: 
     return "\n".join(lines)
 
 
+def ms_ratio_table(path: Path, hdim: int, providers: list[str], ratios: list[tuple[str, str, str]]) -> str:
+    """tools/experiments/exp_bwd_gluon.py's rows at `hdim`: milliseconds of each of `providers`
+    per (seqlen, causal), all measured in one process, then each ratio (label, a, b): a's time
+    over b's."""
+    rows = pd.read_csv(path)
+    wide = rows[rows.hdim == hdim].pivot_table(index=["seqlen", "causal"], columns="provider", values="ms")
+    header = [f"{p} ms" for p in providers] + [label for label, _, _ in ratios]
+    lines = ["| seqlen | causal | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
+    for (seqlen, causal), r in wide.iterrows():
+        cells = [f"{r[p]:.3f}" for p in providers] + [f"{r[a] / r[b]:.2f}" for _, a, b in ratios]
+        lines.append(f"| {seqlen} | {causal} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def fused_dq_prediction_table(paths: list[Path]) -> str:
     """exp_bwd.py's rows of the two-kernel backward and the fused-dQ configs: the prediction (the
     fused kernel running its 5 matmuls at the rate the dK/dV kernel runs its 4: 5/4 of the dK/dV
@@ -396,6 +410,23 @@ SECTIONS = {
     "bwd_dq_counters": lambda: counters_by_call_table(TUNING / "exp_bwd_dq_counters_eb2e8a9" / "exp_bwd_dq_counters.csv"),
     **{f"bwd_parts_d{h}": (lambda h=h: backward_parts_table(
         TUNING / f"exp_bwd_kernel_by_kernel_d{h}_seqlen4096_bf16.csv")) for h in (128, 256)},
+    **{f"bwd_gluon_dkdv_d{h}": (lambda h=h: ms_ratio_table(
+        TUNING / "exp_bwd_gluon_c13020c" / "exp_bwd_gluon_bf16.csv", h,
+        ["triton dkdv", "gluon dkdv s2", "gluon dkdv s3", "fa2 backward", "fa2 backward, gluon dkdv s2", "sdpa-cudnn"],
+        [("Gluon s2 / Triton dK/dV time", "gluon dkdv s2", "triton dkdv"),
+         ("Gluon s3 / Triton dK/dV time", "gluon dkdv s3", "triton dkdv"),
+         ("backward with Gluon s2 / without, time", "fa2 backward, gluon dkdv s2", "fa2 backward"),
+         ("cuDNN / backward with Gluon s2, time (speed vs cuDNN)", "sdpa-cudnn", "fa2 backward, gluon dkdv s2")]))
+       for h in (128, 64)},
+    **{f"bwd_gluon_fused_dq_d{h}": (lambda h=h: ms_ratio_table(
+        TUNING / "exp_bwd_gluon_fc1794e" / "exp_bwd_gluon_bf16.csv", h,
+        ["fa2 backward", "gluon fused dQ s2", "gluon fused kernel alone s2", "triton dkdv", "sdpa-cudnn"],
+        [("fused backward / two-kernel backward, time", "gluon fused dQ s2", "fa2 backward"),
+         ("fused kernel / Triton dK/dV kernel, time", "gluon fused kernel alone s2", "triton dkdv")]))
+       for h in (128, 64)},
+    "host_time_gluon_dkdv": lambda: host_time_table(
+        TUNING / "exp_host_overhead_gluon_dkdv_3506551" / "exp_host_overhead.csv", ("bwd", "fwd_bwd")),
+    "compile_hopper_v7": lambda: text_block(TUNING / "compile_check_hopper_gluon_v7_sm90.txt"),
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
     "utilisation": lambda: utilisation_table(pd.read_csv(KERNEL_VS_FA2_CSV),
                                              matmul_ceiling_tflops(H200 / "matmul_ceiling.txt")),
