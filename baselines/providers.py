@@ -209,7 +209,7 @@ def _fa2_forward(q, k, v, causal, softmax_scale):
 
 
 def _fa2_config(spec: Spec) -> str:
-    from kernels.flash_attn import default_bwd_config, default_fwd_config, fwd_memory_path
+    from kernels.flash_attn import bwd_dkdv_path, default_bwd_config, default_fwd_config, fwd_memory_path
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     fwd = _fa2_fwd_override or default_fwd_config(spec.hdim, spec.causal, device)
@@ -219,15 +219,19 @@ def _fa2_config(spec: Spec) -> str:
     path = fwd_memory_path(fwd, like, like, like, like, spec.causal)
     config = {"fwd": asdict(fwd), "fwd_memory_path": path, "fwd_overridden": _fa2_fwd_override is not None}
     if spec.mode != "fwd":
-        config["bwd"] = asdict(default_bwd_config(spec.hdim, device))
+        bwd = default_bwd_config(spec.hdim, device)
+        # which dK/dV kernel: the Triton one, or the Gluon one ('gluon-ws', head dim 128 on Hopper)
+        config["bwd"], config["bwd_dkdv_path"] = asdict(bwd), bwd_dkdv_path(bwd, like, like, like, like)
     return json.dumps(config, sort_keys=True)
 
 
 register(Provider(
     name="fa2", label="FA2 (this repo, Triton)", forward=_fa2_forward,
     availability=_everywhere, supports=_triton_supports,
-    # the forward is _flash_fwd_kernel, or the Gluon _flash_fwd_hopper_kernel (head dim 128 on Hopper)
-    kernel_regex="_flash_fwd(_hopper)?_kernel", bwd_kernel_regex="_flash_bwd_dkdv_kernel", config=_fa2_config,
+    # the forward is _flash_fwd_kernel, or the Gluon _flash_fwd_hopper_kernel (head dims 64 and 128 on
+    # Hopper); the backward's dK/dV kernel likewise _flash_bwd_dkdv_kernel or _flash_bwd_dkdv_hopper_kernel
+    kernel_regex="_flash_fwd(_hopper)?_kernel", bwd_kernel_regex="_flash_bwd_dkdv(_hopper)?_kernel",
+    config=_fa2_config,
 ))
 
 

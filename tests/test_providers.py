@@ -119,8 +119,20 @@ def test_rungs_are_forward_only():
 
 
 def test_fa2_config_is_the_json_of_its_kernel_config():
-    config = get_provider("fa2").config(Spec("fwd_bwd", True, 64, 128, 1, 2, "fp16"))
-    assert '"block_m"' in config and '"bwd"' in config
+    config = json.loads(get_provider("fa2").config(Spec("fwd_bwd", True, 64, 128, 1, 2, "fp16")))
+    assert "block_m" in config["fwd"] and "block_m1" in config["bwd"]
+    assert config["bwd_dkdv_path"] == "triton"  # the interpreter's table: no Gluon kernel
+
+
+@pytest.mark.parametrize(("seqlen", "path"), [(1024, "triton"), (2048, "gluon-ws")])
+def test_fa2_config_records_the_dkdv_kernel(seqlen, path, monkeypatch):
+    """With the Hopper table, the row's config names the dK/dV kernel its rule picks at the
+    paper's head-dim-128 shapes: the Gluon one from 2k keys."""
+    from kernels import flash_attn
+
+    monkeypatch.setattr(flash_attn, "default_bwd_config", lambda hdim, device: flash_attn.HOPPER_BWD_CONFIGS[hdim])
+    config = json.loads(get_provider("fa2").config(Spec("bwd", False, 128, seqlen, 16384 // seqlen, 16, "bf16")))
+    assert config["bwd_dkdv_path"] == path
 
 
 @pytest.mark.parametrize(("hdim", "seqlen", "path"), [(64, 128, "tma-host"), (64, 256, "tma-kernel"),
@@ -166,7 +178,9 @@ def test_kernel_regexes_select_the_project_kernels_by_name():
     assert re.search(fa2.kernel_regex, flash_attn_hopper._flash_fwd_hopper_kernel.fn.__name__)
     assert not re.search(fa2.kernel_regex, flash_attn._flash_bwd_dkdv_kernel.fn.__name__)
     assert re.search(fa2.bwd_kernel_regex, flash_attn._flash_bwd_dkdv_kernel.fn.__name__)
+    assert re.search(fa2.bwd_kernel_regex, flash_attn_hopper._flash_bwd_dkdv_hopper_kernel.fn.__name__)
     assert not re.search(fa2.bwd_kernel_regex, flash_attn._flash_fwd_kernel.fn.__name__)
+    assert not re.search(fa2.kernel_regex, flash_attn_hopper._flash_bwd_dkdv_hopper_kernel.fn.__name__)
 
 
 def test_every_provider_with_a_backward_names_its_backward_kernel():
