@@ -36,8 +36,10 @@ from __future__ import annotations
 import functools
 
 import torch
+from triton._C.libtriton import ir as _ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -276,10 +278,21 @@ BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB)
 
 
+@builtin
+def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
+    """A TMA reduce-add of shared-memory tile `src` into global memory at `coord` of `tensor_desc`
+    (cp.reduce.async.bulk.tensor .add; completion as for tma.async_copy_shared_to_global, by
+    tma.store_wait). Triton 3.6 lowers `tensor_descriptor.atomic_add` to this op, but its Gluon
+    Hopper module does not wrap it; this calls the same builder method."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
 @gluon.jit
-def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
-                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
-                        softmax_scale, qk_scale, CAUSAL: gl.constexpr):
+def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale,
+                        CAUSAL: gl.constexpr):
     """One warp: FA2 Alg. 2 line 6 (K_j, V_j, as two 64-key halves, once) and line 8's loads of
     Q_i and dO_i, each query step into the ring stage both consumers have released."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
@@ -302,12 +315,18 @@ def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, 
 
 
 @gluon.jit
-def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
-                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
-                        softmax_scale, qk_scale, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale,
+                        CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-16 for keys [HALF * 64, HALF * 64 + 64) of the
-    block, key-major (every matmul has these keys as M, K_j and V_j are shared-memory operands).
-    Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV matmul."""
+    block, key-major (every matmul of lines 8-14 has these keys as M; K_j and V_j are shared-memory
+    operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
+    matmul.
+    FUSED_DQ (line 13, FA3's scheme): both consumers put dS^T in shared memory and wait for each
+    other (mbarrier ds_bar); each then computes columns [HALF * 64, HALF * 64 + 64) of
+    dQ_i = dS K_j over all 128 keys and adds them into the float32 accumulator behind dq_desc with
+    one TMA reduce-add (the sum's order varies between runs)."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -331,6 +350,12 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, 
     dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
+    if FUSED_DQ:
+        DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]  # this consumer's columns of dQ
+        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, DQ_COLS, 16])
+        dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+        dq_buf = dq_smem.index(HALF)
     mbarrier.wait(kv_bar, 0)
     for step in range(n_steps):
         stage = step % STAGES
@@ -356,14 +381,38 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, 
         dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
         # line 12: dS^T = P^T * (dP^T - D_i), under the dV matmul
         dp = warpgroup_mma_wait(1, deps=[dp_tok])
-        ds = p * (dp - delta[None, :])
-        ds_op = gl.convert_layout(ds.to(dtype), op_layout)
+        ds = (p * (dp - delta[None, :])).to(dtype)
+        ds_op = gl.convert_layout(ds, op_layout)
         # line 14: dK_j += dS^T Q_i (the softmax scale is applied once at the end)
         dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
+        if FUSED_DQ:
+            # dS^T into this step's buffer pair (two pairs: a consumer may be one step ahead)
+            parity = step % 2
+            ds_smem.index(2 * parity + HALF).store(ds)
+            fence_async_shared()
+            gl.thread_barrier()  # the whole warpgroup's stores, before one thread arrives
+            mbarrier.arrive(ds_bar.index(parity), count=1)
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
+        if FUSED_DQ:
+            # line 13: dQ_i[:, this consumer's columns] = dS K_j[:, columns], over both halves' keys
+            mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
+            dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
+                                   k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
+                                   use_acc=False, is_async=True)
+            dq_tok = warpgroup_mma(ds_smem.index(2 * parity + 1).permute((1, 0)),
+                                   k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_tok, is_async=True)
+            dq = warpgroup_mma_wait(0, deps=[dq_tok])
+            tma.store_wait(pendings=0)  # the previous step's reduce-add has read dq_buf
+            dq_buf.store(dq * softmax_scale)
+            fence_async_shared()
+            gl.thread_barrier()
+            _tma_reduce_add(dq_desc, [row0 + first_m + step * BLOCK_M, col0 + HALF * DQ_COLS], dq_buf)
 
-    # line 16: write dK_j, dV_j, staged through this half's K and V buffers (only it read them)
+    if FUSED_DQ:  # the other consumer's last dQ matmul reads this half of K: wait for it
+        mbarrier.arrive(done_bar, count=1)
+        mbarrier.wait(done_bar, 0)
+    # line 16: write dK_j, dV_j, staged through this half's K and V buffers
     k_buf.store((dk * softmax_scale).to(dtype))
     v_buf.store(dv.to(dtype))
     fence_async_shared()
@@ -372,31 +421,58 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, 
     tma.store_wait(pendings=0)
 
 
-@gluon.jit
-def _bwd_dkdv_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem,
-                                   v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
-                                   pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
-                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
-                        softmax_scale, qk_scale, CAUSAL, 0)
+# The consumers' entry points, one per (dQ fused or not, half of the key block). FUSED_DQ is passed
+# on as a literal: a flag that came through gl.warp_specialize's arguments is a run-time value in
+# the partitions, and with the fused branch left in the non-fused kernel Triton 3.6's lowering
+# fails (an assertion in ConvertTritonGPUToLLVM).
 
 
 @gluon.jit
-def _bwd_dkdv_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem,
-                                    v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps,
-                                    pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem,
-                        do_smem, kv_bar, q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen,
-                        softmax_scale, qk_scale, CAUSAL, 1)
+def _bwd_dkdv_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+                                   v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                                   start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL, False, 0)
 
 
 @gluon.jit
-def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, num_heads, seqlen,
-                                  softmax_scale, qk_scale, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _bwd_dkdv_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+                                    v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                                    start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL, False, 1)
+
+
+@gluon.jit
+def _bwd_fused_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+                                    v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                                    start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL, True, 0)
+
+
+@gluon.jit
+def _bwd_fused_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+                                     v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                                     start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL, True, 1)
+
+
+@gluon.jit
+def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, num_heads,
+                                  seqlen, softmax_scale, qk_scale, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                  FUSED_DQ: gl.constexpr):
     """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks), partitioned as FA3's backward: a loader warp and two consumer
-    warpgroups of 64 keys each that share every Q_i and dO_i tile. dQ is the dQ kernel's
-    (flash_attn._flash_bwd_dq_kernel). The descriptors view (batch * seqlen, heads * head dim)."""
+    warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
+    seqlen, heads * head dim). Without FUSED_DQ, dq_desc is unused and dQ is the dQ kernel's
+    (flash_attn._flash_bwd_dq_kernel); with it, dq_desc is a float32 accumulator's, with tiles of
+    64 rows by half the head dim."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
@@ -427,27 +503,62 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
         mbarrier.init(q_bar.index(stage), count=1)
         mbarrier.init(do_bar.index(stage), count=1)
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
+    if FUSED_DQ:
+        gl.static_assert(2 * dq_desc.block_type.shape[1] == HEAD_DIM)
+        # dS^T of both consumers for two steps (the A operands of dQ = dS K, read transposed) and
+        # each consumer's float32 dQ tile for its reduce-add
+        ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc.layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
+        ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for parity in gl.static_range(2):
+            mbarrier.init(ds_bar.index(parity), count=2)  # both consumers' dS^T are in place
+        mbarrier.init(done_bar, count=2)
+        args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem, v_smem,
+                do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
+                col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL)
+        gl.warp_specialize([
+            (_bwd_fused_partition_first_half, args),
+            (_bwd_fused_partition_second_half, args),
+            (_bwd_load_partition, args),
+        ], [4, 1], [240, 24])
+    else:  # the fused path's buffers and barriers are not used: stand-ins of the right kinds
+        args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem, v_smem,
+                do_smem, q_smem, q_smem, kv_bar, q_bar, do_bar, empty_bar, q_bar, kv_bar, row0, start_n, first_m,
+                col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL)
+        gl.warp_specialize([
+            (_bwd_dkdv_partition_first_half, args),
+            (_bwd_dkdv_partition_second_half, args),
+            (_bwd_load_partition, args),
+        ], [4, 1], [240, 24])
 
-    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, LSE, Delta, q_smem, k_smem, v_smem, do_smem, kv_bar,
-            q_bar, do_bar, empty_bar, row0, start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL)
-    gl.warp_specialize([
-        (_bwd_dkdv_partition_first_half, args),
-        (_bwd_dkdv_partition_second_half, args),
-        (_bwd_load_partition, args),
-    ], [4, 1], [240, 24])
+
+@functools.cache
+def _fp32_tile_layout(rows: int, cols: int) -> gl.NVMMASharedLayout:
+    """The shared-memory layout of a float32 [rows, cols] tile (the fused dQ's reduce-adds)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float32)
 
 
 def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale: float, causal: bool,
-                                    stages: int = BWD_STAGES) -> None:
-    """Write dK and dV (FA2 Alg. 2 without dQ) given the forward's logsumexp `lse` and
-    D = rowsum(dO * O) in `delta` (both (batch, heads, seqlen) float32); the caller
-    (flash_attn.flash_attn_backward) has checked the scope (flash_attn.hopper_gluon_applies)."""
-    batch, seqlen, heads, _ = q.shape
+                                    dq_accum: torch.Tensor | None = None, stages: int = BWD_STAGES) -> None:
+    """Write dK and dV (FA2 Alg. 2) given the forward's logsumexp `lse` and D = rowsum(dO * O) in
+    `delta` (both (batch, heads, seqlen) float32); with `dq_accum` (a zeroed float32 tensor shaped
+    like q, head dim 128), also add dQ into it. The caller (flash_attn.flash_attn_backward) has
+    checked the scope (flash_attn.hopper_gluon_applies)."""
+    batch, seqlen, heads, headdim = q.shape
     grid = (seqlen // BWD_BLOCK_N, batch * heads)
     rows = BWD_BLOCK_N // 2
+    dk_desc = _row_descriptor(dk, rows)
+    if dq_accum is None:
+        dq_desc = dk_desc  # unused
+    else:
+        if headdim != 128:
+            raise ValueError(f"the fused dQ splits head dim 128 between the two consumers, got {headdim}")
+        dq_desc = TensorDescriptor(dq_accum, [batch * seqlen, heads * headdim], [dq_accum.stride(1), 1],
+                                   [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     _flash_bwd_dkdv_hopper_kernel[grid](
         _row_descriptor(q, BWD_BLOCK_M), _row_descriptor(k, rows), _row_descriptor(v, rows),
-        _row_descriptor(do, BWD_BLOCK_M), _row_descriptor(dk, rows), _row_descriptor(dv, rows),
+        _row_descriptor(do, BWD_BLOCK_M), dk_desc, _row_descriptor(dv, rows), dq_desc,
         lse, delta, heads, seqlen, softmax_scale, softmax_scale * LOG2E,
-        STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168,
+        STAGES=stages, CAUSAL=causal, FUSED_DQ=dq_accum is not None, num_warps=4, maxnreg=168,
     )

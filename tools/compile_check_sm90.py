@@ -88,7 +88,7 @@ def gluon_descriptor_type(rows: int, headdim: int, dtype: str = "bf16") -> str:
     shared-memory layout the launchers give it (NVMMASharedLayout.get_default_for)."""
     from triton.experimental.gluon import language as gl
 
-    element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    element = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32}[dtype]
     layout = gl.NVMMASharedLayout.get_default_for([rows, headdim], element)
     return f"tensordesc<{dtype}[{rows},{headdim}],{layout!r}>"
 
@@ -110,6 +110,7 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)))
     serialised = " wgmma serialised (ptxas C7512)" if "C7512" in ptxas.stderr else ""
+    serialised += " tma-reduce" if "cp.reduce.async.bulk.tensor" in ptx else ""
     return (f"{kernel.fn.__name__} {label} smem {compiled.metadata.shared} B  "
             f"spill stores {spills.group(1) if spills else '?'} B  warp-specialised "
             f"{'yes' if 'setmaxnreg' in ptx else 'no'}  tma {'yes' if 'cp.async.bulk.tensor' in ptx else 'no'}  "
@@ -130,18 +131,21 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -
                         {"STAGES": hopper.STAGES, "CAUSAL": causal})
 
 
-def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
-    """The Gluon dK/dV kernel (kernels/flash_attn_hopper.py) compiled for sm_90."""
+def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128, fused_dq: bool = False) -> str:
+    """The Gluon dK/dV kernel (kernels/flash_attn_hopper.py) compiled for sm_90, with dQ fused
+    (TMA reduce-adds into a float32 accumulator) or not."""
     from kernels import flash_attn_hopper as hopper
 
     query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
+    dq_tile = (gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim // 2, "fp32") if fused_dq else key_tile)
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
-                 "dk_desc": key_tile, "dv_desc": key_tile, "LSE": "*fp32", "Delta": "*fp32", "num_heads": "i32",
-                 "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32", "STAGES": "constexpr",
-                 "CAUSAL": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}", hopper._flash_bwd_dkdv_hopper_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
+                 "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "LSE": "*fp32", "Delta": "*fp32",
+                 "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
+                 "STAGES": "constexpr", "CAUSAL": "constexpr", "FUSED_DQ": "constexpr"}
+    label = f"d{headdim} causal={causal!s:5s} {dtype}" + (" fused dQ" if fused_dq else "")
+    return gluon_report(label, hopper._flash_bwd_dkdv_hopper_kernel, signature,
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq})
 
 
 def main() -> None:
@@ -164,6 +168,8 @@ def main() -> None:
             for headdim in hopper.HEAD_DIMS:
                 for causal in (False, True):
                     print(report_fn(causal, headdim=headdim))
+        for causal in (False, True):
+            print(hopper_gluon_bwd_report(causal, headdim=128, fused_dq=True))
         return
     for hdim in args.hdim:
         block_d = fa.padded_headdim(hdim)

@@ -5,20 +5,24 @@ dK/dV kernel of the production backward, on the H200.
                                                                   # against the production backward
     python tools/experiments/exp_bwd_gluon.py --time --dtype bf16 # ms and TFLOPs/s, with peers
 
-`--check` compares the Gluon kernel's dK and dV (written into NaN-poisoned buffers) with the
-float64 reference's gradients at batch 2 and 1k (every head dim, causal mode and stage count),
+`--check` compares the Gluon kernel's dK and dV (and dQ where fused) written into NaN-poisoned
+buffers with the float64 reference's gradients at batch 2 and 1k (every head dim, causal mode and stage count),
 then with the production backward's at the paper shapes that `--time` uses. Gluon kernels that
 deadlock hang the process, so run `--check` under `timeout` before `--time`.
 
 `--time` times, per (head dim, seqlen, causal), in one process:
 - the dK/dV kernels alone: Triton (the table's config) and Gluon (each `--stages`);
 - whole backwards: the production one (preprocess, Triton dK/dV, dQ), the same with the Gluon
-  dK/dV kernel, SDPA flash and SDPA cuDNN (TFLOPs/s by the paper's count, `baselines/flops.py`).
+  dK/dV kernel, the Gluon kernel with dQ fused (zeroing a float32 accumulator, preprocess, the
+  kernel, the cast), SDPA flash and SDPA cuDNN (TFLOPs/s by the paper's count,
+  `baselines/flops.py`); and the fused kernel alone.
+The fused variants run at head dim 128 only (the two consumers split its columns of dQ).
 Rows go to $OUT/exp_bwd_gluon.csv as they are measured.
 
-The variant with dQ fused into the Gluon kernel (element-wise float32 atomics) was checked and
-timed by this script at fc1794e (`git show fc1794e:kernels/flash_attn_hopper.py`), rows in
-reports/h200/tuning/exp_bwd_gluon_fc1794e/; it was 1.2-1.5x slower and is not kept.
+At fc1794e the fused variant added dQ with element-wise float32 atomics (`git show
+fc1794e:kernels/flash_attn_hopper.py`, rows in reports/h200/tuning/exp_bwd_gluon_fc1794e/): 1.2-1.5x
+slower than the two-kernel backward. Since then it adds dQ with one TMA reduce-add per consumer and
+step (FlashAttention-3's scheme).
 """
 from __future__ import annotations
 
@@ -62,10 +66,20 @@ def preprocess(out, do):
     return delta
 
 
-def gluon_dkdv(q, k, v, do, lse, delta, scale, causal, stages, bufs):
+def gluon_dkdv(q, k, v, do, lse, delta, scale, causal, stages, bufs, dq_accum=None):
     dk, dv = bufs
-    hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale, causal, stages)
+    hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale, causal, dq_accum, stages)
     return dk, dv
+
+
+def gluon_fused_backward(q, k, v, do, out, lse, scale, causal, stages, bufs):
+    """The whole backward with dQ fused into the Gluon kernel: zero a float32 dQ accumulator,
+    preprocess, the Gluon kernel (dK, dV, and dQ by TMA reduce-adds), cast dQ."""
+    dq, dk, dv, _ = bufs
+    dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    delta = preprocess(out, do)
+    hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale, causal, dq_accum, stages)
+    return dq.copy_(dq_accum), dk, dv
 
 
 def gluon_backward(q, k, v, do, out, lse, scale, causal, stages, bufs):
@@ -73,7 +87,7 @@ def gluon_backward(q, k, v, do, out, lse, scale, causal, stages, bufs):
     dq, dk, dv, delta = bufs
     cfg = fa.default_bwd_config(q.shape[3], q.device)
     triton_backward_parts(cfg, do, q, k, v, out, lse, scale, causal, ("pre",), bufs)
-    hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale, causal, stages)
+    hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale, causal, stages=stages)
     triton_backward_parts(cfg, do, q, k, v, out, lse, scale, causal, ("dq",), bufs)
     return dq, dk, dv
 
@@ -105,6 +119,16 @@ def check(args, record):
                 ok = (not torch.isnan(dk).any() and not torch.isnan(dv).any()
                       and errs["dk"] <= 2 * errs["prod_dk"] + 1e-4 and errs["dv"] <= 2 * errs["prod_dv"] + 1e-4)
                 record(**base, **errs, status="ok" if ok else "WRONG")
+                if hdim != 128:
+                    continue
+                dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+                gluon_fused_backward(q, k, v, do, out, lse, scale, causal, stages, (dq, dk, dv, None))
+                prod_dq = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, deterministic=True)[0]
+                errs = {"dq": rel_err(dq, q64.grad), "dk": rel_err(dk, k64.grad), "dv": rel_err(dv, v64.grad),
+                        "prod_dq": rel_err(prod_dq, q64.grad), "prod_dk": errs["prod_dk"], "prod_dv": errs["prod_dv"]}
+                ok = (not any(torch.isnan(t).any() for t in (dq, dk, dv))
+                      and all(errs[n] <= 2 * errs["prod_" + n] + 1e-4 for n in ("dq", "dk", "dv")))
+                record(**dict(base, check="float64 fused"), **errs, status="ok" if ok else "WRONG")
     for hdim in args.hdims:
         for seqlen in args.seqlens:
             for causal in (False, True):
@@ -112,13 +136,21 @@ def check(args, record):
                 scale = hdim ** -0.5
                 out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
                 delta = preprocess(out, do)
-                _, want_dk, want_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, deterministic=True)
+                want_dq, want_dk, want_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, deterministic=True)
                 for stages in args.stages:
                     dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
                     gluon_dkdv(q, k, v, do, lse, delta, scale, causal, stages, (dk, dv))
                     errs = {"dk": rel_err(dk, want_dk), "dv": rel_err(dv, want_dv)}
                     ok = not torch.isnan(dk).any() and not torch.isnan(dv).any() and max(errs.values()) < 1e-2
                     record(check="production", hdim=hdim, causal=causal, stages=stages, seqlen=seqlen, **errs,
+                           status="ok" if ok else "WRONG")
+                    if hdim != 128:
+                        continue
+                    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+                    gluon_fused_backward(q, k, v, do, out, lse, scale, causal, stages, (dq, dk, dv, None))
+                    errs = {"dq": rel_err(dq, want_dq), "dk": rel_err(dk, want_dk), "dv": rel_err(dv, want_dv)}
+                    ok = not any(torch.isnan(t).any() for t in (dq, dk, dv)) and max(errs.values()) < 1e-2
+                    record(check="prod fused", hdim=hdim, causal=causal, stages=stages, seqlen=seqlen, **errs,
                            status="ok" if ok else "WRONG")
                 torch.cuda.empty_cache()
 
@@ -153,6 +185,14 @@ def time(args, record):
                     ms = bench(partial(gluon_backward, q, k, v, do, out, lse, scale, causal, stages, bufs))
                     record(**base, provider=f"fa2 backward, gluon dkdv s{stages}", ms=ms,
                            tflops=tflops_per_second(flops, ms))
+                    if hdim != 128:
+                        continue
+                    ms = bench(partial(gluon_fused_backward, q, k, v, do, out, lse, scale, causal, stages, bufs))
+                    record(**base, provider=f"gluon fused dQ s{stages}", ms=ms, tflops=tflops_per_second(flops, ms))
+                    dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+                    ms = bench(partial(gluon_dkdv, q, k, v, do, lse, bufs[3], scale, causal, stages, bufs[1:3], dq_accum))
+                    record(**base, provider=f"gluon fused kernel alone s{stages}", ms=ms)
+                    del dq_accum
             del q, k, v, do, out, lse, bufs
             torch.cuda.empty_cache()
 
@@ -171,7 +211,7 @@ def main():
     if args.check:
         record = CsvRows(out_dir / f"exp_bwd_gluon_check_{args.dtype}.csv", lambda r: (
             f"{r['check']:10s} d{r['hdim']:<3d} s{r['seqlen']:<5d} c={r['causal']!s:5s} stages {r['stages']}  "
-            f"dk {r['dk']:.2e} dv {r['dv']:.2e}  {r['status']}"))
+            f"dq {r.get('dq', float('nan')):.2e} dk {r['dk']:.2e} dv {r['dv']:.2e}  {r['status']}"))
         check(args, record)
     else:
         record = CsvRows(out_dir / f"exp_bwd_gluon_{args.dtype}.csv", lambda r: (
