@@ -209,7 +209,15 @@ def _fa2_forward(q, k, v, causal, softmax_scale):
 
 
 def _fa2_config(spec: Spec) -> str:
-    from kernels.flash_attn import bwd_dkdv_path, default_bwd_config, default_fwd_config, fwd_memory_path
+    from kernels.flash_attn import (
+        HOPPER_GLUON_PATH,
+        bwd_dkdv_path,
+        bwd_fuses_dq,
+        bwd_gluon_fuses_dq,
+        default_bwd_config,
+        default_fwd_config,
+        fwd_memory_path,
+    )
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     fwd = _fa2_fwd_override or default_fwd_config(spec.hdim, spec.causal, device)
@@ -220,8 +228,12 @@ def _fa2_config(spec: Spec) -> str:
     config = {"fwd": asdict(fwd), "fwd_memory_path": path, "fwd_overridden": _fa2_fwd_override is not None}
     if spec.mode != "fwd":
         bwd = default_bwd_config(spec.hdim, device)
-        # which dK/dV kernel: the Triton one, or the Gluon one ('gluon-ws', head dim 128 on Hopper)
-        config["bwd"], config["bwd_dkdv_path"] = asdict(bwd), bwd_dkdv_path(bwd, like, like, like, like)
+        # which dK/dV kernel: the Triton one, or the Gluon one ('gluon-ws', head dim 128 on Hopper);
+        # and whether it adds dQ itself (atomics) instead of the dQ kernel
+        dkdv_path = bwd_dkdv_path(bwd, like, like, like, like)
+        fuses = (bwd_gluon_fuses_dq(bwd, spec.hdim) if dkdv_path == HOPPER_GLUON_PATH
+                 else bwd_fuses_dq(bwd, spec.seqlen))
+        config.update(bwd=asdict(bwd), bwd_dkdv_path=dkdv_path, bwd_fuses_dq=fuses)
     return json.dumps(config, sort_keys=True)
 
 

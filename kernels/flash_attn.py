@@ -11,11 +11,12 @@ Differences from flash-attn's CUDA kernels:
   dimension must be contiguous (other inputs are made contiguous first);
 * head dims that are not powers of two (59, 80, 96, 111, 160, ...) are padded inside the
   kernel to the next power of two with masked loads, not by copying inputs;
-* the backward recomputes S and dP in a dQ pass (7 matmuls instead of 5) so that dQ is written
-  once by one program, bit-identical between runs; TFLOPs/s always use the paper's count of 5
-  (baselines/flops.py). A config with `BwdConfig.fused_dq_min_rows` set instead has the dK/dV
-  kernel add dQ into a float32 accumulator (TMA reduce-adds, as FlashAttention-3 does) unless
-  `deterministic=True`; on the H200 that measured no faster, so no shipped table sets it;
+* this file's backward recomputes S and dP in a dQ pass (7 matmuls instead of 5) so that dQ is
+  written once by one program, bit-identical between runs; TFLOPs/s always use the paper's count
+  of 5 (baselines/flops.py). A config with `BwdConfig.fused_dq_min_rows` set instead has the
+  dK/dV kernel add dQ into a float32 accumulator (TMA reduce-adds) unless `deterministic=True`;
+  on the H200 that measured no faster, so no shipped table sets it. The Gluon dK/dV kernel
+  (below) does fuse dQ, FlashAttention-3's way, and that is faster;
 * dropout, sliding windows, softcapping, ALiBi and GQA/MQA raise NotImplementedError.
 
 On Hopper the forward moves its tiles with TMA tensor descriptors where the block table asks
@@ -28,8 +29,10 @@ At head dim 128 from 1k keys and 64 from 4k (equal lengths in whole blocks, 16-b
 views), the Hopper forward is not this file's kernel but the Gluon one of flash_attn_hopper.py, with
 FlashAttention-3's warp layout (`fwd_memory_path` returns 'gluon-ws'). In the same scope the
 head-dim-128 backward from 2k keys computes dK and dV with that file's Gluon kernel
-(`bwd_dkdv_path`); the preprocessing and dQ kernels are this file's in every case. Measurements
-behind these choices: reports/h200/perf_notes.md.
+(`bwd_dkdv_path`), which also adds dQ with TMA reduce-adds (`bwd_gluon_fuses_dq`; so dQ's
+rounding can differ between runs, as in flash-attn) unless `deterministic=True`, which keeps the
+dQ kernel. The preprocessing kernel is this file's in every case. Measurements behind these
+choices: reports/h200/perf_notes.md.
 
 Cautions: a query row that sees no key (causal with seqlen_q > seqlen_k) outputs zeros and
 has logsumexp +inf, as flash-attn does. Triton's CPU interpreter (TRITON_INTERPRET=1) runs
@@ -118,8 +121,13 @@ class BwdConfig:
     fused_dq_min_rows: int = 0
     # From this many keys, the dK/dV kernel is the Gluon one with FA3's warp layout
     # (kernels/flash_attn_hopper.py: a loader warp and two consumer warpgroups sharing each Q/dO
-    # tile) where its scope holds (hopper_gluon_applies) and dQ is not fused; 0 = never.
+    # tile) where its scope holds (hopper_gluon_applies); 0 = never. It takes precedence over
+    # fused_dq_min_rows.
     hopper_gluon_min_keys: int = 0
+    # Whether that Gluon kernel also adds dQ (FA3's scheme: TMA reduce-adds into a float32
+    # accumulator, so the sum's order varies between runs), at head dim 128, unless
+    # flash_attn_backward is asked to be deterministic; the dQ kernel then does not run.
+    hopper_gluon_fused_dq: bool = False
 
     @property
     def dq_warps(self) -> int:
@@ -169,11 +177,12 @@ HOPPER_BWD_CONFIGS = {
     32: BwdConfig(32, 128, 128, 32, 4, 3),
     64: BwdConfig(32, 128, 128, 32, 4, 3),
     # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 2048
-    # keys the Gluon dK/dV kernel instead: 0.84-0.97x this kernel's time at 1k-16k, whole backward
-    # 1.03-1.08x faster, bf16, same process (perf_notes, "v7"). Not at 1k: there forward+backward
-    # is host-bound when causal, and the Gluon launch costs more host time than it saves on the GPU.
-    # At head dim 64 it was 0.95-1.05x this kernel's time, so not taken there.
-    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=2048),
+    # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7): the backward 1.10-1.18x
+    # faster than with this kernel and the dQ kernel at 1k-16k, bf16 and fp16, same process
+    # (perf_notes, "v7"). Not at 1k: there forward+backward is host-bound when causal, and the
+    # Gluon launch costs more host time than it saves on the GPU. At head dim 64 the Gluon kernel
+    # without dQ was 0.98-1.18x this kernel's time, so not taken there.
+    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=2048, hopper_gluon_fused_dq=True),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
     # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k, whole backward 1.7-2.0x
@@ -914,8 +923,9 @@ def _ensure_descriptor_allocator() -> None:
 def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: bool,
                         config: BwdConfig | None = None, deterministic: bool = False):
     """Backward pass: returns (dq, dk, dv) in the inputs' dtype. Where the config fuses dQ into
-    the dK/dV kernel (`bwd_fuses_dq`), dQ is summed by atomics in an order that varies between
-    runs (as flash-attn's own backward does); `deterministic=True` takes the dQ kernel instead."""
+    the dK/dV kernel (`bwd_gluon_fuses_dq` on the Gluon path, `bwd_fuses_dq` on the Triton one), dQ
+    is summed by atomics in an order that varies between runs (as flash-attn's own backward does);
+    `deterministic=True` takes the dQ kernel instead."""
     do, q, k, v = (_last_dim_contiguous(t) for t in (do, q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
@@ -935,29 +945,16 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     if tma:
         _ensure_descriptor_allocator()
     common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal, "TMA": tma}
-    fused_dq = 0
-    dq_acc = dq  # unused by the dK/dV kernel unless dQ is fused
-    if bwd_fuses_dq(cfg, seqlen_q, deterministic):
-        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        # TMA reduce-adds on Hopper, else element-wise atomics (also in Triton's CPU interpreter,
-        # which has no descriptor reduce)
-        fused_dq = 2 if q.is_cuda and _on_hopper(q.device) and tma_compatible(dq_acc) else 1
-        if fused_dq == 2:
-            _ensure_descriptor_allocator()
-    if (bwd_dkdv_path(cfg, q, k, v, do, bool(fused_dq)) == HOPPER_GLUON_PATH
-            and q.is_cuda and _on_hopper(q.device)):  # the Gluon kernel is compiled for sm_90 only
-        flash_attn_hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale, causal)
+    if bwd_dkdv_path(cfg, q, k, v, do) == HOPPER_GLUON_PATH and q.is_cuda and _on_hopper(q.device):
+        # the Gluon kernel (compiled for sm_90 only), adding dQ itself where the config says so
+        dq_acc = (torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+                  if bwd_gluon_fuses_dq(cfg, headdim, deterministic) else None)
+        flash_attn_hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale, causal,
+                                                          dq_accum=dq_acc)
     else:
-        _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
-            q, k, v, do, lse, delta, dk, dv, dq_acc,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *_strides(dq_acc),
-            heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
-            BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
-            EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0,
-            QUERY_MAJOR=cfg.query_major, FUSED_DQ=fused_dq, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **common,
-        )
-    if fused_dq:
+        dq_acc = _launch_triton_dkdv(cfg, q, k, v, do, lse, delta, dk, dv, softmax_scale, common,
+                                     bwd_fuses_dq(cfg, seqlen_q, deterministic))
+    if dq_acc is not None:  # dQ was added into a float32 accumulator
         return dq.copy_(dq_acc), dk, dv
     _flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.block_m2), batch * heads)](
         q, k, v, do, lse, delta, dq,
@@ -969,6 +966,34 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     return dq, dk, dv
 
 
+def _launch_triton_dkdv(cfg: BwdConfig, q, k, v, do, lse, delta, dk, dv, softmax_scale: float, common: dict,
+                        fuse_dq: bool) -> torch.Tensor | None:
+    """_flash_bwd_dkdv_kernel into dk and dv; with `fuse_dq`, also dQ added into a float32
+    accumulator, which is returned (else None)."""
+    batch, seqlen_q, heads, _ = q.shape
+    seqlen_k = k.shape[1]
+    fused_dq = 0
+    dq_acc = None
+    if fuse_dq:
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        # TMA reduce-adds on Hopper, else element-wise atomics (also in Triton's CPU interpreter,
+        # which has no descriptor reduce)
+        fused_dq = 2 if q.is_cuda and _on_hopper(q.device) and tma_compatible(dq_acc) else 1
+        if fused_dq == 2:
+            _ensure_descriptor_allocator()
+    acc = dk if dq_acc is None else dq_acc  # DQ is unused by the kernel unless dQ is fused
+    _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
+        q, k, v, do, lse, delta, dk, dv, acc,
+        *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *_strides(acc),
+        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
+        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+        EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0,
+        QUERY_MAJOR=cfg.query_major, FUSED_DQ=fused_dq, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **common,
+    )
+    return dq_acc
+
+
 def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) -> bool:
     """Whether the dK/dV kernel adds dQ into a float32 accumulator (atomics, run-to-run rounding
     differences) instead of the dQ kernel writing it: where the config asks for it from this
@@ -976,15 +1001,23 @@ def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) 
     return bool(config.fused_dq_min_rows) and seqlen_q >= config.fused_dq_min_rows and not deterministic
 
 
-def bwd_dkdv_path(config: BwdConfig, q, k, v, do, fused_dq: bool = False) -> str:
+def bwd_dkdv_path(config: BwdConfig, q, k, v, do) -> str:
     """Which kernel computes dK and dV for these tensors by the config's rule: 'gluon-ws'
-    (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds and dQ
-    is not fused) or 'triton' (_flash_bwd_dkdv_kernel). flash_attn_backward takes 'gluon-ws' only
-    on an sm_90 device."""
-    if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys and not fused_dq
+    (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds) or
+    'triton' (_flash_bwd_dkdv_kernel). flash_attn_backward takes 'gluon-ws' only on an sm_90
+    device."""
+    if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
             and hopper_gluon_applies(q, k, v, do)):
         return HOPPER_GLUON_PATH
     return "triton"
+
+
+def bwd_gluon_fuses_dq(config: BwdConfig, headdim: int, deterministic: bool = False) -> bool:
+    """On the 'gluon-ws' path: whether the Gluon kernel adds dQ itself (TMA reduce-adds, the sum's
+    order varying between runs) instead of the dQ kernel writing it: where the config asks for it,
+    at head dim 128 (its two consumers split dQ's columns), unless a deterministic backward is
+    asked for."""
+    return config.hopper_gluon_fused_dq and headdim == 128 and not deterministic
 
 
 def bwd_uses_tma(config: BwdConfig, q, k, v, do) -> bool:
@@ -1040,11 +1073,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     bfloat16 (or float32). Returns out (batch, seqlen_q, heads, headdim), or with
     `return_attn_probs=True` the tuple (out, softmax_lse, S_dmask) where softmax_lse is
     (batch, heads, seqlen_q) float32 and S_dmask is None (flash-attn returns its dropout
-    pattern there; this kernel has no dropout). `deterministic` matters only with a `bwd_config`
-    that fuses dQ into the dK/dV kernel (`BwdConfig.fused_dq_min_rows`; no shipped table does):
-    then `deterministic=False` adds dQ with atomics, whose rounding differs from run to run as in
-    flash-attn, and `deterministic=True` keeps the separate dQ pass (bit-identical gradients). `fwd_config`/`bwd_config`
-    override the block-size table (benchmarks use them; results are identical up to rounding).
+    pattern there; this kernel has no dropout). `deterministic` matters where the backward fuses
+    dQ into the dK/dV kernel: the Hopper table's head-dim-128 backward from 2k keys (the Gluon
+    kernel, `bwd_gluon_fuses_dq`), or a `bwd_config` with `fused_dq_min_rows` set. There
+    `deterministic=False` adds dQ with atomics, whose rounding differs from run to run as in
+    flash-attn, and `deterministic=True` keeps the separate dQ pass (bit-identical gradients).
+    `fwd_config`/`bwd_config` override the block-size table (benchmarks use them; results are
+    identical up to rounding).
     """
     _check_unimplemented(dropout_p, window_size, softcap, alibi_slopes)
     if not isinstance(causal, bool):

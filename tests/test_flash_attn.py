@@ -407,14 +407,17 @@ def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
 @pytest.mark.parametrize("hdim", [64, 128, 256])
 def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dim_128_from_2k_keys(hdim):
     """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon one at head dim 128
-    from 2048 keys (measured faster; at 1k host-bound), the Triton one below that and at head dims
-    64 (measured no faster) and 256 (outside the Gluon kernel's scope); never with dQ fused."""
+    from 2048 keys (measured faster; at 1k host-bound), adding dQ itself, the Triton one below
+    that and at head dims 64 (measured no faster) and 256 (outside the Gluon kernel's scope)."""
     config = fa.HOPPER_BWD_CONFIGS[hdim]
     for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
         q = torch.empty(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype=torch.bfloat16)
         gluon = hdim == 128 and seqlen >= 2048
         assert (fa.bwd_dkdv_path(config, q, q, q, q) == fa.HOPPER_GLUON_PATH) == gluon, seqlen
-        assert fa.bwd_dkdv_path(config, q, q, q, q, fused_dq=True) == "triton"
+    # the Gluon kernel adds dQ itself at head dim 128 (FA3's scheme) unless asked to be deterministic
+    assert fa.bwd_gluon_fuses_dq(config, hdim) == (hdim == 128)
+    assert not fa.bwd_gluon_fuses_dq(config, hdim, deterministic=True)
+    assert not fa.bwd_fuses_dq(config, 16384)  # the Triton kernels never fuse in the table
 
 
 def test_hopper_gluon_dkdv_scope():
@@ -433,14 +436,15 @@ def test_hopper_gluon_dkdv_scope():
 
 
 def test_a_hopper_bwd_config_elsewhere_takes_the_triton_dkdv_kernel(poisoned_allocations, monkeypatch):
-    """A Hopper backward config whose rule picks the Gluon dK/dV kernel, on another device (here
-    the CPU interpreter), runs the Triton dK/dV kernel instead, with the right gradients."""
+    """A Hopper backward config whose rule picks the Gluon dK/dV kernel (with dQ fused), on another
+    device (here the CPU interpreter), runs the Triton dK/dV and dQ kernels instead, with the right
+    gradients."""
     dkdv, dq = spy_backward_kernels(monkeypatch)
-    config = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, hopper_gluon_min_keys=128)
+    config = dataclasses.replace(fa.INTERPRETER_BWD_CONFIG, hopper_gluon_min_keys=128, hopper_gluon_fused_dq=True)
     q = torch.empty(1, 128, 1, 64, dtype=torch.float16)
     assert fa.bwd_dkdv_path(config, q, q, q, q) == fa.HOPPER_GLUON_PATH
     check_backward(1, 128, 128, 1, 64, True, torch.float16, "cpu", bwd_config=config)
-    assert len(dkdv.launches) == 1 and len(dq.launches) == 1
+    assert [launch["FUSED_DQ"] for launch in dkdv.launches] == [0] and len(dq.launches) == 1
 
 
 def test_a_hopper_config_elsewhere_falls_back_to_the_triton_kernel(poisoned_allocations):
@@ -456,11 +460,12 @@ def test_a_hopper_config_elsewhere_falls_back_to_the_triton_kernel(poisoned_allo
 
 
 def test_hopper_gluon_kernels_compile_for_sm90():
-    """Gluon has no CPU interpreter: compile the forward and the dK/dV kernel for sm_90 (Triton's
-    bundled ptxas, in a process without TRITON_INTERPRET) and check what makes them fast is there:
-    warp specialisation, TMA loads and a wgmma left in flight (wait_group 1), no wgmma serialised
-    for want of registers, within sm_90's shared memory. The GPU tests run them against the
-    float64 reference."""
+    """Gluon has no CPU interpreter: compile the forward and the dK/dV kernel (with and without dQ
+    fused) for sm_90 (Triton's bundled ptxas, in a process without TRITON_INTERPRET) and check
+    what makes them fast is there: warp specialisation, TMA loads (and the fused dQ's TMA
+    reduce-adds) and a wgmma left in flight (wait_group 1), no wgmma serialised for want of
+    registers, within sm_90's shared memory. The GPU tests run them against the float64
+    reference."""
     import re
     import subprocess
     import sys
@@ -472,7 +477,10 @@ def test_hopper_gluon_kernels_compile_for_sm90():
                             capture_output=True, text=True, env=env, check=True).stdout
     forward = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
     backward = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
-    assert len(forward) == len(backward) == 4, report  # head dims 64 and 128, causal or not
+    # head dims 64 and 128, causal or not; the backward also with dQ fused at head dim 128
+    assert len(forward) == 4 and len(backward) == 6, report
+    fused = [line for line in backward if "fused dQ" in line]
+    assert len(fused) == 2 and all("tma-reduce" in line for line in fused), report
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
     assert "spill stores 0 B" in next(line for line in forward if "d128 causal=False" in line), report
     for line in forward + backward:
@@ -760,15 +768,17 @@ def test_gpu_backward_matches_reference(shape, causal, dtype, poisoned_allocatio
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused_dq", [True, False], ids=["fused-dq", "dq-kernel"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(2, 1024, 1024, 3, 128), (1, 4096, 4096, 2, 128), (4, 2048, 2048, 1, 128),
                                    (1, 16384, 16384, 1, 128), (2, 4096, 4096, 3, 64), (1, 8192, 8192, 2, 64)],
                          ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
-def test_gpu_hopper_gluon_dkdv_matches_reference(shape, causal, dtype, poisoned_allocations, monkeypatch):
+def test_gpu_hopper_gluon_dkdv_matches_reference(shape, causal, dtype, fused_dq, poisoned_allocations, monkeypatch):
     """The backward with the Gluon dK/dV kernel (kernels/flash_attn_hopper.py), which the Hopper
-    table takes at head dim 128 from 2k keys (here from 1k, and at head dim 64, by a config),
-    against float64; the Triton dK/dV kernel must not run, the Triton dQ kernel must."""
+    table takes at head dim 128 from 2k keys with dQ fused (here from 1k, at head dim 64, and
+    without fusing, by a config), against float64. The Triton dK/dV kernel must not run; the Triton
+    dQ kernel must run exactly where dQ is not fused (always at head dim 64)."""
     if not fa._on_hopper(torch.device("cuda")):
         pytest.skip("the Gluon dK/dV kernel is compiled for Hopper (sm_90) only")
     dkdv, dq = spy_backward_kernels(monkeypatch)
@@ -780,9 +790,11 @@ def test_gpu_hopper_gluon_dkdv_matches_reference(shape, causal, dtype, poisoned_
         return gluon_dkdv(*args, **kwargs)
 
     monkeypatch.setattr(flash_attn_hopper, "flash_attn_backward_dkdv_hopper", counted)
-    config = dataclasses.replace(fa.default_bwd_config(shape[4], torch.device("cuda")), hopper_gluon_min_keys=1024)
+    config = dataclasses.replace(fa.default_bwd_config(shape[4], torch.device("cuda")), hopper_gluon_min_keys=1024,
+                                 hopper_gluon_fused_dq=fused_dq)
     check_backward(*shape, causal, dtype, "cuda", bwd_config=config)
-    assert len(gluon_calls) == 1 and not dkdv.launches and len(dq.launches) == 1
+    fuses = fused_dq and shape[4] == 128
+    assert len(gluon_calls) == 1 and not dkdv.launches and len(dq.launches) == (0 if fuses else 1)
 
 
 def test_reference_softmax_scale_default_is_inverse_sqrt_headdim():
@@ -793,12 +805,16 @@ def test_reference_softmax_scale_default_is_inverse_sqrt_headdim():
 
 
 @pytest.mark.gpu
-def test_gpu_backward_is_deterministic_at_real_size():
-    """deterministic=True (the dQ kernel, no atomics), even with a config that would fuse dQ:
-    five backward passes at a size that spans many programs agree bit for bit."""
+@pytest.mark.parametrize("fusing", ["table", "triton-fused-dq"])
+def test_gpu_backward_is_deterministic_at_real_size(fusing):
+    """deterministic=True (the dQ kernel, no atomics), with configs that would fuse dQ otherwise
+    (on Hopper the table's Gluon dK/dV kernel at head dim 128 from 2k keys; the Triton dK/dV kernel
+    with fused_dq_min_rows): five backward passes at a size that spans many programs agree bit for
+    bit."""
     q, k, v = make_qkv(2, 2048, 2048, 8, 128, torch.bfloat16, "cuda", requires_grad=True)
     dout = torch.randn_like(q)
-    fusing = dataclasses.replace(fa.default_bwd_config(128, q.device), fused_dq_min_rows=1)
+    table = fa.default_bwd_config(128, q.device)
+    fusing = table if fusing == "table" else dataclasses.replace(table, fused_dq_min_rows=1, hopper_gluon_min_keys=0)
 
     def grads():
         out = flash_attn_func(q, k, v, causal=True, deterministic=True, bwd_config=fusing)
@@ -820,7 +836,8 @@ def test_gpu_backward_with_fused_dq_matches_reference(shape, causal, dtype, pois
     element-wise atomics elsewhere; the CPU tests run the atomic form): ragged lengths both ways
     (the descriptor drops rows past seqlen_q), a head dim padded to 128, both causal modes."""
     dkdv, dq = spy_backward_kernels(monkeypatch)
-    fusing = dataclasses.replace(fa.default_bwd_config(shape[4], torch.device("cuda")), fused_dq_min_rows=1)
+    fusing = dataclasses.replace(fa.default_bwd_config(shape[4], torch.device("cuda")), fused_dq_min_rows=1,
+                                 hopper_gluon_min_keys=0)  # the Triton dK/dV kernel, not the Gluon one
     check_backward(*shape, causal, dtype, "cuda", bwd_config=fusing)
     expected = 2 if fa._on_hopper(torch.device("cuda")) else 1
     assert [launch["FUSED_DQ"] for launch in dkdv.launches] == [expected] and not dq.launches

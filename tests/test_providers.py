@@ -121,7 +121,7 @@ def test_rungs_are_forward_only():
 def test_fa2_config_is_the_json_of_its_kernel_config():
     config = json.loads(get_provider("fa2").config(Spec("fwd_bwd", True, 64, 128, 1, 2, "fp16")))
     assert "block_m" in config["fwd"] and "block_m1" in config["bwd"]
-    assert config["bwd_dkdv_path"] == "triton"  # the interpreter's table: no Gluon kernel
+    assert config["bwd_dkdv_path"] == "triton" and not config["bwd_fuses_dq"]  # the interpreter's table
 
 
 @pytest.mark.parametrize(("seqlen", "path"), [(1024, "triton"), (2048, "gluon-ws")])
@@ -133,6 +133,7 @@ def test_fa2_config_records_the_dkdv_kernel(seqlen, path, monkeypatch):
     monkeypatch.setattr(flash_attn, "default_bwd_config", lambda hdim, device: flash_attn.HOPPER_BWD_CONFIGS[hdim])
     config = json.loads(get_provider("fa2").config(Spec("bwd", False, 128, seqlen, 16384 // seqlen, 16, "bf16")))
     assert config["bwd_dkdv_path"] == path
+    assert config["bwd_fuses_dq"] == (path == "gluon-ws")  # the Gluon kernel adds dQ; the Triton table's does not
 
 
 @pytest.mark.parametrize(("hdim", "seqlen", "path"), [(64, 128, "tma-host"), (64, 256, "tma-kernel"),
