@@ -1,5 +1,5 @@
-"""FA2's forward (Algorithm 1) and the backward's dK/dV kernel (Algorithm 2 without line 13) on
-Hopper, written in Gluon with FlashAttention-3's layout.
+"""FA2's forward (Algorithm 1) and the backward's dK/dV kernel (Algorithm 2, with or without line
+13's dQ) on Hopper, written in Gluon with FlashAttention-3's layout.
 
 Triton 3.6 compiles the forward of `flash_attn.py` to wgmma, but it waits for every matmul at
 once and its key loop synchronises all warps at CTA-wide barriers, so the softmax does not run
@@ -25,9 +25,13 @@ it measured 0.97-1.10x the Triton kernel, faster on average; at 2k causal it was
 
 The backward's dK/dV kernel (below the forward) has the same shape: a loader warp streams Q_i and
 dO_i tiles, two consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax
-with the next matmul of the same query step. `flash_attn.flash_attn_backward` takes it at head dim
-128 from 2k keys in the same scope (`flash_attn.bwd_dkdv_path`); dQ stays the Triton dQ kernel's
-(fusing it here, with element-wise atomics, made the backward 1.2-1.5x slower; perf_notes, "v7").
+with the next matmul of the same query step. At head dim 128 it can add dQ too, as FA3 does: the
+consumers exchange dS^T through shared memory, each computes half of dQ_i's columns over all 128
+keys and adds them with one TMA reduce-add per step (5 matmuls instead of the Triton backward's 7;
+with element-wise atomics instead, an earlier version was 1.2-1.5x slower, perf_notes "v6 -> v7").
+`flash_attn.flash_attn_backward` takes it at head dim 128 from 2k keys in the same scope
+(`flash_attn.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
+(`flash_attn.bwd_gluon_fuses_dq`).
 
 Gluon has no CPU interpreter: the CPU tests compile these kernels for sm_90, the GPU tests run them.
 """

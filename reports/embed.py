@@ -173,6 +173,23 @@ def ms_ratio_table(path: Path, hdim: int, providers: list[str], ratios: list[tup
     return "\n".join(lines)
 
 
+def runs_ratio_table(sources: list[tuple[str, Path]], hdim: int, seqlens: tuple[int, ...],
+                     peer: str = "sdpa-flash") -> str:
+    """Runner result rows of several runs of the same sweep: our TFLOPs/s over `peer`'s at `hdim`
+    and `seqlens`, each ratio within one run, one column per run."""
+    columns = {}
+    for label, path in sources:
+        rows = pd.read_csv(path)
+        rows = rows[(rows.status == "ok") & (rows.hdim == hdim) & rows.seqlen.isin(seqlens)]
+        wide = rows.pivot_table(index=["mode", "causal", "seqlen"], columns="provider", values="tflops")
+        columns[label] = wide["fa2"] / wide[peer]
+    table = pd.DataFrame(columns)
+    lines = ["| mode | causal | seqlen | " + " | ".join(table.columns) + " |", "|---|---|---|" + "---|" * len(table.columns)]
+    for (mode, causal, seqlen), r in table.iterrows():
+        lines.append(f"| {mode} | {causal} | {seqlen} | " + " | ".join(f"{v:.3f}x" for v in r) + " |")
+    return "\n".join(lines)
+
+
 def fused_dq_prediction_table(paths: list[Path]) -> str:
     """exp_bwd.py's rows of the two-kernel backward and the fused-dQ configs: the prediction (the
     fused kernel running its 5 matmuls at the rate the dK/dV kernel runs its 4: 5/4 of the dK/dV
@@ -424,6 +441,20 @@ SECTIONS = {
         [("fused backward / two-kernel backward, time", "gluon fused dQ s2", "fa2 backward"),
          ("fused kernel / Triton dK/dV kernel, time", "gluon fused kernel alone s2", "triton dkdv")]))
        for h in (128, 64)},
+    **{f"bwd_gluon_fused_tma_{dtype}": (lambda dtype=dtype: ms_ratio_table(
+        TUNING / "exp_bwd_gluon_174d56b" / f"exp_bwd_gluon_{dtype}.csv", 128,
+        ["fa2 backward", "fa2 backward, gluon dkdv s2", "gluon fused dQ s2", "sdpa-cudnn"],
+        [("production (174d56b) / fused backward, time (speed-up)", "fa2 backward", "gluon fused dQ s2"),
+         ("cuDNN / fused backward, time (speed vs cuDNN)", "sdpa-cudnn", "gluon fused dQ s2")]))
+       for dtype in ("bf16", "fp16")},
+    "host_time_gluon_fused_dq": lambda: host_time_table(
+        TUNING / "exp_host_overhead_gluon_fused_dq_d1d3766" / "exp_host_overhead.csv", ("bwd", "fwd_bwd")),
+    "short_points_v7_runs": lambda: "\n\n".join(
+        f"{dtype}:\n\n" + runs_ratio_table(
+            [(f"{run.format(dtype=dtype)} ({commit})", H200 / "paper_runs" / run.format(dtype=dtype) / "results.csv")
+             for run, commit in (("v7_{dtype}_d128_bwd", "3506551"), ("v7_{dtype}_d128_bwd_fused_dq", "d1d3766"))],
+            128, (512, 1024))
+        for dtype in ("bf16", "fp16")),
     "host_time_gluon_dkdv": lambda: host_time_table(
         TUNING / "exp_host_overhead_gluon_dkdv_3506551" / "exp_host_overhead.csv", ("bwd", "fwd_bwd")),
     "compile_hopper_v7": lambda: text_block(TUNING / "compile_check_hopper_gluon_v7_sm90.txt"),
