@@ -14,9 +14,10 @@ Differences from flash-attn's CUDA kernels:
 * this file's backward recomputes S and dP in a dQ pass (7 matmuls instead of 5) so that dQ is
   written once by one program, bit-identical between runs; TFLOPs/s always use the paper's count
   of 5 (baselines/flops.py). A config with `BwdConfig.fused_dq_min_rows` set instead has the
-  dK/dV kernel add dQ into a float32 accumulator (TMA reduce-adds) unless `deterministic=True`;
-  on the H200 that measured no faster, so no shipped table sets it. The Gluon dK/dV kernel
-  (below) does fuse dQ, FlashAttention-3's way, and that is faster;
+  dK/dV kernel add dQ into a float32 accumulator (TMA reduce-adds on Hopper, element-wise atomics
+  elsewhere) unless `deterministic=True`; on the H200 that measured no faster, so no shipped table
+  sets it. The Gluon dK/dV kernel (below) fuses dQ FlashAttention-3's way at head dim 128 unless
+  `deterministic=True`, and that is faster;
 * dropout, sliding windows, softcapping, ALiBi and GQA/MQA raise NotImplementedError.
 
 On Hopper the forward moves its tiles with TMA tensor descriptors where the block table asks
@@ -114,7 +115,7 @@ class BwdConfig:
     # (seqlen, head dim) like the forward's in-kernel path: no address registers per tile.
     tma: bool = False
     # From this many query rows, dQ added by the dK/dV kernel into a float32 accumulator (TMA
-    # reduce-adds; FA2 Alg. 2 as the paper has it: 5 matmuls, not 7) unless flash_attn_backward
+    # reduce-adds; FA2 Alg. 2 line 15 as the paper has it: 5 matmuls, not 7) unless flash_attn_backward
     # is asked to be deterministic. 0 = never: the dQ kernel. 0 in every table: on the H200 the
     # fused backward (its best config per point) ran at 0.90-1.00x the speed of the two-kernel
     # one at head dims 64 and 128, 1k-16k (perf_notes, "v6").
@@ -177,9 +178,10 @@ HOPPER_BWD_CONFIGS = {
     32: BwdConfig(32, 128, 128, 32, 4, 3),
     64: BwdConfig(32, 128, 128, 32, 4, 3),
     # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 2048
-    # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7): the backward 1.10-1.18x
-    # faster than with this kernel and the dQ kernel at 1k-16k, bf16 and fp16, same process
-    # (perf_notes, "v7"). Not at 1k: there forward+backward is host-bound when causal, and the
+    # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7): the backward 1.08-1.20x
+    # faster at 1k-16k, bf16 and fp16, same process, than the one committed before it (this kernel
+    # and the dQ kernel below 2k keys; from 2k the non-fused Gluon kernel and the dQ kernel)
+    # (perf_notes, "v6 -> v7"). Not at 1k: there forward+backward is host-bound when causal, and the
     # Gluon launch costs more host time than it saves on the GPU. At head dim 64 the Gluon kernel
     # without dQ was 0.98-1.18x this kernel's time, so not taken there.
     128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=2048, hopper_gluon_fused_dq=True),
@@ -330,7 +332,7 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo,
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n_base
         n_ok = offs_n < seqlen_k
-        # line 6: load K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D)
+        # line 7: load K_j^T (BLOCK_D, BLOCK_N) and V_j (BLOCK_N, BLOCK_D)
         if TMA:
             kT = K.load([kv_row0 + start_n, col0]).T
             v = V.load([kv_row0 + start_n, col0])
@@ -402,7 +404,7 @@ def _flash_fwd_kernel(
     m_ok = offs_m < seqlen_q
     d_ok = offs_d < HEAD_DIM
 
-    # line 4: load Q_i; lines 2-3 of the loop: O = 0, l = 0, m = -inf
+    # line 4: load Q_i; line 5: O = 0, l = 0, m = -inf
     if TMA == 2:  # where this (batch, head) starts in the host descriptors' 2D view
         q_row0 = (b * seqlen_q).to(tl.int32)
         kv_row0 = (b * seqlen_k).to(tl.int32)
@@ -427,7 +429,7 @@ def _flash_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
-    # lines 5-11: key blocks left of the diagonal unmasked, then the ones that need a mask
+    # lines 6-11: key blocks left of the diagonal unmasked, then the ones that need a mask
     full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
                                0, full, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
@@ -486,13 +488,13 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, 
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
                     MASK: tl.constexpr, EVEN_D: tl.constexpr, QUERY_MAJOR: tl.constexpr,
                     TMA: tl.constexpr, FUSED_DQ: tl.constexpr):
-    """FA2 Alg. 2 lines 8-14 for one key block over query blocks [lo, hi). Query rows past
+    """FA2 Alg. 2 lines 8-16 for one key block over query blocks [lo, hi). Query rows past
     seqlen_q load L = +inf and dO = 0, so they contribute exactly nothing without a mask.
     Key-major (default): every matmul has the key block as M (S^T = K Q^T), K and V are
     register operands. Query-major: S = Q K^T and dP = dO V^T have the query block as M, and
     P and dS are transposed on chip for the dV and dK updates; K and V stay in shared memory.
     With TMA, Q and DO are tensor descriptors bounded at (seqlen_q, HEAD_DIM) (zero fill).
-    FUSED_DQ (FA2 Alg. 2 line 13 as the paper has it): dQ_i += scale * dS K_j is added into the
+    FUSED_DQ (FA2 Alg. 2 line 15 as the paper has it): dQ_i += scale * dS K_j is added into the
     float32 accumulator DQ here, by a TMA reduce-add of the tile (2: DQ a descriptor bounded at
     (seqlen_q, HEAD_DIM)) or element-wise atomics (1: DQ a pointer); 0: the dQ kernel does it."""
     offs_m_base = tl.arange(0, BLOCK_M)
@@ -522,31 +524,31 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, 
             lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf"))
             delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
         if QUERY_MAJOR:
-            # lines 8-9: recompute S = Q K^T and P = exp(S - L) (log2 domain)
+            # lines 10-11: recompute S = Q K^T and P = exp(S - L) (log2 domain)
             p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None] * LOG2E)
             if MASK:
                 p = tl.where(offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q), p, 0.0)
-            # line 10: dV += P^T dO
+            # line 12: dV += P^T dO
             dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
-            # lines 11-12: dP = dO V^T, dS = P * (dP - D)
+            # lines 13-14: dP = dO V^T, dS = P * (dP - D)
             ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
-            # line 14: dK += dS^T Q (the softmax scale is applied once at the end)
+            # line 16: dK += dS^T Q (the softmax scale is applied once at the end)
             dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
-            if FUSED_DQ:  # line 13: dQ_i += scale * dS K_j
+            if FUSED_DQ:  # line 15: dQ_i += scale * dS K_j
                 _bwd_add_dq(DQ, tl.dot(ds.to(k.dtype), k) * softmax_scale, start_m, offs_m, offs_d, m_ok,
                             d_ok, stride_dqs, EVEN_M, EVEN_D, FUSED_DQ)
         else:
-            # lines 8-9: recompute S^T = K Q^T and P^T = exp(S^T - L) (log2 domain)
+            # lines 10-11: recompute S^T = K Q^T and P^T = exp(S^T - L) (log2 domain)
             pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse[None, :] * LOG2E)
             if MASK:
                 pT = tl.where(offs_n[:, None] <= offs_m[None, :] + (seqlen_k - seqlen_q), pT, 0.0)
-            # line 10: dV += P^T dO
+            # line 12: dV += P^T dO
             dv = tl.dot(pT.to(do.dtype), do, dv)
-            # lines 11-12: dP^T = V dO^T, dS^T = P^T * (dP^T - D)
+            # lines 13-14: dP^T = V dO^T, dS^T = P^T * (dP^T - D)
             dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
-            # line 14: dK += dS^T Q (the softmax scale is applied once at the end)
+            # line 16: dK += dS^T Q (the softmax scale is applied once at the end)
             dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
-            if FUSED_DQ:  # line 13: dQ_i += scale * dS K_j
+            if FUSED_DQ:  # line 15: dQ_i += scale * dS K_j
                 _bwd_add_dq(DQ, tl.dot(tl.trans(dsT.to(k.dtype)), k) * softmax_scale, start_m, offs_m, offs_d,
                             m_ok, d_ok, stride_dqs, EVEN_M, EVEN_D, FUSED_DQ)
     return dk, dv
@@ -584,9 +586,9 @@ def _flash_bwd_dkdv_kernel(
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, QUERY_MAJOR: tl.constexpr,
     TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
 ):
-    """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2 lines 5-16):
+    """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2 lines 5-18):
     every element is written by exactly one program, so no atomics for them. With FUSED_DQ the
-    program also adds its part of every dQ_i into DQ, a float32 accumulator (line 13, atomics:
+    program also adds its part of every dQ_i into DQ, a float32 accumulator (line 15, atomics:
     the sum's order varies between runs); without, DQ is unused and the dQ kernel follows."""
     start_n = tl.program_id(0) * BLOCK_N
     pid_bh = tl.program_id(1)
@@ -638,7 +640,7 @@ def _flash_bwd_dkdv_kernel(
     dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, stride_dqs,
                              offs_n, offs_d, full, seqlen_q, seqlen_q, seqlen_k, softmax_scale, qk_scale,
                              HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D, QUERY_MAJOR, TMA, FUSED_DQ)
-    # line 16: write dK_j (scaled once: S = scale * Q K^T) and dV_j
+    # line 18: write dK_j (scaled once: S = scale * Q K^T) and dV_j
     _store_tile(DK + offs_n[:, None] * stride_dks + offs_d[None, :],
                 (dk * softmax_scale).to(DK.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
     _store_tile(DV + offs_n[:, None] * stride_dvs + offs_d[None, :],
@@ -650,7 +652,7 @@ def _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, off
                   seqlen_q, seqlen_k, qk_scale,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                   MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
-    """FA2 Alg. 2 lines 8-13 for one query block over key blocks [lo, hi). With TMA, K and V
+    """FA2 Alg. 2 lines 10-15 for one query block over key blocks [lo, hi). With TMA, K and V
     are tensor descriptors bounded at (seqlen_k, HEAD_DIM) (zero fill)."""
     offs_n_base = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
@@ -665,16 +667,16 @@ def _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, off
                             not EVEN_D, MASK)
             vT = _load_tile(V + offs_d[:, None] + offs_n[None, :] * stride_vs, d_ok, n_ok,
                             not EVEN_D, MASK)
-        # lines 8-9: P = exp(S - L)
+        # lines 10-11: P = exp(S - L)
         p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
         if MASK:
             visible = n_ok[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
             p = tl.where(visible, p, 0.0)
-        # lines 11-12: dP = dO V^T, dS = P * (dP - D)
+        # lines 13-14: dP = dO V^T, dS = P * (dP - D)
         ds = p * (tl.dot(do, vT) - delta[:, None])
-        # line 13: dQ += dS K
+        # line 15: dQ += dS K
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq)
     return dq
 
@@ -693,7 +695,7 @@ def _flash_bwd_dq_kernel(
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, TMA: tl.constexpr,
 ):
     """One program per (query block, batch x head) owns dQ_i: the dQ part of FA2 Alg. 2
-    (line 13) as a separate pass, so dQ needs no atomics and the result is deterministic."""
+    (line 15) as a separate pass, so dQ needs no atomics and the result is deterministic."""
     start_m = _query_block_start(CAUSAL, BLOCK_M)
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
@@ -1007,7 +1009,7 @@ def bwd_dkdv_path(config: BwdConfig, q, k, v, do) -> str:
     'triton' (_flash_bwd_dkdv_kernel). flash_attn_backward takes 'gluon-ws' only on an sm_90
     device."""
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
-            and hopper_gluon_applies(q, k, v, do)):
+            and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0 and hopper_gluon_applies(q, k, v, do)):
         return HOPPER_GLUON_PATH
     return "triton"
 

@@ -1,5 +1,5 @@
 """FA2's forward (Algorithm 1) and the backward's dK/dV kernel (Algorithm 2, with or without line
-13's dQ) on Hopper, written in Gluon with FlashAttention-3's layout.
+15's dQ) on Hopper, written in Gluon with FlashAttention-3's layout.
 
 Triton 3.6 compiles the forward of `flash_attn.py` to wgmma, but it waits for every matmul at
 once and its key loop synchronises all warps at CTA-wide barriers, so the softmax does not run
@@ -81,7 +81,7 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_
 @gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                     q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL: gl.constexpr):
-    """One warp: FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 6 (K_j, V_j) as TMA loads,
+    """One warp: FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j) as TMA loads,
     each key block into the ring stage both consumers have released (empty_bar counts two)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
@@ -123,7 +123,7 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     q_buf = q_smem.index(HALF)
 
-    # lines 2-3: O = 0, l = 0, m = -inf
+    # line 5: O = 0, l = 0, m = -inf
     start_m = (q_row - kv_row0) + HALF * ROWS  # this half's first query row in its sequence
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -275,7 +275,7 @@ def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: b
 
 
 # --------------------------------------------------------------------------------------
-# Backward: the dK/dV kernel (FA2 Alg. 2 lines 5-16 without line 13) in FA3's layout
+# Backward: the dK/dV kernel (FA2 Alg. 2 lines 5-18, line 15's dQ optionally) in FA3's layout
 # --------------------------------------------------------------------------------------
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
@@ -297,7 +297,7 @@ def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
                         v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
                         start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale,
                         CAUSAL: gl.constexpr):
-    """One warp: FA2 Alg. 2 line 6 (K_j, V_j, as two 64-key halves, once) and line 8's loads of
+    """One warp: FA2 Alg. 2 line 6 (K_j, V_j, as two 64-key halves, once) and line 9's loads of
     Q_i and dO_i, each query step into the ring stage both consumers have released."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
@@ -323,11 +323,11 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
                         v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
                         start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale,
                         CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
-    """One consumer warpgroup: FA2 Alg. 2 lines 7-16 for keys [HALF * 64, HALF * 64 + 64) of the
-    block, key-major (every matmul of lines 8-14 has these keys as M; K_j and V_j are shared-memory
-    operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
+    """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
+    block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
+    shared-memory operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
     matmul.
-    FUSED_DQ (line 13, FA3's scheme): both consumers put dS^T in shared memory and wait for each
+    FUSED_DQ (line 15, FA3's scheme): both consumers put dS^T in shared memory and wait for each
     other (mbarrier ds_bar); each then computes columns [HALF * 64, HALF * 64 + 64) of
     dQ_i = dS K_j over all 128 keys and adds them into the float32 accumulator behind dq_desc with
     one TMA reduce-add (the sum's order varies between runs)."""
@@ -367,27 +367,27 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
         offs_m = first_m + step * BLOCK_M + offs_m_base
         q_buf = q_smem.index(stage)
         do_buf = do_smem.index(stage)
-        # line 8: S^T = K_j Q_i^T (unscaled); line 11: dP^T = V_j dO_i^T; both in flight
+        # line 10: S^T = K_j Q_i^T (unscaled); line 13: dP^T = V_j dO_i^T; both in flight
         mbarrier.wait(q_bar.index(stage), phase)
         s_tok = warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
         mbarrier.wait(do_bar.index(stage), phase)
         dp_tok = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
         lse = gl.load(LSE + offs_m) * 1.4426950408889634  # natural log -> log2 (LOG2E)
         delta = gl.load(Delta + offs_m)
-        # line 9: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
+        # line 11: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = gl.exp2(s * qk_scale - lse[None, :])
         if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
             if step * BLOCK_M < 2 * ROWS:  # the query steps that cross the diagonal of this block
                 p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
         p_op = gl.convert_layout(p.to(dtype), op_layout)
-        # line 10: dV_j += P^T dO_i
+        # line 12: dV_j += P^T dO_i
         dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
-        # line 12: dS^T = P^T * (dP^T - D_i), under the dV matmul
+        # line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul
         dp = warpgroup_mma_wait(1, deps=[dp_tok])
         ds = (p * (dp - delta[None, :])).to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
-        # line 14: dK_j += dS^T Q_i (the softmax scale is applied once at the end)
+        # line 16: dK_j += dS^T Q_i (the softmax scale is applied once at the end)
         dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
         if FUSED_DQ:
             # dS^T into this step's buffer pair (two pairs: a consumer may be one step ahead)
@@ -399,7 +399,7 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
         if FUSED_DQ:
-            # line 13: dQ_i[:, this consumer's columns] = dS K_j[:, columns], over both halves' keys
+            # line 15: dQ_i[:, this consumer's columns] = dS K_j[:, columns], over both halves' keys
             mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
             dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
                                    k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
@@ -416,7 +416,7 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
     if FUSED_DQ:  # the other consumer's last dQ matmul reads this half of K: wait for it
         mbarrier.arrive(done_bar, count=1)
         mbarrier.wait(done_bar, 0)
-    # line 16: write dK_j, dV_j, staged through this half's K and V buffers
+    # line 18: write dK_j, dV_j, staged through this half's K and V buffers
     k_buf.store((dk * softmax_scale).to(dtype))
     v_buf.store(dv.to(dtype))
     fence_async_shared()

@@ -417,6 +417,8 @@ def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dim_128_from_2k_key
     # the Gluon kernel adds dQ itself at head dim 128 (FA3's scheme) unless asked to be deterministic
     assert fa.bwd_gluon_fuses_dq(config, hdim) == (hdim == 128)
     assert not fa.bwd_gluon_fuses_dq(config, hdim, deterministic=True)
+    # never at other head dims, even where a config asks for it (the consumers split 128 columns)
+    assert not fa.bwd_gluon_fuses_dq(dataclasses.replace(config, hopper_gluon_fused_dq=True), 64)
     assert not fa.bwd_fuses_dq(config, 16384)  # the Triton kernels never fuse in the table
 
 
@@ -724,12 +726,13 @@ def test_gpu_hopper_gluon_forward_matches_reference(shape, causal, dtype, poison
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("layout", ["qkv-packed", "padded-rows"])
 def test_gpu_hopper_gluon_forward_on_strided_views(layout, causal, poisoned_allocations):
-    """The Gluon forward's scope admits views whose rows are longer than heads x head dim (q, k, v
-    sliced out of a packed qkv, or rows padded at the end): its 2D descriptors step by stride(1).
-    Forward against float64, and the backward through autograd for the packed layout."""
+    """The Gluon kernels' scope admits views whose rows are longer than heads x head dim (q, k, v
+    sliced out of a packed qkv, or rows padded at the end): their 2D descriptors step by stride(1).
+    Forward against float64, and the backward through autograd for the packed layout (at 2048 keys
+    the Gluon backward, with dQ fused)."""
     if not fa._on_hopper(torch.device("cuda")):
         pytest.skip("the Gluon forward is compiled for Hopper (sm_90) only")
-    batch, seqlen, heads, headdim = 2, 1024, 3, 128
+    batch, seqlen, heads, headdim = 2, 2048, 3, 128
     if layout == "qkv-packed":
         qkv = torch.randn(batch, seqlen, 3, heads, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]

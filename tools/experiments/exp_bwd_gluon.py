@@ -1,21 +1,26 @@
-"""The Gluon dK/dV kernel (kernels/flash_attn_hopper.py, FA3's warp layout) against the Triton
-dK/dV kernel of the production backward, on the H200.
+"""The Gluon dK/dV kernel (kernels/flash_attn_hopper.py, FA3's warp layout), with and without dQ
+fused, against the Triton backward's kernels, on the H200.
 
-    python tools/experiments/exp_bwd_gluon.py --check            # dK, dV against float64, then
-                                                                  # against the production backward
+    python tools/experiments/exp_bwd_gluon.py --check            # against float64, then against
+                                                                  # the Triton backward
     python tools/experiments/exp_bwd_gluon.py --time --dtype bf16 # ms and TFLOPs/s, with peers
 
-`--check` compares the Gluon kernel's dK and dV (and dQ where fused) written into NaN-poisoned
-buffers with the float64 reference's gradients at batch 2 and 1k (every head dim, causal mode and stage count),
-then with the production backward's at the paper shapes that `--time` uses. Gluon kernels that
-deadlock hang the process, so run `--check` under `timeout` before `--time`.
+`--check` compares the Gluon kernel's dK and dV (and dQ where fused), written into NaN-poisoned
+buffers, with the float64 reference's gradients at batch 2 and 1k (every head dim, causal mode and
+stage count), then with the Triton backward's (`TRITON_BWD`: the table's config without the Gluon
+kernel) at the paper shapes of `--seqlens`. Gluon kernels that deadlock hang the process, so run
+`--check` under `timeout` before `--time`.
 
 `--time` times, per (head dim, seqlen, causal), in one process:
 - the dK/dV kernels alone: Triton (the table's config) and Gluon (each `--stages`);
-- whole backwards: the production one (preprocess, Triton dK/dV, dQ), the same with the Gluon
-  dK/dV kernel, the Gluon kernel with dQ fused (zeroing a float32 accumulator, preprocess, the
-  kernel, the cast), SDPA flash and SDPA cuDNN (TFLOPs/s by the paper's count,
-  `baselines/flops.py`); and the fused kernel alone.
+- whole backwards:
+  - `fa2 backward`: flash_attn_backward as committed at the commit that runs (since d1d3766, the
+    fused Gluon backward at head dim 128 from 2k keys);
+  - `fa2 backward, gluon dkdv`: the preprocessing, Gluon dK/dV and Triton dQ kernels;
+  - `gluon fused dQ`: zeroing a float32 accumulator, the preprocessing, the Gluon kernel with dQ
+    fused, the cast;
+  - SDPA flash and SDPA cuDNN (TFLOPs/s by the paper's count, `baselines/flops.py`);
+- and the fused kernel alone.
 The fused variants run at head dim 128 only (the two consumers split its columns of dQ).
 Rows go to $OUT/exp_bwd_gluon.csv as they are measured.
 
@@ -27,6 +32,7 @@ step (FlashAttention-3's scheme).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from functools import partial
@@ -49,6 +55,9 @@ from kernels import flash_attn as fa
 from kernels import flash_attn_hopper as hopper
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# the Triton backward (dK/dV and dQ kernels) as the reference the Gluon kernel is compared with: the
+# table's own config takes the Gluon kernel at head dim 128 from 2k keys since 3506551
+TRITON_BWD = {hdim: dataclasses.replace(fa.HOPPER_BWD_CONFIGS[hdim], hopper_gluon_min_keys=0) for hdim in (64, 128)}
 
 
 def inputs(batch, seqlen, heads, hdim, dtype, seed=0):
@@ -113,7 +122,8 @@ def check(args, record):
                 q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
                 ref_out, _ = attention_reference(q64, k64, v64, scale, causal)
                 ref_out.backward(do.double())
-                _, prod_dk, prod_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, deterministic=True)
+                _, prod_dk, prod_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, TRITON_BWD[hdim],
+                                                             deterministic=True)
                 errs = {"dk": rel_err(dk, k64.grad), "dv": rel_err(dv, v64.grad),
                         "prod_dk": rel_err(prod_dk, k64.grad), "prod_dv": rel_err(prod_dv, v64.grad)}
                 ok = (not torch.isnan(dk).any() and not torch.isnan(dv).any()
@@ -123,7 +133,8 @@ def check(args, record):
                     continue
                 dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
                 gluon_fused_backward(q, k, v, do, out, lse, scale, causal, stages, (dq, dk, dv, None))
-                prod_dq = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, deterministic=True)[0]
+                prod_dq = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, TRITON_BWD[hdim],
+                                                 deterministic=True)[0]
                 errs = {"dq": rel_err(dq, q64.grad), "dk": rel_err(dk, k64.grad), "dv": rel_err(dv, v64.grad),
                         "prod_dq": rel_err(prod_dq, q64.grad), "prod_dk": errs["prod_dk"], "prod_dv": errs["prod_dv"]}
                 ok = (not any(torch.isnan(t).any() for t in (dq, dk, dv))
@@ -136,7 +147,8 @@ def check(args, record):
                 scale = hdim ** -0.5
                 out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
                 delta = preprocess(out, do)
-                want_dq, want_dk, want_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, deterministic=True)
+                want_dq, want_dk, want_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal,
+                                                                   TRITON_BWD[hdim], deterministic=True)
                 for stages in args.stages:
                     dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
                     gluon_dkdv(q, k, v, do, lse, delta, scale, causal, stages, (dk, dv))
