@@ -279,7 +279,7 @@ def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: b
 # --------------------------------------------------------------------------------------
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
-BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB)
+BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
 
 @builtin
