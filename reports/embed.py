@@ -180,9 +180,8 @@ def runs_ratio_table(sources: list[tuple[str, Path]], hdim: int, seqlens: tuple[
     columns = {}
     for label, path in sources:
         rows = pd.read_csv(path)
-        rows = rows[(rows.status == "ok") & (rows.hdim == hdim) & rows.seqlen.isin(seqlens)]
-        wide = rows.pivot_table(index=["mode", "causal", "seqlen"], columns="provider", values="tflops")
-        columns[label] = wide["fa2"] / wide[peer]
+        ratios = _ratios(rows[(rows.status == "ok") & (rows.hdim == hdim) & rows.seqlen.isin(seqlens)], peer)
+        columns[label] = ratios.set_index(["mode", "causal", "seqlen"])["ratio"]
     table = pd.DataFrame(columns)
     lines = ["| mode | causal | seqlen | " + " | ".join(table.columns) + " |", "|---|---|---|" + "---|" * len(table.columns)]
     for (mode, causal, seqlen), r in table.iterrows():

@@ -39,7 +39,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import triton
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -65,13 +64,13 @@ def inputs(batch, seqlen, heads, hdim, dtype, seed=0):
     return [torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype, generator=gen) for _ in range(4)]
 
 
-def preprocess(out, do):
-    """D = rowsum(dO * O) by the production preprocess kernel (FA2 Alg. 2 line 4)."""
-    batch, seqlen, heads, hdim = out.shape
-    delta = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
-    fa._bwd_preprocess_kernel[(triton.cdiv(seqlen, 64), batch * heads)](
-        out, do, delta, *fa._strides(out), *fa._strides(do), heads, seqlen,
-        HEAD_DIM=hdim, BLOCK_D=fa.padded_headdim(hdim), BLOCK_M=64)
+def preprocess(q, k, v, do, out):
+    """D = rowsum(dO * O) (FA2 Alg. 2 line 4) by the production preprocess kernel, launched as
+    exp_bwd.backward launches it."""
+    batch, seqlen, heads, _ = q.shape
+    delta = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
+    cfg = fa.default_bwd_config(q.shape[3], q.device)
+    triton_backward_parts(cfg, do, q, k, v, out, None, None, False, ("pre",), (None, None, None, delta))
     return delta
 
 
@@ -86,7 +85,7 @@ def gluon_fused_backward(q, k, v, do, out, lse, scale, causal, stages, bufs):
     preprocess, the Gluon kernel (dK, dV, and dQ by TMA reduce-adds), cast dQ."""
     dq, dk, dv, _ = bufs
     dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-    delta = preprocess(out, do)
+    delta = preprocess(q, k, v, do, out)
     hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale, causal, dq_accum, stages)
     return dq.copy_(dq_accum), dk, dv
 
@@ -114,7 +113,7 @@ def check(args, record):
                 q, k, v, do = inputs(2, 1024, 4, hdim, dtype, seed=hdim + causal)
                 scale = hdim ** -0.5
                 out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
-                delta = preprocess(out, do)
+                delta = preprocess(q, k, v, do, out)
                 dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
                 gluon_dkdv(q, k, v, do, lse, delta, scale, causal, stages, (dk, dv))
                 torch.cuda.synchronize()
@@ -146,7 +145,7 @@ def check(args, record):
                 q, k, v, do = inputs(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype)
                 scale = hdim ** -0.5
                 out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
-                delta = preprocess(out, do)
+                delta = preprocess(q, k, v, do, out)
                 want_dq, want_dk, want_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal,
                                                                    TRITON_BWD[hdim], deterministic=True)
                 for stages in args.stages:
@@ -179,7 +178,7 @@ def time(args, record):
                 flops = attention_flops(batch, heads, seqlen, seqlen, hdim, causal, "bwd")
                 base = {"dtype": args.dtype, "hdim": hdim, "seqlen": seqlen, "causal": causal}
                 out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
-                bufs = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), preprocess(out, do))
+                bufs = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), preprocess(q, k, v, do, out))
                 ms = bench(partial(triton_backward_parts, cfg, do, q, k, v, out, lse, scale, causal, ("dkdv",), bufs))
                 record(**base, provider="triton dkdv", ms=ms)
                 for stages in args.stages:
