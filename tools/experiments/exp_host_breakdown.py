@@ -1,0 +1,151 @@
+"""Where one forward+backward call's host time goes, stage by stage, with the GPU kept busy
+(the calls queued behind a GPU sleep, as in exp_host_overhead.py) so that no launch waits on
+the device.
+
+The kernels and the two pass functions of `kernels.flash_attn` are wrapped (module globals,
+no change to the library) so that each records a timestamp where it starts and ends; a call
+is `flash_attn_func(...).backward(dout)`, the paper sweep's 'fwd_bwd' call. Printed per shape:
+the median microseconds of each stage over CALLS calls, and the sum. Rows go to
+$OUT/exp_host_breakdown.csv.
+
+    python tools/experiments/exp_host_breakdown.py --hdims 256 128 --seqlens 512 1024
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from tune_fa2 import CsvRows
+
+from kernels import flash_attn as fa
+from kernels import flash_attn_hopper as fah
+
+CALLS = 50
+SLEEP_CYCLES = 400_000_000  # ~0.2 s: longer than issuing CALLS calls
+STAMPS: list[tuple[str, int]] = []
+
+
+def stamp(label: str) -> None:
+    STAMPS.append((label, time.perf_counter_ns()))
+
+
+class TimedKernel:
+    """Stands in for a JITFunction in its module's namespace: `kernel[grid](...)` stamps the
+    launch's start and end."""
+
+    def __init__(self, name: str, kernel):
+        self.name, self.kernel = name, kernel
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            stamp(f"{self.name} launch")
+            result = launch(*args, **kwargs)
+            stamp(f"after {self.name} launch")
+            return result
+        return run
+
+
+def timed_function(label: str, fn):
+    def wrapper(*args, **kwargs):
+        stamp(f"{label} entered")
+        result = fn(*args, **kwargs)
+        stamp(f"{label} returned")
+        return result
+    return wrapper
+
+
+def instrument() -> None:
+    for name in ("_flash_fwd_kernel", "_bwd_preprocess_kernel", "_flash_bwd_dkdv_kernel", "_flash_bwd_dq_kernel"):
+        setattr(fa, name, TimedKernel(name.strip("_"), getattr(fa, name)))
+    for name in ("flash_attn_forward_hopper", "flash_attn_backward_dkdv_hopper"):
+        setattr(fah, name, timed_function(name, getattr(fah, name)))
+    for name in ("flash_attn_forward", "flash_attn_backward"):
+        setattr(fa, name, timed_function(name, getattr(fa, name)))
+
+
+def stage_durations(calls: list[list[tuple[str, int]]]) -> dict[str, float]:
+    """Median microseconds from each stamp to the next, by the pair's labels (every call must
+    have passed the same stamps)."""
+    labels = [label for label, _ in calls[0]]
+    if any([label for label, _ in c] != labels for c in calls):
+        raise RuntimeError("calls passed different stamps; cannot line them up")
+    return {f"{a} -> {b}": statistics.median((c[i + 1][1] - c[i][1]) / 1e3 for c in calls)
+            for i, (a, b) in enumerate(itertools.pairwise(labels))}
+
+
+def breakdown(fn, tensors) -> tuple[dict[str, float], float, float]:
+    """Stage medians (us), host ms per call and GPU ms per call over CALLS calls of fn issued
+    behind a GPU sleep."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(SLEEP_CYCLES)
+    start.record()
+    calls = []
+    t0 = time.perf_counter()
+    for _ in range(CALLS):
+        for t in tensors:
+            t.grad = None
+        STAMPS.clear()
+        stamp("call")
+        fn()
+        stamp("call returned")
+        calls.append(list(STAMPS))
+    host_ms = (time.perf_counter() - t0) * 1e3 / CALLS
+    end.record()
+    torch.cuda.synchronize()
+    return stage_durations(calls), host_ms, start.elapsed_time(end) / CALLS
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hdims", type=int, nargs="+", default=[256, 128])
+    ap.add_argument("--seqlens", type=int, nargs="+", default=[512])
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    ap.add_argument("--causal", choices=["true", "false", "both"], default="true")
+    args = ap.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    instrument()
+    record = CsvRows(Path(os.environ.get("OUT", ".")) / "exp_host_breakdown.csv", lambda r: (
+        f"  {r['stage']:70s} {r['us']:8.1f} us"))
+    causals = {"true": [True], "false": [False], "both": [False, True]}[args.causal]
+    for seqlen in args.seqlens:
+        for hdim in args.hdims:
+            batch, heads = 16384 // seqlen, 2048 // hdim
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype, requires_grad=True)
+                       for _ in range(3))
+            dout = torch.randn_like(q)
+            for causal in causals:
+                def call(q=q, k=k, v=v, dout=dout, causal=causal):
+                    fa.flash_attn_func(q, k, v, causal=causal).backward(dout)
+                stages, host_ms, gpu_ms = breakdown(call, (q, k, v))
+                print(f"seqlen {seqlen}, head dim {hdim}, causal {causal}, {args.dtype}: host {host_ms:.3f} ms, "
+                      f"GPU {gpu_ms:.3f} ms per call; stage medians:")
+                for stage, us in stages.items():
+                    record(seqlen=seqlen, hdim=hdim, causal=causal, dtype=args.dtype, stage=stage, us=us)
+                record(seqlen=seqlen, hdim=hdim, causal=causal, dtype=args.dtype, stage="sum of the medians",
+                       us=sum(stages.values()))
+                record(seqlen=seqlen, hdim=hdim, causal=causal, dtype=args.dtype, stage="host per call (mean)",
+                       us=host_ms * 1e3)
+                record(seqlen=seqlen, hdim=hdim, causal=causal, dtype=args.dtype, stage="GPU per call (mean)",
+                       us=gpu_ms * 1e3)
+            del q, k, v, dout
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
