@@ -55,6 +55,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels import flash_attn_hopper
+from kernels.launch import CachedLauncher
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2):   ln(x) = log2(x) * LN2
@@ -739,6 +740,14 @@ def _flash_bwd_dq_kernel(
 # --------------------------------------------------------------------------------------
 # Launchers: validate, allocate, launch
 # --------------------------------------------------------------------------------------
+# The launches: after a shape's first call, without Triton's per-call argument binding
+# (kernels/launch.py; host time is what short calls wait on).
+_fwd_launcher = CachedLauncher(_flash_fwd_kernel)
+_bwd_preprocess_launcher = CachedLauncher(_bwd_preprocess_kernel)
+_bwd_dkdv_launcher = CachedLauncher(_flash_bwd_dkdv_kernel)
+_bwd_dq_launcher = CachedLauncher(_flash_bwd_dq_kernel)
+
+
 def _interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -824,7 +833,7 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         if path == "tma-kernel":
             _ensure_descriptor_allocator()
     grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
-    _flash_fwd_kernel[grid](
+    _fwd_launcher[grid](
         *args, lse,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
         heads, seqlen_q, seqlen_k, softmax_scale * LOG2E.value,
@@ -939,7 +948,7 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     cfg = config or default_bwd_config(headdim, q.device)
     block_d = padded_headdim(headdim)
     delta = torch.empty_like(lse)
-    _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, 64), batch * heads)](
+    _bwd_preprocess_launcher[(triton.cdiv(seqlen_q, 64), batch * heads)](
         out, do, delta, *_strides(out), *_strides(do), heads, seqlen_q,
         HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
     )
@@ -958,7 +967,7 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
                                      bwd_fuses_dq(cfg, seqlen_q, deterministic))
     if dq_acc is not None:  # dQ was added into a float32 accumulator
         return dq.copy_(dq_acc), dk, dv
-    _flash_bwd_dq_kernel[(triton.cdiv(seqlen_q, cfg.block_m2), batch * heads)](
+    _bwd_dq_launcher[(triton.cdiv(seqlen_q, cfg.block_m2), batch * heads)](
         q, k, v, do, lse, delta, dq,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
         heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
@@ -984,7 +993,7 @@ def _launch_triton_dkdv(cfg: BwdConfig, q, k, v, do, lse, delta, dk, dv, softmax
         if fused_dq == 2:
             _ensure_descriptor_allocator()
     acc = dk if dq_acc is None else dq_acc  # DQ is unused by the kernel unless dQ is fused
-    _flash_bwd_dkdv_kernel[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
+    _bwd_dkdv_launcher[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
         q, k, v, do, lse, delta, dk, dv, acc,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *_strides(acc),
         heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,

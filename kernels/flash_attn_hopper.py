@@ -53,6 +53,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from kernels.launch import CachedLauncher
+
 BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64
 BLOCK_N = 128  # keys per block
 STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 x 64 KiB of K and V; half at 64)
@@ -258,13 +260,16 @@ def _row_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
                             _tile_layout(rows, headdim, t.dtype))
 
 
+_fwd_launcher = CachedLauncher(_flash_fwd_hopper_kernel)  # kernels/launch.py
+
+
 def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: bool, stages: int = STAGES) -> None:
     """Write O into `out` and the natural-log logsumexp into `lse` (batch, heads, seqlen); the
     caller (flash_attn.flash_attn_forward) has checked the scope above. `stages`: K/V blocks in
     flight (experiments time other counts)."""
     batch, seqlen, heads, _ = q.shape
     grid = (seqlen // BLOCK_M, batch * heads)
-    _flash_fwd_hopper_kernel[grid](
+    _fwd_launcher[grid](
         _row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
         _row_descriptor(out, BLOCK_M // 2), lse, heads, seqlen, softmax_scale * LOG2E,
         STAGES=stages, CAUSAL=causal,
@@ -543,6 +548,9 @@ def _fp32_tile_layout(rows: int, cols: int) -> gl.NVMMASharedLayout:
     return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float32)
 
 
+_bwd_dkdv_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_kernel)  # kernels/launch.py
+
+
 def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale: float, causal: bool,
                                     dq_accum: torch.Tensor | None = None, stages: int = BWD_STAGES) -> None:
     """Write dK and dV (FA2 Alg. 2) given the forward's logsumexp `lse` and D = rowsum(dO * O) in
@@ -560,7 +568,7 @@ def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_sca
             raise ValueError(f"the fused dQ splits head dim 128 between the two consumers, got {headdim}")
         dq_desc = TensorDescriptor(dq_accum, [batch * seqlen, heads * headdim], [dq_accum.stride(1), 1],
                                    [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
-    _flash_bwd_dkdv_hopper_kernel[grid](
+    _bwd_dkdv_launcher[grid](
         _row_descriptor(q, BWD_BLOCK_M), _row_descriptor(k, rows), _row_descriptor(v, rows),
         _row_descriptor(do, BWD_BLOCK_M), dk_desc, _row_descriptor(dv, rows), dq_desc,
         lse, delta, heads, seqlen, softmax_scale, softmax_scale * LOG2E,

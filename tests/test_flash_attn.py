@@ -134,10 +134,10 @@ class LaunchSpy:
 
 
 def spy_backward_kernels(monkeypatch):
-    """(dK/dV kernel spy, dQ kernel spy), both in place in kernels.flash_attn."""
-    spies = LaunchSpy(fa._flash_bwd_dkdv_kernel), LaunchSpy(fa._flash_bwd_dq_kernel)
-    monkeypatch.setattr(fa, "_flash_bwd_dkdv_kernel", spies[0])
-    monkeypatch.setattr(fa, "_flash_bwd_dq_kernel", spies[1])
+    """(dK/dV kernel spy, dQ kernel spy), both in place of their launchers in kernels.flash_attn."""
+    spies = LaunchSpy(fa._bwd_dkdv_launcher), LaunchSpy(fa._bwd_dq_launcher)
+    monkeypatch.setattr(fa, "_bwd_dkdv_launcher", spies[0])
+    monkeypatch.setattr(fa, "_bwd_dq_launcher", spies[1])
     return spies
 
 
@@ -873,6 +873,85 @@ def _tma_forward_in(run_in_thread: bool, allocator=None):
     else:
         run()
     return (q, k, v), results[0]
+
+
+class CountingKernel:
+    """Stands in for a CachedLauncher's kernel: counts the launches that go through the JIT."""
+
+    def __init__(self, kernel):
+        self.kernel, self.jit_launches = kernel, 0
+
+    @property
+    def arg_names(self):
+        return self.kernel.arg_names
+
+    def __getitem__(self, grid):
+        self.jit_launches += 1
+        return self.kernel[grid]
+
+
+def count_launches(monkeypatch, launchers) -> dict[str, int]:
+    """Counts every launch of `launchers` ('all') and those that go through the JIT ('jit'),
+    each launcher's cache emptied first."""
+    counts = {"all": 0, "jit": 0}
+    for launcher in launchers:
+        counting = CountingKernel(launcher.kernel)
+        real_launch = launcher.launch
+
+        def launch(grid, args, kwargs, counting=counting, real_launch=real_launch):
+            jit_before = counting.jit_launches
+            result = real_launch(grid, args, kwargs)
+            counts["all"] += 1
+            counts["jit"] += counting.jit_launches - jit_before
+            return result
+        monkeypatch.setattr(launcher, "kernel", counting)
+        monkeypatch.setattr(launcher, "launch", launch)
+        monkeypatch.setattr(launcher, "compiled", {})
+    return counts
+
+
+def misaligned_like(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t whose address is 2 bytes past a 16-byte boundary (contiguous otherwise)."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:]
+    return flat.view(t.shape).copy_(t).requires_grad_(t.requires_grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(4, 512, 512, 2, 256), (4, 512, 512, 3, 128), (2, 1000, 1000, 2, 64),
+                                   (2, 1024, 1024, 2, 128), (1, 2048, 2048, 2, 128)],  # the Gluon kernels
+                         ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
+def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, poisoned_allocations, monkeypatch):
+    """kernels/launch.py: the second call of a shape launches every kernel's compiled kernel
+    directly, a call whose inputs are not 16-byte aligned goes through the JIT again (a different
+    specialisation, and the pointer path), and every call's forward and gradients match float64."""
+    counts = count_launches(monkeypatch, (fa._fwd_launcher, fa._bwd_preprocess_launcher, fa._bwd_dkdv_launcher,
+                                          fa._bwd_dq_launcher, flash_attn_hopper._fwd_launcher,
+                                          flash_attn_hopper._bwd_dkdv_launcher))
+    per_call = []
+    for inputs in ("aligned", "aligned", "misaligned"):
+        q, k, v = make_qkv(*shape, torch.bfloat16, "cuda", requires_grad=True)
+        if inputs == "misaligned":
+            q, k, v = (misaligned_like(t) for t in (q, k, v))
+            assert not tma_compatible(q)
+        dout = torch.randn_like(q)
+        before = dict(counts)
+        out = flash_attn_func(q, k, v, causal=causal)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        per_call.append({key: counts[key] - before[key] for key in counts})
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref_out, _ = attention_reference(q64, k64, v64, causal=causal)
+        ref_grads = torch.autograd.grad(ref_out, (q64, k64, v64), dout.double())
+        same_out = attention_same_dtype(q, k, v, causal=causal)
+        same_grads = torch.autograd.grad(same_out, (q, k, v), dout)
+        assert_close_to_reference("out", out, ref_out, same_out)
+        for name, g, ref, same in zip(("dq", "dk", "dv"), grads, ref_grads, same_grads):
+            assert_close_to_reference(name, g, ref, same)
+    first, second, misaligned = per_call
+    assert first["all"] >= 3 and first["jit"] == first["all"], first
+    assert second == {"all": first["all"], "jit": 0}, "the second call went through the JIT"
+    assert misaligned["all"] >= 3 and misaligned["jit"] == misaligned["all"], \
+        "misaligned inputs took a launch compiled for aligned ones"
 
 
 @pytest.mark.gpu

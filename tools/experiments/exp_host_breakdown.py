@@ -2,10 +2,13 @@
 (the calls queued behind a GPU sleep, as in exp_host_overhead.py) so that no launch waits on
 the device.
 
-The kernels and the two pass functions of `kernels.flash_attn` are wrapped (module globals,
-no change to the library) so that each records a timestamp where it starts and ends; a call
-is `flash_attn_func(...).backward(dout)`, the paper sweep's 'fwd_bwd' call. Printed per shape:
-the median microseconds of each stage over CALLS calls, and the sum. Rows go to
+The kernels' launchers and the pass functions of `kernels.flash_attn` are wrapped (module
+globals, no change to the library) so that each records a timestamp where it starts and ends;
+a call is `flash_attn_func(...).backward(dout)`, the paper sweep's 'fwd_bwd' call. Per shape
+and launch path (`--launches`: the library's cached launches, or every launch through Triton's
+JIT as before v8), in one process: the median microseconds of each stage over CALLS calls,
+their sum, host and GPU time per call, and the runner's do_bench reading (taken with the
+stamps in place: 14 timestamps per call, well under a microsecond each). Rows go to
 $OUT/exp_host_breakdown.csv.
 
     python tools/experiments/exp_host_breakdown.py --hdims 256 128 --seqlens 512 1024
@@ -30,6 +33,7 @@ from tune_fa2 import CsvRows
 
 from kernels import flash_attn as fa
 from kernels import flash_attn_hopper as fah
+from reports.timing import time_attention
 
 CALLS = 50
 SLEEP_CYCLES = 400_000_000  # ~0.2 s: longer than issuing CALLS calls
@@ -41,8 +45,8 @@ def stamp(label: str) -> None:
 
 
 class TimedKernel:
-    """Stands in for a JITFunction in its module's namespace: `kernel[grid](...)` stamps the
-    launch's start and end."""
+    """Stands in for a kernel's launcher in its module's namespace: `launcher[grid](...)` stamps
+    the launch's start and end."""
 
     def __init__(self, name: str, kernel):
         self.name, self.kernel = name, kernel
@@ -67,13 +71,22 @@ def timed_function(label: str, fn):
     return wrapper
 
 
+LAUNCHERS = {name: getattr(fa, name) for name in
+             ("_fwd_launcher", "_bwd_preprocess_launcher", "_bwd_dkdv_launcher", "_bwd_dq_launcher")}
+
+
 def instrument() -> None:
-    for name in ("_flash_fwd_kernel", "_bwd_preprocess_kernel", "_flash_bwd_dkdv_kernel", "_flash_bwd_dq_kernel"):
-        setattr(fa, name, TimedKernel(name.strip("_"), getattr(fa, name)))
     for name in ("flash_attn_forward_hopper", "flash_attn_backward_dkdv_hopper"):
         setattr(fah, name, timed_function(name, getattr(fah, name)))
     for name in ("flash_attn_forward", "flash_attn_backward"):
         setattr(fa, name, timed_function(name, getattr(fa, name)))
+
+
+def use_launches(launch: str) -> None:
+    """'cached': the library's launchers (kernels/launch.py); 'jit': every launch through
+    Triton's JIT (`kernel[grid](...)`, as before v8). Either way stamped."""
+    for name, launcher in LAUNCHERS.items():
+        setattr(fa, name, TimedKernel(name.strip("_"), launcher if launch == "cached" else launcher.kernel))
 
 
 def stage_durations(calls: list[list[tuple[str, int]]]) -> dict[str, float]:
@@ -116,11 +129,13 @@ def main() -> None:
     ap.add_argument("--seqlens", type=int, nargs="+", default=[512])
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     ap.add_argument("--causal", choices=["true", "false", "both"], default="true")
+    ap.add_argument("--launches", nargs="+", choices=["cached", "jit"], default=["cached", "jit"],
+                    help="launch paths to compare in this process (see use_launches)")
     args = ap.parse_args()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     instrument()
     record = CsvRows(Path(os.environ.get("OUT", ".")) / "exp_host_breakdown.csv", lambda r: (
-        f"  {r['stage']:70s} {r['us']:8.1f} us"))
+        f"  {r['launch']:6s} {r['stage']:70s} {r['us']:8.1f} us"))
     causals = {"true": [True], "false": [False], "both": [False, True]}[args.causal]
     for seqlen in args.seqlens:
         for hdim in args.hdims:
@@ -129,20 +144,26 @@ def main() -> None:
             q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype, requires_grad=True)
                        for _ in range(3))
             dout = torch.randn_like(q)
-            for causal in causals:
+
+            def forward(q, k, v, causal, softmax_scale):
+                return fa.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal)
+            for causal, launch in itertools.product(causals, args.launches):
+                use_launches(launch)
+
                 def call(q=q, k=k, v=v, dout=dout, causal=causal):
                     fa.flash_attn_func(q, k, v, causal=causal).backward(dout)
                 stages, host_ms, gpu_ms = breakdown(call, (q, k, v))
-                print(f"seqlen {seqlen}, head dim {hdim}, causal {causal}, {args.dtype}: host {host_ms:.3f} ms, "
-                      f"GPU {gpu_ms:.3f} ms per call; stage medians:")
+                STAMPS.clear()  # do_bench's calls are not stamped into any table
+                do_bench_ms = time_attention(forward, q, k, v, causal, hdim ** -0.5, "fwd_bwd").ms
+                print(f"seqlen {seqlen}, head dim {hdim}, causal {causal}, {args.dtype}, {launch} launches: host "
+                      f"{host_ms:.3f} ms, GPU {gpu_ms:.3f} ms, do_bench {do_bench_ms:.3f} ms per call; stage medians:")
+                row = {"seqlen": seqlen, "hdim": hdim, "causal": causal, "dtype": args.dtype, "launch": launch}
                 for stage, us in stages.items():
-                    record(seqlen=seqlen, hdim=hdim, causal=causal, dtype=args.dtype, stage=stage, us=us)
-                record(seqlen=seqlen, hdim=hdim, causal=causal, dtype=args.dtype, stage="sum of the medians",
-                       us=sum(stages.values()))
-                record(seqlen=seqlen, hdim=hdim, causal=causal, dtype=args.dtype, stage="host per call (mean)",
-                       us=host_ms * 1e3)
-                record(seqlen=seqlen, hdim=hdim, causal=causal, dtype=args.dtype, stage="GPU per call (mean)",
-                       us=gpu_ms * 1e3)
+                    record(**row, stage=stage, us=us)
+                record(**row, stage="sum of the medians", us=sum(stages.values()))
+                record(**row, stage="host per call (mean)", us=host_ms * 1e3)
+                record(**row, stage="GPU per call (mean)", us=gpu_ms * 1e3)
+                record(**row, stage="do_bench per call (median)", us=do_bench_ms * 1e3)
             del q, k, v, dout
             torch.cuda.empty_cache()
 

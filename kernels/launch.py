@@ -1,0 +1,80 @@
+"""Launching a Triton kernel without Triton's per-call argument binding, once it has run.
+
+`kernel[grid](*args, **kwargs)` binds every argument to the kernel's signature, computes its
+specialisation (a tensor's dtype and 16-byte alignment, an int's size class and whether it is
+1 or a multiple of 16), hashes that into a cache key and looks the compiled kernel up. On the
+H200 machine's host that is 45-95 us per launch, of a forward+backward's four launches and
+0.6 ms of host time per call at seqlen 512, where the GPU needs 0.6-0.8 ms
+(reports/h200/perf_notes.md, "v7 -> v8"). Launching the `CompiledKernel` that call returned
+(`compiled[grid](*args)`) skips the binding and the lookup.
+
+`CachedLauncher` keeps that kernel under a key computed from the arguments that determines
+Triton's specialisation, and more finely: each tensor's dtype and alignment, each int's and
+bool's value (a shape or stride), each constexpr and launch option, each host-made tensor descriptor's tensor (as above), shape,
+strides, block shape and layout, the device. A key seen
+before launches its compiled kernel directly; any other call goes through the JIT (which
+compiles where needed), and its result is kept. Float arguments (the softmax scale) are not
+specialised by Triton and are not in the key.
+
+Under TRITON_INTERPRET=1 every launch goes through the interpreter (there is no compiled kernel).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from triton.compiler import CompiledKernel
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+MAX_KEYS = 1024  # per kernel; the cache is emptied when full (a new shape per call never hits)
+
+
+def _arg_key(arg):
+    """What of one launch argument Triton's specialisation can depend on (or more)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, float):
+        return float
+    if isinstance(arg, (TensorDescriptor, GluonTensorDescriptor)):  # host-made TMA descriptors
+        return (type(arg), arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(arg.shape), tuple(arg.strides),
+                tuple(arg.block_shape), getattr(arg, "layout", None), arg.padding)
+    # int, bool, None: the type (True == 1) and the value; an unhashable object makes the call uncached
+    return type(arg), arg
+
+
+class CachedLauncher:
+    """`launcher[grid](*args, **kwargs)` launches `kernel` like `kernel[grid](*args, **kwargs)`.
+
+    The positional arguments are the kernel's leading parameters; the keyword arguments are
+    the remaining parameters (all of them: defaults are not filled in) and launch options
+    (num_warps, num_stages)."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.compiled: dict[tuple, tuple[CompiledKernel, tuple[str, ...]]] = {}
+        self.interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def launch(self, grid, args: tuple, kwargs: dict):
+        if self.interpreted:
+            return self.kernel[grid](*args, **kwargs)
+        key = (torch.cuda.current_device(), tuple(kwargs.items()), *map(_arg_key, args))
+        try:
+            hit = self.compiled.get(key)
+        except TypeError:  # an argument this key cannot describe: always through the JIT
+            return self.kernel[grid](*args, **kwargs)
+        if hit is not None:
+            compiled, trailing = hit
+            # the signature's remaining parameters, in order (constexprs are passed too and ignored)
+            compiled[grid](*args, *(kwargs[name] for name in trailing))
+            return compiled
+        compiled = self.kernel[grid](*args, **kwargs)  # binds, specialises, compiles if needed
+        trailing = tuple(self.kernel.arg_names[len(args):])
+        if isinstance(compiled, CompiledKernel) and set(trailing) <= kwargs.keys():
+            if len(self.compiled) >= MAX_KEYS:
+                self.compiled.clear()
+            self.compiled[key] = compiled, trailing
+        return compiled

@@ -1,0 +1,98 @@
+"""kernels/launch.py's CachedLauncher, on a stand-in kernel (no GPU needed): which calls go
+through the JIT, which launch the kept compiled kernel, and with what arguments. The GPU test
+`test_gpu_repeated_calls_take_the_cached_launch` (test_flash_attn.py) checks the real launches'
+results."""
+from __future__ import annotations
+
+import pytest
+import torch
+from triton.compiler import CompiledKernel
+
+from kernels.launch import MAX_KEYS, CachedLauncher
+
+
+class FakeCompiled(CompiledKernel):
+    def __init__(self):  # no compilation: records the direct launches
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launches.append((grid, args))
+
+
+class FakeKernel:
+    """A kernel (X, n, scale, BLOCK: constexpr, EVEN: constexpr) whose JIT launch is recorded and
+    returns one compiled kernel."""
+    def __init__(self):
+        self.arg_names = ["X", "n", "scale", "BLOCK", "EVEN"]
+        self.jit_launches, self.compiled = [], FakeCompiled()
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.jit_launches.append((grid, args, kwargs))
+            return self.compiled
+        return run
+
+
+@pytest.fixture
+def launcher(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cached = CachedLauncher(FakeKernel())
+    cached.interpreted = False
+    return cached
+
+
+def test_a_repeated_key_launches_the_compiled_kernel_with_every_argument_in_order(launcher):
+    x = torch.randn(64)
+    launcher[(4, 2)](x, 64, 0.5, BLOCK=16, EVEN=True, num_warps=4)
+    assert len(launcher.kernel.jit_launches) == 1 and not launcher.kernel.compiled.launches
+    y = torch.randn(64)  # another tensor, same dtype and alignment; another scale (not specialised)
+    result = launcher[(8, 2)](y, 64, 0.25, BLOCK=16, EVEN=True, num_warps=4)
+    assert result is launcher.kernel.compiled and len(launcher.kernel.jit_launches) == 1
+    assert launcher.kernel.compiled.launches == [((8, 2), (y, 64, 0.25, 16, True))]
+
+
+@pytest.mark.parametrize("change", ["int value", "int to bool", "constexpr", "launch option", "dtype", "alignment",
+                                    "device"])
+def test_anything_triton_specialises_on_goes_through_the_jit(launcher, change, monkeypatch):
+    x = torch.randn(65)
+    call = {"args": (x[:64], 64, 0.5), "kwargs": {"BLOCK": 16, "EVEN": True, "num_warps": 4}}
+    launcher[(1,)](*call["args"], **call["kwargs"])
+    if change == "int value":
+        call["args"] = (x[:64], 48, 0.5)
+    elif change == "int to bool":
+        call["args"] = (x[:64], True, 0.5)
+        launcher[(1,)](x[:64], 1, 0.5, **call["kwargs"])  # 1 == True: a second key of its own
+        launcher.kernel.jit_launches.pop()
+    elif change == "constexpr":
+        call["kwargs"]["BLOCK"] = 32
+    elif change == "launch option":
+        call["kwargs"]["num_warps"] = 8
+    elif change == "dtype":
+        call["args"] = (x[:64].half(), 64, 0.5)
+    elif change == "alignment":
+        call["args"] = (x[1:], 64, 0.5)  # 4 bytes past a 16-byte boundary
+    else:
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    launcher[(1,)](*call["args"], **call["kwargs"])
+    assert len(launcher.kernel.jit_launches) == 2 and not launcher.kernel.compiled.launches
+
+
+def test_unhashable_arguments_and_defaulted_parameters_are_never_cached(launcher):
+    launcher[(1,)](torch.randn(4), [1, 2], 0.5, BLOCK=16, EVEN=True)  # a list: no key
+    launcher[(1,)](torch.randn(4), [1, 2], 0.5, BLOCK=16, EVEN=True)
+    launcher[(1,)](torch.randn(4), 4, 0.5, BLOCK=16)  # EVEN left to its default: not kept
+    launcher[(1,)](torch.randn(4), 4, 0.5, BLOCK=16)
+    assert len(launcher.kernel.jit_launches) == 4 and not launcher.compiled
+
+
+def test_the_cache_is_bounded(launcher):
+    for n in range(MAX_KEYS + 1):
+        launcher[(1,)](torch.randn(4), n, 0.5, BLOCK=16, EVEN=True)
+    assert len(launcher.compiled) == 1  # emptied when full, then this call's key
+
+
+def test_interpreted_kernels_always_go_through_the_jit(launcher):
+    launcher.interpreted = True
+    for _ in range(2):
+        launcher[(1,)](torch.randn(4), 4, 0.5, BLOCK=16, EVEN=True)
+    assert len(launcher.kernel.jit_launches) == 2 and not launcher.compiled
