@@ -59,7 +59,7 @@ class CachedLauncher:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args: tuple, kwargs: dict):
-        if self.interpreted:
+        if self.interpreted or callable(grid):
             return self.kernel[grid](*args, **kwargs)
         key = (torch.cuda.current_device(), tuple(kwargs.items()), *map(_arg_key, args))
         try:
@@ -68,8 +68,9 @@ class CachedLauncher:
             return self.kernel[grid](*args, **kwargs)
         if hit is not None:
             compiled, trailing = hit
-            # the signature's remaining parameters, in order (constexprs are passed too and ignored)
-            compiled[grid](*args, *(kwargs[name] for name in trailing))
+            # a 3D grid (the JIT pads it; a compiled kernel's launch does not), then the signature's
+            # remaining parameters in order (constexprs are passed too and ignored)
+            compiled[(*grid, 1, 1)[:3]](*args, *(kwargs[name] for name in trailing))
             return compiled
         compiled = self.kernel[grid](*args, **kwargs)  # binds, specialises, compiles if needed
         trailing = tuple(self.kernel.arg_names[len(args):])

@@ -15,8 +15,8 @@ class FakeCompiled(CompiledKernel):
     def __init__(self):  # no compilation: records the direct launches
         self.launches = []
 
-    def __getitem__(self, grid):
-        return lambda *args: self.launches.append((grid, args))
+    def __getitem__(self, grid):  # as CompiledKernel's: three grid dimensions, each read
+        return lambda *args: self.launches.append(((grid[0], grid[1], grid[2]), args))
 
 
 class FakeKernel:
@@ -48,7 +48,16 @@ def test_a_repeated_key_launches_the_compiled_kernel_with_every_argument_in_orde
     y = torch.randn(64)  # another tensor, same dtype and alignment; another scale (not specialised)
     result = launcher[(8, 2)](y, 64, 0.25, BLOCK=16, EVEN=True, num_warps=4)
     assert result is launcher.kernel.compiled and len(launcher.kernel.jit_launches) == 1
-    assert launcher.kernel.compiled.launches == [((8, 2), (y, 64, 0.25, 16, True))]
+    assert launcher.kernel.compiled.launches == [((8, 2, 1), (y, 64, 0.25, 16, True))]
+    launcher[(8,)](y, 64, 0.25, BLOCK=16, EVEN=True, num_warps=4)
+    launcher[(8, 2, 3)](y, 64, 0.25, BLOCK=16, EVEN=True, num_warps=4)
+    assert [grid for grid, _ in launcher.kernel.compiled.launches[1:]] == [(8, 1, 1), (8, 2, 3)]
+
+
+def test_a_grid_function_goes_through_the_jit(launcher):
+    for _ in range(2):
+        launcher[lambda meta: (4,)](torch.randn(4), 4, 0.5, BLOCK=16, EVEN=True)
+    assert len(launcher.kernel.jit_launches) == 2 and not launcher.kernel.compiled.launches
 
 
 @pytest.mark.parametrize("change", ["int value", "int to bool", "constexpr", "launch option", "dtype", "alignment",
