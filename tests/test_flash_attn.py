@@ -931,10 +931,10 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, poisoned_alloc
     per_call = []
     for inputs in ("aligned", "aligned", "misaligned"):
         q, k, v = make_qkv(*shape, torch.bfloat16, "cuda", requires_grad=True)
-        if inputs == "misaligned":
-            q, k, v = (misaligned_like(t) for t in (q, k, v))
-            assert not tma_compatible(q)
         dout = torch.randn_like(q)
+        if inputs == "misaligned":  # dO too: it is all the preprocessing kernel reads besides O
+            q, k, v, dout = (misaligned_like(t) for t in (q, k, v, dout))
+            assert not tma_compatible(q)
         before = dict(counts)
         out = flash_attn_func(q, k, v, causal=causal)
         grads = torch.autograd.grad(out, (q, k, v), dout)
