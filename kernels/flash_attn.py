@@ -208,7 +208,13 @@ INTERPRETER_BWD_CONFIG = BwdConfig(16, 32, 32, 16, 4, 1)
 
 def padded_headdim(headdim: int) -> int:
     """Head dim as the kernels tile it: the next power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, triton.next_power_of_2(headdim))
+    return max(16, 1 << (headdim - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) on the host: triton.cdiv is a constexpr function, ~3 us of host time a call
+    (three per forward+backward; see kernels/launch.py on why host time matters)."""
+    return -(-a // b)
 
 
 @functools.cache
@@ -800,7 +806,7 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2)
+    return t.stride()[:3]
 
 
 def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
@@ -832,7 +838,7 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool,
         args = (q, k, v, out)
         if path == "tma-kernel":
             _ensure_descriptor_allocator()
-    grid = (triton.cdiv(seqlen_q, cfg.block_m), batch * heads)
+    grid = (_cdiv(seqlen_q, cfg.block_m), batch * heads)
     _fwd_launcher[grid](
         *args, lse,
         *_strides(q), *_strides(k), *_strides(v), *_strides(out),
@@ -907,7 +913,8 @@ def tma_compatible(*tensors: torch.Tensor) -> bool:
     multiples of 16. Otherwise the forward uses pointer tiles (same results)."""
     for t in tensors:
         size = t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
+        strides = t.stride()
+        if strides[-1] != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in strides[:-1]):
             return False
     return True
 
@@ -948,7 +955,7 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     cfg = config or default_bwd_config(headdim, q.device)
     block_d = padded_headdim(headdim)
     delta = torch.empty_like(lse)
-    _bwd_preprocess_launcher[(triton.cdiv(seqlen_q, 64), batch * heads)](
+    _bwd_preprocess_launcher[(_cdiv(seqlen_q, 64), batch * heads)](
         out, do, delta, *_strides(out), *_strides(do), heads, seqlen_q,
         HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
     )
@@ -967,7 +974,7 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
                                      bwd_fuses_dq(cfg, seqlen_q, deterministic))
     if dq_acc is not None:  # dQ was added into a float32 accumulator
         return dq.copy_(dq_acc), dk, dv
-    _bwd_dq_launcher[(triton.cdiv(seqlen_q, cfg.block_m2), batch * heads)](
+    _bwd_dq_launcher[(_cdiv(seqlen_q, cfg.block_m2), batch * heads)](
         q, k, v, do, lse, delta, dq,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dq),
         heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
@@ -993,7 +1000,7 @@ def _launch_triton_dkdv(cfg: BwdConfig, q, k, v, do, lse, delta, dk, dv, softmax
         if fused_dq == 2:
             _ensure_descriptor_allocator()
     acc = dk if dq_acc is None else dq_acc  # DQ is unused by the kernel unless dQ is fused
-    _bwd_dkdv_launcher[(triton.cdiv(seqlen_k, cfg.block_n1), batch * heads)](
+    _bwd_dkdv_launcher[(_cdiv(seqlen_k, cfg.block_n1), batch * heads)](
         q, k, v, do, lse, delta, dk, dv, acc,
         *_strides(q), *_strides(k), *_strides(v), *_strides(do), *_strides(dk), *_strides(dv), *_strides(acc),
         heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,

@@ -6,9 +6,10 @@ The kernels' launchers and the pass functions of `kernels.flash_attn` are wrappe
 globals, no change to the library) so that each records a timestamp where it starts and ends;
 a call is `flash_attn_func(...).backward(dout)`, the paper sweep's 'fwd_bwd' call. Per shape
 and launch path (`--launches`: the library's cached launches, or every launch through Triton's
-JIT as before v8), in one process: the median microseconds of each stage over CALLS calls,
-their sum, host and GPU time per call, and the runner's do_bench reading (taken with the
-stamps in place: 14 timestamps per call, well under a microsecond each). Rows go to
+JIT as before v8), in one process, the paths' calls taking turns: the median microseconds of
+each stage over CALLS calls, their sum, host time per call, GPU time per call (of all paths
+together: the kernels are the same), and the runner's do_bench reading (taken with the stamps
+in place: 14 timestamps per call, well under a microsecond each). Rows go to
 $OUT/exp_host_breakdown.csv.
 
     python tools/experiments/exp_host_breakdown.py --hdims 256 128 --seqlens 512 1024
@@ -16,6 +17,7 @@ $OUT/exp_host_breakdown.csv.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import os
 import statistics
@@ -99,28 +101,37 @@ def stage_durations(calls: list[list[tuple[str, int]]]) -> dict[str, float]:
             for i, (a, b) in enumerate(itertools.pairwise(labels))}
 
 
-def breakdown(fn, tensors) -> tuple[dict[str, float], float, float]:
-    """Stage medians (us), host ms per call and GPU ms per call over CALLS calls of fn issued
-    behind a GPU sleep."""
-    fn()
+def breakdown(variants: dict, tensors) -> tuple[dict[str, dict[str, float]], dict[str, float], float]:
+    """For each variant (name -> (setup, fn)): stage medians (us) and host ms per call over CALLS
+    calls of fn, and the GPU ms per call of all of them together, the variants' calls taking turns
+    (so that the host's speed, which drifts over seconds, weighs on each alike), all issued behind
+    a GPU sleep. `setup` runs before each call, outside the stamps and the host clock."""
+    for setup, fn in variants.values():
+        setup()
+        fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(SLEEP_CYCLES)
     start.record()
-    calls = []
-    t0 = time.perf_counter()
+    calls = {name: [] for name in variants}
+    host_ns = dict.fromkeys(variants, 0)
     for _ in range(CALLS):
-        for t in tensors:
-            t.grad = None
-        STAMPS.clear()
-        stamp("call")
-        fn()
-        stamp("call returned")
-        calls.append(list(STAMPS))
-    host_ms = (time.perf_counter() - t0) * 1e3 / CALLS
+        for name, (setup, fn) in variants.items():
+            setup()
+            for t in tensors:
+                t.grad = None
+            STAMPS.clear()
+            t0 = time.perf_counter_ns()
+            stamp("call")
+            fn()
+            stamp("call returned")
+            host_ns[name] += time.perf_counter_ns() - t0
+            calls[name].append(list(STAMPS))
     end.record()
     torch.cuda.synchronize()
-    return stage_durations(calls), host_ms, start.elapsed_time(end) / CALLS
+    gpu_ms = start.elapsed_time(end) / (CALLS * len(variants))
+    return ({name: stage_durations(c) for name, c in calls.items()},
+            {name: ns / 1e6 / CALLS for name, ns in host_ns.items()}, gpu_ms)
 
 
 def main() -> None:
@@ -147,23 +158,25 @@ def main() -> None:
 
             def forward(q, k, v, causal, softmax_scale):
                 return fa.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal)
-            for causal, launch in itertools.product(causals, args.launches):
-                use_launches(launch)
-
+            for causal in causals:
                 def call(q=q, k=k, v=v, dout=dout, causal=causal):
                     fa.flash_attn_func(q, k, v, causal=causal).backward(dout)
-                stages, host_ms, gpu_ms = breakdown(call, (q, k, v))
-                STAMPS.clear()  # do_bench's calls are not stamped into any table
-                do_bench_ms = time_attention(forward, q, k, v, causal, hdim ** -0.5, "fwd_bwd").ms
-                print(f"seqlen {seqlen}, head dim {hdim}, causal {causal}, {args.dtype}, {launch} launches: host "
-                      f"{host_ms:.3f} ms, GPU {gpu_ms:.3f} ms, do_bench {do_bench_ms:.3f} ms per call; stage medians:")
-                row = {"seqlen": seqlen, "hdim": hdim, "causal": causal, "dtype": args.dtype, "launch": launch}
-                for stage, us in stages.items():
-                    record(**row, stage=stage, us=us)
-                record(**row, stage="sum of the medians", us=sum(stages.values()))
-                record(**row, stage="host per call (mean)", us=host_ms * 1e3)
-                record(**row, stage="GPU per call (mean)", us=gpu_ms * 1e3)
-                record(**row, stage="do_bench per call (median)", us=do_bench_ms * 1e3)
+                variants = {launch: (functools.partial(use_launches, launch), call) for launch in args.launches}
+                stages, host_ms, gpu_ms = breakdown(variants, (q, k, v))
+                for launch in args.launches:
+                    use_launches(launch)
+                    STAMPS.clear()  # do_bench's calls are not stamped into any table
+                    do_bench_ms = time_attention(forward, q, k, v, causal, hdim ** -0.5, "fwd_bwd").ms
+                    print(f"seqlen {seqlen}, head dim {hdim}, causal {causal}, {args.dtype}, {launch} launches: host "
+                          f"{host_ms[launch]:.3f} ms, GPU {gpu_ms:.3f} ms (all variants), do_bench {do_bench_ms:.3f} ms "
+                          "per call; stage medians:")
+                    row = {"seqlen": seqlen, "hdim": hdim, "causal": causal, "dtype": args.dtype, "launch": launch}
+                    for stage, us in stages[launch].items():
+                        record(**row, stage=stage, us=us)
+                    record(**row, stage="sum of the medians", us=sum(stages[launch].values()))
+                    record(**row, stage="host per call (mean)", us=host_ms[launch] * 1e3)
+                    record(**row, stage="GPU per call (mean, all variants)", us=gpu_ms * 1e3)
+                    record(**row, stage="do_bench per call (median)", us=do_bench_ms * 1e3)
             del q, k, v, dout
             torch.cuda.empty_cache()
 
