@@ -242,7 +242,7 @@ register(Provider(
     availability=_everywhere, supports=_triton_supports,
     # the forward is _flash_fwd_kernel, or the Gluon _flash_fwd_hopper_kernel (head dims 64 and 128 on
     # Hopper); the backward's dK/dV kernel _flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_hopper_kernel
-    # (head dim 128 on Hopper from 2k keys)
+    # (head dim 128 on Hopper from 1k keys)
     kernel_regex="_flash_fwd(_hopper)?_kernel", bwd_kernel_regex="_flash_bwd_dkdv(_hopper)?_kernel",
     config=_fa2_config,
 ))

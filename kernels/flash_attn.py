@@ -29,7 +29,7 @@ head-dim-256 backward lays its dK/dV matmuls out query-major (`BwdConfig.query_m
 At head dim 128 from 1k keys and 64 from 4k (equal lengths in whole blocks, 16-bit, exact 2D
 views), the Hopper forward is not this file's kernel but the Gluon one of flash_attn_hopper.py, with
 FlashAttention-3's warp layout (`fwd_memory_path` returns 'gluon-ws'). In the same scope the
-head-dim-128 backward from 2k keys computes dK and dV with that file's Gluon kernel
+head-dim-128 backward from 1k keys computes dK and dV with that file's Gluon kernel
 (`bwd_dkdv_path`), which also adds dQ with TMA reduce-adds (`bwd_gluon_fuses_dq`; so dQ's
 rounding can differ between runs, as in flash-attn) unless `deterministic=True`, which keeps the
 dQ kernel. The preprocessing kernel is this file's in every case. Measurements behind these
@@ -178,14 +178,15 @@ HOPPER_BWD_CONFIGS = {
     16: BwdConfig(32, 128, 128, 32, 4, 3),
     32: BwdConfig(32, 128, 128, 32, 4, 3),
     64: BwdConfig(32, 128, 128, 32, 4, 3),
-    # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 2048
+    # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 1024
     # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7): the backward 1.08-1.20x
     # faster at 1k-16k, bf16 and fp16, same process, than the one committed before it (this kernel
     # and the dQ kernel below 2k keys; from 2k the non-fused Gluon kernel and the dQ kernel)
-    # (perf_notes, "v6 -> v7"). Not at 1k: there forward+backward is host-bound when causal, and the
-    # Gluon launch costs more host time than it saves on the GPU. At head dim 64 the Gluon kernel
-    # without dQ was 0.98-1.18x this kernel's time, so not taken there.
-    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=2048, hopper_gluon_fused_dq=True),
+    # (perf_notes, "v6 -> v7"). At 1k, where v7 kept this kernel (forward+backward host-bound when
+    # causal), the fused Gluon backward read 1.07-1.12x faster by do_bench in two runs (v7, and v8
+    # with cached launches), bwd and fwd_bwd (perf_notes, "v7 -> v8"). At head dim 64 the Gluon
+    # kernel without dQ was 0.98-1.18x this kernel's time, so not taken there.
+    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
     # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k, whole backward 1.7-2.0x
@@ -1092,7 +1093,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     `return_attn_probs=True` the tuple (out, softmax_lse, S_dmask) where softmax_lse is
     (batch, heads, seqlen_q) float32 and S_dmask is None (flash-attn returns its dropout
     pattern there; this kernel has no dropout). `deterministic` matters where the backward fuses
-    dQ into the dK/dV kernel: the Hopper table's head-dim-128 backward from 2k keys (the Gluon
+    dQ into the dK/dV kernel: the Hopper table's head-dim-128 backward from 1k keys (the Gluon
     kernel, `bwd_gluon_fuses_dq`), or a `bwd_config` with `fused_dq_min_rows` set. There
     `deterministic=False` adds dQ with atomics, whose rounding differs from run to run as in
     flash-attn, and `deterministic=True` keeps the separate dQ pass (bit-identical gradients).

@@ -29,7 +29,7 @@ with the next matmul of the same query step. At head dim 128 it can add dQ too, 
 consumers exchange dS^T through shared memory, each computes half of dQ_i's columns over all 128
 keys and adds them with one TMA reduce-add per step (5 matmuls instead of the Triton backward's 7;
 with element-wise atomics instead, an earlier version was 1.2-1.5x slower, perf_notes "v6 -> v7").
-`flash_attn.flash_attn_backward` takes it at head dim 128 from 2k keys in the same scope
+`flash_attn.flash_attn_backward` takes it at head dim 128 from 1k keys in the same scope
 (`flash_attn.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
 (`flash_attn.bwd_gluon_fuses_dq`).
 

@@ -405,14 +405,14 @@ def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
 
 
 @pytest.mark.parametrize("hdim", [64, 128, 256])
-def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dim_128_from_2k_keys(hdim):
+def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dim_128_from_1k_keys(hdim):
     """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon one at head dim 128
-    from 2048 keys (measured faster; at 1k host-bound), adding dQ itself, the Triton one below
+    from 1024 keys (measured faster there too since v8), adding dQ itself, the Triton one below
     that and at head dims 64 (measured no faster) and 256 (outside the Gluon kernel's scope)."""
     config = fa.HOPPER_BWD_CONFIGS[hdim]
     for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
         q = torch.empty(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype=torch.bfloat16)
-        gluon = hdim == 128 and seqlen >= 2048
+        gluon = hdim == 128 and seqlen >= 1024
         assert (fa.bwd_dkdv_path(config, q, q, q, q) == fa.HOPPER_GLUON_PATH) == gluon, seqlen
     # the Gluon kernel adds dQ itself at head dim 128 (FA3's scheme) unless asked to be deterministic
     assert fa.bwd_gluon_fuses_dq(config, hdim) == (hdim == 128)
@@ -779,8 +779,8 @@ def test_gpu_backward_matches_reference(shape, causal, dtype, poisoned_allocatio
                          ids=lambda s: "b{}_sq{}_sk{}_h{}_d{}".format(*s))
 def test_gpu_hopper_gluon_dkdv_matches_reference(shape, causal, dtype, fused_dq, poisoned_allocations, monkeypatch):
     """The backward with the Gluon dK/dV kernel (kernels/flash_attn_hopper.py), which the Hopper
-    table takes at head dim 128 from 2k keys with dQ fused (here from 1k, at head dim 64, and
-    without fusing, by a config), against float64. The Triton dK/dV kernel must not run; the Triton
+    table takes at head dim 128 from 1k keys with dQ fused (here also at head dim 64, and without
+    fusing, by a config), against float64. The Triton dK/dV kernel must not run; the Triton
     dQ kernel must run exactly where dQ is not fused (always at head dim 64)."""
     if not fa._on_hopper(torch.device("cuda")):
         pytest.skip("the Gluon dK/dV kernel is compiled for Hopper (sm_90) only")
@@ -811,7 +811,7 @@ def test_reference_softmax_scale_default_is_inverse_sqrt_headdim():
 @pytest.mark.parametrize("fusing", ["table", "triton-fused-dq"])
 def test_gpu_backward_is_deterministic_at_real_size(fusing):
     """deterministic=True (the dQ kernel, no atomics), with configs that would fuse dQ otherwise
-    (on Hopper the table's Gluon dK/dV kernel at head dim 128 from 2k keys; the Triton dK/dV kernel
+    (on Hopper the table's Gluon dK/dV kernel at head dim 128 from 1k keys; the Triton dK/dV kernel
     with fused_dq_min_rows): five backward passes at a size that spans many programs agree bit for
     bit."""
     q, k, v = make_qkv(2, 2048, 2048, 8, 128, torch.bfloat16, "cuda", requires_grad=True)
