@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# Session 8: host time per forward+backward call, cached launches against JIT launches taking
-# turns in one process; then the paper sweep at 512 and 1k again (three repeats, bf16 and fp16),
-# a second run of the same code as device_run36's (host-bound points are run-dependent).
+# Session 8: the paper sweep at 512 and 1k again (three repeats, bf16 and fp16) with the final code
+# (cached launches, host-side trims, the fused Gluon backward from 1k at head dim 128); host time
+# per forward+backward call, cached launches against JIT launches taking turns in one process; the
+# regression baseline re-saved (its 1k points changed).
 source "$(dirname "$0")/device_lib.sh"
 rm -rf $R/v8d_*
-mkdir -p $R/v8d_breakdown
-stage "host breakdown: cached and JIT launches taking turns"
-OUT=$R/v8d_breakdown timeout 120 python3 tools/experiments/exp_host_breakdown.py --hdims 256 128 64 \
-  --seqlens 512 --causal both --dtype bf16 > $R/v8d_breakdown/exp_host_breakdown_bf16.log 2>&1
-echo "rc=$?"; grep "^seqlen" $R/v8d_breakdown/exp_host_breakdown_bf16.log; pack
 for dtype in bf16 fp16; do
-  if [ $SECONDS -gt 420 ]; then echo "no time left for $dtype"; break; fi
   stage "paper $dtype, 512 and 1k, 3 repeats"
-  timeout $((560 - SECONDS)) python3 runner.py --suite paper --providers fa2,sdpa-flash,sdpa-cudnn --seqlens 512,1024 \
+  timeout 200 python3 runner.py --suite paper --providers fa2,sdpa-flash,sdpa-cudnn --seqlens 512,1024 \
     --repeats 3 --dtype $dtype --out $R/v8d_${dtype}_short_x3 > $R/v8d_${dtype}_short_x3.log 2>&1
   echo "rc=$?"; pack
 done
+if [ $SECONDS -lt 420 ]; then
+  mkdir -p $R/v8d_breakdown
+  stage "host breakdown: cached and JIT launches taking turns"
+  OUT=$R/v8d_breakdown timeout 90 python3 tools/experiments/exp_host_breakdown.py --hdims 256 128 \
+    --seqlens 512 --causal both --dtype bf16 > $R/v8d_breakdown/exp_host_breakdown_bf16.log 2>&1
+  echo "rc=$?"; grep "^seqlen" $R/v8d_breakdown/exp_host_breakdown_bf16.log; pack
+fi
+if [ $SECONDS -lt 500 ]; then
+  stage "regression baseline, 3 repeats"
+  timeout $((590 - SECONDS)) python3 runner.py --quick --providers fa2,sdpa-flash --dtype bf16 --repeats 3 \
+    --out $R/v8d_baseline --save-baseline $R/v8d_baseline/nvidia-h200.json > $R/v8d_baseline.log 2>&1
+  echo "rc=$?"; pack
+fi
 stage done
 python3 - <<'PY'
 import glob
