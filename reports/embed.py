@@ -173,19 +173,35 @@ def ms_ratio_table(path: Path, hdim: int, providers: list[str], ratios: list[tup
     return "\n".join(lines)
 
 
-def runs_ratio_table(sources: list[tuple[str, Path]], hdim: int, seqlens: tuple[int, ...],
+def runs_ratio_table(sources: list[tuple[str, Path]], hdims: tuple[int, ...], seqlens: tuple[int, ...],
                      peer: str = "sdpa-flash") -> str:
-    """Runner result rows of several runs of the same sweep: our TFLOPs/s over `peer`'s at `hdim`
-    and `seqlens`, each ratio within one run, one column per run."""
+    """Runner result rows of several runs of the same sweep: our TFLOPs/s over `peer`'s at `hdims`
+    and `seqlens` (medians of each run's repeats), each ratio within one run, one column per run."""
     columns = {}
     for label, path in sources:
         rows = pd.read_csv(path)
-        ratios = _ratios(rows[(rows.status == "ok") & (rows.hdim == hdim) & rows.seqlen.isin(seqlens)], peer)
-        columns[label] = ratios.set_index(["mode", "causal", "seqlen"])["ratio"]
+        ratios = _ratios(rows[(rows.status == "ok") & rows.hdim.isin(hdims) & rows.seqlen.isin(seqlens)], peer)
+        columns[label] = ratios.set_index(["mode", "hdim", "causal", "seqlen"])["ratio"]
     table = pd.DataFrame(columns)
-    lines = ["| mode | causal | seqlen | " + " | ".join(table.columns) + " |", "|---|---|---|" + "---|" * len(table.columns)]
-    for (mode, causal, seqlen), r in table.iterrows():
-        lines.append(f"| {mode} | {causal} | {seqlen} | " + " | ".join(f"{v:.3f}x" for v in r) + " |")
+    lines = ["| mode | hdim | causal | seqlen | " + " | ".join(table.columns) + " |",
+             "|---|---|---|---|" + "---|" * len(table.columns)]
+    for (mode, hdim, causal, seqlen), r in table.iterrows():
+        lines.append(f"| {mode} | {hdim} | {causal} | {seqlen} | " + " | ".join(f"{v:.3f}x" for v in r) + " |")
+    return "\n".join(lines)
+
+
+def host_breakdown_table(path: Path, seqlen: int) -> str:
+    """tools/experiments/exp_host_breakdown.py's rows at `seqlen`: the median microseconds of each
+    stage of a forward+backward call, per (head dim, causal) and launch path, in one process."""
+    rows = pd.read_csv(path)
+    if "launch" not in rows:  # the first version of the experiment had Triton's JIT launches only
+        rows = rows.assign(launch="jit")
+    rows = rows[rows.seqlen == seqlen]
+    wide = rows.pivot_table(index="stage", columns=["hdim", "causal", "launch"], values="us", sort=False)
+    header = [f"d{h} {'causal' if c else 'full'} {launch}" for h, c, launch in wide.columns]
+    lines = ["| stage (us) | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
+    for stage, r in wide.iterrows():
+        lines.append(f"| {stage} | " + " | ".join(f"{v:.1f}" for v in r) + " |")
     return "\n".join(lines)
 
 
@@ -337,12 +353,12 @@ ANCHOR_METHODS = {"sdpa_flash": "sdpa-flash", "sdpa_efficient": "sdpa-efficient"
 
 def anchor_table(rows: pd.DataFrame, anchors: pd.DataFrame, band: float = 0.10) -> str:
     """This project's TFLOPs/s of each peer over the cited anchors' for the same (mode, causal,
-    hdim, seqlen, batch, heads): min / median / max per provider and mode, and how many cells
-    differ by more than `band`."""
+    hdim, seqlen, batch, heads), each cell the median of its repeats: min / median / max per
+    provider and mode, and how many cells differ by more than `band`."""
     anchors = anchors[anchors["method"].isin(ANCHOR_METHODS)].assign(
         provider=lambda a: a["method"].map(ANCHOR_METHODS))
     keys = ["provider", "mode", "causal", "hdim", "seqlen", "batch", "heads"]
-    ok = rows[rows["status"] == "ok"]
+    ok = rows[rows["status"] == "ok"].groupby(keys, as_index=False)["tflops"].median()
     joined = anchors.merge(ok, on=keys, suffixes=("_anchor", ""))
     joined["ratio"] = joined["tflops"] / joined["tflops_anchor"]
     lines = ["| provider | mode | cells | min | median | max | outside +-10% |", "|---|---|---|---|---|---|---|"]
@@ -452,11 +468,23 @@ SECTIONS = {
         f"{dtype}:\n\n" + runs_ratio_table(
             [(f"{run.format(dtype=dtype)} ({commit})", H200 / "paper_runs" / run.format(dtype=dtype) / "results.csv")
              for run, commit in (("v7_{dtype}_d128_bwd", "3506551"), ("v7_{dtype}_d128_bwd_fused_dq", "d1d3766"))],
-            128, (512, 1024))
+            (128,), (512, 1024))
         for dtype in ("bf16", "fp16")),
     "host_time_gluon_dkdv": lambda: host_time_table(
         TUNING / "exp_host_overhead_gluon_dkdv_3506551" / "exp_host_overhead.csv", ("bwd", "fwd_bwd")),
     "compile_hopper_v7": lambda: text_block(TUNING / "compile_check_hopper_gluon_v7_sm90.txt"),
+    "host_breakdown_v8_first": lambda: host_breakdown_table(
+        TUNING / "exp_host_breakdown_16f5992" / "exp_host_breakdown.csv", 512),
+    "host_breakdown_v8": lambda: host_breakdown_table(
+        TUNING / "exp_host_breakdown_38c87fc" / "exp_host_breakdown.csv", 512),
+    "host_time_gluon_from_1k_v8": lambda: host_time_table(
+        TUNING / "exp_host_overhead_gluon_from_1k_b6c20d7" / "exp_host_overhead.csv", ("bwd", "fwd_bwd")),
+    "short_points_v8_runs": lambda: "\n\n".join(
+        f"{dtype}:\n\n" + runs_ratio_table(
+            [(f"{run.format(dtype=dtype)} ({commit})", H200 / "paper_runs" / run.format(dtype=dtype) / "results.csv")
+             for run, commit in (("v8c_{dtype}_short_x3_b6c20d7", "b6c20d7"), ("v8_{dtype}_short_x3", "38c87fc"))],
+            (64, 128, 256), (512, 1024))
+        for dtype in ("bf16", "fp16")),
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
     "utilisation": lambda: utilisation_table(pd.read_csv(KERNEL_VS_FA2_CSV),
                                              matmul_ceiling_tflops(H200 / "matmul_ceiling.txt")),

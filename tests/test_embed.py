@@ -59,6 +59,28 @@ def test_anchor_table_counts_cells_outside_the_band():
     assert "| sdpa-flash | fwd | 2 | 1.00 | 1.10 | 1.20 | 1 |" in table
 
 
+def test_anchor_table_counts_a_configuration_once_whatever_its_repeats():
+    anchors = pd.DataFrame([{"method": "sdpa_flash", "mode": "fwd", "causal": True, "hdim": 128, "seqlen": 2048,
+                             "batch": 8, "heads": 16, "ms": 1.0, "tflops": 200.0}])
+    rows = _rows().assign(status="ok")
+    flash = rows[(rows.provider == "sdpa-flash") & (rows.seqlen == 2048)]
+    repeats = pd.concat([flash.assign(repeat=i, tflops=t) for i, t in enumerate([150.0, 210.0, 230.0])])
+    table = embed.anchor_table(repeats, anchors)
+    assert "| sdpa-flash | fwd | 1 | 1.05 | 1.05 | 1.05 | 0 |" in table  # the median repeat, 210/200
+
+
+def test_runs_ratio_table_has_one_column_per_run(tmp_path):
+    paths = []
+    for i, ours in enumerate([300.0, 360.0]):
+        path = tmp_path / f"run{i}.csv"
+        _rows().assign(status="ok", tflops=lambda r, ours=ours: r.tflops.where(
+            ~((r.provider == "fa2") & (r.seqlen == 2048)), ours)).to_csv(path, index=False)
+        paths.append((f"run{i}", path))
+    table = embed.runs_ratio_table(paths, (128,), (2048,))
+    assert "| mode | hdim | causal | seqlen | run0 | run1 |" in table
+    assert "| fwd | 128 | True | 2048 | 1.500x | 1.800x |" in table
+
+
 def test_targets_report_the_worst_ratio_and_the_verdict():
     rows = _rows()  # fwd, hdim 128, causal: 1.50x official at 2k, 1.10x at 4k
     table = embed.targets_table([rows])
