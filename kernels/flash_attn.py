@@ -214,7 +214,7 @@ def padded_headdim(headdim: int) -> int:
 
 def _cdiv(a: int, b: int) -> int:
     """ceil(a / b) on the host: triton.cdiv is a constexpr function, ~3 us of host time a call
-    (three per forward+backward; see kernels/launch.py on why host time matters)."""
+    (up to four per forward+backward; see kernels/launch.py on why host time matters)."""
     return -(-a // b)
 
 

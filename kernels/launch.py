@@ -2,27 +2,31 @@
 
 `kernel[grid](*args, **kwargs)` binds every argument to the kernel's signature, computes its
 specialisation (a tensor's dtype and 16-byte alignment, an int's size class and whether it is
-1 or a multiple of 16), hashes that into a cache key and looks the compiled kernel up. On the
-H200 machine's host that is 45-95 us per launch, of a forward+backward's four launches and
-0.6 ms of host time per call at seqlen 512, where the GPU needs 0.6-0.8 ms
-(reports/h200/perf_notes.md, "v7 -> v8"). Launching the `CompiledKernel` that call returned
-(`compiled[grid](*args)`) skips the binding and the lookup.
+1 or a multiple of 16), hashes that into a cache key, looks the compiled kernel up, then
+launches it. On the H200 machine's host a whole launch took 37-144 us, four of them in a
+forward+backward whose host time (0.5-0.95 ms at seqlen 512) is about its GPU time. Launching
+the `CompiledKernel` that call returned (`compiled[grid](*args)`) skips the binding and the
+lookup: 2-18 us less per launch, 20-39 us per forward+backward (reports/h200/perf_notes.md,
+"v7 -> v8"); the launch itself still costs 35-77 us there.
 
 `CachedLauncher` keeps that kernel under a key computed from the arguments that determines
 Triton's specialisation, and more finely: each tensor's dtype and alignment, each int's and
-bool's value (a shape or stride), each constexpr and launch option, each host-made tensor descriptor's tensor (as above), shape,
-strides, block shape and layout, the device. A key seen
-before launches its compiled kernel directly; any other call goes through the JIT (which
-compiles where needed), and its result is kept. Float arguments (the softmax scale) are not
-specialised by Triton and are not in the key.
+bool's type and value (a shape or stride), each constexpr and launch option, each host-made
+tensor descriptor's tensor (as above), shape, strides, block shape and layout, the device, and
+the debug and instrumentation knobs that Triton's own key holds. A key seen before launches its
+compiled kernel directly; any other call goes through the JIT (which compiles where needed),
+and its result is kept. Float arguments (the softmax scale) are not specialised by Triton and
+are not in the key.
 
-Under TRITON_INTERPRET=1 every launch goes through the interpreter (there is no compiled kernel).
+Always through the JIT: under TRITON_INTERPRET=1 (there is no compiled kernel), a grid function,
+and a kernel with pre-run hooks (which run at every JIT launch).
 """
 from __future__ import annotations
 
 import os
 
 import torch
+from triton import knobs
 from triton.compiler import CompiledKernel
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -59,9 +63,10 @@ class CachedLauncher:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args: tuple, kwargs: dict):
-        if self.interpreted or callable(grid):
+        if self.interpreted or callable(grid) or getattr(self.kernel, "pre_run_hooks", None):
             return self.kernel[grid](*args, **kwargs)
-        key = (torch.cuda.current_device(), tuple(kwargs.items()), *map(_arg_key, args))
+        key = (torch.cuda.current_device(), knobs.runtime.debug, knobs.compilation.instrumentation_mode,
+               *((name, _arg_key(value)) for name, value in kwargs.items()), *map(_arg_key, args))
         try:
             hit = self.compiled.get(key)
         except TypeError:  # an argument this key cannot describe: always through the JIT

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from triton.compiler import CompiledKernel
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.launch import MAX_KEYS, CachedLauncher
 
@@ -20,15 +21,16 @@ class FakeCompiled(CompiledKernel):
 
 
 class FakeKernel:
-    """A kernel (X, n, scale, BLOCK: constexpr, EVEN: constexpr) whose JIT launch is recorded and
-    returns one compiled kernel."""
+    """A kernel (X, n, scale, BLOCK: constexpr, EVEN: constexpr) whose JIT launches are recorded,
+    each returning a compiled kernel of its own (`compiled`: the latest)."""
     def __init__(self):
         self.arg_names = ["X", "n", "scale", "BLOCK", "EVEN"]
-        self.jit_launches, self.compiled = [], FakeCompiled()
+        self.jit_launches, self.compiled = [], None
 
     def __getitem__(self, grid):
         def run(*args, **kwargs):
             self.jit_launches.append((grid, args, kwargs))
+            self.compiled = FakeCompiled()
             return self.compiled
         return run
 
@@ -41,17 +43,22 @@ def launcher(monkeypatch):
     return cached
 
 
-def test_a_repeated_key_launches_the_compiled_kernel_with_every_argument_in_order(launcher):
+def test_a_repeated_key_launches_its_own_compiled_kernel_with_every_argument_in_signature_order(launcher):
     x = torch.randn(64)
-    launcher[(4, 2)](x, 64, 0.5, BLOCK=16, EVEN=True, num_warps=4)
-    assert len(launcher.kernel.jit_launches) == 1 and not launcher.kernel.compiled.launches
+    launcher[(4, 2)](x, 64, 0.5, EVEN=True, BLOCK=16, num_warps=4)  # keywords not in signature order
+    first = launcher.kernel.compiled
+    launcher[(4, 2)](x, 48, 0.5, EVEN=True, BLOCK=16, num_warps=4)  # another key: a second kernel
+    second = launcher.kernel.compiled
+    assert len(launcher.kernel.jit_launches) == 2 and first is not second
     y = torch.randn(64)  # another tensor, same dtype and alignment; another scale (not specialised)
-    result = launcher[(8, 2)](y, 64, 0.25, BLOCK=16, EVEN=True, num_warps=4)
-    assert result is launcher.kernel.compiled and len(launcher.kernel.jit_launches) == 1
-    assert launcher.kernel.compiled.launches == [((8, 2, 1), (y, 64, 0.25, 16, True))]
-    launcher[(8,)](y, 64, 0.25, BLOCK=16, EVEN=True, num_warps=4)
-    launcher[(8, 2, 3)](y, 64, 0.25, BLOCK=16, EVEN=True, num_warps=4)
-    assert [grid for grid, _ in launcher.kernel.compiled.launches[1:]] == [(8, 1, 1), (8, 2, 3)]
+    result = launcher[(8, 2)](y, 64, 0.25, EVEN=True, BLOCK=16, num_warps=4)
+    assert result is first and len(launcher.kernel.jit_launches) == 2 and not second.launches
+    assert first.launches == [((8, 2, 1), (y, 64, 0.25, 16, True))]  # BLOCK before EVEN, as declared
+    launcher[(8,)](y, 64, 0.25, EVEN=True, BLOCK=16, num_warps=4)
+    launcher[(8, 2, 3)](y, 64, 0.25, EVEN=True, BLOCK=16, num_warps=4)
+    assert [grid for grid, _ in first.launches[1:]] == [(8, 1, 1), (8, 2, 3)]
+    launcher[(4, 2)](y, 48, 0.25, EVEN=True, BLOCK=16, num_warps=4)  # the second key: the second kernel
+    assert second.launches == [((4, 2, 1), (y, 48, 0.25, 16, True))] and len(first.launches) == 3
 
 
 def test_a_grid_function_goes_through_the_jit(launcher):
@@ -84,6 +91,38 @@ def test_anything_triton_specialises_on_goes_through_the_jit(launcher, change, m
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     launcher[(1,)](*call["args"], **call["kwargs"])
     assert len(launcher.kernel.jit_launches) == 2 and not launcher.kernel.compiled.launches
+
+
+@pytest.mark.parametrize("change", ["block shape", "strides", "dtype", "shape"])
+def test_host_descriptors_are_keyed_on_what_their_launch_encodes(launcher, change):
+    base = torch.randn(256, 64)
+    descriptor = TensorDescriptor(base, [256, 64], [64, 1], [32, 64])
+    launcher[(1,)](descriptor, 4, 0.5, BLOCK=16, EVEN=True)
+    same = TensorDescriptor(torch.randn(256, 64), [256, 64], [64, 1], [32, 64])
+    launcher[(1,)](same, 4, 0.5, BLOCK=16, EVEN=True)
+    assert len(launcher.kernel.jit_launches) == 1  # another tensor, the same description: a hit
+    other = {"block shape": lambda: TensorDescriptor(base, [256, 64], [64, 1], [64, 64]),
+             "strides": lambda: TensorDescriptor(torch.randn(256, 128), [256, 64], [128, 1], [32, 64]),
+             "dtype": lambda: TensorDescriptor(base.half(), [256, 64], [64, 1], [32, 64]),
+             "shape": lambda: TensorDescriptor(base, [128, 64], [64, 1], [32, 64])}[change]()
+    launcher[(1,)](other, 4, 0.5, BLOCK=16, EVEN=True)
+    assert len(launcher.kernel.jit_launches) == 2
+
+
+def test_a_kernel_with_pre_run_hooks_always_goes_through_the_jit(launcher):
+    launcher.kernel.pre_run_hooks = [lambda *args, **kwargs: None]  # Triton runs them at each JIT launch
+    for _ in range(2):
+        launcher[(1,)](torch.randn(4), 4, 0.5, BLOCK=16, EVEN=True)
+    assert len(launcher.kernel.jit_launches) == 2 and not launcher.compiled
+
+
+def test_the_debug_knob_is_part_of_the_key(launcher, monkeypatch):
+    from triton import knobs
+
+    launcher[(1,)](torch.randn(4), 4, 0.5, BLOCK=16, EVEN=True)
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    launcher[(1,)](torch.randn(4), 4, 0.5, BLOCK=16, EVEN=True)
+    assert len(launcher.kernel.jit_launches) == 2
 
 
 def test_unhashable_arguments_and_defaulted_parameters_are_never_cached(launcher):

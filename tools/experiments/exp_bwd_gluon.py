@@ -15,7 +15,7 @@ kernel) at the paper shapes of `--seqlens`. Gluon kernels that deadlock hang the
 - the dK/dV kernels alone: Triton (the table's config) and Gluon (each `--stages`);
 - whole backwards:
   - `fa2 backward`: flash_attn_backward as committed at the commit that runs (since d1d3766, the
-    fused Gluon backward at head dim 128 from 2k keys);
+    fused Gluon backward at head dim 128, from 2k keys until v8 and from 1k since);
   - `fa2 backward, gluon dkdv`: the preprocessing, Gluon dK/dV and Triton dQ kernels;
   - `gluon fused dQ`: zeroing a float32 accumulator, the preprocessing, the Gluon kernel with dQ
     fused, the cast;
@@ -55,7 +55,7 @@ from kernels import flash_attn_hopper as hopper
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # the Triton backward (dK/dV and dQ kernels) as the reference the Gluon kernel is compared with: the
-# table's own config takes the Gluon kernel at head dim 128 from 2k keys since 3506551
+# table's own config takes the Gluon kernel at head dim 128 since 3506551 (from 2k keys; from 1k since v8)
 TRITON_BWD = {hdim: dataclasses.replace(fa.HOPPER_BWD_CONFIGS[hdim], hopper_gluon_min_keys=0) for hdim in (64, 128)}
 
 

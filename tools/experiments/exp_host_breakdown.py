@@ -73,13 +73,13 @@ def timed_function(label: str, fn):
     return wrapper
 
 
-LAUNCHERS = {name: getattr(fa, name) for name in
-             ("_fwd_launcher", "_bwd_preprocess_launcher", "_bwd_dkdv_launcher", "_bwd_dq_launcher")}
+# (module, name): the production launchers, Triton's and the Gluon kernels'
+LAUNCHERS = {(module, name): getattr(module, name) for module, name in
+             ((fa, "_fwd_launcher"), (fa, "_bwd_preprocess_launcher"), (fa, "_bwd_dkdv_launcher"),
+              (fa, "_bwd_dq_launcher"), (fah, "_fwd_launcher"), (fah, "_bwd_dkdv_launcher"))}
 
 
 def instrument() -> None:
-    for name in ("flash_attn_forward_hopper", "flash_attn_backward_dkdv_hopper"):
-        setattr(fah, name, timed_function(name, getattr(fah, name)))
     for name in ("flash_attn_forward", "flash_attn_backward"):
         setattr(fa, name, timed_function(name, getattr(fa, name)))
 
@@ -87,8 +87,9 @@ def instrument() -> None:
 def use_launches(launch: str) -> None:
     """'cached': the library's launchers (kernels/launch.py); 'jit': every launch through
     Triton's JIT (`kernel[grid](...)`, as before v8). Either way stamped."""
-    for name, launcher in LAUNCHERS.items():
-        setattr(fa, name, TimedKernel(name.strip("_"), launcher if launch == "cached" else launcher.kernel))
+    for (module, name), launcher in LAUNCHERS.items():
+        label = ("gluon " if module is fah else "") + name.strip("_")
+        setattr(module, name, TimedKernel(label, launcher if launch == "cached" else launcher.kernel))
 
 
 def stage_durations(calls: list[list[tuple[str, int]]]) -> dict[str, float]:
