@@ -46,6 +46,16 @@ def stamp(label: str) -> None:
     STAMPS.append((label, time.perf_counter_ns()))
 
 
+def stamped(fn, before: str, after: str):
+    """fn, stamping `before` as it is called and `after` as it returns."""
+    def wrapper(*args, **kwargs):
+        stamp(before)
+        result = fn(*args, **kwargs)
+        stamp(after)
+        return result
+    return wrapper
+
+
 class TimedKernel:
     """Stands in for a kernel's launcher in its module's namespace: `launcher[grid](...)` stamps
     the launch's start and end."""
@@ -54,23 +64,11 @@ class TimedKernel:
         self.name, self.kernel = name, kernel
 
     def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def run(*args, **kwargs):
-            stamp(f"{self.name} launch")
-            result = launch(*args, **kwargs)
-            stamp(f"after {self.name} launch")
-            return result
-        return run
+        return stamped(self.kernel[grid], f"{self.name} launch", f"after {self.name} launch")
 
 
 def timed_function(label: str, fn):
-    def wrapper(*args, **kwargs):
-        stamp(f"{label} entered")
-        result = fn(*args, **kwargs)
-        stamp(f"{label} returned")
-        return result
-    return wrapper
+    return stamped(fn, f"{label} entered", f"{label} returned")
 
 
 # (module, name): the production launchers, Triton's and the Gluon kernels'
