@@ -5,7 +5,10 @@ Rungs 0-3 are one Triton kernel family (kernels/fa_ladder.py, its docstring expl
 technique is expressed); rung 4 is the production Triton FA2 kernel (kernels/flash_attn.py's
 _flash_fwd_kernel: wgmma, tuned tiles; TMA loads at head dim 128, with host-made descriptors at
 settings A and B). The Gluon forward that flash_attn_func takes on Hopper at head dim 128 from 1k
-keys (kernels/flash_attn_hopper.py) is not a rung: rung 4 switches it off.
+keys (kernels/flash_attn_hopper.py) is not a rung: rung 4 switches it off. Rung 4's launches go
+through kernels/launch.py's cache (a shape's compiled kernel launched directly after its first
+call), rungs 0-3 through Triton's JIT; that is host time only, which the ablation's CUDA-graph
+timing (`--cuda-graph`) leaves out.
 Every rung is a forward pass; the backward of all of them is the FA2 backward
 (`kernels.flash_attn.flash_attn_backward`), so the ladder measures forward only. Kernels are
 imported when a rung first runs, so this module imports without Triton's JIT (the runner

@@ -30,15 +30,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from exp_host_overhead import gpu_and_host_ms  # the same GPU-sleep clock
 from tune_fa2 import CsvRows
 
 from kernels import flash_attn as fa
 from kernels import flash_attn_hopper as fah
 from reports.timing import time_attention
 
-CALLS = 50
-SLEEP_CYCLES = 400_000_000  # ~0.2 s: longer than issuing CALLS calls
+CALLS = 50  # rounds: each variant's call once per round
 STAMPS: list[tuple[str, int]] = []
 
 
@@ -100,21 +101,17 @@ def stage_durations(calls: list[list[tuple[str, int]]]) -> dict[str, float]:
             for i, (a, b) in enumerate(itertools.pairwise(labels))}
 
 
-def breakdown(variants: dict, tensors) -> tuple[dict[str, dict[str, float]], dict[str, float], float]:
+def breakdown(variants: dict, tensors) -> tuple[dict[str, dict[str, float]], dict[str, float], float, float]:
     """For each variant (name -> (setup, fn)): stage medians (us) and host ms per call over CALLS
-    calls of fn, and the GPU ms per call of all of them together, the variants' calls taking turns
+    calls of fn; the GPU ms per call of all of them together; and how long the GPU sleep outlasted
+    the issuing (ms; negative: the GPU caught up with the host). The variants' calls take turns
     (so that the host's speed, which drifts over seconds, weighs on each alike), all issued behind
-    a GPU sleep. `setup` runs before each call, outside the stamps and the host clock."""
-    for setup, fn in variants.values():
-        setup()
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(SLEEP_CYCLES)
-    start.record()
-    calls = {name: [] for name in variants}
-    host_ns = dict.fromkeys(variants, 0)
-    for _ in range(CALLS):
+    a GPU sleep by exp_host_overhead's clock (`gpu_and_host_ms`, one call of it per round of
+    turns). `setup` runs before each call, outside the stamps and the per-variant host clock."""
+    rounds: list[dict[str, tuple[list, int]]] = []
+
+    def one_round():
+        stamps_and_ns = {}
         for name, (setup, fn) in variants.items():
             setup()
             for t in tensors:
@@ -124,13 +121,14 @@ def breakdown(variants: dict, tensors) -> tuple[dict[str, dict[str, float]], dic
             stamp("call")
             fn()
             stamp("call returned")
-            host_ns[name] += time.perf_counter_ns() - t0
-            calls[name].append(list(STAMPS))
-    end.record()
-    torch.cuda.synchronize()
-    gpu_ms = start.elapsed_time(end) / (CALLS * len(variants))
-    return ({name: stage_durations(c) for name, c in calls.items()},
-            {name: ns / 1e6 / CALLS for name, ns in host_ns.items()}, gpu_ms)
+            stamps_and_ns[name] = list(STAMPS), time.perf_counter_ns() - t0
+        rounds.append(stamps_and_ns)
+
+    gpu_ms_per_round, _, slack_ms = gpu_and_host_ms(one_round, calls=CALLS)
+    timed = rounds[1:]  # the first round is gpu_and_host_ms's warm-up call
+    stages = {name: stage_durations([r[name][0] for r in timed]) for name in variants}
+    host_ms = {name: sum(r[name][1] for r in timed) / 1e6 / len(timed) for name in variants}
+    return stages, host_ms, gpu_ms_per_round / len(variants), slack_ms
 
 
 def main() -> None:
@@ -161,7 +159,7 @@ def main() -> None:
                 def call(q=q, k=k, v=v, dout=dout, causal=causal):
                     fa.flash_attn_func(q, k, v, causal=causal).backward(dout)
                 variants = {launch: (functools.partial(use_launches, launch), call) for launch in args.launches}
-                stages, host_ms, gpu_ms = breakdown(variants, (q, k, v))
+                stages, host_ms, gpu_ms, slack_ms = breakdown(variants, (q, k, v))
                 for launch in args.launches:
                     use_launches(launch)
                     STAMPS.clear()  # do_bench's calls are not stamped into any table
@@ -175,6 +173,7 @@ def main() -> None:
                     record(**row, stage="sum of the medians", us=sum(stages[launch].values()))
                     record(**row, stage="host per call (mean)", us=host_ms[launch] * 1e3)
                     record(**row, stage="GPU per call (mean, all variants)", us=gpu_ms * 1e3)
+                    record(**row, stage="GPU sleep's slack over the issuing (all variants)", us=slack_ms * 1e3)
                     record(**row, stage="do_bench per call (median)", us=do_bench_ms * 1e3)
             del q, k, v, dout
             torch.cuda.empty_cache()
