@@ -1,24 +1,31 @@
 """The FA1 -> FA2 ablation ladder: rungs 0-3 of one Triton kernel family, forward only.
 
 Each rung adds one technique of the FlashAttention-2 paper (Dao, 2023, arXiv 2307.08691,
-Section 3) to the one before; the rest of the code is shared, so the difference between
-two rungs is the technique (a constexpr flag, the grid, or the tile shape):
+Section 3) to the one before; the rest of the code, the tile's area, the warps and the
+pipelining depth (num_stages) are shared, so the difference between two neighbouring rungs is
+the technique (a constexpr flag, the grid and loop order, or the tile's sides):
 
   rung 0  FA1 (Dao et al., 2022, Algorithm 1): one program per (batch, head); outer loop over
-          K/V blocks, inner loop over Q blocks; O, l and m live in HBM and are read and
-          written at every inner step (fp32 running buffers); O renormalised by 1/l_new at
-          every step; exp with the softmax scale applied separately; m and l stored for the
-          backward; causal: fully masked blocks skipped, the mask applied to every other block.
-  rung 1  + fewer non-matmul FLOPs (FA2 Section 3.1), flag FEWER_NONMATMUL: O kept
-          unnormalised and rescaled only by exp(m_old - m_new); one 1/l per row; logsumexp
-          stored instead of m and l; exp2 with log2(e) folded into the scale; the causal mask
-          only on blocks that cross the diagonal. Same grid, loop order and tiles as rung 0.
-  rung 2  + parallelism over the sequence (FA2 Section 3.2): a second kernel whose grid is
-          (query blocks, batch x heads), loops swapped: each program owns one Q block and
-          keeps O, l, m on chip for its whole life. Same tiles, so warps still split the keys.
-  rung 3  + split-Q warp partitioning (FA2 Section 3.3): the same kernel as rung 2 with a
-          tile shape for which the compiler assigns warps to query rows. This is FA2.
-Rung 4 (the Hopper kernel, kernels.flash_attn) is outside this file.
+          K/V blocks (line 5), inner loop over Q blocks (line 7); O, l and m live in HBM and
+          are read and written at every inner step (lines 8 and 13, fp32 running buffers); O
+          renormalised by 1/l_new at every step (line 12); exp with the softmax scale applied
+          separately (line 9); m and l stored for the backward; causal: fully masked blocks
+          skipped (`skip_masked_blocks=False` computes them too), the mask applied to every
+          other block.
+  rung 1  + fewer non-matmul FLOPs (FA2 Section 3.1, Algorithm 1 lines 8-10 and 12-13), flag
+          FEWER_NONMATMUL: O kept unnormalised and rescaled only by exp(m_old - m_new); one
+          1/l per row at the end; logsumexp stored instead of m and l; exp2 with log2(e)
+          folded into the scale; the causal mask only on blocks that cross the diagonal.
+          Same grid, loop order, tiles, warps and stages as rung 0.
+  rung 2  + parallelism over the sequence (FA2 Section 3.2, Algorithm 1 line 3 as the grid):
+          a second kernel whose grid is (query blocks, batch x heads), loops swapped: each
+          program owns one Q block and keeps O, l, m on chip for its whole life. Same tiles,
+          warps and stages, so warps still split the keys.
+  rung 3  + split-Q warp partitioning (FA2 Section 3.3): the same kernel as rung 2 with the
+          tile's sides swapped (same area, warps and stages), for which the compiler assigns
+          warps to query rows. This is FA2.
+Rung 4 (the production kernel, kernels/forward.py) is outside this file and changes several
+things at once (ablations/ladder.py).
 
 How the warp split is chosen (the design decision). Rungs 0-3 are compiled to mma.sync
 (Triton's MMA v2, the A100's instruction, as in the paper) by setting DISABLE_MMA_V3=1 while
@@ -38,12 +45,13 @@ share one tile shape, so rung 3 keeps rung 2's tile area, warps and stages and s
 tile's sides (BLOCK_M x BLOCK_N = 64 x 128 -> 128 x 64 at head dim 128). Triton's split-K
 exchanges P (BLOCK_M x BLOCK_N fp16) where FA1's CUDA kernel summed partial O (warps x
 BLOCK_M x D fp32), so it communicates less than FA1 did: the split-Q gain measured here
-understates what removing FA1's own exchange gains. Split-K written as a batched 3D dot with cross-warp sums was rejected: it ran 7x
-slower than split-Q (shared/GPU.md), a cost that is not FA1's.
+understates what removing FA1's own exchange gains. Split-K written as a batched 3D dot
+with cross-warp sums was rejected: it ran 7x slower than split-Q on the H200, a cost that is
+not FA1's.
 
 Differences and cautions:
-* forward only: the backward for every rung is the FA2 backward
-  (`kernels.flash_attn.flash_attn_backward` with `logsumexp_from_stats(stats)`);
+* forward only: the backward ladder is kernels/ladder_backward.py; gradients of these rungs
+  come from the FA2 backward with `logsumexp_from_stats(stats)`;
 * rungs 0-1 write each Q block's output in its dtype at the last K/V block that block sees
   (as FA1's CUDA kernel does with its fp32 `o_tmp` buffer), so neither needs a pass over O
   after the loop; their first K/V block starts from line 2's initial O, l, m without reading;
@@ -99,20 +107,20 @@ LADDER = (
     RungTechniques(fewer_nonmatmul=True, seq_parallel=True, warp_split=SPLIT_Q),
 )
 
-# Hopper (sm_90) with mma.sync, keyed by (rung, padded head dim). Rungs 0-2 share one tile and
-# 4 warps so that only the named technique changes; rung 3 swaps rung 2's sides (same
-# BLOCK_M x BLOCK_N, warps and stages) so that BLOCK_M >= BLOCK_D. num_stages is each rung's
-# best. Measurements behind each line: ablations/notes.md.
+# Hopper (sm_90) with mma.sync, keyed by (rung, padded head dim). Neighbouring rungs differ in
+# their technique only: rungs 0-2 share one tile, warps and stages; rung 3 swaps rung 2's sides
+# (same BLOCK_M x BLOCK_N, warps and stages) so that BLOCK_M >= BLOCK_D. Pipelining depth is
+# not a paper technique, so num_stages is one value per head dim for all four rungs; what more
+# stages give rungs 2-3 is a line of its own (ablations/tuning.py). Measurements behind each
+# line: ablations/notes.md.
 HOPPER_LADDER_CONFIGS = {
     **{(rung, 32): FwdConfig(16, 128, 4, 2) for rung in (0, 1, 2)},  # BLOCK_M 16 < 32
     (3, 32): FwdConfig(128, 16, 4, 2),
     **{(rung, 64): FwdConfig(32, 128, 4, 2) for rung in (0, 1, 2)},  # BLOCK_M 32 < 64
     (3, 64): FwdConfig(128, 32, 4, 2),
-    # one stage: with two, K_j, V_j (kept for the inner loop) and the prefetched Q_i spill
-    (0, 128): FwdConfig(64, 128, 4, 1),
-    (1, 128): FwdConfig(64, 128, 4, 1),
-    (2, 128): FwdConfig(64, 128, 4, 2),
-    (3, 128): FwdConfig(128, 64, 4, 2),  # spills 24 words, still faster than 8 warps without
+    # one stage: with two, rungs 0-1 spill (K_j, V_j kept for the inner loop plus the prefetched Q_i)
+    **{(rung, 128): FwdConfig(64, 128, 4, 1) for rung in (0, 1, 2)},
+    (3, 128): FwdConfig(128, 64, 4, 1),
     # head dim 256: 8 warps keep the 64 x 256 accumulator in registers; no split-Q tile fits
     **{(rung, 256): FwdConfig(64, 64, 8, 1) for rung in (0, 1, 2)},
 }
@@ -155,9 +163,9 @@ def _load_kv(K, V, offs_n, offs_d, seqlen_k, stride_kn, stride_vn,
     n_ok = offs_n < seqlen_k
     d_ok = offs_d < HEAD_DIM
     kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_kn, d_ok, n_ok,
-                    not EVEN_D, CHECK_N)
+                    CHECK_ROWS=not EVEN_D, CHECK_COLS=CHECK_N)
     v = _load_tile(V + offs_n[:, None] * stride_vn + offs_d[None, :], n_ok, d_ok,
-                   CHECK_N, not EVEN_D)
+                   CHECK_ROWS=CHECK_N, CHECK_COLS=not EVEN_D)
     return kT, v
 
 
@@ -251,25 +259,27 @@ def _kv_outer_step(O_run, M_run, L_run, Q, Out, LSE, stride_qs, stride_os,
     # line 8: load Q_i, O_i, l_i, m_i from HBM; on the first K/V block they still hold line
     # 2's initial values (O = 0, l = 0, m = -inf), which the masked loads produce unread
     q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
-                   not EVEN_M, not EVEN_D)
+                   CHECK_ROWS=not EVEN_M, CHECK_COLS=not EVEN_D)
     seen = start_n > 0
     acc_ptrs = O_run + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     acc = tl.load(acc_ptrs, mask=(m_ok & seen)[:, None] & d_ok[None, :], other=0.0)
     m_i = tl.load(M_run + offs_m, mask=m_ok & seen, other=float("-inf"))
     l_i = tl.load(L_run + offs_m, mask=m_ok & seen, other=0.0)
     # lines 9-12
-    acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, kT, v, offs_m, offs_n, seqlen_q, seqlen_k,
-                                  sm_scale, CAUSAL, MASK, FEWER_NONMATMUL)
+    acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, kT, v, offs_m, offs_n, seqlen_q, seqlen_k, sm_scale,
+                                  CAUSAL=CAUSAL, MASK=MASK, FEWER_NONMATMUL=FEWER_NONMATMUL)
     # line 13: write O_i, l_i, m_i to HBM; at the last K/V block this Q block sees, O_i is
     # final and goes to Out in the inputs' dtype
     if start_n == last_n:
         out_ptrs = Out + offs_m[:, None] * stride_os + offs_d[None, :]
         if FEWER_NONMATMUL:
             out, lse = _finalize(acc, l_i, m_i)  # FA2 lines 12-13: the only 1/l
-            _store_tile(out_ptrs, out.to(Out.dtype.element_ty), m_ok, d_ok, not EVEN_M, not EVEN_D)
+            _store_tile(out_ptrs, out.to(Out.dtype.element_ty), m_ok, d_ok,
+                        CHECK_ROWS=not EVEN_M, CHECK_COLS=not EVEN_D)
             tl.store(LSE + offs_m, lse, mask=m_ok)
         else:
-            _store_tile(out_ptrs, acc.to(Out.dtype.element_ty), m_ok, d_ok, not EVEN_M, not EVEN_D)
+            _store_tile(out_ptrs, acc.to(Out.dtype.element_ty), m_ok, d_ok,
+                        CHECK_ROWS=not EVEN_M, CHECK_COLS=not EVEN_D)
             tl.store(M_run + offs_m, m_i, mask=m_ok)  # FA1 keeps m and l for the backward
             tl.store(L_run + offs_m, l_i, mask=m_ok)
     else:
@@ -289,12 +299,13 @@ def _ladder_kv_outer_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr,
-    FEWER_NONMATMUL: tl.constexpr,
+    FEWER_NONMATMUL: tl.constexpr, SKIP_MASKED_BLOCKS: tl.constexpr,
 ):
     """FA1 Alg. 1: one program per (batch, head) walks all of its K/V and Q blocks.
     O_run (fp32), M_run, L_run hold each query row's running O, m, l between outer steps;
     with FEWER_NONMATMUL=False, M_run and L_run end as FA1's stored statistics, with True
-    the logsumexp goes to LSE."""
+    the logsumexp goes to LSE. SKIP_MASKED_BLOCKS=False (causal only) computes the blocks
+    above the diagonal too, with the mask, as a kernel without block skipping would."""
     pid_bh = tl.program_id(0)
     b, h = _batch_head(pid_bh, num_heads)
     Q += b * stride_qb + h * stride_qh
@@ -320,7 +331,7 @@ def _ladder_kv_outer_kernel(
             offs_m = start_m + offs_m_base
             _store_tile(Out + offs_m[:, None] * stride_os + offs_d[None, :],
                         tl.zeros([BLOCK_M, BLOCK_D], dtype=Out.dtype.element_ty),
-                        offs_m < seqlen_q, offs_d < HEAD_DIM, False, not EVEN_D)
+                        offs_m < seqlen_q, offs_d < HEAD_DIM, CHECK_ROWS=False, CHECK_COLS=not EVEN_D)
             if FEWER_NONMATMUL:
                 tl.store(LSE + offs_m, tl.full([BLOCK_M], float("inf"), tl.float32))
             else:
@@ -331,11 +342,14 @@ def _ladder_kv_outer_kernel(
     for start_n in range(0, seqlen_k, BLOCK_N):
         offs_n = start_n + offs_n_base
         # line 6: load K_j, V_j on chip, kept for the whole inner loop
-        kT, v = _load_kv(K, V, offs_n, offs_d, seqlen_k, stride_ks, stride_vs, HEAD_DIM, EVEN_D,
-                         not EVEN_N)
+        kT, v = _load_kv(K, V, offs_n, offs_d, seqlen_k, stride_ks, stride_vs,
+                         HEAD_DIM=HEAD_DIM, EVEN_D=EVEN_D, CHECK_N=not EVEN_N)
         # line 7: for each Q block i (inner loop): [lo, mid) need a mask, [mid, end_m) do not
         if CAUSAL:
-            lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M  # skip fully masked blocks
+            if SKIP_MASKED_BLOCKS:  # skip the Q blocks that see none of K/V block j
+                lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+            else:  # only the leading Q blocks that see no key at all (written above)
+                lo = tl.maximum(-offset, 0) // BLOCK_M * BLOCK_M
             if FEWER_NONMATMUL:  # only blocks crossing the diagonal pay for the mask
                 mid = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - offset, 0), BLOCK_M) * BLOCK_M
                 mid = tl.minimum(tl.maximum(mid, lo), end_m)
@@ -347,17 +361,19 @@ def _ladder_kv_outer_kernel(
         if not EVEN_N:  # the last K/V block runs past seqlen_k: every row needs the key mask
             mid = tl.where(start_n + BLOCK_N > seqlen_k, end_m, mid)
         for start_m in range(lo, mid, BLOCK_M):
-            last_n = _last_key_block(start_m, seqlen_k, offset, BLOCK_M, BLOCK_N, CAUSAL)
+            last_n = _last_key_block(start_m, seqlen_k, offset, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
             _kv_outer_step(O_run, M_run, L_run, Q, Out, LSE, stride_qs, stride_os,
                            start_m, start_n, kT, v, offs_m_base, offs_n, offs_d,
                            seqlen_q, seqlen_k, sm_scale, last_n,
-                           HEAD_DIM, EVEN_D, CAUSAL, True, EVEN_M, FEWER_NONMATMUL)
+                           HEAD_DIM=HEAD_DIM, EVEN_D=EVEN_D, CAUSAL=CAUSAL, MASK=True, EVEN_M=EVEN_M,
+                           FEWER_NONMATMUL=FEWER_NONMATMUL)
         for start_m in range(mid, end_m, BLOCK_M):
-            last_n = _last_key_block(start_m, seqlen_k, offset, BLOCK_M, BLOCK_N, CAUSAL)
+            last_n = _last_key_block(start_m, seqlen_k, offset, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
             _kv_outer_step(O_run, M_run, L_run, Q, Out, LSE, stride_qs, stride_os,
                            start_m, start_n, kT, v, offs_m_base, offs_n, offs_d,
                            seqlen_q, seqlen_k, sm_scale, last_n,
-                           HEAD_DIM, EVEN_D, CAUSAL, False, EVEN_M, FEWER_NONMATMUL)
+                           HEAD_DIM=HEAD_DIM, EVEN_D=EVEN_D, CAUSAL=CAUSAL, MASK=False, EVEN_M=EVEN_M,
+                           FEWER_NONMATMUL=FEWER_NONMATMUL)
 
 
 # --------------------------------------------------------------------------------------
@@ -394,28 +410,30 @@ def _ladder_q_outer_kernel(
     d_ok = offs_d < HEAD_DIM
     # line 4: load Q_i; lines 2-3: O = 0, l = 0, m = -inf, on chip
     q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
-                   not EVEN_M, not EVEN_D)
+                   CHECK_ROWS=not EVEN_M, CHECK_COLS=not EVEN_D)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
 
     # lines 5-11: K/V blocks without a mask, then those crossing the diagonal or seqlen_k
-    full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
     for start_n in range(0, full, BLOCK_N):
         offs_n = start_n + offs_n_base
-        kT, v = _load_kv(K, V, offs_n, offs_d, seqlen_k, stride_ks, stride_vs, HEAD_DIM, EVEN_D, False)
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, kT, v, offs_m, offs_n, seqlen_q, seqlen_k,
-                                      sm_scale, CAUSAL, False, True)
+        kT, v = _load_kv(K, V, offs_n, offs_d, seqlen_k, stride_ks, stride_vs,
+                         HEAD_DIM=HEAD_DIM, EVEN_D=EVEN_D, CHECK_N=False)
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, kT, v, offs_m, offs_n, seqlen_q, seqlen_k, sm_scale,
+                                      CAUSAL=CAUSAL, MASK=False, FEWER_NONMATMUL=True)
     for start_n in range(full, end, BLOCK_N):
         offs_n = start_n + offs_n_base
-        kT, v = _load_kv(K, V, offs_n, offs_d, seqlen_k, stride_ks, stride_vs, HEAD_DIM, EVEN_D, True)
-        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, kT, v, offs_m, offs_n, seqlen_q, seqlen_k,
-                                      sm_scale, CAUSAL, True, True)
+        kT, v = _load_kv(K, V, offs_n, offs_d, seqlen_k, stride_ks, stride_vs,
+                         HEAD_DIM=HEAD_DIM, EVEN_D=EVEN_D, CHECK_N=True)
+        acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, kT, v, offs_m, offs_n, seqlen_q, seqlen_k, sm_scale,
+                                      CAUSAL=CAUSAL, MASK=True, FEWER_NONMATMUL=True)
 
     # lines 12-15: one 1/l, L = m + log(l), write O_i and L_i
     out, lse = _finalize(acc, l_i, m_i)
     _store_tile(Out + offs_m[:, None] * stride_os + offs_d[None, :], out.to(Out.dtype.element_ty),
-                m_ok, d_ok, not EVEN_M, not EVEN_D)
+                m_ok, d_ok, CHECK_ROWS=not EVEN_M, CHECK_COLS=not EVEN_D)
     tl.store(LSE + offs_m, lse, mask=m_ok)
 
 
@@ -454,13 +472,17 @@ class LadderLaunch:
 
 
 def plan_ladder_forward(q, k, v, softmax_scale: float | None = None, causal: bool = False, *,
-                        rung: int, config: FwdConfig | None = None):
+                        rung: int, config: FwdConfig | None = None, skip_masked_blocks: bool = True):
     """Validate, allocate and prepare rung `rung`'s launch without running it: returns
     (out, stats, launch), launch None when there is nothing to compute (see ladder_forward)."""
     if not isinstance(rung, int) or isinstance(rung, bool) or not 0 <= rung < len(LADDER):
         raise ValueError(f"rung must be an int in 0..{len(LADDER) - 1}, got {rung!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not isinstance(skip_masked_blocks, bool):
+        raise TypeError(f"skip_masked_blocks must be a bool, got {type(skip_masked_blocks).__name__}")
+    if not skip_masked_blocks and LADDER[rung].seq_parallel:
+        raise ValueError(f"skip_masked_blocks=False needs FA1's loop order (rungs 0-1), got rung {rung}")
     sm_scale = check_attention_inputs(q, k, v, softmax_scale)
     technique = LADDER[rung]
     q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
@@ -507,20 +529,25 @@ def plan_ladder_forward(q, k, v, softmax_scale: float | None = None, causal: boo
         launch = LadderLaunch(
             _ladder_kv_outer_kernel, (batch * heads,),
             (q, k, v, out, lse, o_run, m_run, l_run, *strides, heads, seqlen_q, seqlen_k, sm_scale),
-            {**meta, "EVEN_N": seqlen_k % cfg.block_n == 0, "FEWER_NONMATMUL": technique.fewer_nonmatmul})
+            {**meta, "EVEN_N": seqlen_k % cfg.block_n == 0, "FEWER_NONMATMUL": technique.fewer_nonmatmul,
+             "SKIP_MASKED_BLOCKS": skip_masked_blocks})
     return out, stats, launch
 
 
 def ladder_forward(q, k, v, softmax_scale: float | None = None, causal: bool = False, *, rung: int,
-                   config: FwdConfig | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                   config: FwdConfig | None = None,
+                   skip_masked_blocks: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Forward pass of ladder rung `rung` (0-3) on q (batch, seqlen_q, heads, headdim), k and v
     (batch, seqlen_k, heads, headdim), fp16/bf16/fp32.
 
     Returns (out, stats): out like q; stats are what the rung stores for the backward, each
     (batch, heads, seqlen_q) float32: (m, l) for rung 0 (FA1), (logsumexp,) for rungs 1-3.
     `logsumexp_from_stats(stats)` turns either into the L of the FA2 backward. `config`
-    overrides the tile table; on a GPU it must give the rung's warp split (`warp_split`)."""
-    out, stats, launch = plan_ladder_forward(q, k, v, softmax_scale, causal, rung=rung, config=config)
+    overrides the tile table; on a GPU it must give the rung's warp split (`warp_split`).
+    `skip_masked_blocks=False` (rungs 0-1, causal) computes the fully masked blocks too: the
+    ladder's FA1 without causal block skipping."""
+    out, stats, launch = plan_ladder_forward(q, k, v, softmax_scale, causal, rung=rung, config=config,
+                                             skip_masked_blocks=skip_masked_blocks)
     if launch is not None:
         launch.run()
     return out, stats

@@ -159,16 +159,56 @@ def test_warp_split_follows_the_pv_tile_rule():
 
 
 def test_hopper_tiles_give_each_rung_its_warp_split():
-    """Rungs 0-2 share one tile; rung 3 keeps rung 2's tile area and warps and splits Q."""
+    """Rungs 0-2 share one tile; rung 3 keeps rung 2's tile area, warps and stages and swaps
+    the tile's sides so that warps split Q."""
     for (rung, block_d), cfg in HOPPER_LADDER_CONFIGS.items():
         assert warp_split(cfg.block_m, block_d) == LADDER[rung].warp_split, (rung, block_d, cfg)
     for block_d in (32, 64, 128):
         rung2, rung3 = HOPPER_LADDER_CONFIGS[(2, block_d)], HOPPER_LADDER_CONFIGS[(3, block_d)]
-        assert rung2.block_m * rung2.block_n == rung3.block_m * rung3.block_n
-        assert rung2.num_warps == rung3.num_warps
+        assert (rung2.block_m, rung2.block_n) == (rung3.block_n, rung3.block_m)
+        assert (rung2.num_warps, rung2.num_stages) == (rung3.num_warps, rung3.num_stages)
         tiles = {(HOPPER_LADDER_CONFIGS[(rung, block_d)].block_m, HOPPER_LADDER_CONFIGS[(rung, block_d)].block_n,
                   HOPPER_LADDER_CONFIGS[(rung, block_d)].num_warps) for rung in (0, 1, 2)}
         assert len(tiles) == 1, tiles
+
+
+def test_neighbouring_rungs_share_warps_and_stages():
+    """Pipelining depth and warps are not paper techniques: one value per head dim for every
+    rung, so no step of the ladder mixes them in."""
+    for block_d in (32, 64, 128, 256):
+        configs = [cfg for (rung, d), cfg in HOPPER_LADDER_CONFIGS.items() if d == block_d]
+        assert len({(cfg.num_warps, cfg.num_stages) for cfg in configs}) == 1, (block_d, configs)
+
+
+def test_rung4_is_labelled_as_several_changes():
+    assert "beyond the paper: several changes" in RUNGS[4].label
+    assert "not one technique" in RUNGS[4].technique
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype, seqlen_q, seqlen_k, headdim", [(torch.float16, 50, 50, 64), (torch.float32, 113, 17, 40),
+                                                                (torch.float16, 17, 113, 16)])
+@pytest.mark.parametrize("rung", [0, 1])
+def test_fa1_without_causal_block_skipping_matches_reference(rung, dtype, seqlen_q, seqlen_k, headdim, device):
+    """skip_masked_blocks=False computes the blocks above the diagonal with the mask; the result
+    is the same attention."""
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 3, headdim, dtype, device)
+    out, stats = ladder_forward(q, k, v, causal=True, rung=rung, skip_masked_blocks=False)
+    ref_out, ref_lse = attention_reference(q, k, v, causal=True)
+    assert_close_to_reference(f"rung {rung} without skipping", out, ref_out,
+                              attention_same_dtype(q, k, v, causal=True))
+    lse = logsumexp_from_stats(stats)
+    finite = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-3, rtol=1e-4)
+
+
+def test_block_skipping_switch_is_refused_where_it_does_not_exist(device):
+    q, k, v = make_qkv(1, 8, 8, 1, 16, torch.float16, device)
+    with pytest.raises(ValueError, match="skip_masked_blocks=False needs FA1's loop order"):
+        ladder_forward(q, k, v, causal=True, rung=2, skip_masked_blocks=False)
+    with pytest.raises(TypeError, match="skip_masked_blocks must be a bool"):
+        ladder_forward(q, k, v, causal=True, rung=0, skip_masked_blocks=0)
 
 
 def test_rung3_at_head_dim_256_says_why_it_has_no_tile():
