@@ -23,7 +23,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reports.results import (
+from harness.results import (
     COLUMNS,
     KEY_COLUMNS,
     RESULTS_CSV,

@@ -24,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.reference import attention_reference
+from harness.timing import benchmark
 from kernels.flash_attn import (
     BwdConfig,
     FwdConfig,
     flash_attn_backward,
     flash_attn_forward,
 )
-from reports.timing import benchmark
 
 FWD_CANDIDATES = [
     FwdConfig(128, 64, 8, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 3),

@@ -322,8 +322,8 @@ def time_all(dtype_name: str, out_csv: Path, previous: Path | None = None,
 
     from baselines.flops import attention_flops, tflops_per_second
     from baselines.providers import get_provider
+    from harness.timing import benchmark
     from kernels.flash_attn import default_fwd_config, flash_attn_forward
-    from reports.timing import benchmark
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     device = torch.device("cuda")

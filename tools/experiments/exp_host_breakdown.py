@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exp_host_overhead import gpu_and_host_ms  # the same GPU-sleep clock
 from tune_fa2 import CsvRows
 
+from harness.timing import time_attention
 from kernels import flash_attn as fa
 from kernels import flash_attn_hopper as fah
-from reports.timing import time_attention
 
 CALLS = 50  # rounds: each variant's call once per round
 STAMPS: list[tuple[str, int]] = []

@@ -1,7 +1,7 @@
 """Host time against GPU time of one attention call, per provider, where the paper sweep's
 calls are shortest (seqlen 512 and 1k: ~0.1-0.8 ms of GPU work each).
 
-For each provider and mode (fwd, bwd, fwd_bwd as `reports.timing` times them) it measures:
+For each provider and mode (fwd, bwd, fwd_bwd as `harness.timing` times them) it measures:
 - `do_bench_ms`: the runner's clock (do_bench: L2 flush, then the call, back to back);
 - `gpu_ms`: GPU time per call: CALLS calls queued behind a GPU sleep (torch.cuda._sleep) long
   enough that the host has issued them all before the first starts, timed by CUDA events
@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 from tune_fa2 import CsvRows
 
 from baselines.providers import get_provider
+from harness.timing import attention_call, time_attention
 from kernels import flash_attn_func
 from kernels.flash_attn import default_bwd_config
-from reports.timing import attention_call, time_attention
 
 CALLS = 30
 SLEEP_CYCLES = 400_000_000  # ~0.2 s at the H200's clocks: longer than issuing CALLS calls
