@@ -1,0 +1,374 @@
+"""Decoding with a KV cache: flash-attn 2.x's `flash_attn_with_kvcache`, on split-KV kernels.
+
+The public function checks its arguments, applies rotary embeddings to the new q (and k), and
+calls two PyTorch custom ops, so that `torch.compile(fullgraph=True)` sees opaque nodes and a
+decode step can be captured in a CUDA graph:
+
+* `fa2::kvcache_append(k_cache, v_cache, k, v, cache_seqlens, ...)` writes the new keys (rotated)
+  and values into the cache in place at positions cache_seqlens[b] + i (`mutates_args`); only
+  those slots are written;
+* `fa2::fwd_kvcache(q, k_cache, v_cache, seqlens_k, ...) -> (out, lse)` runs the split-KV kernel
+  and, with more than one split, the combine kernel (kernels/decode_kernels.py).
+
+Argument values that live on the device (cache lengths, block-table entries, cache_batch_idx)
+are checked with one device-to-host copy per op call, except while a CUDA graph is being
+captured (a copy cannot be captured): a graph replays the checked call's shapes, not its
+values. `cache_leftpad` is not supported (NotImplementedError). Paged caches take pages of any
+multiple of 16 tokens (flash-attn's CUDA kernel: multiples of 256). Without a block table and
+without `cache_batch_idx`, the cache's batch must equal q's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from .decode_kernels import _fwd_kvcache_combine_kernel, _fwd_kvcache_split_kernel
+from .launch import CachedLauncher
+
+PAGE_MULTIPLE = 16  # page sizes the paged cache takes: multiples of this many tokens
+MAX_SPLITS = 128  # the combine kernel holds all splits of a row in one tile
+PROGRAMS_PER_SM = 2  # the split heuristic's target: two programs per SM keep loads in flight
+MIN_BLOCKS_PER_SPLIT = 4  # below this many key blocks a split's fixed cost shows
+INTERPRETER_SMS = 4  # the CPU interpreter has no SMs; the heuristic assumes this many
+# (block_n, num_warps, num_stages): 64 keys x 128 dims per K and V tile, a 3-deep pipeline
+GPU_CONFIG = (64, 4, 3)
+INTERPRETER_CONFIG = (16, 4, 1)  # small key blocks: tiny test caches still span several blocks
+
+_split_launcher = CachedLauncher(_fwd_kvcache_split_kernel)
+_combine_launcher = CachedLauncher(_fwd_kvcache_combine_kernel)
+
+
+def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, block_n: int,
+                      num_sms: int) -> int:
+    """Splits of the KV sequence for `num_splits=0`.
+
+    Without splitting, batch x kv_heads x m_blocks programs run (m_blocks: query tiles of
+    packed q heads). Split until PROGRAMS_PER_SM x num_sms programs exist (at batch 1 with
+    8 kv heads on a 132-SM H200: 33 splits), keeping at least MIN_BLOCKS_PER_SPLIT key blocks
+    of the cache's capacity (`cache_len`, known from shapes alone, so a CUDA graph keeps one
+    split count) in each split, and at most MAX_SPLITS."""
+    programs = batch * kv_heads * m_blocks
+    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
+    most = max(1, triton.cdiv(cache_len, block_n) // MIN_BLOCKS_PER_SPLIT)
+    return max(1, min(wanted, most, MAX_SPLITS))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                 interleaved: bool) -> torch.Tensor:
+    """Rotary embedding of x (batch, seqlen, heads, headdim) at positions (batch, seqlen), cos and
+    sin (seqlen_ro, rotary_dim / 2); the first rotary_dim dims rotate, in float32. Interleaved
+    pairs dims (2i, 2i+1); otherwise (GPT-NeoX) dims (i, i + rotary_dim / 2)."""
+    half = cos.shape[1]
+    c = cos[positions].float()[:, :, None, :]  # (B, S, 1, rotary_dim / 2)
+    s = sin[positions].float()[:, :, None, :]
+    rot = x[..., :2 * half].float()
+    if interleaved:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = rot[..., :half], rot[..., half:]
+        rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
+def _capacity(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
+    """Keys one sequence can hold: the cache's length, or its pages' total."""
+    return k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+
+
+def _check_values(checks: list[tuple[torch.Tensor, str]]) -> None:
+    """Raise ValueError with the message of each (bad-entry mask, message) that holds anywhere;
+    one device-to-host copy for all. Skipped while a CUDA graph is captured."""
+    if not checks or (checks[0][0].is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    flags = torch.stack([bad.any() for bad, _ in checks]).tolist()
+    failed = [message for flag, (_, message) in zip(flags, checks) if flag]
+    if failed:
+        raise ValueError("; ".join(failed))
+
+
+def _page_checks(block_table: torch.Tensor, first_page: torch.Tensor, end_page: torch.Tensor, num_pages: int,
+                 what: str) -> tuple[torch.Tensor, str]:
+    """The block-table entries first_page[b] <= i < end_page[b] must name pages of the pool."""
+    index = torch.arange(block_table.shape[1], device=block_table.device)[None, :]
+    used = (index >= first_page[:, None]) & (index < end_page[:, None])
+    bad = used & ((block_table < 0) | (block_table >= num_pages))
+    return bad, f"block_table entries used by {what} must be page indices in [0, {num_pages})"
+
+
+@torch.library.custom_op("fa2::kvcache_append", mutates_args=("k_cache", "v_cache"))
+def kvcache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   cache_seqlens: torch.Tensor, cache_batch_idx: torch.Tensor | None,
+                   block_table: torch.Tensor | None, rotary_cos: torch.Tensor | None,
+                   rotary_sin: torch.Tensor | None, rotary_interleaved: bool) -> None:
+    """Write k (rotated at positions cache_seqlens[b] + i when cos/sin are given) and v into the
+    caches at those positions, in place. Shapes are checked by `flash_attn_with_kvcache`."""
+    batch, seqlen_new = k.shape[:2]
+    positions = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=k.device)  # (B, S_new)
+    capacity = _capacity(k_cache, block_table)
+    checks = [(cache_seqlens < 0, "cache_seqlens must be >= 0"),
+              (cache_seqlens.long() + seqlen_new > capacity,
+               (f"appending {seqlen_new} new keys at cache_seqlens must stay within the cache's "
+               f"{capacity} keys per sequence"))]
+    if rotary_cos is not None:
+        checks.append((cache_seqlens.long() + seqlen_new > rotary_cos.shape[0],
+                       (f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions; appending at "
+                       f"cache_seqlens needs cache_seqlens + {seqlen_new}")))
+    if block_table is not None:
+        page = k_cache.shape[1]
+        checks.append(_page_checks(block_table, cache_seqlens.long() // page,
+                                   (cache_seqlens.long() + seqlen_new + page - 1) // page,
+                                   k_cache.shape[0], "the appended keys"))
+    if cache_batch_idx is not None:
+        checks.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0]),
+                       f"cache_batch_idx must hold indices in [0, {k_cache.shape[0]})"))
+    _check_values(checks)
+    if rotary_cos is not None:
+        k = apply_rotary(k, rotary_cos, rotary_sin, positions.clamp(max=rotary_cos.shape[0] - 1),
+                         rotary_interleaved)
+    if block_table is not None:
+        page = k_cache.shape[1]
+        pages = block_table.long().gather(1, (positions // page).clamp(max=block_table.shape[1] - 1))
+        rows = (pages, positions % page)  # (B, S_new) each
+    else:
+        cache_rows = torch.arange(batch, device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
+        rows = (cache_rows[:, None].expand(batch, seqlen_new), positions)
+    k_cache[rows] = k
+    v_cache[rows] = v
+
+
+@kvcache_append.register_fake
+def _(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
+      rotary_interleaved) -> None:
+    return None
+
+
+@torch.library.custom_op("fa2::fwd_kvcache", mutates_args=())
+def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens_k: torch.Tensor,
+                cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None,
+                alibi_slopes: torch.Tensor | None, softmax_scale: float, window_left: int, window_right: int,
+                softcap: float, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of q (batch, seqlen_q, heads, headdim) over the first seqlens_k[b] keys of each
+    sequence's cache. Returns (out like q, contiguous; lse (batch, heads, seqlen_q) float32).
+    window_right = 0 is causal; num_splits = 0 picks the split count (choose_num_splits)."""
+    batch, seqlen_q, heads, headdim = q.shape
+    kv_heads = k_cache.shape[2]
+    group = heads // kv_heads
+    capacity = _capacity(k_cache, block_table)
+    checks = [((seqlens_k < 0) | (seqlens_k > capacity),
+               f"cache_seqlens (plus the appended keys) must be in [0, {capacity}], the cache's keys per sequence")]
+    if block_table is not None:
+        page = k_cache.shape[1]
+        checks.append(_page_checks(block_table, torch.zeros_like(seqlens_k),
+                                   (seqlens_k.long() + page - 1) // page, k_cache.shape[0], "the cached keys"))
+    if cache_batch_idx is not None:
+        checks.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0]),
+                       f"cache_batch_idx must hold indices in [0, {k_cache.shape[0]})"))
+    _check_values(checks)
+
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
+    if out.numel() == 0:
+        return out, lse
+    interpreted = q.device.type != "cuda"
+    block_n, num_warps, num_stages = INTERPRETER_CONFIG if interpreted else GPU_CONFIG
+    block_m = max(16, min(64, triton.next_power_of_2(seqlen_q * group)))
+    m_blocks = triton.cdiv(seqlen_q * group, block_m)
+    if num_splits == 0:
+        num_splits = choose_num_splits(batch, kv_heads, m_blocks, capacity, block_n, _num_sms(q.device))
+    num_splits = min(num_splits, MAX_SPLITS)
+    if num_splits > 1:
+        o_dst = torch.empty((num_splits, batch, seqlen_q, heads, headdim), device=q.device, dtype=torch.float32)
+        l_dst = torch.empty((num_splits, batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
+        o_split_stride, l_split_stride = o_dst.stride(0), l_dst.stride(0)
+        o_strides, l_strides = o_dst.stride()[1:4], l_dst.stride()[1:3]
+    else:
+        o_dst, l_dst = out, lse
+        o_split_stride = l_split_stride = 0
+        o_strides, l_strides = out.stride()[:3], lse.stride()[:2]
+    slopes = alibi_slopes
+    slope_batch_stride = 0 if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes.stride(0)
+    dummy = seqlens_k  # stands for absent optional tensors (never read)
+    paged = block_table is not None
+    _split_launcher[(num_splits, batch * kv_heads, m_blocks)](
+        q, k_cache, v_cache, o_dst, l_dst, seqlens_k,
+        dummy if cache_batch_idx is None else cache_batch_idx, block_table if paged else dummy,
+        dummy if slopes is None else slopes,
+        *q.stride()[:3], *(k_cache.stride()[:3]), *(v_cache.stride()[:3]),
+        o_split_stride, *o_strides, l_split_stride, *l_strides,
+        block_table.stride(0) if paged else 0, slope_batch_stride,
+        seqlen_q, kv_heads, softmax_scale, softcap, window_left, window_right,
+        GROUP=group, HEAD_DIM=headdim, BLOCK_D=triton.next_power_of_2(headdim),
+        BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=k_cache.shape[1] if paged else 0,
+        HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
+        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=num_splits > 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages)
+    if num_splits > 1:
+        _combine_launcher[(batch * seqlen_q * heads,)](
+            o_dst, l_dst, out, lse, o_split_stride, l_split_stride, num_splits, heads, seqlen_q,
+            HEAD_DIM=headdim, BLOCK_D=triton.next_power_of_2(headdim),
+            BLOCK_S=max(2, triton.next_power_of_2(num_splits)), num_warps=4, num_stages=1)
+    return out, lse
+
+
+@fwd_kvcache.register_fake
+def _(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, softmax_scale,
+      window_left, window_right, softcap, num_splits):
+    batch, seqlen_q, heads, _ = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+
+
+def _check_tensor(name: str, t, dtype: torch.dtype, shape: tuple, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {t.device}")
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """flash-attn 2.x's `flash_attn_with_kvcache`: attention of q over a KV cache, appending k/v first.
+
+    q (batch, seqlen_q, heads, headdim), fp16/bf16/fp32; k_cache/v_cache (batch_cache, seqlen_cache,
+    kv_heads, headdim), or with `block_table` (batch, max_pages) int32 a paged cache (num_pages,
+    page_size, kv_heads, headdim), page_size a multiple of 16; kv_heads divides heads (GQA/MQA).
+    `cache_seqlens` (int, or (batch,) int32): keys already cached per sequence (None: the whole
+    cache). With k, v (batch, seqlen_new, kv_heads, headdim), these are written into the cache in
+    place at cache_seqlens[b] + i and attended to; with rotary_cos/rotary_sin (seqlen_ro,
+    rotary_dim / 2) they rotate k at those positions and q at cache_seqlens[b] + i when causal or
+    local, else all of q at cache_seqlens[b]. `cache_batch_idx` (batch,) int32 picks each
+    sequence's row of a contiguous cache. causal aligns to the end of each sequence's keys;
+    window_size, softcap and alibi_slopes ((heads,) or (batch, heads) float32) as flash-attn.
+    num_splits: 1 no split, 0 the heuristic (`choose_num_splits`), n > 1 that many (at most 128).
+    Returns out (batch, seqlen_q, heads, headdim), and with return_softmax_lse also lse (batch,
+    heads, seqlen_q) float32 (+inf for a row that sees no key, whose output is zero)."""
+    if cache_leftpad is not None:
+        raise NotImplementedError("cache_leftpad is not supported: keep each sequence's keys from cache position 0")
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        raise ValueError(f"q must be a 4D tensor (batch, seqlen_q, heads, headdim), got "
+                         f"{getattr(q, 'shape', type(q).__name__)}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
+    batch, seqlen_q, heads, headdim = q.shape
+    device = q.device
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(cache, torch.Tensor) or cache.dim() != 4:
+            raise ValueError(f"{name} must be a 4D tensor, got {getattr(cache, 'shape', type(cache).__name__)}")
+        if cache.dtype != q.dtype or cache.device != device:
+            raise TypeError(f"{name} must be {q.dtype} on {device} like q, got {cache.dtype} on {cache.device}")
+        if cache.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (it is written in place)")
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache's shape {tuple(v_cache.shape)} must equal k_cache's {tuple(k_cache.shape)}")
+    kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != headdim:
+        raise ValueError(f"k_cache's head dim {k_cache.shape[3]} must equal q's {headdim}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"k_cache's kv heads ({kv_heads}) must divide q's heads ({heads})")
+    if block_table is not None:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            raise TypeError(f"block_table must be an int32 tensor, got "
+                            f"{getattr(block_table, 'dtype', type(block_table).__name__)}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.device != device:
+            raise ValueError(f"block_table must be (batch={batch}, max_pages) on {device}, got "
+                             f"{tuple(block_table.shape)} on {block_table.device}")
+        if k_cache.shape[1] % PAGE_MULTIPLE or k_cache.shape[1] == 0:
+            raise ValueError(f"page size (k_cache.shape[1] with a block_table) must be a positive multiple of "
+                             f"{PAGE_MULTIPLE}, got {k_cache.shape[1]}")
+        if cache_batch_idx is not None:
+            raise ValueError("cache_batch_idx cannot be used with a block_table (the table picks the pages)")
+        block_table = block_table.contiguous()
+    elif cache_batch_idx is not None:
+        _check_tensor("cache_batch_idx", cache_batch_idx, torch.int32, (batch,), device)
+    elif k_cache.shape[0] != batch:
+        raise ValueError(f"k_cache's batch {k_cache.shape[0]} must equal q's batch {batch} "
+                         "(or pass cache_batch_idx)")
+    capacity = _capacity(k_cache, block_table)
+
+    if (k is None) != (v is None):
+        raise ValueError("k and v must be given together")
+    if k is not None:
+        if cache_seqlens is None:
+            raise ValueError("cache_seqlens is needed with k and v: it says where they are appended")
+        for name, new in (("k", k), ("v", v)):
+            if not isinstance(new, torch.Tensor) or new.dim() != 4 or new.shape[0] != batch or \
+                    tuple(new.shape[2:]) != (kv_heads, headdim):
+                raise ValueError(f"{name} must be (batch={batch}, seqlen_new, kv_heads={kv_heads}, "
+                                 f"headdim={headdim}), got {getattr(new, 'shape', type(new).__name__)}")
+            if new.dtype != q.dtype or new.device != device:
+                raise TypeError(f"{name} must be {q.dtype} on {device} like q, got {new.dtype} on {new.device}")
+        if tuple(v.shape) != tuple(k.shape):
+            raise ValueError(f"v's shape {tuple(v.shape)} must equal k's {tuple(k.shape)}")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("rotary_cos and rotary_sin must be given together")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("rotary_cos/rotary_sin apply only when k and v are appended")
+        if rotary_cos.dim() != 2 or tuple(rotary_sin.shape) != tuple(rotary_cos.shape) or \
+                not 0 < 2 * rotary_cos.shape[1] <= headdim:
+            raise ValueError(f"rotary_cos and rotary_sin must both be (seqlen_ro, rotary_dim / 2) with rotary_dim "
+                             f"<= headdim ({headdim}), got {tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
+    if isinstance(cache_seqlens, bool) or not (cache_seqlens is None or isinstance(cache_seqlens, (int, torch.Tensor))):
+        raise TypeError(f"cache_seqlens must be an int or an int32 tensor, got {type(cache_seqlens).__name__}")
+    if isinstance(cache_seqlens, int):
+        seqlen_new = 0 if k is None else k.shape[1]
+        if not 0 <= cache_seqlens <= capacity - seqlen_new:
+            raise ValueError(f"cache_seqlens={cache_seqlens} (+ {seqlen_new} appended) must be in "
+                             f"[0, {capacity}], the cache's keys per sequence")
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=device)
+    elif cache_seqlens is not None:
+        _check_tensor("cache_seqlens", cache_seqlens, torch.int32, (batch,), device)
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32 or \
+                tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)) or alibi_slopes.device != device:
+            raise ValueError(f"alibi_slopes must be float32 of shape ({heads},) or ({batch}, {heads}) on {device}")
+        alibi_slopes = alibi_slopes.contiguous()
+    if len(window_size) != 2 or any(not isinstance(w, int) or w < -1 for w in window_size):
+        raise ValueError(f"window_size must be two ints >= -1 (-1: unbounded), got {window_size!r}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if not softcap >= 0:
+        raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: heuristic, 1: no split), got {num_splits!r}")
+    softmax_scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
+    window_left, window_right = window_size
+    if causal:
+        window_right = 0
+
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    seqlens_k = cache_seqlens
+    if k is not None:
+        k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
+        if rotary_cos is not None:
+            positions = cache_seqlens.long()[:, None]
+            if causal or tuple(window_size) != (-1, -1):
+                positions = positions + torch.arange(seqlen_q, device=device)
+            positions = positions.expand(batch, seqlen_q).clamp(0, rotary_cos.shape[0] - 1)
+            q = apply_rotary(q, rotary_cos, rotary_sin, positions, rotary_interleaved)
+        torch.ops.fa2.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
+                                     rotary_cos, rotary_sin, rotary_interleaved)
+        seqlens_k = cache_seqlens + k.shape[1]
+    elif seqlens_k is None:
+        seqlens_k = torch.full((batch,), capacity, dtype=torch.int32, device=device)
+    out, lse = torch.ops.fa2.fwd_kvcache(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,
+                                         alibi_slopes, softmax_scale, window_left, window_right, float(softcap),
+                                         num_splits)
+    return (out, lse) if return_softmax_lse else out
