@@ -20,45 +20,37 @@ import shlex
 import signal
 import sys
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from reports.timing import DEFAULT_REP_MS, DEFAULT_WARMUP_MS
+from harness.plan import (
+    GPU_SIZES,
+    INTERPRETER_SIZES,
+    MODES,
+    PAPER_HIDDEN,
+    PAPER_TOKENS,
+    QUICK_MODES,
+    QUICK_REP_MS,
+    QUICK_WARMUP_MS,
+    STUDY_NAMES,
+    _join,
+    ablation_plan,
+    suite_jobs,
+    suite_modes,
+    suite_providers,
+)
+from harness.stages import (
+    print_provider_list,
+    rebuild_reports,
+    regression_check,
+    run_counters,
+    summary_table,
+    write_reports,
+)
+from harness.timing import DEFAULT_REP_MS, DEFAULT_WARMUP_MS
 
 REPO_ROOT = Path(__file__).resolve().parent
-MODES = ("fwd", "bwd", "fwd_bwd")
-STUDY_NAMES = ("all", "fewer-nonmatmul", "seq-parallel", "warp-partitioning", "hopper")
-# The paper's sweep (FA2 paper Sec. 4.1): hidden size 2048 = heads x head dim, 16k tokens = batch x seqlen.
-PAPER_TOKENS = 16384
-PAPER_HIDDEN = 2048
-QUICK_MODES = ("fwd", "fwd_bwd")
-QUICK_WARMUP_MS, QUICK_REP_MS = 10, 40
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """Default sweep sizes; batch/heads None means the paper's 16384 // seqlen and 2048 // hdim."""
-
-    hdims: tuple[int, ...]
-    seqlens: tuple[int, ...]
-    quick_hdims: tuple[int, ...]
-    quick_seqlens: tuple[int, ...]
-    batch: int | None = None
-    heads: int | None = None
-
-
-GPU_SIZES = Sizes(hdims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384), quick_hdims=(128,),
-                  quick_seqlens=(1024, 4096))
-# Triton's interpreter: tiny sizes so that a whole sweep takes minutes on a CPU. The ablation
-# settings shrink to seqlen 128, head dim 64, 2 heads, batch at most 2 (A: 2, B: 1).
-INTERPRETER_SIZES = Sizes(hdims=(32, 64), seqlens=(32, 64, 128), quick_hdims=(32,), quick_seqlens=(64,), batch=1,
-                          heads=2)
-INTERPRETER_ABLATION = {"seqlen": 128, "hdim": 64, "heads": 2}
-INTERPRETER_ABLATION_MAX_BATCH = 2
-ABLATION_SWEEP = "sweep"  # the `setting` of the ablation's seqlen x head dim x causal rows
-ABLATION_PEERS = ("sdpa-flash", "sdpa-cudnn")  # measured next to the rungs in the same run
 BANNER = ("=" * 88 + "\nNO GPU: Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny sizes.\n"
           "These numbers are NOT performance; they show that the pipeline works.\n" + "=" * 88)
 EXAMPLES = """examples:
@@ -69,7 +61,7 @@ EXAMPLES = """examples:
   python runner.py --suite paper --providers pytorch --out results/h200 --resume   # add to a folder
   python runner.py --ablation all --dtype fp16
   python runner.py --ablation warp-partitioning --ncu
-  python runner.py --quick --save-baseline                 # reports/baselines/<gpu>.json
+  python runner.py --quick --save-baseline                 # reports/<gpu>/regression/baseline.json
   python runner.py --quick --compare --tolerance 0.05      # exit code 1 on a regression
 """
 
@@ -208,9 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     checks = parser.add_argument_group("regression check and hardware counters")
     checks.add_argument("--save-baseline", nargs="?", const="", metavar="PATH",
                         help="save the results as a performance baseline (default PATH: "
-                             "reports/baselines/<gpu>.json)")
+                             "reports/<gpu>/regression/baseline.json)")
     checks.add_argument("--compare", nargs="?", const="", metavar="PATH",
-                        help="compare the results with a baseline (default PATH: reports/baselines/<gpu>.json); "
+                        help="compare the results with a baseline (default PATH: reports/<gpu>/regression/baseline.json); "
                              "a suspected regression is re-measured once; exit code 1 on a regression")
     checks.add_argument("--tolerance", type=_number("--tolerance", lambda x: 0 <= x < 1, "a fraction in [0, 1), e.g. 0.05 for 5%"), default=0.05,
                         help="regression tolerance beyond the measured spread, as a fraction (default: %(default)s)")
@@ -223,212 +215,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="profile with Nsight Compute, without timing")
     parser.set_defaults(ncu=None)
     return parser
-
-
-# --------------------------------------------------------------------------------------
-# Planning: which configurations and providers
-# --------------------------------------------------------------------------------------
-def _join(values) -> str:
-    return ",".join(str(v) for v in values)
-
-
-def _causal_values(choice: str) -> tuple[bool, ...]:
-    return {"true": (True,), "false": (False,), "both": (False, True)}[choice]
-
-
-def suite_modes(args) -> tuple[str, ...]:
-    """The paper suite's modes: --modes, else the quick or the full default."""
-    return tuple(args.modes or (QUICK_MODES if args.quick else MODES))
-
-
-def suite_jobs(args, interpreter: bool) -> list:
-    """The paper suite's configurations: modes x head dims x causal x seqlens (narrowed by args)."""
-    from baselines.providers import Spec
-    from reports.sweep import Job
-
-    sizes = INTERPRETER_SIZES if interpreter else GPU_SIZES
-    modes = suite_modes(args)
-    hdims = args.hdims or (sizes.quick_hdims if args.quick else sizes.hdims)
-    seqlens = args.seqlens or (sizes.quick_seqlens if args.quick else sizes.seqlens)
-    jobs = []
-    for mode in modes:
-        for hdim in hdims:
-            for causal in _causal_values(args.causal):
-                for seqlen in seqlens:
-                    batch = args.batch or sizes.batch or max(1, PAPER_TOKENS // seqlen)
-                    heads = args.heads or sizes.heads or max(1, PAPER_HIDDEN // hdim)
-                    jobs.append(Job(Spec(mode, causal, hdim, seqlen, batch, heads, args.dtype)))
-    return jobs
-
-
-def ablation_plan(args, interpreter: bool) -> tuple[list, list[str]]:
-    """(jobs, provider names) of `--ablation STUDY` from ablations.ladder's SETTINGS, STUDIES, RUNGS."""
-    from baselines.providers import Spec
-    from reports.sweep import Job
-
-    try:
-        from ablations.ladder import RUNGS, SETTINGS, STUDIES
-    except Exception as exc:
-        raise SystemExit(f"--ablation needs ablations/ladder.py (SETTINGS, STUDIES, RUNGS): "
-                         f"{type(exc).__name__}: {exc}") from exc
-    if args.ablation not in STUDIES:
-        raise SystemExit(f"--ablation {args.ablation}: ablations.ladder.STUDIES has {sorted(STUDIES)}")
-    jobs = []
-    for name, setting in SETTINGS.items():  # the paper's settings, at their own sizes
-        missing = {"batch", "heads", "hdim", "seqlen", "causal", "mode"} - set(setting)
-        if missing:
-            raise SystemExit(f"ablations.ladder.SETTINGS[{name!r}] lacks {sorted(missing)}")
-        sizes = {key: setting[key] for key in ("batch", "heads", "hdim", "seqlen")}
-        if interpreter:
-            sizes.update(INTERPRETER_ABLATION, batch=min(sizes["batch"], INTERPRETER_ABLATION_MAX_BATCH))
-        # the paper's settings keep their own batch and heads (--batch/--heads narrow the sweep only),
-        # so the paper's A100 numbers cited beside them are for the same shape
-        spec = Spec(setting["mode"], bool(setting["causal"]), sizes["hdim"], sizes["seqlen"],
-                    sizes["batch"], sizes["heads"], args.dtype)
-        jobs.append(Job(spec, setting=name))
-    if not args.settings_only:  # the forward sweep: seqlen x head dim x causal, paper shapes
-        sweep_args = argparse.Namespace(**{**vars(args), "modes": ("fwd",)})
-        jobs += [Job(job.spec, setting=ABLATION_SWEEP) for job in suite_jobs(sweep_args, interpreter)]
-    rungs = [RUNGS[index].name for index in STUDIES[args.ablation]]
-    extras = [p for p in (args.providers or ABLATION_PEERS) if p not in rungs]
-    return jobs, rungs + extras
-
-
-def suite_providers(args) -> list[str]:
-    from baselines.providers import PROVIDERS, RUNG_NAMES
-
-    return list(args.providers) if args.providers else [name for name in PROVIDERS if name not in RUNG_NAMES]
-
-
-# --------------------------------------------------------------------------------------
-# Output
-# --------------------------------------------------------------------------------------
-def print_provider_list() -> None:
-    from baselines.providers import PROVIDERS, unavailable_reason
-
-    width = max(len(name) for name in PROVIDERS)
-    for provider in PROVIDERS.values():
-        reason = unavailable_reason(provider)
-        state = "available" if reason is None else f"unavailable: {reason}"
-        backward = "fwd+bwd" if provider.has_backward else "fwd only"
-        print(f"{provider.name:<{width}}  {provider.label}  [{backward}]\n{'':<{width}}  {state}")
-
-
-def summary_table(df, max_rows: int = 60) -> str:
-    """Median TFLOPs/s of the ok rows by configuration x provider, when it is short enough."""
-    ok = df[df["status"] == "ok"]
-    if ok.empty:
-        return "no ok measurement"
-    table = ok.pivot_table(index=["setting", "mode", "hdim", "causal", "seqlen"], columns="provider",
-                           values="tflops", aggfunc="median")
-    if len(table) > max_rows:
-        return f"{len(table)} configurations: see report.md"
-    return table.to_string(float_format=lambda v: f"{v:.4g}")
-
-
-def run_counters(jobs, providers: list[str], df, out_dir: Path, only: bool):
-    """Nsight Compute counters of each (provider, job) measured ok (every available one with
-    --ncu-only) via reports.counters; returns its DataFrame."""
-    try:
-        from reports.counters import profile_providers, write_counter_report
-    except Exception as exc:
-        raise SystemExit(f"--ncu needs reports/counters.py (profile_providers): {type(exc).__name__}: {exc}") from exc
-    from baselines.providers import get_provider, unavailable_reason
-    from reports.results import row_key
-
-    measured = {row_key(row) for _, row in df[df["status"] == "ok"].iterrows()}
-    ncu_jobs = []
-    for job in jobs:
-        if job.setting == ABLATION_SWEEP:  # one representative launch per rung and setting
-            continue
-        for name in providers:
-            provider = get_provider(name)
-            if only:
-                wanted = unavailable_reason(provider) is None and provider.supports(job.spec) is None
-            else:
-                wanted = row_key({"provider": name, "setting": job.setting, **vars(job.spec), "repeat": 0}) in measured
-            if wanted:
-                # the backward kernel for 'bwd'; the forward kernel (launched first) for 'fwd_bwd'
-                regex = provider.bwd_kernel_regex if job.spec.mode == "bwd" else provider.kernel_regex
-                if not regex:
-                    print(f"ncu: {name} {job.spec.mode}: no kernel name known to select, not profiled",
-                          file=sys.stderr)
-                    continue
-                ncu_jobs.append((name, job.spec, regex, job.setting))
-    counters = profile_providers(ncu_jobs, out_dir)
-    write_counter_report(counters, providers, out_dir)
-    return counters
-
-
-def write_reports(args, df, out_dir: Path, counters=None) -> None:
-    """ablation.md (with --ablation) or report.md and the figures, from result rows."""
-    if args.ablation:
-        try:
-            from ablations.study import write_ablation_report
-        except Exception as exc:  # noqa: BLE001 -- the rows are saved; say why there is no report
-            print(f"no ablation report: ablations/study.py does not import ({type(exc).__name__}: {exc})",
-                  file=sys.stderr)
-        else:
-            print(f"ablation report: {write_ablation_report(df[df['setting'] != ''], out_dir, counters)}")
-    else:
-        from reports.paper_report import write_report
-        from reports.plots import plot_suite
-        from reports.results import load_runs
-
-        figures = plot_suite(df, out_dir / "plots")
-        print(f"report: {write_report(df, out_dir, load_runs(out_dir), figures)}")
-
-
-def rebuild_reports(args, out_dir: Path) -> int:
-    """--report-only: the reports of an existing results folder."""
-    import pandas as pd
-
-    from reports.results import RESULTS_CSV, load_results
-
-    if not (out_dir / RESULTS_CSV).exists():
-        raise SystemExit(f"--report-only: {out_dir / RESULTS_CSV} does not exist")
-    counters_csv = out_dir / "counters.csv"
-    counters = pd.read_csv(counters_csv) if counters_csv.exists() else None
-    if counters is not None:
-        from reports.counters import write_counter_report
-
-        print(f"counters: {write_counter_report(counters, list(dict.fromkeys(counters['provider'])), out_dir)}")
-    write_reports(args, load_results(out_dir), out_dir, counters)
-    return 0
-
-
-def regression_check(args, df, environment: dict, out_dir: Path, remeasure) -> int:
-    """--save-baseline and --compare (reports.regression); returns the exit code."""
-    try:
-        from reports import regression
-    except Exception as exc:
-        raise SystemExit(f"--save-baseline/--compare need reports/regression.py: {type(exc).__name__}: {exc}") from exc
-    status = 0
-    if args.compare is not None:
-        path = Path(args.compare) if args.compare else regression.baseline_path(environment["gpu"])
-        try:
-            baseline = regression.load_baseline(path)
-            comparison = regression.compare_to_baseline(df, baseline, environment, args.tolerance)
-            suspects = regression.suspected_regressions(comparison)
-            if not suspects.empty:
-                print(f"{len(suspects)} suspected regression(s): measuring them once more", file=sys.stderr)
-                df = regression.merge_remeasured(df, remeasure(suspects))
-                comparison = regression.compare_to_baseline(df, baseline, environment, args.tolerance)
-        except (regression.BaselineError, regression.BaselineMismatch) as exc:
-            print(f"--compare: {exc}", file=sys.stderr)
-            status = 2  # --save-baseline below still runs: the measurements are fine
-        else:
-            print(regression.format_comparison(comparison))
-            print(f"comparison: {regression.write_comparison(comparison, out_dir)}")
-            status = 1 if comparison.regressed else 0
-    if args.save_baseline is not None:
-        path = Path(args.save_baseline) if args.save_baseline else regression.baseline_path(environment["gpu"])
-        try:
-            print(f"baseline saved: {regression.save_baseline(df, path, environment)}")
-        except ValueError as exc:
-            print(f"--save-baseline: {exc}", file=sys.stderr)
-            return 2
-    return status
 
 
 # --------------------------------------------------------------------------------------
@@ -455,9 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--save-baseline/--compare need a GPU: numbers from Triton's interpreter are not performance")
 
     from baselines.providers import get_provider
+    from harness.results import RESULTS_CSV, ResultWriter, completed_keys, load_results, record_run
+    from harness.sweep import Job, Sweep, SweepAborted
     from reports.environment import capture_environment, throttle_warnings
-    from reports.results import RESULTS_CSV, ResultWriter, completed_keys, load_results, record_run
-    from reports.sweep import Job, Sweep, SweepAborted
 
     if args.list:
         print_provider_list()
@@ -467,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         jobs, provider_names = suite_jobs(args, interpreter), suite_providers(args)
     if args.ncu is None:  # the ablation profiles its rungs whenever Nsight Compute can
-        from reports.counters import ncu_status
+        from harness.ncu import ncu_status
 
         reason = "no GPU" if interpreter else ncu_status()
         args.ncu = "also" if args.ablation and reason is None else "off"

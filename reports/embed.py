@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.results import load_results
+from harness.results import load_results
 
 H200 = Path(__file__).resolve().parent / "h200"
 TUNING = H200 / "tuning"

@@ -15,7 +15,7 @@ import pandas as pd
 
 from reports.environment import ENV_COLUMNS
 from reports.plots import MODE_TITLES, cell_summary, suite_rows, value_label
-from reports.regression import markdown_table
+from reports.tables import markdown_table
 
 SPEEDUP_REFERENCES = ("sdpa-flash", "pytorch")  # official FA2 CUDA kernel, PyTorch eager
 REPORT_NAME = "report.md"

@@ -1,4 +1,4 @@
-"""Nsight Compute support (reports/counters.py, reports/ncu_target.py) without a GPU: the
+"""Nsight Compute support (harness/ncu.py, harness/ncu_target.py, reports/counters.py) without a GPU: the
 metric names against Hopper's list, parsing saved `ncu --csv --page raw` output, the derived
 ratios and the generated sentences, and every failure path with a fake `ncu` on PATH."""
 
@@ -13,20 +13,18 @@ import pytest
 import torch
 
 from baselines.providers import RUNG_NAMES, Spec
-from reports import counters
-from reports.counters import (
+from harness import ncu
+from harness.ncu import (
     METRIC_GROUPS,
     METRICS,
     NcuJob,
     build_ncu_command,
-    counter_table,
-    derive,
     ncu_status,
     parse_ncu_csv,
     profile_providers,
-    rung_index,
-    write_counter_report,
 )
+from reports import counters
+from reports.counters import counter_table, derive, rung_index, write_counter_report
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ncu"
 ORDER = [*RUNG_NAMES, "sdpa-flash"]
@@ -69,10 +67,10 @@ def test_metric_groups_cover_each_claim_once():
     assert set(METRIC_GROUPS) == {"non-matmul work", "parallelism", "communication", "context"}
     assert len(METRICS) == len(set(METRICS))
     claims = {column: group for group, names in METRIC_GROUPS.items() for column in names}
-    non_matmul = (counters.FFMA, counters.MUFU, counters.HMMA, counters.GMMA)
+    non_matmul = (ncu.FFMA, ncu.MUFU, ncu.HMMA, ncu.GMMA)
     assert {claims[m] for m in non_matmul} == {"non-matmul work"}
-    assert {claims[m] for m in (counters.GRID, counters.WAVES, counters.SM_THROUGHPUT)} == {"parallelism"}
-    assert {claims[m] for m in (counters.SHARED_WAVEFRONTS, counters.BARRIER_STALL)} == {"communication"}
+    assert {claims[m] for m in (ncu.GRID, ncu.WAVES, ncu.SM_THROUGHPUT)} == {"parallelism"}
+    assert {claims[m] for m in (ncu.SHARED_WAVEFRONTS, ncu.BARRIER_STALL)} == {"communication"}
 
 
 # --------------------------------------------------------------------------------------
@@ -89,11 +87,11 @@ def test_parse_raw_csv_skips_prof_lines_and_strips_thousands_separators():
     data_row = text.splitlines()[-1].split('","')
     header = text.splitlines()[-3].split('","')
     as_written = dict(zip(header, data_row))
-    assert kernel[counters.GRID] == int(as_written["launch__grid_size"].replace(",", ""))
-    wavefronts = as_written[counters.SHARED_WAVEFRONTS]
-    assert "," in wavefronts and kernel[counters.SHARED_WAVEFRONTS] == float(wavefronts.replace(",", ""))
-    assert frame.attrs["units"][counters.DURATION] == "nsecond"
-    assert frame.attrs["units"][counters.WARPS_ACTIVE] == "%"
+    assert kernel[ncu.GRID] == int(as_written["launch__grid_size"].replace(",", ""))
+    wavefronts = as_written[ncu.SHARED_WAVEFRONTS]
+    assert "," in wavefronts and kernel[ncu.SHARED_WAVEFRONTS] == float(wavefronts.replace(",", ""))
+    assert frame.attrs["units"][ncu.DURATION] == "nsecond"
+    assert frame.attrs["units"][ncu.WARPS_ACTIVE] == "%"
 
 
 def test_parse_scaled_units_to_base_and_n_a_to_nan():
@@ -101,12 +99,12 @@ def test_parse_scaled_units_to_base_and_n_a_to_nan():
     kernel = frame.iloc[0]
     assert kernel["Kernel Name"].startswith("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<")
     assert kernel["Kernel Name"].endswith("(pytorch_flash::Flash_fwd_params)")  # commas inside quotes kept
-    assert kernel[counters.DURATION] == pytest.approx(481.50e3)  # usecond -> nanoseconds
-    assert kernel[counters.DRAM_READ] == pytest.approx(224.13e6)  # Mbyte -> bytes
-    assert kernel[counters.SHARED_PER_BLOCK] == pytest.approx(49.15e3)  # Kbyte/block -> byte/block
-    assert kernel[counters.FFMA] == pytest.approx(402.65e6)  # Minst -> inst
-    assert math.isnan(kernel[counters.WAVES])  # 'n/a'
-    assert frame.attrs["units"][counters.SHARED_PER_BLOCK] == "byte/block"
+    assert kernel[ncu.DURATION] == pytest.approx(481.50e3)  # usecond -> nanoseconds
+    assert kernel[ncu.DRAM_READ] == pytest.approx(224.13e6)  # Mbyte -> bytes
+    assert kernel[ncu.SHARED_PER_BLOCK] == pytest.approx(49.15e3)  # Kbyte/block -> byte/block
+    assert kernel[ncu.FFMA] == pytest.approx(402.65e6)  # Minst -> inst
+    assert math.isnan(kernel[ncu.WAVES])  # 'n/a'
+    assert frame.attrs["units"][ncu.SHARED_PER_BLOCK] == "byte/block"
 
 
 def test_parse_output_without_a_table_is_empty():
@@ -116,7 +114,7 @@ def test_parse_output_without_a_table_is_empty():
 
 def test_command_selects_one_launch_by_name_with_the_metric_list():
     spec = Spec(mode="bwd", causal=True, hdim=128, seqlen=2048, batch=1, heads=16, dtype="bf16")
-    target_args = counters.target_args("rung2-seq-parallel", spec)
+    target_args = ncu.target_args("rung2-seq-parallel", spec)
     command = build_ncu_command(target_args, "_flash_bwd_dq_kernel", METRICS)
     assert command[0] == "ncu"
     joined = " ".join(command)
@@ -125,7 +123,7 @@ def test_command_selects_one_launch_by_name_with_the_metric_list():
         assert flag in joined
     assert command[command.index("--metrics") + 1].split(",") == METRICS
     target = command[command.index(sys.executable):]
-    assert target[:3] == [sys.executable, "-m", "reports.ncu_target"]
+    assert target[:3] == [sys.executable, "-m", "harness.ncu_target"]
     assert target[3:] == ["--provider", "rung2-seq-parallel", "--mode", "bwd", "--causal", "1",
                           "--hdim", "128", "--seqlen", "2048", "--batch", "1", "--heads", "16",
                           "--dtype", "bf16"]
@@ -140,11 +138,11 @@ def test_nonmatmul_ratio_counts_warp_instructions_per_tensor_instruction():
     kernel = parse_ncu_csv((FIXTURES / "raw_triton_fwd.csv").read_text())
     derived = derive(kernel).iloc[0]
     k = kernel.iloc[0]
-    fp_warp_instructions = (k[counters.FFMA] + k[counters.FADD] + k[counters.FMUL]) / 32
-    expected = (fp_warp_instructions + k[counters.MUFU]) / (k[counters.HMMA] + k[counters.GMMA])
+    fp_warp_instructions = (k[ncu.FFMA] + k[ncu.FADD] + k[ncu.FMUL]) / 32
+    expected = (fp_warp_instructions + k[ncu.MUFU]) / (k[ncu.HMMA] + k[ncu.GMMA])
     assert derived["nonmatmul_per_mma"] == pytest.approx(expected)
     assert derived["mma_kind"] == "gmma"
-    assert derived["duration_us"] == pytest.approx(k[counters.DURATION] / 1e3)
+    assert derived["duration_us"] == pytest.approx(k[ncu.DURATION] / 1e3)
 
 
 def test_rung_index_reads_the_ladder_names():
@@ -205,8 +203,8 @@ def test_sentences_say_not_confirmed_and_why_for_contradicting_counters():
 def test_caution_when_the_rungs_use_different_tensor_instructions():
     rows = pd.read_csv(FIXTURES / "counters_confirming.csv")
     rung1 = rows.provider == "rung1-fewer-nonmatmul"
-    rows.loc[rung1, counters.GMMA] = rows.loc[rung1, counters.HMMA] / 8
-    rows.loc[rung1, counters.HMMA] = 0
+    rows.loc[rung1, ncu.GMMA] = rows.loc[rung1, ncu.HMMA] / 8
+    rows.loc[rung1, ncu.HMMA] = 0
     markdown, _ = counter_table(rows, ORDER)
     assert "Caution: rung0-fa1 issues HMMA and rung1-fewer-nonmatmul GMMA" in markdown
 
@@ -291,11 +289,11 @@ def test_each_failure_is_a_row_with_a_one_line_reason_and_the_rest_goes_on(tmp_p
                                "needs CUDA (no GPU here)")
     assert "within 1 s" in reason["slow"]
     assert all("\n" not in text for text in reason.values())
-    assert set(frame["status"]) <= set(counters.STATUSES)
+    assert set(frame["status"]) <= set(ncu.STATUSES)
     ok = frame[frame.provider == "rung3-split-q"].iloc[0]
     expected = parse_ncu_csv((FIXTURES / "raw_triton_fwd.csv").read_text()).iloc[0]
     assert ok["kernel_name"] == "_flash_fwd_kernel"
-    assert ok[counters.GMMA] == expected[counters.GMMA]
+    assert ok[ncu.GMMA] == expected[ncu.GMMA]
     assert (ok["setting"], ok["mode"], ok["batch"]) == ("A", "fwd", 8)
     saved = pd.read_csv(tmp_path / "out" / "counters.csv")
     assert list(saved["status"]) == list(frame["status"])
@@ -303,7 +301,7 @@ def test_each_failure_is_a_row_with_a_one_line_reason_and_the_rest_goes_on(tmp_p
 
 
 def test_ncu_target_refuses_to_run_without_cuda(capsys):
-    from reports import ncu_target
+    from harness import ncu_target
 
     if torch.cuda.is_available():
         pytest.skip("checks the no-GPU message")
@@ -319,8 +317,8 @@ def test_ncu_target_step_runs_the_provider_in_each_mode(mode):
     scale (its forward matches the reference), and the backward modes return three gradients."""
     from baselines.providers import get_provider
     from baselines.reference import attention_reference
-    from reports import ncu_target
-    from reports.sweep import random_inputs
+    from harness import ncu_target
+    from harness.sweep import random_inputs
 
     spec = Spec(mode=mode, causal=True, hdim=32, seqlen=48, batch=1, heads=2, dtype="fp32")
     result = ncu_target.profiled_step(get_provider("fa2"), spec, torch.device("cpu"))()

@@ -103,7 +103,7 @@ def test_targets_check_the_ablation_settings():
 
 
 def test_extract_kernel_vs_fa2_refuses_mixed_dtypes(tmp_path):
-    from reports.results import COLUMNS
+    from harness.results import COLUMNS
 
     rows = pd.concat([_rows(), _rows().assign(dtype="fp16")]).assign(status="ok", repeat=0, setting="",
                                                                       interpreter=False)

@@ -13,7 +13,7 @@ Timing: pytest-benchmark's timer is the host clock, so every benchmarked call en
 Compilation happens in the warm-up rounds, never in a timed one. Each test also stores, in
 `benchmark.extra_info`, its configuration, the kernel config, the TFLOPs/s of the median
 round (baselines.flops) and the device-side time of the project's timing helper
-(reports.timing: CUDA-event timing with L2 flushed, as the runner measures).
+(harness.timing: CUDA-event timing with L2 flushed, as the runner measures).
 
 Shapes follow the paper's sweep (FA2 Sec. 4.1): hidden size 2048 = heads x head dim and
 16k tokens = batch x seqlen, at seqlen 4096, bf16.
@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from baselines.flops import attention_flops, tflops_per_second
+from harness.timing import time_attention
 from kernels.flash_attn import default_bwd_config, default_fwd_config, flash_attn_func, fwd_memory_path
-from reports.timing import time_attention
 
 pytestmark = pytest.mark.perf
 

@@ -1,4 +1,4 @@
-"""The regression check (reports/regression.py) on fixture result sets in the runner's row
+"""The regression check (harness/regression.py) on fixture result sets in the runner's row
 format: tests/fixtures/regression/baseline_run.csv is the run the committed baseline JSON was
 saved from; the current_*.csv files are later runs of the same sweep (noise within the
 measured spread, one configuration 15% slower, one 15% faster, one dropped, one failing and
@@ -10,20 +10,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from reports.regression import (
+from harness.regression import (
     KEY_COLUMNS,
     BaselineError,
     BaselineMismatch,
     baseline_path,
     compare_to_baseline,
-    format_comparison,
     load_baseline,
     merge_remeasured,
     save_baseline,
     summarise,
     suspected_regressions,
-    write_comparison,
 )
+from reports.comparison import format_comparison, write_comparison
 
 FIXTURES = Path(__file__).parent / "fixtures" / "regression"
 BASELINE_JSON = FIXTURES / "baseline_nvidia-h200.json"
@@ -80,8 +79,8 @@ def test_band_spans_repeat_medians_and_percentiles():
 
 
 def test_baseline_path_follows_the_gpu_slug_convention():
-    assert baseline_path("NVIDIA H200").name == "nvidia-h200.json"
-    assert baseline_path("NVIDIA H200").parent.name == "baselines"
+    assert baseline_path("NVIDIA H200").parts[-4:] == ("reports", "h200", "regression", "baseline.json")
+    assert baseline_path("NVIDIA H200").is_file()  # the committed baseline
 
 
 def test_noise_within_the_spread_is_not_a_regression():
@@ -168,7 +167,7 @@ def test_a_sweep_sharing_no_configuration_with_the_baseline_warns():
 def test_gpu_mismatch_is_refused_with_both_models_named():
     results = rows("current_noise")
     environment = {**environment_of(results), "gpu": "NVIDIA A100-SXM4-80GB"}
-    names = r"NVIDIA H200.*NVIDIA A100-SXM4-80GB.*nvidia-a100-sxm4-80gb\.json"
+    names = r"NVIDIA H200.*NVIDIA A100-SXM4-80GB.*a100-sxm4-80gb/regression/baseline\.json"
     with pytest.raises(BaselineMismatch, match=names):
         compare_to_baseline(results, load_baseline(BASELINE_JSON), environment)
 

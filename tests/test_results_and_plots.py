@@ -17,10 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from reports.environment import INTERPRETER_GPU, capture_environment, gpu_slug, gpu_state, throttle_warnings
-from reports.paper_report import build_report, write_report
-from reports.plots import plot_suite
-from reports.results import (
+from harness.results import (
     COLUMNS,
     KEY_COLUMNS,
     ResultWriter,
@@ -29,6 +26,9 @@ from reports.results import (
     load_runs,
     record_run,
 )
+from reports.environment import INTERPRETER_GPU, capture_environment, gpu_slug, gpu_state, throttle_warnings
+from reports.paper_report import build_report, write_report
+from reports.plots import plot_suite
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_anchor_rows.csv"
 FIXTURE_LABELS = ("FA2 official CUDA (SDPA flash)", "cuDNN (SDPA cudnn)", "PyTorch eager (matmul + softmax)")

@@ -18,10 +18,10 @@ import torch
 import runner
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.providers import Provider, Spec, UnsupportedInput, get_provider
+from harness.results import ResultWriter, completed_keys, load_results, load_runs
+from harness.sweep import Job, Sweep
+from harness.timing import benchmark, time_attention
 from reports.environment import capture_environment
-from reports.results import ResultWriter, completed_keys, load_results, load_runs
-from reports.sweep import Job, Sweep
-from reports.timing import benchmark, time_attention
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -194,7 +194,7 @@ def test_cuda_graph_timing_is_recorded_with_the_run(tmp_path):
 
 def test_ablation_report_says_how_each_run_timed(tmp_path):
     from ablations.study import _run_lines
-    from reports.results import record_run
+    from harness.results import record_run
 
     record_run(tmp_path, {"run_id": "1", "command": "runner.py --ablation all --cuda-graph",
                           "arguments": {"cuda_graph": True, "ncu": "off"}, "finished": "t"})

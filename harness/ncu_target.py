@@ -1,13 +1,13 @@
-"""One representative launch of a provider, for Nsight Compute (issue 5).
+"""One representative launch of a provider, for Nsight Compute.
 
-    ncu ... --profile-from-start off python -m reports.ncu_target --provider rung2-seq-parallel \
+    ncu ... --profile-from-start off python -m harness.ncu_target --provider rung2-seq-parallel \
         --mode fwd --causal 1 --hdim 128 --seqlen 2048 --batch 8 --heads 16 --dtype bf16
 
 Builds random inputs in flash-attn's layout (batch, seqlen, heads, hdim), looks the provider
 up in baselines.providers, and runs it WARMUP_CALLS times so that compilation, autotuning and
 cold caches stay outside the profiled range; then one call between cudaProfilerStart and
 cudaProfilerStop. `fwd` profiles one forward, `bwd` one backward through autograd (its
-forward runs before the range opens), `fwd_bwd` both. reports.counters builds the command;
+forward runs before the range opens), `fwd_bwd` both. harness.ncu builds the command;
 a provider that cannot run exits 2 with one line, 'ncu_target: ...', on stderr.
 """
 
@@ -21,14 +21,14 @@ import torch
 
 from baselines.flops import MODE_MULTIPLIER
 from baselines.providers import DTYPES, Spec, get_provider, unavailable_reason
-from reports.sweep import random_inputs
+from harness.sweep import random_inputs
 
 WARMUP_CALLS = 3
 SEED = 0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m reports.ncu_target",
+    parser = argparse.ArgumentParser(prog="python -m harness.ncu_target",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--provider", required=True, help="a name in baselines.providers.PROVIDERS")
     parser.add_argument("--mode", choices=sorted(MODE_MULTIPLIER), default="fwd")

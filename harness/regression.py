@@ -1,6 +1,6 @@
-"""Performance regression tracking against a per-GPU baseline (issue 6).
+"""Performance regression tracking against a per-GPU baseline.
 
-A baseline is a JSON file, `reports/baselines/<gpu-slug>.json`, made by `save_baseline` from
+A baseline is a JSON file, `reports/<gpu>/regression/baseline.json`, made by `save_baseline` from
 the result rows of a sweep (`python runner.py <sweep options> --save-baseline`). It holds, per
 configuration (`KEY_COLUMNS`), the median TFLOPs/s over the repeats and the band the
 measurements fell in, with the environment they were measured in. `compare_to_baseline`
@@ -45,7 +45,7 @@ VERSION_FIELDS = ("driver", "cuda", "torch", "triton")  # a difference is a warn
 VERDICTS = ("regression", "failed", "improvement", "missing", "new", "unchanged")  # report order
 FAILING_VERDICTS = ("regression", "failed")
 DEFAULT_TOLERANCE = 0.05
-BASELINE_DIR = Path(__file__).resolve().parent / "baselines"
+REPORTS_DIR = Path(__file__).resolve().parents[1] / "reports"
 REGENERATE = "regenerate it on that GPU with `python runner.py <sweep options> --save-baseline`"
 
 
@@ -88,9 +88,11 @@ class Comparison:
         return {verdict: int((self.table["verdict"] == verdict).sum()) for verdict in VERDICTS}
 
 
-def baseline_path(gpu: str, directory: Path = BASELINE_DIR) -> Path:
-    """Conventional baseline location for a GPU model: reports/baselines/<gpu-slug>.json."""
-    return Path(directory) / f"{gpu_slug(gpu)}.json"
+def baseline_path(gpu: str, directory: Path = REPORTS_DIR) -> Path:
+    """Conventional baseline location for a GPU model: reports/<gpu>/regression/baseline.json,
+    <gpu> the model's slug without its vendor ('NVIDIA H200' -> reports/h200/...)."""
+    slug = gpu_slug(gpu).removeprefix("nvidia-")
+    return Path(directory) / slug / "regression" / "baseline.json"
 
 
 # --------------------------------------------------------------------------------------
@@ -344,78 +346,3 @@ def merge_remeasured(results: pd.DataFrame, remeasured: pd.DataFrame) -> pd.Data
     marked = _normal_keys(results).merge(keys, on=KEY_COLUMNS, how="left", indicator=True)
     kept = results[(marked["_merge"] == "left_only").to_numpy()]
     return pd.concat([kept, remeasured], ignore_index=True)
-
-
-# --------------------------------------------------------------------------------------
-# Reporting
-# --------------------------------------------------------------------------------------
-def markdown_table(frame: pd.DataFrame) -> str:
-    """A GitHub Markdown table of `frame`'s cells as they print (format numbers first)."""
-    def cell(value) -> str:
-        return str(value).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(c) for c in frame.columns) + " |",
-             "|" + "|".join("---" for _ in frame.columns) + "|"]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(lines)
-
-
-def _band(median: float, lo: float, hi: float) -> str:
-    if pd.isna(median):
-        return "-"
-    return f"{median:.1f} ({lo:.1f}-{hi:.1f})"
-
-
-def _environment_line(environment: dict) -> str:
-    return ", ".join(f"{key} {environment[key]}" for key in ENV_COLUMNS if environment.get(key))
-
-
-def summary_line(comparison: Comparison) -> str:
-    counts = comparison.counts()
-    outcome = "FAIL" if comparison.regressed else "PASS"
-    parts = ", ".join(f"{counts[verdict]} {verdict}" for verdict in VERDICTS)
-    return (f"**{outcome}**: {parts} (tolerance {comparison.tolerance:.0%} beyond the measured spread, "
-            f"{len(comparison.table)} configurations)")
-
-
-def format_comparison(comparison: Comparison) -> str:
-    """Markdown report: environments, rule, summary line, warnings, one table per verdict."""
-    tol = comparison.tolerance
-    lines = [
-        "## Performance against the baseline",
-        "",
-        f"- Baseline `{comparison.baseline_path}`: {_environment_line(comparison.baseline_environment)}",
-        f"- This run: {_environment_line(comparison.environment)}",
-        (f"- Rule: regression when current_hi < baseline_lo x {1 - tol:.2f}, improvement when "
-         f"current_lo > baseline_hi x {1 + tol:.2f} (TFLOPs/s; lo-hi is the band of the repeats' "
-         "medians and 20th/80th percentiles)."),
-        "",
-        summary_line(comparison),
-    ]
-    if comparison.warnings:
-        lines += ["", "Warnings:", *[f"- {warning}" for warning in comparison.warnings]]
-    table = comparison.table
-    for verdict in VERDICTS:
-        rows = table[table["verdict"] == verdict]
-        if rows.empty:
-            continue
-        shown = rows[KEY_COLUMNS].copy()
-        for side in ("baseline", "current"):
-            bands = rows[[f"{side}_tflops", f"{side}_lo", f"{side}_hi"]].to_numpy()
-            shown[f"{side} TFLOPs/s (lo-hi)"] = [_band(*band) for band in bands]
-        shown["ratio"] = rows["ratio"].map(lambda r: "-" if pd.isna(r) else f"{r:.3f}x")
-        if (rows["note"] != "").any():
-            shown["note"] = rows["note"]
-        lines += ["", f"### {verdict} ({len(rows)})", "", markdown_table(shown)]
-    return "\n".join(lines) + "\n"
-
-
-def write_comparison(comparison: Comparison, out_dir) -> Path:
-    """Write comparison.md (the report) and comparison.csv (the full table) to `out_dir`;
-    returns the path of comparison.md."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    comparison.table.to_csv(out_dir / "comparison.csv", index=False)
-    report = out_dir / "comparison.md"
-    report.write_text(format_comparison(comparison))
-    return report

@@ -6,7 +6,7 @@ For each configuration and provider, in order:
    the same kind (dtype, causal, head dim; batch 1, 2 heads, seqlen <= 128) against the
    float64 reference: rel_err = max ||x - ref|| / ||ref||; above the dtype's tolerance (or
    NaN) the provider is 'wrong' and is not timed;
-3. timing (reports.timing) on fresh random inputs of the configuration's size, `repeats` times.
+3. timing (harness.timing) on fresh random inputs of the configuration's size, `repeats` times.
 Every failure (unavailable, unsupported, OOM, wrong, any exception) is a row with its status
 and reason, and the sweep goes on. Rows go to the CSV as they are made; keys in `skip`
 (--resume) are not measured again.
@@ -27,9 +27,9 @@ from tqdm import tqdm
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.providers import Provider, Spec, UnsupportedInput, unavailable_reason
 from baselines.reference import attention_reference
+from harness.results import ResultWriter, row_key
+from harness.timing import CPU_REPS, time_attention
 from reports.environment import ENV_COLUMNS
-from reports.results import ResultWriter, row_key
-from reports.timing import CPU_REPS, time_attention
 
 # Largest relative error (norm-wise, against float64) still counted correct. fp16/bf16: a
 # correct kernel is ~1e-3 (fp16) / ~8e-3 (bf16) on random inputs; fp32 allows for Triton's

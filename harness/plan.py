@@ -1,0 +1,114 @@
+"""What a run measures: the paper suite's and the ablation's configurations and providers.
+
+The paper's sweep (FA2 paper Sec. 4.1): hidden size 2048 = heads x head dim and 16k tokens =
+batch x seqlen, over head dims 64/128/256 and seqlens 512..16k. Without a GPU the sizes shrink
+so that Triton's CPU interpreter gets through a sweep in minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+MODES = ("fwd", "bwd", "fwd_bwd")
+STUDY_NAMES = ("all", "fewer-nonmatmul", "seq-parallel", "warp-partitioning", "hopper")
+# The paper's sweep (FA2 paper Sec. 4.1): hidden size 2048 = heads x head dim, 16k tokens = batch x seqlen.
+PAPER_TOKENS = 16384
+PAPER_HIDDEN = 2048
+QUICK_MODES = ("fwd", "fwd_bwd")
+QUICK_WARMUP_MS, QUICK_REP_MS = 10, 40
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Default sweep sizes; batch/heads None means the paper's 16384 // seqlen and 2048 // hdim."""
+
+    hdims: tuple[int, ...]
+    seqlens: tuple[int, ...]
+    quick_hdims: tuple[int, ...]
+    quick_seqlens: tuple[int, ...]
+    batch: int | None = None
+    heads: int | None = None
+
+
+GPU_SIZES = Sizes(hdims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384), quick_hdims=(128,),
+                  quick_seqlens=(1024, 4096))
+# Triton's interpreter: tiny sizes so that a whole sweep takes minutes on a CPU. The ablation
+# settings shrink to seqlen 128, head dim 64, 2 heads, batch at most 2 (A: 2, B: 1).
+INTERPRETER_SIZES = Sizes(hdims=(32, 64), seqlens=(32, 64, 128), quick_hdims=(32,), quick_seqlens=(64,), batch=1,
+                          heads=2)
+INTERPRETER_ABLATION = {"seqlen": 128, "hdim": 64, "heads": 2}
+INTERPRETER_ABLATION_MAX_BATCH = 2
+ABLATION_SWEEP = "sweep"  # the `setting` of the ablation's seqlen x head dim x causal rows
+ABLATION_PEERS = ("sdpa-flash", "sdpa-cudnn")  # measured next to the rungs in the same run
+
+def _join(values) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _causal_values(choice: str) -> tuple[bool, ...]:
+    return {"true": (True,), "false": (False,), "both": (False, True)}[choice]
+
+
+def suite_modes(args) -> tuple[str, ...]:
+    """The paper suite's modes: --modes, else the quick or the full default."""
+    return tuple(args.modes or (QUICK_MODES if args.quick else MODES))
+
+
+def suite_jobs(args, interpreter: bool) -> list:
+    """The paper suite's configurations: modes x head dims x causal x seqlens (narrowed by args)."""
+    from baselines.providers import Spec
+    from harness.sweep import Job
+
+    sizes = INTERPRETER_SIZES if interpreter else GPU_SIZES
+    modes = suite_modes(args)
+    hdims = args.hdims or (sizes.quick_hdims if args.quick else sizes.hdims)
+    seqlens = args.seqlens or (sizes.quick_seqlens if args.quick else sizes.seqlens)
+    jobs = []
+    for mode in modes:
+        for hdim in hdims:
+            for causal in _causal_values(args.causal):
+                for seqlen in seqlens:
+                    batch = args.batch or sizes.batch or max(1, PAPER_TOKENS // seqlen)
+                    heads = args.heads or sizes.heads or max(1, PAPER_HIDDEN // hdim)
+                    jobs.append(Job(Spec(mode, causal, hdim, seqlen, batch, heads, args.dtype)))
+    return jobs
+
+
+def ablation_plan(args, interpreter: bool) -> tuple[list, list[str]]:
+    """(jobs, provider names) of `--ablation STUDY` from ablations.ladder's SETTINGS, STUDIES, RUNGS."""
+    from baselines.providers import Spec
+    from harness.sweep import Job
+
+    try:
+        from ablations.ladder import RUNGS, SETTINGS, STUDIES
+    except Exception as exc:
+        raise SystemExit(f"--ablation needs ablations/ladder.py (SETTINGS, STUDIES, RUNGS): "
+                         f"{type(exc).__name__}: {exc}") from exc
+    if args.ablation not in STUDIES:
+        raise SystemExit(f"--ablation {args.ablation}: ablations.ladder.STUDIES has {sorted(STUDIES)}")
+    jobs = []
+    for name, setting in SETTINGS.items():  # the paper's settings, at their own sizes
+        missing = {"batch", "heads", "hdim", "seqlen", "causal", "mode"} - set(setting)
+        if missing:
+            raise SystemExit(f"ablations.ladder.SETTINGS[{name!r}] lacks {sorted(missing)}")
+        sizes = {key: setting[key] for key in ("batch", "heads", "hdim", "seqlen")}
+        if interpreter:
+            sizes.update(INTERPRETER_ABLATION, batch=min(sizes["batch"], INTERPRETER_ABLATION_MAX_BATCH))
+        # the paper's settings keep their own batch and heads (--batch/--heads narrow the sweep only),
+        # so the paper's A100 numbers cited beside them are for the same shape
+        spec = Spec(setting["mode"], bool(setting["causal"]), sizes["hdim"], sizes["seqlen"],
+                    sizes["batch"], sizes["heads"], args.dtype)
+        jobs.append(Job(spec, setting=name))
+    if not args.settings_only:  # the forward sweep: seqlen x head dim x causal, paper shapes
+        sweep_args = argparse.Namespace(**{**vars(args), "modes": ("fwd",)})
+        jobs += [Job(job.spec, setting=ABLATION_SWEEP) for job in suite_jobs(sweep_args, interpreter)]
+    rungs = [RUNGS[index].name for index in STUDIES[args.ablation]]
+    extras = [p for p in (args.providers or ABLATION_PEERS) if p not in rungs]
+    return jobs, rungs + extras
+
+
+def suite_providers(args) -> list[str]:
+    from baselines.providers import PROVIDERS, RUNG_NAMES
+
+    return list(args.providers) if args.providers else [name for name in PROVIDERS if name not in RUNG_NAMES]
