@@ -1,10 +1,30 @@
-"""Reference attention kernels in Triton. `flash_attn_func` and the packed variants are
-drop-ins for flash-attn's functions of the same names."""
+"""FlashAttention-2 kernels in Triton and Gluon with flash-attn's Python API.
 
-from kernels.flash_attn import (
+`flash_attn_func`, the packed variants and the variable-length ones are drop-ins for
+flash-attn's functions of the same names (kernels/interface.py); they are registered as PyTorch
+custom ops `torch.ops.fa2.*` (kernels/ops.py) so torch.compile sees one opaque node. The layout
+of this package, by role: configs.py (block-size tables), forward.py and backward.py (the Triton
+kernels), flash_attn_hopper.py (the Gluon kernels for sm_90), dispatch.py (which kernel serves a
+call), checks.py (argument checks), launch.py (cached launches), fa_ladder.py (the ablation rungs).
+"""
+
+from .configs import BwdConfig, FwdConfig
+from .interface import (
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
 )
 
-__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func"]
+__all__ = [
+    "BwdConfig",
+    "FwdConfig",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+]

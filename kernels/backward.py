@@ -1,0 +1,405 @@
+"""The FlashAttention-2 backward in Triton (FA2 Algorithm 2) and its launcher.
+
+Split as Triton's fused-attention tutorial splits it: a preprocessing kernel (D = rowsum(dO * O),
+Alg. 2 line 4), a dK/dV kernel (one program per key block, query blocks inner) and a dQ kernel
+(one program per query block) that recomputes S and dP, so that dQ is written once by one program
+and bit-identical between runs (7 matmuls instead of 5; TFLOPs/s always use the paper's count of
+5, baselines/flops.py). Where dispatch says so, the dK/dV pass adds dQ itself into a float32
+accumulator (TMA reduce-adds on Hopper, atomics elsewhere) unless `deterministic=True`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import dispatch
+from .checks import DENSE, Features, require_implemented
+from .common import (
+    LOG2E,
+    _batch_head,
+    _key_range,
+    _load_tile,
+    _query_block_start,
+    _store_tile,
+    cdiv,
+    ensure_descriptor_allocator,
+    last_dim_contiguous,
+    strides,
+)
+from .configs import BwdConfig, default_bwd_config, on_hopper, padded_headdim
+from .dispatch import (
+    HOPPER_GLUON_PATH,
+    bwd_dkdv_path,
+    bwd_fuses_dq,
+    bwd_gluon_fuses_dq,
+    bwd_uses_tma,
+    tma_compatible,
+)
+from .launch import CachedLauncher
+
+
+@triton.jit
+def _bwd_preprocess_kernel(
+    Out, DO, Delta,
+    stride_ob, stride_os, stride_oh,
+    stride_dob, stride_dos, stride_doh,
+    num_heads, seqlen_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """FA2 Alg. 2 line 4: D = rowsum(dO * O), one float32 per query row."""
+    start_m = tl.program_id(0) * BLOCK_M
+    pid_bh = tl.program_id(1)
+    b, h = _batch_head(pid_bh, num_heads)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    o = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
+                 mask=mask, other=0.0).to(tl.float32)
+    tl.store(Delta + pid_bh.to(tl.int64) * seqlen_q + offs_m, tl.sum(o * do, 1),
+             mask=offs_m < seqlen_q)
+
+
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, stride_dqs, offs_n, offs_d,
+                    lo, hi, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
+                    MASK: tl.constexpr, EVEN_D: tl.constexpr, QUERY_MAJOR: tl.constexpr,
+                    TMA: tl.constexpr, FUSED_DQ: tl.constexpr):
+    """FA2 Alg. 2 lines 8-16 for one key block over query blocks [lo, hi). Query rows past
+    seqlen_q load L = +inf and dO = 0, so they contribute exactly nothing without a mask.
+    Key-major (default): every matmul has the key block as M (S^T = K Q^T), K and V are
+    register operands. Query-major: S = Q K^T and dP = dO V^T have the query block as M, and
+    P and dS are transposed on chip for the dV and dK updates; K and V stay in shared memory.
+    With TMA, Q and DO are tensor descriptors bounded at (seqlen_q, HEAD_DIM) (zero fill).
+    FUSED_DQ (FA2 Alg. 2 line 15 as the paper has it): dQ_i += scale * dS K_j is added into the
+    float32 accumulator DQ here, by a TMA reduce-add of the tile (2: DQ a descriptor bounded at
+    (seqlen_q, HEAD_DIM)) or element-wise atomics (1: DQ a pointer); 0: the dQ kernel does it."""
+    offs_m_base = tl.arange(0, BLOCK_M)
+    d_ok = offs_d < HEAD_DIM
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + offs_m_base
+        m_ok = offs_m < seqlen_q
+        if TMA:
+            if QUERY_MAJOR:
+                q = Q.load([start_m, 0])
+            else:
+                qT = Q.load([start_m, 0]).T
+            do = DO.load([start_m, 0])
+        else:
+            if QUERY_MAJOR:
+                q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
+                               not EVEN_M, not EVEN_D)
+            else:
+                qT = _load_tile(Q + offs_d[:, None] + offs_m[None, :] * stride_qs, d_ok, m_ok,
+                                not EVEN_D, not EVEN_M)
+            do = _load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], m_ok, d_ok,
+                            not EVEN_M, not EVEN_D)
+        if EVEN_M:
+            lse = tl.load(LSE + offs_m)
+            delta = tl.load(Delta + offs_m)
+        else:
+            lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf"))
+            delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
+        if QUERY_MAJOR:
+            # lines 10-11: recompute S = Q K^T and P = exp(S - L) (log2 domain)
+            p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None] * LOG2E)
+            if MASK:
+                p = tl.where(offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q), p, 0.0)
+            # line 12: dV += P^T dO
+            dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)
+            # lines 13-14: dP = dO V^T, dS = P * (dP - D)
+            ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
+            # line 16: dK += dS^T Q (the softmax scale is applied once at the end)
+            dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+            if FUSED_DQ:  # line 15: dQ_i += scale * dS K_j
+                _bwd_add_dq(DQ, tl.dot(ds.to(k.dtype), k) * softmax_scale, start_m, offs_m, offs_d, m_ok,
+                            d_ok, stride_dqs, EVEN_M, EVEN_D, FUSED_DQ)
+        else:
+            # lines 10-11: recompute S^T = K Q^T and P^T = exp(S^T - L) (log2 domain)
+            pT = tl.math.exp2(tl.dot(k, qT) * qk_scale - lse[None, :] * LOG2E)
+            if MASK:
+                pT = tl.where(offs_n[:, None] <= offs_m[None, :] + (seqlen_k - seqlen_q), pT, 0.0)
+            # line 12: dV += P^T dO
+            dv = tl.dot(pT.to(do.dtype), do, dv)
+            # lines 13-14: dP^T = V dO^T, dS^T = P^T * (dP^T - D)
+            dsT = pT * (tl.dot(v, tl.trans(do)) - delta[None, :])
+            # line 16: dK += dS^T Q (the softmax scale is applied once at the end)
+            dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
+            if FUSED_DQ:  # line 15: dQ_i += scale * dS K_j
+                _bwd_add_dq(DQ, tl.dot(tl.trans(dsT.to(k.dtype)), k) * softmax_scale, start_m, offs_m, offs_d,
+                            m_ok, d_ok, stride_dqs, EVEN_M, EVEN_D, FUSED_DQ)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_add_dq(DQ, dq, start_m, offs_m, offs_d, m_ok, d_ok, stride_dqs, EVEN_M: tl.constexpr,
+                EVEN_D: tl.constexpr, FUSED_DQ: tl.constexpr):
+    """Add one program's share of dQ_i into the float32 accumulator that every key block adds
+    to: one TMA reduce-add of the tile (FUSED_DQ 2, rows past seqlen_q dropped by the
+    descriptor's bounds) or element-wise atomics (1)."""
+    if FUSED_DQ == 2:
+        DQ.atomic_add([start_m, 0], dq)
+    else:
+        ptrs = DQ + offs_m[:, None] * stride_dqs + offs_d[None, :]
+        if EVEN_M and EVEN_D:
+            tl.atomic_add(ptrs, dq, sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, dq, mask=m_ok[:, None] & d_ok[None, :], sem="relaxed")
+
+
+@triton.jit
+def _flash_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, Delta, DK, DV, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_dqb, stride_dqs, stride_dqh,
+    num_heads, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EVEN_N: tl.constexpr, QUERY_MAJOR: tl.constexpr,
+    TMA: tl.constexpr, FUSED_DQ: tl.constexpr,
+):
+    """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2 lines 5-18):
+    every element is written by exactly one program, so no atomics for them. With FUSED_DQ the
+    program also adds its part of every dQ_i into DQ, a float32 accumulator (line 15, atomics:
+    the sum's order varies between runs); without, DQ is unused and the dQ kernel follows."""
+    start_n = tl.program_id(0) * BLOCK_N
+    pid_bh = tl.program_id(1)
+    b, h = _batch_head(pid_bh, num_heads)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    DO += b * stride_dob + h * stride_doh
+    DK += b * stride_dkb + h * stride_dkh
+    DV += b * stride_dvb + h * stride_dvh
+    LSE += pid_bh.to(tl.int64) * seqlen_q
+    Delta += pid_bh.to(tl.int64) * seqlen_q
+    if FUSED_DQ:
+        DQ += b * stride_dqb + h * stride_dqh
+    if FUSED_DQ == 2:
+        DQ = tl.make_tensor_descriptor(DQ, shape=[seqlen_q, HEAD_DIM], strides=[stride_dqs, 1],
+                                       block_shape=[BLOCK_M, BLOCK_D])
+
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    n_ok = offs_n < seqlen_k
+    d_ok = offs_d < HEAD_DIM
+    # line 6: load K_j, V_j; line 7: dK_j = dV_j = 0. Keys past seqlen_k load zeros and
+    # only produce rows of dK/dV that are never stored.
+    k = _load_tile(K + offs_n[:, None] * stride_ks + offs_d[None, :], n_ok, d_ok,
+                   not EVEN_N, not EVEN_D)
+    v = _load_tile(V + offs_n[:, None] * stride_vs + offs_d[None, :], n_ok, d_ok,
+                   not EVEN_N, not EVEN_D)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    if TMA:
+        Q = tl.make_tensor_descriptor(Q, shape=[seqlen_q, HEAD_DIM], strides=[stride_qs, 1],
+                                      block_shape=[BLOCK_M, BLOCK_D])
+        DO = tl.make_tensor_descriptor(DO, shape=[seqlen_q, HEAD_DIM], strides=[stride_dos, 1],
+                                       block_shape=[BLOCK_M, BLOCK_D])
+
+    if CAUSAL:
+        # query blocks that see some of these keys: row i sees key j iff i >= j - offset
+        offset = seqlen_k - seqlen_q
+        lo = tl.maximum(start_n - offset, 0) // BLOCK_M * BLOCK_M
+        full = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - offset, lo), seqlen_q)
+        full = tl.cdiv(full, BLOCK_M) * BLOCK_M  # from here on every row sees every key
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, stride_dqs,
+                                 offs_n, offs_d, lo, full, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D, QUERY_MAJOR, TMA, FUSED_DQ)
+    else:
+        full = 0
+    dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, stride_dqs,
+                             offs_n, offs_d, full, seqlen_q, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D, QUERY_MAJOR, TMA, FUSED_DQ)
+    # line 18: write dK_j (scaled once: S = scale * Q K^T) and dV_j
+    _store_tile(DK + offs_n[:, None] * stride_dks + offs_d[None, :],
+                (dk * softmax_scale).to(DK.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
+    _store_tile(DV + offs_n[:, None] * stride_dvs + offs_d[None, :],
+                dv.to(DV.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
+
+
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d, lo, hi,
+                  seqlen_q, seqlen_k, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                  MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
+    """FA2 Alg. 2 lines 10-15 for one query block over key blocks [lo, hi). With TMA, K and V
+    are tensor descriptors bounded at (seqlen_k, HEAD_DIM) (zero fill)."""
+    offs_n_base = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < HEAD_DIM
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n_base
+        n_ok = offs_n < seqlen_k
+        if TMA:
+            kT = K.load([start_n, 0]).T
+            vT = V.load([start_n, 0]).T
+        else:
+            kT = _load_tile(K + offs_d[:, None] + offs_n[None, :] * stride_ks, d_ok, n_ok,
+                            not EVEN_D, MASK)
+            vT = _load_tile(V + offs_d[:, None] + offs_n[None, :] * stride_vs, d_ok, n_ok,
+                            not EVEN_D, MASK)
+        # lines 10-11: P = exp(S - L)
+        p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
+        if MASK:
+            visible = n_ok[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
+            p = tl.where(visible, p, 0.0)
+        # lines 13-14: dP = dO V^T, dS = P * (dP - D)
+        ds = p * (tl.dot(do, vT) - delta[:, None])
+        # line 15: dQ += dS K
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq)
+    return dq
+
+
+@triton.jit
+def _flash_bwd_dq_kernel(
+    Q, K, V, DO, LSE, Delta, DQ,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    num_heads, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, TMA: tl.constexpr,
+):
+    """One program per (query block, batch x head) owns dQ_i: the dQ part of FA2 Alg. 2
+    (line 15) as a separate pass, so dQ needs no atomics and the result is deterministic."""
+    start_m = _query_block_start(CAUSAL, BLOCK_M)
+    pid_bh = tl.program_id(1)
+    b, h = _batch_head(pid_bh, num_heads)
+    Q += b * stride_qb + h * stride_qh
+    K += b * stride_kb + h * stride_kh
+    V += b * stride_vb + h * stride_vh
+    DO += b * stride_dob + h * stride_doh
+    DQ += b * stride_dqb + h * stride_dqh
+    LSE += pid_bh.to(tl.int64) * seqlen_q
+    Delta += pid_bh.to(tl.int64) * seqlen_q
+
+    EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < seqlen_q
+    d_ok = offs_d < HEAD_DIM
+    q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
+                   not EVEN_M, not EVEN_D)
+    do = _load_tile(DO + offs_m[:, None] * stride_dos + offs_d[None, :], m_ok, d_ok,
+                    not EVEN_M, not EVEN_D)
+    lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf")) * LOG2E
+    delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if TMA:
+        K = tl.make_tensor_descriptor(K, shape=[seqlen_k, HEAD_DIM], strides=[stride_ks, 1],
+                                      block_shape=[BLOCK_N, BLOCK_D])
+        V = tl.make_tensor_descriptor(V, shape=[seqlen_k, HEAD_DIM], strides=[stride_vs, 1],
+                                      block_shape=[BLOCK_N, BLOCK_D])
+
+    full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                       0, full, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL,
+                       False, EVEN_D, TMA)
+    dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                       full, end, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL,
+                       True, EVEN_D, TMA)
+    _store_tile(DQ + offs_m[:, None] * stride_dqs + offs_d[None, :],
+                (dq * softmax_scale).to(DQ.dtype.element_ty), m_ok, d_ok, not EVEN_M, not EVEN_D)
+
+
+
+
+# After a shape's first call, launched without Triton's per-call argument binding.
+_bwd_preprocess_launcher = CachedLauncher(_bwd_preprocess_kernel)
+_bwd_dkdv_launcher = CachedLauncher(_flash_bwd_dkdv_kernel)
+_bwd_dq_launcher = CachedLauncher(_flash_bwd_dq_kernel)
+
+
+def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: bool,
+                        config: BwdConfig | None = None, deterministic: bool = False, features: Features = DENSE):
+    """Backward pass: returns (dq, dk, dv) in the inputs' dtype. Where the config fuses dQ into
+    the dK/dV kernel (`bwd_gluon_fuses_dq` on the Gluon path, `bwd_fuses_dq` on the Triton one), dQ
+    is summed by atomics in an order that varies between runs (as flash-attn's own backward does);
+    `deterministic=True` takes the dQ kernel instead."""
+    require_implemented(q, k, features)
+    do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
+    batch, seqlen_q, heads, headdim = q.shape
+    seqlen_k = k.shape[1]
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if seqlen_q == 0 or seqlen_k == 0 or batch * heads == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    cfg = config or default_bwd_config(headdim, q.device)
+    block_d = padded_headdim(headdim)
+    delta = torch.empty_like(lse)
+    _bwd_preprocess_launcher[(cdiv(seqlen_q, 64), batch * heads)](
+        out, do, delta, *strides(out), *strides(do), heads, seqlen_q,
+        HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
+    )
+    tma = bwd_uses_tma(cfg, q, k, v, do)
+    if tma:
+        ensure_descriptor_allocator()
+    common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal, "TMA": tma}
+    gluon = bwd_dkdv_path(cfg, q, k, v, do) == HOPPER_GLUON_PATH and on_hopper(q.device)
+    if gluon:
+        # the Gluon kernel (compiled for sm_90 only), adding dQ itself where the config says so
+        dq_acc = (torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+                  if bwd_gluon_fuses_dq(cfg, headdim, deterministic) else None)
+        try:
+            dispatch.flash_attn_hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv,
+                                                                       softmax_scale, causal, dq_accum=dq_acc)
+        except dispatch.GLUON_BUILD_ERRORS as exc:  # a Triton whose Gluon cannot build it
+            dispatch.disable_gluon(exc)
+            gluon = False
+    if not gluon:
+        dq_acc = _launch_triton_dkdv(cfg, q, k, v, do, lse, delta, dk, dv, softmax_scale, common,
+                                     bwd_fuses_dq(cfg, seqlen_q, deterministic))
+    if dq_acc is not None:  # dQ was added into a float32 accumulator
+        return dq.copy_(dq_acc), dk, dv
+    _bwd_dq_launcher[(cdiv(seqlen_q, cfg.block_m2), batch * heads)](
+        q, k, v, do, lse, delta, dq,
+        *strides(q), *strides(k), *strides(v), *strides(do), *strides(dq),
+        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
+        BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
+        EVEN_M=seqlen_q % cfg.block_m2 == 0, num_warps=cfg.dq_warps, num_stages=cfg.dq_stages, **common,
+    )
+    return dq, dk, dv
+
+
+def _launch_triton_dkdv(cfg: BwdConfig, q, k, v, do, lse, delta, dk, dv, softmax_scale: float, common: dict,
+                        fuse_dq: bool) -> torch.Tensor | None:
+    """_flash_bwd_dkdv_kernel into dk and dv; with `fuse_dq`, also dQ added into a float32
+    accumulator, which is returned (else None)."""
+    batch, seqlen_q, heads, _ = q.shape
+    seqlen_k = k.shape[1]
+    fused_dq = 0
+    dq_acc = None
+    if fuse_dq:
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        # TMA reduce-adds on Hopper, else element-wise atomics (also in Triton's CPU interpreter,
+        # which has no descriptor reduce)
+        fused_dq = 2 if on_hopper(q.device) and tma_compatible(dq_acc) else 1
+        if fused_dq == 2:
+            ensure_descriptor_allocator()
+    acc = dk if dq_acc is None else dq_acc  # DQ is unused by the kernel unless dQ is fused
+    _bwd_dkdv_launcher[(cdiv(seqlen_k, cfg.block_n1), batch * heads)](
+        q, k, v, do, lse, delta, dk, dv, acc,
+        *strides(q), *strides(k), *strides(v), *strides(do), *strides(dk), *strides(dv), *strides(acc),
+        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
+        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+        EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0,
+        QUERY_MAJOR=cfg.query_major, FUSED_DQ=fused_dq, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **common,
+    )
+    return dq_acc

@@ -1,0 +1,187 @@
+"""Block-size configurations of the Triton kernels: data, not code, with one line of reason per
+choice. The measurements behind each table entry are in docs/performance.md."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MAX_HEADDIM = 256
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    # Tensor-descriptor (TMA) loads and stores where the inputs allow them (16-byte aligned),
+    # with descriptors made one of two ways, chosen by the keys a program visits on average
+    # (all of seqlen_k, half when causal); see fwd_memory_path().
+    tma: bool = False
+    # In the kernel, per (batch, head), bounded at the true seqlen and head dim (any ragged
+    # shape), from this many keys: each program makes its own (a global write and a proxy
+    # fence each), a fixed cost that only a long key loop amortises (at head dim 128 they lost
+    # 10-25% to pointer tiles at 512-1024 keys and won 5-13% from 2048 up).
+    tma_min_keys: int = 2048
+    # On the host, 2D over (batch * seqlen, heads * head dim), for key counts in
+    # [tma_host_min_keys, tma_host_below_keys) where that view is exact (whole blocks, a
+    # power-of-two head dim): no per-program set-up, but four descriptors to encode on the
+    # host per launch. tma_host_below_keys = 0: never. At head dim 128 they beat pointer tiles
+    # by 6-13% at 1024-4096 keys and lost 2-5% to in-kernel descriptors at 8k-16k; at 512 keys
+    # the paper sweep's launches (20-30 us of GPU work) became host-bound, at 0.61-0.75x what
+    # the same kernel read when called directly (reports/h200/perf_notes.md, v3).
+    tma_host_min_keys: int = 1024
+    tma_host_below_keys: int = 0
+    # From this many keys, the Gluon forward with FA3's warp layout (kernels/flash_attn_hopper.py:
+    # a loader warp, two consumer warpgroups, the softmax under the P V matmul) where its scope
+    # holds (hopper_gluon_applies); 0 = never.
+    hopper_gluon_min_keys: int = 0
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    block_m1: int  # query rows per step of the dK/dV pass
+    block_n1: int  # keys owned by one dK/dV program
+    block_m2: int  # query rows owned by one dQ program
+    block_n2: int  # keys per step of the dQ pass
+    num_warps: int
+    num_stages: int
+    # the dQ kernel's warps and stages, where they differ from the dK/dV kernel's
+    dq_num_warps: int | None = None
+    dq_num_stages: int | None = None
+    # dK/dV matmuls laid out with the query block as M (S = Q K^T) instead of the key block
+    # (S^T = K Q^T): K and V then stay in shared memory as wgmma B operands instead of
+    # registers, which is what lets head dim 256 keep both 64x256 accumulators in registers.
+    query_major: bool = False
+    # Tensor-descriptor (TMA) loads for the tiles each loop step streams (Q and dO in the
+    # dK/dV kernel, K and V in the dQ kernel), descriptors made per program and bounded at
+    # (seqlen, head dim) like the forward's in-kernel path: no address registers per tile.
+    tma: bool = False
+    # From this many query rows, dQ added by the dK/dV kernel into a float32 accumulator (TMA
+    # reduce-adds; FA2 Alg. 2 line 15 as the paper has it: 5 matmuls, not 7) unless flash_attn_backward
+    # is asked to be deterministic. 0 = never: the dQ kernel. 0 in every table: on the H200 the
+    # fused backward (its best config per point) ran at 0.90-1.00x the speed of the two-kernel
+    # one at head dims 64 and 128, 1k-16k (perf_notes, "v6").
+    fused_dq_min_rows: int = 0
+    # From this many keys, the dK/dV kernel is the Gluon one with FA3's warp layout
+    # (kernels/flash_attn_hopper.py: a loader warp and two consumer warpgroups sharing each Q/dO
+    # tile) where its scope holds (hopper_gluon_applies); 0 = never. It takes precedence over
+    # fused_dq_min_rows.
+    hopper_gluon_min_keys: int = 0
+    # Whether that Gluon kernel also adds dQ (FA3's scheme: TMA reduce-adds into a float32
+    # accumulator, so the sum's order varies between runs), at head dim 128, unless
+    # flash_attn_backward is asked to be deterministic; the dQ kernel then does not run.
+    hopper_gluon_fused_dq: bool = False
+
+    @property
+    def dq_warps(self) -> int:
+        """Warps of the dQ kernel."""
+        return self.num_warps if self.dq_num_warps is None else self.dq_num_warps
+
+    @property
+    def dq_stages(self) -> int:
+        """Pipeline stages of the dQ kernel."""
+        return self.num_stages if self.dq_num_stages is None else self.dq_num_stages
+
+
+# Hopper (sm_90), keyed by (padded head dim, causal). Chosen on the H200 by tools/tune_fa2.py
+# (bf16, seqlen 4096, paper shapes): rows in reports/h200/tuning/tune_fa2_seqlen4096_bf16.csv,
+# reasoning in reports/h200/perf_notes.md.
+HOPPER_FWD_CONFIGS = {
+    # small head dims: 4 warps of wgmma on 128x64 tiles; causal prefers 8 warps (more rows
+    # in flight to hide the diagonal blocks' mask arithmetic).
+    (16, False): FwdConfig(128, 64, 4, 3),
+    (16, True): FwdConfig(128, 64, 8, 3),
+    (32, False): FwdConfig(128, 64, 4, 3),
+    (32, True): FwdConfig(128, 64, 8, 3),
+    # head dim 64 from 4096 keys: the Gluon forward (below for 128). Against this kernel, same
+    # process, four runs (bf16 and fp16 twice each): 0.97-1.05x at 4k, 1.01-1.05x at 8k (one run
+    # per dtype), 1.03-1.10x at 16k; at 2k 0.97-1.04x, slower causal, so not taken there
+    # (perf_notes, "v6").
+    (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=4096),
+    (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096),
+    # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
+    # frees the pointer registers (255 registers + 124 B of spills -> 216, none): +5-13%.
+    # From 1024 keys, equal lengths in whole blocks take the Gluon kernel instead: 1.03-1.33x
+    # this one at 1k-16k in bf16 and fp16, same process (perf_notes, "v5: a Gluon forward").
+    (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024),
+    # causal: in-kernel descriptors from 4096 visited keys (seqlen 8k, whose longest programs
+    # visit all 8192): +3.4% bf16 and +0-4% fp16 over host ones there, same process (v4; since v5
+    # that applies to shapes outside the Gluon kernel's scope, and to the ablation's rung 4).
+    (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=4096, hopper_gluon_min_keys=1024),
+    # head dim 256: only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
+    # (host descriptors to 4k keys, in-kernel from 8k) within -1..+2% of pointer tiles up
+    # to 4k keys and +2-5% at 16k.
+    (256, False): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192),
+    (256, True): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192),
+}
+HOPPER_BWD_CONFIGS = {
+    # tutorial 06's shape: narrow query steps against wide key blocks and vice versa.
+    16: BwdConfig(32, 128, 128, 32, 4, 3),
+    32: BwdConfig(32, 128, 128, 32, 4, 3),
+    64: BwdConfig(32, 128, 128, 32, 4, 3),
+    # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 1024
+    # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7): the backward 1.08-1.20x
+    # faster at 1k-16k, bf16 and fp16, same process, than the one committed before it (this kernel
+    # and the dQ kernel below 2k keys; from 2k the non-fused Gluon kernel and the dQ kernel)
+    # (perf_notes, "v6 -> v7"). At 1k, where v7 kept this kernel (forward+backward host-bound when
+    # causal), the fused Gluon backward read 1.07-1.12x faster by do_bench in two runs (v7, and v8
+    # with cached launches), bwd and fwd_bwd (perf_notes, "v7 -> v8"). At head dim 64 the Gluon
+    # kernel without dQ was 0.98-1.18x this kernel's time, so not taken there.
+    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
+    # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
+    # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
+    # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k, whole backward 1.7-2.0x
+    # (reports/h200/perf_notes.md, v3). Descriptor loads free the address registers that
+    # spilled (ptxas: 300 and 568 B -> 0): -2..-8% time at 4k-16k (v4). At head dim 128 the
+    # whole backward was 0-8% slower with them (the dQ kernel), at 64 1.5-6% slower (mostly
+    # the dK/dV kernel), so those keep pointer loads.
+    256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True, tma=True),
+}
+# Any other CUDA GPU (Ampere, Ada): smaller tiles, fewer stages (less shared memory).
+GENERIC_FWD_CONFIG = FwdConfig(64, 64, 4, 2)
+GENERIC_BWD_CONFIG = BwdConfig(32, 64, 64, 32, 4, 2)
+# Triton's CPU interpreter: small tiles so that tiny test shapes still span several blocks.
+# On CPU both TMA paths run: host descriptors for whole-block shapes below 64 keys, in-kernel
+# descriptors for the rest.
+INTERPRETER_FWD_CONFIG = FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_min_keys=0,
+                                   tma_host_below_keys=64)
+INTERPRETER_BWD_CONFIG = BwdConfig(16, 32, 32, 16, 4, 1)
+
+
+def padded_headdim(headdim: int) -> int:
+    """Head dim as the kernels tile it: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, 1 << (headdim - 1).bit_length())
+
+
+
+@functools.cache
+def _is_hopper(device_index: int) -> bool:
+    """Whether this CUDA device is sm_90 (asked once per device: the query costs ~7 us of host
+    time, which calls of ~0.1 ms feel)."""
+    return torch.cuda.get_device_capability(device_index)[0] == 9
+
+
+def on_hopper(device: torch.device) -> bool:
+    """Whether `device` is an sm_90 CUDA device."""
+    return device.type == "cuda" and _is_hopper(torch.cuda.current_device() if device.index is None else device.index)
+
+
+def default_fwd_config(headdim: int, causal: bool, device: torch.device) -> FwdConfig:
+    if device.type != "cuda":
+        return INTERPRETER_FWD_CONFIG
+    if on_hopper(device):
+        return HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+    return GENERIC_FWD_CONFIG
+
+
+def default_bwd_config(headdim: int, device: torch.device) -> BwdConfig:
+    if device.type != "cuda":
+        return INTERPRETER_BWD_CONFIG
+    if on_hopper(device):
+        return HOPPER_BWD_CONFIGS[padded_headdim(headdim)]
+    return GENERIC_BWD_CONFIG

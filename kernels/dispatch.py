@@ -1,0 +1,136 @@
+"""Which kernel and memory path serves a call: the one place that decides. The forward runs the
+Gluon kernel of flash_attn_hopper.py (FA3's warp layout) or forward.py's Triton kernel with
+TMA descriptors made on the host, in the kernel, or pointer tiles; the backward's dK/dV pass
+runs the Gluon kernel (with dQ fused or not) or backward.py's Triton kernel. The rules read the
+configs of configs.py; docs/performance.md holds the measurements behind them."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .configs import BwdConfig, FwdConfig, padded_headdim
+
+# The Gluon kernels are written against Triton 3.6's Gluon API, which later releases change
+# (3.8 removed gl.thread_barrier). Where they cannot be imported or compiled, every call takes
+# the Triton kernels instead, with one warning; `gluon_unavailable` says why ('' when usable).
+try:
+    from . import flash_attn_hopper
+    gluon_unavailable = ""
+except (ImportError, AttributeError, TypeError) as exc:  # an API the module uses at import time
+    flash_attn_hopper = None
+    gluon_unavailable = f"the Gluon kernels do not import on Triton {triton.__version__}: {exc!r}"
+
+# What a Gluon kernel that cannot be built on this Triton raises at its first launch.
+GLUON_BUILD_ERRORS = (AttributeError, ImportError, TypeError, NotImplementedError, triton.CompilationError)
+
+
+def disable_gluon(exc: BaseException) -> None:
+    """After a Gluon kernel failed to build: warn once, and route every later call to Triton's."""
+    global gluon_unavailable
+    gluon_unavailable = f"a Gluon kernel failed to compile on Triton {triton.__version__}: {exc!r}"
+    warnings.warn(f"{gluon_unavailable}; using the Triton kernels instead (same results, slower on Hopper)",
+                  RuntimeWarning, stacklevel=3)
+
+FWD_MEMORY_PATHS = ("pointer", "tma-kernel", "tma-host")  # the kernel's TMA constexpr: 0, 1, 2
+HOPPER_GLUON_PATH = "gluon-ws"  # kernels/flash_attn_hopper.py instead of _flash_fwd_kernel
+
+
+def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool) -> str:
+    """How the forward runs for these (batch, seqlen, heads, headdim) tensors: 'gluon-ws' (the
+    Gluon kernel of flash_attn_hopper.py, from hopper_gluon_min_keys keys where its scope holds),
+    or _flash_fwd_kernel with 'tma-host' (2D descriptors made here), 'tma-kernel' (per-head
+    descriptors made by each program) or 'pointer' (pointer tiles), by FwdConfig's rules."""
+    if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
+            and hopper_gluon_applies(q, k, v, out)):
+        return HOPPER_GLUON_PATH
+    if not config.tma or not tma_compatible(q, k, v, out):
+        return "pointer"
+    keys = k.shape[1] // 2 if causal else k.shape[1]
+    if (config.tma_host_min_keys <= keys < config.tma_host_below_keys
+            and _flat_view_is_exact(q, k, v, out, config)):
+        return "tma-host"
+    return "tma-kernel" if keys >= config.tma_min_keys else "pointer"
+
+
+def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
+    """Whether a (batch * seqlen, heads * headdim) 2D descriptor reads and writes exactly a
+    (batch, head)'s tiles: whole blocks (no tile runs into the next batch's rows), a head dim
+    with no padding columns (no tile runs into the next head's), heads side by side in a row
+    and batches back to back."""
+    headdim = q.shape[3]
+    if (headdim != padded_headdim(headdim) or q.shape[1] % config.block_m or k.shape[1] % config.block_n
+            or q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31):
+        return False
+    return all(t.stride(2) == headdim and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v, out))
+
+
+def hopper_gluon_applies(q, k, v, out) -> bool:
+    """The Gluon kernels' scope (kernels/flash_attn_hopper.py): query and key lengths equal and
+    whole blocks, head dim 64 or 128, fp16 or bf16, and each tensor an exact 2D view for its
+    descriptors (as the host-descriptor path needs, for the Gluon kernels' 128-row blocks).
+    `out` is the forward's output, or dO for the backward's dK/dV kernel."""
+    hopper = flash_attn_hopper
+    if gluon_unavailable:
+        return False
+    batch, seqlen, heads, headdim = q.shape
+    if not (q.shape == k.shape == v.shape == out.shape and headdim in hopper.HEAD_DIMS
+            and seqlen % hopper.BLOCK_M == 0 and batch * heads <= 65535  # the grid's y limit
+            and all(t.dtype == q.dtype for t in (k, v, out)) and q.dtype in (torch.float16, torch.bfloat16)):
+        return False
+    # rows that do not overlap (no broadcast K or V with stride 0): one descriptor row each
+    if any(t.stride(1) < heads * headdim for t in (q, k, v, out)):
+        return False
+    return tma_compatible(q, k, v, out) and _flat_view_is_exact(q, k, v, out, FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, 1))
+
+
+def flat_descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
+    batch, seqlen, heads, headdim = t.shape
+    return TensorDescriptor(t, [batch * seqlen, heads * headdim], [t.stride(1), 1], [block_rows, headdim])
+
+
+def tma_compatible(*tensors: torch.Tensor) -> bool:
+    """Whether TMA descriptors (either kind, see fwd_memory_path) can describe these (batch,
+    seqlen, heads, headdim) tensors: the copy engine needs 16-byte aligned addresses and row
+    strides, so the base pointer and every stride but the last (which must be 1) in bytes are
+    multiples of 16. Otherwise the forward uses pointer tiles (same results)."""
+    for t in tensors:
+        size = t.element_size()
+        strides = t.stride()
+        if strides[-1] != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in strides[:-1]):
+            return False
+    return True
+
+def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) -> bool:
+    """Whether the dK/dV kernel adds dQ into a float32 accumulator (atomics, run-to-run rounding
+    differences) instead of the dQ kernel writing it: where the config asks for it from this
+    many query rows and the caller does not ask for a deterministic backward."""
+    return bool(config.fused_dq_min_rows) and seqlen_q >= config.fused_dq_min_rows and not deterministic
+
+
+def bwd_dkdv_path(config: BwdConfig, q, k, v, do) -> str:
+    """Which kernel computes dK and dV for these tensors by the config's rule: 'gluon-ws'
+    (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds) or
+    'triton' (_flash_bwd_dkdv_kernel). flash_attn_backward takes 'gluon-ws' only on an sm_90
+    device."""
+    if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
+            and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0 and hopper_gluon_applies(q, k, v, do)):
+        return HOPPER_GLUON_PATH
+    return "triton"
+
+
+def bwd_gluon_fuses_dq(config: BwdConfig, headdim: int, deterministic: bool = False) -> bool:
+    """On the 'gluon-ws' path: whether the Gluon kernel adds dQ itself (TMA reduce-adds, the sum's
+    order varying between runs) instead of the dQ kernel writing it: where the config asks for it,
+    at head dim 128 (its two consumers split dQ's columns), unless a deterministic backward is
+    asked for."""
+    return config.hopper_gluon_fused_dq and headdim == 128 and not deterministic
+
+
+def bwd_uses_tma(config: BwdConfig, q, k, v, do) -> bool:
+    """Whether the backward streams its loop tiles through tensor descriptors: where the
+    config asks for it and the copy engine can address the tensors (tma_compatible)."""
+    return bool(config.tma) and tma_compatible(q, k, v, do)

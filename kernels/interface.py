@@ -1,0 +1,121 @@
+"""flash-attn's Python API over the Triton/Gluon kernels: drop-ins for `flash_attn.flash_attn_func`,
+the packed variants and the variable-length ones, with flash-attn 2.x argument names and
+semantics, so existing code switches by changing an import.
+
+Each call goes through kernels/ops.py: one opaque custom op under torch.compile and
+torch.export, a direct autograd.Function eagerly. Which kernel serves a call is decided in
+kernels/dispatch.py; the result is the same up to rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .checks import DENSE, Features, check_flag, check_scalars, softmax_scale_or_default, window_sides
+from .configs import BwdConfig, FwdConfig
+from .ops import attention
+
+
+def _features(q, causal, window_size, softcap, alibi_slopes, dropout_p, **varlen) -> Features:
+    left, right = window_sides(window_size, causal)
+    dropout_p, softcap = check_scalars(dropout_p, softcap)
+    if not varlen and left < 0 and (right < 0 or causal) and not softcap and alibi_slopes is None and not dropout_p:
+        return DENSE
+    rng_seed = None
+    if dropout_p:
+        # (seed, offset) from PyTorch's generator: torch.manual_seed reproduces a run; read in the kernel
+        rng_seed = torch.randint(0, 2**62, (2,), dtype=torch.int64, device=q.device)
+    return Features(left, -1 if causal else right, softcap, alibi_slopes, dropout_p, rng_seed, **varlen)
+
+
+def _returned(out, lse, features: Features, return_attn_probs: bool, q, k, v, softmax_scale, causal):
+    if not return_attn_probs:
+        return out
+    from .probs import attention_probs  # only for tests and inspection: flash-attn's S_dmask
+
+    return out, lse, attention_probs(q, k, v, lse, softmax_scale, causal, features)
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                    fwd_config: FwdConfig | None = None, bwd_config: BwdConfig | None = None):
+    """Drop-in for `flash_attn.flash_attn_func`.
+
+    q: (batch, seqlen_q, heads, headdim); k, v: (batch, seqlen_k, kv_heads, headdim) with kv_heads
+    dividing heads (GQA/MQA); float16, bfloat16 (or float32). Returns out (batch, seqlen_q, heads,
+    headdim), or with `return_attn_probs=True` the tuple (out, softmax_lse, S_dmask): softmax_lse
+    (batch, heads, seqlen_q) float32, S_dmask the attention probabilities with dropped entries
+    negated (flash-attn's testing output). Causal and sliding-window masks are aligned to the
+    bottom right. `deterministic=True` keeps the backward bit-identical between runs (where a
+    kernel would otherwise add dQ with atomics). `fwd_config`/`bwd_config` override the
+    block-size tables (benchmarks use them; results are identical up to rounding).
+    """
+    check_flag("causal", causal)
+    check_flag("deterministic", deterministic)
+    features = _features(q, causal, window_size, softcap, alibi_slopes, dropout_p)
+    scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
+    out, lse = attention(q, k, v, scale, causal, features, fwd_config, bwd_config, deterministic)
+    return _returned(out, lse, features, return_attn_probs, q, k, v, scale, causal)
+
+
+def _check_packed(name: str, t, dims: int, count: int, layout: str) -> None:
+    if not isinstance(t, torch.Tensor) or t.dim() != dims or t.shape[-3] != count:
+        shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a tensor of shape {layout}, got {shape}")
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Drop-in for `flash_attn.flash_attn_qkvpacked_func`: qkv (batch, seqlen, 3, heads, headdim)."""
+    _check_packed("qkv", qkv, 5, 3, "(batch, seqlen, 3, heads, headdim)")
+    return flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal,
+                           window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Drop-in for `flash_attn.flash_attn_kvpacked_func`: kv (batch, seqlen_k, 2, kv_heads, headdim)."""
+    _check_packed("kv", kv, 5, 2, "(batch, seqlen_k, 2, kv_heads, headdim)")
+    return flash_attn_func(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                           fwd_config: FwdConfig | None = None, bwd_config: BwdConfig | None = None):
+    """Drop-in for `flash_attn.flash_attn_varlen_func`: packed sequences without padding.
+
+    q: (total_q, heads, headdim), k and v: (total_k, kv_heads, headdim); sequence b holds rows
+    cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q (int32, (batch + 1,), starting at 0) and the
+    matching rows of k and v; max_seqlen_* bound the lengths. Each sequence attends only within
+    itself; causal is aligned to the bottom right of each sequence. Returns out (total_q, heads,
+    headdim) (and with `return_attn_probs`, softmax_lse (heads, total_q) and S_dmask).
+    """
+    check_flag("causal", causal)
+    check_flag("deterministic", deterministic)
+    features = _features(q, causal, window_size, softcap, alibi_slopes, dropout_p, cu_seqlens_q=cu_seqlens_q,
+                         cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
+    out, lse = attention(q, k, v, scale, causal, features, fwd_config, bwd_config, deterministic)
+    return _returned(out, lse, features, return_attn_probs, q, k, v, scale, causal)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """Drop-in for `flash_attn.flash_attn_varlen_qkvpacked_func`: qkv (total, 3, heads, headdim)."""
+    _check_packed("qkv", qkv, 4, 3, "(total_tokens, 3, heads, headdim)")
+    return flash_attn_varlen_func(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """Drop-in for `flash_attn.flash_attn_varlen_kvpacked_func`: kv (total_k, 2, kv_heads, headdim)."""
+    _check_packed("kv", kv, 4, 2, "(total_tokens, 2, kv_heads, headdim)")
+    return flash_attn_varlen_func(q, kv[:, 0], kv[:, 1], cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  deterministic, return_attn_probs)

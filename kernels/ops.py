@@ -1,0 +1,168 @@
+"""The kernels as PyTorch custom ops, so that torch.compile and torch.export see one opaque node.
+
+As flash-attn's own interface does (flash_attn_interface.py, 2.7+): `torch.library.custom_op`
+ops `fa2::fwd` and `fa2::bwd`, a fake (meta) implementation of each that allocates exactly what
+the real one returns after the same argument checks (kernels/checks.py), and autograd
+registered on `fa2::fwd` whose backward calls `fa2::bwd`. Block-size overrides travel as JSON
+strings (an op's schema takes no dataclasses).
+
+Eager calls skip the dispatcher's round trip (`FlashAttnFunc` calls the same implementations
+directly): host time is what short calls wait on. Under torch.compile and torch.export tracing
+(`tracing()`), the public functions call `torch.ops.fa2.*` instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+import torch
+from torch import Tensor
+
+from .backward import flash_attn_backward
+from .checks import DENSE, Features, check_call
+from .configs import BwdConfig, FwdConfig
+from .forward import flash_attn_forward
+
+
+def config_json(config: FwdConfig | BwdConfig | None) -> str:
+    """A config as the ops take it: '' for the default table."""
+    return "" if config is None else json.dumps(dataclasses.asdict(config))
+
+
+@functools.lru_cache(maxsize=64)
+def _fwd_config(text: str) -> FwdConfig | None:
+    return FwdConfig(**json.loads(text)) if text else None
+
+
+@functools.lru_cache(maxsize=64)
+def _bwd_config(text: str) -> BwdConfig | None:
+    return BwdConfig(**json.loads(text)) if text else None
+
+
+def tracing(t: Tensor) -> bool:
+    """Whether this call is being traced (torch.compile, torch.export, make_fx on fake tensors)."""
+    return torch.compiler.is_compiling() or isinstance(t, torch._subclasses.FakeTensor)
+
+
+def _features(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right, softcap,
+              alibi_slopes, dropout_p, rng_seed, causal) -> Features:
+    if causal:  # causal is the window's right side (0)
+        window_right = -1
+    if (cu_seqlens_q is None and window_left < 0 and window_right < 0 and not softcap and alibi_slopes is None
+            and not dropout_p):
+        return DENSE
+    return Features(window_left, window_right, softcap, alibi_slopes, dropout_p, rng_seed,
+                    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+def _lse_shape(q: Tensor, features: Features) -> tuple[int, ...]:
+    """(batch, heads, seqlen_q); packed varlen: (heads, total_q), flash-attn's layouts."""
+    if features.varlen:
+        return (q.shape[1], q.shape[0])
+    return (q.shape[0], q.shape[2], q.shape[1])
+
+
+@torch.library.custom_op("fa2::fwd", mutates_args=())
+def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
+        max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+        window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
+        rng_seed: Tensor | None, deterministic: bool, fwd_config: str, bwd_config: str) -> tuple[Tensor, Tensor]:
+    """Forward: (out like q, lse float32). `deterministic` and `bwd_config` are kept for the
+    backward that autograd registers below."""
+    features = _features(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                         softcap, alibi_slopes, dropout_p, rng_seed, causal)
+    check_call(q, k, v, causal, features)
+    return flash_attn_forward(q, k, v, softmax_scale, causal, _fwd_config(fwd_config), features)
+
+
+@fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+      window_right, softcap, alibi_slopes, dropout_p, rng_seed, deterministic, fwd_config, bwd_config):
+    features = _features(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                         softcap, alibi_slopes, dropout_p, rng_seed, causal)
+    check_call(q, k, v, causal, features)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty(_lse_shape(q, features), dtype=torch.float32)
+
+
+@torch.library.custom_op("fa2::bwd", mutates_args=())
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
+        cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+        window_left: int, window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
+        rng_seed: Tensor | None, deterministic: bool, bwd_config: str) -> tuple[Tensor, Tensor, Tensor]:
+    """Backward: (dq, dk, dv) like q, k, v."""
+    features = _features(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
+                         softcap, alibi_slopes, dropout_p, rng_seed, causal)
+    return flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, _bwd_config(bwd_config),
+                               deterministic, features)
+
+
+@bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      window_left, window_right, softcap, alibi_slopes, dropout_p, rng_seed, deterministic, bwd_config):
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+_BWD_INPUTS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal",
+               "window_left", "window_right", "softcap", "alibi_slopes", "dropout_p", "rng_seed", "deterministic")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, left, right, softcap, alibi, p, seed, det, _, bwd_cfg = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, alibi, seed)
+    ctx.scalars = (max_q, max_k, scale, causal, left, right, softcap, p, det, bwd_cfg)
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, dout, _dlse):
+    if dout is None:
+        return (None,) * 18
+    q, k, v, out, lse, cu_q, cu_k, alibi, seed = ctx.saved_tensors
+    max_q, max_k, scale, causal, left, right, softcap, p, det, bwd_cfg = ctx.scalars
+    dq, dk, dv = torch.ops.fa2.bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right,
+                                   softcap, alibi, p, seed, det, bwd_cfg)
+    return (dq, dk, dv) + (None,) * 15
+
+
+fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class FlashAttnFunc(torch.autograd.Function):
+    """Eager autograd over the same implementations as the ops (no dispatcher round trip)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, features, fwd_config, bwd_config, deterministic):
+        check_call(q, k, v, causal, features)
+        out, lse = flash_attn_forward(q, k, v, softmax_scale, causal, fwd_config, features)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.args = (softmax_scale, causal, bwd_config, deterministic, features)
+        ctx.mark_non_differentiable(lse)
+        # lse has no gradient: do not have autograd allocate and zero one for it per backward
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        if dout is None:  # an upstream node returned no gradient for out (none is materialised)
+            return (None,) * 9
+        q, k, v, out, lse = ctx.saved_tensors
+        softmax_scale, causal, bwd_config, deterministic, features = ctx.args
+        dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, bwd_config,
+                                         deterministic, features)
+        return (dq, dk, dv) + (None,) * 6
+
+
+def attention(q, k, v, softmax_scale: float, causal: bool, features: Features, fwd_config: FwdConfig | None,
+              bwd_config: BwdConfig | None, deterministic: bool) -> tuple[Tensor, Tensor]:
+    """(out, lse) with autograd: the op when traced, FlashAttnFunc when eager."""
+    if tracing(q):
+        f = features
+        return torch.ops.fa2.fwd(q, k, v, f.cu_seqlens_q, f.cu_seqlens_k, f.max_seqlen_q, f.max_seqlen_k,
+                                 softmax_scale, causal, f.window_left, f.window_right, f.softcap, f.alibi_slopes,
+                                 f.dropout_p, f.rng_seed, deterministic, config_json(fwd_config),
+                                 config_json(bwd_config))
+    return FlashAttnFunc.apply(q, k, v, softmax_scale, causal, features, fwd_config, bwd_config, deterministic)
