@@ -1,0 +1,326 @@
+"""Decoding with a KV cache (kernels/decode.py) against the float64 reference.
+
+The reference gathers each sequence's cache (pages in block-table order, or the row that
+cache_batch_idx names) into a contiguous tensor and calls `attention_reference` with
+per-sequence key lengths. Criterion as the dense kernel's tests: error at most twice the
+same-dtype PyTorch error plus a small epsilon. Cache slots past each sequence's length, and
+pages no sequence uses, hold NaN: a kernel reading them would show it. On CPU the kernels run
+in Triton's interpreter (fp16/fp32, tiny shapes); the `gpu` tests repeat the checks at real
+sizes in bf16/fp16.
+"""
+
+import math
+
+import pytest
+import torch
+
+from baselines.reference import attention_reference, attention_same_dtype
+from kernels import decode
+from kernels.decode import choose_num_splits, flash_attn_with_kvcache
+
+INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
+ABS_EPS = {torch.float16: 1e-3, torch.bfloat16: 4e-3, torch.float32: 1e-5}
+
+
+@pytest.fixture
+def poisoned_allocations(monkeypatch):
+    """Every buffer the op allocates (outputs, split partials) starts as NaN, so an element the
+    kernels fail to write shows up as NaN."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def empty_like(*args, **kwargs):
+        t = real_empty_like(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+def make_cache(batch, capacity, kv_heads, headdim, dtype, device, seqlens, page_size=0, spare_pages=2):
+    """Random caches holding `seqlens` (a list) keys per sequence, NaN everywhere else.
+
+    page_size 0: contiguous (batch, capacity, ...); else a pool of shuffled pages (plus
+    `spare_pages` unused, NaN) and the int32 block table."""
+    if page_size:
+        pages_per_seq = capacity // page_size
+        num_pages = batch * pages_per_seq + spare_pages
+        shape = (num_pages, page_size, kv_heads, headdim)
+        block_table = torch.randperm(num_pages, device=device)[:batch * pages_per_seq]
+        block_table = block_table.reshape(batch, pages_per_seq).to(torch.int32)
+    else:
+        shape, block_table = (batch, capacity, kv_heads, headdim), None
+    k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    for b, length in enumerate(seqlens):
+        for cache in (k_cache, v_cache):
+            fill_slots(cache, block_table, b, 0, torch.randn(length, kv_heads, headdim, dtype=dtype, device=device))
+    return k_cache, v_cache, block_table
+
+
+def slots(cache, block_table, b, start, count):
+    """(index tuple) of sequence b's cache rows start .. start + count - 1."""
+    positions = torch.arange(start, start + count, device=cache.device)
+    if block_table is None:
+        return (torch.full_like(positions, b), positions)
+    page_size = cache.shape[1]
+    return (block_table[b].long()[positions // page_size], positions % page_size)
+
+
+def fill_slots(cache, block_table, b, start, values):
+    cache[slots(cache, block_table, b, start, values.shape[0])] = values
+
+
+def gathered(cache, block_table, cache_batch_idx, batch):
+    """(batch, capacity, kv_heads, headdim): the cache as each sequence sees it."""
+    if block_table is not None:
+        return cache[block_table.long()].flatten(1, 2)
+    rows = torch.arange(batch, device=cache.device) if cache_batch_idx is None else cache_batch_idx.long()
+    return cache[rows]
+
+
+def decode_reference(q, k_cache, v_cache, seqlens_k, block_table=None, cache_batch_idx=None, **features):
+    """(out64, lse64, same-dtype out) of q over each sequence's first seqlens_k[b] keys."""
+    k, v = (gathered(c, block_table, cache_batch_idx, q.shape[0]) for c in (k_cache, v_cache))
+    out, lse = attention_reference(q, k, v, seqlens_k=seqlens_k.cpu(), **features)
+    same = []
+    for b, length in enumerate(seqlens_k.tolist()):
+        slopes = features.get("alibi_slopes")
+        per_seq = {**features, "alibi_slopes": slopes[b] if slopes is not None and slopes.dim() == 2 else slopes}
+        same.append(attention_same_dtype(q[b:b + 1], k[b:b + 1, :length], v[b:b + 1, :length], **per_seq))
+    return out, lse, torch.cat(same)
+
+
+def assert_matches(out, lse, ref_out, ref_lse, same):
+    assert not torch.isnan(out).any(), "out has NaN"
+    err = (out.double() - ref_out).abs().max().item()
+    yardstick = (same.double() - ref_out).abs().max().item()
+    bound = 2 * yardstick + ABS_EPS[out.dtype]
+    assert err <= bound, f"max error {err:.3e} > 2 x same-dtype error {yardstick:.3e} + eps"
+    assert lse.dtype == torch.float32 and lse.shape == ref_lse.shape
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), "rows without keys must have lse +inf"
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-3, rtol=1e-4)
+
+
+def rotary_reference(x, cos, sin, positions, interleaved):
+    """Float64 rotary embedding as complex multiplication: pair (a, b) -> (a + ib) e^(i theta)."""
+    half = cos.shape[1]
+    x64 = x.double()
+    rot = x64[..., :2 * half]
+    a, b = (rot[..., 0::2], rot[..., 1::2]) if interleaved else (rot[..., :half], rot[..., half:])
+    phase = torch.complex(cos.double()[positions], sin.double()[positions])[:, :, None, :]
+    turned = torch.complex(a, b) * phase
+    parts = (torch.stack((turned.real, turned.imag), -1).flatten(-2) if interleaved
+             else torch.cat((turned.real, turned.imag), -1))
+    return torch.cat((parts, x64[..., 2 * half:]), -1)
+
+
+def rotary_tables(seqlen_ro, rotary_dim, dtype, device):
+    angles = torch.rand(seqlen_ro, rotary_dim // 2, device=device, dtype=torch.float64) * 2 * math.pi
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def check_decode(batch, seqlen_q, heads, kv_heads, headdim, capacity, seqlens, dtype, device, page_size=0,
+                 num_splits=0, causal=False, **features):
+    k_cache, v_cache, block_table = make_cache(batch, capacity, kv_heads, headdim, dtype, device, seqlens,
+                                               page_size)
+    q = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype, device=device)
+    lengths = torch.tensor(seqlens, dtype=torch.int32, device=device)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, block_table=block_table,
+                                       causal=causal, num_splits=num_splits, return_softmax_lse=True, **features)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ref_out, ref_lse, same = decode_reference(q, k_cache, v_cache, lengths, block_table, causal=causal, **features)
+    assert_matches(out, lse, ref_out, ref_lse, same)
+    return out, lse
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (4, 1)])
+def test_ragged_lengths_match_reference_with_gqa(heads, kv_heads, dtype, device, poisoned_allocations):
+    check_decode(4, 1, heads, kv_heads, 32, 80, [0, 1, 37, 80], dtype, device, num_splits=3)
+
+
+@pytest.mark.parametrize("page_size", [16, 32])
+def test_paged_cache_matches_reference(page_size, device, poisoned_allocations):
+    check_decode(3, 1, 4, 2, 32, 64, [64, 0, 29], torch.float16, device, page_size=page_size, num_splits=2)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_several_query_tokens_causal_aligned_to_each_sequence_end(causal, device, poisoned_allocations):
+    # seqlen_q 3 > a length of 2: under causal that sequence's first row sees no key (zeros, lse +inf)
+    out, lse = check_decode(3, 3, 4, 2, 32, 48, [2, 48, 20], torch.float16, device, num_splits=2, causal=causal)
+    if causal:
+        assert torch.isinf(lse[0, :, 0]).all() and (out[0, 0] == 0).all()
+
+
+def test_splits_agree_with_one_split_to_fp32_rounding(device):
+    batch, heads, kv_heads, headdim, capacity = 2, 4, 2, 32, 112
+    k_cache, v_cache, _ = make_cache(batch, capacity, kv_heads, headdim, torch.float32, device, [112, 45])
+    q = torch.randn(batch, 1, heads, headdim, dtype=torch.float32, device=device)
+    lengths = torch.tensor([112, 45], dtype=torch.int32, device=device)
+    one, lse_one = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=1,
+                                           return_softmax_lse=True)
+    for splits in (2, 3, 7, 16):  # 7 key blocks of 16: 16 splits leave most of them empty
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=splits,
+                                           return_softmax_lse=True)
+        torch.testing.assert_close(out, one, atol=2e-6, rtol=1e-5, msg=f"num_splits={splits}")
+        torch.testing.assert_close(lse, lse_one, atol=2e-6, rtol=1e-6, msg=f"num_splits={splits}")
+
+
+def test_window_softcap_alibi_match_reference(device, poisoned_allocations):
+    slopes = torch.rand(3, 4, device=device, dtype=torch.float32) * 0.3
+    check_decode(3, 2, 4, 2, 32, 64, [64, 9, 40], torch.float16, device, num_splits=3,
+                 window_size=(20, 0), softcap=5.0, alibi_slopes=slopes)
+
+
+def test_cache_batch_idx_picks_cache_rows(device, poisoned_allocations):
+    lengths = [30, 50, 0, 12]
+    k_cache, v_cache, _ = make_cache(4, 64, 2, 32, torch.float16, device, lengths)
+    rows = torch.tensor([3, 0, 1], dtype=torch.int32, device=device)
+    seqlens = torch.tensor([lengths[r] for r in rows.tolist()], dtype=torch.int32, device=device)
+    q = torch.randn(3, 1, 4, 32, dtype=torch.float16, device=device)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=rows,
+                                       num_splits=2, return_softmax_lse=True)
+    assert_matches(out, lse, *decode_reference(q, k_cache, v_cache, seqlens, cache_batch_idx=rows))
+
+
+@pytest.mark.parametrize("page_size,interleaved,causal", [(0, True, True), (16, False, True), (16, True, False)])
+def test_append_then_attend_writes_only_the_new_slots(page_size, interleaved, causal, device):
+    batch, seqlen_new, heads, kv_heads, headdim, capacity = 3, 2, 4, 2, 32, 48
+    old = [5, 0, 46]  # the last sequence fills its cache exactly
+    dtype = torch.float16
+    k_cache, v_cache, block_table = make_cache(batch, capacity, kv_heads, headdim, dtype, device, old, page_size)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    q = torch.randn(batch, seqlen_new, heads, headdim, dtype=dtype, device=device)
+    k_new, v_new = (torch.randn(batch, seqlen_new, kv_heads, headdim, dtype=dtype, device=device) for _ in range(2))
+    cos, sin = rotary_tables(capacity, 16, dtype, device)  # rotary_dim 16 of headdim 32
+    lengths = torch.tensor(old, dtype=torch.int32, device=device)
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                       cache_seqlens=lengths, block_table=block_table, causal=causal,
+                                       rotary_interleaved=interleaved, num_splits=2, return_softmax_lse=True)
+    new_positions = lengths.long()[:, None] + torch.arange(seqlen_new, device=device)  # (B, S_new)
+    k_rotated = rotary_reference(k_new, cos, sin, new_positions, interleaved)
+    written = torch.zeros(k_cache.shape[:2], dtype=torch.bool, device=device)
+    for b in range(batch):
+        index = slots(k_cache, block_table, b, old[b], seqlen_new)
+        written[index] = True
+        torch.testing.assert_close(k_cache[index].double(), k_rotated[b], atol=2e-3, rtol=2e-3)
+        assert torch.equal(v_cache[index], v_new[b]), f"sequence {b}: v not appended as given"
+    untouched = ~written
+    assert torch.equal(k_cache[untouched].isnan(), before_k[untouched].isnan())
+    assert torch.equal(k_cache[untouched].nan_to_num(), before_k[untouched].nan_to_num()), "k_cache changed elsewhere"
+    assert torch.equal(v_cache[untouched].nan_to_num(), before_v[untouched].nan_to_num()), "v_cache changed elsewhere"
+
+    q_positions = new_positions if causal else lengths.long()[:, None].expand(batch, seqlen_new)
+    q_rotated = rotary_reference(q, cos, sin, q_positions, interleaved)
+    ref_out, ref_lse, same = decode_reference(q_rotated.to(dtype), k_cache, v_cache, lengths + seqlen_new,
+                                              block_table, causal=causal)
+    ref_out, ref_lse = attention_reference(q_rotated, gathered(k_cache, block_table, None, batch),
+                                           gathered(v_cache, block_table, None, batch),
+                                           seqlens_k=(lengths + seqlen_new).cpu(), causal=causal)
+    assert_matches(out, lse, ref_out, ref_lse, same)
+
+
+def test_lse_only_when_asked(device):
+    k_cache, v_cache, _ = make_cache(1, 32, 1, 16, torch.float32, device, [20])
+    q = torch.randn(1, 1, 2, 16, device=device)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=20, num_splits=1)
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape
+
+
+def test_heuristic_fills_the_gpu_at_batch_one():
+    # H200: 132 SMs; batch 1, 8 kv heads, one query tile, a 64k cache in blocks of 64
+    splits = choose_num_splits(1, 8, 1, 65536, 64, 132)
+    assert splits * 8 >= 132
+    assert choose_num_splits(64, 32, 1, 4096, 64, 132) == 1  # 2048 programs already
+    assert choose_num_splits(1, 8, 1, 256, 64, 132) == 1  # 4 key blocks: too few to split
+    assert choose_num_splits(1, 1, 1, 1 << 20, 64, 132) == decode.MAX_SPLITS
+
+
+def _bad_call(**overrides):
+    q = torch.randn(2, 1, 4, 16, dtype=torch.float16)
+    k_cache, v_cache, _ = make_cache(2, 32, 2, 16, torch.float16, "cpu", [32, 32])
+    args = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "cache_seqlens": torch.tensor([3, 7], dtype=torch.int32)}
+    args.update(overrides)
+    return args
+
+
+@pytest.mark.parametrize("overrides,error,match", [
+    ({"q": torch.randn(2, 1, 3, 16, dtype=torch.float16)}, ValueError, "kv heads"),
+    ({"q": torch.randn(2, 1, 4, 8, dtype=torch.float16)}, ValueError, "head dim"),
+    ({"q": torch.randn(3, 1, 4, 16, dtype=torch.float16)}, ValueError, "batch"),
+    ({"cache_seqlens": torch.tensor([3, 33], dtype=torch.int32)}, ValueError, "cache_seqlens"),
+    ({"cache_seqlens": torch.tensor([3, 7])}, TypeError, "cache_seqlens must be torch.int32"),
+    ({"cache_seqlens": 40}, ValueError, "cache_seqlens=40"),
+    ({"cache_batch_idx": torch.tensor([0, 2], dtype=torch.int32)}, ValueError, "cache_batch_idx"),
+    ({"cache_leftpad": torch.tensor([0, 0], dtype=torch.int32)}, NotImplementedError, "cache_leftpad"),
+    ({"window_size": (-2, 0)}, ValueError, "window_size"),
+    ({"num_splits": -1}, ValueError, "num_splits"),
+])
+def test_bad_input_is_refused_by_name(overrides, error, match):
+    with pytest.raises(error, match=match):
+        flash_attn_with_kvcache(**_bad_call(**overrides))
+
+
+def test_bad_block_tables_and_page_sizes_are_refused():
+    q = torch.randn(2, 1, 4, 16, dtype=torch.float16)
+    k_cache, v_cache, table = make_cache(2, 32, 2, 16, torch.float16, "cpu", [20, 32], page_size=16)
+    seqlens = torch.tensor([20, 32], dtype=torch.int32)
+    with pytest.raises(TypeError, match="block_table must be an int32"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table.long())
+    outside = table.clone()
+    outside[1, 1] = k_cache.shape[0]  # used by sequence 1's keys 16..31
+    with pytest.raises(ValueError, match="block_table entries"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=outside)
+    odd = torch.randn(8, 24, 2, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="page size"):
+        flash_attn_with_kvcache(q, odd, odd.clone(), cache_seqlens=seqlens, block_table=table)
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_append_past_the_end_is_refused_and_writes_nothing(page_size):
+    k_cache, v_cache, table = make_cache(2, 32, 2, 16, torch.float16, "cpu", [31, 4], page_size=page_size)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    q = torch.randn(2, 2, 4, 16, dtype=torch.float16)
+    k_new, v_new = (torch.randn(2, 2, 2, 16, dtype=torch.float16) for _ in range(2))
+    with pytest.raises(ValueError, match="appending 2 new keys"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, block_table=table,
+                                cache_seqlens=torch.tensor([31, 4], dtype=torch.int32))
+    for after, before in ((k_cache, before_k), (v_cache, before_v)):
+        assert torch.equal(after.nan_to_num(), before.nan_to_num()) and torch.equal(after.isnan(), before.isnan())
+
+
+def test_custom_ops_pass_opcheck(device):
+    k_cache, v_cache, table = make_cache(2, 32, 2, 16, torch.float16, device, [32, 32], page_size=16)
+    k_cache, v_cache = torch.randn_like(k_cache), torch.randn_like(v_cache)  # opcheck compares: no NaN
+    q = torch.randn(2, 1, 4, 16, dtype=torch.float16, device=device)
+    seqlens = torch.tensor([9, 17], dtype=torch.int32, device=device)
+    torch.library.opcheck(torch.ops.fa2.fwd_kvcache.default,
+                          (q, k_cache, v_cache, seqlens, None, table, None, 0.25, -1, 0, 0.0, 2))
+    k_new, v_new = (torch.randn(2, 1, 2, 16, dtype=torch.float16, device=device) for _ in range(2))
+    torch.library.opcheck(torch.ops.fa2.kvcache_append.default,
+                          (k_cache, v_cache, k_new, v_new, seqlens, None, table, None, None, True))
+
+
+def test_decode_step_compiles_fullgraph(device):
+    """A decode step (append, then attend) under torch.compile(fullgraph=True) equals eager."""
+    k_cache, v_cache, table = make_cache(2, 32, 2, 16, torch.float16, device, [32, 32], page_size=16)
+    k_cache, v_cache = torch.randn_like(k_cache), torch.randn_like(v_cache)
+    q = torch.randn(2, 1, 4, 16, dtype=torch.float16, device=device)
+    k_new, v_new = (torch.randn(2, 1, 2, 16, dtype=torch.float16, device=device) for _ in range(2))
+    seqlens = torch.tensor([9, 30], dtype=torch.int32, device=device)
+
+    def step(q, k_cache, v_cache, k, v, seqlens):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, block_table=table,
+                                       causal=True, num_splits=2)
+
+    eager_k, eager_v = k_cache.clone(), v_cache.clone()
+    expected = step(q, eager_k, eager_v, k_new, v_new, seqlens)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True)(q, k_cache, v_cache, k_new, v_new, seqlens)
+    assert torch.equal(got, expected)
+    assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v), "the compiled append differs"
