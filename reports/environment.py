@@ -1,7 +1,9 @@
 """The environment a measurement was taken in, stored beside every result row.
 
 `capture_environment()` gives the fields every row carries (gpu, driver, cuda, torch, triton,
-git_commit, timestamp) plus a GPU state snapshot read with nvidia-ml-py (NVML): SM and memory
+git_commit, timestamp), the versions of the optional peer packages (PEER_VERSION_COLUMNS:
+flash-attn-4, nvidia-cutlass-dsl, flashinfer-python, xformers; '' when not installed) plus a
+GPU state snapshot read with nvidia-ml-py (NVML): SM and memory
 clocks, temperature, power, the current clock-event (throttle) reasons and NVML's cumulative
 power/thermal violation counters. Take one snapshot before and one after a run:
 `throttle_warnings(before, after)` reads the counters' growth, which covers the whole run and
@@ -11,6 +13,7 @@ not only the instant of the snapshot. Without a GPU, gpu is 'cpu (Triton interpr
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import os
 import platform
 import re
@@ -22,6 +25,16 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 INTERPRETER_GPU = "cpu (Triton interpreter)"
 ENV_COLUMNS = ("gpu", "driver", "cuda", "torch", "triton", "git_commit", "timestamp")
+# The optional peers' distributions, by the column that records each one's version.
+PEER_PACKAGES = {
+    "flash_attn_4": "flash-attn-4",  # FA4 (flash_attn.cute)
+    "nvidia_cutlass_dsl": "nvidia-cutlass-dsl",  # the CuTe DSL that FA4 compiles with
+    "flashinfer": "flashinfer-python",
+    "xformers": "xformers",
+}
+PEER_VERSION_COLUMNS = tuple(PEER_PACKAGES)
+# Every environment field a result row can carry: ENV_COLUMNS, then the peers' versions.
+ROW_ENV_COLUMNS = (*ENV_COLUMNS, *PEER_VERSION_COLUMNS)
 # NVML clock-event reasons (nvmlClocksEventReason<X>, formerly nvmlClocksThrottleReason<X>) that
 # mean the clocks were lowered by heat or a power limit.
 THROTTLE_REASONS = {
@@ -35,6 +48,18 @@ THROTTLE_REASONS = {
 
 def _reason_bit(pynvml, reason: str) -> int:
     return getattr(pynvml, f"nvmlClocksEventReason{reason}", getattr(pynvml, f"nvmlClocksThrottleReason{reason}", 0))
+
+
+def peer_versions() -> dict[str, str]:
+    """{column: installed version} of PEER_PACKAGES, '' for one that is not installed. Read from
+    the installed distributions' metadata: no peer is imported."""
+    versions = {}
+    for column, distribution in PEER_PACKAGES.items():
+        try:
+            versions[column] = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            versions[column] = ""
+    return versions
 
 
 def git_commit(repo: Path = REPO_ROOT) -> str:
@@ -118,7 +143,8 @@ def gpu_state() -> dict:
 
 
 def capture_environment() -> dict:
-    """The row environment columns (ENV_COLUMNS), 'interpreter', and the GPU 'state' snapshot."""
+    """The row environment columns (ROW_ENV_COLUMNS: ENV_COLUMNS and the peers' versions),
+    'interpreter', 'python' and the GPU 'state' snapshot."""
     import triton
 
     has_cuda = torch.cuda.is_available()
@@ -131,6 +157,7 @@ def capture_environment() -> dict:
         "triton": triton.__version__,
         "git_commit": git_commit(),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **peer_versions(),
         "interpreter": not has_cuda,
         "python": platform.python_version(),
         "state": state,

@@ -1,23 +1,36 @@
 """The provider registry: names, availability reasons, and that the CPU-usable providers
-compute flash-attn's function (bottom-right causal) or refuse with a reason."""
+compute flash-attn's function (bottom-right causal) or refuse with a reason. The peers that
+need a GPU and a package (FA4, FlashInfer, xformers) are checked here through fake modules:
+their argument mapping and layouts, not their kernels (gpu_scripts run those)."""
 
 import json
 import math
+import re
 import sys
 
 import pytest
 import torch
 
 from baselines import providers as registry
-from baselines.providers import RUNG_NAMES, Spec, UnsupportedInput, get_provider, unavailable_reason
+from baselines.providers import (
+    RUNG_NAMES,
+    Spec,
+    UnsupportedInput,
+    builtin,
+    compiled,
+    get_provider,
+    rungs,
+    unavailable_reason,
+)
 from baselines.reference import attention_reference
 
 HAS_CUDA = torch.cuda.is_available()
-CONTRACT_NAMES = ("fa2", "pytorch", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "xformers-cutlass",
-                  "xformers-flash", "flash-attn", "flash-attn-3", "flex-attention", "fa1", *RUNG_NAMES)
+CONTRACT_NAMES = ("fa2", "pytorch", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math", "torch-compile",
+                  "flex-attention", "fa4", "flash-attn", "flash-attn-3", "flashinfer", "xformers-cutlass",
+                  "xformers-flash", "fa1", *RUNG_NAMES)
 CPU_PROVIDERS = ("fa2", "pytorch", "sdpa-math")
-CUDA_ONLY = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "xformers-cutlass", "xformers-flash", "flash-attn",
-             "flash-attn-3", "flash-attn-4", "flex-attention")
+CUDA_ONLY = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "torch-compile", "flex-attention", "fa4", "flash-attn",
+             "flash-attn-3", "flashinfer", "xformers-cutlass", "xformers-flash")
 
 
 def _inputs(seqlen_q, seqlen_k, device, dtype=torch.float16, seed=0):
@@ -40,10 +53,18 @@ def test_unknown_provider_error_names_it_and_lists_the_known_ones():
         get_provider("no-such-kernel")
 
 
-def test_every_provider_is_available_or_says_why():
+def assert_sentence(reason, who):
+    """A reason a reader can act on: one line of several words, not an empty or bare token."""
+    assert isinstance(reason, str), (who, reason)
+    assert "\n" not in reason and reason == reason.strip(), (who, reason)
+    assert len(reason.split()) >= 3 and len(reason) <= 400, (who, reason)
+
+
+def test_every_provider_is_available_or_says_why_in_a_sentence():
     for provider in registry.PROVIDERS.values():
         reason = unavailable_reason(provider)
-        assert reason is None or (isinstance(reason, str) and len(reason) > 5), provider.name
+        if reason is not None:
+            assert_sentence(reason, provider.name)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the availability seen without a GPU")
@@ -55,14 +76,14 @@ def test_without_cuda_only_interpreter_and_pytorch_providers_are_available():
 
 
 def test_rungs_are_unavailable_with_the_import_error_when_the_ladder_does_not_import(monkeypatch):
-    registry._ladder_rungs.cache_clear()
+    rungs.ladder_rungs.cache_clear()
     monkeypatch.setitem(sys.modules, "ablations.ladder", None)  # makes `import ablations.ladder` fail
     try:
         for name in ("fa1", *RUNG_NAMES):
             reason = unavailable_reason(get_provider(name))
             assert reason is not None and "ablations.ladder" in reason and "Error" in reason, (name, reason)
     finally:
-        registry._ladder_rungs.cache_clear()
+        rungs.ladder_rungs.cache_clear()
 
 
 def test_a_raising_availability_check_becomes_the_reason():
@@ -128,9 +149,9 @@ def test_fa2_config_is_the_json_of_its_kernel_config():
 def test_fa2_config_records_the_dkdv_kernel(seqlen, path, monkeypatch):
     """With the Hopper table, the row's config names the dK/dV kernel its rule picks at the
     paper's head-dim-128 shapes: the Gluon one from 1k keys."""
-    from kernels import flash_attn
+    from kernels import configs
 
-    monkeypatch.setattr(flash_attn, "default_bwd_config", lambda hdim, device: flash_attn.HOPPER_BWD_CONFIGS[hdim])
+    monkeypatch.setattr(configs, "default_bwd_config", lambda hdim, device: configs.HOPPER_BWD_CONFIGS[hdim])
     config = json.loads(get_provider("fa2").config(Spec("bwd", False, 128, seqlen, 16384 // seqlen, 16, "bf16")))
     assert config["bwd_dkdv_path"] == path
     assert config["bwd_fuses_dq"] == (path == "gluon-ws")  # the Gluon kernel adds dQ; the Triton table's does not
@@ -142,7 +163,7 @@ def test_fa2_config_records_the_forwards_memory_path(hdim, seqlen, path):
     """Host descriptors below 256 keys where whole blocks allow them (100 is not a multiple of
     32), in-kernel descriptors otherwise; 59-element fp16 rows are 118 bytes, not a multiple
     of 16: no TMA at all."""
-    from kernels.flash_attn import FwdConfig
+    from kernels import FwdConfig
 
     registry.override_fa2_fwd_config(FwdConfig(32, 32, 4, 1, tma=True, tma_min_keys=0, tma_host_min_keys=0,
                                                tma_host_below_keys=256))
@@ -158,29 +179,34 @@ def test_flex_attention_refuses_to_time_an_unfused_eager_fallback(device):
     forcing that fallback must raise instead of returning a number to time."""
     q, k, v = _inputs(24, 24, device, dtype=torch.float32, seed=5)
     with torch.compiler.set_stance("force_eager"), pytest.raises(RuntimeError, match="unfused"):
-        registry._flex_forward(q, k, v, True, 0.125)
+        compiled.flex_forward(q, k, v, True, 0.125)
+
+
+def test_torch_compile_refuses_to_time_an_eager_fallback(device):
+    """torch-compile must time Inductor's code: a call dynamo leaves eager raises instead."""
+    q, k, v = _inputs(24, 24, device, dtype=torch.float32, seed=6)
+    with torch.compiler.set_stance("force_eager"), pytest.raises(RuntimeError, match="unfused"):
+        compiled.torch_compile_forward(q, k, v, False, 0.125)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="needs a backend that refuses the input: SDPA efficient on CPU does")
 def test_a_backend_refusing_the_input_is_unsupported_with_sdpas_reason():
     q, k, v = _inputs(16, 16, "cpu", seed=7)
     with pytest.raises(UnsupportedInput, match="SDPA EFFICIENT_ATTENTION refuses this input: No viable backend"):
-        registry._sdpa_forward("EFFICIENT_ATTENTION")(q, k, v, False, 0.125)
+        builtin.sdpa_forward("EFFICIENT_ATTENTION")(q, k, v, False, 0.125)
 
 
 def test_kernel_regexes_select_the_project_kernels_by_name():
     """Nsight Compute selects kernels by these names: they must match the Triton kernels'."""
-    import re
-
-    from kernels import flash_attn, flash_attn_hopper
+    from kernels import backward, flash_attn_hopper, forward
 
     fa2 = get_provider("fa2")
-    assert re.search(fa2.kernel_regex, flash_attn._flash_fwd_kernel.fn.__name__)
+    assert re.search(fa2.kernel_regex, forward._flash_fwd_kernel.fn.__name__)
     assert re.search(fa2.kernel_regex, flash_attn_hopper._flash_fwd_hopper_kernel.fn.__name__)
-    assert not re.search(fa2.kernel_regex, flash_attn._flash_bwd_dkdv_kernel.fn.__name__)
-    assert re.search(fa2.bwd_kernel_regex, flash_attn._flash_bwd_dkdv_kernel.fn.__name__)
+    assert not re.search(fa2.kernel_regex, backward._flash_bwd_dkdv_kernel.fn.__name__)
+    assert re.search(fa2.bwd_kernel_regex, backward._flash_bwd_dkdv_kernel.fn.__name__)
     assert re.search(fa2.bwd_kernel_regex, flash_attn_hopper._flash_bwd_dkdv_hopper_kernel.fn.__name__)
-    assert not re.search(fa2.bwd_kernel_regex, flash_attn._flash_fwd_kernel.fn.__name__)
+    assert not re.search(fa2.bwd_kernel_regex, forward._flash_fwd_kernel.fn.__name__)
     assert not re.search(fa2.kernel_regex, flash_attn_hopper._flash_bwd_dkdv_hopper_kernel.fn.__name__)
 
 
