@@ -188,16 +188,15 @@ def test_cache_batch_idx_picks_cache_rows(device, poisoned_allocations):
     assert_matches(out, lse, *decode_reference(q, k_cache, v_cache, seqlens, cache_batch_idx=rows))
 
 
-@pytest.mark.parametrize("page_size,interleaved,causal", [(0, True, True), (16, False, True), (16, True, False)])
-def test_append_then_attend_writes_only_the_new_slots(page_size, interleaved, causal, device):
-    batch, seqlen_new, heads, kv_heads, headdim, capacity = 3, 2, 4, 2, 32, 48
-    old = [5, 0, 46]  # the last sequence fills its cache exactly
-    dtype = torch.float16
+def check_append(batch, seqlen_new, heads, kv_heads, headdim, capacity, old, dtype, device, page_size,
+                 interleaved, causal, rotary_dim=16):
+    """Append k/v (k rotated) at each sequence's end, then attend: the new slots hold the new
+    keys and values, every other cache element is unchanged, the output matches the reference."""
     k_cache, v_cache, block_table = make_cache(batch, capacity, kv_heads, headdim, dtype, device, old, page_size)
     before_k, before_v = k_cache.clone(), v_cache.clone()
     q = torch.randn(batch, seqlen_new, heads, headdim, dtype=dtype, device=device)
     k_new, v_new = (torch.randn(batch, seqlen_new, kv_heads, headdim, dtype=dtype, device=device) for _ in range(2))
-    cos, sin = rotary_tables(capacity, 16, dtype, device)  # rotary_dim 16 of headdim 32
+    cos, sin = rotary_tables(capacity, rotary_dim, dtype, device)
     lengths = torch.tensor(old, dtype=torch.int32, device=device)
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
                                        cache_seqlens=lengths, block_table=block_table, causal=causal,
@@ -217,12 +216,19 @@ def test_append_then_attend_writes_only_the_new_slots(page_size, interleaved, ca
 
     q_positions = new_positions if causal else lengths.long()[:, None].expand(batch, seqlen_new)
     q_rotated = rotary_reference(q, cos, sin, q_positions, interleaved)
-    ref_out, ref_lse, same = decode_reference(q_rotated.to(dtype), k_cache, v_cache, lengths + seqlen_new,
-                                              block_table, causal=causal)
+    # the reference attends with the float64 rotated q; the yardstick with it rounded to dtype
+    _, _, same = decode_reference(q_rotated.to(dtype), k_cache, v_cache, lengths + seqlen_new, block_table,
+                                  causal=causal)
     ref_out, ref_lse = attention_reference(q_rotated, gathered(k_cache, block_table, None, batch),
                                            gathered(v_cache, block_table, None, batch),
                                            seqlens_k=(lengths + seqlen_new).cpu(), causal=causal)
     assert_matches(out, lse, ref_out, ref_lse, same)
+
+
+@pytest.mark.parametrize("page_size,interleaved,causal", [(0, True, True), (16, False, True), (16, True, False)])
+def test_append_then_attend_writes_only_the_new_slots(page_size, interleaved, causal, device):
+    # the last sequence fills its cache exactly; rotary_dim 16 of headdim 32
+    check_append(3, 2, 4, 2, 32, 48, [5, 0, 46], torch.float16, device, page_size, interleaved, causal)
 
 
 def test_lse_only_when_asked(device):
@@ -306,13 +312,13 @@ def test_custom_ops_pass_opcheck(device):
                           (k_cache, v_cache, k_new, v_new, seqlens, None, table, None, None, True))
 
 
-def test_decode_step_compiles_fullgraph(device):
+def check_compiled_step(batch, heads, kv_heads, headdim, capacity, dtype, device):
     """A decode step (append, then attend) under torch.compile(fullgraph=True) equals eager."""
-    k_cache, v_cache, table = make_cache(2, 32, 2, 16, torch.float16, device, [32, 32], page_size=16)
-    k_cache, v_cache = torch.randn_like(k_cache), torch.randn_like(v_cache)
-    q = torch.randn(2, 1, 4, 16, dtype=torch.float16, device=device)
-    k_new, v_new = (torch.randn(2, 1, 2, 16, dtype=torch.float16, device=device) for _ in range(2))
-    seqlens = torch.tensor([9, 30], dtype=torch.int32, device=device)
+    k_cache, v_cache, table = make_cache(batch, capacity, kv_heads, headdim, dtype, device, [capacity] * batch,
+                                         page_size=16, spare_pages=0)  # no NaN: the caches are compared
+    q = torch.randn(batch, 1, heads, headdim, dtype=dtype, device=device)
+    k_new, v_new = (torch.randn(batch, 1, kv_heads, headdim, dtype=dtype, device=device) for _ in range(2))
+    seqlens = torch.randint(0, capacity, (batch,), dtype=torch.int32, device=device)
 
     def step(q, k_cache, v_cache, k, v, seqlens):
         return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, block_table=table,
@@ -324,3 +330,103 @@ def test_decode_step_compiles_fullgraph(device):
     got = torch.compile(step, fullgraph=True)(q, k_cache, v_cache, k_new, v_new, seqlens)
     assert torch.equal(got, expected)
     assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v), "the compiled append differs"
+
+
+def test_decode_step_compiles_fullgraph(device):
+    check_compiled_step(2, 4, 2, 16, 32, torch.float16, device)
+
+
+# ---- GPU: the same checks at real sizes, bf16 and fp16 ----
+
+GPU_DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("kv_heads", [8, 32])
+@pytest.mark.parametrize("page_size", [0, 16])
+@pytest.mark.parametrize("num_splits", [0, 1])
+def test_gpu_decode_matches_reference(dtype, kv_heads, page_size, num_splits):
+    seqlens = [4096, 0, 1, 1000, 2049, 3333]
+    check_decode(6, 1, 32, kv_heads, 128, 4096, seqlens, dtype, "cuda", page_size=page_size, num_splits=num_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_gpu_several_tokens_causal_window_softcap_alibi(dtype):
+    slopes = torch.rand(32, device="cuda", dtype=torch.float32) * 0.1
+    check_decode(4, 4, 32, 8, 128, 2048, [2048, 3, 700, 1500], dtype, "cuda", page_size=64, causal=True,
+                 window_size=(512, 0), softcap=30.0, alibi_slopes=slopes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+def test_gpu_batch_one_long_cache_splits_agree(dtype):
+    k_cache, v_cache, _ = make_cache(1, 65536, 8, 128, dtype, "cuda", [65536])
+    q = torch.randn(1, 1, 32, 128, dtype=dtype, device="cuda")
+    lengths = torch.tensor([65536], dtype=torch.int32, device="cuda")
+    one, lse_one = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=1,
+                                           return_softmax_lse=True)
+    split, lse_split = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                               return_softmax_lse=True)
+    assert_matches(split, lse_split, *decode_reference(q, k_cache, v_cache, lengths))
+    torch.testing.assert_close(lse_split, lse_one, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(split.float(), one.float(), atol=ABS_EPS[dtype], rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("page_size,interleaved,causal", [(0, True, True), (16, False, True), (256, True, False)])
+def test_gpu_append_then_attend(dtype, page_size, interleaved, causal):
+    check_append(4, 1, 32, 8, 128, 1024, [0, 511, 1023, 100], dtype, "cuda", page_size, interleaved, causal,
+                 rotary_dim=128)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_step_compiles_fullgraph():
+    check_compiled_step(4, 32, 8, 128, 512, torch.bfloat16, "cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_replays_new_lengths_and_appends():
+    """A captured decode step (append, attend) replayed with new lengths equals the eager call."""
+    batch, heads, kv_heads, headdim, capacity, dtype = 4, 32, 8, 128, 2048, torch.bfloat16
+    k_cache, v_cache, table = make_cache(batch, capacity, kv_heads, headdim, dtype, "cuda", [capacity] * batch,
+                                         page_size=16, spare_pages=0)
+    q = torch.randn(batch, 1, heads, headdim, dtype=dtype, device="cuda")
+    k_new, v_new = (torch.randn(batch, 1, kv_heads, headdim, dtype=dtype, device="cuda") for _ in range(2))
+    seqlens = torch.tensor([5, 100, 1500, 2000], dtype=torch.int32, device="cuda")
+
+    def step():
+        return flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                       block_table=table, causal=True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for lengths in ([0, 2046, 17, 999], [2047, 1, 640, 64]):
+        seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        k_new.copy_(torch.randn_like(k_new))
+        eager_k, eager_v = k_cache.clone(), v_cache.clone()
+        expected = flash_attn_with_kvcache(q, eager_k, eager_v, k_new, v_new, cache_seqlens=seqlens,
+                                           block_table=table, causal=True)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected), f"replay with lengths {lengths} differs from eager"
+        assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v)
+
+
+@pytest.mark.gpu
+def test_gpu_bad_block_table_entries_are_refused():
+    q = torch.randn(2, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+    k_cache, v_cache, table = make_cache(2, 256, 8, 128, torch.bfloat16, "cuda", [256, 100], page_size=16)
+    table[1, 3] = -1  # used by sequence 1's keys 48..63
+    with pytest.raises(ValueError, match="block_table entries"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, block_table=table,
+                                cache_seqlens=torch.tensor([256, 100], dtype=torch.int32, device="cuda"))
