@@ -1,0 +1,151 @@
+"""Host time against GPU time per attention call: ours and SDPA's backends, eager and compiled.
+
+A short attention call waits on Python, not on the GPU: at batch 1 and 1k keys the kernels take
+~0.1 ms while the host needs longer to issue them. This benchmark separates the two:
+
+* host_ms: wall time per call while the GPU is kept busy by a preceding `torch.cuda._sleep`, so
+  no call waits for the GPU (the queue never fills): what issuing one call costs the CPU;
+* gpu_ms: time per call replayed from a CUDA graph (`triton.testing.do_bench_cudagraph`), which
+  has no host work: what the kernels cost the GPU;
+* wall_ms: `triton.testing.do_bench` as every other table is timed: max(host, GPU), roughly.
+
+Modes: 'fwd' (one forward, no autograd graph) and 'fwd_bwd' (forward and `backward` of the
+output). 'compiled' rows time `torch.compile(fullgraph=True)` of the same function (compile
+time excluded). Rows are written as they are measured (CSV, one row per measurement, with the
+environment). Run on a GPU:
+
+    python -m harness.host_overhead --out reports/h200/host_overhead
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+COLUMNS = ("provider", "mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype", "compiled", "host_ms",
+           "gpu_ms", "wall_ms", "status", "reason")
+# (batch, heads, seqlen, headdim): small-batch shapes where host time matters, and the paper
+# sweep's 512 and 1k points (batch x seqlen = 16k tokens, heads x headdim = 2048)
+SHAPES = ((1, 16, 1024, 128), (1, 32, 512, 64), (4, 8, 1024, 64), (8, 16, 2048, 128),
+          (32, 16, 512, 128), (16, 16, 1024, 128), (32, 32, 512, 64), (16, 32, 1024, 64))
+SDPA_BACKENDS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}
+HOST_CALLS = 50  # calls per host-time measurement (issued behind one GPU sleep)
+
+
+def attention_fn(provider: str, causal: bool):
+    """(q, k, v) in flash-attn's layout (B, N, H, D) -> out, for one provider."""
+    if provider == "fa2":
+        import kernels
+
+        return lambda q, k, v: kernels.flash_attn_func(q, k, v, causal=causal)
+    backend = SDPA_BACKENDS[provider]
+
+    def sdpa(q, k, v):
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 is_causal=causal)
+        return out.transpose(1, 2)
+
+    return sdpa
+
+
+def call_fn(attention, mode: str, q, k, v, dout):
+    if mode == "fwd":
+        def fwd():
+            with torch.no_grad():
+                return attention(q, k, v)
+        return fwd
+
+    def fwd_bwd():
+        out = attention(q, k, v)
+        out.backward(dout)
+        return out
+
+    return fwd_bwd
+
+
+def host_ms(fn, calls: int = HOST_CALLS, repeats: int = 5) -> float:
+    """Median over `repeats` of the wall time per call with the GPU kept ahead by a sleep."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        torch.cuda._sleep(int(2e6 * calls))  # ~1 ms of GPU sleep per call (about 2 GHz): the GPU stays behind
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e3)
+        torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2]
+
+
+def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool) -> dict:
+    import triton.testing
+
+    batch, heads, seqlen, hdim = shape
+    row = {"provider": provider, "mode": mode, "causal": causal, "hdim": hdim, "seqlen": seqlen, "batch": batch,
+           "heads": heads, "dtype": str(dtype).removeprefix("torch."), "compiled": compiled,
+           "host_ms": float("nan"), "gpu_ms": float("nan"), "wall_ms": float("nan"), "status": "ok", "reason": ""}
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype, requires_grad=mode != "fwd")
+               for _ in range(3))
+    dout = torch.randn_like(q)
+    attention = attention_fn(provider, causal)
+    if compiled:
+        attention = torch.compile(attention, fullgraph=True)
+    fn = call_fn(attention, mode, q, k, v, dout)
+    try:
+        for _ in range(3):  # compile and warm up outside every timing
+            fn()
+        torch.cuda.synchronize()
+        row["host_ms"] = host_ms(fn)
+        row["wall_ms"] = triton.testing.do_bench(fn, grad_to_none=[q, k, v] if mode != "fwd" else None)
+    except Exception as exc:  # noqa: BLE001 -- a provider that cannot run this case is a row with its reason
+        row.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
+        return row
+    try:
+        row["gpu_ms"] = triton.testing.do_bench_cudagraph(fn)
+    except Exception as exc:  # noqa: BLE001 -- the row keeps host and wall time, says why no GPU time
+        row["reason"] = f"gpu_ms: CUDA-graph capture failed: {type(exc).__name__}: {exc}"[:300]
+    return row
+
+
+def main(argv=None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder for host_overhead.csv")
+    parser.add_argument("--providers", default="fa2,sdpa-flash,sdpa-cudnn", help="comma-separated")
+    parser.add_argument("--modes", default="fwd,fwd_bwd")
+    parser.add_argument("--no-compiled", action="store_true", help="eager rows only")
+    parser.add_argument("--quick", action="store_true", help="the first three shapes only")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU: host and GPU time per call are measured there")
+    from tqdm import tqdm
+
+    from reports.environment import capture_environment
+
+    env = capture_environment()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "host_overhead.csv"
+    shapes = SHAPES[:3] if args.quick else SHAPES
+    jobs = [(p, m, shape, c) for shape in shapes for m in args.modes.split(",") for p in args.providers.split(",")
+            for c in ((False,) if args.no_compiled else (False, True))]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS) + list(env))
+        writer.writeheader()
+        for provider, mode, shape, compiled in tqdm(jobs, desc="host overhead"):
+            row = measure(provider, mode, True, shape, torch.bfloat16, compiled)
+            writer.writerow({**row, **env})
+            f.flush()
+    return path
+
+
+if __name__ == "__main__":
+    print(main())
