@@ -25,7 +25,8 @@ def test_kernel_vs_fa2_cells_are_ratios_of_the_same_run():
 
 def test_utilisation_is_a_fraction_of_the_matmul_ceiling():
     table = embed.utilisation_table(_rows(), ceiling=660.0)
-    assert "| fwd | 128 | True | 50% | 45% | n/a |" in table  # seqlen 4096: 330/660, 300/660
+    # seqlen 4096, causal only: 330/660, 300/660, no cuDNN row; the non-causal cells are n/a
+    assert "| fwd | 128 | n/a | n/a | n/a | 50% | 45% | n/a |" in table
 
 
 def test_update_markdown_rewrites_marked_sections_and_is_idempotent(tmp_path, monkeypatch):
@@ -69,39 +70,6 @@ def test_anchor_table_counts_a_configuration_once_whatever_its_repeats():
     assert "| sdpa-flash | fwd | 1 | 1.05 | 1.05 | 1.05 | 0 |" in table  # the median repeat, 210/200
 
 
-def test_runs_ratio_table_has_one_column_per_run(tmp_path):
-    paths = []
-    for i, ours in enumerate([300.0, 360.0]):
-        path = tmp_path / f"run{i}.csv"
-        _rows().assign(status="ok", tflops=lambda r, ours=ours: r.tflops.where(
-            ~((r.provider == "fa2") & (r.seqlen == 2048)), ours)).to_csv(path, index=False)
-        paths.append((f"run{i}", path))
-    table = embed.runs_ratio_table(paths, (128,), (2048,))
-    assert "| mode | hdim | causal | seqlen | run0 | run1 |" in table
-    assert "| fwd | 128 | True | 2048 | 1.500x | 1.800x |" in table
-
-
-def test_targets_report_the_worst_ratio_and_the_verdict():
-    rows = _rows()  # fwd, hdim 128, causal: 1.50x official at 2k, 1.10x at 4k
-    table = embed.targets_table([rows])
-    assert "| fwd >= 1.3x official FA2, seqlen >= 2k | dtype bf16, hdim 128, causal True | 1.100x (seqlen 4096) | not met |" in table
-    better = rows.assign(tflops=[300.0, 200.0, 400.0, 400.0, 300.0])  # 1.33x at 4k
-    assert "1.333x (seqlen 4096) | met |" in embed.targets_table([better])
-
-
-def test_targets_check_the_ablation_settings():
-    base = {"mode": "fwd", "causal": True, "hdim": 128, "seqlen": 2048, "status": "ok"}
-    ablation = pd.DataFrame([
-        {**base, "setting": "A", "provider": "rung4-hopper", "tflops": 260.0},
-        {**base, "setting": "A", "provider": "sdpa-flash", "tflops": 200.0},
-        {**base, "setting": "B", "provider": "rung4-hopper", "tflops": 250.0},
-        {**base, "setting": "B", "provider": "sdpa-flash", "tflops": 200.0},
-    ])
-    table = embed.targets_table([_rows()], ablation)
-    assert "| ablation fwd >= 1.3x official FA2 | setting A | 1.300x | met |" in table
-    assert "| ablation fwd >= 1.3x official FA2 | setting B | 1.250x | not met |" in table
-
-
 def test_extract_kernel_vs_fa2_refuses_mixed_dtypes(tmp_path):
     from harness.results import COLUMNS
 
@@ -113,26 +81,36 @@ def test_extract_kernel_vs_fa2_refuses_mixed_dtypes(tmp_path):
         embed.extract_kernel_vs_fa2(path, tmp_path / "out.csv")
 
 
-def test_backward_parts_table_has_a_column_per_seqlen_and_causal_mode(tmp_path):
-    rows = [{"seqlen": n, "hdim": 256, "causal": c, "config": "cfg", "part": part, "ms": ms, "status": "ok"}
-            for n in (4096, 16384) for c in (False, True) for part, ms in ((None, n / 1000 + c), ("dq", 0.5))]
-    path = tmp_path / "exp_bwd.csv"
+def _decision(tmp_path, unit="ms"):
+    rows = [{"row": r, "column": c, "unit": unit, "value": v, "tool": "tools/x.py, bf16", "git_commit": "abc1234"}
+            for r, values in (("slow kernel", (2.0, 4.0)), ("fast kernel", (1.0, 3.0)))
+            for c, v in zip(("n1024 full", "n1024 causal"), values)]
+    path = tmp_path / "choice.csv"
     pd.DataFrame(rows).to_csv(path, index=False)
-    lines = embed.backward_parts_table(path).splitlines()
-    assert lines[0] == ("| config | kernels timed | ms, n4096 non-causal | ms, n4096 causal | ms, n16384 non-causal | "
-                        "ms, n16384 causal |")
-    assert lines[2] == "| cfg | all | 4.096 | 5.096 | 16.384 | 17.384 |"
-    assert lines[3] == "| cfg | dq | 0.500 | 0.500 | 0.500 | 0.500 |"
+    return path
 
 
-def test_host_time_table_shows_gpu_host_and_do_bench_per_provider(tmp_path):
-    rows = [{"seqlen": 512, "hdim": 128, "causal": True, "provider": p, "mode": m, "gpu_ms": g, "host_ms": h,
-             "do_bench_ms": d, "dtype": "fp16", "status": "ok"}
-            for p, g, h, d in (("fa2", 0.6, 0.8, 0.82), ("sdpa-flash", 0.7, 0.3, 0.71)) for m in ("fwd", "fwd_bwd")]
-    path = tmp_path / "host.csv"
-    pd.DataFrame(rows).to_csv(path, index=False)
-    lines = embed.host_time_table(path, ("fwd_bwd",)).splitlines()
-    assert lines[0].startswith("| seqlen | hdim | causal | mode | fa2 GPU | fa2 host | fa2 do_bench | sdpa-flash GPU")
-    assert lines[2] == "| 512 | 128 | True | fwd_bwd | 0.600 | 0.800 | 0.820 | 0.700 | 0.300 | 0.710 |"
-    assert len([line for line in lines if line.startswith("| 512")]) == 1
-    assert lines[-1].startswith("Milliseconds per call, fp16, paper shapes")
+def test_decision_table_keeps_file_order_and_computes_ratios_from_the_rows(tmp_path):
+    lines = embed.decision_table(_decision(tmp_path), (("speed-up", "slow kernel", "fast kernel"),)).splitlines()
+    assert lines[0] == "| ms | n1024 full | n1024 causal |"
+    assert lines[2] == "| slow kernel | 2.000 | 4.000 |"
+    assert lines[3] == "| fast kernel | 1.000 | 3.000 |"
+    assert lines[4] == "| **speed-up** | 2.00x | 1.33x |"
+    assert lines[-1] == "tools/x.py, bf16, at abc1234; rows: `reports/h200/decisions/choice.csv`."
+
+
+def test_decision_table_names_a_missing_ratio_row(tmp_path):
+    with pytest.raises(ValueError, match="no row 'nowhere'"):
+        embed.decision_table(_decision(tmp_path), (("speed-up", "nowhere", "fast kernel"),))
+
+
+def test_decision_table_refuses_an_unknown_unit(tmp_path):
+    with pytest.raises(ValueError, match="one unit"):
+        embed.decision_table(_decision(tmp_path, unit="furlongs"))
+
+
+def test_every_decision_section_renders_from_its_committed_rows():
+    for name in embed.DECISION_RATIOS:
+        table = embed.SECTIONS[name]()
+        assert f"rows: `reports/h200/decisions/{name}.csv`" in table
+        assert "nan" not in table

@@ -1,15 +1,15 @@
 """Compile the FA2 kernels for sm_90 on a machine without a GPU and read the compiler's report.
 
 Triton compiles for a named target without a device, and its package carries ptxas, so the
-questions METHOD.md says to answer before spending device time (does it compile, is wgmma
-there, how many registers, any spills) are answered here:
+questions to answer before running on a GPU (does it compile, is wgmma there, how many
+registers, any spills) are answered here:
 
     python tools/compile_check_sm90.py                  # the production table, hdim 64/128/256
     python tools/compile_check_sm90.py --hdim 256 --bwd 64,32,128,32,8,2
     python tools/compile_check_sm90.py --hopper-gluon     # the Gluon kernels (flash_attn_hopper.py)
 
 Prints one line per kernel (and per memory path the forward config can take): the block config,
-shared memory, registers and spill bytes.
+shared memory, registers and spill bytes; `--out FILE` writes the same lines to FILE.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import flash_attn as fa
+from kernels import BwdConfig, FwdConfig
+from kernels.backward import _flash_bwd_dkdv_kernel, _flash_bwd_dq_kernel
+from kernels.configs import HOPPER_BWD_CONFIGS, HOPPER_FWD_CONFIGS, padded_headdim
+from kernels.dispatch import FWD_MEMORY_PATHS
+from kernels.forward import _flash_fwd_kernel
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 TARGET = GPUTarget("cuda", 90, 32)
@@ -40,7 +44,7 @@ def signature(kernel, constexprs: dict, dtype: str) -> dict:
     (LSE and Delta float32), *scale float32, the rest int32; the forward's Q, K, V and Out are
     host-made 2D tensor descriptors on its TMA path 2."""
     host_blocks = {}
-    if constexprs.get("TMA") == fa.FWD_MEMORY_PATHS.index("tma-host"):
+    if constexprs.get("TMA") == FWD_MEMORY_PATHS.index("tma-host"):
         rows = {"Q": "BLOCK_M", "Out": "BLOCK_M", "K": "BLOCK_N", "V": "BLOCK_N"}
         host_blocks = {name: f"tensordesc<{dtype}[{constexprs[block]},{constexprs['BLOCK_D']}]>"
                        for name, block in rows.items()}
@@ -74,8 +78,8 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str
     ptx = compiled.asm["ptx"]
     mma = ("tma+" if "cp.async.bulk.tensor" in ptx else "") + ("wgmma" if "wgmma" in ptx else "mma.sync")
     mma += "+tma-reduce" if "cp.reduce.async.bulk.tensor" in ptx else ""  # the fused dQ's adds
-    path = f" {fa.FWD_MEMORY_PATHS[constexprs['TMA']]:10s}" if kernel is fa._flash_fwd_kernel else ""
-    if kernel is fa._flash_bwd_dkdv_kernel:
+    path = f" {FWD_MEMORY_PATHS[constexprs['TMA']]:10s}" if kernel is _flash_fwd_kernel else ""
+    if kernel is _flash_bwd_dkdv_kernel:
         path = f" {'fused dQ' if constexprs['FUSED_DQ'] else 'dK/dV only':10s}"
     return (f"{kernel.fn.__name__:24s}{path} M{constexprs['BLOCK_M']:<4d} N{constexprs['BLOCK_N']:<4d} "
             f"w{num_warps} s{num_stages}  {mma:16s} smem {compiled.metadata.shared:6d} B  "
@@ -160,38 +164,52 @@ def main() -> None:
     parser.add_argument("--hopper-gluon", action="store_true",
                         help="compile the Gluon kernels (kernels/flash_attn_hopper.py: the forward, the "
                              "dK/dV kernel) instead")
+    parser.add_argument("--out", type=Path, metavar="FILE", help="also write the report to this file")
     args = parser.parse_args()
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
     if args.hopper_gluon:
         from kernels import flash_attn_hopper as hopper
 
         for report_fn in (hopper_gluon_report, hopper_gluon_bwd_report):
             for headdim in hopper.HEAD_DIMS:
                 for causal in (False, True):
-                    print(report_fn(causal, headdim=headdim))
+                    emit(report_fn(causal, headdim=headdim))
         for causal in (False, True):
-            print(hopper_gluon_bwd_report(causal, headdim=128, fused_dq=True))
-        return
+            emit(hopper_gluon_bwd_report(causal, headdim=128, fused_dq=True))
+    else:
+        production_report(args, emit)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+
+
+def production_report(args, emit) -> None:
+    """The Triton kernels of one (head dim, causal) config each: every forward memory path, dK/dV, dQ."""
     for hdim in args.hdim:
-        block_d = fa.padded_headdim(hdim)
-        fwd = (fa.FwdConfig(*(int(x) for x in args.fwd.split(","))) if args.fwd
-               else fa.HOPPER_FWD_CONFIGS[(block_d, args.causal)])
-        bwd = (fa.BwdConfig(*map(int, args.bwd.split(","))) if args.bwd else fa.HOPPER_BWD_CONFIGS[block_d])
+        block_d = padded_headdim(hdim)
+        fwd = (FwdConfig(*(int(x) for x in args.fwd.split(","))) if args.fwd
+               else HOPPER_FWD_CONFIGS[(block_d, args.causal)])
+        bwd = (BwdConfig(*map(int, args.bwd.split(","))) if args.bwd else HOPPER_BWD_CONFIGS[block_d])
         common = {"HEAD_DIM": hdim, "BLOCK_D": block_d, "CAUSAL": args.causal, "EVEN_M": True}
-        print(f"head dim {hdim}:")
+        emit(f"head dim {hdim}:")
         # every memory path the config can take (fwd_memory_path picks one per launch)
         paths = ["pointer"] + (["tma-kernel"] if fwd.tma else [])
         paths += ["tma-host"] if fwd.tma and fwd.tma_host_below_keys else []
         for path in paths:
-            print("  " + report(fa._flash_fwd_kernel, dict(common, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
-                                                        TMA=fa.FWD_MEMORY_PATHS.index(path)),
+            emit("  " + report(_flash_fwd_kernel, dict(common, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
+                                                        TMA=FWD_MEMORY_PATHS.index(path)),
                                 fwd.num_warps, fwd.num_stages))
         # the dK/dV kernel alone, and with dQ fused (TMA reduce-adds) where the config fuses it
         for fused in (0, 2) if bwd.fused_dq_min_rows else (0,):
-            print("  " + report(fa._flash_bwd_dkdv_kernel,
+            emit("  " + report(_flash_bwd_dkdv_kernel,
                                 dict(common, BLOCK_M=bwd.block_m1, BLOCK_N=bwd.block_n1, EVEN_N=True,
                                      QUERY_MAJOR=bwd.query_major, TMA=bwd.tma, FUSED_DQ=fused),
                                 bwd.num_warps, bwd.num_stages))
-        print("  " + report(fa._flash_bwd_dq_kernel, dict(common, BLOCK_M=bwd.block_m2, BLOCK_N=bwd.block_n2,
+        emit("  " + report(_flash_bwd_dq_kernel, dict(common, BLOCK_M=bwd.block_m2, BLOCK_N=bwd.block_n2,
                                                        TMA=bwd.tma),
                             bwd.dq_warps, bwd.dq_stages))
 

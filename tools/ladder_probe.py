@@ -1,15 +1,15 @@
 """Probe the ablation ladder (kernels/fa_ladder.py) on a GPU: is each rung right, does its
 generated code do what its name says, and how fast is it in the paper's two settings.
 
-    PYTHONUNBUFFERED=1 python3 tools/ladder_probe.py 2>&1 | tee $OUT/probe.log
+    PYTHONUNBUFFERED=1 python3 tools/ladder_probe.py --out probe 2>&1 | tee probe.log
     python3 tools/ladder_probe.py --compile-only   # no GPU needed: compile for sm_90, print code facts
 
-Sections, in this order (each row is written to $OUT, or ., as soon as it exists):
+Sections, in this order (each row is written to the `--out` folder as soon as it exists):
 1. code facts per rung (probe_code.csv): the mma layouts of the compiled kernel's TTGIR
    (versionMajor 2 = mma.sync, 3 = wgmma; warpsPerCTA [1, W] = warps split the keys,
    [W, 1] = the query rows), shared-memory allocations in TTGIR, registers, spills, and
    instruction counts in the SASS (static counts in the binary, not executed counts: those
-   are the counters issue's). `--compile-only` compiles the same launches for sm_90 on a
+   come from Nsight Compute, `runner.py --ablation all --ncu`). `--compile-only` compiles the same launches for sm_90 on a
    machine without a GPU (registers and spills then come from `cuobjdump -res-usage`).
 2. timings (probe_timings.csv): settings A (batch 8) and B (batch 1), fp16, causal, head dim
    128, seqlen 2048, 16 heads, `triton.testing.do_bench` median and p20/p80, rungs 0-4 next to
@@ -46,6 +46,7 @@ from ablations.ladder import RUNGS
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import fa_ladder
+from kernels.configs import default_fwd_config
 from kernels.fa_ladder import (
     LADDER,
     FwdConfig,
@@ -54,7 +55,7 @@ from kernels.fa_ladder import (
     plan_ladder_forward,
     warp_split,
 )
-from kernels.flash_attn import _flash_fwd_kernel, default_fwd_config, flash_attn_forward
+from kernels.forward import _flash_fwd_kernel, flash_attn_forward
 
 SETTINGS = {"A": 8, "B": 1}  # batch; 16 heads, head dim 128, seqlen 2048, fp16, causal, forward
 HEADS, HDIM, SEQLEN = 16, 128, 2048
@@ -423,6 +424,7 @@ def summary(timings: list, checks: list, code: list, overhead: list) -> None:
 
 
 def main() -> None:
+    global OUT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compile-only", action="store_true",
                         help="no GPU: compile every rung for sm_90 and write probe_code_sm90_cpu.csv")
@@ -430,7 +432,10 @@ def main() -> None:
                         help="stop starting new work after this many seconds (default 270)")
     parser.add_argument("--skip", nargs="*", default=[],
                         choices=["timings", "correctness", "candidates", "overhead"])
+    parser.add_argument("--out", type=Path, default=OUT,
+                        help="folder for the rows (default: $OUT, else the current folder)")
     args = parser.parse_args()
+    OUT = args.out
     OUT.mkdir(parents=True, exist_ok=True)
     if args.compile_only:
         compile_only()

@@ -1,5 +1,5 @@
 """Merge the rows of several runner output folders into one, for a report from runs that each
-measured part of a sweep (e.g. a device call cut short by its time limit).
+measured part of a sweep (e.g. a GPU job cut short by its time limit).
 
 Sources are read in order and a later row replaces an earlier one with the same key
 (provider, setting, mode, causal, hdim, seqlen, batch, heads, dtype, repeat); `--where` keeps

@@ -1,9 +1,9 @@
-"""Pick the FA2 kernel's block-size table on the GPU (kernels/flash_attn.py, HOPPER_*_CONFIGS).
+"""Pick the FA2 kernel's block-size table on the GPU (kernels/configs.py, HOPPER_*_CONFIGS).
 
 Times a small set of candidate configs per (head dim, causal) in the paper's setup
 (hidden 2048, batch = 16384 / seqlen) next to SDPA flash (the official FA2 CUDA kernel) and
 SDPA cuDNN in the same process, checks each candidate's output against the float64
-reference first, and writes every row to $OUT/tune_fa2.csv (or ./tune_fa2.csv).
+reference first, and writes every row to OUT/tune_fa2.csv (`--out`).
 
     python tools/tune_fa2.py --seqlens 4096 16384 --hdims 64 128 256 --fwd-configs 128,128,8,3,1 128,64,8,3,1
 """
@@ -25,12 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.reference import attention_reference
 from harness.timing import benchmark
-from kernels.flash_attn import (
-    BwdConfig,
-    FwdConfig,
-    flash_attn_backward,
-    flash_attn_forward,
-)
+from kernels import BwdConfig, FwdConfig
+from kernels.backward import flash_attn_backward
+from kernels.forward import flash_attn_forward
 
 FWD_CANDIDATES = [
     FwdConfig(128, 64, 8, 3), FwdConfig(128, 128, 8, 3), FwdConfig(128, 64, 4, 3),
@@ -93,13 +90,16 @@ def main() -> None:
                              "key counts as in FwdConfig)")
     parser.add_argument("--bwd-configs", nargs="+", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA]",
                         help="backward candidates to time instead of the built-in list")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")),
+                        help="folder for the rows (default: $OUT, else the current folder)")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     bwd_candidates = ([BwdConfig(*map(int, text.split(","))) for text in args.bwd_configs]
                       if args.bwd_configs else BWD_CANDIDATES)
     fwd_candidates = ([FwdConfig(*(int(x) for x in text.split(","))) for text in args.fwd_configs]
                       if args.fwd_configs else FWD_CANDIDATES)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    record = CsvRows(Path(os.environ.get("OUT", ".")) / "tune_fa2.csv", lambda row: (
+    record = CsvRows(args.out / "tune_fa2.csv", lambda row: (
         f"{row['kind']:4s} s{row['seqlen']:<5d} d{row['hdim']:<3d} causal={row['causal']!s:5s} {row['config']:<48s} "
         f"{row.get('tflops', float('nan')):7.1f} TFLOPs/s {row.get('status', '')}"))
 

@@ -14,20 +14,19 @@ kernel) at the paper shapes of `--seqlens`. Gluon kernels that deadlock hang the
 `--time` times, per (head dim, seqlen, causal), in one process:
 - the dK/dV kernels alone: Triton (the table's config) and Gluon (each `--stages`);
 - whole backwards:
-  - `fa2 backward`: flash_attn_backward as committed at the commit that runs (since d1d3766, the
-    fused Gluon backward at head dim 128, from 2k keys until v8 and from 1k since);
+  - `fa2 backward`: flash_attn_backward as the checkout has it (at head dim 128 from
+    1k keys: the Gluon kernel adding dQ);
   - `fa2 backward, gluon dkdv`: the preprocessing, Gluon dK/dV and Triton dQ kernels;
   - `gluon fused dQ`: zeroing a float32 accumulator, the preprocessing, the Gluon kernel with dQ
     fused, the cast;
   - SDPA flash and SDPA cuDNN (TFLOPs/s by the paper's count, `baselines/flops.py`);
 - and the fused kernel alone.
 The fused variants run at head dim 128 only (the two consumers split its columns of dQ).
-Rows go to $OUT/exp_bwd_gluon.csv as they are measured.
+Rows go to OUT/exp_bwd_gluon_<dtype>.csv (`--out`) as they are measured.
 
-At fc1794e the fused variant added dQ with element-wise float32 atomics (`git show
-fc1794e:kernels/flash_attn_hopper.py`, rows in reports/h200/tuning/exp_bwd_gluon_fc1794e/): 1.2-1.5x
-slower than the two-kernel backward. Since then it adds dQ with one TMA reduce-add per consumer and
-step (FlashAttention-3's scheme).
+The fused kernel adds dQ with one TMA reduce-add per consumer and step (FlashAttention-3's
+scheme). An earlier form with element-wise float32 atomics, slower than two kernels, is at
+`git show fc1794e:kernels/flash_attn_hopper.py` (docs/performance.md, "Tried").
 """
 from __future__ import annotations
 
@@ -50,13 +49,15 @@ from tune_fa2 import SDPA_PEERS, CsvRows, bench, sdpa_ms
 
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.reference import attention_reference
-from kernels import flash_attn as fa
 from kernels import flash_attn_hopper as hopper
+from kernels.backward import flash_attn_backward
+from kernels.configs import HOPPER_BWD_CONFIGS, default_bwd_config
+from kernels.forward import flash_attn_forward
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # the Triton backward (dK/dV and dQ kernels) as the reference the Gluon kernel is compared with: the
-# table's own config takes the Gluon kernel at head dim 128 since 3506551 (from 2k keys; from 1k since v8)
-TRITON_BWD = {hdim: dataclasses.replace(fa.HOPPER_BWD_CONFIGS[hdim], hopper_gluon_min_keys=0) for hdim in (64, 128)}
+# table's own config takes the Gluon kernel at head dim 128 from 1k keys
+TRITON_BWD = {hdim: dataclasses.replace(HOPPER_BWD_CONFIGS[hdim], hopper_gluon_min_keys=0) for hdim in (64, 128)}
 
 
 def inputs(batch, seqlen, heads, hdim, dtype, seed=0):
@@ -69,7 +70,7 @@ def preprocess(q, k, v, do, out):
     exp_bwd.backward launches it."""
     batch, seqlen, heads, _ = q.shape
     delta = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
-    cfg = fa.default_bwd_config(q.shape[3], q.device)
+    cfg = default_bwd_config(q.shape[3], q.device)
     triton_backward_parts(cfg, do, q, k, v, out, None, None, False, ("pre",), (None, None, None, delta))
     return delta
 
@@ -93,7 +94,7 @@ def gluon_fused_backward(q, k, v, do, out, lse, scale, causal, stages, bufs):
 def gluon_backward(q, k, v, do, out, lse, scale, causal, stages, bufs):
     """The production backward with the Gluon dK/dV kernel: preprocess, Gluon dK/dV, Triton dQ."""
     dq, dk, dv, delta = bufs
-    cfg = fa.default_bwd_config(q.shape[3], q.device)
+    cfg = default_bwd_config(q.shape[3], q.device)
     triton_backward_parts(cfg, do, q, k, v, out, lse, scale, causal, ("pre",), bufs)
     hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale, causal, stages=stages)
     triton_backward_parts(cfg, do, q, k, v, out, lse, scale, causal, ("dq",), bufs)
@@ -112,7 +113,7 @@ def check(args, record):
                 base = {"check": "float64", "hdim": hdim, "causal": causal, "stages": stages, "seqlen": 1024}
                 q, k, v, do = inputs(2, 1024, 4, hdim, dtype, seed=hdim + causal)
                 scale = hdim ** -0.5
-                out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
+                out, lse = flash_attn_forward(q, k, v, scale, causal)
                 delta = preprocess(q, k, v, do, out)
                 dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
                 gluon_dkdv(q, k, v, do, lse, delta, scale, causal, stages, (dk, dv))
@@ -121,7 +122,7 @@ def check(args, record):
                 q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
                 ref_out, _ = attention_reference(q64, k64, v64, scale, causal)
                 ref_out.backward(do.double())
-                _, prod_dk, prod_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, TRITON_BWD[hdim],
+                _, prod_dk, prod_dv = flash_attn_backward(do, q, k, v, out, lse, scale, causal, TRITON_BWD[hdim],
                                                              deterministic=True)
                 errs = {"dk": rel_err(dk, k64.grad), "dv": rel_err(dv, v64.grad),
                         "prod_dk": rel_err(prod_dk, k64.grad), "prod_dv": rel_err(prod_dv, v64.grad)}
@@ -132,7 +133,7 @@ def check(args, record):
                     continue
                 dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
                 gluon_fused_backward(q, k, v, do, out, lse, scale, causal, stages, (dq, dk, dv, None))
-                prod_dq = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal, TRITON_BWD[hdim],
+                prod_dq = flash_attn_backward(do, q, k, v, out, lse, scale, causal, TRITON_BWD[hdim],
                                                  deterministic=True)[0]
                 errs = {"dq": rel_err(dq, q64.grad), "dk": rel_err(dk, k64.grad), "dv": rel_err(dv, v64.grad),
                         "prod_dq": rel_err(prod_dq, q64.grad), "prod_dk": errs["prod_dk"], "prod_dv": errs["prod_dv"]}
@@ -144,9 +145,9 @@ def check(args, record):
             for causal in (False, True):
                 q, k, v, do = inputs(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype)
                 scale = hdim ** -0.5
-                out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
+                out, lse = flash_attn_forward(q, k, v, scale, causal)
                 delta = preprocess(q, k, v, do, out)
-                want_dq, want_dk, want_dv = fa.flash_attn_backward(do, q, k, v, out, lse, scale, causal,
+                want_dq, want_dk, want_dv = flash_attn_backward(do, q, k, v, out, lse, scale, causal,
                                                                    TRITON_BWD[hdim], deterministic=True)
                 for stages in args.stages:
                     dk, dv = (torch.full_like(t, float("nan")) for t in (k, v))
@@ -173,11 +174,11 @@ def time(args, record):
             batch, heads = 16384 // seqlen, 2048 // hdim
             q, k, v, do = inputs(batch, seqlen, heads, hdim, dtype)
             scale = hdim ** -0.5
-            cfg = fa.default_bwd_config(hdim, q.device)
+            cfg = default_bwd_config(hdim, q.device)
             for causal in (False, True):
                 flops = attention_flops(batch, heads, seqlen, seqlen, hdim, causal, "bwd")
                 base = {"dtype": args.dtype, "hdim": hdim, "seqlen": seqlen, "causal": causal}
-                out, lse = fa.flash_attn_forward(q, k, v, scale, causal)
+                out, lse = flash_attn_forward(q, k, v, scale, causal)
                 bufs = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), preprocess(q, k, v, do, out))
                 ms = bench(partial(triton_backward_parts, cfg, do, q, k, v, out, lse, scale, causal, ("dkdv",), bufs))
                 record(**base, provider="triton dkdv", ms=ms)
@@ -190,7 +191,7 @@ def time(args, record):
                         record(**base, provider=name, ms=ms, tflops=tflops_per_second(flops, ms))
                     except Exception as exc:  # noqa: BLE001 -- a peer that cannot run this shape is a row
                         record(**base, provider=name, status=f"error: {exc}"[:200])
-                ms = bench(partial(fa.flash_attn_backward, do, q, k, v, out, lse, scale, causal))
+                ms = bench(partial(flash_attn_backward, do, q, k, v, out, lse, scale, causal))
                 record(**base, provider="fa2 backward", ms=ms, tflops=tflops_per_second(flops, ms))
                 for stages in args.stages:
                     ms = bench(partial(gluon_backward, q, k, v, do, out, lse, scale, causal, stages, bufs))
@@ -217,8 +218,11 @@ def main():
     ap.add_argument("--hdims", type=int, nargs="+", default=list(hopper.HEAD_DIMS))
     ap.add_argument("--seqlens", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--stages", type=int, nargs="+", default=[hopper.BWD_STAGES])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")),
+                    help="folder for the rows (default: $OUT, else the current folder)")
     args = ap.parse_args()
-    out_dir = Path(os.environ.get("OUT", "."))
+    args.out.mkdir(parents=True, exist_ok=True)
+    out_dir = args.out
     if args.check:
         record = CsvRows(out_dir / f"exp_bwd_gluon_check_{args.dtype}.csv", lambda r: (
             f"{r['check']:10s} d{r['hdim']:<3d} s{r['seqlen']:<5d} c={r['causal']!s:5s} stages {r['stages']}  "

@@ -1,6 +1,6 @@
 """Two Hopper forwards written in Gluon (Triton's lower-level language), against Triton 3.6's
 `tl.dot` forward, which waits for every wgmma group at once and keeps its warps in lockstep
-(perf_notes "Why the forward stays below 0.9x cuDNN at 4k"):
+(docs/performance.md, "Gluon forward with FlashAttention-3's warp layout"):
 
 - one partition (`_gluon_fwd_kernel` below, 8 warps): FA3's Algorithm 2 order in each warpgroup,
 
@@ -289,8 +289,8 @@ def check(dtype_name: str, variants: tuple[str, ...] = ("ws", "one")) -> None:
 
 def load_previous_forward(path: Path):
     """A previous version of kernels/flash_attn_hopper.py (e.g. `git show fd7e67e:kernels/flash_attn_hopper.py
-    > results/v5_flash_attn_hopper.py`, carried to the device), called through its own launcher
-    (`flash_attn_forward_hopper`, at its own STAGES: 3 in v5), for a same-run A/B. It is imported
+    > previous_flash_attn_hopper.py`), called through its own launcher
+    (`flash_attn_forward_hopper`, at its own STAGES), for a same-run A/B. It is imported
     from the file, so its kernel compiles as it was then."""
     import importlib.util
 
@@ -323,7 +323,8 @@ def time_all(dtype_name: str, out_csv: Path, previous: Path | None = None,
     from baselines.flops import attention_flops, tflops_per_second
     from baselines.providers import get_provider
     from harness.timing import benchmark
-    from kernels.flash_attn import default_fwd_config, flash_attn_forward
+    from kernels.configs import default_fwd_config
+    from kernels.forward import flash_attn_forward
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     device = torch.device("cuda")
@@ -374,7 +375,10 @@ def main() -> None:
     parser.add_argument("--hdims", type=int, nargs="+", choices=[64, 128], default=[128, 64],
                         help="with --time: head dims (default: 128 at 1k-16k, 64 at 4k and 16k)")
     parser.add_argument("--seqlens", type=int, nargs="+", help="with --time: these seqlens at every head dim")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")),
+                        help="folder for the rows (default: $OUT, else the current folder)")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.compile_only:
         compile_report()
     elif args.check:
@@ -382,7 +386,7 @@ def main() -> None:
     elif args.time:
         default_seqlens = {128: (1024, 2048, 4096, 8192, 16384), 64: (4096, 16384)}
         shapes = tuple((d, tuple(args.seqlens) if args.seqlens else default_seqlens[d]) for d in args.hdims)
-        time_all(args.time, Path(os.environ.get("OUT", ".")) / f"exp_fwd_gluon_{args.time}.csv", args.previous, shapes)
+        time_all(args.time, args.out / f"exp_fwd_gluon_{args.time}.csv", args.previous, shapes)
     else:
         parser.error("give --compile-only, --check DTYPE or --time DTYPE")
 

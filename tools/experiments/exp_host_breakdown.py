@@ -1,16 +1,16 @@
 """Where one forward+backward call's host time goes, stage by stage, with the GPU kept busy
-(the calls queued behind a GPU sleep, as in exp_host_overhead.py) so that no launch waits on
+(the calls queued behind a GPU sleep) so that no launch waits on
 the device.
 
-The kernels' launchers and the pass functions of `kernels.flash_attn` are wrapped (module
+The kernels' launchers and the pass functions that `kernels.ops` calls are wrapped (module
 globals, no change to the library) so that each records a timestamp where it starts and ends;
 a call is `flash_attn_func(...).backward(dout)`, the paper sweep's 'fwd_bwd' call. Per shape
 and launch path (`--launches`: the library's cached launches, or every launch through Triton's
-JIT as before v8), in one process, the paths' calls taking turns: the median microseconds of
+JIT, without the cache), in one process, the paths' calls taking turns: the median microseconds of
 each stage over CALLS calls, their sum, host time per call, GPU time per call (of all paths
 together: the kernels are the same), and the runner's do_bench reading (taken with the stamps
 in place: 14 timestamps per call, well under a microsecond each). Rows go to
-$OUT/exp_host_breakdown.csv.
+OUT/exp_host_breakdown.csv (`--out`).
 
     python tools/experiments/exp_host_breakdown.py --hdims 256 128 --seqlens 512 1024
 """
@@ -32,15 +32,36 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from exp_host_overhead import gpu_and_host_ms  # the same GPU-sleep clock
 from tune_fa2 import CsvRows
 
 from harness.timing import time_attention
-from kernels import flash_attn as fa
+from kernels import backward, flash_attn_func, forward, ops
 from kernels import flash_attn_hopper as fah
 
 CALLS = 50  # rounds: each variant's call once per round
+SLEEP_CYCLES = 400_000_000  # ~0.2 s at the H200's clocks: longer than issuing CALLS rounds
 STAMPS: list[tuple[str, int]] = []
+
+
+def gpu_and_host_ms(fn, tensors=(), calls: int = CALLS) -> tuple[float, float, float]:
+    """For `calls` calls of fn (gradients of `tensors` cleared before each): (GPU ms per call,
+    host ms per call, slack ms: how long the sleep outlasted the issuing; negative means the GPU
+    caught up with the host and gpu_ms includes host time)."""
+    before, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    fn()
+    torch.cuda.synchronize()
+    before.record()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        for t in tensors:
+            t.grad = None
+        fn()
+    host_total = (time.perf_counter() - t0) * 1e3
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls, host_total / calls, before.elapsed_time(start) - host_total
 
 
 def stamp(label: str) -> None:
@@ -74,18 +95,18 @@ def timed_function(label: str, fn):
 
 # (module, name): the production launchers, Triton's and the Gluon kernels'
 LAUNCHERS = {(module, name): getattr(module, name) for module, name in
-             ((fa, "_fwd_launcher"), (fa, "_bwd_preprocess_launcher"), (fa, "_bwd_dkdv_launcher"),
-              (fa, "_bwd_dq_launcher"), (fah, "_fwd_launcher"), (fah, "_bwd_dkdv_launcher"))}
+             ((forward, "_fwd_launcher"), (backward, "_bwd_preprocess_launcher"), (backward, "_bwd_dkdv_launcher"),
+              (backward, "_bwd_dq_launcher"), (fah, "_fwd_launcher"), (fah, "_bwd_dkdv_launcher"))}
 
 
 def instrument() -> None:
     for name in ("flash_attn_forward", "flash_attn_backward"):
-        setattr(fa, name, timed_function(name, getattr(fa, name)))
+        setattr(ops, name, timed_function(name, getattr(ops, name)))  # the custom ops call them
 
 
 def use_launches(launch: str) -> None:
     """'cached': the library's launchers (kernels/launch.py); 'jit': every launch through
-    Triton's JIT (`kernel[grid](...)`, as before v8). Either way stamped."""
+    Triton's JIT (`kernel[grid](...)`, without the cache). Either way stamped."""
     for (module, name), launcher in LAUNCHERS.items():
         label = ("gluon " if module is fah else "") + name.strip("_")
         setattr(module, name, TimedKernel(label, launcher if launch == "cached" else launcher.kernel))
@@ -106,7 +127,7 @@ def breakdown(variants: dict, tensors) -> tuple[dict[str, dict[str, float]], dic
     calls of fn; the GPU ms per call of all of them together; and how long the GPU sleep outlasted
     the issuing (ms; negative: the GPU caught up with the host). The variants' calls take turns
     (so that the host's speed, which drifts over seconds, weighs on each alike), all issued behind
-    a GPU sleep by exp_host_overhead's clock (`gpu_and_host_ms`, one call of it per round of
+    a GPU sleep by `gpu_and_host_ms`, one call of it per round of
     turns). `setup` runs before each call, outside the stamps and the per-variant host clock."""
     rounds: list[dict[str, tuple[list, int]]] = []
 
@@ -139,10 +160,13 @@ def main() -> None:
     ap.add_argument("--causal", choices=["true", "false", "both"], default="true")
     ap.add_argument("--launches", nargs="+", choices=["cached", "jit"], default=["cached", "jit"],
                     help="launch paths to compare in this process (see use_launches)")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")),
+                    help="folder for the rows (default: $OUT, else the current folder)")
     args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     instrument()
-    record = CsvRows(Path(os.environ.get("OUT", ".")) / "exp_host_breakdown.csv", lambda r: (
+    record = CsvRows(args.out / "exp_host_breakdown.csv", lambda r: (
         f"  {r['launch']:6s} {r['stage']:70s} {r['us']:8.1f} us"))
     causals = {"true": [True], "false": [False], "both": [False, True]}[args.causal]
     for seqlen in args.seqlens:
@@ -154,10 +178,10 @@ def main() -> None:
             dout = torch.randn_like(q)
 
             def forward(q, k, v, causal, softmax_scale):
-                return fa.flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal)
+                return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal)
             for causal in causals:
                 def call(q=q, k=k, v=v, dout=dout, causal=causal):
-                    fa.flash_attn_func(q, k, v, causal=causal).backward(dout)
+                    flash_attn_func(q, k, v, causal=causal).backward(dout)
                 variants = {launch: (functools.partial(use_launches, launch), call) for launch in args.launches}
                 stages, host_ms, gpu_ms, slack_ms = breakdown(variants, (q, k, v))
                 for launch in args.launches:
