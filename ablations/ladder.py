@@ -4,7 +4,7 @@ the paper's two settings (docs/CONTRACTS.md).
 Rungs 0-3 are one Triton kernel family (kernels/fa_ladder.py, its docstring explains how each
 technique is expressed); neighbouring rungs share tiles' area, warps and stages, so each step
 is one section of the FA2 paper. Rung 4 is beyond the paper and changes several things at
-once: the production Triton FA2 kernel (kernels/flash_attn.py's
+once: the production Triton FA2 kernel (kernels/forward.py's
 _flash_fwd_kernel: wgmma, tuned tiles; TMA loads at head dim 128, with host-made descriptors at
 settings A and B). The Gluon forward that flash_attn_func takes on Hopper at head dim 128 from 1k
 keys (kernels/flash_attn_hopper.py) is not a rung: rung 4 switches it off. Rung 4's launches go
@@ -12,7 +12,7 @@ through kernels/launch.py's cache (a shape's compiled kernel launched directly a
 call), rungs 0-3 through Triton's JIT; that is host time only, which the ablation's CUDA-graph
 timing (`--cuda-graph`) leaves out.
 Every rung is a forward pass; the backward of all of them is the FA2 backward
-(`kernels.flash_attn.flash_attn_backward`), so the ladder measures forward only. Kernels are
+(`kernels.backward.flash_attn_backward`), so the ladder measures forward only. Kernels are
 imported when a rung first runs, so this module imports without Triton's JIT (the runner
 switches on the interpreter before that, and the report needs only these tables).
 """
@@ -48,10 +48,11 @@ def _hopper_forward(q, k, v, causal, softmax_scale):
     keys: rung 4 stays the kernel it was measured as."""
     from dataclasses import replace
 
-    from kernels.flash_attn import check_attention_inputs, default_fwd_config, flash_attn_forward
+    from kernels import configs, forward
+    from kernels.fa_ladder import check_ladder_inputs
 
-    config = replace(default_fwd_config(q.shape[3], causal, q.device), hopper_gluon_min_keys=0)
-    return flash_attn_forward(q, k, v, check_attention_inputs(q, k, v, softmax_scale), causal, config)[0]
+    config = replace(configs.default_fwd_config(q.shape[3], causal, q.device), hopper_gluon_min_keys=0)
+    return forward.flash_attn_forward(q, k, v, check_ladder_inputs(q, k, v, softmax_scale), causal, config)[0]
 
 
 RUNGS: list[Rung] = [

@@ -74,18 +74,18 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.flash_attn import (
+from .checks import check_qkv, softmax_scale_or_default
+from .common import (
     LOG2E,
-    FwdConfig,
     _batch_head,
     _finalize,
     _key_range,
-    _last_dim_contiguous,
     _load_tile,
     _store_tile,
-    _strides,
-    check_attention_inputs,
+    last_dim_contiguous,
+    strides,
 )
+from .configs import FwdConfig
 
 # --------------------------------------------------------------------------------------
 # The rungs' techniques and tile configurations: data
@@ -127,6 +127,15 @@ HOPPER_LADDER_CONFIGS = {
 # Triton's CPU interpreter: tiny tiles so that test shapes span several blocks both ways.
 INTERPRETER_LADDER_CONFIGS = {0: FwdConfig(16, 32, 4, 1), 1: FwdConfig(16, 32, 4, 1),
                               2: FwdConfig(16, 32, 4, 1), 3: FwdConfig(32, 16, 4, 1)}
+
+
+def check_ladder_inputs(q, k, v, softmax_scale) -> float:
+    """The ladder's argument checks (flash-attn layout, one dtype and device, as many K/V heads
+    as query heads); returns the softmax scale (1/sqrt(headdim) when None)."""
+    check_qkv(q, k, v)
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"the ladder needs as many k/v heads as q heads ({q.shape[2]}), got {k.shape[2]}")
+    return softmax_scale_or_default(softmax_scale, q.shape[3])
 
 
 def ladder_block_d(headdim: int) -> int:
@@ -483,9 +492,9 @@ def plan_ladder_forward(q, k, v, softmax_scale: float | None = None, causal: boo
         raise TypeError(f"skip_masked_blocks must be a bool, got {type(skip_masked_blocks).__name__}")
     if not skip_masked_blocks and LADDER[rung].seq_parallel:
         raise ValueError(f"skip_masked_blocks=False needs FA1's loop order (rungs 0-1), got rung {rung}")
-    sm_scale = check_attention_inputs(q, k, v, softmax_scale)
+    sm_scale = check_ladder_inputs(q, k, v, softmax_scale)
     technique = LADDER[rung]
-    q, k, v = (_last_dim_contiguous(t) for t in (q, k, v))
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
     block_d = ladder_block_d(headdim)
@@ -511,13 +520,13 @@ def plan_ladder_forward(q, k, v, softmax_scale: float | None = None, causal: boo
             stats[1].zero_()
         return out, stats, None
 
-    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(out))
+    all_strides = (*strides(q), *strides(k), *strides(v), *strides(out))
     meta = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
             "CAUSAL": causal, "EVEN_M": seqlen_q % cfg.block_m == 0,
             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if technique.seq_parallel:
         launch = LadderLaunch(_ladder_q_outer_kernel, (triton.cdiv(seqlen_q, cfg.block_m), batch * heads),
-                              (q, k, v, out, stats[0], *strides, heads, seqlen_q, seqlen_k, sm_scale), meta)
+                              (q, k, v, out, stats[0], *all_strides, heads, seqlen_q, seqlen_k, sm_scale), meta)
     else:
         # FA1's running O in HBM (fp32); m and l are the stats (rung 0) or scratch (rung 1)
         o_run = torch.empty((batch, heads, seqlen_q, headdim), device=q.device, dtype=torch.float32)
@@ -528,7 +537,7 @@ def plan_ladder_forward(q, k, v, softmax_scale: float | None = None, causal: boo
             (m_run, l_run), lse = stats, stats[0]  # rung 0 stores no logsumexp: LSE is never written
         launch = LadderLaunch(
             _ladder_kv_outer_kernel, (batch * heads,),
-            (q, k, v, out, lse, o_run, m_run, l_run, *strides, heads, seqlen_q, seqlen_k, sm_scale),
+            (q, k, v, out, lse, o_run, m_run, l_run, *all_strides, heads, seqlen_q, seqlen_k, sm_scale),
             {**meta, "EVEN_N": seqlen_k % cfg.block_n == 0, "FEWER_NONMATMUL": technique.fewer_nonmatmul,
              "SKIP_MASKED_BLOCKS": skip_masked_blocks})
     return out, stats, launch

@@ -30,7 +30,7 @@ from kernels.fa_ladder import (
 )
 
 # shared with the FA2 kernel's tests; the fixture is used through @pytest.mark.usefixtures
-from tests.test_flash_attn import assert_close_to_reference, make_qkv, poisoned_allocations  # noqa: F401
+from tests.attention_checks import assert_close_to_reference, make_qkv, poisoned_allocations  # noqa: F401
 
 INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
 
@@ -330,13 +330,16 @@ def test_config_with_the_wrong_warp_split_is_refused_on_gpu():
 def test_rung4_is_the_triton_kernel_not_the_gluon_forward(monkeypatch):
     """Rung 4 times the Triton forward it was measured as: where the Hopper table would take the
     Gluon forward (head dim 128, 1k keys and more), rung 4 switches it off."""
-    import kernels.flash_attn as fa
+    from kernels import configs, dispatch, forward
 
     seen = []
-    monkeypatch.setattr(fa, "default_fwd_config", lambda headdim, causal, device: fa.HOPPER_FWD_CONFIGS[(128, causal)])
-    monkeypatch.setattr(fa, "flash_attn_forward", lambda q, k, v, scale, causal, config=None: seen.append(config) or (q, None))
+    monkeypatch.setattr(configs, "default_fwd_config",
+                        lambda headdim, causal, device: configs.HOPPER_FWD_CONFIGS[(128, causal)])
+    monkeypatch.setattr(forward, "flash_attn_forward",
+                        lambda q, k, v, scale, causal, config=None: seen.append(config) or (q, None))
     q = torch.randn(1, 1024, 1, 128, dtype=torch.float16)
     RUNGS[4].forward(q, q, q, True, None)
+    hopper = configs.HOPPER_FWD_CONFIGS[(128, True)]
     assert seen and seen[0].hopper_gluon_min_keys == 0
-    assert fa.fwd_memory_path(seen[0], q, q, q, q, True) != fa.HOPPER_GLUON_PATH
-    assert fa.fwd_memory_path(fa.HOPPER_FWD_CONFIGS[(128, True)], q, q, q, q, True) == fa.HOPPER_GLUON_PATH
+    assert dispatch.fwd_memory_path(seen[0], q, q, q, q, True) != dispatch.HOPPER_GLUON_PATH
+    assert dispatch.fwd_memory_path(hopper, q, q, q, q, True) == dispatch.HOPPER_GLUON_PATH
