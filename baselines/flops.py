@@ -3,6 +3,10 @@
 Forward: two matmuls (S = QK^T and O = PV), 2 * 2 * b * h * n_q * n_k * d FLOPs, halved when
 causal. Backward: five matmuls, 2.5x the forward. Forward + backward: 3.5x the forward.
 Every TFLOPs/s figure in the project comes from `attention_flops`.
+
+Decoding (one query token against a KV cache) is bound by reading the cache, so it is counted
+in bytes: `decode_kv_bytes` is the K and V a decode step must read, the yardstick of every
+decode GB/s figure.
 """
 
 from __future__ import annotations
@@ -31,3 +35,19 @@ def attention_flops(
 def tflops_per_second(flops: float, ms: float) -> float:
     """TFLOPs/s from a FLOP count and a time in milliseconds."""
     return flops / (ms * 1e-3) / 1e12
+
+
+def decode_kv_bytes(cached_tokens: int, kv_heads: int, headdim: int, element_bytes: int) -> int:
+    """Bytes of K and V one decode step reads: `cached_tokens` (the sum of the sequences'
+    cache lengths, not the allocated cache) x kv_heads x headdim, twice (K and V)."""
+    for name, value in (("cached_tokens", cached_tokens), ("kv_heads", kv_heads), ("headdim", headdim),
+                        ("element_bytes", element_bytes)):
+        if not isinstance(value, int) or value < (0 if name == "cached_tokens" else 1):
+            raise ValueError(f"{name} must be a {'non-negative' if name == 'cached_tokens' else 'positive'} int, "
+                             f"got {value!r}")
+    return 2 * cached_tokens * kv_heads * headdim * element_bytes
+
+
+def gigabytes_per_second(nbytes: float, ms: float) -> float:
+    """GB/s (10^9 bytes per second) from a byte count and a time in milliseconds."""
+    return nbytes / (ms * 1e-3) / 1e9

@@ -2,7 +2,7 @@
 
 import pytest
 
-from baselines.flops import attention_flops, tflops_per_second
+from baselines.flops import attention_flops, decode_kv_bytes, gigabytes_per_second, tflops_per_second
 
 
 def test_forward_is_four_b_h_n_squared_d():
@@ -28,3 +28,20 @@ def test_tflops_from_milliseconds():
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="mode must be one of"):
         attention_flops(1, 1, 1, 1, 1, causal=False, mode="backward")
+
+
+def test_decode_reads_k_and_v_of_the_used_cache_only():
+    # 8 sequences of 1000 used slots, 8 kv heads x 128, bf16: 2 * 8000 * 8 * 128 * 2 = 32,768,000
+    assert decode_kv_bytes(8 * 1000, 8, 128, 2) == 32_768_000
+    assert decode_kv_bytes(0, 8, 128, 2) == 0
+
+
+def test_decode_bytes_refuse_bad_counts_naming_them():
+    with pytest.raises(ValueError, match="kv_heads must be a positive int"):
+        decode_kv_bytes(10, 0, 128, 2)
+    with pytest.raises(ValueError, match="cached_tokens must be a non-negative int"):
+        decode_kv_bytes(-1, 8, 128, 2)
+
+
+def test_gigabytes_per_second_from_milliseconds():
+    assert gigabytes_per_second(4.27e9, 1000.0) == pytest.approx(4.27)

@@ -123,8 +123,9 @@ FLASHINFER_WORKSPACE_BYTES = 128 * 2**20  # its documented recommendation for sp
 
 @functools.cache
 def flashinfer_workspace(device: str) -> torch.Tensor:
-    """One float workspace per device, shared by the planned wrappers (they run one at a time)."""
-    return torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    """One float workspace per device, shared by the planned wrappers (they run one at a time);
+    zeroed, as FlashInfer's decode wrapper asks for its first use."""
+    return torch.zeros(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
 
 @functools.lru_cache(maxsize=16)
