@@ -258,6 +258,22 @@ def test_the_registered_fa4_availability_reports_the_failed_import(monkeypatch):
     assert "flash-attn-4" in reason and "pip install flash-attn-4" in reason
 
 
+def test_fa2_package_is_probed_by_its_own_module_not_fa4s_namespace(monkeypatch):
+    """FA4's wheel makes `flash_attn` a namespace package holding only `cute`: with FA4 alone
+    installed, the flash-attn (FA2) provider must say that FA2's module is missing."""
+    _fake_gpu(monkeypatch, (9, 0))
+    monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))  # FA4's namespace, no FA2
+    monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", None)
+    availability = get_provider("flash-attn").availability
+    availability.cache_clear()
+    try:
+        reason = unavailable_reason(get_provider("flash-attn"))
+    finally:
+        availability.cache_clear()
+    assert_sentence(reason, "flash-attn")
+    assert "`import flash_attn.flash_attn_interface` failed" in reason and "pip install flash-attn" in reason
+
+
 @pytest.mark.parametrize(("capability", "usable"), [((8, 0), False), ((8, 9), False), ((9, 0), True),
                                                     ((10, 0), True), ((12, 0), False)])
 def test_fa4_needs_hopper_or_blackwell_and_names_this_gpu(capability, usable):

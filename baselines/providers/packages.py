@@ -100,15 +100,17 @@ def _package_forward(module: str):
     return forward
 
 
-for _name, _label, _module, _distribution, _regex, _bwd_regex, _min_major in (
-    ("flash-attn", "FA2 official CUDA (flash-attn package)", "flash_attn", "flash-attn", "flash_fwd", "flash_bwd", 8),
-    ("flash-attn-3", "FA3 (flash-attn Hopper package)", "flash_attn_interface", "flash-attn-3 (flash-attention/hopper)",
-     "FlashAttnFwd|flash_fwd", "FlashAttnBwd|flash_bwd", 9),
+for _name, _label, _module, _probed_module, _distribution, _regex, _bwd_regex, _min_major in (
+    # FA4's wheel makes `flash_attn` a namespace package holding only `cute`: FA2's own module is probed
+    ("flash-attn", "FA2 official CUDA (flash-attn package)", "flash_attn", "flash_attn.flash_attn_interface",
+     "flash-attn", "flash_fwd", "flash_bwd", 8),
+    ("flash-attn-3", "FA3 (flash-attn Hopper package)", "flash_attn_interface", "flash_attn_interface",
+     "flash-attn-3 (flash-attention/hopper)", "FlashAttnFwd|flash_fwd", "FlashAttnBwd|flash_bwd", 9),
 ):
     _forward = _package_forward(_module)
     register(Provider(
         name=_name, label=_label, forward=_forward,
-        availability=optional_cuda_package(_module, _distribution, probe_call(_forward), min_arch(_min_major)),
+        availability=optional_cuda_package(_probed_module, _distribution, probe_call(_forward), min_arch(_min_major)),
         supports=half_only, kernel_regex=_regex, bwd_kernel_regex=_bwd_regex,
     ))
 
