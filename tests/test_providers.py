@@ -293,7 +293,7 @@ def test_fa4_needs_hopper_or_blackwell_and_names_this_gpu(capability, usable):
     (192, "bf16", 10, "up to 128, or 256"), (256, "bf16", 10, None), (128, "bf16", 10, None),
 ])
 def test_fa4_shape_check_refuses_what_it_does_not_support(monkeypatch, hdim, dtype, arch, refused):
-    monkeypatch.setattr(packages, "_cuda_arch_major", lambda: arch)
+    monkeypatch.setattr(packages, "cuda_arch_major", lambda: arch)
     reason = get_provider("fa4").supports(Spec("fwd_bwd", True, hdim, 1024, 2, 4, dtype))
     if refused is None:
         assert reason is None

@@ -49,7 +49,7 @@ from baselines.providers.packages import (
     FLASHINFER_DISTRIBUTION,
     FLASHINFER_HEADDIMS,
     fa4_arch,
-    fa4_headdim_reason,
+    fa4_input_reason,
     flashinfer_workspace,
 )
 
@@ -296,9 +296,7 @@ def _any_shape(_spec: DecodeSpec) -> str | None:
 
 
 def fa4_decode_supports(spec: DecodeSpec) -> str | None:
-    if spec.dtype not in ("fp16", "bf16"):
-        return f"FA4 takes fp16/bf16 inputs only, not {spec.dtype}"
-    return fa4_headdim_reason(spec.hdim, torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else None)
+    return fa4_input_reason(spec.dtype, spec.hdim)
 
 
 def _in_headdims(headdims: tuple[int, ...], who: str):

@@ -53,14 +53,19 @@ def fa4_headdim_reason(hdim: int, arch_major: int | None) -> str | None:
     return None
 
 
-def _cuda_arch_major() -> int | None:
+def cuda_arch_major() -> int | None:
     return torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else None
 
 
+def fa4_input_reason(dtype: str, hdim: int) -> str | None:
+    """Why FA4 refuses inputs of `dtype` and head dim `hdim` on this GPU, or None."""
+    if dtype not in ("fp16", "bf16"):
+        return f"FA4 takes fp16/bf16 inputs only, not {dtype}"
+    return fa4_headdim_reason(hdim, cuda_arch_major())
+
+
 def fa4_supports(spec: Spec) -> str | None:
-    if spec.dtype not in ("fp16", "bf16"):
-        return f"FA4 takes fp16/bf16 inputs only, not {spec.dtype}"
-    return fa4_headdim_reason(spec.hdim, _cuda_arch_major())
+    return fa4_input_reason(spec.dtype, spec.hdim)
 
 
 def fa4_forward(q, k, v, causal, softmax_scale):
