@@ -430,3 +430,66 @@ def test_gpu_bad_block_table_entries_are_refused():
     with pytest.raises(ValueError, match="block_table entries"):
         flash_attn_with_kvcache(q, k_cache, v_cache, block_table=table,
                                 cache_seqlens=torch.tensor([256, 100], dtype=torch.int32, device="cuda"))
+
+
+# ---- the decode suite's grid and report (harness/decode.py), from made-up rows ----
+
+def test_suite_grid_puts_the_anchors_first_and_bounds_memory():
+    from harness import decode as suite
+
+    full = suite.grid(quick=False)
+    assert [(b, n) for _, b, n in full[:2 * len(suite.ANCHORS)]] == [a for a in suite.ANCHORS for _ in suite.KV_HEADS]
+    assert all(suite.kv_bytes(b, n, h) <= suite.MAX_KV_BYTES for h, b, n in full)
+    assert (32, 64, 131072) not in full and (8, 1, 131072) in full
+
+
+def test_suite_report_is_made_from_rows(tmp_path):
+    import csv
+
+    from harness import decode as suite
+
+    env = {column: "x" for column in suite.ROW_ENV_COLUMNS} | {"interpreter": False}
+    rates = {("ours-splitkv", "contiguous"): 4000.0, ("ours-nosplit", "contiguous"): 700.0,
+             ("ours-splitkv", "paged"): 3900.0, ("sdpa-cudnn", "contiguous"): 4100.0,
+             ("sdpa-flash", "contiguous"): 3000.0}
+    with (tmp_path / suite.DECODE_CSV).open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=suite.COLUMNS)
+        writer.writeheader()
+        writer.writerow(suite._row(env, provider="device-copy", label="copy", layout="", batch=0, cache_len=0,
+                                   kv_heads=0, status="ok", timing="cuda-graph", ms=1.0, kv_bytes=1, gbps=4270.0))
+        for kv_heads, batch, cache_len in suite.grid(quick=True):
+            for (provider, layout), gbps in rates.items():
+                writer.writerow(suite._row(env, provider=provider, label=provider, layout=layout, batch=batch,
+                                           cache_len=cache_len, kv_heads=kv_heads, status="ok", timing="cuda-graph",
+                                           ms=1.0, kv_bytes=1, gbps=gbps))
+            writer.writerow(suite._row(env, provider="fa4", label="FA4", layout="contiguous", batch=batch,
+                                       cache_len=cache_len, kv_heads=kv_heads, status="unavailable",
+                                       reason="flash-attn-4 is not installed"))
+    report = suite.write_decode_report(tmp_path).read_text()
+    assert "| 1 x 64k | 4,000 (1,000.0) | 700 (1,000.0) | 3,900 (1,000.0) | 4,100 (1,000.0) | 3,000 (1,000.0) |" in report
+    assert "ours / SDPA cuDNN >= 0.95 | 0.98x | met" in report
+    assert "ours / ours num_splits=1 >= 5.0 | 5.71x | met" in report
+    assert "paged / contiguous >= 0.9 | min 0.97x" in report
+    assert "4,270 GB/s" in report and "flash-attn-4 is not installed" in report
+    assert (tmp_path / "plots" / "decode_bandwidth.png").stat().st_size > 0
+
+
+def test_suite_runs_end_to_end_in_the_interpreter(tmp_path, monkeypatch):
+    """The measuring loop, providers and report on tiny fp16 sizes (times are not performance)."""
+    from harness import decode as suite
+
+    monkeypatch.setattr(suite, "HEADS", 4)
+    monkeypatch.setattr(suite, "HDIM", 16)
+    monkeypatch.setattr(suite, "DTYPE", torch.float16)
+    monkeypatch.setattr(suite, "KV_HEADS", (2, 4))
+    monkeypatch.setattr(suite, "QUICK_GRID", {"batch": (1,), "cache_len": (64,)})
+    monkeypatch.setattr(suite, "ANCHORS", ((1, 64),))
+    suite.measure_suite(True, tmp_path, device=torch.device("cpu"))
+    rows = suite.load_rows(tmp_path)
+    ours = rows[rows.provider.isin(["ours-splitkv", "ours-nosplit"])]
+    assert len(ours) == 8 and (ours.status == "ok").all(), ours[["provider", "layout", "status", "reason"]]
+    assert (ours.rel_err.astype(float) < 1e-2).all()
+    fa1 = rows[rows.provider == "fa1-rung0"].set_index("kv_heads").status
+    assert fa1[2] == "unsupported" and fa1[4] == "ok"
+    assert (rows[rows.provider == "sdpa-flash"].status == "unavailable").all()  # CUDA only
+    assert "ours split-KV" in suite.write_decode_report(tmp_path).read_text()
