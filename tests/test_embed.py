@@ -114,3 +114,14 @@ def test_every_decision_section_renders_from_its_committed_rows():
         table = embed.SECTIONS[name]()
         assert f"rows: `reports/h200/decisions/{name}.csv`" in table
         assert "nan" not in table
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/performance.md"])
+def test_committed_pages_match_the_rows_they_are_generated_from(tmp_path, page):
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[1] / page
+    copy = tmp_path / source.name
+    copy.write_text(source.read_text())
+    assert embed.update_markdown(copy), f"{page} has no generated section"
+    assert copy.read_text() == source.read_text(), f"{page} is stale: run python -m reports.embed {page}"
