@@ -1,6 +1,6 @@
 """kernels/launch.py's CachedLauncher, on a stand-in kernel (no GPU needed): which calls go
 through the JIT, which launch the kept compiled kernel, and with what arguments. The GPU test
-`test_gpu_repeated_calls_take_the_cached_launch` (test_flash_attn.py) checks the real launches'
+`test_gpu_repeated_calls_take_the_cached_launch` checks the production launches and their
 results."""
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ import torch
 from triton.compiler import CompiledKernel
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from baselines.reference import attention_reference, attention_same_dtype
+from kernels import backward, flash_attn_func, flash_attn_hopper, forward
+from kernels.dispatch import tma_compatible
 from kernels.launch import MAX_KEYS, CachedLauncher
+from tests.attention_checks import (  # noqa: F401 (poisoned_allocations: a fixture, used by name)
+    assert_close_to_reference,
+    make_qkv,
+    poisoned_allocations,
+    shape_id,
+)
 
 
 class FakeCompiled(CompiledKernel):
@@ -144,3 +153,88 @@ def test_interpreted_kernels_always_go_through_the_jit(launcher):
     for _ in range(2):
         launcher[(1,)](torch.randn(4), 4, 0.5, BLOCK=16, EVEN=True)
     assert len(launcher.kernel.jit_launches) == 2 and not launcher.compiled
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: the production launches (skipped without CUDA).
+# ---------------------------------------------------------------------------------------
+class CountingKernel:
+    """Stands in for a CachedLauncher's kernel: counts the launches that go through the JIT."""
+
+    def __init__(self, kernel):
+        self.kernel, self.jit_launches = kernel, 0
+
+    @property
+    def arg_names(self):
+        return self.kernel.arg_names
+
+    def __getitem__(self, grid):
+        self.jit_launches += 1
+        return self.kernel[grid]
+
+
+def count_launches(monkeypatch, launchers) -> dict[str, int]:
+    """Counts every launch of `launchers` ('all') and those that go through the JIT ('jit'),
+    each launcher's cache emptied first."""
+    counts = {"all": 0, "jit": 0}
+    for launcher in launchers:
+        counting = CountingKernel(launcher.kernel)
+        real_launch = launcher.launch
+
+        def launch(grid, args, kwargs, counting=counting, real_launch=real_launch):
+            jit_before = counting.jit_launches
+            result = real_launch(grid, args, kwargs)
+            counts["all"] += 1
+            counts["jit"] += counting.jit_launches - jit_before
+            return result
+        monkeypatch.setattr(launcher, "kernel", counting)
+        monkeypatch.setattr(launcher, "launch", launch)
+        monkeypatch.setattr(launcher, "compiled", {})
+    return counts
+
+
+def misaligned_like(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t whose address is 2 bytes past a 16-byte boundary (contiguous otherwise)."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:]
+    return flat.view(t.shape).copy_(t).requires_grad_(t.requires_grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(4, 512, 512, 2, 256), (4, 512, 512, 3, 128), (2, 1000, 1000, 2, 64),
+                                   (2, 1024, 1024, 2, 128), (1, 2048, 2048, 2, 128)],  # the Gluon kernels
+                         ids=shape_id)
+def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
+    """The second call of a shape launches every kernel's compiled kernel directly, a call whose
+    inputs are not 16-byte aligned goes through the JIT again (a different specialisation, and the
+    pointer path), and every call's forward and gradients match float64."""
+    counts = count_launches(monkeypatch, (forward._fwd_launcher, backward._bwd_preprocess_launcher,
+                                          backward._bwd_dkdv_launcher, backward._bwd_dq_launcher,
+                                          flash_attn_hopper._fwd_launcher, flash_attn_hopper._bwd_dkdv_launcher))
+    per_call = []
+    for inputs in ("aligned", "aligned", "misaligned"):
+        q, k, v = make_qkv(*shape, torch.bfloat16, "cuda", requires_grad=True)
+        dout = torch.randn_like(q)
+        if inputs == "misaligned":  # dO too: it is all the preprocessing kernel reads besides O
+            q, k, v, dout = (misaligned_like(t) for t in (q, k, v, dout))
+            assert not tma_compatible(q)
+        before = dict(counts)
+        out = flash_attn_func(q, k, v, causal=causal)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        per_call.append({key: counts[key] - before[key] for key in counts})
+        q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref_out, _ = attention_reference(q64, k64, v64, causal=causal)
+        ref_grads = torch.autograd.grad(ref_out, (q64, k64, v64), dout.double())
+        same_out = attention_same_dtype(q, k, v, causal=causal)
+        same_grads = torch.autograd.grad(same_out, (q, k, v), dout)
+        assert_close_to_reference("out", out, ref_out, same_out)
+        for name, g, ref, same in zip(("dq", "dk", "dv"), grads, ref_grads, same_grads):
+            assert_close_to_reference(name, g, ref, same)
+    first, second, misaligned = per_call
+    # misaligned inputs also change the path constexprs of the forward, dK/dV and dQ launches (no TMA,
+    # no Gluon kernel); the preprocessing kernel's key differs by its inputs' alignment alone
+    assert first["all"] >= 3 and first["jit"] == first["all"], first
+    assert second == {"all": first["all"], "jit": 0}, "the second call went through the JIT"
+    assert misaligned["all"] >= 3 and misaligned["jit"] == misaligned["all"], \
+        "misaligned inputs took a launch compiled for aligned ones"

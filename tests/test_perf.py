@@ -27,7 +27,9 @@ import torch
 
 from baselines.flops import attention_flops, tflops_per_second
 from harness.timing import time_attention
-from kernels.flash_attn import default_bwd_config, default_fwd_config, flash_attn_func, fwd_memory_path
+from kernels import flash_attn_func
+from kernels.configs import default_bwd_config, default_fwd_config
+from kernels.dispatch import fwd_memory_path
 
 pytestmark = pytest.mark.perf
 

@@ -1,0 +1,294 @@
+"""Which kernel and path serves a call (kernels/dispatch.py) with the block-size tables of
+kernels/configs.py: the Hopper table's choices at the paper sweep's lengths, the Gluon kernels'
+scope, the rules for fusing dQ, and the fall-back to the Triton kernels where the Gluon ones are
+not on this device or cannot be built. Where a rule sends work to the Triton kernels, the result
+is checked against float64 in Triton's interpreter."""
+
+import dataclasses
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from baselines.reference import attention_reference, attention_same_dtype
+from kernels import backward, configs, dispatch, flash_attn_func, forward
+from kernels.configs import HOPPER_BWD_CONFIGS, HOPPER_FWD_CONFIGS, INTERPRETER_BWD_CONFIG, FwdConfig
+from kernels.dispatch import (
+    HOPPER_GLUON_PATH,
+    bwd_dkdv_path,
+    bwd_fuses_dq,
+    bwd_gluon_fuses_dq,
+    fwd_memory_path,
+)
+from kernels.forward import flash_attn_forward
+from tests.attention_checks import (  # noqa: F401 (poisoned_allocations: a fixture, used by name)
+    assert_close_to_reference,
+    check_backward,
+    make_qkv,
+    poisoned_allocations,
+    spy_backward_kernels,
+)
+
+INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_deterministic_reaches_the_backward(deterministic, monkeypatch):
+    """flash_attn_func's `deterministic` decides, with a config that fuses dQ, whether the dQ
+    kernel runs (True) or the dK/dV kernel adds dQ (False)."""
+    dkdv, dq = spy_backward_kernels(monkeypatch)
+    fusing = dataclasses.replace(INTERPRETER_BWD_CONFIG, fused_dq_min_rows=1)
+    q, k, v = make_qkv(1, 32, 32, 1, 16, torch.float16, "cpu", requires_grad=True)
+    flash_attn_func(q, k, v, bwd_config=fusing, deterministic=deterministic).sum().backward()
+    assert [launch["FUSED_DQ"] for launch in dkdv.launches] == [0 if deterministic else 1]
+    assert len(dq.launches) == (1 if deterministic else 0)
+
+
+def test_fused_dq_follows_min_rows_and_deterministic():
+    config = dataclasses.replace(INTERPRETER_BWD_CONFIG, fused_dq_min_rows=1024)
+    assert bwd_fuses_dq(config, 1024) and not bwd_fuses_dq(config, 1023)
+    assert not bwd_fuses_dq(config, 4096, deterministic=True)
+    assert not bwd_fuses_dq(INTERPRETER_BWD_CONFIG, 4096)  # 0: never
+    assert all(not table_entry.fused_dq_min_rows for table_entry in HOPPER_BWD_CONFIGS.values())  # measured slower
+
+
+@pytest.mark.parametrize(("causal", "paths"), [
+    (False, {512: "pointer", 1024: "tma-host", 4096: "tma-host", 8192: "tma-kernel", 16384: "tma-kernel"}),
+    # causal visits half the keys on average; in-kernel descriptors from 4096 visited keys (8k)
+    (True, {1024: "pointer", 2048: "tma-host", 4096: "tma-host", 8192: "tma-kernel", 16384: "tma-kernel"}),
+], ids=["full", "causal"])
+def test_hopper_head_dim_128_paths_at_paper_lengths(causal, paths):
+    """The path the Hopper table picks for head dim 128 at the paper sweep's lengths (batch x
+    seqlen = 16384, 16 heads; layout only, so tensors of one head suffice): the Gluon forward from
+    1024 keys, and below it (or with it switched off, as the ablation's rung 4 does) the Triton
+    kernel's memory path."""
+    config = HOPPER_FWD_CONFIGS[(128, causal)]
+    triton_only = dataclasses.replace(config, hopper_gluon_min_keys=0)
+    for seqlen, path in paths.items():
+        q = torch.empty(16384 // seqlen, seqlen, 1, 128, dtype=torch.float16)
+        assert fwd_memory_path(triton_only, q, q, q, q, causal) == path, seqlen
+        expected = HOPPER_GLUON_PATH if seqlen >= 1024 else path
+        assert fwd_memory_path(config, q, q, q, q, causal) == expected, seqlen
+
+
+def test_hopper_gluon_forward_scope():
+    """The Gluon forward takes only what it implements: equal lengths in whole 128-row blocks,
+    head dim 64 or 128, fp16/bf16, exact 2D views; anything else keeps the Triton kernel."""
+    config = HOPPER_FWD_CONFIGS[(128, False)]
+
+    def path(q_shape, k_shape=None, dtype=torch.bfloat16, transpose=False):
+        q = torch.empty(*q_shape, dtype=dtype)
+        k = torch.empty(*(k_shape or q_shape), dtype=dtype)
+        if transpose:  # (batch, heads, seqlen, hdim) memory seen as (batch, seqlen, heads, hdim)
+            q = torch.empty(q_shape[0], q_shape[2], q_shape[1], q_shape[3], dtype=dtype).transpose(1, 2)
+        return fwd_memory_path(config, q, k, k, torch.empty_like(q, memory_format=torch.contiguous_format), False)
+
+    assert path((2, 1024, 4, 128)) == HOPPER_GLUON_PATH
+    assert path((2, 1024, 4, 128), dtype=torch.float16) == HOPPER_GLUON_PATH
+    assert path((2, 1024, 4, 128), k_shape=(2, 2048, 4, 128)) != HOPPER_GLUON_PATH  # unequal lengths
+    assert path((2, 1000, 4, 128)) != HOPPER_GLUON_PATH  # not whole blocks
+    assert path((2, 1024, 4, 96)) != HOPPER_GLUON_PATH  # head dims other than 64 and 128
+    assert path((2, 1024, 4, 256)) != HOPPER_GLUON_PATH
+    assert path((2, 1024, 4, 128), dtype=torch.float32) != HOPPER_GLUON_PATH
+    assert path((2, 1024, 4, 128), transpose=True) != HOPPER_GLUON_PATH  # heads not side by side
+    assert path((2, 512, 4, 128)) != HOPPER_GLUON_PATH  # below hopper_gluon_min_keys
+    # broadcast K and V (stride 0 between rows): not one descriptor row per key
+    q = torch.empty(2, 1024, 4, 128, dtype=torch.bfloat16)
+    kv = torch.empty(1, 1, 4, 128, dtype=torch.bfloat16).expand(2, 1024, 4, 128)
+    assert fwd_memory_path(config, q, kv, kv, torch.empty_like(q), False) != HOPPER_GLUON_PATH
+    # more batch x heads than the grid's y dimension takes
+    wide = torch.empty(1, 1024, 65536, 128, dtype=torch.bfloat16, device="meta")
+    assert fwd_memory_path(config, wide, wide, wide, wide, False) != HOPPER_GLUON_PATH
+    # mixed dtypes
+    k16 = torch.empty(2, 1024, 4, 128, dtype=torch.float16)
+    assert fwd_memory_path(config, q, k16, k16, torch.empty_like(q), False) != HOPPER_GLUON_PATH
+    # views whose rows are longer than heads x head dim: q, k, v of a packed qkv, padded rows
+    qkv = torch.empty(2, 1024, 3, 4, 128, dtype=torch.bfloat16)
+    out = torch.empty(2, 1024, 4, 128, dtype=torch.bfloat16)
+    assert fwd_memory_path(config, qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], out, False) == HOPPER_GLUON_PATH
+    padded = torch.empty(2, 1024, 4 * 128 + 64, dtype=torch.bfloat16)[..., :512].unflatten(-1, (4, 128))
+    assert fwd_memory_path(config, padded, padded, padded, out, False) == HOPPER_GLUON_PATH
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
+    """At head dim 64 the table takes the Gluon forward from 4096 keys, where it was measured."""
+    config = HOPPER_FWD_CONFIGS[(64, causal)]
+    for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
+        q = torch.empty(16384 // seqlen, seqlen, 1, 64, dtype=torch.bfloat16)
+        assert (fwd_memory_path(config, q, q, q, q, causal) == HOPPER_GLUON_PATH) == (seqlen >= 4096), seqlen
+
+
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dim_128_from_1k_keys(hdim):
+    """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon one at head dim 128
+    from 1024 keys (measured faster there too since v8), adding dQ itself, the Triton one below
+    that and at head dims 64 (measured no faster) and 256 (outside the Gluon kernel's scope)."""
+    config = HOPPER_BWD_CONFIGS[hdim]
+    for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
+        q = torch.empty(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype=torch.bfloat16)
+        gluon = hdim == 128 and seqlen >= 1024
+        assert (bwd_dkdv_path(config, q, q, q, q) == HOPPER_GLUON_PATH) == gluon, seqlen
+    # the Gluon kernel adds dQ itself at head dim 128 (FA3's scheme) unless asked to be deterministic
+    assert bwd_gluon_fuses_dq(config, hdim) == (hdim == 128)
+    assert not bwd_gluon_fuses_dq(config, hdim, deterministic=True)
+    # never at other head dims, even where a config asks for it (the consumers split 128 columns)
+    assert not bwd_gluon_fuses_dq(dataclasses.replace(config, hopper_gluon_fused_dq=True), 64)
+    assert not bwd_fuses_dq(config, 16384)  # the Triton kernels never fuse in the table
+
+
+def test_hopper_gluon_dkdv_scope():
+    """The Gluon dK/dV kernel has the Gluon forward's scope (hopper_gluon_applies), with dO in the
+    output's place: anything else keeps the Triton kernel."""
+    config = HOPPER_BWD_CONFIGS[128]
+    q = torch.empty(2, 2048, 4, 128, dtype=torch.bfloat16)
+    assert bwd_dkdv_path(config, q, q, q, torch.empty_like(q)) == HOPPER_GLUON_PATH
+    assert bwd_dkdv_path(config, q[:, :2000], q[:, :2000], q[:, :2000], q[:, :2000]) == "triton"  # ragged
+    k = torch.empty(2, 4096, 4, 128, dtype=torch.bfloat16)
+    assert bwd_dkdv_path(config, q, k, k, q) == "triton"  # unequal lengths
+    do_t = torch.empty(2, 4, 2048, 128, dtype=torch.bfloat16).transpose(1, 2)  # heads not side by side
+    assert bwd_dkdv_path(config, q, q, q, do_t) == "triton"
+    q32 = q.float()
+    assert bwd_dkdv_path(config, q32, q32, q32, q32) == "triton"
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_a_hopper_bwd_config_elsewhere_takes_the_triton_dkdv_kernel(monkeypatch):
+    """A Hopper backward config whose rule picks the Gluon dK/dV kernel (with dQ fused), on another
+    device (here the CPU interpreter), runs the Triton dK/dV and dQ kernels instead, with the right
+    gradients."""
+    dkdv, dq = spy_backward_kernels(monkeypatch)
+    config = dataclasses.replace(INTERPRETER_BWD_CONFIG, hopper_gluon_min_keys=128, hopper_gluon_fused_dq=True)
+    q = torch.empty(1, 128, 1, 64, dtype=torch.float16)
+    assert bwd_dkdv_path(config, q, q, q, q) == HOPPER_GLUON_PATH
+    check_backward(1, 128, 128, 1, 64, True, torch.float16, "cpu", bwd_config=config)
+    assert [launch["FUSED_DQ"] for launch in dkdv.launches] == [0] and len(dq.launches) == 1
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_a_hopper_config_elsewhere_falls_back_to_the_triton_kernel():
+    """A Hopper table entry passed as fwd_config on another device (here the CPU interpreter) does
+    not launch the sm_90-only Gluon kernel: the Triton kernel runs, with the right result."""
+    config = HOPPER_FWD_CONFIGS[(128, False)]
+    q, k, v = make_qkv(1, 1024, 1024, 1, 128, torch.float16, "cpu")
+    assert fwd_memory_path(config, q, k, v, torch.empty_like(q), False) == HOPPER_GLUON_PATH
+    out, lse = flash_attn_forward(q, k, v, 128 ** -0.5, False, config)
+    ref, ref_lse = attention_reference(q, k, v, 128 ** -0.5, False)
+    assert_close_to_reference("out", out, ref, attention_same_dtype(q, k, v, 128 ** -0.5, False))
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-3, rtol=1e-4)
+
+
+# A small Gluon-eligible call for the interpreter: one 128-row block, head dim 64, fp16; configs
+# whose rules pick the Gluon kernels from 128 keys.
+GLUON_SHAPE = (1, 128, 128, 2, 64)
+GLUON_FWD_CONFIG = FwdConfig(32, 32, 4, 1, hopper_gluon_min_keys=128)
+GLUON_BWD_CONFIG = dataclasses.replace(INTERPRETER_BWD_CONFIG, hopper_gluon_min_keys=128)
+
+
+@pytest.fixture
+def gluon_that_fails_to_build(monkeypatch):
+    """A Triton whose Gluon cannot build the kernels, on a device taken for Hopper: both Gluon
+    entry points raise AttributeError (as an API that a later Triton removed does) and count their
+    calls. dispatch.gluon_unavailable is restored afterwards."""
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(args[0].shape)
+        raise AttributeError("module 'triton.experimental.gluon.language' has no attribute 'thread_barrier'")
+
+    if dispatch.gluon_unavailable:
+        pytest.skip(f"nothing to fall back from: {dispatch.gluon_unavailable}")
+    monkeypatch.setattr(dispatch, "gluon_unavailable", dispatch.gluon_unavailable)
+    monkeypatch.setattr(dispatch.flash_attn_hopper, "flash_attn_forward_hopper", failing)
+    monkeypatch.setattr(dispatch.flash_attn_hopper, "flash_attn_backward_dkdv_hopper", failing)
+    for module in (forward, backward):  # they import on_hopper by name
+        monkeypatch.setattr(module, "on_hopper", lambda device: True)
+    return calls
+
+
+def calls_and_warnings(call, times: int) -> list[warnings.WarningMessage]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(times):
+            call()
+    return [w for w in caught if issubclass(w.category, RuntimeWarning) and "Gluon" in str(w.message)]
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_a_gluon_forward_that_fails_to_build_warns_once_and_routes_to_triton(gluon_that_fails_to_build):
+    """The first call that reaches the Gluon forward, on a Triton that cannot build it, warns once
+    and runs the Triton kernel (right result); dispatch.gluon_unavailable then says why, and later
+    calls go to the Triton kernel without trying the Gluon one again."""
+    q, k, v = make_qkv(*GLUON_SHAPE, torch.float16, "cpu")
+    out_like = torch.empty_like(q)
+    assert fwd_memory_path(GLUON_FWD_CONFIG, q, k, v, out_like, True) == HOPPER_GLUON_PATH
+    outs = []
+    caught = calls_and_warnings(lambda: outs.append(flash_attn_func(q, k, v, causal=True,
+                                                                    fwd_config=GLUON_FWD_CONFIG)), times=2)
+    assert len(gluon_that_fails_to_build) == 1, "a later call tried the Gluon forward again"
+    assert len(caught) == 1 and "thread_barrier" in str(caught[0].message), [str(w.message) for w in caught]
+    assert "failed to compile" in dispatch.gluon_unavailable and "thread_barrier" in dispatch.gluon_unavailable
+    assert fwd_memory_path(GLUON_FWD_CONFIG, q, k, v, out_like, True) != HOPPER_GLUON_PATH
+    ref, _ = attention_reference(q, k, v, causal=True)
+    for out in outs:
+        assert_close_to_reference("out", out, ref, attention_same_dtype(q, k, v, causal=True))
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_a_gluon_dkdv_kernel_that_fails_to_build_warns_once_and_routes_to_triton(gluon_that_fails_to_build,
+                                                                                monkeypatch):
+    """The same for the backward's Gluon dK/dV kernel: one warning, the Triton dK/dV and dQ
+    kernels give the gradients, and the next backward does not try the Gluon kernel."""
+    q = torch.empty(GLUON_SHAPE[0], GLUON_SHAPE[1], GLUON_SHAPE[3], GLUON_SHAPE[4], dtype=torch.float16)
+    assert bwd_dkdv_path(GLUON_BWD_CONFIG, q, q, q, q) == HOPPER_GLUON_PATH
+    dkdv, dq = spy_backward_kernels(monkeypatch)
+    caught = calls_and_warnings(lambda: check_backward(*GLUON_SHAPE, True, torch.float16, "cpu",
+                                                       bwd_config=GLUON_BWD_CONFIG), times=2)
+    assert len(gluon_that_fails_to_build) == 1, "a later call tried the Gluon dK/dV kernel again"
+    assert len(caught) == 1 and "thread_barrier" in str(caught[0].message), [str(w.message) for w in caught]
+    assert "failed to compile" in dispatch.gluon_unavailable
+    assert len(dkdv.launches) == 2 and len(dq.launches) == 2
+    assert bwd_dkdv_path(GLUON_BWD_CONFIG, q, q, q, q) == "triton"
+
+
+def test_device_capability_is_asked_once_per_device(monkeypatch):
+    """The config lookup asks torch for the device's capability once (it costs ~7 us a call)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: calls.append(index) or (9, 0))
+    configs._is_hopper.cache_clear()
+    try:
+        for _ in range(3):
+            assert configs.default_bwd_config(256, torch.device("cuda", 0)) is HOPPER_BWD_CONFIGS[256]
+            assert configs.default_fwd_config(128, True, torch.device("cuda", 0)) is HOPPER_FWD_CONFIGS[(128, True)]
+        assert calls == [0]
+    finally:
+        configs._is_hopper.cache_clear()
+
+
+def test_hopper_gluon_kernels_compile_for_sm90():
+    """Gluon has no CPU interpreter: compile the forward and the dK/dV kernel (with and without dQ
+    fused) for sm_90 (Triton's bundled ptxas, in a process without TRITON_INTERPRET) and check
+    what makes them fast is there: warp specialisation, TMA loads (and the fused dQ's TMA
+    reduce-adds) and a wgmma left in flight (wait_group 1), no wgmma serialised for want of
+    registers, within sm_90's shared memory. The GPU tests run them against the float64
+    reference."""
+    root = Path(__file__).resolve().parents[1]
+    env = {key: value for key, value in __import__("os").environ.items() if key != "TRITON_INTERPRET"}
+    report = subprocess.run([sys.executable, str(root / "tools" / "compile_check_sm90.py"), "--hopper-gluon"],
+                            capture_output=True, text=True, env=env, check=True).stdout
+    forward_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
+    backward_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
+    # head dims 64 and 128, causal or not; the backward also with dQ fused at head dim 128
+    assert len(forward_lines) == 4 and len(backward_lines) == 6, report
+    fused = [line for line in backward_lines if "fused dQ" in line]
+    assert len(fused) == 2 and all("tma-reduce" in line for line in fused), report
+    # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
+    assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
+    for line in forward_lines + backward_lines:
+        assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
+        assert "1" in re.search(r"wait_group values ([\d ]+)", line).group(1).split(), line
+        assert int(re.search(r"smem (\d+) B", line).group(1)) <= 232448, line  # sm_90's per-block limit

@@ -1,0 +1,329 @@
+"""The FA2 forward and backward (kernels/forward.py, kernels/backward.py, and on Hopper the Gluon
+kernels of kernels/flash_attn_hopper.py) against the float64 reference, by flash-attn's
+criterion (tests/attention_checks.py): causal edge cases, zero-length sequences, determinism,
+autograd and a training step.
+
+On CPU the kernels run in Triton's interpreter (fp16/fp32, small shapes); the `gpu` tests
+repeat the checks in bf16/fp16 at real sizes on a CUDA device.
+"""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from baselines.reference import attention_reference, attention_same_dtype
+from kernels import (
+    configs,
+    flash_attn_func,
+    flash_attn_hopper,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+)
+from kernels.configs import FwdConfig
+from kernels.dispatch import HOPPER_GLUON_PATH, fwd_memory_path
+from kernels.forward import flash_attn_forward
+from kernels.ops import FlashAttnFunc
+from tests.attention_checks import (  # noqa: F401 (poisoned_allocations: a fixture, used by name)
+    CPU_SHAPES,
+    GPU_SHAPES,
+    assert_close_to_reference,
+    check_backward,
+    check_forward,
+    make_qkv,
+    poisoned_allocations,
+    shape_id,
+    spy_backward_kernels,
+)
+
+INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", CPU_SHAPES, ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_forward_matches_reference(shape, causal):
+    check_forward(*shape, causal, torch.float16, "cpu")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 45, 45, 2, 32), (2, 33, 70, 1, 24)], ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_forward_fp32_matches_reference(shape, causal):
+    check_forward(*shape, causal, torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 17, 17, 2, 16), (2, 113, 70, 1, 59), (1, 40, 97, 2, 64),
+                                   (1, 64, 64, 1, 128)], ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_backward_matches_reference(shape, causal):
+    check_backward(*shape, causal, torch.float16, "cpu")
+
+
+@pytest.mark.parametrize("query_major", [False, True], ids=["key-major", "query-major"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 17, 17, 2, 16), (2, 113, 70, 1, 59), (1, 40, 97, 2, 64),
+                                   (1, 64, 64, 2, 16)],  # whole blocks: the unmasked atomics
+                         ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_backward_with_fused_dq_matches_reference(shape, causal, query_major, monkeypatch):
+    """dQ added by the dK/dV kernel (element-wise atomics here: the interpreter has no TMA
+    reduce) instead of the dQ kernel, which must not run: ragged lengths both ways, whole blocks,
+    both dK/dV layouts."""
+    dkdv, dq = spy_backward_kernels(monkeypatch)
+    fusing = dataclasses.replace(configs.INTERPRETER_BWD_CONFIG, fused_dq_min_rows=1, query_major=query_major)
+    check_backward(*shape, causal, torch.float16, "cpu", bwd_config=fusing)
+    assert [launch["FUSED_DQ"] for launch in dkdv.launches] == [1] and not dq.launches
+
+
+# The query-major dK/dV layout (the head-dim-256 production config on Hopper) with the
+# interpreter's block sizes: ragged lengths both ways, a head dim that is not a power of two.
+QUERY_MAJOR_BWD_CONFIG = dataclasses.replace(configs.INTERPRETER_BWD_CONFIG, query_major=True)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 113, 70, 1, 59), (1, 40, 97, 2, 64), (1, 64, 64, 1, 32)], ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_backward_query_major_matches_reference(shape, causal):
+    check_backward(*shape, causal, torch.float16, "cpu", bwd_config=QUERY_MAJOR_BWD_CONFIG)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_backward_fp32_matches_reference():
+    check_backward(1, 50, 37, 2, 24, True, torch.float32, "cpu")
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_causal_bottom_right_when_sq_gt_sk_gives_zero_rows_not_nan():
+    """seqlen_q > seqlen_k with causal: the first seqlen_q - seqlen_k rows see no key, so
+    they output exactly 0 with L = +inf (flash-attn's convention) and their grads are 0."""
+    q, k, v = make_qkv(1, 40, 10, 2, 32, torch.float16, "cpu", requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert torch.all(out[:, :30] == 0) and torch.all(torch.isposinf(lse[:, :, :30]))
+    assert torch.isfinite(lse[:, :, 30:]).all() and out[:, 30:].abs().sum() > 0
+    out.backward(torch.randn_like(out))
+    assert torch.all(q.grad[:, :30] == 0)
+    assert all(torch.isfinite(g).all() for g in (q.grad, k.grad, v.grad))
+
+
+def test_causal_bottom_right_when_sq_lt_sk_sees_the_key_prefix():
+    """seqlen_q < seqlen_k with causal: the last query row sees every key, the first sees
+    seqlen_k - seqlen_q + 1 keys (bottom-right alignment, flash-attn >= 2.1)."""
+    q, k, v = make_qkv(1, 3, 20, 1, 16, torch.float32, "cpu")
+    out = flash_attn_func(q, k, v, causal=True)
+    first_row = flash_attn_func(q[:, :1], k[:, :18], v[:, :18], causal=False)
+    torch.testing.assert_close(out[:, :1], first_row, atol=1e-5, rtol=1e-5)
+    last_row = flash_attn_func(q[:, 2:], k, v, causal=False)
+    torch.testing.assert_close(out[:, 2:], last_row, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_custom_softmax_scale_matches_reference():
+    q, k, v = make_qkv(1, 30, 30, 2, 32, torch.float16, "cpu")
+    out = flash_attn_func(q, k, v, softmax_scale=0.3, causal=True)
+    ref, _ = attention_reference(q, k, v, softmax_scale=0.3, causal=True)
+    assert_close_to_reference("out", out, ref, attention_same_dtype(q, k, v, 0.3, causal=True))
+
+
+def test_reference_softmax_scale_default_is_inverse_sqrt_headdim():
+    q, k, v = make_qkv(1, 5, 5, 1, 16, torch.float32, "cpu")
+    a, _ = attention_reference(q, k, v)
+    b, _ = attention_reference(q, k, v, softmax_scale=1 / math.sqrt(16))
+    torch.testing.assert_close(a, b)
+
+
+def test_packed_variants_equal_unpacked():
+    qkv = torch.randn(2, 33, 3, 2, 32, dtype=torch.float16, requires_grad=True)
+    out_packed = flash_attn_qkvpacked_func(qkv, causal=True)
+    q, k, v = (qkv[:, :, i].detach().clone().requires_grad_() for i in range(3))
+    out = flash_attn_func(q, k, v, causal=True)
+    torch.testing.assert_close(out_packed, out, atol=0, rtol=0)
+    dout = torch.randn_like(out)
+    out_packed.backward(dout)
+    out.backward(dout)
+    torch.testing.assert_close(qkv.grad, torch.stack([q.grad, k.grad, v.grad], dim=2), atol=0, rtol=0)
+
+    kv = torch.stack([k.detach(), v.detach()], dim=2)
+    torch.testing.assert_close(flash_attn_kvpacked_func(q.detach(), kv, causal=True), out.detach(),
+                               atol=0, rtol=0)
+
+
+def test_block_config_does_not_change_the_result():
+    q, k, v = make_qkv(1, 50, 50, 1, 32, torch.float32, "cpu")
+    out_a, lse_a = flash_attn_forward(q, k, v, 0.2, True, FwdConfig(16, 16, 4, 1))
+    out_b, lse_b = flash_attn_forward(q, k, v, 0.2, True, FwdConfig(64, 32, 4, 1))
+    torch.testing.assert_close(out_a, out_b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_a, lse_b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(0, 5), (5, 0), (0, 0)])
+def test_zero_length_sequences(seqlen_q, seqlen_k):
+    q, k, v = make_qkv(2, seqlen_q, seqlen_k, 2, 16, torch.float16, "cpu", requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (2, 2, seqlen_q)
+    assert torch.all(out == 0) and torch.all(torch.isposinf(lse))  # vacuous when seqlen_q == 0
+    out.sum().backward()
+    assert all(g is not None and torch.all(g == 0) for g in (q.grad, k.grad, v.grad))
+
+
+def test_backward_passes_no_gradient_on_when_out_gets_none():
+    """With set_materialize_grads(False) an upstream node that returns no gradient for `out`
+    reaches the backward as None, which it passes on as no gradients."""
+    assert FlashAttnFunc.backward(None, None, None) == (None,) * 9  # one per forward input
+
+
+def test_autograd_materialises_no_gradient_for_lse(monkeypatch):
+    """The non-differentiable lse gets no zero-filled gradient (an allocation and a fill per
+    backward): the backward sees None for it, and the gradient of out still arrives."""
+    seen = []
+    real = FlashAttnFunc.backward
+
+    def spy(ctx, dout, dlse):
+        seen.append((dout is None, dlse is None))
+        return real(ctx, dout, dlse)
+
+    monkeypatch.setattr(FlashAttnFunc, "backward", staticmethod(spy))
+    q, k, v = make_qkv(1, 20, 20, 1, 16, torch.float32, "cpu", requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert not lse.requires_grad
+    out.sum().backward()
+    assert seen == [(False, True)]
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_training_step_reduces_the_loss():
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 2, 16)
+    proj = torch.nn.Linear(16, 3 * 16)
+    opt = torch.optim.SGD(proj.parameters(), lr=0.5)
+    target = torch.randn(2, 16, 2, 16)
+    losses = []
+    for _ in range(3):
+        q, k, v = proj(x).chunk(3, dim=-1)
+        loss = (flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+                - target).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: the same checks in bf16 and fp16 at real sizes (skipped without CUDA).
+# ---------------------------------------------------------------------------------------
+# The shapes the Hopper table sends to the Gluon kernels (head dim 128 from 1k keys, 64 from 4k).
+GLUON_SHAPES = [(2, 1024, 1024, 3, 128), (1, 4096, 4096, 2, 128), (4, 2048, 2048, 1, 128),
+                (1, 16384, 16384, 1, 128), (2, 4096, 4096, 3, 64), (1, 8192, 8192, 2, 64)]
+
+
+def skip_unless_hopper(what: str) -> None:
+    if not configs.on_hopper(torch.device("cuda")):
+        pytest.skip(f"{what} is compiled for Hopper (sm_90) only")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_gpu_forward_matches_reference(shape, causal, dtype):
+    check_forward(*shape, causal, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", GLUON_SHAPES, ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_gpu_hopper_gluon_forward_matches_reference(shape, causal, dtype):
+    """The Gluon forward (kernels/flash_attn_hopper.py), which the Hopper table takes at head dim
+    128 from 1k keys and 64 from 4k, against float64: several batches and heads, both causal modes."""
+    skip_unless_hopper("the Gluon forward")
+    q = torch.empty(shape[0], shape[1], shape[3], shape[4], dtype=dtype, device="cuda")
+    config = configs.default_fwd_config(shape[4], causal, q.device)
+    assert fwd_memory_path(config, q, q, q, q, causal) == HOPPER_GLUON_PATH
+    check_forward(*shape, causal, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 1024, 1024, 2, 64), (1, 2048, 2048, 2, 128),
+                                   (1, 4096, 4096, 1, 128), (1, 1000, 1000, 1, 256), (2, 1024, 1024, 2, 256),
+                                   (1, 777, 1500, 2, 96), (1, 1500, 777, 2, 59),
+                                   # padded to 256 with descriptor loads: ragged both ways
+                                   (1, 777, 1500, 2, 192), (1, 1500, 777, 2, 160)],
+                         ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_gpu_backward_matches_reference(shape, causal, dtype):
+    check_backward(*shape, causal, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused_dq", [True, False], ids=["fused-dq", "dq-kernel"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", GLUON_SHAPES, ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_gpu_hopper_gluon_dkdv_matches_reference(shape, causal, dtype, fused_dq, monkeypatch):
+    """The backward with the Gluon dK/dV kernel (kernels/flash_attn_hopper.py), which the Hopper
+    table takes at head dim 128 from 1k keys with dQ fused (here also at head dim 64, and without
+    fusing, by a config), against float64. The Triton dK/dV kernel must not run; the Triton
+    dQ kernel must run exactly where dQ is not fused (always at head dim 64)."""
+    skip_unless_hopper("the Gluon dK/dV kernel")
+    dkdv, dq = spy_backward_kernels(monkeypatch)
+    gluon_calls = []
+    gluon_dkdv = flash_attn_hopper.flash_attn_backward_dkdv_hopper
+
+    def counted(*args, **kwargs):
+        gluon_calls.append(args[0].shape)
+        return gluon_dkdv(*args, **kwargs)
+
+    monkeypatch.setattr(flash_attn_hopper, "flash_attn_backward_dkdv_hopper", counted)
+    config = dataclasses.replace(configs.default_bwd_config(shape[4], torch.device("cuda")),
+                                 hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=fused_dq)
+    check_backward(*shape, causal, dtype, "cuda", bwd_config=config)
+    fuses = fused_dq and shape[4] == 128
+    assert len(gluon_calls) == 1 and not dkdv.launches and len(dq.launches) == (0 if fuses else 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 1024, 1024, 2, 64), (1, 4096, 4096, 2, 128), (1, 1100, 4200, 2, 128),
+                                   (1, 1500, 777, 2, 96)], ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_gpu_backward_with_fused_dq_matches_reference(shape, causal, dtype, monkeypatch):
+    """dQ fused into the dK/dV kernel (TMA reduce-adds into a float32 accumulator on Hopper,
+    element-wise atomics elsewhere; the CPU tests run the atomic form): ragged lengths both ways
+    (the descriptor drops rows past seqlen_q), a head dim padded to 128, both causal modes."""
+    dkdv, dq = spy_backward_kernels(monkeypatch)
+    fusing = dataclasses.replace(configs.default_bwd_config(shape[4], torch.device("cuda")), fused_dq_min_rows=1,
+                                 hopper_gluon_min_keys=0)  # the Triton dK/dV kernel, not the Gluon one
+    check_backward(*shape, causal, dtype, "cuda", bwd_config=fusing)
+    expected = 2 if configs.on_hopper(torch.device("cuda")) else 1
+    assert [launch["FUSED_DQ"] for launch in dkdv.launches] == [expected] and not dq.launches
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fusing", ["table", "triton-fused-dq"])
+def test_gpu_backward_is_deterministic_at_real_size(fusing):
+    """deterministic=True (the dQ kernel, no atomics), with configs that would fuse dQ otherwise
+    (on Hopper the table's Gluon dK/dV kernel at head dim 128 from 1k keys; the Triton dK/dV kernel
+    with fused_dq_min_rows): five backward passes at a size that spans many programs agree bit for
+    bit."""
+    q, k, v = make_qkv(2, 2048, 2048, 8, 128, torch.bfloat16, "cuda", requires_grad=True)
+    dout = torch.randn_like(q)
+    table = configs.default_bwd_config(128, q.device)
+    fusing = table if fusing == "table" else dataclasses.replace(table, fused_dq_min_rows=1, hopper_gluon_min_keys=0)
+
+    def grads():
+        out = flash_attn_func(q, k, v, causal=True, deterministic=True, bwd_config=fusing)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    first = grads()
+    for _ in range(4):
+        assert all(torch.equal(a, b) for a, b in zip(first, grads()))
