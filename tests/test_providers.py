@@ -8,10 +8,17 @@ import math
 import re
 import sys
 import types
-from typing import ClassVar
 
 import pytest
 import torch
+from peer_fakes import (
+    FakePrefillWrapper,
+    assert_sentence,
+    clear_flashinfer_caches,
+    fake_gpu,
+    install_fake_fa4,
+    install_fake_flashinfer,
+)
 
 from baselines import providers as registry
 from baselines.providers import (
@@ -21,7 +28,6 @@ from baselines.providers import (
     builtin,
     compiled,
     core,
-    decode,
     get_provider,
     packages,
     rungs,
@@ -56,13 +62,6 @@ def test_registry_has_every_contract_name_once_and_get_provider_returns_it():
 def test_unknown_provider_error_names_it_and_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown provider 'no-such-kernel'.*sdpa-flash"):
         get_provider("no-such-kernel")
-
-
-def assert_sentence(reason, who):
-    """A reason a reader can act on: one line of several words, not an empty or bare token."""
-    assert isinstance(reason, str), (who, reason)
-    assert "\n" not in reason and reason == reason.strip(), (who, reason)
-    assert len(reason.split()) >= 3 and len(reason) <= 400, (who, reason)
 
 
 def test_every_provider_is_available_or_says_why_in_a_sentence():
@@ -225,12 +224,6 @@ def test_every_provider_with_a_backward_names_its_backward_kernel():
 # --------------------------------------------------------------------------------------
 # Optional peers without their packages: availability reasons and shape checks
 # --------------------------------------------------------------------------------------
-def _fake_gpu(monkeypatch, capability):
-    """Availability checks see a CUDA GPU of `capability` (no kernel runs: the import fails first)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: capability)
-
-
 @pytest.mark.parametrize(("module", "make"), [
     ("flash_attn.cute", lambda: packages.optional_cuda_package("flash_attn.cute", "flash-attn-4",
                                                                lambda: None, packages.fa4_arch)),
@@ -238,7 +231,7 @@ def _fake_gpu(monkeypatch, capability):
                                                           core.min_arch(8))),
 ])
 def test_a_peer_that_does_not_import_says_which_package_to_install(monkeypatch, module, make):
-    _fake_gpu(monkeypatch, (9, 0))
+    fake_gpu(monkeypatch, (9, 0))
     monkeypatch.setitem(sys.modules, module, None)  # makes the import fail
     reason = make()()
     assert_sentence(reason, module)
@@ -246,7 +239,7 @@ def test_a_peer_that_does_not_import_says_which_package_to_install(monkeypatch, 
 
 
 def test_the_registered_fa4_availability_reports_the_failed_import(monkeypatch):
-    _fake_gpu(monkeypatch, (9, 0))
+    fake_gpu(monkeypatch, (9, 0))
     monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
     availability = get_provider("fa4").availability
     availability.cache_clear()
@@ -261,7 +254,7 @@ def test_the_registered_fa4_availability_reports_the_failed_import(monkeypatch):
 def test_fa2_package_is_probed_by_its_own_module_not_fa4s_namespace(monkeypatch):
     """FA4's wheel makes `flash_attn` a namespace package holding only `cute`: with FA4 alone
     installed, the flash-attn (FA2) provider must say that FA2's module is missing."""
-    _fake_gpu(monkeypatch, (9, 0))
+    fake_gpu(monkeypatch, (9, 0))
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))  # FA4's namespace, no FA2
     monkeypatch.setitem(sys.modules, "flash_attn.flash_attn_interface", None)
     availability = get_provider("flash-attn").availability
@@ -350,38 +343,12 @@ def test_fa4_kernel_regexes_select_its_main_kernels_not_the_small_ones_around_th
 # --------------------------------------------------------------------------------------
 # FA4's and FlashInfer's argument mapping, through fake modules in sys.modules
 # --------------------------------------------------------------------------------------
-class _Recorder:
-    """Stands in for a package function: records each call, computes attention with the
-    float64 reference so the caller's use of the result is checked too."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, *args, **kwargs):
-        self.calls.append((args, kwargs))
-        q, k, v = args[:3]
-        lengths = kwargs.get("seqused_k")
-        out, lse = attention_reference(q, k, v, softmax_scale=kwargs.get("softmax_scale"),
-                                       causal=kwargs.get("causal", False), seqlens_k=lengths)
-        return out.to(q.dtype), lse.float()
-
-
-def _fake_fa4(monkeypatch):
-    cute = types.ModuleType("flash_attn.cute")
-    cute.flash_attn_func, cute.flash_attn_varlen_func = _Recorder(), _Recorder()
-    package = types.ModuleType("flash_attn")
-    package.cute = cute
-    monkeypatch.setitem(sys.modules, "flash_attn", package)
-    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
-    return cute
-
-
 @pytest.mark.parametrize("causal", [False, True])
 def test_fa4_forward_passes_scale_and_mask_by_keyword_and_returns_the_output(monkeypatch, causal):
     """flash_attn.cute.flash_attn_func(q, k, v, qv=None, ...): a positional scale would land in
     `qv`. The wrapper passes q, k, v positionally, the rest by keyword, and returns `out` of
     the (out, lse) pair."""
-    cute = _fake_fa4(monkeypatch)
+    cute = install_fake_fa4(monkeypatch)
     q, k, v = _inputs(40, 40, "cpu", seed=11)
     out = get_provider("fa4").forward(q, k, v, causal, 0.2)
     (args, kwargs), = cute.flash_attn_func.calls
@@ -398,43 +365,10 @@ def test_fa4_config_records_its_version_and_no_split_kv(monkeypatch):
     assert config["version"] == "4.0.0b36" and config["nvidia-cutlass-dsl"] == "4.8.1" and config["num_splits"] == 1
 
 
-class _FakePrefillWrapper:
-    """flashinfer.BatchPrefillWithRaggedKVCacheWrapper: plan() records, run() computes the
-    ragged (packed) attention sequence by sequence from the planned indptrs."""
-
-    instances: ClassVar[list] = []
-
-    def __init__(self, workspace, layout):
-        assert layout == "NHD" and workspace.dtype == torch.uint8
-        self.plans = []
-        _FakePrefillWrapper.instances.append(self)
-
-    def plan(self, qo_indptr, kv_indptr, heads, kv_heads, hdim, **kwargs):
-        self.plans.append((qo_indptr.tolist(), kv_indptr.tolist(), heads, kv_heads, hdim, kwargs))
-
-    def run(self, q, k, v):
-        qo, kv, *_, kwargs = self.plans[-1]
-        assert q.dim() == 3 and q.shape[0] == qo[-1] and k.shape[0] == kv[-1]
-        outs = [attention_reference(q[None, qo[b]:qo[b + 1]], k[None, kv[b]:kv[b + 1]], v[None, kv[b]:kv[b + 1]],
-                                    softmax_scale=kwargs["sm_scale"], causal=kwargs["causal"])[0][0]
-                for b in range(len(qo) - 1)]
-        return torch.cat(outs).to(q.dtype)
-
-
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
-    module = types.ModuleType("flashinfer")
-    module.BatchPrefillWithRaggedKVCacheWrapper = _FakePrefillWrapper
-    module.BatchDecodeWithPagedKVCacheWrapper = _FakeDecodeWrapper
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(packages, "FLASHINFER_WORKSPACE_BYTES", 1024)
-    for cached in (packages.flashinfer_workspace, packages._flashinfer_prefill_wrapper):
-        cached.cache_clear()
-    _FakePrefillWrapper.instances.clear()
-    _FakeDecodeWrapper.instances.clear()
-    yield module
-    for cached in (packages.flashinfer_workspace, packages._flashinfer_prefill_wrapper):
-        cached.cache_clear()
+    yield install_fake_flashinfer(monkeypatch)
+    clear_flashinfer_caches()
 
 
 @pytest.mark.parametrize(("seqlen_q", "seqlen_k", "causal"), [(24, 24, False), (24, 24, True), (16, 40, True)])
@@ -445,7 +379,7 @@ def test_flashinfer_prefill_packs_the_batch_and_plans_once_per_shape(fake_flashi
     provider = get_provider("flashinfer")
     out = provider.forward(q, k, v, causal, 0.15)
     provider.forward(q, k, v, causal, 0.15)
-    (wrapper,) = _FakePrefillWrapper.instances
+    (wrapper,) = FakePrefillWrapper.instances
     (plan,) = wrapper.plans  # planned once: the second call reuses the plan
     qo_indptr, kv_indptr, heads, kv_heads, hdim, kwargs = plan
     assert qo_indptr == [0, seqlen_q, 2 * seqlen_q, 3 * seqlen_q] and kv_indptr == [0, seqlen_k, 2 * seqlen_k,
@@ -453,193 +387,6 @@ def test_flashinfer_prefill_packs_the_batch_and_plans_once_per_shape(fake_flashi
     assert (heads, kv_heads, hdim) == (4, 2, 32) and kwargs["causal"] is causal and kwargs["sm_scale"] == 0.15
     ref, _ = attention_reference(q, k, v, softmax_scale=0.15, causal=causal)
     assert out.shape == q.shape and torch.equal(out, ref.to(q.dtype))
-
-
-# --------------------------------------------------------------------------------------
-# Decode providers
-# --------------------------------------------------------------------------------------
-POISON = 300.0
-DECODE_NAMES = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "pytorch", "torch-compile", "fa4",
-                "flashinfer", "xformers-splitk")
-
-
-def _decode_inputs(batch=3, heads=8, kv_heads=2, hdim=32, cache_len=48, lengths=(5, 48, 17), seed=0):
-    """Random q and cache; the slots past each sequence's length hold a large finite poison
-    (the contract asks for finite values there: a kernel may load them and multiply by P = 0),
-    which would dominate the scores if a decode attended to it."""
-    generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, 1, heads, hdim, generator=generator, dtype=torch.float16)
-    k, v = (torch.randn(batch, cache_len, kv_heads, hdim, generator=generator, dtype=torch.float16)
-            for _ in range(2))
-    for b, n in enumerate(lengths):
-        k[b, n:], v[b, n:] = POISON, -POISON
-    return q, k, v, torch.tensor(lengths, dtype=torch.int32)
-
-
-def test_decode_registry_has_every_peer_once_and_says_why_one_is_unavailable():
-    assert tuple(decode.DECODE_PROVIDERS) == DECODE_NAMES
-    for provider in decode.DECODE_PROVIDERS.values():
-        assert decode.get_decode_provider(provider.name) is provider and provider.label
-        reason = decode.decode_unavailable_reason(provider)
-        if reason is not None:
-            assert_sentence(reason, provider.name)
-    with pytest.raises(ValueError, match="unknown decode provider 'nope'.*fa4"):
-        decode.get_decode_provider("nope")
-
-
-@pytest.mark.parametrize("name", ["pytorch", "sdpa-math"])
-@pytest.mark.parametrize(("kv_heads", "lengths"), [(8, (48, 48, 48)), (2, (5, 48, 17)), (1, (1, 30, 48))])
-def test_cpu_decode_matches_the_reference_on_its_cache_lengths(name, kv_heads, lengths):
-    q, k, v, cache_seqlens = _decode_inputs(kv_heads=kv_heads, lengths=lengths, seed=kv_heads)
-    out = decode.get_decode_provider(name).decode(q, k, v, cache_seqlens)
-    ref, _ = attention_reference(q, k, v, seqlens_k=cache_seqlens)
-    assert out.shape == q.shape and out.dtype == q.dtype
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
-
-
-def test_decode_reads_new_lengths_after_an_in_place_change():
-    """Host copies of the lengths (SDPA's mask) are kept per tensor and version: an in-place
-    update of cache_seqlens must be seen, as the next decode step's lengths."""
-    q, k, v, cache_seqlens = _decode_inputs(lengths=(5, 30, 17), seed=4)
-    k[:, 5:], v[:, 5:] = 0.5, -0.25  # the longer lengths read these slots
-    sdpa_math = decode.get_decode_provider("sdpa-math").decode
-    sdpa_math(q, k, v, cache_seqlens)
-    cache_seqlens.add_(7)
-    ref, _ = attention_reference(q, k, v, seqlens_k=cache_seqlens)
-    out = sdpa_math(q, k, v, cache_seqlens)
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
-
-
-@pytest.mark.parametrize(("change", "match"), [
-    (lambda q, k, v, n: (q.expand(-1, 2, -1, -1), k, v, n), "q must be"),
-    (lambda q, k, v, n: (q, k, v[:, :-1], n), "k_cache and v_cache"),
-    (lambda q, k, v, n: (q[:, :, :5], k, v, n), "kv_heads dividing heads"),
-    (lambda q, k, v, n: (q, k, v, n.long()), "cache_seqlens must be int32"),
-    (lambda q, k, v, n: (q, k.float(), v.float(), n), "share a dtype"),
-])
-def test_decode_inputs_that_break_the_contract_are_refused_naming_the_argument(change, match):
-    with pytest.raises(ValueError, match=match):
-        decode.get_decode_provider("pytorch").decode(*change(*_decode_inputs()))
-
-
-def test_decode_lengths_outside_the_cache_are_refused():
-    q, k, v, _ = _decode_inputs()
-    with pytest.raises(ValueError, match="cache_seqlens must lie in 1..48"):
-        decode.get_decode_provider("sdpa-math").decode(q, k, v, torch.tensor([5, 49, 0], dtype=torch.int32))
-
-
-@pytest.mark.parametrize(("capability", "num_splits"), [((9, 0), 1), ((10, 0), 0)])
-def test_fa4_decode_passes_the_cache_lengths_as_seqused_k_and_no_split_kv_on_hopper(monkeypatch, capability,
-                                                                                   num_splits):
-    cute = _fake_fa4(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: capability)
-    q, k, v, cache_seqlens = _decode_inputs(seed=8)
-    out = decode.get_decode_provider("fa4").decode(q, k, v, cache_seqlens, 0.3)
-    (args, kwargs), = cute.flash_attn_varlen_func.calls
-    assert len(args) == 3 and kwargs["seqused_k"] is cache_seqlens
-    assert kwargs["num_splits"] == num_splits and kwargs["causal"] is False and kwargs["softmax_scale"] == 0.3
-    ref, _ = attention_reference(q, k, v, softmax_scale=0.3, seqlens_k=cache_seqlens)
-    assert torch.equal(out, ref.to(q.dtype))
-
-
-class _FakeDecodeWrapper:
-    """flashinfer.BatchDecodeWithPagedKVCacheWrapper: a paged cache of NHD pages; run()
-    attends each sequence to its pages, the last one filled to last_page_len."""
-
-    instances: ClassVar[list] = []
-
-    def __init__(self, workspace, layout, use_tensor_cores=False):
-        assert layout == "NHD"
-        self.plans, self.use_tensor_cores = [], use_tensor_cores
-        _FakeDecodeWrapper.instances.append(self)
-
-    def plan(self, indptr, indices, last_page_len, heads, kv_heads, hdim, page_size, **kwargs):
-        self.plans.append((indptr.tolist(), indices.tolist(), last_page_len.tolist(), heads, kv_heads, hdim,
-                           page_size, kwargs))
-
-    def run(self, q, paged_kv_cache):
-        indptr, indices, last, heads, kv_heads, hdim, page_size, kwargs = self.plans[-1]
-        k_pages, v_pages = paged_kv_cache
-        assert q.shape[1:] == (heads, hdim) and k_pages.shape[1:] == (page_size, kv_heads, hdim)
-        outs = []
-        for b in range(len(indptr) - 1):
-            pages = indices[indptr[b]:indptr[b + 1]]
-            length = (len(pages) - 1) * page_size + last[b]
-            k_b, v_b = (t[pages].reshape(-1, kv_heads, hdim)[:length][None] for t in (k_pages, v_pages))
-            outs.append(attention_reference(q[b][None, None], k_b, v_b, softmax_scale=kwargs["sm_scale"])[0][0, 0])
-        return torch.stack(outs).to(q.dtype)
-
-
-def test_flashinfer_decode_maps_the_cache_to_one_page_per_sequence_and_plans_once_per_lengths(fake_flashinfer):
-    q, k, v, cache_seqlens = _decode_inputs(seed=9)
-    flashinfer_decode = decode.get_decode_provider("flashinfer").decode
-    out = flashinfer_decode(q, k, v, cache_seqlens)
-    flashinfer_decode(q, k, v, cache_seqlens)
-    (wrapper,) = _FakeDecodeWrapper.instances
-    (plan,) = wrapper.plans
-    assert plan[:3] == ([0, 1, 2, 3], [0, 1, 2], [5, 48, 17]) and plan[6] == 48 and wrapper.use_tensor_cores
-    ref, _ = attention_reference(q, k, v, seqlens_k=cache_seqlens)
-    assert torch.equal(out, ref.to(q.dtype))
-    cache_seqlens[0] = 6  # the next step: a new plan for the new lengths
-    k[0, 5], v[0, 5] = 0.25, -0.5
-    flashinfer_decode(q, k, v, cache_seqlens)
-    assert len(_FakeDecodeWrapper.instances) == 2 and _FakeDecodeWrapper.instances[1].plans[0][2] == [6, 48, 17]
-
-
-def test_xformers_splitk_decode_folds_the_batch_into_a_block_diagonal_bmghk_call(monkeypatch):
-    """The wrapper hands xformers q (1, B, Hkv, G, D) and k/v (1, B*S, Hkv, G, D) with a
-    block-diagonal padded-keys bias; a fake op that attends by that bias's lengths must give
-    the reference's answer, so the layout and the head grouping are xformers' own."""
-    calls = []
-
-    class FakeBias:
-        @classmethod
-        def from_seqlens(cls, q_seqlen, kv_padding, kv_seqlen, device=None):
-            bias = cls()
-            bias.q_seqlen, bias.kv_padding, bias.kv_seqlen = list(q_seqlen), kv_padding, list(kv_seqlen)
-            return bias
-
-    def forward(q5, k5, v5, attn_bias, scale, op):
-        calls.append((q5.shape, k5.shape, op))
-        outs = []
-        for b, length in enumerate(attn_bias.kv_seqlen):
-            start = b * attn_bias.kv_padding
-            qb = q5[0, b].reshape(1, 1, -1, q5.shape[-1])  # (1, 1, Hkv * G, D)
-            kb, vb = (t[0, start:start + length].reshape(1, length, -1, t.shape[-1]) for t in (k5, v5))
-            outs.append(attention_reference(qb, kb, vb, softmax_scale=scale)[0].reshape(q5.shape[2:]))
-        return torch.stack(outs)[None].to(q5.dtype)
-
-    fmha = types.SimpleNamespace(memory_efficient_attention_forward=forward)
-    modules = {"xformers": types.ModuleType("xformers"), "xformers.ops": types.SimpleNamespace(fmha=fmha),
-               "xformers.ops.fmha": types.SimpleNamespace(triton_splitk=types.SimpleNamespace(FwOp="splitK")),
-               "xformers.ops.fmha.attn_bias": types.SimpleNamespace(BlockDiagonalPaddedKeysMask=FakeBias)}
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
-    q, k, v, cache_seqlens = _decode_inputs(seed=10)
-    out = decode.get_decode_provider("xformers-splitk").decode(q, k, v, cache_seqlens)
-    (q_shape, k_shape, op), = calls
-    assert q_shape == (1, 3, 2, 4, 32) and k_shape == (1, 3 * 48, 2, 4, 32) and op == "splitK"
-    ref, _ = attention_reference(q, k, v, seqlens_k=cache_seqlens)
-    assert out.shape == q.shape and ((out.double() - ref).norm() / ref.norm()).item() < 1e-3
-
-
-@pytest.mark.parametrize(("name", "spec", "refused"), [
-    ("fa4", decode.DecodeSpec(8, 32, 8, 128, 8192, "bf16"), None),
-    ("fa4", decode.DecodeSpec(8, 32, 8, 100, 8192, "bf16"), "multiples of 8"),
-    ("fa4", decode.DecodeSpec(8, 32, 8, 128, 8192, "fp32"), "fp16/bf16"),
-    ("flashinfer", decode.DecodeSpec(8, 32, 8, 96, 8192, "bf16"), "head dims"),
-    ("xformers-splitk", decode.DecodeSpec(8, 32, 8, 80, 8192, "fp16"), "head dims"),
-    ("sdpa-flash", decode.DecodeSpec(1, 32, 32, 512, 8192, "bf16"), "up to 256"),
-    ("sdpa-math", decode.DecodeSpec(1, 32, 32, 512, 8192, "fp32"), None),
-])
-def test_decode_shape_checks_refuse_what_the_kernel_does_not_take(name, spec, refused):
-    reason = decode.get_decode_provider(name).supports(spec)
-    assert reason is None if refused is None else refused in reason
-
-
-def test_decode_spec_rejects_kv_heads_that_do_not_divide_heads():
-    with pytest.raises(ValueError, match="DecodeSpec.kv_heads"):
-        decode.DecodeSpec(1, 32, 6, 128, 1024, "bf16")
 
 
 # --------------------------------------------------------------------------------------
@@ -664,3 +411,37 @@ def test_environment_records_each_peer_version_and_blank_for_an_absent_one(monke
     captured = environment.capture_environment()
     assert {column: captured[column] for column in environment.PEER_VERSION_COLUMNS} == {
         "flash_attn_4": "4.0.0b36", "nvidia_cutlass_dsl": "4.8.1", "flashinfer": "", "xformers": ""}
+
+
+# --------------------------------------------------------------------------------------
+# On a GPU: every available peer against the float64 reference
+# --------------------------------------------------------------------------------------
+PREFILL_PEERS = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "torch-compile", "flex-attention", "fa4", "flash-attn",
+                 "flash-attn-3", "flashinfer", "xformers-cutlass", "xformers-flash")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("name", PREFILL_PEERS)
+def test_available_peer_computes_the_reference_forward_and_gradients(name, causal):
+    provider = get_provider(name)
+    reason = unavailable_reason(provider)
+    if reason is not None:
+        pytest.skip(f"{name} is unavailable here: {reason}")
+    spec = Spec("fwd_bwd" if provider.has_backward else "fwd", causal, 128, 384, 2, 4, "bf16")
+    refused = provider.supports(spec)
+    assert refused is None, f"{name} refuses the paper's head dim 128 in bf16: {refused}"
+    generator = torch.Generator(device="cuda").manual_seed(21 + causal)
+    q, k, v = (torch.randn(2, 384, 4, 128, generator=generator, device="cuda", dtype=torch.bfloat16)
+               .requires_grad_(provider.has_backward) for _ in range(3))
+    out = provider.forward(q, k, v, causal, 128 ** -0.5)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = attention_reference(q64, k64, v64, softmax_scale=128 ** -0.5, causal=causal)
+    errors = {"out": ((out.double() - ref).norm() / ref.norm()).item()}
+    if provider.has_backward:
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+        errors.update({f"d{n}": ((g.double() - r).norm() / r.norm()).item()
+                       for n, g, r in zip("qkv", grads, ref_grads, strict=True)})
+    assert max(errors.values()) < 2e-2, (name, errors)
