@@ -198,12 +198,18 @@ RECOMPILE_LIMIT = 4096  # one graph per (shape, grad mode) of a whole sweep fits
 def raise_recompile_limits() -> None:
     """Dynamo recompiles per shape (dynamic=False); at its default limit of 8 it stops
     compiling and runs the function eagerly, i.e. unfused. Raise the limits above any sweep
-    and make hitting them an error instead of a fallback."""
+    and make hitting them an error instead of a fallback. Also lets a compiled backward run
+    again on a retained graph (the harness's backward timing)."""
     import torch._dynamo.config as dynamo_config
+    import torch._functorch.config as functorch_config
 
     dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, RECOMPILE_LIMIT)
     dynamo_config.fail_on_recompile_limit_hit = True
+    # The backward is timed as `out.backward(dout, retain_graph=True)` on one forward's graph
+    # (harness/timing.py); AOTAutograd's donated buffers (saved activations reused by the
+    # backward) refuse a retained graph, so they are off: a memory reuse, not a kernel change.
+    functorch_config.donated_buffer = False
 
 
 class CountingInductor:
