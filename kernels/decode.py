@@ -29,6 +29,7 @@ from .decode_kernels import _fwd_kvcache_combine_kernel, _fwd_kvcache_split_kern
 from .launch import CachedLauncher
 
 PAGE_MULTIPLE = 16  # page sizes the paged cache takes: multiples of this many tokens
+MAX_HEADDIM = 256  # the tile holds the whole head dim (padded to a power of two)
 MAX_SPLITS = 128  # the combine kernel holds all splits of a row in one tile
 PROGRAMS_PER_SM = 2  # the split heuristic's target: two programs per SM keep loads in flight
 MIN_BLOCKS_PER_SPLIT = 4  # below this many key blocks a split's fixed cost shows
@@ -267,6 +268,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
     batch, seqlen_q, heads, headdim = q.shape
+    if not 0 < headdim <= MAX_HEADDIM:
+        raise ValueError(f"q's head dim must be in 1..{MAX_HEADDIM}, got {headdim}")
     device = q.device
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(cache, torch.Tensor) or cache.dim() != 4:
