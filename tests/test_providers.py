@@ -329,14 +329,21 @@ def test_xformers_reason_is_its_own_load_error_on_one_line(monkeypatch):
 
 
 def test_fa4_kernel_regexes_select_its_main_kernels_not_the_small_ones_around_them():
-    """FA4's kernels are named after their classes (flash_attn/cute/flash_fwd_sm90.py etc.)."""
+    """CuTe DSL names a kernel after its mangled function and arguments, the kernel object's
+    module and class first (cutlass/base_dsl/dsl.py `mangle_name`); FA4's classes are in
+    flash_attn/cute/flash_{fwd,bwd}_sm{90,100}.py, flash_fwd_combine.py, flash_bwd_{pre,post}process.py."""
+    def name(module, cls):
+        return f"kernel_cutlass_kernel_flash_attncute{module}{cls}_object_at__tensorptrbf16gmemalign16odiv8_0"
+
     fa4 = get_provider("fa4")
-    for main in ("FlashAttentionForwardSm90", "FlashAttentionForwardSm100"):
-        assert re.search(fa4.kernel_regex, f"kernel_cutlass_{main}_object_at_0x7f"), main
-    for main in ("FlashAttentionBackwardSm90", "FlashAttentionBackwardSm100"):
-        assert re.search(fa4.bwd_kernel_regex, f"kernel_cutlass_{main}_object_at_0x7f"), main
-    for helper in ("FlashAttentionForwardCombine", "FlashAttentionBackwardPreprocess",
-                   "FlashAttentionBackwardPostprocess"):
+    for module, cls in (("flash_fwd_sm90", "FlashAttentionForwardSm90"), ("flash_fwd_sm100", "FlashAttentionForwardSm100")):
+        assert re.search(fa4.kernel_regex, name(module, cls)) and not re.search(fa4.bwd_kernel_regex, name(module, cls))
+    for module, cls in (("flash_bwd_sm90", "FlashAttentionBackwardSm90"), ("flash_bwd_sm100", "FlashAttentionBackwardSm100")):
+        assert re.search(fa4.bwd_kernel_regex, name(module, cls)) and not re.search(fa4.kernel_regex, name(module, cls))
+    for module, cls in (("flash_fwd_combine", "FlashAttentionForwardCombine"),
+                        ("flash_bwd_preprocess", "FlashAttentionBackwardPreprocess"),
+                        ("flash_bwd_postprocess", "FlashAttentionBackwardPostprocess")):
+        helper = name(module, cls)
         assert not re.search(fa4.kernel_regex, helper) and not re.search(fa4.bwd_kernel_regex, helper), helper
 
 

@@ -87,8 +87,9 @@ register(Provider(
     name="fa4", label="FA4 (flash-attn-4, CuTe DSL)", forward=fa4_forward,
     availability=optional_cuda_package("flash_attn.cute", FA4_DISTRIBUTION, probe_call(fa4_forward), fa4_arch),
     supports=fa4_supports,
-    # CuTe DSL names kernels after their class: FlashAttentionForwardSm90 / FlashAttentionBackwardSm90
-    # (not ...ForwardCombine, ...BackwardPreprocess/Postprocess, the small kernels around them)
+    # CuTe DSL names a kernel `kernel_` + its function and arguments mangled, the kernel object's module
+    # and class first: kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at_...
+    # The regexes take the main classes, not ...ForwardCombine, ...BackwardPreprocess/Postprocess around them
     kernel_regex="FlashAttentionForwardSm[0-9]+", bwd_kernel_regex="FlashAttentionBackwardSm[0-9]+",
     config=_fa4_config,
 ))
