@@ -310,6 +310,25 @@ def test_flashinfer_is_forward_only_at_its_head_dims(spec, refused):
     assert reason is None if refused is None else refused in reason
 
 
+def test_a_failed_flashinfer_build_is_reported_by_its_error_lines():
+    build_log = ("Ninja build failed.\n[1/3] /usr/local/cuda/bin/nvcc -gencode=arch=compute_90a -O3 ... batch_prefill.cu\n"
+                 "batch_prefill.cu(41): error: identifier \"__nv_fp8x4_e4m3\" is undefined\nninja: build stopped\n")
+
+    def failing_build():
+        raise RuntimeError(build_log)
+
+    with pytest.raises(RuntimeError) as caught:
+        packages.flashinfer_jit_probe(failing_build, "prefill")()
+    assert str(caught.value).startswith("FlashInfer could not JIT-compile its prefill kernel: batch_prefill.cu(41)")
+    assert "nvcc -gencode" not in str(caught.value)
+
+    def other_failure():
+        raise ValueError("workspace too small")
+
+    with pytest.raises(ValueError, match="workspace too small"):  # not a build: passed on as it is
+        packages.flashinfer_jit_probe(other_failure, "prefill")()
+
+
 def test_xformers_reason_is_its_own_load_error_on_one_line(monkeypatch):
     """Where xformers' compiled ops were built for another torch, the reason is xformers' own
     message (built for / you have), without its multi-line install advice."""

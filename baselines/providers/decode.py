@@ -50,6 +50,7 @@ from baselines.providers.packages import (
     FLASHINFER_HEADDIMS,
     fa4_arch,
     fa4_input_reason,
+    flashinfer_jit_probe,
     flashinfer_workspace,
 )
 
@@ -354,7 +355,8 @@ _register(DecodeProvider(
     fa4_decode_supports, "FlashAttentionForwardSm[0-9]+"))
 _register(DecodeProvider(
     "flashinfer", "FlashInfer decode", flashinfer_decode,
-    optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION, decode_probe(flashinfer_decode), min_arch(8)),
+    optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION,
+                          flashinfer_jit_probe(decode_probe(flashinfer_decode), "decode"), min_arch(8)),
     _in_headdims(FLASHINFER_HEADDIMS, "FlashInfer's decode kernels"), "Decode"))
 _register(DecodeProvider(
     "xformers-splitk", "xformers split-K (Triton)", xformers_splitk_decode,

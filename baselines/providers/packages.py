@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+from collections.abc import Callable
 
 import torch
 
@@ -174,13 +175,28 @@ def flashinfer_supports(spec: Spec) -> str | None:
     return None
 
 
-def _flashinfer_probe() -> None:
-    """One bf16 head-dim-128 prefill: FlashInfer JIT-compiles it with nvcc on first use (minutes
-    on a fresh machine), so a missing or failing compiler shows here, and the paper sweep's
-    most common kernel is compiled before any timing."""
+def flashinfer_jit_probe(call: Callable[[], object], what: str) -> Callable[[], None]:
+    """`call()` with a build failure said in a few words: FlashInfer JIT-compiles its kernels
+    with nvcc on first use, and a failed build's message is mostly the compiler's command line,
+    so the reason keeps the lines that name an error."""
+    def probe() -> None:
+        try:
+            call()
+            torch.cuda.synchronize()
+        except Exception as exc:
+            errors = [line.strip() for line in str(exc).splitlines() if "error" in line.lower()]
+            if not errors:
+                raise
+            raise RuntimeError(f"FlashInfer could not JIT-compile its {what} kernel: {'; '.join(errors[:3])}") from exc
+
+    return probe
+
+
+def _flashinfer_prefill_call() -> None:
+    """One bf16 head-dim-128 prefill (compiled with nvcc on a fresh machine, which can take
+    minutes): the paper sweep's most common kernel, compiled before any timing."""
     q, k, v = (torch.randn(1, 128, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     flashinfer_forward(q, k, v, True, None)
-    torch.cuda.synchronize()
 
 
 def _flashinfer_config(_spec: Spec) -> str:
@@ -191,7 +207,8 @@ def _flashinfer_config(_spec: Spec) -> str:
 
 register(Provider(
     name="flashinfer", label="FlashInfer prefill", forward=flashinfer_forward,
-    availability=optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION, _flashinfer_probe, min_arch(8)),
+    availability=optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION,
+                                       flashinfer_jit_probe(_flashinfer_prefill_call, "prefill"), min_arch(8)),
     supports=flashinfer_supports, has_backward=False,
     kernel_regex="Prefill", config=_flashinfer_config,
 ))
