@@ -157,6 +157,11 @@ def test_several_query_tokens_causal_aligned_to_each_sequence_end(causal, device
         assert torch.isinf(lse[0, :, 0]).all() and (out[0, 0] == 0).all()
 
 
+def test_mqa_tokens_spanning_two_query_tiles_with_a_window(device, poisoned_allocations):
+    # 5 tokens x 16 q heads on one kv head: 80 packed rows, two tiles of 64; keys up to 2 ahead
+    check_decode(2, 5, 16, 1, 16, 48, [48, 30], torch.float16, device, num_splits=2, window_size=(7, 2))
+
+
 def test_splits_agree_with_one_split_to_fp32_rounding(device):
     batch, heads, kv_heads, headdim, capacity = 2, 4, 2, 32, 112
     k_cache, v_cache, _ = make_cache(batch, capacity, kv_heads, headdim, torch.float32, device, [112, 45])
