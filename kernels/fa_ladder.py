@@ -40,8 +40,8 @@ row statistics are reduced across warps through shared memory, and P crosses war
 shared memory before P@V (each warp then owns a slice of O's columns); with BLOCK_M >=
 BLOCK_D the warps split the query rows (split-Q) and nothing crosses warps. This was checked
 by compiling for sm_90 (TTGIR `#ttg.nvidia_mma<{versionMajor = 2, warpsPerCTA = ...}>`,
-ablations/notes.md) and is asserted by the launcher (`warp_split`). The two splits cannot
-share one tile shape, so rung 3 keeps rung 2's tile area, warps and stages and swaps the
+docs/performance.md, the ablation ladder) and is asserted by the launcher (`warp_split`).
+The two splits cannot share one tile shape, so rung 3 keeps rung 2's tile area, warps and stages and swaps the
 tile's sides (BLOCK_M x BLOCK_N = 64 x 128 -> 128 x 64 at head dim 128). Triton's split-K
 exchanges P (BLOCK_M x BLOCK_N fp16) where FA1's CUDA kernel summed partial O (warps x
 BLOCK_M x D fp32), so it communicates less than FA1 did: the split-Q gain measured here
@@ -112,7 +112,7 @@ LADDER = (
 # (same BLOCK_M x BLOCK_N, warps and stages) so that BLOCK_M >= BLOCK_D. Pipelining depth is
 # not a paper technique, so num_stages is one value per head dim for all four rungs; what more
 # stages give rungs 2-3 is a line of its own (ablations/tuning.py). Measurements behind each
-# line: ablations/notes.md.
+# line: docs/performance.md (the ablation ladder) and its generated tables.
 HOPPER_LADDER_CONFIGS = {
     **{(rung, 32): FwdConfig(16, 128, 4, 2) for rung in (0, 1, 2)},  # BLOCK_M 16 < 32
     (3, 32): FwdConfig(128, 16, 4, 2),
@@ -385,6 +385,14 @@ def _ladder_kv_outer_kernel(
                            FEWER_NONMATMUL=FEWER_NONMATMUL)
 
 
+@triton.jit
+def _cta_barrier(token):
+    """One CTA barrier (bar.sync 0) that the compiler keeps: tl.debug_barrier's are merged when
+    nothing touches memory between them. Not available in Triton's interpreter."""
+    tl.inline_asm_elementwise("mov.b32 $0, $1;\n\tbar.sync 0;", "=r,r", [token], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
 # --------------------------------------------------------------------------------------
 # Rungs 2-3: FA2's loop order, one program per (query block, batch x head)
 # --------------------------------------------------------------------------------------
@@ -398,10 +406,12 @@ def _ladder_q_outer_kernel(
     num_heads, seqlen_q, seqlen_k, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, EXTRA_BARRIERS: tl.constexpr = 0,
 ):
     """FA2 Alg. 1 with FA2 Section 3.2's grid: the program owns Q block i (line 3) and keeps
-    O, l, m on chip across all K/V blocks; the warp split comes from BLOCK_M (rung 2 vs 3)."""
+    O, l, m on chip across all K/V blocks; the warp split comes from BLOCK_M (rung 2 vs 3).
+    EXTRA_BARRIERS adds that many CTA barriers to every K/V step and changes nothing else (the
+    shared-memory-versus-synchronisation variant, ablations/parts.py); the rungs use 0."""
     start_m = tl.program_id(0) * BLOCK_M
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
@@ -432,12 +442,16 @@ def _ladder_q_outer_kernel(
                          HEAD_DIM=HEAD_DIM, EVEN_D=EVEN_D, CHECK_N=False)
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, kT, v, offs_m, offs_n, seqlen_q, seqlen_k, sm_scale,
                                       CAUSAL=CAUSAL, MASK=False, FEWER_NONMATMUL=True)
+        for _ in tl.static_range(EXTRA_BARRIERS):
+            _cta_barrier(start_n)
     for start_n in range(full, end, BLOCK_N):
         offs_n = start_n + offs_n_base
         kT, v = _load_kv(K, V, offs_n, offs_d, seqlen_k, stride_ks, stride_vs,
                          HEAD_DIM=HEAD_DIM, EVEN_D=EVEN_D, CHECK_N=True)
         acc, l_i, m_i = _attend_block(acc, l_i, m_i, q, kT, v, offs_m, offs_n, seqlen_q, seqlen_k, sm_scale,
                                       CAUSAL=CAUSAL, MASK=True, FEWER_NONMATMUL=True)
+        for _ in tl.static_range(EXTRA_BARRIERS):
+            _cta_barrier(start_n)
 
     # lines 12-15: one 1/l, L = m + log(l), write O_i and L_i
     out, lse = _finalize(acc, l_i, m_i)
@@ -481,7 +495,8 @@ class LadderLaunch:
 
 
 def plan_ladder_forward(q, k, v, softmax_scale: float | None = None, causal: bool = False, *,
-                        rung: int, config: FwdConfig | None = None, skip_masked_blocks: bool = True):
+                        rung: int, config: FwdConfig | None = None, skip_masked_blocks: bool = True,
+                        extra_barriers: int = 0):
     """Validate, allocate and prepare rung `rung`'s launch without running it: returns
     (out, stats, launch), launch None when there is nothing to compute (see ladder_forward)."""
     if not isinstance(rung, int) or isinstance(rung, bool) or not 0 <= rung < len(LADDER):
@@ -492,6 +507,10 @@ def plan_ladder_forward(q, k, v, softmax_scale: float | None = None, causal: boo
         raise TypeError(f"skip_masked_blocks must be a bool, got {type(skip_masked_blocks).__name__}")
     if not skip_masked_blocks and LADDER[rung].seq_parallel:
         raise ValueError(f"skip_masked_blocks=False needs FA1's loop order (rungs 0-1), got rung {rung}")
+    if not isinstance(extra_barriers, int) or isinstance(extra_barriers, bool) or extra_barriers < 0:
+        raise ValueError(f"extra_barriers must be an int >= 0, got {extra_barriers!r}")
+    if extra_barriers and not LADDER[rung].seq_parallel:
+        raise ValueError(f"extra_barriers needs FA2's loop order (rungs 2-3), got rung {rung}")
     sm_scale = check_ladder_inputs(q, k, v, softmax_scale)
     technique = LADDER[rung]
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
@@ -526,7 +545,8 @@ def plan_ladder_forward(q, k, v, softmax_scale: float | None = None, causal: boo
             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if technique.seq_parallel:
         launch = LadderLaunch(_ladder_q_outer_kernel, (triton.cdiv(seqlen_q, cfg.block_m), batch * heads),
-                              (q, k, v, out, stats[0], *all_strides, heads, seqlen_q, seqlen_k, sm_scale), meta)
+                              (q, k, v, out, stats[0], *all_strides, heads, seqlen_q, seqlen_k, sm_scale),
+                              {**meta, "EXTRA_BARRIERS": extra_barriers})
     else:
         # FA1's running O in HBM (fp32); m and l are the stats (rung 0) or scratch (rung 1)
         o_run = torch.empty((batch, heads, seqlen_q, headdim), device=q.device, dtype=torch.float32)
@@ -544,8 +564,8 @@ def plan_ladder_forward(q, k, v, softmax_scale: float | None = None, causal: boo
 
 
 def ladder_forward(q, k, v, softmax_scale: float | None = None, causal: bool = False, *, rung: int,
-                   config: FwdConfig | None = None,
-                   skip_masked_blocks: bool = True) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+                   config: FwdConfig | None = None, skip_masked_blocks: bool = True,
+                   extra_barriers: int = 0) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Forward pass of ladder rung `rung` (0-3) on q (batch, seqlen_q, heads, headdim), k and v
     (batch, seqlen_k, heads, headdim), fp16/bf16/fp32.
 
@@ -554,9 +574,10 @@ def ladder_forward(q, k, v, softmax_scale: float | None = None, causal: bool = F
     `logsumexp_from_stats(stats)` turns either into the L of the FA2 backward. `config`
     overrides the tile table; on a GPU it must give the rung's warp split (`warp_split`).
     `skip_masked_blocks=False` (rungs 0-1, causal) computes the fully masked blocks too: the
-    ladder's FA1 without causal block skipping."""
+    ladder's FA1 without causal block skipping; `extra_barriers` (rungs 2-3) adds CTA barriers to
+    every K/V step and nothing else."""
     out, stats, launch = plan_ladder_forward(q, k, v, softmax_scale, causal, rung=rung, config=config,
-                                             skip_masked_blocks=skip_masked_blocks)
+                                             skip_masked_blocks=skip_masked_blocks, extra_barriers=extra_barriers)
     if launch is not None:
         launch.run()
     return out, stats

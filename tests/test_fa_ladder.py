@@ -211,6 +211,33 @@ def test_block_skipping_switch_is_refused_where_it_does_not_exist(device):
         ladder_forward(q, k, v, causal=True, rung=0, skip_masked_blocks=0)
 
 
+def test_extra_barriers_are_refused_where_they_do_not_exist(device):
+    q, k, v = make_qkv(1, 50, 50, 2, 32, torch.float16, device)
+    with pytest.raises(ValueError, match="extra_barriers needs FA2's loop order"):
+        ladder_forward(q, k, v, causal=True, rung=0, extra_barriers=1)
+    with pytest.raises(ValueError, match="extra_barriers must be an int >= 0"):
+        ladder_forward(q, k, v, causal=True, rung=3, extra_barriers=-1)
+
+
+@pytest.mark.gpu
+def test_extra_barriers_change_nothing_but_synchronisation_on_gpu():
+    """The shared-memory-versus-synchronisation variant: added CTA barriers (inline bar.sync,
+    which the interpreter lacks) leave the output bit-identical and appear in the PTX."""
+    import re
+
+    from kernels.fa_ladder import plan_ladder_forward
+
+    q, k, v = make_qkv(1, 1000, 1000, 2, 128, torch.float16, "cuda")
+    plain, _ = ladder_forward(q, k, v, causal=True, rung=3)
+    with_barriers, _ = ladder_forward(q, k, v, causal=True, rung=3, extra_barriers=3)
+    torch.testing.assert_close(with_barriers, plain, atol=0, rtol=0)
+    counts = []
+    for extra in (0, 3):
+        _, _, launch = plan_ladder_forward(q, k, v, None, True, rung=3, extra_barriers=extra)
+        counts.append(len(re.findall(r"\bbar\.sync\b", launch.run().asm["ptx"])))
+    assert counts[1] == counts[0] + 2 * 3  # two K/V loops (unmasked, masked), three barriers each
+
+
 def test_rung3_at_head_dim_256_says_why_it_has_no_tile():
     with pytest.raises(NotImplementedError, match="split-Q needs BLOCK_M >= 256"):
         default_ladder_config(3, 256, torch.device("cuda"))

@@ -1,0 +1,116 @@
+"""The reviewers' studies (ablations/reviewers.py, parts.py, reviewers_report.py): every question
+has a section, sentences come from the rows and say "not shown" when spreads overlap, and a
+part runs end to end in Triton's interpreter into rows tagged with their question."""
+
+import math
+import random
+
+import pandas as pd
+import pytest
+
+from ablations.measure import ROW_COLUMNS
+from ablations.parts import PARTS
+from ablations.questions import QUESTIONS
+from ablations.reviewers_report import NOT_SHOWN, SECTIONS, cells, clears, write_reviewers_report
+
+INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
+
+SHAPE = {"mode": "fwd", "causal": True, "hdim": 128, "seqlen": 2048, "batch": 8, "heads": 16, "dtype": "fp16"}
+
+
+def row(question, variant, ms, spread, setting="A", **extra):
+    """A timing row of `ms` milliseconds whose p20-p80 spread is ms +- spread."""
+    return {**dict.fromkeys(ROW_COLUMNS, ""), "question": question, "variant": variant, "label": variant,
+            "setting": setting, **SHAPE, "repeat": 0, "status": "ok", "ms": ms, "ms_p20": ms - spread,
+            "ms_p80": ms + spread, "tflops": 100.0 / ms, "interpreter": False, **extra}
+
+
+def test_every_question_has_a_section_and_the_issue_names():
+    assert [q.question for q in QUESTIONS] == ["warp-split-one-tile", "backward-ladder", "block-size-tuning",
+                                               "fa1-causal-skip", "occupancy", "smem-vs-sync", "triton-vs-cutlass",
+                                               "decode-fa1-cudagraph-compilers"]
+    assert set(SECTIONS) == {q.question for q in QUESTIONS}
+    for q in QUESTIONS:
+        assert q.quote and q.asked_by
+        assert q.part == "" or q.part in PARTS or q.part == "warp-split", q
+
+
+def test_clears_means_the_spreads_do_not_overlap():
+    a, b = (pd.Series({"ms_lo": lo, "ms_hi": hi}) for lo, hi in ((1.0, 1.1), (1.2, 1.3)))
+    assert clears(a, b) and clears(b, a)
+    assert not clears(a, pd.Series({"ms_lo": 1.05, "ms_hi": 1.25}))
+
+
+@pytest.mark.parametrize("spread, clear", [(0.05, True), (0.6, False)])
+def test_causal_skip_sentence_follows_the_rows(spread, clear, tmp_path):
+    noskip = random.uniform(1.7, 2.5)  # any slower time: the sentence must carry its ratio
+    rows = pd.DataFrame([row("fa1-causal-skip", "fwd-rung0-skip", 1.0, spread),
+                         row("fa1-causal-skip", "fwd-rung0-noskip", noskip, spread)])
+    text = write_reviewers_report(rows, pd.DataFrame(columns=["question"]), tmp_path / "r.md")
+    section = text.split("## Causal block skipping in FA1")[1].split("\n## ")[0]
+    assert f"{noskip / 1.0:.2f}x" in section
+    assert ("beyond the spread" in section) == clear
+    assert (f"{NOT_SHOWN}: within the spread" in section) == (not clear)
+
+
+def test_smem_vs_sync_sentence_says_whether_time_follows_barriers(tmp_path):
+    for barrier_ms, verdict in ((1.9, "follows the barriers"), (1.1, "does not follow the barriers alone")):
+        rows = pd.DataFrame([row("smem-vs-sync", "fwd-rung2", 2.0, 0.01), row("smem-vs-sync", "fwd-rung3", 1.0, 0.01),
+                             row("smem-vs-sync", "fwd-rung3-barriers12", barrier_ms, 0.01)])
+        text = write_reviewers_report(rows, pd.DataFrame(columns=["question"]), tmp_path / "r.md")
+        section = text.split("## Shared memory versus synchronisation")[1].split("\n## ")[0]
+        assert f"recovers {(barrier_ms - 1.0) / 1.0:.0%}" in section and verdict in section
+
+
+def test_tuning_sentence_reports_the_gain_over_the_fixed_config(tmp_path):
+    rows = []
+    for seqlen, (fixed_ms, best_ms) in {1024: (1.0, 0.9), 4096: (2.0, 1.6)}.items():
+        for name, ms, fixed in (("a", fixed_ms, True), ("b", best_ms, False), ("c", fixed_ms * 1.5, False)):
+            config = f'{{"kernel": "rung3", "fixed": {str(fixed).lower()}}}'
+            rows.append(row("block-size-tuning", f"tune-rung3 {name}", ms, 0.001, setting="sweep", seqlen=seqlen,
+                            config=config))
+    text = write_reviewers_report(pd.DataFrame(rows), pd.DataFrame(columns=["question"]), tmp_path / "r.md")
+    gains = [1.0 / 0.9, 2.0 / 1.6]
+    assert f"median {pd.Series(gains).median() - 1:.1%}" in text and f"at most {max(gains) - 1:.1%}" in text
+    assert "beyond the spread at 2 of 2 shapes" in text
+
+
+def test_questions_without_rows_say_not_shown(tmp_path):
+    text = write_reviewers_report(pd.DataFrame(columns=ROW_COLUMNS), pd.DataFrame(columns=["question"]),
+                                  tmp_path / "r.md")
+    for q in QUESTIONS:
+        section = text.split(f"## {q.title}")[1].split("\n## ")[0]
+        assert f"**What the rows show:** {NOT_SHOWN}" in section, q.question
+
+
+def test_cells_take_the_median_and_the_widest_spread():
+    rows = pd.DataFrame([row("q", "v", ms, 0.1) | {"repeat": i} for i, ms in enumerate((1.0, 3.0, 2.0))])
+    cell = cells(rows).iloc[0]
+    assert cell["ms"] == 2.0 and math.isclose(cell["ms_lo"], 0.9) and math.isclose(cell["ms_hi"], 3.1)
+    assert cell["repeats"] == 3
+
+
+def test_a_part_runs_end_to_end_in_the_interpreter(tmp_path):
+    """fa1-causal-skip in the interpreter: rows tagged with their question, both variants ok and
+    correct-sized, the report written with the interpreter warning."""
+    import argparse
+
+    from ablations.reviewers import COUNTERS_CSV, REPORT_MD, ROWS_CSV, run
+
+    assert run("fa1-causal-skip", argparse.Namespace(dtype="fp16", repeats=1, ncu="off"), tmp_path) == 0
+    rows = pd.read_csv(tmp_path / ROWS_CSV)
+    assert set(rows["question"]) == {"fa1-causal-skip"}
+    assert set(rows["variant"]) == {"fwd-rung0-skip", "fwd-rung0-noskip"}
+    assert (rows["status"] == "ok").all() and (rows["ms"] > 0).all()
+    assert set(rows["setting"]) == {"A", "B"}
+    report = (tmp_path / REPORT_MD).read_text()
+    assert "NOT performance" in report and "fwd-rung0-noskip" in report
+    assert not (tmp_path / COUNTERS_CSV).exists()
+
+
+def test_reviewers_cli_rejects_an_unknown_part_by_name(tmp_path, capsys):
+    from ablations.reviewers import main
+
+    with pytest.raises(SystemExit):
+        main(["nonsense", "--out", str(tmp_path)])
+    assert "part must be all or one of" in capsys.readouterr().err
