@@ -1,9 +1,10 @@
 """FA2's forward (Algorithm 1) and the backward's dK/dV kernel (Algorithm 2, with or without line
 15's dQ) on Hopper, written in Gluon with FlashAttention-3's layout.
 
-Triton 3.6 compiles the forward of `flash_attn.py` to wgmma, but it waits for every matmul at
+Triton 3.6 compiles the forward of `forward.py` to wgmma, but it waits for every matmul at
 once and its key loop synchronises all warps at CTA-wide barriers, so the softmax does not run
-under a matmul of the same warps (reports/h200/perf_notes.md, "v4 -> v5"). Gluon, Triton's lower-level language, lets a kernel say
+under a matmul of the same warps (docs/performance.md, "Gluon forward with FlashAttention-3's
+warp layout"). Gluon, Triton's lower-level language, lets a kernel say
 which warps do what and when a matmul is waited for. This kernel (FA3, Shah et al. 2024):
 
 - **Warp specialisation:** a producer warp issues the TMA loads of Q, K and V; two consumer
@@ -17,8 +18,8 @@ which warps do what and when a matmul is waited for. This kernel (FA3, Shah et a
 - FA2's non-matmul savings are kept: O unnormalised until one final rescale, the softmax scale
   folded into the exponent's FMA, logsumexp stored, the causal mask only on the diagonal block.
 
-Scope (`flash_attn.fwd_memory_path` picks this path, "gluon-ws", only where
-`hopper_gluon_applies` holds, and `flash_attn_forward` only on an sm_90 device): query and key
+Scope (`dispatch.fwd_memory_path` picks this path, "gluon-ws", only where
+`dispatch.hopper_gluon_applies` holds, and `forward.flash_attn_forward` only on an sm_90 device): query and key
 lengths equal and whole 128-row blocks; head dim 128 (from 1k keys) or 64 (from 4k keys, where
 it measured 0.97-1.10x the Triton kernel, faster on average; at 2k causal it was slower); fp16 or bf16; each tensor a
 (batch * seqlen, heads * head dim) 2D view with rows that do not overlap.
@@ -28,10 +29,10 @@ dO_i tiles, two consumer warpgroups own 64 keys each of a 128-key block and over
 with the next matmul of the same query step. At head dim 128 it can add dQ too, as FA3 does: the
 consumers exchange dS^T through shared memory, each computes half of dQ_i's columns over all 128
 keys and adds them with one TMA reduce-add per step (5 matmuls instead of the Triton backward's 7;
-with element-wise atomics instead, an earlier version was 1.2-1.5x slower, perf_notes "v6 -> v7").
-`flash_attn.flash_attn_backward` takes it at head dim 128 from 1k keys in the same scope
-(`flash_attn.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
-(`flash_attn.bwd_gluon_fuses_dq`).
+with element-wise atomics instead it was 1.2-1.5x slower: docs/performance.md, "Gluon dK/dV with
+dQ fused"). `backward.flash_attn_backward` takes it at head dim 128 from 1k keys in the same scope
+(`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
+(`dispatch.bwd_gluon_fuses_dq`).
 
 Gluon has no CPU interpreter: the CPU tests compile these kernels for sm_90, the GPU tests run them.
 """
@@ -194,7 +195,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does. The descriptors view (batch * seqlen, heads * head dim). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
-    no mask code; v5 passed it as a run-time flag (perf_notes, "v6")."""
+    no mask code (as a run-time flag it cost the non-causal kernel its speed)."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]

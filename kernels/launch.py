@@ -6,8 +6,8 @@ specialisation (a tensor's dtype and 16-byte alignment, an int's size class and 
 launches it. On the H200 machine's host a whole launch took 37-144 us, four of them in a
 forward+backward whose host time (0.5-0.95 ms at seqlen 512) is about its GPU time. Launching
 the `CompiledKernel` that call returned (`compiled[grid](*args)`) skips the binding and the
-lookup: 2-18 us less per launch, 20-39 us per forward+backward (reports/h200/perf_notes.md,
-"v7 -> v8"); the launch itself still costs 35-77 us there.
+lookup: 2-18 us less per launch, 20-39 us per forward+backward (docs/performance.md,
+"Cached launches"); the launch itself still costs 35-77 us there.
 
 `CachedLauncher` keeps that kernel under a key computed from the arguments that determines
 Triton's specialisation, and more finely: each tensor's dtype and alignment, each int's and
