@@ -3,23 +3,24 @@
     python runner.py --suite paper           # Figures 4-7: fwd, bwd, fwd+bwd; all providers
     python runner.py --ablation all          # the FA1 -> FA2 ladder, settings A and B
     python runner.py --list                  # providers, and why any is unavailable here
+    python runner.py --reproduce paper       # regenerate a committed result (see below)
 
 Every measurement is a row of OUT/results.csv, appended as it is made (so an interrupted
 sweep keeps its rows and `--resume` goes on from there); results.json, the plots and
-report.md are then made from the rows of the folder. Without a GPU the Triton kernels run
-in Triton's CPU interpreter on tiny sizes: the pipeline works, the numbers are not performance.
+report.md are then made from the rows of the folder. Every job is checked against the
+float64 reference before it is timed. Without a GPU the Triton kernels run in Triton's CPU
+interpreter on tiny sizes, timed with time.perf_counter: the pipeline works, the numbers are
+not performance.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import math
 import os
-import shlex
-import signal
 import sys
-import uuid
 from pathlib import Path
 
 import torch
@@ -40,17 +41,12 @@ from harness.plan import (
     suite_modes,
     suite_providers,
 )
-from harness.stages import (
-    print_provider_list,
-    rebuild_reports,
-    regression_check,
-    run_counters,
-    summary_table,
-    write_reports,
-)
+from harness.regression import DEFAULT_FALSE_POSITIVE_RATE
+from harness.reproduce import TARGETS, help_text, steps
 from harness.timing import DEFAULT_REP_MS, DEFAULT_WARMUP_MS
 
 REPO_ROOT = Path(__file__).resolve().parent
+SUITES = ("paper", "features", "decode")
 BANNER = ("=" * 88 + "\nNO GPU: Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny sizes.\n"
           "These numbers are NOT performance; they show that the pipeline works.\n" + "=" * 88)
 EXAMPLES = """examples:
@@ -62,7 +58,20 @@ EXAMPLES = """examples:
   python runner.py --ablation all --dtype fp16
   python runner.py --ablation warp-partitioning --ncu
   python runner.py --quick --save-baseline                 # reports/<gpu>/regression/baseline.json
-  python runner.py --quick --compare --tolerance 0.05      # exit code 1 on a regression
+  python runner.py --quick --providers fa2,sdpa-flash --dtype bf16 --repeats 3 --compare
+  python runner.py --quick --provider-file my_kernels.py   # your kernel next to ours (see below)
+  python -m harness.calibrate RUN1 RUN2 RUN3 --out calibration.csv   # the --compare rule's noise
+
+exit codes: 0 done; 1 a regression or a failed configuration (--compare); 2 bad arguments, an
+unusable baseline or nothing compared; 3 the GPU context broke (rows kept, --resume);
+130 interrupted (rows kept, --resume).
+
+--provider-file FILE: a Python file defining PROVIDERS = {name: forward}, forward(q, k, v,
+causal, softmax_scale) -> out in flash-attn's layout (batch, seqlen, heads, headdim),
+backward through autograd; a value may also be a baselines.providers.Provider. They are
+measured after the registry's providers (or where --providers names them), with the same
+accuracy gate, rows and plots. Pass the same file again with --resume.
+
 """
 
 
@@ -129,11 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="runner.py", description=__doc__.split("\n\n")[0].strip() + " Results go to OUT/results.csv, "
         "results.json, plots/ and report.md (ablation: ablation.md).",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXAMPLES + help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run (default: --suite paper)")
     sweep = what.add_mutually_exclusive_group()
-    sweep.add_argument("--suite", choices=("paper",), help="the paper's Figures 4-7: modes x head dims x causal x "
-                       "seqlen 512..16384 with batch = 16384/seqlen and heads = 2048/hdim (default: paper)")
+    sweep.add_argument("--suite", choices=SUITES, help="paper: the paper's Figures 4-7 (modes x head dims x causal x "
+                       "seqlen 512..16384 with batch = 16384/seqlen and heads = 2048/hdim; the default); features: "
+                       "the kernels' features beyond the paper (harness/features.py); decode: decoding against a "
+                       "KV cache (harness/decode.py)")
+    sweep.add_argument("--reproduce", choices=tuple(TARGETS), metavar="TARGET",
+                       help=f"regenerate one committed H200 result from scratch: {', '.join(TARGETS)} (the exact "
+                            "commands are listed at the end of --help); --out defaults to results/reproduce/TARGET")
     sweep.add_argument("--ablation", choices=STUDY_NAMES,
                        help="the ablation ladder of ablations/ladder.py: the rungs of this study on its settings "
                             "A (batch 8) and B (batch 1); fwd, causal, head dim 128, seqlen 2048, 16 heads")
@@ -143,8 +157,11 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--report-only", action="store_true",
                       help="measure nothing: rebuild the report and plots (ablation.md with --ablation) of --out "
                            "from its results.csv and counters.csv, e.g. after merging runs into one folder")
-    what.add_argument("--list", action="store_true", help="list the providers, whether each is available here "
-                      "and why not, then exit")
+    what.add_argument("--list", action="store_true", help="list the providers (with --provider-file's), whether "
+                      "each is available here and why not, then exit")
+    what.add_argument("--provider-file", type=Path, action="append", metavar="FILE",
+                      help="bring your own kernel: a Python file defining PROVIDERS = {name: forward} (see below); "
+                           "its providers are measured with the others. May be given more than once")
     narrow = parser.add_argument_group("narrowing a sweep (defaults: the paper's; without a GPU: tiny sizes)")
     narrow.add_argument("--providers", type=_csv_of(str, "--providers"),
                         help="comma-separated provider names (see --list). Default: every provider but the "
@@ -202,10 +219,17 @@ def build_parser() -> argparse.ArgumentParser:
                         help="save the results as a performance baseline (default PATH: "
                              "reports/<gpu>/regression/baseline.json)")
     checks.add_argument("--compare", nargs="?", const="", metavar="PATH",
-                        help="compare the results with a baseline (default PATH: reports/<gpu>/regression/baseline.json); "
-                             "a suspected regression is re-measured once; exit code 1 on a regression")
-    checks.add_argument("--tolerance", type=_number("--tolerance", lambda x: 0 <= x < 1, "a fraction in [0, 1), e.g. 0.05 for 5%"), default=0.05,
-                        help="regression tolerance beyond the measured spread, as a fraction (default: %(default)s)")
+                        help="compare each configuration's ratio to sdpa-flash (measured in the same run) with a "
+                             "baseline's (default PATH: reports/<gpu>/regression/baseline.json; the rule is in "
+                             "harness/regression.py); exit code 1 on a regression, 2 when nothing was compared")
+    checks.add_argument("--tolerance", default=0.05,
+                        type=_number("--tolerance", lambda x: 0 <= x < 1, "a fraction in [0, 1), e.g. 0.05 for 5%"),
+                        help="the smallest slowdown --compare reports, as a fraction of the ratio to sdpa-flash "
+                             "(default: %(default)s)")
+    checks.add_argument("--false-positive-rate", default=DEFAULT_FALSE_POSITIVE_RATE,
+                        type=_number("--false-positive-rate", lambda x: 0 < x < 0.5, "a fraction in (0, 0.5)"),
+                        help="per-configuration chance that --compare flags an unchanged kernel, given the noise "
+                             "in calibration.csv next to the baseline (default: %(default)s)")
     ncu = checks.add_mutually_exclusive_group()
     ncu.add_argument("--ncu", dest="ncu", action="store_const", const="also",
                      help="after timing, profile each measured provider's kernel with Nsight Compute "
@@ -220,17 +244,53 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+def _reproduce(args, argv: list[str]) -> int:
+    """--reproduce TARGET: its runner steps in order, into one folder."""
+    out = str(args.out or REPO_ROOT / "results" / "reproduce" / args.reproduce)
+    extra = ["-v"] if args.verbose else []
+    for index, step in enumerate(steps(args.reproduce, out, extra)):
+        print(f"--reproduce {args.reproduce} [{index + 1}]: runner.py {' '.join(step)}", file=sys.stderr)
+        code = main(step)
+        if code not in (0, 1):
+            return code
+    return 0
+
+
+def _other_suite(parser, args, out_dir: Path) -> int:
+    """--suite features|decode: harness/<name>.py's run_suite(args, out_dir)."""
+    module_name = f"harness.{args.suite}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        parser.error(f"--suite {args.suite}: harness/{args.suite}.py is not in this checkout (it defines "
+                     "run_suite(args, out_dir))")
+    if not callable(getattr(module, "run_suite", None)):
+        parser.error(f"--suite {args.suite}: harness/{args.suite}.py has no run_suite(args, out_dir)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = module.run_suite(args, out_dir)
+    return 0 if result is None else int(result)
+
+
+def _check_out(parser, out_dir: Path) -> None:
+    """--out must be a folder this process can write (or create)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        parser.error(f"--out {out_dir} is a file: expected a folder for results.csv, report.md and plots/")
+    parent = next((p for p in [out_dir, *out_dir.parents] if p.exists()), None)
+    if parent is not None and not (parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)):
+        parser.error(f"--out {out_dir}: {parent} is not a folder this user can write to")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.reproduce:
+        return _reproduce(args, argv or sys.argv[1:])
     interpreter = not torch.cuda.is_available()
     if interpreter:
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports `kernels` (decoration time)
-        if not args.report_only:
+        if not args.report_only and not args.list:
             print(BANNER, file=sys.stderr)
     elif os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("TRITON_INTERPRET=1 is set but a GPU is present: unset it to measure on the GPU")
@@ -239,19 +299,34 @@ def main(argv: list[str] | None = None) -> int:
                      "CUDA graph on the H200): add --modes fwd")
     if interpreter and (args.save_baseline is not None or args.compare is not None):
         parser.error("--save-baseline/--compare need a GPU: numbers from Triton's interpreter are not performance")
+    out_dir = args.out or REPO_ROOT / "results" / datetime.datetime.now(datetime.timezone.utc).strftime(
+        "%Y%m%d-%H%M%S")
+    _check_out(parser, out_dir)
 
-    from baselines.providers import get_provider
-    from harness.results import RESULTS_CSV, ResultWriter, completed_keys, load_results, record_run
-    from harness.sweep import Job, Sweep, SweepAborted
-    from reports.environment import capture_environment, throttle_warnings
+    from baselines.providers import PROVIDERS
+    from harness.io import FolderBusy, FolderLock
+    from harness.provider_file import ProviderFileError, file_digest, load_provider_file
+    from harness.results import RESULTS_CSV
+    from harness.stages import execute, print_provider_list, rebuild_reports
 
+    extra = {}
+    for path in args.provider_file or []:
+        try:
+            for provider in load_provider_file(path, {*PROVIDERS, *extra}):
+                extra[provider.name] = provider
+        except ProviderFileError as exc:
+            parser.error(str(exc))
     if args.list:
-        print_provider_list()
+        print_provider_list(extra.values())
         return 0
+    if args.suite in ("features", "decode"):
+        return _other_suite(parser, args, out_dir)
     if args.ablation:
         jobs, provider_names = ablation_plan(args, interpreter)
     else:
         jobs, provider_names = suite_jobs(args, interpreter), suite_providers(args)
+        if not args.providers:
+            provider_names += list(extra)
     if args.ncu is None:  # the ablation profiles its rungs whenever Nsight Compute can
         from harness.ncu import ncu_status
 
@@ -261,87 +336,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"no Nsight Compute counters: {reason}", file=sys.stderr)
     if args.fa2_fwd_config is not None:
         from baselines.providers import override_fa2_fwd_config
-        from kernels.flash_attn import FwdConfig
+        from kernels import FwdConfig
 
         override_fa2_fwd_config(FwdConfig(*args.fa2_fwd_config))
-    try:
-        providers = [get_provider(name) for name in provider_names]
-    except ValueError as exc:
-        parser.error(f"--providers: {exc}")
-    out_dir = args.out or REPO_ROOT / "results" / datetime.datetime.now(datetime.timezone.utc).strftime(
-        "%Y%m%d-%H%M%S")
+    known = {**PROVIDERS, **extra}
+    unknown = [name for name in provider_names if name not in known]
+    if unknown:
+        parser.error(f"--providers: unknown provider {unknown[0]!r}; known providers: {', '.join(known)}")
+    providers = [known[name] for name in provider_names]
     if args.report_only:
         return rebuild_reports(args, out_dir)
     if (out_dir / RESULTS_CSV).exists() and not args.resume:
         parser.error(f"--out {out_dir} already holds {RESULTS_CSV}: pass --resume to add to it, "
                      "or choose another folder")
     out_dir.mkdir(parents=True, exist_ok=True)
-
-    environment = capture_environment()
-    run = {"run_id": f"{environment['timestamp']} {uuid.uuid4().hex[:8]}", "command": shlex.join([sys.executable, *sys.argv]),
-           "arguments": {k: v if not isinstance(v, Path) else str(v) for k, v in vars(args).items()},
-           "environment_before": environment, "finished": None}
-    record_run(out_dir, run)
-    print(f"{len(jobs)} configurations x {len(providers)} providers -> {out_dir / RESULTS_CSV}", file=sys.stderr)
-    device = torch.device("cpu" if interpreter else "cuda")
-    warmup_ms = args.warmup_ms or (QUICK_WARMUP_MS if args.quick else DEFAULT_WARMUP_MS)
-    rep_ms = args.rep_ms or (QUICK_REP_MS if args.quick else DEFAULT_REP_MS)
-
-    def new_sweep(writer, skip=frozenset()):
-        from tqdm import tqdm
-
-        return Sweep(writer, environment, device=device, repeats=args.repeats, warmup_ms=warmup_ms, rep_ms=rep_ms,
-                     cuda_graph=args.cuda_graph, skip=skip, log=tqdm.write if args.verbose else None)
-
-    exit_code = 0
-    if args.ncu != "only":
-        skip = frozenset(completed_keys(load_results(out_dir))) if args.resume else frozenset()
-        signal.signal(signal.SIGTERM, _interrupt)  # a time limit's SIGTERM: keep the rows, write the reports
-        with ResultWriter(out_dir / RESULTS_CSV) as writer:
-            try:
-                counts = new_sweep(writer, skip).run(jobs, providers)
-                print(f"rows written: {dict(counts)}", file=sys.stderr)
-            except SweepAborted as exc:
-                print(f"SWEEP ABORTED: {exc}", file=sys.stderr)
-                exit_code = 3
-            except KeyboardInterrupt:
-                print(f"INTERRUPTED: the rows measured so far are in {out_dir / RESULTS_CSV}; run the same "
-                      "command with --resume to go on", file=sys.stderr)
-                exit_code = 130
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    after = capture_environment()
-    run.update(environment_after=after, throttle_warnings=throttle_warnings(environment, after),
-               finished=after["timestamp"] if exit_code == 0 else None, exit_code=exit_code)
-    record_run(out_dir, run)
-    for warning in run["throttle_warnings"]:
-        print(f"WARNING: {warning}", file=sys.stderr)
-
-    df = load_results(out_dir)
-    counters = run_counters(jobs, provider_names, df, out_dir, args.ncu == "only") if args.ncu != "off" else None
-
-    if args.compare is not None or args.save_baseline is not None:
-        def remeasure(keys):
-            """Measure the configurations `keys` (regression KEY_COLUMNS) again; their new rows."""
-            import pandas as pd
-
-            from baselines.providers import Spec
-
-            settings = {job.spec: job.setting for job in jobs}
-            with ResultWriter(out_dir / RESULTS_CSV) as writer:
-                sweep = new_sweep(writer)
-                for key in keys.itertuples(index=False):
-                    spec = Spec(key.mode, bool(key.causal), int(key.hdim), int(key.seqlen), int(key.batch),
-                                int(key.heads), key.dtype)
-                    sweep.run([Job(spec, settings.get(spec, ""))], [get_provider(key.provider)], progress=False)
-            return pd.DataFrame(sweep.rows)
-
-        exit_code = max(exit_code, regression_check(args, df, environment, out_dir, remeasure))
-        record_run(out_dir, run)  # results.json with any re-measured rows
-
-    # reports last, from the final rows (a re-measured key replaces its first measurement)
-    write_reports(args, load_results(out_dir), out_dir, counters)
-    print(summary_table(load_results(out_dir)))
-    print(f"results: {out_dir}")
+    files = {str(path): file_digest(path) for path in args.provider_file or []}
+    try:
+        with FolderLock(out_dir):
+            exit_code = execute(args, jobs, providers, out_dir, interpreter, {"provider_files": files})
+    except FolderBusy as exc:
+        print(f"runner.py: error: {exc}", file=sys.stderr)
+        return 2
     if interpreter:
         print(BANNER, file=sys.stderr)
     return exit_code

@@ -191,9 +191,17 @@ def _profile_one(job: NcuJob, metrics: list[str], timeout_s: float, log_path: Pa
     kernel = kernels.iloc[0]  # --launch-count 1: one row
     row = {"status": "ok", "kernel_name": kernel.get("Kernel Name", ""),
            "block_size": kernel.get("Block Size", ""), "grid_dims": kernel.get("Grid Size", "")}
-    row.update({metric: kernel.get(metric, math.nan) for metric in metrics})
-    without_value = [metric for metric in metrics if pd.isna(row[metric])]
-    row["reason"] = f"ncu gave no value (n/a) for {', '.join(without_value)}" if without_value else ""
+    problems = dict(kernels.attrs.get("problems", {}))
+    for metric in metrics:
+        value, problem = metric_value(kernel.get(metric, math.nan))
+        row[metric] = value
+        if problem:
+            problems.setdefault(metric, problem)
+    notes = [f"{metric}: {problems[metric]}" for metric in metrics if metric in problems]
+    without_value = [metric for metric in metrics if pd.isna(row[metric]) and metric not in problems]
+    if without_value:
+        notes.append(f"ncu gave no value (n/a) for {', '.join(without_value)}")
+    row["reason"] = _one_line("; ".join(notes), limit=1000)
     return row
 
 
@@ -234,35 +242,81 @@ def profile_providers(jobs, out_dir, timeout_s: float = DEFAULT_TIMEOUT_S, metri
 # Parsing `ncu --csv --page raw`
 # --------------------------------------------------------------------------------------
 SI_PREFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-COUNTED_UNITS = ("byte", "inst", "cycle", "warp", "block", "thread")
-TIME_IN_NS = {"nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
+BINARY_PREFIX = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+COUNTED_UNITS = ("byte", "inst", "cycle", "warp", "block", "thread", "request", "sector", "wavefront",
+                 "register", "SM", "transaction")
+BYTE_SYMBOLS = {"B": "byte"}  # 'KiB' = Ki + B
+TIME_IN_NS = {"psecond": 1e-3, "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
+PLAIN_UNITS = ("", "%", "none", "inst", "cycle", "byte", "warp", "block", "thread", "register", "SM", "Hz",
+               "nsecond", "request", "sector", "wavefront", "transaction")
+NOT_AVAILABLE = ("", "n/a", "na", "-")
+THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d+)?([eE][-+]?\d+)?$")
 
 
-def _base_unit(unit: str) -> tuple[str, float]:
-    """(base unit, factor) for a unit ncu may print scaled ('Mbyte', 'Kbyte/block', 'usecond')."""
-    if unit in TIME_IN_NS:
-        return "nsecond", TIME_IN_NS[unit]
-    counted, per, rest = unit.partition("/")
-    if counted[:1] in SI_PREFIX and counted[1:] in COUNTED_UNITS:
-        return counted[1:] + per + rest, SI_PREFIX[counted[:1]]
-    return unit, 1.0
+def _scaled(part: str) -> tuple[str, float] | None:
+    """('byte', 1024.0) for 'KiB', ('inst', 1e6) for 'Minst', ('nsecond', 1e3) for 'usecond',
+    (part, 1) for a base unit; None for a unit this parser does not know."""
+    if part in TIME_IN_NS:
+        return "nsecond", TIME_IN_NS[part]
+    if part in PLAIN_UNITS:
+        return part, 1.0
+    if part in BYTE_SYMBOLS:
+        return BYTE_SYMBOLS[part], 1.0
+    for prefixes in (BINARY_PREFIX, SI_PREFIX):
+        for prefix, factor in prefixes.items():
+            rest = part[len(prefix):]
+            if part.startswith(prefix) and (rest in COUNTED_UNITS or rest in BYTE_SYMBOLS or rest == "Hz"):
+                return BYTE_SYMBOLS.get(rest, rest), factor
+    return None
+
+
+def _base_unit(unit: str) -> tuple[str, float] | None:
+    """(base unit, factor) for a unit ncu may print scaled ('Mbyte', 'Kbyte/block', 'usecond',
+    'KiB', 'Gbyte/second'); None for a unit it does not know (its values are not used)."""
+    parts = unit.strip().split("/")
+    scaled = [_scaled(part) for part in parts]
+    if any(s is None for s in scaled):
+        return None
+    base, factor = scaled[0]
+    for name, divisor in scaled[1:]:
+        base, factor = f"{base}/{name}", factor / divisor
+    return base, factor
 
 
 def _number(text: str) -> float:
-    """A metric value as a float; ValueError for a value that is text ('No-CC', a GPU name)."""
-    cleaned = text.strip().replace(",", "")
-    if cleaned in ("", "n/a"):
+    """A metric value as a float: '1,234,567' (thousands separators), 'n/a' or 'N/A' -> NaN;
+    ValueError for anything else that is not a number ('No-CC', '24,61')."""
+    cleaned = text.strip()
+    if cleaned.lower() in NOT_AVAILABLE:
         return math.nan
+    if "," in cleaned:
+        if not THOUSANDS.match(cleaned):
+            raise ValueError(f"{text!r} is not a number (a comma that does not separate thousands)")
+        cleaned = cleaned.replace(",", "")
     return float(cleaned)
 
 
-def _numeric_column(values: pd.Series, factor: float) -> pd.Series | None:
-    """The column as floats in base units, or None when it holds text (ncu's raw page also
-    lists device attributes such as 'device__attribute_confidential_computing_mode' = 'No-CC')."""
+def metric_value(value) -> tuple[float, str]:
+    """(value, problem) of one parsed cell: a float as is, text parsed by _number."""
+    if isinstance(value, (int, float)):
+        return float(value), ""
     try:
-        return values.map(_number) * factor
+        return _number(str(value)), ""
     except ValueError:
-        return None
+        return math.nan, f"ncu printed {str(value)!r}, not a number"
+
+
+def _unique_header(header: list[str], problems: dict[str, str]) -> list[str]:
+    """The header with repeated names made unique ('name#2'); the repeats are dropped later."""
+    seen: dict[str, int] = {}
+    unique = []
+    for name in header:
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            problems[name] = f"ncu printed the column {name!r} {seen[name]} times; the first is used"
+            name = f"{name}#{seen[name]}"
+        unique.append(name)
+    return unique
 
 
 def parse_ncu_csv(text: str) -> pd.DataFrame:
@@ -270,27 +324,58 @@ def parse_ncu_csv(text: str) -> pd.DataFrame:
     columns ('ID', 'Kernel Name', 'Block Size', 'Grid Size', ...) as text and every metric
     column (a name with '__') as a float in base units (nanoseconds, bytes). '==PROF==' and
     other '==' lines and anything the target printed before the table are skipped; thousands
-    separators are removed; 'n/a' becomes NaN. `frame.attrs['units']` maps metric -> unit.
-    No table (no kernel profiled) gives an empty frame."""
+    separators are removed; 'n/a' (any case) becomes NaN. A metric whose unit is unknown, whose
+    units row does not line up with the header, or whose value is not a number is NaN, with
+    the reason in `frame.attrs['problems']` (metric -> text); `frame.attrs['units']` maps
+    metric -> base unit. A repeated column keeps its first copy. No table gives an empty frame."""
     lines = [line for line in text.splitlines() if line.strip() and not line.startswith("==")]
     start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
     if start is None:
         return pd.DataFrame()
     header, *records = csv.reader(lines[start:])
+    problems: dict[str, str] = {}
+    units: dict[str, str] | None = {}
+    if records and records[0] and records[0][0] == "":  # the units row has no kernel ID
+        units_row = records.pop(0)
+        if len(units_row) == len(header):
+            units = dict(zip(header, units_row, strict=True))
+        else:
+            units = None
+            problem = f"the units row has {len(units_row)} fields for {len(header)} columns"
+    skipped = sum(len(record) != len(header) for record in records)
     records = [record for record in records if len(record) == len(header)]
-    units = {}
-    if records and records[0][0] == "":  # the units row has no kernel ID
-        units = dict(zip(header, records.pop(0)))
-    frame = pd.DataFrame(records, columns=header)
+    columns = _unique_header(header, problems)
+    frame = pd.DataFrame(records, columns=columns)
+    frame = frame[[column for column in columns if "#" not in column or column in header]]
     base_units = {}
-    for column in header:
+    for column in frame.columns:
         if "__" not in column:
             continue
-        unit, factor = _base_unit(units.get(column, ""))
-        numeric = _numeric_column(frame[column], factor)
-        if numeric is None:
-            continue  # a text attribute stays text
-        frame[column] = numeric
-        base_units[column] = unit
+        if units is None:
+            frame[column] = math.nan
+            problems[column] = problem
+            continue
+        unit = units.get(column, "")
+        scaled = _base_unit(unit)
+        parsed = [metric_value(value) for value in frame[column]]
+        values = [value for value, _ in parsed]
+        bad = [problem for _, problem in parsed if problem]
+        if bad and len(bad) == len(parsed) and not _looks_numeric(frame[column]):
+            continue  # a text attribute ('device__attribute_confidential_computing_mode' = 'No-CC') stays text
+        if scaled is None:
+            frame[column] = math.nan
+            problems[column] = f"unknown unit {unit!r}: value not used"
+            continue
+        frame[column] = pd.Series(values, index=frame.index, dtype=float) * scaled[1]
+        base_units[column] = scaled[0]
+        if bad:
+            problems[column] = bad[0]
     frame.attrs["units"] = base_units
+    frame.attrs["problems"] = problems
+    frame.attrs["skipped_rows"] = skipped
     return frame
+
+
+def _looks_numeric(values: pd.Series) -> bool:
+    """Whether a column's text is a number gone wrong ('24,61') rather than a word ('No-CC')."""
+    return all(re.fullmatch(r"[-+0-9.,eE ]+", str(value).strip() or "x") for value in values)

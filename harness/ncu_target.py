@@ -21,7 +21,7 @@ import torch
 
 from baselines.flops import MODE_MULTIPLIER
 from baselines.providers import DTYPES, Spec, get_provider, unavailable_reason
-from harness.sweep import random_inputs
+from harness.timing import random_inputs
 
 WARMUP_CALLS = 3
 SEED = 0

@@ -13,12 +13,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import warnings
 from pathlib import Path
 
 import pandas as pd
 
+from harness.io import atomic_write_text
 from reports.environment import ENV_COLUMNS
 
 RESULTS_CSV = "results.csv"
@@ -29,8 +29,10 @@ KEY_COLUMNS = ("provider", "setting", "mode", "causal", "hdim", "seqlen", "batch
 MEASURE_COLUMNS = ("ms", "ms_p20", "ms_p80", "tflops", "tflops_p20", "tflops_p80", "peak_mem_mb", "rel_err")
 COLUMNS = (
     "provider", "label", "setting", "mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype", "repeat",
-    "status", "reason", *MEASURE_COLUMNS, "config", "interpreter", *ENV_COLUMNS,
+    "status", "reason", *MEASURE_COLUMNS, "check_shape", "config", "interpreter", *ENV_COLUMNS,
 )
+# results.csv files written before the accuracy check recorded the shape it checked
+PREVIOUS_COLUMNS = tuple(column for column in COLUMNS if column != "check_shape")
 _INT_COLUMNS = ("hdim", "seqlen", "batch", "heads", "repeat")
 _BOOL_COLUMNS = ("causal", "interpreter")
 
@@ -41,22 +43,40 @@ def row_key(row) -> tuple[str, ...]:
     return tuple(str(row[column]) for column in KEY_COLUMNS)
 
 
+def _clean(value):
+    """A CSV cell: NaN as '', text on one line (a row is one physical line, so a row cut by a
+    killed process can only ever be the last line)."""
+    if isinstance(value, float) and math.isnan(value):
+        return ""
+    if isinstance(value, str):
+        return " ".join(value.splitlines())
+    return value
+
+
+_warned: set[tuple] = set()
+
+
+def _warn_once(key: tuple, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
+
+
 class ResultWriter:
-    """Appends rows to a results CSV, writing the header to a new file and flushing each row."""
+    """Appends rows to a results CSV, writing the header to a new file and flushing each row.
+    An existing file must have this version's header; a last line without its newline (a
+    process killed mid-row) is cut off before appending, with a warning."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.exists() and self.path.stat().st_size > 0:
             with self.path.open(newline="") as f:
-                header = next(csv.reader(f), [])
+                header = next(csv.reader([f.readline()]), [])
             if tuple(header) != COLUMNS:
                 raise ValueError(f"{self.path} has columns {header}, expected {list(COLUMNS)}: it was "
                                  "written by another version of the runner; use a new --out folder")
-            with self.path.open("rb+") as f:  # a process killed mid-row left no newline: end that line
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
+            self._drop_incomplete_last_line()
             new_file = False
         else:
             new_file = True
@@ -66,6 +86,17 @@ class ResultWriter:
             self._writer.writeheader()
             self._file.flush()
 
+    def _drop_incomplete_last_line(self) -> None:
+        data = self.path.read_bytes()
+        if data.endswith(b"\n"):
+            return
+        keep = data.rfind(b"\n") + 1  # the header always ends with a newline
+        with self.path.open("rb+") as f:
+            f.truncate(keep)
+        _warn_once(("cut", str(self.path), len(data)),
+                   f"{self.path}: removed an incomplete last row ({len(data) - keep} bytes, cut by a killed "
+                   "process); it is measured again")
+
     def write(self, row: dict) -> None:
         missing = set(COLUMNS) - set(row)
         extra = set(row) - set(COLUMNS)
@@ -73,7 +104,7 @@ class ResultWriter:
             raise ValueError(f"result row has missing columns {sorted(missing)} / unknown columns {sorted(extra)}")
         if row["status"] not in STATUSES:
             raise ValueError(f"row status must be one of {STATUSES}, got {row['status']!r}")
-        self._writer.writerow({k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()})
+        self._writer.writerow({k: _clean(v) for k, v in row.items()})
         self._file.flush()
 
     def close(self) -> None:
@@ -91,23 +122,45 @@ def _csv_path(path: Path) -> Path:
     return path / RESULTS_CSV if path.is_dir() else path
 
 
+def _parse_lines(csv_path: Path) -> tuple[tuple, list[list[str]], int]:
+    """(header, complete records, number of broken lines). Each physical line is parsed on its
+    own, so a line cut inside a quoted field cannot swallow the lines after it."""
+    with csv_path.open(newline="") as f:
+        lines = f.read().splitlines()
+    header = tuple(next(csv.reader(lines[:1]), ()))
+    width = len(header)
+    status = header.index("status") if "status" in header else -1
+    records, broken = [], 0
+    for line in lines[1:]:
+        if not line.strip():
+            continue
+        try:
+            fields = next(csv.reader([line], strict=True))
+        except (csv.Error, StopIteration):
+            fields = []
+        if len(fields) == width and status >= 0 and fields[status] in STATUSES:
+            records.append(fields)
+        else:
+            broken += 1
+    return header, records, broken
+
+
 def load_results(path: Path) -> pd.DataFrame:
     """Rows of a results CSV (or of the results.csv in a folder), typed, merged: for a key
-    written more than once the last row wins. An absent file gives an empty frame."""
+    written more than once the last row wins. An absent file gives an empty frame; a broken
+    line (a row cut by a killed process) is skipped with one warning per file state. Files
+    of the previous column set (without `check_shape`) are read with that column empty."""
     csv_path = _csv_path(path)
     if not csv_path.exists() or csv_path.stat().st_size == 0:
         return pd.DataFrame(columns=list(COLUMNS))
-    with csv_path.open(newline="") as f:
-        reader = csv.reader(f)
-        header = tuple(next(reader, ()))
-        records = list(reader)
-    if header != COLUMNS:
+    header, records, broken = _parse_lines(csv_path)
+    if header not in (COLUMNS, PREVIOUS_COLUMNS):
         raise ValueError(f"{csv_path} has columns {list(header)}, expected {list(COLUMNS)}")
-    status = COLUMNS.index("status")
-    complete = [r for r in records if len(r) == len(COLUMNS) and r[status] in STATUSES]
-    if len(complete) < len(records):  # a line cut short by a killed process
-        warnings.warn(f"{csv_path}: skipped {len(records) - len(complete)} incomplete row(s)", stacklevel=2)
-    df = pd.DataFrame(complete, columns=list(COLUMNS))
+    if broken:
+        stat = csv_path.stat()
+        _warn_once(("broken", str(csv_path), stat.st_size, stat.st_mtime_ns),
+                   f"{csv_path}: skipped {broken} incomplete row(s) (cut by a killed process)")
+    df = pd.DataFrame(records, columns=list(header)).reindex(columns=list(COLUMNS), fill_value="")
     for column in _INT_COLUMNS:
         df[column] = df[column].astype(int)
     for column in MEASURE_COLUMNS:
@@ -125,29 +178,49 @@ def completed_keys(df: pd.DataFrame) -> set[tuple[str, ...]]:
     return {row_key(row) for _, row in df[df["status"] == "ok"].iterrows()}
 
 
+def recorded_outcomes(df: pd.DataFrame) -> dict[tuple[str, ...], tuple[str, str]]:
+    """Key -> (status, reason) of the last row of every key (a --resume that finds the same
+    failure again does not append it again)."""
+    return {row_key(row): (row["status"], row["reason"]) for _, row in df.iterrows()}
+
+
 def _json_safe(value):
-    if isinstance(value, float) and math.isnan(value):
+    """JSON has no NaN or infinity: they become null (the CSV keeps 'inf')."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # numpy scalars
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
         return None
-    if hasattr(value, "item"):  # numpy scalars
-        return _json_safe(value.item())
     return value
 
 
 def load_runs(out_dir: Path) -> list[dict]:
-    """Metadata of the runs recorded in out_dir/results.json (empty if there is none)."""
+    """Metadata of the runs recorded in out_dir/results.json (empty if there is none). An
+    unreadable file (cut short, not JSON) gives a warning and no runs: the rows themselves
+    live in results.csv."""
     path = Path(out_dir) / RESULTS_JSON
-    return json.loads(path.read_text())["runs"] if path.exists() else []
+    if not path.exists():
+        return []
+    try:
+        document = json.loads(path.read_text())
+        runs = document["runs"]
+        if not isinstance(runs, list):
+            raise TypeError("'runs' is not a list")
+    except (ValueError, KeyError, TypeError) as err:
+        _warn_once(("json", str(path), path.stat().st_size),
+                   f"{path} is unreadable ({type(err).__name__}: {err}): the earlier runs' metadata is lost; "
+                   "the rows are in results.csv and results.json is written anew")
+        return []
+    return runs
 
 
 def record_run(out_dir: Path, run: dict) -> Path:
-    """Write out_dir/results.json: the merged rows of results.csv and the runs' metadata, with
-    `run` added or replacing the run of the same 'run_id' (call at the start and the end of a
-    run, so an interrupted run still leaves its command and starting environment)."""
+    """Write out_dir/results.json atomically: the merged rows of results.csv and the runs'
+    metadata, with `run` added or replacing the run of the same 'run_id' (call at the start
+    and the end of a run, so an interrupted run still leaves its command and starting
+    environment)."""
     out_dir = Path(out_dir)
     runs = [r for r in load_runs(out_dir) if r.get("run_id") != run["run_id"]] + [run]
     rows = [{k: _json_safe(v) for k, v in row.items()} for row in load_results(out_dir).to_dict("records")]
-    path = out_dir / RESULTS_JSON
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"runs": runs, "rows": rows}, indent=1, allow_nan=False, default=str))
-    tmp.replace(path)
-    return path
+    runs = json.loads(json.dumps(runs, default=str), parse_constant=lambda _: None)
+    text = json.dumps({"runs": runs, "rows": rows}, indent=1, allow_nan=False, default=str)
+    return atomic_write_text(out_dir / RESULTS_JSON, text)

@@ -1,18 +1,28 @@
-"""The stages of a run after the sweep: counters, the regression check and the reports."""
+"""The stages of a run: the sweep, Nsight Compute counters, the regression check and the
+reports, in that order, each from the rows of the results folder."""
 
 from __future__ import annotations
 
+import shlex
+import signal
 import sys
+import uuid
 from pathlib import Path
 
-from harness.plan import ABLATION_SWEEP
+import torch
+
+from harness.plan import ABLATION_SWEEP, QUICK_REP_MS, QUICK_WARMUP_MS
+from harness.timing import DEFAULT_REP_MS, DEFAULT_WARMUP_MS
+
+EXIT_REGRESSION, EXIT_NOT_COMPARED, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 2, 3, 130
 
 
-def print_provider_list() -> None:
+def print_provider_list(extra=()) -> None:
     from baselines.providers import PROVIDERS, unavailable_reason
 
-    width = max(len(name) for name in PROVIDERS)
-    for provider in PROVIDERS.values():
+    providers = [*PROVIDERS.values(), *extra]
+    width = max(len(provider.name) for provider in providers)
+    for provider in providers:
         reason = unavailable_reason(provider)
         state = "available" if reason is None else f"unavailable: {reason}"
         backward = "fwd+bwd" if provider.has_backward else "fwd only"
@@ -31,38 +41,75 @@ def summary_table(df, max_rows: int = 60) -> str:
     return table.to_string(float_format=lambda v: f"{v:.4g}")
 
 
-def run_counters(jobs, providers: list[str], df, out_dir: Path, only: bool):
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def measure(args, jobs, providers, out_dir: Path, environment: dict, interpreter: bool) -> int:
+    """The sweep into out_dir/results.csv; returns its exit code (0, aborted, interrupted)."""
+    from tqdm import tqdm
+
+    from harness.results import RESULTS_CSV, ResultWriter, completed_keys, load_results, recorded_outcomes
+    from harness.sweep import Sweep, SweepAborted
+
+    known = load_results(out_dir) if args.resume else None
+    sweep_kwargs = {
+        "device": torch.device("cpu" if interpreter else "cuda"), "repeats": args.repeats,
+        "warmup_ms": args.warmup_ms or (QUICK_WARMUP_MS if args.quick else DEFAULT_WARMUP_MS),
+        "rep_ms": args.rep_ms or (QUICK_REP_MS if args.quick else DEFAULT_REP_MS), "cuda_graph": args.cuda_graph,
+        "skip": frozenset(completed_keys(known)) if known is not None else frozenset(),
+        "known": recorded_outcomes(known) if known is not None else None,
+        "log": tqdm.write if args.verbose else None}
+    signal.signal(signal.SIGTERM, _interrupt)  # a time limit's SIGTERM: keep the rows, write the reports
+    exit_code = 0
+    try:
+        with ResultWriter(out_dir / RESULTS_CSV) as writer:
+            counts = Sweep(writer, environment, **sweep_kwargs).run(jobs, providers)
+            print(f"rows written: {dict(counts)}", file=sys.stderr)
+    except SweepAborted as exc:
+        print(f"SWEEP ABORTED: {exc}", file=sys.stderr)
+        exit_code = EXIT_ABORTED
+    except KeyboardInterrupt:
+        print(f"INTERRUPTED: the rows measured so far are in {out_dir / RESULTS_CSV}; run the same "
+              "command with --resume to go on", file=sys.stderr)
+        exit_code = EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return exit_code
+
+
+def run_counters(jobs, providers, df, out_dir: Path, only: bool):
     """Nsight Compute counters of each (provider, job) measured ok (every available one with
     --ncu-only) via harness.ncu; returns its DataFrame."""
-    try:
-        from harness.ncu import profile_providers
-        from reports.counters import write_counter_report
-    except Exception as exc:
-        raise SystemExit(f"--ncu needs harness/ncu.py and reports/counters.py: {type(exc).__name__}: {exc}") from exc
-    from baselines.providers import get_provider, unavailable_reason
+    from baselines.providers import unavailable_reason
+    from harness.ncu import profile_providers
     from harness.results import row_key
+    from reports.counters import write_counter_report
 
     measured = {row_key(row) for _, row in df[df["status"] == "ok"].iterrows()}
     ncu_jobs = []
     for job in jobs:
         if job.setting == ABLATION_SWEEP:  # one representative launch per rung and setting
             continue
-        for name in providers:
-            provider = get_provider(name)
+        for provider in providers:
             if only:
-                wanted = unavailable_reason(provider) is None and provider.supports(job.spec) is None
+                try:
+                    wanted = unavailable_reason(provider) is None and provider.supports(job.spec) is None
+                except Exception:  # noqa: BLE001 -- a raising supports() is not profiled
+                    wanted = False
             else:
-                wanted = row_key({"provider": name, "setting": job.setting, **vars(job.spec), "repeat": 0}) in measured
+                key = {"provider": provider.name, "setting": job.setting, **vars(job.spec), "repeat": 0}
+                wanted = row_key(key) in measured
             if wanted:
                 # the backward kernel for 'bwd'; the forward kernel (launched first) for 'fwd_bwd'
                 regex = provider.bwd_kernel_regex if job.spec.mode == "bwd" else provider.kernel_regex
                 if not regex:
-                    print(f"ncu: {name} {job.spec.mode}: no kernel name known to select, not profiled",
+                    print(f"ncu: {provider.name} {job.spec.mode}: no kernel name known to select, not profiled",
                           file=sys.stderr)
                     continue
-                ncu_jobs.append((name, job.spec, regex, job.setting))
+                ncu_jobs.append((provider.name, job.spec, regex, job.setting))
     counters = profile_providers(ncu_jobs, out_dir)
-    write_counter_report(counters, providers, out_dir)
+    write_counter_report(counters, [provider.name for provider in providers], out_dir)
     return counters
 
 
@@ -103,36 +150,69 @@ def rebuild_reports(args, out_dir: Path) -> int:
     return 0
 
 
-def regression_check(args, df, environment: dict, out_dir: Path, remeasure) -> int:
-    """--save-baseline and --compare (reports.regression); returns the exit code."""
-    try:
-        from harness import regression
-        from reports.comparison import format_comparison, write_comparison
-    except Exception as exc:
-        raise SystemExit(f"--save-baseline/--compare need harness/regression.py: {type(exc).__name__}: {exc}") from exc
+def regression_check(args, df, environment: dict, out_dir: Path) -> int:
+    """--save-baseline and --compare (harness.regression); returns the exit code: 1 on a
+    regression or a failed configuration, 2 when nothing could be compared (an unusable
+    baseline, no shared configuration)."""
+    from harness import regression
+    from reports.comparison import format_comparison, write_comparison
+
     status = 0
     if args.compare is not None:
         path = Path(args.compare) if args.compare else regression.baseline_path(environment["gpu"])
         try:
             baseline = regression.load_baseline(path)
-            comparison = regression.compare_to_baseline(df, baseline, environment, args.tolerance)
-            suspects = regression.suspected_regressions(comparison)
-            if not suspects.empty:
-                print(f"{len(suspects)} suspected regression(s): measuring them once more", file=sys.stderr)
-                df = regression.merge_remeasured(df, remeasure(suspects))
-                comparison = regression.compare_to_baseline(df, baseline, environment, args.tolerance)
+            repeats = int(df.loc[df["status"] == "ok", "repeat"].max() + 1) if (df["status"] == "ok").any() else 1
+            sigma = regression.calibrated_sigma(path.parent / regression.CALIBRATION_CSV, repeats)
+            comparison = regression.compare_to_baseline(df, baseline, environment, args.tolerance,
+                                                        args.false_positive_rate, sigma)
         except (regression.BaselineError, regression.BaselineMismatch) as exc:
             print(f"--compare: {exc}", file=sys.stderr)
-            status = 2  # --save-baseline below still runs: the measurements are fine
+            status = EXIT_NOT_COMPARED  # --save-baseline below still runs: the measurements are fine
         else:
             print(format_comparison(comparison))
             print(f"comparison: {write_comparison(comparison, out_dir)}")
-            status = 1 if comparison.regressed else 0
+            if comparison.regressed:
+                status = EXIT_REGRESSION
+            elif comparison.compared == 0:
+                print("--compare: nothing was compared (see the warnings): exit code 2", file=sys.stderr)
+                status = EXIT_NOT_COMPARED
     if args.save_baseline is not None:
         path = Path(args.save_baseline) if args.save_baseline else regression.baseline_path(environment["gpu"])
         try:
             print(f"baseline saved: {regression.save_baseline(df, path, environment)}")
         except ValueError as exc:
             print(f"--save-baseline: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_NOT_COMPARED
     return status
+
+
+def execute(args, jobs, providers, out_dir: Path, interpreter: bool, extra_run_fields: dict) -> int:
+    """Measure, profile, compare and report into out_dir (its lock already held)."""
+    from harness.results import load_results, record_run
+    from reports.environment import capture_environment, throttle_warnings
+
+    environment = capture_environment()
+    run = {"run_id": f"{environment['timestamp']} {uuid.uuid4().hex[:8]}",
+           "command": shlex.join([sys.executable, *sys.argv]),
+           "arguments": {k: v if not isinstance(v, (Path, list)) else str(v) for k, v in vars(args).items()},
+           "environment_before": environment, "finished": None, **extra_run_fields}
+    record_run(out_dir, run)
+    print(f"{len(jobs)} configurations x {len(providers)} providers -> {out_dir}", file=sys.stderr)
+    exit_code = 0
+    if args.ncu != "only":
+        exit_code = measure(args, jobs, providers, out_dir, environment, interpreter)
+    after = capture_environment()
+    run.update(environment_after=after, throttle_warnings=throttle_warnings(environment, after),
+               finished=after["timestamp"] if exit_code == 0 else None, exit_code=exit_code)
+    record_run(out_dir, run)
+    for warning in run["throttle_warnings"]:
+        print(f"WARNING: {warning}", file=sys.stderr)
+    df = load_results(out_dir)
+    counters = run_counters(jobs, providers, df, out_dir, args.ncu == "only") if args.ncu != "off" else None
+    if args.compare is not None or args.save_baseline is not None:
+        exit_code = max(exit_code, regression_check(args, df, environment, out_dir))
+    write_reports(args, df, out_dir, counters)
+    print(summary_table(df))
+    print(f"results: {out_dir}")
+    return exit_code

@@ -1,44 +1,37 @@
 """The sweep engine: configurations x providers -> result rows, appended as they come.
 
 For each configuration and provider, in order:
-1. availability (once per provider) and the provider's shape/dtype/mode check;
-2. accuracy: the provider's output (and dQ, dK, dV for backward modes) on a small input of
-   the same kind (dtype, causal, head dim; batch 1, 2 heads, seqlen <= 128) against the
-   float64 reference: rel_err = max ||x - ref|| / ||ref||; above the dtype's tolerance (or
-   NaN) the provider is 'wrong' and is not timed;
+1. availability (once per provider), the provider's shape/dtype/mode check (`supports`) and
+   its kernel config (`config`): an exception from either is an 'error' row;
+2. accuracy (harness.accuracy): the provider's output (and dQ, dK, dV for backward modes) on
+   the job's own shape (batch >= 2, heads >= 3) against the float64 reference on a sample of
+   every batch/head/row regime; above the dtype's tolerance, or any inf/NaN, the provider is
+   'wrong' here and is not timed. Each job is checked: the verdict never depends on the order;
 3. timing (harness.timing) on fresh random inputs of the configuration's size, `repeats` times.
 Every failure (unavailable, unsupported, OOM, wrong, any exception) is a row with its status
 and reason, and the sweep goes on. Rows go to the CSV as they are made; keys in `skip`
-(--resume) are not measured again.
+(--resume: measured ok) are not measured again, and a failure found again with the same
+status and reason as `known` holds is not appended again.
 """
 
 from __future__ import annotations
 
 import gc
 import math
-import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.providers import Provider, Spec, UnsupportedInput, unavailable_reason
-from baselines.reference import attention_reference
+from harness.accuracy import TOLERANCE, WrongOutput, check_accuracy
 from harness.results import ResultWriter, row_key
-from harness.timing import CPU_REPS, time_attention
+from harness.timing import CPU_REPS, random_inputs, seed_of, time_attention
 from reports.environment import ENV_COLUMNS
 
-# Largest relative error (norm-wise, against float64) still counted correct. fp16/bf16: a
-# correct kernel is ~1e-3 (fp16) / ~8e-3 (bf16) on random inputs; fp32 allows for Triton's
-# TF32 dots on a GPU.
-TOLERANCE = {"fp16": 2e-2, "bf16": 2e-2, "fp32": 2e-3}
-# The small accuracy-check input: a ragged length spanning several of the largest tiles
-# (128 rows or keys), so that the unmasked off-diagonal loops, the diagonal blocks and the
-# partial last block all run in the check.
-CHECK_BATCH, CHECK_HEADS, CHECK_MAX_SEQLEN = 1, 2, 3 * 128 + 17
 MAX_REASON_CHARS = 500
 
 
@@ -54,50 +47,19 @@ class SweepAborted(RuntimeError):
     """The GPU context is broken (a sticky CUDA error): the process cannot measure any more."""
 
 
-def random_inputs(spec: Spec, device: torch.device, seed: int, requires_grad: bool):
-    """Fresh randn q, k, v of `spec`'s size, (batch, seqlen, heads, hdim), reproducible by seed."""
-    generator = torch.Generator(device=device).manual_seed(seed)
-    shape = (spec.batch, spec.seqlen, spec.heads, spec.hdim)
-    return [torch.randn(shape, generator=generator, device=device, dtype=spec.torch_dtype)
-            .requires_grad_(requires_grad) for _ in range(3)]
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:MAX_REASON_CHARS]
 
 
-def _seed(*parts) -> int:
-    return zlib.crc32(repr(parts).encode())
-
-
-def _relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((x.double() - ref).norm() / ref.norm()).item()
-
-
-def accuracy_error(provider: Provider, spec: Spec, device: torch.device) -> float:
-    """max ||x - ref|| / ||ref|| over the output (and dQ, dK, dV unless spec.mode is 'fwd') on
-    a small input of spec's kind; NaN if any of them has a NaN."""
-    small = replace(spec, batch=CHECK_BATCH, heads=min(spec.heads, CHECK_HEADS),
-                    seqlen=min(spec.seqlen, CHECK_MAX_SEQLEN))
-    with_grad = spec.mode != "fwd"
-    q, k, v = random_inputs(small, device, _seed("check", small), with_grad)
-    scale = 1.0 / math.sqrt(spec.hdim)
-    out = provider.forward(q, k, v, spec.causal, scale)
-    q64, k64, v64 = (t.detach().double().requires_grad_(with_grad) for t in (q, k, v))
-    ref, _ = attention_reference(q64, k64, v64, softmax_scale=scale, causal=spec.causal)
-    errors = [_relative_error(out, ref)]
-    if with_grad:
-        dout = torch.randn_like(out)
-        grads = torch.autograd.grad(out, (q, k, v), dout)
-        ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
-        errors += [_relative_error(g, r) for g, r in zip(grads, ref_grads, strict=True)]
-    return math.nan if any(math.isnan(e) for e in errors) else max(errors)
-
-
-def classify_failure(exc: BaseException) -> tuple[str, str]:
-    """(status, reason) of a failed measurement."""
-    message = f"{type(exc).__name__}: {exc}".strip()
-    message = " ".join(message.split())[:MAX_REASON_CHARS]
+def classify_failure(exc: BaseException, where: str = "") -> tuple[str, str]:
+    """(status, reason) of a failed measurement; `where` names the call that raised."""
+    message = _one_line(f"{where}{type(exc).__name__}: {exc}".strip())
     if isinstance(exc, torch.cuda.OutOfMemoryError):
         return "oom", message
     if isinstance(exc, (UnsupportedInput, NotImplementedError)):
         return "unsupported", message
+    if isinstance(exc, WrongOutput):
+        return "wrong", message
     return "error", message
 
 
@@ -114,29 +76,29 @@ class Sweep:
 
     def __init__(self, writer: ResultWriter, environment: dict, *, device: torch.device, repeats: int = 1,
                  warmup_ms: float = 25, rep_ms: float = 100, cpu_reps: int = CPU_REPS, cuda_graph: bool = False,
-                 skip: frozenset = frozenset(), log: Callable[[str], None] | None = None):
+                 skip: frozenset = frozenset(), known: dict | None = None,
+                 log: Callable[[str], None] | None = None):
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         self.writer, self.device, self.repeats = writer, device, repeats
         self.warmup_ms, self.rep_ms, self.cpu_reps, self.cuda_graph = warmup_ms, rep_ms, cpu_reps, cuda_graph
-        self.skip, self.log = skip, log
+        self.skip, self.known, self.log = skip, dict(known or {}), log
         self.env = {column: environment[column] for column in ENV_COLUMNS}
         self.interpreter = device.type != "cuda"
         self.status_counts: Counter = Counter()
         self.rows: list[dict] = []  # every row written, in order
         self._availability: dict[str, str | None] = {}
-        self._accuracy: dict[tuple, tuple[str, str, float]] = {}
 
     # ---- rows -------------------------------------------------------------------------
-    def _row(self, provider: Provider, job: Job, repeat: int, status: str, reason: str = "",
-             timing=None, rel_err: float = math.nan) -> dict:
+    def _row(self, provider: Provider, job: Job, repeat: int, status: str, reason: str = "", timing=None,
+             rel_err: float = math.nan, check_shape: str = "", config: str = "") -> dict:
         spec = job.spec
         row = {
-            **self._key_row(provider, job, repeat), "label": provider.label, "status": status, "reason": reason, "rel_err": rel_err,
+            **self._key_row(provider, job, repeat), "label": provider.label, "status": status, "reason": reason,
+            "rel_err": rel_err, "check_shape": check_shape,
             "ms": math.nan, "ms_p20": math.nan, "ms_p80": math.nan,
             "tflops": math.nan, "tflops_p20": math.nan, "tflops_p80": math.nan, "peak_mem_mb": math.nan,
-            "config": self._config(provider, spec) if status not in ("unavailable", "unsupported") else "",
-            "interpreter": self.interpreter, **self.env,
+            "config": config, "interpreter": self.interpreter, **self.env,
         }
         if timing is not None:
             flops = attention_flops(spec.batch, spec.heads, spec.seqlen, spec.seqlen, spec.hdim, spec.causal,
@@ -147,12 +109,13 @@ class Sweep:
                        tflops_p80=tflops_per_second(flops, timing.ms_p80))
         return row
 
-    @staticmethod
-    def _config(provider: Provider, spec: Spec) -> str:
-        return provider.config(spec) if provider.config is not None else ""
-
     def _emit(self, row: dict) -> None:
+        key = row_key(row)
+        if row["status"] != "ok" and self.known.get(key) == (row["status"], row["reason"]):
+            self.status_counts["already recorded"] += 1  # --resume found the same failure again
+            return
         self.writer.write(row)
+        self.known[key] = (row["status"], row["reason"])
         self.rows.append(row)
         self.status_counts[row["status"]] += 1
         if self.log is not None:
@@ -168,25 +131,6 @@ class Sweep:
             self._availability[provider.name] = unavailable_reason(provider)
         return self._availability[provider.name]
 
-    def _check_accuracy(self, provider: Provider, spec: Spec) -> tuple[str, str, float]:
-        """(status, reason, rel_err) of the accuracy check, cached per (provider, kind of input)."""
-        kind = (provider.name, spec.dtype, spec.causal, spec.hdim, spec.mode != "fwd")
-        if kind not in self._accuracy:
-            try:
-                error = accuracy_error(provider, spec, self.device)
-            except Exception as exc:  # noqa: BLE001 -- any failure is recorded as a row
-                self._after_failure(provider, spec, exc)
-                self._accuracy[kind] = (*classify_failure(exc), math.nan)
-            else:
-                tolerance = TOLERANCE[spec.dtype]
-                if not error <= tolerance:  # NaN fails too
-                    reason = (f"rel_err {error:.3g} > tolerance {tolerance:g} against the float64 reference "
-                              "(small input of this kind)")
-                    self._accuracy[kind] = ("wrong", reason, error)
-                else:
-                    self._accuracy[kind] = ("ok", "", error)
-        return self._accuracy[kind]
-
     def _after_failure(self, provider: Provider, spec: Spec, exc: BaseException) -> None:
         """Free what a failed call left on the GPU; stop if the CUDA context is broken."""
         if self.device.type != "cuda":
@@ -199,10 +143,26 @@ class Sweep:
         torch.cuda.empty_cache()
 
     def _time(self, provider: Provider, spec: Spec, repeat: int):
-        q, k, v = random_inputs(spec, self.device, _seed(spec, repeat), requires_grad=spec.mode != "fwd")
+        q, k, v = random_inputs(spec, self.device, seed_of(spec, repeat), requires_grad=spec.mode != "fwd")
         return time_attention(provider.forward, q, k, v, spec.causal, 1.0 / math.sqrt(spec.hdim), spec.mode,
                               warmup_ms=self.warmup_ms, rep_ms=self.rep_ms, cpu_reps=self.cpu_reps,
                               cuda_graph=self.cuda_graph)
+
+    def _accuracy(self, provider: Provider, spec: Spec) -> tuple[str, str, float, str]:
+        """(status, reason, rel_err, check_shape) of this job's accuracy check."""
+        try:
+            check = check_accuracy(provider.forward, spec, self.device)
+        except Exception as exc:  # noqa: BLE001 -- any failure is recorded as a row
+            self._after_failure(provider, spec, exc)
+            return (*classify_failure(exc, "accuracy check: "), math.nan, "")
+        tolerance = TOLERANCE[spec.dtype]
+        if check.nonfinite:
+            return "wrong", f"{check.nonfinite} (accuracy check on {check.shape})", math.nan, check.shape
+        if not check.error <= tolerance:
+            reason = (f"rel_err {check.error:.3g} > tolerance {tolerance:g} against the float64 reference "
+                      f"(accuracy check on {check.shape})")
+            return "wrong", reason, check.error, check.shape
+        return "ok", "", check.error, check.shape
 
     def measure(self, provider: Provider, job: Job) -> None:
         """All rows of one (provider, configuration)."""
@@ -210,28 +170,41 @@ class Sweep:
         todo = [r for r in range(self.repeats) if row_key(self._key_row(provider, job, r)) not in self.skip]
         if not todo:
             return
+        first = todo[0]
         reason = self._unavailable(provider)
         if reason is not None:
-            self._emit(self._row(provider, job, todo[0], "unavailable", reason))
+            self._emit(self._row(provider, job, first, "unavailable", reason))
             return
-        reason = provider.supports(spec)
+        try:
+            reason = provider.supports(spec)
+        except Exception as exc:  # noqa: BLE001 -- a provider's check explains, never crashes a sweep
+            self._emit(self._row(provider, job, first, *classify_failure(exc, "supports() raised ")))
+            return
         if reason is None and spec.mode != "fwd" and not provider.has_backward:
             reason = "forward only: this provider has no backward"
         if reason is not None:
-            self._emit(self._row(provider, job, todo[0], "unsupported", reason))
+            self._emit(self._row(provider, job, first, "unsupported", str(reason)))
             return
-        status, reason, rel_err = self._check_accuracy(provider, spec)
+        try:
+            config = provider.config(spec) if provider.config is not None else ""
+        except Exception as exc:  # noqa: BLE001
+            self._emit(self._row(provider, job, first, *classify_failure(exc, "config() raised ")))
+            return
+        status, reason, rel_err, shape = self._accuracy(provider, spec)
         if status != "ok":
-            self._emit(self._row(provider, job, todo[0], status, reason, rel_err=rel_err))
+            self._emit(self._row(provider, job, first, status, reason, rel_err=rel_err, check_shape=shape,
+                                 config=config))
             return
         for repeat in todo:
             try:
                 timing = self._time(provider, spec, repeat)
             except Exception as exc:  # noqa: BLE001 -- any failure is recorded as a row
                 self._after_failure(provider, spec, exc)
-                self._emit(self._row(provider, job, repeat, *classify_failure(exc), rel_err=rel_err))
+                self._emit(self._row(provider, job, repeat, *classify_failure(exc), rel_err=rel_err,
+                                     check_shape=shape, config=config))
                 return
-            self._emit(self._row(provider, job, repeat, "ok", timing=timing, rel_err=rel_err))
+            self._emit(self._row(provider, job, repeat, "ok", timing=timing, rel_err=rel_err, check_shape=shape,
+                                 config=config))
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -243,7 +216,8 @@ class Sweep:
 
     def run(self, jobs: Sequence[Job], providers: Sequence[Provider], progress: bool = True) -> Counter:
         """Measure every provider on every job; returns the count of rows per status."""
-        with tqdm(total=len(jobs), unit="config", disable=not progress, dynamic_ncols=True) as bar:
+        with tqdm(total=len(jobs) * len(providers), unit="measurement", disable=not progress,
+                  dynamic_ncols=True) as bar:
             for job in jobs:
                 spec = job.spec
                 bar.set_description(f"{job.setting + ' ' if job.setting else ''}{spec.mode} d{spec.hdim} "
@@ -251,5 +225,5 @@ class Sweep:
                 for provider in providers:
                     bar.set_postfix_str(provider.name)
                     self.measure(provider, job)
-                bar.update(1)
+                    bar.update(1)
         return self.status_counts

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,6 +32,19 @@ class Timing:
     ms_p20: float  # 20th percentile (a faster call than the median)
     ms_p80: float  # 80th percentile
     peak_mem_mb: float  # peak memory allocated during the warm-up call, inputs included (NaN on CPU)
+
+
+def seed_of(*parts) -> int:
+    """A reproducible seed from any printable parts (a Spec, a repeat number)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def random_inputs(spec, device: torch.device, seed: int, requires_grad: bool) -> list[torch.Tensor]:
+    """Fresh randn q, k, v of a Spec's size, (batch, seqlen, heads, hdim), reproducible by seed."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    shape = (spec.batch, spec.seqlen, spec.heads, spec.hdim)
+    return [torch.randn(shape, generator=generator, device=device, dtype=spec.torch_dtype)
+            .requires_grad_(requires_grad) for _ in range(3)]
 
 
 def _clear_grads(tensors: Sequence[torch.Tensor]) -> None:

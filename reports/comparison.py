@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
 
+from harness.io import atomic_write_text
 from harness.regression import KEY_COLUMNS, VERDICTS, Comparison
 from reports.environment import ENV_COLUMNS
-from reports.tables import markdown_table
+from reports.tables import markdown_table, ratio_text
 
 
-def _band(median: float, lo: float, hi: float) -> str:
-    if pd.isna(median):
-        return "-"
-    return f"{median:.1f} ({lo:.1f}-{hi:.1f})"
+def _percent(value: float) -> str:
+    return "-" if pd.isna(value) else f"{value:+.1%}"
 
 
 def _environment_line(environment: dict) -> str:
@@ -23,23 +23,28 @@ def _environment_line(environment: dict) -> str:
 
 def summary_line(comparison: Comparison) -> str:
     counts = comparison.counts()
-    outcome = "FAIL" if comparison.regressed else "PASS"
+    outcome = "FAIL" if comparison.regressed else ("NOTHING COMPARED" if comparison.compared == 0 else "PASS")
     parts = ", ".join(f"{counts[verdict]} {verdict}" for verdict in VERDICTS)
-    return (f"**{outcome}**: {parts} (tolerance {comparison.tolerance:.0%} beyond the measured spread, "
-            f"{len(comparison.table)} configurations)")
+    return f"**{outcome}**: {parts} ({len(comparison.table)} configurations)"
 
 
 def format_comparison(comparison: Comparison) -> str:
-    """Markdown report: environments, rule, summary line, warnings, one table per verdict."""
-    tol = comparison.tolerance
+    """Markdown report: environments, the rule with its numbers, summary, warnings, one table
+    per verdict."""
+    sigmas = comparison.table["sigma"].dropna()
+    thresholds = comparison.table["threshold"].dropna()
+    spread = (f"{math.expm1(thresholds.min()):.1%}" if thresholds.nunique() <= 1 else
+              f"{math.expm1(thresholds.min()):.1%}-{math.expm1(thresholds.max()):.1%}") if len(thresholds) else "-"
     lines = [
         "## Performance against the baseline",
         "",
         f"- Baseline `{comparison.baseline_path}`: {_environment_line(comparison.baseline_environment)}",
         f"- This run: {_environment_line(comparison.environment)}",
-        (f"- Rule: regression when current_hi < baseline_lo x {1 - tol:.2f}, improvement when "
-         f"current_lo > baseline_hi x {1 + tol:.2f} (TFLOPs/s; lo-hi is the band of the repeats' "
-         "medians and 20th/80th percentiles)."),
+        (f"- Rule: each configuration's TFLOPs/s divided by {comparison.reference}'s in the same run; a change "
+         f"of that ratio beyond the threshold is a regression (slower) or an improvement (faster). "
+         f"Threshold = max(z x sigma, tolerance {comparison.tolerance:.0%}), z for a "
+         f"{comparison.false_positive_rate:.1%} false-positive rate per configuration; here {spread}."),
+        f"- sigma ({sigmas.min() if len(sigmas) else float('nan'):.4f} as a log-ratio): {comparison.sigma_source}.",
         "",
         summary_line(comparison),
     ]
@@ -51,10 +56,12 @@ def format_comparison(comparison: Comparison) -> str:
         if rows.empty:
             continue
         shown = rows[KEY_COLUMNS].copy()
-        for side in ("baseline", "current"):
-            bands = rows[[f"{side}_tflops", f"{side}_lo", f"{side}_hi"]].to_numpy()
-            shown[f"{side} TFLOPs/s (lo-hi)"] = [_band(*band) for band in bands]
-        shown["ratio"] = rows["ratio"].map(lambda r: "-" if pd.isna(r) else f"{r:.3f}x")
+        shown["baseline TFLOPs/s"] = rows["baseline_tflops"].map(lambda v: "-" if pd.isna(v) else f"{v:.1f}")
+        shown["now TFLOPs/s"] = rows["current_tflops"].map(lambda v: "-" if pd.isna(v) else f"{v:.1f}")
+        shown[f"baseline vs {comparison.reference}"] = rows["baseline_ratio"].map(ratio_text)
+        shown[f"now vs {comparison.reference}"] = rows["current_ratio"].map(ratio_text)
+        shown["change"] = rows["change"].map(_percent)
+        shown["threshold"] = rows["threshold"].map(lambda t: "-" if pd.isna(t) else f"{math.expm1(t):.1%}")
         if (rows["note"] != "").any():
             shown["note"] = rows["note"]
         lines += ["", f"### {verdict} ({len(rows)})", "", markdown_table(shown)]
@@ -66,7 +73,5 @@ def write_comparison(comparison: Comparison, out_dir) -> Path:
     returns the path of comparison.md."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    comparison.table.to_csv(out_dir / "comparison.csv", index=False)
-    report = out_dir / "comparison.md"
-    report.write_text(format_comparison(comparison))
-    return report
+    atomic_write_text(out_dir / "comparison.csv", comparison.table.to_csv(index=False))
+    return atomic_write_text(out_dir / "comparison.md", format_comparison(comparison))

@@ -50,7 +50,7 @@ from reports.tables import markdown_table
 # --------------------------------------------------------------------------------------
 def derive(counters: pd.DataFrame) -> pd.DataFrame:
     """Per-kernel quantities the claims are about, from raw metric columns."""
-    c = counters.reindex(columns=METRICS).astype(float)
+    c = counters.reindex(columns=METRICS).apply(pd.to_numeric, errors="coerce")  # text -> NaN
     tensor = c[HMMA].fillna(0) + c[GMMA].fillna(0)
     return pd.DataFrame({
         "duration_us": c[DURATION] / 1e3,

@@ -16,6 +16,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from harness.io import save_figure
+
 MODE_TITLES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}
 FAILED_TEXT = {"oom": "OOM"}  # any other failed status is written 'n/a'
 
@@ -54,7 +56,7 @@ def environment_title(rows: pd.DataFrame) -> str:
     from Triton's interpreter."""
     gpus = ", ".join(sorted(set(rows["gpu"].astype(str)) - {"", "nan"})) or "unknown GPU"
     if rows["interpreter"].astype(bool).any():
-        return f"{gpus}: Triton interpreter, numbers are NOT performance"
+        return f"{gpus}: Triton interpreter timed with perf_counter, numbers are NOT performance"
     return gpus
 
 
@@ -113,7 +115,7 @@ def plot_figure(cells: pd.DataFrame, rows: pd.DataFrame, mode: str, dtype: str, 
     paths = [out_dir / f"{stem or f'{mode}_{dtype}'}.{ext}" for ext in ("png", "svg")]
     with matplotlib.rc_context({"svg.fonttype": "none"}):  # SVG text stays text (searchable, editable)
         for path in paths:
-            fig.savefig(path, dpi=150)
+            save_figure(fig, path, dpi=150)
     return paths
 
 

@@ -107,6 +107,56 @@ def test_parse_scaled_units_to_base_and_n_a_to_nan():
     assert frame.attrs["units"][ncu.SHARED_PER_BLOCK] == "byte/block"
 
 
+def _raw(metrics: dict[str, tuple[str, str]], units_row: list[str] | None = None) -> str:
+    """`ncu --csv --page raw` text of one kernel: metric -> (unit, value as printed)."""
+    names = ["ID", "Kernel Name", *metrics]
+    units = units_row if units_row is not None else ["", "", *(unit for unit, _ in metrics.values())]
+    values = ["0", "_flash_fwd_kernel", *(value for _, value in metrics.values())]
+    return "\n".join(",".join(f'"{cell}"' for cell in line) for line in (names, units, values)) + "\n"
+
+
+def test_parse_converts_every_scaled_unit_and_refuses_unknown_ones():
+    frame = parse_ncu_csv(_raw({ncu.DURATION: ("psecond", "481500"), ncu.DRAM_READ: ("KiB", "2"),
+                                ncu.DRAM_WRITE: ("Gbyte", "1.5"), ncu.FFMA: ("furlong", "7")}))
+    kernel = frame.iloc[0]
+    assert kernel[ncu.DURATION] == pytest.approx(481.5)  # psecond -> nanoseconds
+    assert kernel[ncu.DRAM_READ] == 2048 and kernel[ncu.DRAM_WRITE] == pytest.approx(1.5e9)
+    assert math.isnan(kernel[ncu.FFMA]) and "unknown unit 'furlong'" in frame.attrs["problems"][ncu.FFMA]
+
+
+def test_parse_a_short_units_row_uses_no_value_rather_than_shifted_ones():
+    text = _raw({ncu.GRID: ("", "128"), ncu.DURATION: ("usecond", "2.5")}, units_row=["", "", "usecond"])
+    frame = parse_ncu_csv(text)
+    assert math.isnan(frame.iloc[0][ncu.GRID]) and math.isnan(frame.iloc[0][ncu.DURATION])
+    assert "units row has 3 fields for 4 columns" in frame.attrs["problems"][ncu.DURATION]
+
+
+@pytest.mark.parametrize(("printed", "expected"), [("N/A", math.nan), ("n/a", math.nan), ("1,234,567", 1234567.0),
+                                                   ("24,61", math.nan), ("3.5e2", 350.0)])
+def test_parse_numbers_reads_thousands_separators_only(printed, expected):
+    frame = parse_ncu_csv(_raw({ncu.GRID: ("", printed), ncu.DURATION: ("nsecond", "10")}))
+    value = frame.iloc[0][ncu.GRID]
+    assert (math.isnan(value) if math.isnan(expected) else value == expected), printed
+    if printed == "24,61":
+        assert "not a number" in frame.attrs["problems"][ncu.GRID]
+
+
+def test_parse_a_duplicate_metric_column_keeps_the_first():
+    text = _raw({ncu.GRID: ("", "128"), ncu.DURATION: ("nsecond", "10")})
+    lines = [line + ',"' + cell + '"' for line, cell in zip(text.splitlines(), [ncu.GRID, "", "999"])]
+    frame = parse_ncu_csv("\n".join(lines))
+    assert frame.iloc[0][ncu.GRID] == 128 and list(frame.columns).count(ncu.GRID) == 1
+    assert "2 times" in frame.attrs["problems"][ncu.GRID]
+
+
+def test_text_where_a_number_belongs_does_not_crash_the_tables(tmp_path):
+    rows = pd.read_csv(FIXTURES / "counters_confirming.csv")
+    rows[ncu.DURATION] = rows[ncu.DURATION].astype(object)
+    rows.loc[0, ncu.DURATION] = "N/A"
+    path = write_counter_report(rows, ORDER, tmp_path)
+    assert path.exists() and derive(rows)["duration_us"].isna().iloc[0]
+
+
 def test_parse_output_without_a_table_is_empty():
     output = "==PROF== Disconnected from process 1\n==WARNING== No kernels were profiled.\n"
     assert parse_ncu_csv(output).empty
@@ -318,7 +368,7 @@ def test_ncu_target_step_runs_the_provider_in_each_mode(mode):
     from baselines.providers import get_provider
     from baselines.reference import attention_reference
     from harness import ncu_target
-    from harness.sweep import random_inputs
+    from harness.timing import random_inputs
 
     spec = Spec(mode=mode, causal=True, hdim=32, seqlen=48, batch=1, heads=2, dtype="fp32")
     result = ncu_target.profiled_step(get_provider("fa2"), spec, torch.device("cpu"))()

@@ -1,238 +1,280 @@
-"""The regression check (harness/regression.py) on fixture result sets in the runner's row
-format: tests/fixtures/regression/baseline_run.csv is the run the committed baseline JSON was
-saved from; the current_*.csv files are later runs of the same sweep (noise within the
-measured spread, one configuration 15% slower, one 15% faster, one dropped, one failing and
-one new)."""
+"""The regression rule (harness/regression.py) and its calibration (harness/calibrate.py) on
+synthetic runs in the runner's row format: fresh random noise of a known size, a machine-wide
+slowdown that the ratio to the reference must cancel, and known slowdowns of our kernel.
+The committed H200 baseline (schema 1) must load as ratios."""
 
+import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+import runner
+from harness.calibrate import calibrate
+from harness.calibrate import main as calibrate_main
 from harness.regression import (
-    KEY_COLUMNS,
+    REFERENCE,
     BaselineError,
     BaselineMismatch,
     baseline_path,
+    calibrated_sigma,
     compare_to_baseline,
     load_baseline,
-    merge_remeasured,
     save_baseline,
     summarise,
-    suspected_regressions,
 )
+from harness.results import COLUMNS
 from reports.comparison import format_comparison, write_comparison
 
-FIXTURES = Path(__file__).parent / "fixtures" / "regression"
-BASELINE_JSON = FIXTURES / "baseline_nvidia-h200.json"
-ENVIRONMENT_FIELDS = ["gpu", "driver", "cuda", "torch", "triton", "git_commit", "timestamp"]
+COMMITTED = Path(__file__).resolve().parents[1] / "reports" / "h200" / "regression" / "baseline.json"
+ENVIRONMENT = {"gpu": "NVIDIA H200", "driver": "580", "cuda": "13.0", "torch": "2.11.0+cu130", "triton": "3.6.0",
+               "git_commit": "abc1234", "timestamp": "2026-12-01T00:00:00+00:00"}
+CONFIGS = [(mode, causal, seqlen) for mode in ("fwd", "fwd_bwd") for causal in (False, True)
+           for seqlen in (1024, 4096)]
 
 
-def rows(name: str) -> pd.DataFrame:
-    return pd.read_csv(FIXTURES / f"{name}.csv", keep_default_na=True)
+def run_rows(rng, repeats=3, machine=1.0, slowdown=None, noise=0.01, drift=0.01, status=None) -> pd.DataFrame:
+    """One synthetic run: fa2 and the reference on CONFIGS. `machine` scales both (a slower
+    machine); `slowdown` {config index: fraction} slows fa2 only; `drift`: this run's
+    per-configuration log-normal offset of fa2 against the reference; `noise`: per repeat."""
+    records = []
+    for index, (mode, causal, seqlen) in enumerate(CONFIGS):
+        offset = rng.normal(0, drift)
+        for repeat in range(repeats):
+            for provider, base in (("fa2", 500.0), (REFERENCE, 450.0)):
+                tflops = base * machine * math.exp(rng.normal(0, noise))
+                if provider == "fa2":
+                    tflops *= math.exp(offset) / (1 + (slowdown or {}).get(index, 0.0))
+                row = {column: "" for column in COLUMNS}
+                row.update(ENVIRONMENT, provider=provider, label=provider, setting="", mode=mode, causal=causal,
+                           hdim=128, seqlen=seqlen, batch=16384 // seqlen, heads=16, dtype="bf16", repeat=repeat,
+                           status="ok", tflops=tflops, ms=1.0, interpreter=False)
+                records.append(row)
+    frame = pd.DataFrame(records)
+    if status:
+        for (provider, index), (new_status, tflops) in status.items():
+            mode, causal, seqlen = CONFIGS[index]
+            mask = (frame.provider == provider) & (frame["mode"] == mode) & (frame.causal == causal) & \
+                (frame.seqlen == seqlen)
+            frame.loc[mask, ["status", "tflops", "reason"]] = [new_status, tflops, "boom"]
+    return frame
 
 
-def environment_of(results: pd.DataFrame) -> dict:
-    return {key: str(results[key].iloc[0]) for key in ENVIRONMENT_FIELDS}
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20261201)
 
 
-def compare(name: str, **kwargs):
-    results = rows(name)
-    return compare_to_baseline(results, load_baseline(BASELINE_JSON), environment_of(results), **kwargs)
+@pytest.fixture
+def baseline(rng, tmp_path):
+    return load_baseline(save_baseline(run_rows(rng), tmp_path / "baseline.json", ENVIRONMENT))
 
 
-def verdict_of(comparison, **key) -> str:
-    table = comparison.table
-    match = np.logical_and.reduce([table[column] == value for column, value in key.items()])
-    assert match.sum() == 1, f"expected one row for {key}, found {match.sum()}"
-    return table.loc[match, "verdict"].item()
+def verdicts(comparison) -> list[str]:
+    return comparison.table.sort_values(["mode", "causal", "seqlen"])["verdict"].tolist()
 
 
-def test_committed_baseline_matches_the_run_it_was_saved_from(tmp_path):
-    results = rows("baseline_run")
-    saved = save_baseline(results, tmp_path / "b.json", environment_of(results))
-    assert saved.read_text() == BASELINE_JSON.read_text()
+def test_the_committed_baseline_loads_as_ratios_to_the_reference():
+    loaded = load_baseline(COMMITTED)
+    assert set(loaded.entries["provider"]) == {"fa2"} and loaded.reference == REFERENCE
+    document = json.loads(COMMITTED.read_text())
+    entry = loaded.entries.iloc[0]
+    mine = next(e for e in document["entries"] if e["provider"] == "fa2" and e["mode"] == entry["mode"]
+                and e["causal"] == entry["causal"] and e["seqlen"] == entry["seqlen"])
+    ref = next(e for e in document["entries"] if e["provider"] == REFERENCE and e["mode"] == entry["mode"]
+               and e["causal"] == entry["causal"] and e["seqlen"] == entry["seqlen"])
+    assert entry["log_ratio"] == pytest.approx(math.log(mine["tflops"] / ref["tflops"]))
+    assert baseline_path("NVIDIA H200") == COMMITTED
 
 
-def test_save_load_round_trip_keeps_medians_bands_and_environment(tmp_path):
-    results = rows("baseline_run")
-    environment = environment_of(results)
-    loaded = load_baseline(save_baseline(results, tmp_path / "nested" / "b.json", environment))
-    assert loaded.environment == environment
-    expected = summarise(results)
-    pd.testing.assert_frame_equal(loaded.entries[KEY_COLUMNS], expected[KEY_COLUMNS])
-    for column in ("tflops", "tflops_lo", "tflops_hi"):
-        np.testing.assert_allclose(loaded.entries[column], expected[column], atol=5e-4)
-    assert (loaded.entries["repeats"] == 3).all()
-    assert (loaded.entries["tflops_lo"] < loaded.entries["tflops"]).all()
-    assert (loaded.entries["tflops"] < loaded.entries["tflops_hi"]).all()
+def test_a_slower_machine_is_not_a_regression_because_the_ratio_cancels_it(rng, baseline):
+    comparison = compare_to_baseline(run_rows(rng, machine=0.8), baseline, ENVIRONMENT, sigma=0.02)
+    assert set(verdicts(comparison)) == {"unchanged"} and comparison.compared == len(CONFIGS)
 
 
-def test_band_spans_repeat_medians_and_percentiles():
-    results = rows("baseline_run")
-    one = results[(results.provider == "fa2") & (results["mode"] == "fwd") & ~results.causal]
-    entry = summarise(results).query("provider == 'fa2' and mode == 'fwd' and not causal")
-    assert entry["tflops"].item() == pytest.approx(one["tflops"].median())
-    assert entry["tflops_lo"].item() == pytest.approx(one[["tflops", "tflops_p20", "tflops_p80"]].min().min())
-    assert entry["tflops_hi"].item() == pytest.approx(one[["tflops", "tflops_p20", "tflops_p80"]].max().max())
+def test_a_ten_percent_slowdown_of_our_kernel_is_caught_and_named(rng, baseline):
+    comparison = compare_to_baseline(run_rows(rng, slowdown={2: 0.10}), baseline, ENVIRONMENT, sigma=0.02)
+    assert comparison.regressed and comparison.counts()["regression"] == 1
+    row = comparison.table[comparison.table.verdict == "regression"].iloc[0]
+    assert (row["mode"], row["causal"], row["seqlen"]) == CONFIGS[2]
+    assert row["change"] == pytest.approx(-0.09, abs=0.04)
 
 
-def test_baseline_path_follows_the_gpu_slug_convention():
-    assert baseline_path("NVIDIA H200").parts[-4:] == ("reports", "h200", "regression", "baseline.json")
-    assert baseline_path("NVIDIA H200").is_file()  # the committed baseline
+def test_the_threshold_is_z_sigma_or_the_tolerance_whichever_is_larger(baseline, rng):
+    current = run_rows(rng)
+    wide = compare_to_baseline(current, baseline, ENVIRONMENT, tolerance=0.0, false_positive_rate=0.01, sigma=0.03)
+    assert wide.table["threshold"].iloc[0] == pytest.approx(2.3263 * 0.03, rel=1e-3)
+    floor = compare_to_baseline(current, baseline, ENVIRONMENT, tolerance=0.2, sigma=0.01)
+    assert floor.table["threshold"].iloc[0] == pytest.approx(-math.log(0.8))
 
 
-def test_noise_within_the_spread_is_not_a_regression():
-    comparison = compare("current_noise")
-    assert not comparison.regressed
-    assert set(comparison.table["verdict"]) == {"unchanged"}
-    assert comparison.table["ratio"].min() < 0.975  # the fixture does move: a 3% dip stays unchanged
+def test_without_calibration_sigma_comes_from_the_repeats_and_says_so(rng, baseline):
+    comparison = compare_to_baseline(run_rows(rng), baseline, ENVIRONMENT)
+    assert any("run-to-run drift is not included" in w for w in comparison.warnings)
+    assert (comparison.table["sigma"] >= 0.01).all()
 
 
-def test_real_regression_is_caught_and_named():
-    comparison = compare("current_regressed")
+def test_failed_missing_new_and_a_failed_reference_are_listed(rng, baseline):
+    current = run_rows(rng, status={("fa2", 0): ("error", math.nan), (REFERENCE, 1): ("oom", math.nan),
+                                    ("fa2", 2): ("ok", math.nan)})
+    current = current[~((current["mode"] == "fwd_bwd") & current.causal & (current.seqlen == 4096))]
+    extra = run_rows(rng).assign(hdim=64)
+    comparison = compare_to_baseline(pd.concat([current, extra]), baseline, ENVIRONMENT, sigma=0.02)
+    table = comparison.table.set_index(["hdim", "mode", "causal", "seqlen"]).sort_index()
+    assert table.loc[(128, *CONFIGS[0]), "verdict"] == "failed"
+    assert table.loc[(128, *CONFIGS[0]), "note"].startswith("now error: boom")
+    assert table.loc[(128, *CONFIGS[1]), "verdict"] == "failed"
+    assert "reference sdpa-flash now oom" in table.loc[(128, *CONFIGS[1]), "note"]
+    assert table.loc[(128, *CONFIGS[2]), "verdict"] == "failed"  # ok but no TFLOPs/s: not a measurement
+    assert table.loc[(128, *CONFIGS[7]), "verdict"] == "missing"
+    assert (table.loc[64, "verdict"] == "new").all()
     assert comparison.regressed
-    assert verdict_of(comparison, provider="fa2", mode="fwd", causal=True) == "regression"
-    assert comparison.counts()["regression"] == 1
-    suspects = suspected_regressions(comparison)
-    assert list(suspects.columns) == KEY_COLUMNS
-    assert suspects[["provider", "mode", "causal"]].values.tolist() == [["fa2", "fwd", True]]
 
 
-def test_improvement_is_reported_but_does_not_fail():
-    comparison = compare("current_improved")
-    assert not comparison.regressed
-    assert verdict_of(comparison, provider="sdpa-flash", mode="fwd_bwd", causal=False) == "improvement"
+def test_nothing_compared_is_not_a_pass(rng, baseline):
+    all_failed = run_rows(rng).assign(status="error", tflops=math.nan)
+    comparison = compare_to_baseline(all_failed, baseline, ENVIRONMENT, sigma=0.02)
+    assert comparison.compared == 0 and any("nothing was compared" in w for w in comparison.warnings)
+    disjoint = compare_to_baseline(run_rows(rng).assign(hdim=64), baseline, ENVIRONMENT, sigma=0.02)
+    assert disjoint.compared == 0 and "NOTHING COMPARED" in format_comparison(disjoint)
 
 
-def test_failed_missing_and_new_configurations_are_listed():
-    """A baseline configuration this run tried and did not measure ok (here an error) fails
-    the check with its reason; one it did not try is only listed as missing."""
-    comparison = compare("current_missing_new")
-    assert comparison.regressed
-    failed = comparison.table[comparison.table.verdict == "failed"]
-    assert (failed["provider"] + "/" + failed["mode"]).tolist() == ["fa2/fwd_bwd"]
-    failed_note = failed["note"].item()
-    assert failed_note.startswith("now error") and "OutOfResources" in failed_note
-    missing = comparison.table[comparison.table.verdict == "missing"]
-    assert (missing["provider"] + "/" + missing["mode"]).tolist() == ["sdpa-flash/fwd_bwd"]
-    assert verdict_of(comparison, verdict="new")  # exactly one new row
-    assert comparison.table.loc[comparison.table.verdict == "new", "hdim"].item() == 64
-    assert any("did not measure" in warning for warning in comparison.warnings)
+def test_compare_without_anything_compared_exits_2(rng, baseline, monkeypatch, tmp_path, capsys):
+    from harness import stages
+
+    args = runner.build_parser().parse_args(["--compare", str(baseline.path)])
+    code = stages.regression_check(args, run_rows(rng).assign(hdim=64), ENVIRONMENT, tmp_path)
+    assert code == 2 and "nothing was compared" in capsys.readouterr().err
+    assert stages.regression_check(args, run_rows(rng, slowdown={0: 0.5}), ENVIRONMENT, tmp_path) == 1
 
 
-@pytest.mark.parametrize("tolerance", [0.02, 0.05, 0.10])
-def test_rule_boundary_is_tolerance_beyond_the_band(tolerance):
-    """A run whose best timing sits 1% inside the threshold baseline_lo * (1 - tol) is
-    unchanged; 1% outside it is a regression (and symmetrically for improvements)."""
-    baseline = load_baseline(BASELINE_JSON)
-    entry = baseline.entries.iloc[0]
-    template = rows("baseline_run")
-    template = template[(template[KEY_COLUMNS] == entry[KEY_COLUMNS]).all(axis=1)].head(1)
-
-    def verdict_at(tflops: float) -> str:
-        run = template.assign(tflops=tflops, tflops_p20=tflops, tflops_p80=tflops)
-        comparison = compare_to_baseline(run, baseline, environment_of(run), tolerance=tolerance)
-        return verdict_of(comparison, **entry[KEY_COLUMNS].to_dict())
-
-    low, high = entry["tflops_lo"] * (1 - tolerance), entry["tflops_hi"] * (1 + tolerance)
-    assert verdict_at(low * 1.01) == "unchanged"
-    assert verdict_at(low * 0.99) == "regression"
-    assert verdict_at(high * 0.99) == "unchanged"
-    assert verdict_at(high * 1.01) == "improvement"
+def _baseline_text(rng, tmp_path) -> dict:
+    return json.loads(save_baseline(run_rows(rng), tmp_path / "b.json", ENVIRONMENT).read_text())
 
 
-def test_remeasured_rows_replace_the_suspect_and_can_clear_it():
-    results = rows("current_regressed")
-    comparison = compare("current_regressed")
-    suspects = suspected_regressions(comparison)
-    healthy = rows("current_noise").merge(suspects, on=KEY_COLUMNS)  # the re-run came back at normal speed
-    merged = merge_remeasured(results, healthy)
-    assert len(merged) == len(results)
-    again = compare_to_baseline(merged, load_baseline(BASELINE_JSON), environment_of(merged))
-    assert not again.regressed
-    still_slow = merge_remeasured(results, results.merge(suspects, on=KEY_COLUMNS))
-    assert compare_to_baseline(still_slow, load_baseline(BASELINE_JSON), environment_of(results)).regressed
-
-
-def test_a_sweep_sharing_no_configuration_with_the_baseline_warns():
-    results = rows("current_noise").assign(seqlen=1024)
-    comparison = compare_to_baseline(results, load_baseline(BASELINE_JSON), environment_of(results))
-    assert not comparison.regressed
-    assert comparison.counts()["missing"] == comparison.counts()["new"] == 8
-    assert any("nothing was compared" in warning for warning in comparison.warnings)
-
-
-def test_gpu_mismatch_is_refused_with_both_models_named():
-    results = rows("current_noise")
-    environment = {**environment_of(results), "gpu": "NVIDIA A100-SXM4-80GB"}
-    names = r"NVIDIA H200.*NVIDIA A100-SXM4-80GB.*a100-sxm4-80gb/regression/baseline\.json"
-    with pytest.raises(BaselineMismatch, match=names):
-        compare_to_baseline(results, load_baseline(BASELINE_JSON), environment)
-
-
-def test_dtype_absent_from_the_baseline_is_refused():
-    results = rows("current_noise").assign(dtype="fp16")
-    with pytest.raises(BaselineMismatch, match=r"\['fp16'\].*\['bf16'\]"):
-        compare_to_baseline(results, load_baseline(BASELINE_JSON), environment_of(results))
-
-
-def test_interpreter_results_are_refused():
-    results = rows("current_noise").assign(interpreter=True)
-    with pytest.raises(BaselineMismatch, match="interpreter"):
-        compare_to_baseline(results, load_baseline(BASELINE_JSON), environment_of(results))
-
-
-def test_version_differences_are_warnings_not_refusals():
-    results = rows("current_noise")
-    environment = {**environment_of(results), "torch": "2.12.0+cu130", "triton": "3.7.0"}
-    comparison = compare_to_baseline(results, load_baseline(BASELINE_JSON), environment)
-    assert not comparison.regressed
-    assert len(comparison.warnings) == 2
-    assert any("torch" in w and "2.11.0+cu130" in w and "2.12.0+cu130" in w for w in comparison.warnings)
-    assert any("triton" in w and "3.7.0" in w for w in comparison.warnings)
-    assert "Warnings:" in format_comparison(comparison)
-
-
-@pytest.mark.parametrize("damage, message", [
-    (lambda text: text[: len(text) // 2], "truncated"),
-    (lambda text: text[: len(text) // 3] + "}}garbage{" + text[len(text) // 3:], "corrupted"),
-    (lambda text: "", "empty"),
-    (lambda text: text.replace('"schema_version": 1', '"schema_version": 99'), "schema_version is 99"),
-    (lambda text: "[1, 2, 3]\n", "top level is a JSON list"),
-    (lambda text: text.replace('"tflops_lo"', '"tflops_low"', 1), r"entry 0 lacks \['tflops_lo'\]"),
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda d: d["entries"][0].update(tflops=0), "tflops > 0"),
+    (lambda d: d["entries"][0].update(reference_tflops=-3.0), "reference_tflops > 0"),
+    (lambda d: d["entries"].append(dict(d["entries"][0])), "share a configuration"),
+    (lambda d: d["entries"][0].update(log_ratio=None), "non-finite value"),
+    (lambda d: d["entries"][0].update(log_ratio_sd=-1), "log_ratio_sd -1"),
+    (lambda d: d.update(schema_version=99), "schema_version is 99"),
+    (lambda d: d["entries"][0].pop("repeats"), r"lacks \['repeats'\]"),
 ])
-def test_damaged_baseline_gives_a_clear_error(tmp_path, damage, message):
-    broken = tmp_path / "nvidia-h200.json"
-    broken.write_text(damage(BASELINE_JSON.read_text()))
+def test_an_impossible_baseline_is_refused(rng, tmp_path, damage, message):
+    document = _baseline_text(rng, tmp_path)
+    damage(document)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(document))
     with pytest.raises(BaselineError, match=message) as info:
-        load_baseline(broken)
-    assert str(broken) in str(info.value)
-    assert "--save-baseline" in str(info.value)
+        load_baseline(path)
+    assert str(path) in str(info.value) and "--reproduce baseline" in str(info.value)
 
 
-def test_missing_baseline_file_says_how_to_make_one(tmp_path):
-    with pytest.raises(BaselineError, match=r"no such file.*--save-baseline"):
-        load_baseline(tmp_path / "nvidia-h100.json")
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda e: e.update(tflops_lo=e["tflops_hi"] + 1), "tflops_lo <= tflops <= tflops_hi"),
+    (lambda e: e.update(tflops_lo=0), "0 < tflops_lo"),
+    (lambda e: e.update(tflops=-5), "0 < tflops_lo"),
+])
+def test_an_impossible_schema_1_band_is_refused(tmp_path, change, message):
+    document = json.loads(COMMITTED.read_text())
+    change(document["entries"][0])
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(BaselineError, match=message):
+        load_baseline(path)
 
 
-def test_save_refuses_interpreter_rows_and_empty_results(tmp_path):
-    results = rows("baseline_run")
+@pytest.mark.parametrize(("text", "message"), [("", "empty"), ("{", "truncated"), ("[1]", "JSON list")])
+def test_a_damaged_baseline_file_says_what_is_wrong(tmp_path, text, message):
+    path = tmp_path / "b.json"
+    path.write_text(text)
+    with pytest.raises(BaselineError, match=message):
+        load_baseline(path)
+
+
+def test_mismatched_results_are_refused(rng, baseline):
+    with pytest.raises(BaselineMismatch, match="NVIDIA A100.*a100/regression/baseline.json"):
+        compare_to_baseline(run_rows(rng), baseline, {**ENVIRONMENT, "gpu": "NVIDIA A100"})
+    with pytest.raises(BaselineMismatch, match="dtype"):
+        compare_to_baseline(run_rows(rng).assign(dtype="fp16"), baseline, ENVIRONMENT)
+    with pytest.raises(BaselineMismatch, match="interpreter"):
+        compare_to_baseline(run_rows(rng).assign(interpreter=True), baseline, ENVIRONMENT)
+
+
+def test_save_needs_the_reference_and_refuses_interpreter_rows(rng, tmp_path):
+    with pytest.raises(ValueError, match="add sdpa-flash to --providers"):
+        save_baseline(run_rows(rng).query("provider == 'fa2'"), tmp_path / "b.json", ENVIRONMENT)
     with pytest.raises(ValueError, match="interpreter"):
-        save_baseline(results.assign(interpreter=True), tmp_path / "b.json", environment_of(results))
-    with pytest.raises(ValueError, match="no `ok` measurement"):
-        save_baseline(results.assign(status="error"), tmp_path / "b.json", environment_of(results))
+        save_baseline(run_rows(rng).assign(interpreter=True), tmp_path / "b.json", ENVIRONMENT)
 
 
-def test_report_groups_by_verdict_with_a_generated_summary(tmp_path):
-    comparison = compare("current_regressed")
+def test_summary_pairs_each_repeat_with_the_references_repeat(rng):
+    rows = run_rows(rng, repeats=3)
+    entry = summarise(rows).iloc[0]
+    mine = rows[(rows.provider == "fa2") & (rows["mode"] == entry["mode"]) & (rows.causal == entry["causal"])
+                & (rows.seqlen == entry["seqlen"])].sort_values("repeat")["tflops"].to_numpy()
+    ref = rows[(rows.provider == REFERENCE) & (rows["mode"] == entry["mode"]) & (rows.causal == entry["causal"])
+               & (rows.seqlen == entry["seqlen"])].sort_values("repeat")["tflops"].to_numpy()
+    assert entry["log_ratio"] == pytest.approx(np.median(np.log(mine / ref)))
+    assert entry["log_ratio_sd"] == pytest.approx(np.std(np.log(mine / ref), ddof=1))
+
+
+def test_report_states_the_rule_and_groups_by_verdict(rng, baseline, tmp_path):
+    comparison = compare_to_baseline(run_rows(rng, slowdown={0: 0.3}), baseline, ENVIRONMENT, sigma=0.02)
     report = format_comparison(comparison)
+    assert "1.0% false-positive rate per configuration" in report
     assert report.index("### regression (1)") < report.index("### unchanged (7)")
-    assert "**FAIL**: 1 regression, 0 failed, 0 improvement, 0 missing, 0 new, 7 unchanged" in report
-    ratio = comparison.table.loc[comparison.table.verdict == "regression", "ratio"].item()
-    assert f"{ratio:.3f}x" in report
-    written = write_comparison(comparison, tmp_path / "out")
-    assert written.read_text() == report
-    table = pd.read_csv(tmp_path / "out" / "comparison.csv")
-    assert list(table["verdict"]).count("regression") == 1
+    assert "**FAIL**: 1 regression" in report
+    assert write_comparison(comparison, tmp_path / "out").read_text() == report
+    assert list(pd.read_csv(tmp_path / "out" / "comparison.csv")["verdict"]).count("regression") == 1
+
+
+# --------------------------------------------------------------------------------------
+# Calibration
+# --------------------------------------------------------------------------------------
+def test_calibration_meets_its_false_positive_target_and_detects_ten_percent(rng):
+    runs = [run_rows(rng, repeats=3, noise=0.01, drift=0.01, machine=rng.uniform(0.9, 1.1)) for _ in range(8)]
+    table = calibrate(runs, slowdowns=(0.05, 0.10, 0.20), tolerance=0.0).set_index(["kind", "slowdown", "repeats"])
+    assert set(table.columns) >= {"trials", "flagged_rate", "sigma", "threshold"}
+    true_sigma = math.sqrt(2 * (0.01**2 + 2 * 0.01**2 / 3))  # drift twice, repeat noise of both providers
+    assert table.loc[("none", 0.0, 3), "sigma"] == pytest.approx(true_sigma, rel=0.35)
+    assert table.loc[("none", 0.0, 3), "trials"] == 8 * 7 * len(CONFIGS)
+    assert table.loc[("none", 0.0, 3), "flagged_rate"] <= 0.03
+    assert table.loc[("scaled", 0.10, 3), "flagged_rate"] >= 0.9
+    assert table.loc[("scaled", 0.20, 3), "flagged_rate"] == 1.0
+    assert table.loc[("none", 0.0, 1), "sigma"] > table.loc[("none", 0.0, 3), "sigma"]  # fewer repeats: noisier
+
+
+def test_calibration_counts_injected_slowdowns_by_their_name(rng):
+    runs = []
+    for _ in range(4):
+        plain = run_rows(rng, drift=0.005)
+        slowed = run_rows(rng, drift=0.005, slowdown=dict.fromkeys(range(len(CONFIGS)), 0.10))
+        runs.append(pd.concat([plain, slowed[slowed.provider == "fa2"].assign(provider="fa2-slowed-10")]))
+    table = calibrate(runs, tolerance=0.0).set_index(["kind", "slowdown", "repeats"])
+    assert table.loc[("injected", 0.10, 3), "trials"] == 4 * 3 * len(CONFIGS)
+    assert table.loc[("injected", 0.10, 3), "flagged_rate"] >= 0.9
+
+
+def test_calibration_tool_writes_the_csv_compare_reads(rng, tmp_path):
+    from harness.results import ResultWriter
+
+    folders = []
+    for index in range(4):
+        folder = tmp_path / f"run{index}"
+        with ResultWriter(folder / "results.csv") as writer:
+            for row in run_rows(rng).to_dict("records"):
+                writer.write({**row, **{c: math.nan for c in ("ms_p20", "ms_p80", "tflops_p20", "tflops_p80",
+                                                              "peak_mem_mb", "rel_err")}})
+        folders.append(str(folder))
+    out = tmp_path / "calibration.csv"
+    assert calibrate_main([*folders, "--out", str(out)]) == 0
+    written = pd.read_csv(out)
+    assert {"slowdown", "repeats", "trials", "flagged_rate"} <= set(written.columns)
+    sigma = calibrated_sigma(out, 3)
+    assert sigma == pytest.approx(written.query("slowdown == 0 and repeats == 3")["sigma"].item())
+    assert calibrated_sigma(tmp_path / "absent.csv", 3) is None
+    assert calibrate_main([folders[0], "--out", str(out)]) == 2  # fewer than 3 runs

@@ -1,16 +1,17 @@
 """Result rows (writer, loading, merging, results.json), the environment helpers, and the
 figures and report.md made from rows only.
 
-tests/fixtures/h200_anchor_rows.csv holds result rows made from
-../shared/reference/h200_anchors_2026-11-30.csv (bf16, fwd and fwd_bwd, head dim 64/128,
-seqlen 512/2048/16384; sdpa-flash, sdpa-cudnn, pytorch), plus two pytorch 'oom' rows where
-the anchors have no measurement and an 'unavailable' xformers-cutlass row per configuration.
+tests/fixtures/h200_anchor_rows.csv holds result rows made from H200 measurements of the
+reference kernels (bf16, fwd and fwd_bwd, head dim 64/128, seqlen 512/2048/16384; sdpa-flash,
+sdpa-cudnn, pytorch), plus two pytorch 'oom' rows where there is no measurement and an
+'unavailable' xformers-cutlass row per configuration.
 """
 
 import json
 import math
 import sys
 import types
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -226,7 +227,7 @@ def test_report_tables_speedups_and_failures_come_from_the_rows(fixture_rows, tm
     assert "| OOM |" in text and "| nan" not in text
 
 
-def test_a_row_cut_short_by_a_kill_is_skipped_and_appending_goes_on_cleanly(tmp_path):
+def test_a_row_cut_short_by_a_kill_is_dropped_before_appending(tmp_path):
     path = tmp_path / "results.csv"
     with ResultWriter(path) as writer:
         writer.write(_row(provider="pytorch", ms=1.0, tflops=1.0))
@@ -235,10 +236,127 @@ def test_a_row_cut_short_by_a_kill_is_skipped_and_appending_goes_on_cleanly(tmp_
     path.write_text(text[: len(text) - 40])  # the last row loses its end (and its newline)
     with pytest.warns(UserWarning, match="skipped 1 incomplete row"):
         assert load_results(path)["provider"].tolist() == ["pytorch"]
-    with ResultWriter(path) as writer:
+    with pytest.warns(UserWarning, match="removed an incomplete last row"):
+        writer = ResultWriter(path)
+    with writer:
         writer.write(_row(provider="sdpa-math", ms=3.0, tflops=3.0))
-    with pytest.warns(UserWarning, match="skipped 1 incomplete row"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the file is whole again: no warning
         assert load_results(path)["provider"].tolist() == ["pytorch", "sdpa-math"]
+
+
+def test_a_row_cut_inside_a_quoted_field_loses_only_itself(tmp_path):
+    """A kill inside the quoted `config` JSON used to make the CSV parser swallow every row
+    appended after it."""
+    path = tmp_path / "results.csv"
+    config = json.dumps({"block_m": 128, "block_n": 64, "note": "a, b"})
+    with ResultWriter(path) as writer:
+        writer.write(_row(provider="first", tflops=1.0, config=config))
+        writer.write(_row(provider="cut", tflops=1.0, config=config))
+    text = path.read_text()
+    path.write_text(text[: text.index('""block_n', text.index("\ncut,"))])  # a kill inside the quotes
+    with pytest.warns(UserWarning, match="removed an incomplete last row"):
+        writer = ResultWriter(path)
+    with writer:
+        writer.write(_row(provider="after-1", tflops=2.0, config=config))
+        writer.write(_row(provider="after-2", tflops=3.0, config=config))
+    rows = load_results(path)
+    assert rows["provider"].tolist() == ["first", "after-1", "after-2"]
+    assert rows["config"].tolist() == [config] * 3
+    # a broken line in the middle (e.g. a file edited by hand): the rows after it survive it
+    middle = path.read_text().splitlines()
+    path.write_text("\n".join([*middle[:2], '"broken,cell', *middle[2:]]) + "\n")
+    with pytest.warns(UserWarning, match="skipped 1 incomplete row"):
+        assert load_results(path)["provider"].tolist() == ["first", "after-1", "after-2"]
+
+
+def test_a_truncated_csv_warns_once_however_often_it_is_read(tmp_path):
+    path = tmp_path / "results.csv"
+    with ResultWriter(path) as writer:
+        writer.write(_row(tflops=1.0))
+    path.write_text(path.read_text() + "fa2,FA2,,fwd")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            load_results(path)
+    assert len([w for w in caught if "incomplete row" in str(w.message)]) == 1
+
+
+def test_text_with_newlines_stays_on_one_line(tmp_path):
+    with ResultWriter(tmp_path / "results.csv") as writer:
+        writer.write(_row(status="error", reason="Traceback:\n  line 1\r\n  line 2"))
+    assert len((tmp_path / "results.csv").read_text().splitlines()) == 2
+    assert load_results(tmp_path)["reason"].item() == "Traceback:   line 1   line 2"
+
+
+def test_inf_and_nan_rows_make_strict_json(tmp_path):
+    """An output holding inf used to crash writing results.json ("Out of range float values")."""
+    with ResultWriter(tmp_path / "results.csv") as writer:
+        writer.write(_row(status="wrong", reason="inf in the output", rel_err=math.inf))
+        writer.write(_row(provider="p", status="ok", tflops=-math.inf, ms=math.nan))
+    record_run(tmp_path, {"run_id": "1", "finished": None, "note": math.inf})
+    document = json.loads((tmp_path / "results.json").read_text())
+    assert [row["rel_err"] for row in document["rows"]] == [None, None]
+    assert document["runs"][0]["note"] is None
+    assert load_results(tmp_path)["rel_err"].iloc[0] == math.inf  # the CSV keeps it
+
+
+def test_results_json_is_replaced_atomically_under_a_per_process_name(tmp_path, monkeypatch):
+    import os
+
+    from harness import io
+
+    names = []
+    real_replace = Path.replace
+
+    def spy(self, target):
+        names.append(self.name)
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", spy)
+    record_run(tmp_path, {"run_id": "1"})
+    io.atomic_write_text(tmp_path / "x.md", "text")
+    assert len(names) == 2 and all(f".{os.getpid()}." in name for name in names)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "x.md"]  # no temporary left
+
+
+def test_a_half_written_results_json_warns_and_is_written_anew(tmp_path):
+    record_run(tmp_path, {"run_id": "1"})
+    text = (tmp_path / "results.json").read_text()
+    (tmp_path / "results.json").write_text(text[: len(text) // 2])
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert load_runs(tmp_path) == []
+    record_run(tmp_path, {"run_id": "2"})  # warned once above
+    assert [run["run_id"] for run in load_runs(tmp_path)] == ["2"]
+
+
+def test_previous_column_set_is_read_with_an_empty_check_shape(tmp_path):
+    from harness.results import PREVIOUS_COLUMNS
+
+    path = tmp_path / "results.csv"
+    row = _row(tflops=1.0)
+    pd.DataFrame([{c: row[c] for c in PREVIOUS_COLUMNS}]).to_csv(path, index=False)
+    rows = load_results(path)
+    assert list(rows.columns) == list(COLUMNS) and rows["check_shape"].item() == ""
+
+
+def test_cpu_report_says_perf_counter_and_draws_no_conclusion():
+    rows = pd.DataFrame([_row(provider=p, label=p, tflops=t, tflops_p20=t, tflops_p80=t, ms=1.0)
+                         for p, t in (("sdpa-flash", 3e-5), ("pytorch", 9e-6), ("fa2", 1e-7))])
+    text = build_report(rows)
+    assert "perf_counter" in text and "do_bench" not in text
+    assert "Speedup" not in text and "No speedup is computed" in text
+
+
+def test_small_speedups_keep_their_digits(fixture_rows):
+    rows = fixture_rows.copy()
+    slow = rows["provider"] == "pytorch"
+    rows.loc[slow, "tflops"] = rows.loc[slow, "tflops"] * 0.003 / rows.loc[slow, "tflops"].max()
+    text = build_report(rows)
+    assert "0.00x" not in text
+    from reports.tables import ratio_text
+
+    assert ratio_text(0.003) == "0.003x" and ratio_text(0.0347) == "0.035x" and ratio_text(1.234) == "1.23x"
 
 
 # --------------------------------------------------------------------------------------

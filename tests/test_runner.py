@@ -279,3 +279,147 @@ def test_sigterm_keeps_the_rows_and_still_writes_the_report(tmp_path):
     assert 1 <= len(rows) < len(seqlens.split(",")) and set(rows["status"]) == {"ok"}
     assert (tmp_path / "report.md").exists()
     assert load_runs(tmp_path)[0]["finished"] is None
+
+
+# --------------------------------------------------------------------------------------
+# The accuracy gate, per job
+# --------------------------------------------------------------------------------------
+def test_the_accuracy_check_runs_at_batch_2_and_3_heads_and_names_its_shape(tmp_path):
+    seen = []
+
+    def spy(q, k, v, causal, scale):
+        seen.append(tuple(q.shape))
+        return get_provider("pytorch").forward(q, k, v, causal, scale)
+
+    _sweep(tmp_path).run([Job(TINY)], [_provider("spy", spy)], progress=False)  # TINY: batch 1, 2 heads
+    assert seen[0] == (2, TINY.seqlen, 3, TINY.hdim)
+    row = _rows(tmp_path).loc["spy"]
+    assert row["status"] == "ok" and row["check_shape"].startswith("b2 n32 h3 d32 fwd")
+
+
+def test_a_kernel_wrong_only_in_the_last_batch_or_head_is_caught_at_the_jobs_size(tmp_path):
+    def last_batch_zero(q, k, v, causal, scale):
+        out = get_provider("pytorch").forward(q, k, v, causal, scale)
+        return torch.cat([out[:-1], torch.zeros_like(out[-1:])])
+
+    def late_heads_doubled(q, k, v, causal, scale):
+        out = get_provider("pytorch").forward(q, k, v, causal, scale)
+        return torch.cat([out[:, :, :4], 2 * out[:, :, 4:]], dim=2)
+
+    big = replace(TINY, batch=3, heads=6)
+    _sweep(tmp_path).run([Job(big)], [_provider("b", last_batch_zero), _provider("h", late_heads_doubled)],
+                         progress=False)
+    rows = _rows(tmp_path)
+    assert rows.loc["b", "status"] == "wrong" and rows.loc["h", "status"] == "wrong"
+    assert "b2h5" in rows.loc["h", "check_shape"]
+
+
+def test_long_sequences_check_the_first_and_the_last_query_rows_exactly():
+    from harness.accuracy import check_accuracy, row_blocks
+
+    assert row_blocks(4096, pairs=4, max_scores=4 * 4096 * 256) == [(0, 128), (3968, 4096)]
+    assert row_blocks(200, pairs=4) == [(0, 200)]
+    spec = replace(TINY, seqlen=300, causal=True, mode="fwd_bwd", dtype="fp32")
+    check = check_accuracy(get_provider("pytorch").forward, spec, DEVICE, max_scores=5 * 300 * 128 * 2)
+    assert "query rows 0-127 and 172-299" in check.shape and check.error < 1e-4
+
+    def wrong_tail(q, k, v, causal, scale):  # right everywhere but the last query rows
+        out = get_provider("pytorch").forward(q, k, v, causal, scale)
+        return torch.cat([out[:, :-10], out[:, -10:] * 1.5], dim=1)
+
+    assert check_accuracy(wrong_tail, spec, DEVICE, max_scores=5 * 300 * 128 * 2).error > 0.02
+
+
+def test_exceptions_in_supports_and_config_become_rows_and_the_sweep_goes_on(tmp_path):
+    def boom(spec):
+        raise RuntimeError("table lookup")
+
+    bad_check = _provider("bad-check", get_provider("pytorch").forward, supports=boom)
+    bad_config = _provider("bad-config", get_provider("pytorch").forward, config=boom)
+    _sweep(tmp_path).run([Job(TINY)], [bad_check, bad_config, get_provider("pytorch")], progress=False)
+    rows = _rows(tmp_path)
+    assert rows.loc["bad-check", "status"] == "error"
+    assert rows.loc["bad-check", "reason"] == "supports() raised RuntimeError: table lookup"
+    assert rows.loc["bad-config", "reason"] == "config() raised RuntimeError: table lookup"
+    assert rows.loc["pytorch", "status"] == "ok"
+
+
+# --------------------------------------------------------------------------------------
+# The results folder: resume, one writer, --out
+# --------------------------------------------------------------------------------------
+BASE = ["--modes", "fwd", "--hdims", "32", "--seqlens", "32", "--causal", "false", "--warmup-ms", "1",
+        "--rep-ms", "2"]
+
+
+def test_resume_does_not_append_unavailable_and_unsupported_rows_again(tmp_path):
+    argv = [*BASE, "--providers", "pytorch,sdpa-flash,fa4", "--out", str(tmp_path)]
+    assert runner.main(argv) == 0
+    before = (tmp_path / "results.csv").read_text()
+    assert runner.main([*argv, "--resume"]) == 0
+    assert runner.main([*argv, "--resume"]) == 0
+    assert (tmp_path / "results.csv").read_text() == before
+
+
+def test_a_second_writer_of_one_folder_is_refused_with_the_first_named(tmp_path, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / ".runner.lock").write_text(json.dumps(
+            {"host": __import__("socket").gethostname(), "pid": holder.pid, "command": "runner.py --suite paper"}))
+        assert runner.main([*BASE, "--providers", "pytorch", "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert f"process {holder.pid}" in err and "runner.py --suite paper" in err
+        assert not (tmp_path / "results.csv").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.warns(UserWarning, match="no longer runs"):  # the holder is gone: its lock is taken over
+        assert runner.main([*BASE, "--providers", "pytorch", "--out", str(tmp_path)]) == 0
+    assert not (tmp_path / ".runner.lock").exists()
+
+
+def test_out_pointing_at_a_file_is_a_clear_error(tmp_path, capsys):
+    target = tmp_path / "hostname"
+    target.write_text("not a folder")
+    with pytest.raises(SystemExit) as stop:
+        runner.main([*BASE, "--providers", "pytorch", "--out", str(target)])
+    assert stop.value.code == 2
+    assert f"--out {target} is a file: expected a folder" in capsys.readouterr().err
+
+
+def test_report_only_survives_a_half_written_results_json(tmp_path):
+    assert runner.main([*BASE, "--providers", "pytorch", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "results.json").read_text()
+    (tmp_path / "results.json").write_text(text[:100])
+    (tmp_path / "report.md").unlink()
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert runner.main(["--report-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").exists()
+
+
+@pytest.mark.parametrize("suite", ["features", "decode"])
+def test_other_suites_dispatch_to_their_module_or_say_it_is_missing(suite, tmp_path, monkeypatch, capsys):
+    import types
+
+    called = []
+    module = types.ModuleType(f"harness.{suite}")
+    module.run_suite = lambda args, out_dir: called.append((args.suite, out_dir))
+    monkeypatch.setitem(sys.modules, f"harness.{suite}", module)
+    assert runner.main(["--suite", suite, "--out", str(tmp_path)]) == 0
+    assert called == [(suite, tmp_path)]
+    monkeypatch.setitem(sys.modules, f"harness.{suite}", None)  # an absent module
+    with pytest.raises(SystemExit):
+        runner.main(["--suite", suite, "--out", str(tmp_path)])
+    assert f"harness/{suite}.py is not in this checkout" in capsys.readouterr().err
+
+
+def test_reproduce_targets_run_their_steps_into_one_folder(tmp_path, monkeypatch):
+    from harness.reproduce import TARGETS
+
+    calls = []
+    real_main = runner.main
+    monkeypatch.setattr(runner, "main", lambda argv: calls.append(argv) or 0)
+    assert real_main(["--reproduce", "ablation", "--out", str(tmp_path)]) == 0
+    assert [call[:len(step)] for call, step in zip(calls, TARGETS["ablation"].steps, strict=True)] == \
+        [list(step) for step in TARGETS["ablation"].steps]
+    assert all(call[call.index("--out") + 1] == str(tmp_path) for call in calls)
+    assert "--resume" not in calls[0] and "--resume" in calls[1]

@@ -1,0 +1,63 @@
+"""Named targets that regenerate each committed H200 result from scratch on a GPU.
+
+`python runner.py --reproduce TARGET [--out DIR]` runs the target's runner commands in order
+into one folder (default results/reproduce/<target>/), the later ones with --resume, so that
+the folder ends up with the rows, the tables and the plots of reports/h200/<folder>/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PAPER_PROVIDERS = ("fa2,sdpa-flash,sdpa-cudnn,sdpa-efficient,pytorch,xformers-cutlass,flash-attn,"
+                   "flash-attn-3")
+
+
+@dataclass(frozen=True)
+class Target:
+    folder: str  # under reports/h200/
+    what: str
+    steps: tuple[tuple[str, ...], ...]  # runner arguments of each step, without --out
+
+
+TARGETS = {
+    "paper": Target(
+        "paper", "the paper's Figures 4-7 in bf16: every provider, then 3 repeats at 512 and 1k",
+        (("--suite", "paper", "--dtype", "bf16", "--providers", PAPER_PROVIDERS),
+         ("--suite", "paper", "--dtype", "bf16", "--providers", "fa2,sdpa-flash,sdpa-cudnn", "--seqlens",
+          "512,1024", "--repeats", "3"))),
+    "paper-fp16": Target(
+        "paper_fp16", "the paper's figures in fp16 for our kernel, official FA2 and cuDNN",
+        (("--suite", "paper", "--dtype", "fp16", "--providers", "fa2,sdpa-flash,sdpa-cudnn"),
+         ("--suite", "paper", "--dtype", "fp16", "--providers", "fa2,sdpa-flash,sdpa-cudnn", "--seqlens",
+          "512,1024", "--repeats", "3"))),
+    "ablation": Target(
+        "ablation", "the FA1 -> FA2 ladder (CUDA-graph timing), then its Nsight Compute counters",
+        (("--ablation", "all", "--repeats", "2", "--hdims", "128", "--seqlens", "1024,4096,16384",
+          "--cuda-graph", "--no-ncu"),
+         ("--ablation", "all", "--settings-only", "--ncu-only"))),
+    "counters": Target(
+        "counters_fwd_gluon", "Nsight Compute counters of our Hopper forward and cuDNN's at head dim 128, 4k",
+        (("--suite", "paper", "--ncu-only", "--providers", "fa2,sdpa-cudnn", "--modes", "fwd", "--hdims",
+          "128", "--seqlens", "4096", "--dtype", "bf16"),)),
+    "baseline": Target(
+        "regression", "the regression baseline CI compares with (saved to reports/h200/regression/baseline.json)",
+        (("--quick", "--providers", "fa2,sdpa-flash", "--dtype", "bf16", "--repeats", "3", "--save-baseline"),)),
+}
+
+
+def help_text() -> str:
+    lines = ["reproduce targets (each regenerates reports/h200/<folder>/):"]
+    for name, target in TARGETS.items():
+        lines.append(f"  {name:<11} {target.what} (reports/h200/{target.folder}/)")
+        for step in target.steps:
+            lines.append(f"      runner.py {' '.join(step)}")
+    return "\n".join(lines)
+
+
+def steps(name: str, out: str, extra: list[str]) -> list[list[str]]:
+    """The runner argument lists of target `name` writing into `out`; `extra` (e.g. -v) is
+    added to every step, --resume to every step after the first."""
+    target = TARGETS[name]
+    return [[*step, "--out", out, *extra, *(["--resume"] if index else [])]
+            for index, step in enumerate(target.steps)]
