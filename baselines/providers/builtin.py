@@ -15,7 +15,7 @@ from baselines.providers.core import (
     Provider,
     Spec,
     UnsupportedInput,
-    _always,
+    any_input,
     check_causal_lengths,
     cuda_available,
     everywhere,
@@ -141,6 +141,6 @@ for _name, _label, _backend, _regex, _bwd_regex, _cuda_only in SDPA_BACKENDS:
     register(Provider(
         name=_name, label=_label, forward=sdpa_forward(_backend),
         availability=cuda_available if _cuda_only else everywhere,
-        supports=half_only if _backend in ("FLASH_ATTENTION", "CUDNN_ATTENTION") else _always,
+        supports=half_only if _backend in ("FLASH_ATTENTION", "CUDNN_ATTENTION") else any_input,
         kernel_regex=_regex, bwd_kernel_regex=_bwd_regex,
     ))

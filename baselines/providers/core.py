@@ -50,7 +50,8 @@ class Spec:
         return DTYPES[self.dtype]
 
 
-def _always(_spec) -> str | None:
+def any_input(_spec) -> str | None:
+    """A shape check that accepts every input."""
     return None
 
 
@@ -60,7 +61,7 @@ class Provider:
     label: str  # plot label a reader understands
     forward: Callable  # (q, k, v, causal, softmax_scale) -> out; (B, S, H, D) in and out
     availability: Callable[[], str | None]  # None when usable here, else the reason
-    supports: Callable[[Spec], str | None] = _always  # None when supported, else the reason
+    supports: Callable[[Spec], str | None] = any_input  # None when supported, else the reason
     kernel_regex: str = ""  # Nsight Compute kernel-name regex selecting its main forward kernel
     has_backward: bool = True  # gradients flow through `forward` via autograd
     bwd_kernel_regex: str = ""  # ... and its main backward kernel ('' when unknown or forward-only)

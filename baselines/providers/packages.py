@@ -17,7 +17,7 @@ from baselines.providers.core import (
     Provider,
     Spec,
     UnsupportedInput,
-    _always,
+    any_input,
     first,
     half_only,
     min_arch,
@@ -262,5 +262,5 @@ for _name, _label, _op, _regex, _bwd_regex in (
         name=_name, label=_label, forward=_forward,
         availability=optional_cuda_package("xformers.ops", "xformers", _xformers_compiled_probe(_forward),
                                            min_arch(0)),
-        supports=half_only if _op == "flash" else _always, kernel_regex=_regex, bwd_kernel_regex=_bwd_regex,
+        supports=half_only if _op == "flash" else any_input, kernel_regex=_regex, bwd_kernel_regex=_bwd_regex,
     ))
