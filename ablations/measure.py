@@ -113,7 +113,7 @@ def ncu_command(jobs: list[dict], kernel_regex: str, metrics: list[str]) -> list
     from harness.ncu import build_ncu_command
 
     command = build_ncu_command([json.dumps(jobs)], kernel_regex, metrics)
-    module = command.index("harness.ncu_target")
+    module = len(command) - 1 - command[::-1].index("-m") + 1  # the profiled target: `python -m <module>`
     command[module] = "ablations.ncu_target"
     launch_count = command.index("--launch-count")
     command[launch_count + 1] = str(len(jobs))

@@ -104,11 +104,12 @@ def tuning_candidates(ctx: Context, headdim: int) -> dict[str, tuple[list, objec
         production = [configs.INTERPRETER_FWD_CONFIG, FwdConfig(16, 32, 4, 1)]
         return {"rung3": (rung3, rung3[0]), "production": (production, production[0])}
     block_m = max(128, headdim)
-    rung3 = [FwdConfig(block_m, n, w, s) for n in (32, 64, 128) for w in (4, 8) for s in (1, 2)]
+    rung3 = [FwdConfig(block_m, n, 4, s) for n in (32, 64, 128) for s in (1, 2)]
+    rung3 += [FwdConfig(block_m, 128, 8, s) for s in (1, 2)]
     fixed3 = default_ladder_config(3, headdim, ctx.device)
     fixed = configs.default_fwd_config(headdim, False, ctx.device)
     production = [fixed, *(FwdConfig(m, n, w, s) for m, n, w, s in (
-        (128, 64, 4, 2), (128, 64, 8, 2), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3)))]
+        (128, 64, 4, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3)))]
     return {"rung3": (list(dict.fromkeys([fixed3, *rung3])), fixed3),
             "production": (list(dict.fromkeys(production)), fixed)}
 

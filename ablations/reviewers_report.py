@@ -10,6 +10,7 @@ comes from the rows; nothing is typed in.
 from __future__ import annotations
 
 import math
+import re
 
 import pandas as pd
 
@@ -76,7 +77,8 @@ def cell_table(group: pd.DataFrame, extra: dict | None = None) -> str:
         "TFLOPs/s": [_tflops(v) if s == "ok" else f"{s}: {r}" for v, s, r in
                      zip(group["tflops"], group["status"], group["reason"])],
         "ms (median)": [_num(v, ".3f") for v in group["ms"]],
-        "spread ms (p20-p80)": [f"{_num(lo, '.3f')}-{_num(hi, '.3f')}" for lo, hi in zip(group["ms_lo"], group["ms_hi"])],
+        "spread ms (p20-p80)": [f"{lo:.3f}-{hi:.3f}" if not pd.isna(lo) else "-"
+                                for lo, hi in zip(group["ms_lo"], group["ms_hi"])],
         **(extra or {}),
     })
     return markdown_table(table)
@@ -220,6 +222,32 @@ def triton_vs_cutlass(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str
     return lines, sentence
 
 
+MAX_WARPS_PER_SM, MAX_BLOCKS_PER_SM = 64, 32  # Hopper (sm_90)
+
+
+def theoretical_occupancy(counters: pd.DataFrame) -> pd.Series:
+    """ncu's theoretical occupancy (%), or, where it gave none, the same from the launch limits:
+    min(blocks by registers, by shared memory, by warps, by the SM's block cap) x warps per block
+    over the SM's 64 warp slots."""
+    from ablations.measure import LIMIT_BLOCKS, LIMIT_WARPS, THEORETICAL_OCCUPANCY
+    from harness import ncu
+
+    def one(row) -> float:
+        given = row.get(THEORETICAL_OCCUPANCY, math.nan)
+        if not pd.isna(given):
+            return float(given)
+        threads = [int(x) for x in re.findall(r"\d+", str(row.get("block_size", "")))]
+        if not threads or pd.isna(row.get(ncu.OCCUPANCY_LIMIT_REGISTERS, math.nan)):
+            return math.nan
+        warps = math.prod(threads) // 32
+        limits = [row.get(ncu.OCCUPANCY_LIMIT_REGISTERS), row.get(ncu.OCCUPANCY_LIMIT_SHARED, math.nan),
+                  row.get(LIMIT_WARPS, MAX_WARPS_PER_SM // warps), row.get(LIMIT_BLOCKS, MAX_BLOCKS_PER_SM)]
+        blocks = min(x for x in limits if not pd.isna(x))
+        return 100.0 * blocks * warps / MAX_WARPS_PER_SM
+
+    return counters.apply(one, axis=1) if len(counters) else pd.Series(dtype=float)
+
+
 def occupancy(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str], str]:
     from ablations.measure import LIMIT_BLOCKS, LIMIT_WARPS, SM_ACTIVE, THEORETICAL_OCCUPANCY
     from harness import ncu
@@ -234,8 +262,9 @@ def occupancy(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str], str]:
                "SM active %": SM_ACTIVE, "grid": ncu.GRID, "regs/thread": ncu.REGISTERS,
                "smem/block B": ncu.SHARED_PER_BLOCK, "limit regs": ncu.OCCUPANCY_LIMIT_REGISTERS,
                "limit smem": ncu.OCCUPANCY_LIMIT_SHARED, "limit warps": LIMIT_WARPS, "limit blocks": LIMIT_BLOCKS}
+    ok = ok.assign(**{THEORETICAL_OCCUPANCY: theoretical_occupancy(ok)})
     table = pd.DataFrame({"variant": ok["variant"], "setting": ok["setting"], "mode": ok["mode"],
-                          **{name: [_num(v, ".2f" if name == "waves" else ".0f") for v in ok.get(metric, math.nan)]
+                          **{name: [_num(v, ".2f" if name == "waves" else ".0f") for v in ok[metric]]
                              if metric in ok else "-" for name, metric in columns.items()}})
     lines += [markdown_table(table), ""]
     parts = []

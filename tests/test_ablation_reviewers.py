@@ -114,3 +114,29 @@ def test_reviewers_cli_rejects_an_unknown_part_by_name(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["nonsense", "--out", str(tmp_path)])
     assert "part must be all or one of" in capsys.readouterr().err
+
+
+def test_ncu_command_profiles_one_launch_per_job_in_one_process():
+    from ablations.measure import ncu_command
+
+    jobs = [{"variant": f"fwd-rung{r}"} for r in range(3)]
+    command = ncu_command(jobs, "_ladder_q_outer_kernel", ["gpu__time_duration.sum"])
+    assert command[command.index("--launch-count") + 1] == "3"
+    assert command[-3:-1] == ["-m", "ablations.ncu_target"] and '"fwd-rung2"' in command[-1]
+
+
+def test_occupancy_section_shows_counters_and_theoretical_from_limits(tmp_path):
+    from ablations.measure import THEORETICAL_OCCUPANCY
+    from harness import ncu
+
+    warps_active = {"fwd-rung1": random.uniform(5, 20), "fwd-rung2": random.uniform(30, 60)}
+    counters = pd.DataFrame([{"question": "occupancy", "variant": name, "setting": "B", **SHAPE, "status": "ok",
+                              "block_size": "(128, 1, 1)", ncu.WARPS_ACTIVE: active, ncu.WAVES: 0.1 * (i + 1),
+                              ncu.OCCUPANCY_LIMIT_REGISTERS: 2, ncu.OCCUPANCY_LIMIT_SHARED: 3,
+                              THEORETICAL_OCCUPANCY: math.nan}
+                             for i, (name, active) in enumerate(warps_active.items())])
+    text = write_reviewers_report(pd.DataFrame(columns=ROW_COLUMNS), counters, tmp_path / "r.md")
+    section = text.split("## Occupancy")[1].split("\n## ")[0]
+    assert f"{warps_active['fwd-rung1']:.0f}% -> {warps_active['fwd-rung2']:.0f}%" in section
+    assert "| 12 |" in section  # 2 blocks (the register limit) x 4 warps of 64 slots
+    assert "**achieved occupancy**" in section
