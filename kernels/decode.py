@@ -1,14 +1,16 @@
 """Decoding with a KV cache: flash-attn 2.x's `flash_attn_with_kvcache`, on split-KV kernels.
 
-The public function checks its arguments, applies rotary embeddings to the new q (and k), and
-calls two PyTorch custom ops, so that `torch.compile(fullgraph=True)` sees opaque nodes and a
-decode step can be captured in a CUDA graph:
+The public function checks its arguments and calls PyTorch custom ops, so that
+`torch.compile(fullgraph=True)` sees opaque nodes and a decode step can be captured in a CUDA
+graph (kernels in kernels/decode_kernels.py):
 
+* `fa2::rotary(q, cos, sin, start, step, interleaved) -> q_rotated`: the new query tokens'
+  rotary embedding (one kernel), when cos/sin are given;
 * `fa2::kvcache_append(k_cache, v_cache, k, v, cache_seqlens, ...)` writes the new keys (rotated)
-  and values into the cache in place at positions cache_seqlens[b] + i (`mutates_args`); only
-  those slots are written;
+  and values into the cache in place at positions cache_seqlens[b] + i (`mutates_args`; one
+  kernel); only those slots are written;
 * `fa2::fwd_kvcache(q, k_cache, v_cache, seqlens_k, ...) -> (out, lse)` runs the split-KV kernel
-  and, with more than one split, the combine kernel (kernels/decode_kernels.py).
+  and, with more than one split, the combine kernel.
 
 Argument values that live on the device (cache lengths, block-table entries, cache_batch_idx)
 are checked with one device-to-host copy per op call, except while a CUDA graph is being
@@ -25,7 +27,12 @@ import math
 import torch
 import triton
 
-from .decode_kernels import _fwd_kvcache_combine_kernel, _fwd_kvcache_split_kernel
+from .decode_kernels import (
+    _fwd_kvcache_combine_kernel,
+    _fwd_kvcache_split_kernel,
+    _kvcache_append_kernel,
+    _rotary_kernel,
+)
 from .launch import CachedLauncher
 
 PAGE_MULTIPLE = 16  # page sizes the paged cache takes: multiples of this many tokens
@@ -40,6 +47,8 @@ INTERPRETER_CONFIG = (16, 4, 1)  # small key blocks: tiny test caches still span
 
 _split_launcher = CachedLauncher(_fwd_kvcache_split_kernel)
 _combine_launcher = CachedLauncher(_fwd_kvcache_combine_kernel)
+_append_launcher = CachedLauncher(_kvcache_append_kernel)
+_rotary_launcher = CachedLauncher(_rotary_kernel)
 
 
 def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, block_n: int,
@@ -63,22 +72,11 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                 interleaved: bool) -> torch.Tensor:
-    """Rotary embedding of x (batch, seqlen, heads, headdim) at positions (batch, seqlen), cos and
-    sin (seqlen_ro, rotary_dim / 2); the first rotary_dim dims rotate, in float32. Interleaved
-    pairs dims (2i, 2i+1); otherwise (GPT-NeoX) dims (i, i + rotary_dim / 2)."""
-    half = cos.shape[1]
-    c = cos[positions].float()[:, :, None, :]  # (B, S, 1, rotary_dim / 2)
-    s = sin[positions].float()[:, :, None, :]
-    rot = x[..., :2 * half].float()
-    if interleaved:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        rotated = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-    else:
-        x1, x2 = rot[..., :half], rot[..., half:]
-        rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
-    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
+def _rotary_meta(headdim: int, rotary_cos: torch.Tensor | None) -> dict:
+    """The rotary kernels' constexprs: the head dim, and half the rotary dim (0: no rotation)."""
+    half = 0 if rotary_cos is None else rotary_cos.shape[1]
+    return {"HEAD_DIM": headdim, "BLOCK_D": triton.next_power_of_2(headdim), "ROTARY_HALF": half,
+            "BLOCK_HALF": max(1, triton.next_power_of_2(half))}
 
 
 def _capacity(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
@@ -114,7 +112,6 @@ def kvcache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     """Write k (rotated at positions cache_seqlens[b] + i when cos/sin are given) and v into the
     caches at those positions, in place. Shapes are checked by `flash_attn_with_kvcache`."""
     batch, seqlen_new = k.shape[:2]
-    positions = cache_seqlens.long()[:, None] + torch.arange(seqlen_new, device=k.device)  # (B, S_new)
     capacity = _capacity(k_cache, block_table)
     checks = [(cache_seqlens < 0, "cache_seqlens must be >= 0"),
               (cache_seqlens.long() + seqlen_new > capacity,
@@ -133,24 +130,48 @@ def kvcache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
         checks.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0]),
                        f"cache_batch_idx must hold indices in [0, {k_cache.shape[0]})"))
     _check_values(checks)
-    if rotary_cos is not None:
-        k = apply_rotary(k, rotary_cos, rotary_sin, positions.clamp(max=rotary_cos.shape[0] - 1),
-                         rotary_interleaved)
-    if block_table is not None:
-        page = k_cache.shape[1]
-        pages = block_table.long().gather(1, (positions // page).clamp(max=block_table.shape[1] - 1))
-        rows = (pages, positions % page)  # (B, S_new) each
-    else:
-        cache_rows = torch.arange(batch, device=k.device) if cache_batch_idx is None else cache_batch_idx.long()
-        rows = (cache_rows[:, None].expand(batch, seqlen_new), positions)
-    k_cache[rows] = k
-    v_cache[rows] = v
+    if batch * seqlen_new == 0:
+        return
+    dummy = cache_seqlens  # stands for absent optional tensors (never read)
+    paged = block_table is not None
+    _append_launcher[(batch * seqlen_new, k.shape[2])](
+        k, v, k_cache, v_cache, cache_seqlens, dummy if cache_batch_idx is None else cache_batch_idx,
+        block_table if paged else dummy, k if rotary_cos is None else rotary_cos,
+        k if rotary_sin is None else rotary_sin,
+        *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
+        block_table.stride(0) if paged else 0, 0 if rotary_cos is None else rotary_cos.stride(0),
+        seqlen_new, **_rotary_meta(k.shape[3], rotary_cos), INTERLEAVED=rotary_interleaved,
+        PAGE_SIZE=k_cache.shape[1] if paged else 0, HAS_BATCH_IDX=cache_batch_idx is not None,
+        num_warps=1, num_stages=1)
 
 
 @kvcache_append.register_fake
 def _(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
       rotary_interleaved) -> None:
     return None
+
+
+@torch.library.custom_op("fa2::rotary", mutates_args=())
+def rotary(x: torch.Tensor, rotary_cos: torch.Tensor, rotary_sin: torch.Tensor, start: torch.Tensor, step: bool,
+           rotary_interleaved: bool) -> torch.Tensor:
+    """x (batch, seqlen, heads, headdim) rotated at positions start[b] + i (step) or start[b]."""
+    batch, seqlen, heads, headdim = x.shape
+    last = start.long() + (seqlen - 1 if step else 0)
+    _check_values([((start < 0) | (last >= rotary_cos.shape[0]),
+                    (f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions; the query tokens need "
+                     f"cache_seqlens + {seqlen if step else 1}"))])
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if out.numel():
+        _rotary_launcher[(batch * seqlen, heads)](
+            x, out, start, rotary_cos, rotary_sin, *x.stride()[:3], *out.stride()[:3], rotary_cos.stride(0), seqlen,
+            **_rotary_meta(headdim, rotary_cos), INTERLEAVED=rotary_interleaved, STEP=step,
+            num_warps=1, num_stages=1)
+    return out
+
+
+@rotary.register_fake
+def _(x, rotary_cos, rotary_sin, start, step, rotary_interleaved):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @torch.library.custom_op("fa2::fwd_kvcache", mutates_args=())
@@ -267,7 +288,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          f"{getattr(q, 'shape', type(q).__name__)}")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
-    batch, seqlen_q, heads, headdim = q.shape
+    batch, _, heads, headdim = q.shape
     if not 0 < headdim <= MAX_HEADDIM:
         raise ValueError(f"q's head dim must be in 1..{MAX_HEADDIM}, got {headdim}")
     device = q.device
@@ -360,12 +381,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     seqlens_k = cache_seqlens
     if k is not None:
         k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
-        if rotary_cos is not None:
-            positions = cache_seqlens.long()[:, None]
-            if causal or tuple(window_size) != (-1, -1):
-                positions = positions + torch.arange(seqlen_q, device=device)
-            positions = positions.expand(batch, seqlen_q).clamp(0, rotary_cos.shape[0] - 1)
-            q = apply_rotary(q, rotary_cos, rotary_sin, positions, rotary_interleaved)
+        if rotary_cos is not None:  # flash-attn: q steps with the new keys when causal or local
+            q = torch.ops.fa2.rotary(q, rotary_cos, rotary_sin, cache_seqlens,
+                                     causal or tuple(window_size) != (-1, -1), rotary_interleaved)
         torch.ops.fa2.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
                                      rotary_cos, rotary_sin, rotary_interleaved)
         seqlens_k = cache_seqlens + k.shape[1]

@@ -169,3 +169,87 @@ def _fwd_kvcache_combine_kernel(
     out = tl.sum(weight[:, None] * o_s, 0) / tl.where(total == 0.0, 1.0, total)
     tl.store(Out + row * HEAD_DIM + offs_d, out.to(Out.dtype.element_ty), mask=d_ok)
     tl.store(LSE + lse_row, tl.where(total == 0.0, float("inf"), m_safe + tl.math.log2(total) * LN2))
+
+
+@triton.jit
+def _rotate_row(Src, Dst, CosRow, SinRow, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                ROTARY_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Dst[:HEAD_DIM] = Src rotated in its first 2 * ROTARY_HALF dims, in float32: pairs
+    (2j, 2j + 1) when INTERLEAVED, else (j, j + ROTARY_HALF) (GPT-NeoX); the rest copied."""
+    if ROTARY_HALF > 0:
+        offs_j = tl.arange(0, BLOCK_HALF)
+        j_ok = offs_j < ROTARY_HALF
+        if INTERLEAVED:
+            first = 2 * offs_j
+            second = first + 1
+        else:
+            first = offs_j
+            second = offs_j + ROTARY_HALF
+        x1 = tl.load(Src + first, mask=j_ok, other=0.0).to(tl.float32)
+        x2 = tl.load(Src + second, mask=j_ok, other=0.0).to(tl.float32)
+        c = tl.load(CosRow + offs_j, mask=j_ok, other=0.0).to(tl.float32)
+        s = tl.load(SinRow + offs_j, mask=j_ok, other=0.0).to(tl.float32)
+        tl.store(Dst + first, (x1 * c - x2 * s).to(Dst.dtype.element_ty), mask=j_ok)
+        tl.store(Dst + second, (x1 * s + x2 * c).to(Dst.dtype.element_ty), mask=j_ok)
+    offs_d = tl.arange(0, BLOCK_D)
+    pass_ok = (offs_d >= 2 * ROTARY_HALF) & (offs_d < HEAD_DIM)
+    tl.store(Dst + offs_d, tl.load(Src + offs_d, mask=pass_ok), mask=pass_ok)
+
+
+@triton.jit
+def _kvcache_append_kernel(
+    K, V, KCache, VCache, CacheSeqlens, BatchIdx, BlockTable, Cos, Sin,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_kcb, stride_kcn, stride_kch,
+    stride_vcb, stride_vcn, stride_vch,
+    stride_btb, stride_cos,
+    seqlen_new,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROTARY_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
+):
+    """Program (batch x new token, kv head): the new key, rotated at its position
+    cache_seqlens[b] + i, and the new value go into that cache slot; nothing else is written."""
+    batch = tl.program_id(0) // seqlen_new
+    token = tl.program_id(0) % seqlen_new
+    kv_head = tl.program_id(1)
+    position = tl.load(CacheSeqlens + batch) + token
+    if PAGE_SIZE > 0:
+        page = tl.load(BlockTable + batch * stride_btb + position // PAGE_SIZE).to(tl.int64)
+        k_row = page * stride_kcb + (position % PAGE_SIZE) * stride_kcn
+        v_row = page * stride_vcb + (position % PAGE_SIZE) * stride_vcn
+    else:
+        if HAS_BATCH_IDX:
+            cache_row = tl.load(BatchIdx + batch).to(tl.int64)
+        else:
+            cache_row = batch.to(tl.int64)
+        k_row = cache_row * stride_kcb + position.to(tl.int64) * stride_kcn
+        v_row = cache_row * stride_vcb + position.to(tl.int64) * stride_vcn
+    _rotate_row(K + batch * stride_kb + token * stride_ks + kv_head * stride_kh,
+                KCache + k_row + kv_head * stride_kch, Cos + position * stride_cos, Sin + position * stride_cos,
+                HEAD_DIM, BLOCK_D, ROTARY_HALF, BLOCK_HALF, INTERLEAVED)
+    _rotate_row(V + batch * stride_vb + token * stride_vs + kv_head * stride_vh,
+                VCache + v_row + kv_head * stride_vch, Cos, Sin, HEAD_DIM, BLOCK_D, 0, BLOCK_HALF, INTERLEAVED)
+
+
+@triton.jit
+def _rotary_kernel(
+    X, Out, Start, Cos, Sin,
+    stride_xb, stride_xs, stride_xh,
+    stride_ob, stride_os, stride_oh, stride_cos,
+    seqlen,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROTARY_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    INTERLEAVED: tl.constexpr, STEP: tl.constexpr,
+):
+    """Program (batch x token, head): Out = X rotated at position Start[b] + token (STEP) or
+    Start[b] (all tokens at one position)."""
+    batch = tl.program_id(0) // seqlen
+    token = tl.program_id(0) % seqlen
+    head = tl.program_id(1)
+    position = tl.load(Start + batch)
+    if STEP:
+        position += token
+    _rotate_row(X + batch * stride_xb + token * stride_xs + head * stride_xh,
+                Out + batch * stride_ob + token * stride_os + head * stride_oh,
+                Cos + position * stride_cos, Sin + position * stride_cos,
+                HEAD_DIM, BLOCK_D, ROTARY_HALF, BLOCK_HALF, INTERLEAVED)

@@ -337,8 +337,10 @@ def test_custom_ops_pass_opcheck(device):
     torch.library.opcheck(torch.ops.fa2.fwd_kvcache.default,
                           (q, k_cache, v_cache, seqlens, None, table, None, 0.25, -1, 0, 0.0, 2))
     k_new, v_new = (torch.randn(2, 1, 2, 16, dtype=torch.float16, device=device) for _ in range(2))
+    cos, sin = rotary_tables(32, 8, torch.float16, device)
     torch.library.opcheck(torch.ops.fa2.kvcache_append.default,
-                          (k_cache, v_cache, k_new, v_new, seqlens, None, table, None, None, True))
+                          (k_cache, v_cache, k_new, v_new, seqlens, None, table, cos, sin, True))
+    torch.library.opcheck(torch.ops.fa2.rotary.default, (q, cos, sin, seqlens, True, False))
 
 
 def check_compiled_step(batch, heads, kv_heads, headdim, capacity, dtype, device):
