@@ -255,6 +255,21 @@ def test_a_gluon_dkdv_kernel_that_fails_to_build_warns_once_and_routes_to_triton
     assert bwd_dkdv_path(GLUON_BWD_CONFIG, q, q, q, q) == "triton"
 
 
+@pytest.mark.xfail(strict=True, raises=AttributeError,
+                   reason="kernels/dispatch.py: bwd_dkdv_path reads flash_attn_hopper.BWD_BLOCK_N before "
+                          "hopper_gluon_applies checks gluon_unavailable, so it raises where the module is None")
+def test_gluon_kernels_that_do_not_import_leave_every_call_to_triton(monkeypatch):
+    """On a Triton whose Gluon API the module cannot import (dispatch.flash_attn_hopper is None),
+    the Hopper table's rules send every forward and backward to the Triton kernels."""
+    monkeypatch.setattr(dispatch, "flash_attn_hopper", None)
+    monkeypatch.setattr(dispatch, "gluon_unavailable", "the Gluon kernels do not import on this Triton")
+    fwd_config, bwd_config = HOPPER_FWD_CONFIGS[(128, False)], HOPPER_BWD_CONFIGS[128]
+    q = torch.empty(2, 2048, 4, 128, dtype=torch.bfloat16)  # in both Gluon kernels' scope
+    triton_only = dataclasses.replace(fwd_config, hopper_gluon_min_keys=0)
+    assert fwd_memory_path(fwd_config, q, q, q, q, False) == fwd_memory_path(triton_only, q, q, q, q, False)
+    assert bwd_dkdv_path(bwd_config, q, q, q, q) == "triton"
+
+
 def test_device_capability_is_asked_once_per_device(monkeypatch):
     """The config lookup asks torch for the device's capability once (it costs ~7 us a call)."""
     calls = []
