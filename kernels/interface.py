@@ -24,8 +24,13 @@ def _features(q, causal, window_size, softcap, alibi_slopes, dropout_p, **varlen
     rng_seed = None
     if dropout_p:
         # (seed, offset) from PyTorch's generator: torch.manual_seed reproduces a run; read in the kernel
-        rng_seed = torch.randint(0, 2**62, (2,), dtype=torch.int64, device=q.device)
+        rng_seed = torch.randint(0, 2**62, (2,), dtype=torch.int64, device=getattr(q, "device", None))
     return Features(left, -1 if causal else right, softcap, alibi_slopes, dropout_p, rng_seed, **varlen)
+
+
+def _headdim(q) -> int:
+    """q's head dim for the default scale; a non-tensor q is rejected by the op's checks."""
+    return q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() else 1
 
 
 def _returned(out, lse, features: Features, return_attn_probs: bool, q, k, v, softmax_scale, causal):
@@ -53,7 +58,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     check_flag("causal", causal)
     check_flag("deterministic", deterministic)
     features = _features(q, causal, window_size, softcap, alibi_slopes, dropout_p)
-    scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
+    scale = softmax_scale_or_default(softmax_scale, _headdim(q))
     out, lse = attention(q, k, v, scale, causal, features, fwd_config, bwd_config, deterministic)
     return _returned(out, lse, features, return_attn_probs, q, k, v, scale, causal)
 
@@ -96,7 +101,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     check_flag("deterministic", deterministic)
     features = _features(q, causal, window_size, softcap, alibi_slopes, dropout_p, cu_seqlens_q=cu_seqlens_q,
                          cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    scale = softmax_scale_or_default(softmax_scale, q.shape[-1])
+    scale = softmax_scale_or_default(softmax_scale, _headdim(q))
     out, lse = attention(q, k, v, scale, causal, features, fwd_config, bwd_config, deterministic)
     return _returned(out, lse, features, return_attn_probs, q, k, v, scale, causal)
 
