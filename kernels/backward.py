@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from . import dispatch
-from .checks import DENSE, Features, require_implemented
+from .checks import DENSE, Features
 from .common import (
     LOG2E,
     _batch_head,
@@ -37,6 +37,8 @@ from .dispatch import (
     bwd_uses_tma,
     tma_compatible,
 )
+from .dropout import _dropout_keep
+from .features import _in_window, _scores
 from .launch import CachedLauncher
 
 
@@ -66,9 +68,11 @@ def _bwd_preprocess_kernel(
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, stride_dqs, offs_n, offs_d,
                     lo, hi, seqlen_q, seqlen_k, softmax_scale, qk_scale,
+                    window_left, window_right, softcap_log2, alibi_log2, dropout_p, seed, rng_offset, bh,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr,
                     MASK: tl.constexpr, EVEN_D: tl.constexpr, QUERY_MAJOR: tl.constexpr,
-                    TMA: tl.constexpr, FUSED_DQ: tl.constexpr):
+                    TMA: tl.constexpr, FUSED_DQ: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+                    ALIBI: tl.constexpr, DROPOUT: tl.constexpr):
     """FA2 Alg. 2 lines 8-16 for one key block over query blocks [lo, hi). Query rows past
     seqlen_q load L = +inf and dO = 0, so they contribute exactly nothing without a mask.
     Key-major (default): every matmul has the key block as M (S^T = K Q^T), K and V are
@@ -77,9 +81,12 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, 
     With TMA, Q and DO are tensor descriptors bounded at (seqlen_q, HEAD_DIM) (zero fill).
     FUSED_DQ (FA2 Alg. 2 line 15 as the paper has it): dQ_i += scale * dS K_j is added into the
     float32 accumulator DQ here, by a TMA reduce-add of the tile (2: DQ a descriptor bounded at
-    (seqlen_q, HEAD_DIM)) or element-wise atomics (1: DQ a pointer); 0: the dQ kernel does it."""
+    (seqlen_q, HEAD_DIM)) or element-wise atomics (1: DQ a pointer); 0: the dQ kernel does it.
+    WINDOW (MASK: the window's mask instead of the causal one), SOFTCAP, ALIBI, DROPOUT: the
+    features (_bwd_features_probs, _bwd_features_ds); off, the dense steps compile as without them."""
     offs_m_base = tl.arange(0, BLOCK_M)
     d_ok = offs_d < HEAD_DIM
+    FEATURES: tl.constexpr = WINDOW or SOFTCAP or ALIBI or DROPOUT
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + offs_m_base
         m_ok = offs_m < seqlen_q
@@ -104,7 +111,26 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, 
         else:
             lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf"))
             delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
-        if QUERY_MAJOR:
+        if FEATURES:
+            if QUERY_MAJOR:  # tiles (query, key): S = Q K^T
+                p, t, keep = _bwd_features_probs(tl.dot(q, tl.trans(k)), lse[:, None] * LOG2E, offs_m[:, None],
+                                               offs_n[None, :], seqlen_q, seqlen_k, qk_scale, window_left,
+                                               window_right, softcap_log2, alibi_log2, dropout_p, seed,
+                                               rng_offset, bh, MASK, SOFTCAP, ALIBI, DROPOUT)
+                dv = tl.dot(tl.trans(_bwd_dropped(p, keep, dropout_p, DROPOUT).to(do.dtype)), do, dv)
+                ds = _bwd_features_ds(p, t, keep, tl.dot(do, tl.trans(v)), delta[:, None], dropout_p, SOFTCAP,
+                                      DROPOUT)
+                dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)
+            else:  # tiles (key, query): S^T = K Q^T, the helpers called with the axes' roles swapped
+                pT, tT, keepT = _bwd_features_probs(tl.dot(k, qT), lse[None, :] * LOG2E, offs_m[None, :],
+                                                 offs_n[:, None], seqlen_q, seqlen_k, qk_scale, window_left,
+                                                 window_right, softcap_log2, alibi_log2, dropout_p, seed,
+                                                 rng_offset, bh, MASK, SOFTCAP, ALIBI, DROPOUT)
+                dv = tl.dot(_bwd_dropped(pT, keepT, dropout_p, DROPOUT).to(do.dtype), do, dv)
+                dsT = _bwd_features_ds(pT, tT, keepT, tl.dot(v, tl.trans(do)), delta[None, :], dropout_p,
+                                       SOFTCAP, DROPOUT)
+                dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk)
+        elif QUERY_MAJOR:
             # lines 10-11: recompute S = Q K^T and P = exp(S - L) (log2 domain)
             p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None] * LOG2E)
             if MASK:
@@ -133,6 +159,46 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, 
                 _bwd_add_dq(DQ, tl.dot(tl.trans(dsT.to(k.dtype)), k) * softmax_scale, start_m, offs_m, offs_d,
                             m_ok, d_ok, stride_dqs, EVEN_M, EVEN_D, FUSED_DQ)
     return dk, dv
+
+
+@triton.jit
+def _bwd_features_probs(s, lse2, rows, cols, seqlen_q, seqlen_k, qk_scale, window_left, window_right, softcap_log2,
+                        alibi_log2, dropout_p, seed, rng_offset, bh, MASK: tl.constexpr, SOFTCAP: tl.constexpr,
+                        ALIBI: tl.constexpr, DROPOUT: tl.constexpr):
+    """FA2 Alg. 2 lines 10-11 with the features: P = exp(S' - L) from raw dots `s`, S' the
+    softcapped, ALiBi-biased scores (log2 units; lse2 = L * log2(e)), masked by the window where
+    MASK. Returns (P, the softcap's tanh, dropout's keep-mask), the last two placeholders where
+    their feature is off. `rows`/`cols` index the tile's queries/keys (2D, either orientation)."""
+    s, t = _scores(s, qk_scale, softcap_log2, alibi_log2, rows, cols, seqlen_k - seqlen_q, SOFTCAP, ALIBI)
+    p = tl.math.exp2(s - lse2)
+    if MASK:
+        p = tl.where(_in_window(rows, cols, seqlen_k - seqlen_q, window_left, window_right), p, 0.0)
+    if DROPOUT:
+        keep = _dropout_keep(seed, rng_offset, bh, rows, cols, dropout_p)
+    else:
+        keep = t
+    return p, t, keep
+
+
+@triton.jit
+def _bwd_dropped(p, keep, dropout_p, DROPOUT: tl.constexpr):
+    """P after dropout, Z * P / (1 - p) with Z the keep-mask: what dV = P^T dO sums (line 12)."""
+    if DROPOUT:
+        p = tl.where(keep, p * (1.0 / (1.0 - dropout_p)), 0.0)
+    return p
+
+
+@triton.jit
+def _bwd_features_ds(p, t, keep, dp, delta, dropout_p, SOFTCAP: tl.constexpr, DROPOUT: tl.constexpr):
+    """Lines 13-14 with the features: dS = P * (dP - D), dP taken back through dropout
+    (Z dP / (1 - p)) and dS through the softcap (times 1 - tanh^2). D = rowsum(dO * O) holds
+    with dropout as without: O is the dropped P times V."""
+    if DROPOUT:
+        dp = tl.where(keep, dp * (1.0 / (1.0 - dropout_p)), 0.0)
+    ds = p * (dp - delta)
+    if SOFTCAP:
+        ds = ds * (1.0 - t * t)
+    return ds
 
 
 @triton.jit
@@ -215,12 +281,16 @@ def _flash_bwd_dkdv_kernel(
         full = tl.cdiv(full, BLOCK_M) * BLOCK_M  # from here on every row sees every key
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, stride_dqs,
                                  offs_n, offs_d, lo, full, seqlen_q, seqlen_k, softmax_scale, qk_scale,
-                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D, QUERY_MAJOR, TMA, FUSED_DQ)
+                                 0, 0, 0.0, 0.0, 0.0, 0, 0, 0,
+                                 HEAD_DIM, BLOCK_M, EVEN_M, True, EVEN_D, QUERY_MAJOR, TMA, FUSED_DQ,
+                                 False, False, False, False)
     else:
         full = 0
     dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE, Delta, DQ, stride_qs, stride_dos, stride_dqs,
                              offs_n, offs_d, full, seqlen_q, seqlen_q, seqlen_k, softmax_scale, qk_scale,
-                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D, QUERY_MAJOR, TMA, FUSED_DQ)
+                             0, 0, 0.0, 0.0, 0.0, 0, 0, 0,
+                             HEAD_DIM, BLOCK_M, EVEN_M, False, EVEN_D, QUERY_MAJOR, TMA, FUSED_DQ,
+                             False, False, False, False)
     # line 18: write dK_j (scaled once: S = scale * Q K^T) and dV_j
     _store_tile(DK + offs_n[:, None] * stride_dks + offs_d[None, :],
                 (dk * softmax_scale).to(DK.dtype.element_ty), n_ok, d_ok, not EVEN_N, not EVEN_D)
@@ -231,12 +301,16 @@ def _flash_bwd_dkdv_kernel(
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d, lo, hi,
                   seqlen_q, seqlen_k, qk_scale,
+                  window_left, window_right, softcap_log2, alibi_log2, dropout_p, seed, rng_offset, bh,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                  MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
+                  MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr, WINDOW: tl.constexpr,
+                  SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr):
     """FA2 Alg. 2 lines 10-15 for one query block over key blocks [lo, hi). With TMA, K and V
-    are tensor descriptors bounded at (seqlen_k, HEAD_DIM) (zero fill)."""
+    are tensor descriptors bounded at (seqlen_k, HEAD_DIM) (zero fill). `lse` is in log2 units.
+    WINDOW, SOFTCAP, ALIBI, DROPOUT as in _bwd_dkdv_inner."""
     offs_n_base = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
+    FEATURES: tl.constexpr = WINDOW or SOFTCAP or ALIBI or DROPOUT
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n_base
         n_ok = offs_n < seqlen_k
@@ -248,15 +322,24 @@ def _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, off
                             not EVEN_D, MASK)
             vT = _load_tile(V + offs_d[:, None] + offs_n[None, :] * stride_vs, d_ok, n_ok,
                             not EVEN_D, MASK)
-        # lines 10-11: P = exp(S - L)
-        p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
-        if MASK:
-            visible = n_ok[None, :]
-            if CAUSAL:
-                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
-            p = tl.where(visible, p, 0.0)
-        # lines 13-14: dP = dO V^T, dS = P * (dP - D)
-        ds = p * (tl.dot(do, vT) - delta[:, None])
+        if FEATURES:
+            p, t, keep = _bwd_features_probs(tl.dot(q, kT), lse[:, None], offs_m[:, None], offs_n[None, :],
+                                             seqlen_q, seqlen_k, qk_scale, window_left, window_right,
+                                             softcap_log2, alibi_log2, dropout_p, seed, rng_offset, bh,
+                                             MASK and WINDOW, SOFTCAP, ALIBI, DROPOUT)
+            if MASK:  # keys past seqlen_k (zeros) could overflow P under ALiBi: inf * 0 in dS K is NaN
+                p = tl.where(n_ok[None, :], p, 0.0)
+            ds = _bwd_features_ds(p, t, keep, tl.dot(do, vT), delta[:, None], dropout_p, SOFTCAP, DROPOUT)
+        else:
+            # lines 10-11: P = exp(S - L)
+            p = tl.math.exp2(tl.dot(q, kT) * qk_scale - lse[:, None])
+            if MASK:
+                visible = n_ok[None, :]
+                if CAUSAL:
+                    visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
+                p = tl.where(visible, p, 0.0)
+            # lines 13-14: dP = dO V^T, dS = P * (dP - D)
+            ds = p * (tl.dot(do, vT) - delta[:, None])
         # line 15: dQ += dS K
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq)
     return dq
@@ -308,11 +391,11 @@ def _flash_bwd_dq_kernel(
 
     full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                       0, full, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL,
-                       False, EVEN_D, TMA)
+                       0, full, seqlen_q, seqlen_k, qk_scale, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0,
+                       HEAD_DIM, BLOCK_N, CAUSAL, False, EVEN_D, TMA, False, False, False, False)
     dq = _bwd_dq_inner(dq, q, do, lse, delta, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                       full, end, seqlen_q, seqlen_k, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL,
-                       True, EVEN_D, TMA)
+                       full, end, seqlen_q, seqlen_k, qk_scale, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0,
+                       HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D, TMA, False, False, False, False)
     _store_tile(DQ + offs_m[:, None] * stride_dqs + offs_d[None, :],
                 (dq * softmax_scale).to(DQ.dtype.element_ty), m_ok, d_ok, not EVEN_M, not EVEN_D)
 
@@ -330,8 +413,12 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     """Backward pass: returns (dq, dk, dv) in the inputs' dtype. Where the config fuses dQ into
     the dK/dV kernel (`bwd_gluon_fuses_dq` on the Gluon path, `bwd_fuses_dq` on the Triton one), dQ
     is summed by atomics in an order that varies between runs (as flash-attn's own backward does);
-    `deterministic=True` takes the dQ kernel instead."""
-    require_implemented(q, k, features)
+    `deterministic=True` takes the dQ kernel instead. Calls with any feature, or fewer kv heads
+    than q heads, run kernels/backward_features.py (atomic-free)."""
+    if features is not DENSE or k.shape[-2] != q.shape[-2]:
+        from .backward_features import flash_attn_backward_features  # it builds on this module's loops
+
+        return flash_attn_backward_features(do, q, k, v, out, lse, softmax_scale, causal, config, features)
     do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]

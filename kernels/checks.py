@@ -188,10 +188,3 @@ def check_call(q, k, v, causal, features: Features) -> None:
     if features.dropout_p and features.rng_seed is None:
         raise ValueError("dropout needs rng_seed (an int64 tensor (seed, offset))")
 
-
-def require_implemented(q, k, features: Features) -> None:
-    """The features the Triton kernels do not serve yet raise NotImplementedError."""
-    if k.shape[-2] != q.shape[-2]:
-        raise NotImplementedError(f"GQA/MQA (k/v heads {k.shape[-2]} != q heads {q.shape[-2]}) is not implemented yet")
-    if not features.dense:
-        raise NotImplementedError(f"{features} is not implemented yet")

@@ -12,6 +12,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from .checks import DENSE, Features
 from .configs import BwdConfig, FwdConfig, padded_headdim
 
 # The Gluon kernels are written against Triton 3.6's Gluon API, which later releases change
@@ -39,13 +40,17 @@ FWD_MEMORY_PATHS = ("pointer", "tma-kernel", "tma-host")  # the kernel's TMA con
 HOPPER_GLUON_PATH = "gluon-ws"  # kernels/flash_attn_hopper.py instead of _flash_fwd_kernel
 
 
-def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool) -> str:
+def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
     """How the forward runs for these (batch, seqlen, heads, headdim) tensors: 'gluon-ws' (the
-    Gluon kernel of flash_attn_hopper.py, from hopper_gluon_min_keys keys where its scope holds),
-    or _flash_fwd_kernel with 'tma-host' (2D descriptors made here), 'tma-kernel' (per-head
-    descriptors made by each program) or 'pointer' (pointer tiles), by FwdConfig's rules."""
+    Gluon kernel of flash_attn_hopper.py, from hopper_gluon_min_keys keys where its scope holds:
+    dense attention with as many kv heads as q heads), or the Triton forward with 'tma-host' (2D
+    descriptors made here), 'tma-kernel' (per-head descriptors made by each program) or 'pointer'
+    (pointer tiles), by FwdConfig's rules. Packed variable lengths (q (total, heads, headdim))
+    take pointer tiles: a sequence may be empty, and no descriptor has zero rows."""
+    if features is not DENSE and features.varlen:
+        return "pointer"
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
-            and hopper_gluon_applies(q, k, v, out)):
+            and (features is DENSE or features.dense) and hopper_gluon_applies(q, k, v, out)):
         return HOPPER_GLUON_PATH
     if not config.tma or not tma_compatible(q, k, v, out):
         return "pointer"
@@ -111,11 +116,14 @@ def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) 
     return bool(config.fused_dq_min_rows) and seqlen_q >= config.fused_dq_min_rows and not deterministic
 
 
-def bwd_dkdv_path(config: BwdConfig, q, k, v, do) -> str:
+def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE) -> str:
     """Which kernel computes dK and dV for these tensors by the config's rule: 'gluon-ws'
-    (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds) or
-    'triton' (_flash_bwd_dkdv_kernel). flash_attn_backward takes 'gluon-ws' only on an sm_90
-    device."""
+    (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds, for
+    dense attention with as many kv heads as q heads) or 'triton' (_flash_bwd_dkdv_kernel, or
+    _flash_bwd_dkdv_features_kernel for a call with features or GQA). flash_attn_backward takes
+    'gluon-ws' only on an sm_90 device."""
+    if features is not DENSE and not features.dense:
+        return "triton"
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
             and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0 and hopper_gluon_applies(q, k, v, do)):
         return HOPPER_GLUON_PATH

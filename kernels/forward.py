@@ -6,6 +6,11 @@ the blocks that need a mask. The layout is flash-attn's (batch, seqlen, heads, h
 through strides; head dims that are not powers of two are padded inside the kernel with masked
 loads. On Hopper the tiles move with TMA descriptors where dispatch.fwd_memory_path says so.
 A query row that sees no key outputs zeros and has logsumexp +inf, as flash-attn does.
+
+Two entry points share one program (`_fwd_program`): `_flash_fwd_kernel` for dense attention,
+whose launch passes nothing for the features, and `_flash_fwd_features_kernel` for GQA/MQA,
+sliding windows, softcap, ALiBi, dropout and packed variable lengths, each a constexpr flag, so
+the dense program compiles as if the features did not exist.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import triton
 import triton.language as tl
 
 from . import dispatch
-from .checks import DENSE, Features, require_implemented
+from .checks import DENSE, Features
 from .common import (
     LOG2E,
     _batch_head,
@@ -33,19 +38,24 @@ from .common import (
 )
 from .configs import FwdConfig, default_fwd_config, on_hopper, padded_headdim
 from .dispatch import FWD_MEMORY_PATHS, HOPPER_GLUON_PATH, flat_descriptor, fwd_memory_path
+from .dropout import _dropout_keep, _rng_state
+from .features import _in_window, _scores, _seq_bounds, _window_key_blocks, feature_args
 from .launch import CachedLauncher
 
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo, hi,
                seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
+               window_left, window_right, softcap_log2, alibi_log2, dropout_p, seed, rng_offset, pid_bh,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-               MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr):
+               MASK: tl.constexpr, EVEN_D: tl.constexpr, TMA: tl.constexpr, WINDOW: tl.constexpr,
+               SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr):
     """FA2 Alg. 1 lines 6-10 over key blocks [lo, hi). With TMA, K and V are tensor
     descriptors and this (batch, head)'s keys start at (kv_row0, col0): per-(batch, head)
     descriptors (TMA 1) are bounded at (seqlen_k, HEAD_DIM) and zero-fill past the ends; the
     host's 2D ones (TMA 2) are used only for whole blocks and unpadded head dims, so no tile
-    reaches past this (batch, head)."""
+    reaches past this (batch, head). WINDOW, SOFTCAP, ALIBI, DROPOUT: kernels/features.py and
+    kernels/dropout.py (all off on the dense path, which then compiles as without them)."""
     offs_n_base = tl.arange(0, BLOCK_N)
     d_ok = offs_d < HEAD_DIM
     for start_n in range(lo, hi, BLOCK_N):
@@ -64,15 +74,29 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo,
         # exponent below (one FMA per score instead of a multiply and a subtract)
         s = tl.dot(q, kT)
         if MASK:
-            # only blocks that cross the diagonal or the end of the keys pay for a mask
+            # only blocks that cross the diagonal, the window's edges or the end of the keys pay for a mask
             visible = n_ok[None, :]
-            if CAUSAL:
+            if WINDOW:
+                visible = visible & _in_window(offs_m[:, None], offs_n[None, :], seqlen_k - seqlen_q,
+                                               window_left, window_right)
+            elif CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + (seqlen_k - seqlen_q))
-            s = tl.where(visible, s * qk_scale, float("-inf"))
+            if SOFTCAP or ALIBI:
+                s, _ = _scores(s, qk_scale, softcap_log2, alibi_log2, offs_m[:, None], offs_n[None, :],
+                               seqlen_k - seqlen_q, SOFTCAP, ALIBI)
+                s = tl.where(visible, s, float("-inf"))
+            else:
+                s = tl.where(visible, s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             # a row that has seen no key yet keeps m = -inf: subtract 0, not -inf (no NaN)
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
             # line 9: P~ = exp(S - m_new), l = exp(m_old - m_new) l + rowsum(P~)
+            p = tl.math.exp2(s - m_sub[:, None])
+        elif SOFTCAP or ALIBI:
+            s, _ = _scores(s, qk_scale, softcap_log2, alibi_log2, offs_m[:, None], offs_n[None, :],
+                           seqlen_k - seqlen_q, SOFTCAP, ALIBI)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_sub = m_new
             p = tl.math.exp2(s - m_sub[:, None])
         else:
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
@@ -84,38 +108,61 @@ def _fwd_inner(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, offs_m, offs_d, lo,
         l_i = l_i * alpha + tl.sum(p, 1)
         # line 10: O = diag(exp(m_old - m_new)) O + P~ V  -- unnormalised, no 1/l here
         acc = acc * alpha[:, None]
+        if DROPOUT:  # l (and so the logsumexp) sums the kept and the dropped; O only the kept
+            p = tl.where(_dropout_keep(seed, rng_offset, pid_bh, offs_m[:, None], offs_n[None, :], dropout_p),
+                         p, 0.0)
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _flash_fwd_kernel(
+def _fwd_program(
     Q, K, V, Out, LSE,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_ob, stride_os, stride_oh,
     num_heads, seqlen_q, seqlen_k, qk_scale,
+    kv_group, window_left, window_right, softcap_log2, dropout_p, Alibi, stride_alibi_b,
+    CuSeqQ, CuSeqK, RngSeed,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, TMA: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+    VARLEN: tl.constexpr,
 ):
     """One program per (query block, batch x head): FA2's thread-block parallelism over the
     sequence (Section 3.2). O, l and m stay on chip for the program's whole life.
     TMA (FWD_MEMORY_PATHS): 0 = pointer tiles; 1 = Hopper's tensor memory accelerator with
     descriptors made here per (batch, head), bounded at the true seqlen and head dim; 2 = TMA
     with descriptors made on the host over (batch * seqlen, heads * head dim), addressed at
-    this (batch, head)'s first row and column (the launcher checks that view is exact)."""
+    this (batch, head)'s first row and column (the launcher checks that view is exact).
+    GQA/MQA: q head h reads kv head h // kv_group. VARLEN: "batch" is the sequence index of
+    packed tensors (batch strides 0), seqlen_q/k arrive as the total token counts and become
+    the sequence's lengths; the grid spans the longest sequence and programs past a sequence's
+    end visit no key and store nothing."""
     start_m = _query_block_start(CAUSAL, BLOCK_M)
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
+    kv_h = h // kv_group
+    if VARLEN:
+        q_start, len_q = _seq_bounds(CuSeqQ, b)
+        k_start, len_k = _seq_bounds(CuSeqK, b)
+        Q += q_start * stride_qs
+        Out += q_start * stride_os
+        K += k_start * stride_ks
+        V += k_start * stride_vs
+        LSE += h * seqlen_q + q_start  # (heads, total_q)
+        seqlen_q = len_q
+        seqlen_k = len_k
     if TMA != 2:
         Q += b * stride_qb + h * stride_qh
-        K += b * stride_kb + h * stride_kh
-        V += b * stride_vb + h * stride_vh
+        K += b * stride_kb + kv_h * stride_kh
+        V += b * stride_vb + kv_h * stride_vh
         Out += b * stride_ob + h * stride_oh
-    LSE += pid_bh.to(tl.int64) * seqlen_q
+    if not VARLEN:
+        LSE += pid_bh.to(tl.int64) * seqlen_q
 
     EVEN_D: tl.constexpr = HEAD_DIM == BLOCK_D
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -128,10 +175,12 @@ def _flash_fwd_kernel(
         q_row0 = (b * seqlen_q).to(tl.int32)
         kv_row0 = (b * seqlen_k).to(tl.int32)
         col0 = (h * HEAD_DIM).to(tl.int32)
+        kv_col0 = (kv_h * HEAD_DIM).to(tl.int32)
     else:
         q_row0 = 0
         kv_row0 = 0
         col0 = 0
+        kv_col0 = 0
     if TMA == 1:
         Q = tl.make_tensor_descriptor(Q, shape=[seqlen_q, HEAD_DIM], strides=[stride_qs, 1],
                                       block_shape=[BLOCK_M, BLOCK_D])
@@ -147,17 +196,50 @@ def _flash_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    if ALIBI:
+        alibi_log2 = tl.load(Alibi + b * stride_alibi_b + h) * LOG2E
+    else:
+        alibi_log2 = 0.0
+    if DROPOUT:
+        seed, rng_offset = _rng_state(RngSeed)
+    else:
+        seed = 0
+        rng_offset = 0
 
-    # lines 6-11: key blocks left of the diagonal unmasked, then the ones that need a mask
-    full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+    # lines 6-11: key blocks left of the diagonal unmasked, then the ones that need a mask; a
+    # window adds masked blocks at its left edge and skips the blocks outside it
+    if WINDOW:
+        lo, full_lo, full, end = _window_key_blocks(start_m, seqlen_q, seqlen_k, window_left, window_right,
+                                                    BLOCK_M, BLOCK_N)
+    else:
+        full, end = _key_range(start_m, seqlen_q, seqlen_k, BLOCK_M, BLOCK_N, CAUSAL)
+        lo = 0
+        full_lo = 0
+    if VARLEN:  # a program past its sequence's last query block visits nothing
+        end = tl.where(start_m < seqlen_q, end, 0)
+        full = tl.minimum(full, end)
+        if WINDOW:
+            full_lo = tl.minimum(full_lo, end)
+    if WINDOW:
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
+                                   lo, full_lo, seqlen_q, seqlen_k, qk_scale, kv_row0, kv_col0,
+                                   window_left, window_right, softcap_log2, alibi_log2, dropout_p, seed,
+                                   rng_offset, pid_bh, HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D, TMA,
+                                   WINDOW, SOFTCAP, ALIBI, DROPOUT)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                               0, full, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
-                               HEAD_DIM, BLOCK_N, CAUSAL, False, EVEN_D, TMA)
+                               full_lo, full, seqlen_q, seqlen_k, qk_scale, kv_row0, kv_col0,
+                               window_left, window_right, softcap_log2, alibi_log2, dropout_p, seed,
+                               rng_offset, pid_bh, HEAD_DIM, BLOCK_N, CAUSAL, False, EVEN_D, TMA,
+                               WINDOW, SOFTCAP, ALIBI, DROPOUT)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, K, V, stride_ks, stride_vs, offs_m, offs_d,
-                               full, end, seqlen_q, seqlen_k, qk_scale, kv_row0, col0,
-                               HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D, TMA)
+                               full, end, seqlen_q, seqlen_k, qk_scale, kv_row0, kv_col0,
+                               window_left, window_right, softcap_log2, alibi_log2, dropout_p, seed,
+                               rng_offset, pid_bh, HEAD_DIM, BLOCK_N, CAUSAL, True, EVEN_D, TMA,
+                               WINDOW, SOFTCAP, ALIBI, DROPOUT)
 
     # lines 12-13: one final rescale O = diag(l)^-1 O, L = m + log(l)
+    if DROPOUT:  # the kept entries are scaled by 1 / (1 - p)
+        acc = acc * (1.0 / (1.0 - dropout_p))
     acc, lse = _finalize(acc, l_i, m_i)
     # lines 14-15: write O_i and L_i
     if TMA == 2:
@@ -175,18 +257,69 @@ def _flash_fwd_kernel(
         tl.store(LSE + offs_m, lse, mask=m_ok)
 
 
+@triton.jit
+def _flash_fwd_kernel(
+    Q, K, V, Out, LSE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    num_heads, seqlen_q, seqlen_k, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, TMA: tl.constexpr,
+):
+    """Dense attention (as many kv heads as q heads, causal or not): _fwd_program with every
+    feature off, launched with no argument for them (host time is what short calls wait on)."""
+    _fwd_program(Q, K, V, Out, LSE, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                 stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+                 num_heads, seqlen_q, seqlen_k, qk_scale,
+                 1, 0, 0, 0.0, 0.0, None, 0, None, None, None,
+                 HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_M, TMA,
+                 False, False, False, False, False)
+
+
+@triton.jit
+def _flash_fwd_features_kernel(
+    Q, K, V, Out, LSE,
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    num_heads, seqlen_q, seqlen_k, qk_scale,
+    kv_group, window_left, window_right, softcap_log2, dropout_p, Alibi, stride_alibi_b,
+    CuSeqQ, CuSeqK, RngSeed,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, EVEN_M: tl.constexpr, TMA: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, DROPOUT: tl.constexpr,
+    VARLEN: tl.constexpr,
+):
+    """GQA/MQA, sliding windows, softcap, ALiBi, dropout and packed variable lengths
+    (kernels/features.py's `feature_args`): _fwd_program with those arguments."""
+    _fwd_program(Q, K, V, Out, LSE, stride_qb, stride_qs, stride_qh, stride_kb, stride_ks, stride_kh,
+                 stride_vb, stride_vs, stride_vh, stride_ob, stride_os, stride_oh,
+                 num_heads, seqlen_q, seqlen_k, qk_scale,
+                 kv_group, window_left, window_right, softcap_log2, dropout_p, Alibi, stride_alibi_b,
+                 CuSeqQ, CuSeqK, RngSeed,
+                 HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, CAUSAL, EVEN_M, TMA,
+                 WINDOW, SOFTCAP, ALIBI, DROPOUT, VARLEN)
 
 
 # After a shape's first call, launched without Triton's per-call argument binding
 # (kernels/launch.py; host time is what short calls wait on).
 _fwd_launcher = CachedLauncher(_flash_fwd_kernel)
+_fwd_features_launcher = CachedLauncher(_flash_fwd_features_kernel)
 
 
 def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, config: FwdConfig | None = None,
                        features: Features = DENSE) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward pass on validated inputs (checks.check_call). Returns (out, lse): out like q, lse
-    (batch, heads, seqlen_q) float32 natural-log logsumexp. `config` overrides the block-size table."""
-    require_implemented(q, k, features)
+    (batch, heads, seqlen_q) float32 natural-log logsumexp ((heads, total_q) for packed variable
+    lengths). `config` overrides the block-size table. Calls with any feature, or fewer kv heads
+    than q heads, run _flash_fwd_features_kernel."""
+    if features is not DENSE or k.shape[-2] != q.shape[-2]:
+        return _forward_features(q, k, v, softmax_scale, causal, config, features)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
@@ -225,5 +358,56 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, config: FwdC
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0, TMA=FWD_MEMORY_PATHS.index(path),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out, lse
+
+
+def _memory_path_args(path: str, cfg: FwdConfig, q, k, v, out) -> tuple:
+    """The kernel's first four arguments on this memory path: tensors, or host-made descriptors
+    (as flash_attn_forward's dense path makes them inline)."""
+    if path == "tma-host":
+        return tuple(flat_descriptor(t, rows) for t, rows in
+                     ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
+    if path == "tma-kernel":
+        ensure_descriptor_allocator()
+    return q, k, v, out
+
+
+def varlen_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """Batch, sequence and head strides of a packed (total, heads, headdim) tensor: the kernels
+    find each sequence from cu_seqlens, so the batch stride is 0."""
+    return 0, t.stride(0), t.stride(1)
+
+
+def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdConfig | None,
+                      features: Features) -> tuple[torch.Tensor, torch.Tensor]:
+    """flash_attn_forward for calls with features (kernels/features.py) or GQA/MQA."""
+    q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
+    heads, headdim = q.shape[-2], q.shape[-1]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if features.varlen:
+        batch = features.cu_seqlens_q.shape[0] - 1
+        seqlen_q, seqlen_k = q.shape[0], k.shape[0]  # token totals; the kernel reads each sequence's
+        rows, keys, stride_of = features.max_seqlen_q, features.max_seqlen_k, varlen_strides
+        lse = torch.empty((heads, seqlen_q), device=q.device, dtype=torch.float32)
+    else:
+        batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+        rows, keys, stride_of = seqlen_q, seqlen_k, strides
+        lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
+    if out.numel() == 0:
+        return out, lse
+    if seqlen_k == 0 or keys == 0:  # no key at all: every row is empty
+        return out.zero_(), lse.fill_(float("inf"))
+    cfg = config or default_fwd_config(headdim, causal, q.device)
+    path = fwd_memory_path(cfg, q, k, v, out, causal, features)
+    qk_scale, feature_values, flags = feature_args(q, k, softmax_scale, causal, features)
+    _fwd_features_launcher[(cdiv(rows, cfg.block_m), batch * heads)](
+        *_memory_path_args(path, cfg, q, k, v, out), lse,
+        *stride_of(q), *stride_of(k), *stride_of(v), *stride_of(out),
+        heads, seqlen_q, seqlen_k, qk_scale, *feature_values,
+        HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CAUSAL=causal, EVEN_M=not features.varlen and seqlen_q % cfg.block_m == 0,
+        TMA=FWD_MEMORY_PATHS.index(path), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags,
     )
     return out, lse

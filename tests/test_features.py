@@ -1,0 +1,262 @@
+"""flash-attn's training features in the Triton kernels, forward and backward, against the float64
+reference (baselines/reference.py), in Triton's CPU interpreter at tiny sizes: GQA/MQA, sliding
+windows, packed variable lengths, softcap, ALiBi, and their combinations. Dropout is in
+tests/test_features_dropout.py, real sizes in tests/test_features_gpu.py.
+
+Criterion (flash-attn's): each output's error against float64 is at most twice that of the same
+computation in the inputs' dtype in PyTorch, plus a small epsilon. Every buffer the launchers
+allocate starts as NaN (poisoned_allocations), so an element a kernel fails to write shows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from baselines.reference import attention_reference, attention_reference_varlen, attention_same_dtype
+from kernels import backward, dispatch, flash_attn_func, flash_attn_varlen_func, forward
+from kernels.configs import FwdConfig
+from tests.attention_checks import LaunchSpy, assert_close_to_reference, poisoned_allocations  # noqa: F401
+
+INTERPRETER_TESTS = True
+DTYPES = [torch.float16, torch.float32]
+
+
+def _grads(fn, inputs, dout):
+    """(out, dq, dk, dv) of fn(*inputs) under autograd, on detached copies of the inputs."""
+    inputs = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*inputs)
+    return (out.detach(), *torch.autograd.grad(out, inputs, dout))
+
+
+def check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=False, window=(-1, -1),
+                softcap=0.0, alibi=None):
+    """out, dq, dk, dv of flash_attn_func with these features against float64 (flash-attn's criterion)."""
+    q = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype)
+    k, v = (torch.randn(batch, seqlen_k, kv_heads, headdim, dtype=dtype) for _ in range(2))
+    dout = torch.randn_like(q)
+    kw = {"causal": causal, "window_size": window, "softcap": softcap, "alibi_slopes": alibi}
+    got = _grads(lambda q, k, v: flash_attn_func(q, k, v, **kw), (q, k, v), dout)
+    ref = _grads(lambda q, k, v: attention_reference(q, k, v, None, **kw)[0],
+                 (q.double(), k.double(), v.double()), dout.double())
+    same = _grads(lambda q, k, v: attention_same_dtype(q, k, v, None, **kw), (q, k, v), dout)
+    for name, g, r, s in zip(("out", "dq", "dk", "dv"), got, ref, same):
+        assert g.shape == r.shape and g.dtype == dtype, name
+        assert_close_to_reference(name, g, r, s)
+    return got
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,causal", [(4, 2, False), (3, 1, True), (6, 2, True)])
+def test_gqa_and_mqa_match_the_reference_and_sum_dk_dv_over_the_group(heads, kv_heads, causal, dtype):
+    """k/v with fewer heads than q: q head h reads kv head h // (heads // kv_heads); dK and dV
+    (of kv_heads heads) sum the group's q heads."""
+    check_dense(2, 37, 53, heads, kv_heads, 16, dtype, causal=causal)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seqlen_q,seqlen_k,window,causal", [
+    (48, 48, (8, 4), False),
+    (40, 70, (12, 0), False),   # sq < sk: the window is aligned to the bottom right
+    (70, 40, (5, 9), False),    # sq > sk
+    (50, 50, (6, -1), False),   # left side only
+    (50, 66, (-1, 3), False),   # right side only
+    (45, 80, (10, -1), True),   # causal + window: right side 0
+    (33, 33, (0, 0), False),    # each row sees its diagonal key only
+])
+def test_sliding_window_matches_the_reference(seqlen_q, seqlen_k, window, causal, dtype):
+    check_dense(1, seqlen_q, seqlen_k, 2, 2, 16, dtype, causal=causal, window=window)
+
+
+def test_key_blocks_outside_the_window_are_never_read():
+    """One query block (32 rows) against 160 keys, window (8, 0) bottom-right: the rows see keys
+    120..159, so key blocks 0-2 (keys 0..95) lie outside the window. With NaN there, the forward
+    and the dQ kernel stay finite only if they skip those blocks, and the dK/dV programs of those
+    blocks write exact zeros only if they visit no query block."""
+    q = torch.randn(1, 32, 2, 16)
+    k, v = torch.randn(1, 160, 2, 16), torch.randn(1, 160, 2, 16)
+    dout = torch.randn_like(q)
+    kw = {"causal": True, "window_size": (8, 0)}
+    ref = _grads(lambda q, k, v: attention_reference(q, k, v, None, **kw)[0],
+                 (q.double(), k.double(), v.double()), dout.double())
+    k[:, :96], v[:, :96] = float("nan"), float("nan")
+    out, dq, dk, dv = _grads(lambda q, k, v: flash_attn_func(q, k, v, **kw), (q, k, v), dout)
+    torch.testing.assert_close(out.double(), ref[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dq.double(), ref[1], atol=1e-5, rtol=1e-5)
+    assert torch.equal(dk[:, :96], torch.zeros_like(dk[:, :96])) and torch.equal(dv[:, :96], torch.zeros_like(dv[:, :96]))
+    torch.testing.assert_close(dk[:, 96:].double(), ref[2][:, 96:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_that_see_no_key_output_zeros_with_zero_gradients(dtype):
+    """seqlen_q > seqlen_k with a window (0, 0): row i sees key i + sk - sq only, so the first
+    sq - sk rows see none. They output 0 with logsumexp +inf, and nothing is NaN."""
+    q = torch.randn(1, 40, 2, 16, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(1, 24, 2, 16, dtype=dtype, requires_grad=True) for _ in range(2))
+    out, lse, _ = flash_attn_func(q, k, v, window_size=(0, 0), return_attn_probs=True)
+    out.backward(torch.randn_like(out))
+    assert torch.equal(out[:, :16], torch.zeros_like(out[:, :16]))
+    assert torch.isinf(lse[:, :, :16]).all() and torch.isfinite(lse[:, :, 16:]).all()
+    assert torch.equal(q.grad[:, :16], torch.zeros_like(q.grad[:, :16]))
+    for t in (out, q.grad, k.grad, v.grad):
+        assert not torch.isnan(t).any()
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("softcap,heads,kv_heads,causal", [(2.0, 2, 2, False), (5.0, 4, 2, True)])
+def test_softcap_matches_the_reference(softcap, heads, kv_heads, causal, dtype):
+    """softcap * tanh(s / softcap) on the scaled scores; the backward through 1 - tanh^2. Small
+    caps against unit-variance scores so that the cap is active."""
+    check_dense(1, 41, 57, heads, kv_heads, 16, dtype, causal=causal, softcap=softcap)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("per_batch,causal", [(False, True), (True, False)])
+def test_alibi_matches_the_reference(per_batch, causal, dtype):
+    """Bias -slope * |i + sk - sq - j| on the scaled scores, slopes (heads,) or (batch, heads)."""
+    slopes = torch.rand((2, 3) if per_batch else (3,)) + 0.1
+    check_dense(2, 39, 51, 3, 3, 16, dtype, causal=causal, alibi=slopes)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_softcap_alibi_window_and_gqa_together():
+    check_dense(1, 45, 60, 4, 2, 24, torch.float16, window=(7, 9), softcap=4.0, alibi=torch.rand(4) + 0.1)
+
+
+def _packed(lengths_q, lengths_k, heads, kv_heads, headdim, dtype):
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+                  for lengths in (lengths_q, lengths_k))
+    q = torch.randn(int(cu_q[-1]), heads, headdim, dtype=dtype)
+    k, v = (torch.randn(int(cu_k[-1]), kv_heads, headdim, dtype=dtype) for _ in range(2))
+    return q, k, v, cu_q, cu_k
+
+
+def _same_dtype_varlen(q, k, v, cu_q, cu_k, **kw):
+    """attention_same_dtype sequence by sequence, concatenated (the varlen yardstick)."""
+    slopes = kw.pop("alibi_slopes", None)
+    outs = []
+    for b in range(len(cu_q) - 1):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        slopes_b = slopes[b:b + 1] if slopes is not None and slopes.dim() == 2 else slopes
+        outs.append(attention_same_dtype(q[None, qs], k[None, ks], v[None, ks], alibi_slopes=slopes_b, **kw)[0])
+    return torch.cat(outs)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lengths_q,lengths_k,heads,kv_heads,causal,window", [
+    ([5, 30, 0, 21], [7, 22, 3, 37], 4, 2, False, (-1, -1)),  # an empty query sequence, lq != lk both ways
+    ([17, 1, 48], [17, 0, 64], 2, 2, True, (-1, -1)),         # an empty key sequence: its row outputs 0
+    ([38, 9, 26], [20, 45, 26], 4, 1, False, (6, 3)),          # GQA + varlen + window
+    ([30, 44], [52, 44], 2, 2, True, (9, -1)),                 # causal + window, per sequence
+])
+def test_varlen_matches_the_reference_per_sequence(lengths_q, lengths_k, heads, kv_heads, causal, window, dtype):
+    """Packed (total, heads, headdim) sequences: each attends only within itself, causal and the
+    window aligned to the bottom right of each; lse is (heads, total_q)."""
+    q, k, v, cu_q, cu_k = _packed(lengths_q, lengths_k, heads, kv_heads, 16, dtype)
+    dout = torch.randn_like(q)
+    kw = {"causal": causal, "window_size": window}
+
+    def kernel(q, k, v):
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), **kw)
+
+    got = _grads(kernel, (q, k, v), dout)
+    ref = _grads(lambda q, k, v: attention_reference_varlen(q, k, v, cu_q, cu_k, None, **kw)[0],
+                 (q.double(), k.double(), v.double()), dout.double())
+    same = _grads(lambda q, k, v: _same_dtype_varlen(q, k, v, cu_q, cu_k, **kw), (q, k, v), dout)
+    for name, g, r, s in zip(("out", "dq", "dk", "dv"), got, ref, same):
+        assert g.shape == r.shape and g.dtype == dtype, name
+        assert_close_to_reference(name, g, r, s)
+    _, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), return_attn_probs=True,
+                                       **kw)
+    ref_lse = attention_reference_varlen(q, k, v, cu_q, cu_k, None, **kw)[1]
+    assert lse.shape == (heads, q.shape[0]) and torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse.double()[finite], ref_lse[finite], atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_varlen_with_alibi_per_sequence_and_softcap():
+    q, k, v, cu_q, cu_k = _packed([21, 34], [40, 30], 2, 2, 16, torch.float32)
+    slopes = torch.rand(2, 2) + 0.1
+    dout = torch.randn_like(q)
+    kw = {"causal": True, "softcap": 3.0, "alibi_slopes": slopes}
+    got = _grads(lambda q, k, v: flash_attn_varlen_func(q, k, v, cu_q, cu_k, 34, 40, **kw), (q, k, v), dout)
+    ref = _grads(lambda q, k, v: attention_reference_varlen(q, k, v, cu_q, cu_k, None, **kw)[0],
+                 (q.double(), k.double(), v.double()), dout.double())
+    same = _grads(lambda q, k, v: _same_dtype_varlen(q, k, v, cu_q, cu_k, **kw), (q, k, v), dout)
+    for name, g, r, s in zip(("out", "dq", "dk", "dv"), got, ref, same):
+        assert_close_to_reference(name, g, r, s)
+
+
+def test_return_attn_probs_matches_the_reference_probabilities():
+    """S_dmask for a GQA + window + softcap + ALiBi call: exp(S - L) of the reference's scores."""
+    q, k, v = torch.randn(1, 30, 4, 16), torch.randn(1, 44, 2, 16), torch.randn(1, 44, 2, 16)
+    kw = {"window_size": (6, 2), "softcap": 3.0, "alibi_slopes": torch.rand(4)}
+    _, _, probs = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    ref_out, _ = attention_reference(q, k, v, None, **kw)
+    # probabilities times V give the output
+    v_rep = v.double().repeat_interleave(2, dim=2).transpose(1, 2)
+    torch.testing.assert_close(torch.matmul(probs.double(), v_rep).transpose(1, 2), ref_out, atol=1e-5, rtol=1e-5)
+
+
+def test_feature_calls_run_the_feature_kernels_and_dense_calls_the_dense_ones(monkeypatch):
+    """The dense kernels' launches carry no feature argument; GQA or any feature takes the
+    feature kernels (and never the Gluon ones: fwd_memory_path / bwd_dkdv_path say so)."""
+    spies = {name: LaunchSpy(getattr(module, name)) for module, name in (
+        (forward, "_fwd_launcher"), (forward, "_fwd_features_launcher"), (backward, "_bwd_dkdv_launcher"))}
+    for (module, name) in ((forward, "_fwd_launcher"), (forward, "_fwd_features_launcher"),
+                           (backward, "_bwd_dkdv_launcher")):
+        monkeypatch.setattr(module, name, spies[name])
+    q, k, v = (torch.randn(1, 32, 2, 16, requires_grad=True) for _ in range(3))
+    flash_attn_func(q, k, v, causal=True).sum().backward()
+    assert len(spies["_fwd_launcher"].launches) == 1 and not spies["_fwd_features_launcher"].launches
+    assert len(spies["_bwd_dkdv_launcher"].launches) == 1
+    flash_attn_func(q, k[:, :, :1], v[:, :, :1]).sum().backward()  # MQA
+    flash_attn_func(q, k, v, window_size=(4, 4))
+    assert len(spies["_fwd_features_launcher"].launches) == 2 and len(spies["_fwd_launcher"].launches) == 1
+    assert len(spies["_bwd_dkdv_launcher"].launches) == 1
+
+
+def test_memory_paths_keep_features_off_the_gluon_kernels():
+    """A config that sends dense calls to the Gluon kernels does not for features; packed
+    variable lengths take pointer tiles."""
+    from kernels.checks import DENSE, Features
+
+    if dispatch.gluon_unavailable:
+        pytest.skip(f"the Gluon kernels are unavailable here: {dispatch.gluon_unavailable}")
+    q = torch.randn(1, 256, 2, 128, dtype=torch.float16)
+    config = FwdConfig(128, 128, 8, 3, tma=True, tma_min_keys=0, hopper_gluon_min_keys=128)
+    assert dispatch.fwd_memory_path(config, q, q, q, q, True) == dispatch.HOPPER_GLUON_PATH
+    window = Features(window_left=64)
+    assert dispatch.fwd_memory_path(config, q, q, q, q, True, window) == "tma-kernel"
+    packed = q[0]
+    cu = torch.tensor([0, 100, 256], dtype=torch.int32)
+    varlen = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=156, max_seqlen_k=156)
+    assert dispatch.fwd_memory_path(config, packed, packed, packed, packed, False, varlen) == "pointer"
+    assert dispatch.fwd_memory_path(config, q, q, q, q, False, DENSE) == dispatch.HOPPER_GLUON_PATH
+    from kernels.configs import BwdConfig
+    bwd = BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=128)
+    assert dispatch.bwd_dkdv_path(bwd, q, q, q, q, window) == "triton"
+
+
+def test_custom_ops_carry_every_feature():
+    """torch.ops.fa2.fwd/bwd (what torch.compile sees) compute what the eager path does for a
+    call with GQA, a window, softcap and ALiBi."""
+    q, k, v = torch.randn(1, 33, 4, 16), torch.randn(1, 41, 2, 16), torch.randn(1, 41, 2, 16)
+    slopes = torch.rand(4)
+    kw = {"causal": True, "window_size": (5, 0), "softcap": 3.0, "alibi_slopes": slopes}
+    eager_out, eager_lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    out, lse = torch.ops.fa2.fwd(q, k, v, None, None, 0, 0, 0.25, True, 5, -1, 3.0, slopes, 0.0, None, False, "", "")
+    assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse)
+    dout = torch.randn_like(q)
+    dq, dk, dv = torch.ops.fa2.bwd(dout, q, k, v, out, lse, None, None, 0, 0, 0.25, True, 5, -1, 3.0, slopes, 0.0,
+                                   None, False, "")
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    torch.autograd.backward(flash_attn_func(qg, kg, vg, **kw), dout)
+    assert torch.equal(dq, qg.grad) and torch.equal(dk, kg.grad) and torch.equal(dv, vg.grad)
