@@ -99,7 +99,7 @@ class Inputs:
 
     def reference(self) -> torch.Tensor:
         k, v = self.contiguous[0]
-        return attention_reference(self.q[:1], k[:1], v[:1])[0][0]  # (1, H, D) float64, sequence 0
+        return attention_reference(self.q[:1], k[:1], v[:1])[0][0, 0]  # (H, D) float64: sequence 0's token
 
 
 def _ours(num_splits: int, paged: bool):
