@@ -162,9 +162,11 @@ def block_size_tuning(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str
         return [], NOT_SHOWN + " (no candidate ran)"
     meta = ok["config"].map(json.loads)
     ok["kernel"], ok["fixed"] = meta.map(lambda m: m["kernel"]), meta.map(lambda m: m["fixed"])
+    ok["tile"] = meta.map(lambda m: (m.get("block_m"), m.get("block_n"), m.get("num_warps")))
+    ok["stages"] = meta.map(lambda m: m.get("num_stages"))
     lines, parts = [], []
     for kernel, group in ok.groupby("kernel", sort=False):
-        table, gains, beyond = [], [], 0
+        table, gains, beyond, stage_gains = [], [], 0, []
         for _, shape in group.groupby(SHAPE, sort=False):
             fixed = shape[shape["fixed"]]
             best, worst = shape.loc[shape["ms"].idxmin()], shape.loc[shape["ms"].idxmax()]
@@ -174,6 +176,9 @@ def block_size_tuning(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str
             gain = fixed["ms"] / best["ms"]
             gains.append(gain)
             beyond += clears(fixed, best)
+            deeper = shape[(shape["tile"] == fixed["tile"]) & (shape["stages"] == (fixed["stages"] or 0) + 1)]
+            if len(deeper):  # the fixed tile with one more pipelining stage: the stage effect alone
+                stage_gains.append(fixed["ms"] / deeper.iloc[0]["ms"])
             table.append({"hdim": best["hdim"], "causal": best["causal"], "seqlen": best["seqlen"],
                           "fixed": f"{fixed['label']} {_tflops(fixed['tflops'])}",
                           "tuned (best)": f"{best['label']} {_tflops(best['tflops'])}",
@@ -189,6 +194,9 @@ def block_size_tuning(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str
                 f"the fixed config, beyond the spread at {beyond} of {len(gains)} shapes")
         parts.append(text if beyond else f"{kernel}: {NOT_SHOWN} (the best candidate does not clear the fixed "
                                          f"config's spread at any shape; median gain {median - 1:.1%})")
+        if stage_gains:
+            parts.append(f"{kernel}'s fixed tile with one more pipelining stage runs at a median "
+                         f"{pd.Series(stage_gains).median():.2f}x its speed")
     return lines, ("; ".join(parts) + ". The authors answered: on the order of 5%.") if parts else NOT_SHOWN
 
 

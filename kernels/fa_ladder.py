@@ -314,7 +314,8 @@ def _ladder_kv_outer_kernel(
     O_run (fp32), M_run, L_run hold each query row's running O, m, l between outer steps;
     with FEWER_NONMATMUL=False, M_run and L_run end as FA1's stored statistics, with True
     the logsumexp goes to LSE. SKIP_MASKED_BLOCKS=False (causal only) computes the blocks
-    above the diagonal too, with the mask, as a kernel without block skipping would."""
+    above the diagonal too, with the mask, as a kernel without block skipping would; they
+    leave O, l, m unchanged, and every Q block is written at the last K/V block."""
     pid_bh = tl.program_id(0)
     b, h = _batch_head(pid_bh, num_heads)
     Q += b * stride_qb + h * stride_qh
@@ -370,14 +371,16 @@ def _ladder_kv_outer_kernel(
         if not EVEN_N:  # the last K/V block runs past seqlen_k: every row needs the key mask
             mid = tl.where(start_n + BLOCK_N > seqlen_k, end_m, mid)
         for start_m in range(lo, mid, BLOCK_M):
-            last_n = _last_key_block(start_m, seqlen_k, offset, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
+            last_n = _last_key_block(start_m, seqlen_k, offset, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                     CAUSAL=CAUSAL and SKIP_MASKED_BLOCKS)
             _kv_outer_step(O_run, M_run, L_run, Q, Out, LSE, stride_qs, stride_os,
                            start_m, start_n, kT, v, offs_m_base, offs_n, offs_d,
                            seqlen_q, seqlen_k, sm_scale, last_n,
                            HEAD_DIM=HEAD_DIM, EVEN_D=EVEN_D, CAUSAL=CAUSAL, MASK=True, EVEN_M=EVEN_M,
                            FEWER_NONMATMUL=FEWER_NONMATMUL)
         for start_m in range(mid, end_m, BLOCK_M):
-            last_n = _last_key_block(start_m, seqlen_k, offset, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, CAUSAL=CAUSAL)
+            last_n = _last_key_block(start_m, seqlen_k, offset, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                     CAUSAL=CAUSAL and SKIP_MASKED_BLOCKS)
             _kv_outer_step(O_run, M_run, L_run, Q, Out, LSE, stride_qs, stride_os,
                            start_m, start_n, kT, v, offs_m_base, offs_n, offs_d,
                            seqlen_q, seqlen_k, sm_scale, last_n,
