@@ -244,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------
-def _reproduce(args, argv: list[str]) -> int:
+def _reproduce(args) -> int:
     """--reproduce TARGET: its runner steps in order, into one folder."""
     out = str(args.out or REPO_ROOT / "results" / "reproduce" / args.reproduce)
     extra = ["-v"] if args.verbose else []
@@ -268,8 +268,15 @@ def _other_suite(parser, args, out_dir: Path) -> int:
                      "run_suite(args, out_dir))")
     if not callable(getattr(module, "run_suite", None)):
         parser.error(f"--suite {args.suite}: harness/{args.suite}.py has no run_suite(args, out_dir)")
+    from harness.io import FolderBusy, FolderLock
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = module.run_suite(args, out_dir)
+    try:
+        with FolderLock(out_dir):
+            result = module.run_suite(args, out_dir)
+    except FolderBusy as exc:
+        print(f"runner.py: error: {exc}", file=sys.stderr)
+        return 2
     return 0 if result is None else int(result)
 
 
@@ -286,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.reproduce:
-        return _reproduce(args, argv or sys.argv[1:])
+        defaults = vars(parser.parse_args([]))
+        extra = [f"--{key.replace('_', '-')}" for key, value in vars(args).items()
+                 if key not in ("reproduce", "out", "verbose") and value != defaults[key]]
+        if extra:
+            parser.error(f"--reproduce runs fixed commands: only --out and -v go with it, not {', '.join(extra)}")
+        return _reproduce(args)
     interpreter = not torch.cuda.is_available()
     if interpreter:
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports `kernels` (decoration time)

@@ -1,6 +1,7 @@
 """Calibrate the regression rule (harness.regression) from repeated runs.
 
     python -m harness.calibrate RUN_DIR RUN_DIR ... --out reports/h200/regression/calibration.csv
+    python -m harness.calibrate --collect 6 --out reports/h200/regression/calibration.csv   # on the GPU
 
 Each RUN_DIR is a runner output folder of the same sweep (the one CI compares, e.g.
 `--quick --providers fa2,sdpa-flash --dtype bf16 --repeats 3`), measured with no code change.
@@ -23,6 +24,10 @@ calibration.csv has one row per (kind, slowdown, repeats): kind (none | scaled |
 slowdown, repeats, runs, trials, flagged, flagged_rate, sigma, threshold (as a slowdown
 fraction), false_positive_target, tolerance. `runner.py --compare` reads the `sigma` of the
 slowdown-0 rows from the calibration.csv next to the baseline.
+
+--collect N first measures N runs of CI's sweep (COLLECT_SWEEP: our kernel, the reference and
+fa2-slowed-10) into runs/run1..N next to --out, stopping early (after 3 runs at least) when
+--time-budget-s is spent.
 """
 
 from __future__ import annotations
@@ -31,7 +36,10 @@ import argparse
 import itertools
 import math
 import re
+import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 from statistics import NormalDist
 
@@ -50,6 +58,9 @@ from harness.results import load_results
 
 SLOWED = re.compile(r"^(?P<base>.+)-slowed-(?P<percent>\d+(\.\d+)?)$")
 DEFAULT_SLOWDOWNS = (0.05, 0.10, 0.20)
+COLLECT_SWEEP = ("--quick --providers fa2,sdpa-flash,fa2-slowed-10 --provider-file harness/slowdown.py "
+                 "--dtype bf16 --repeats 3")
+REPO_ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ["kind", "slowdown", "repeats", "runs", "trials", "flagged", "flagged_rate", "sigma", "threshold",
            "false_positive_target", "tolerance"]
 
@@ -127,11 +138,37 @@ def calibrate(runs: list[pd.DataFrame], repeats: list[int] | None = None, slowdo
                              ignore_index=True)
 
 
+def collect(count: int, folder: Path, sweep: str, budget_s: float) -> list[Path]:
+    """Run `runner.py <sweep>` `count` times into folder/run1..; returns the folders measured."""
+    from tqdm import tqdm
+
+    start, done = time.monotonic(), []
+    for index in tqdm(range(1, count + 1), desc="calibration runs", unit="run"):
+        if len(done) >= 3 and time.monotonic() - start > budget_s:
+            tqdm.write(f"time budget of {budget_s:g} s spent after {len(done)} runs")
+            break
+        out = folder / f"run{index}"
+        command = [sys.executable, str(REPO_ROOT / "runner.py"), *shlex.split(sweep), "--out", str(out)]
+        result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+        (folder / f"run{index}.log").write_text(result.stdout + result.stderr)
+        if result.returncode != 0:
+            raise SystemExit(f"calibration run {index} failed (exit {result.returncode}): "
+                             f"{(result.stderr or result.stdout)[-2000:]}")
+        done.append(out)
+    return done
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__.split("\n\n")[0],
                                      epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="runner output folders of one sweep (>= 3)")
+    parser.add_argument("runs", nargs="*", type=Path, help="runner output folders of one sweep (>= 3)")
+    parser.add_argument("--collect", type=int, metavar="N",
+                        help="first measure N runs of --sweep into runs/ next to --out (needs a GPU)")
+    parser.add_argument("--sweep", default=COLLECT_SWEEP, help="runner arguments of each collected run "
+                        "(default: %(default)s)")
+    parser.add_argument("--time-budget-s", type=float, default=math.inf,
+                        help="with --collect: start no run after this many seconds, once 3 are done")
     parser.add_argument("--out", type=Path, required=True, help="the calibration.csv to write")
     parser.add_argument("--false-positive-rate", type=float, default=DEFAULT_FALSE_POSITIVE_RATE,
                         help="per-configuration false-positive target of the rule (default: %(default)s)")
@@ -140,6 +177,12 @@ def main(argv=None) -> int:
     parser.add_argument("--slowdowns", default=",".join(str(s) for s in DEFAULT_SLOWDOWNS),
                         help="known slowdowns applied to the runs' TFLOPs/s, as fractions (default: %(default)s)")
     args = parser.parse_args(argv)
+    if args.collect is not None:
+        if args.collect < 3:
+            parser.error(f"--collect needs at least 3 runs, got {args.collect}")
+        args.runs = [*args.runs, *collect(args.collect, args.out.parent / "runs", args.sweep, args.time_budget_s)]
+    if len(args.runs) < 3:
+        parser.error(f"runs: give at least 3 run folders (or --collect N), got {len(args.runs)}")
     missing = [str(run) for run in args.runs if not (run / "results.csv").is_file()]
     if missing:
         parser.error(f"runs: no results.csv in {', '.join(missing)}")

@@ -92,3 +92,14 @@ def test_a_missing_provider_file_is_a_clear_command_line_error(tmp_path, capsys)
         runner.main(["--provider-file", str(tmp_path / "nope.py"), "--out", str(tmp_path / "out")])
     assert stop.value.code == 2
     assert "nope.py: no such file" in capsys.readouterr().err
+
+
+def test_the_calibration_slowdown_file_loads_and_needs_a_gpu(tmp_path):
+    import torch
+
+    slowed = load_provider_file(Path(__file__).resolve().parents[1] / "harness" / "slowdown.py", {"fa2"})
+    assert [provider.name for provider in slowed] == ["fa2-slowed-10"]
+    if not torch.cuda.is_available():
+        q = torch.randn(1, 16, 2, 16)
+        with pytest.raises(NotImplementedError, match="needs CUDA"):
+            slowed[0].forward(q, q, q, False, 0.25)

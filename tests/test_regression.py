@@ -259,7 +259,7 @@ def test_calibration_counts_injected_slowdowns_by_their_name(rng):
     assert table.loc[("injected", 0.10, 3), "flagged_rate"] >= 0.9
 
 
-def test_calibration_tool_writes_the_csv_compare_reads(rng, tmp_path):
+def test_calibration_tool_writes_the_csv_compare_reads(rng, tmp_path, capsys):
     from harness.results import ResultWriter
 
     folders = []
@@ -277,4 +277,15 @@ def test_calibration_tool_writes_the_csv_compare_reads(rng, tmp_path):
     sigma = calibrated_sigma(out, 3)
     assert sigma == pytest.approx(written.query("slowdown == 0 and repeats == 3")["sigma"].item())
     assert calibrated_sigma(tmp_path / "absent.csv", 3) is None
-    assert calibrate_main([folders[0], "--out", str(out)]) == 2  # fewer than 3 runs
+    with pytest.raises(SystemExit):  # fewer than 3 runs
+        calibrate_main([folders[0], "--out", str(out)])
+    assert "at least 3 run folders" in capsys.readouterr().err
+
+
+def test_collect_measures_runs_until_the_time_budget_but_at_least_three(tmp_path):
+    from harness.calibrate import collect
+
+    sweep = "--modes fwd --hdims 16 --seqlens 32 --causal false --providers pytorch --warmup-ms 1 --rep-ms 2"
+    folders = collect(5, tmp_path / "runs", sweep, budget_s=0.0)
+    assert [folder.name for folder in folders] == ["run1", "run2", "run3"]
+    assert all((folder / "results.csv").is_file() for folder in folders)

@@ -220,8 +220,12 @@ def test_help_shows_every_option_and_its_default(capsys):
     for option in ("--suite", "--ablation", "--providers", "--modes", "--hdims", "--seqlens", "--causal", "--batch",
                    "--heads", "--dtype", "--repeats", "--out", "--quick", "--list", "--resume", "--warmup-ms",
                    "--rep-ms", "--save-baseline", "--compare", "--tolerance", "--ncu", "--no-ncu", "--ncu-only",
-                   "--cuda-graph"):
+                   "--cuda-graph", "--provider-file", "--reproduce", "--false-positive-rate", "--fa2-fwd-config",
+                   "--report-only", "--settings-only", "--verbose"):
         assert option in out, option
+    for target in ("paper", "paper-fp16", "ablation", "counters", "baseline"):
+        assert f"  {target} " in out, target  # each --reproduce target with its commands
+    assert "exit codes:" in out and "PROVIDERS = {name: forward}" in out
     assert "default: fp16" in out and "examples:" in out
 
 
@@ -423,3 +427,9 @@ def test_reproduce_targets_run_their_steps_into_one_folder(tmp_path, monkeypatch
         [list(step) for step in TARGETS["ablation"].steps]
     assert all(call[call.index("--out") + 1] == str(tmp_path) for call in calls)
     assert "--resume" not in calls[0] and "--resume" in calls[1]
+
+
+def test_reproduce_refuses_options_it_would_ignore(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        runner.main(["--reproduce", "paper", "--hdims", "64", "--out", str(tmp_path)])
+    assert "only --out and -v go with it, not --hdims" in capsys.readouterr().err
