@@ -144,3 +144,30 @@ def test_occupancy_section_shows_counters_and_theoretical_from_limits(tmp_path):
     assert f"{warps_active['fwd-rung1']:.0f}% -> {warps_active['fwd-rung2']:.0f}%" in section
     assert "| 12 |" in section  # 2 blocks (the register limit) x 4 warps of 64 slots
     assert "**achieved occupancy**" in section
+
+
+def test_variants_resolve_by_name_and_unknown_names_are_refused():
+    from ablations.variants import get_variant, variants
+
+    for name in variants():
+        assert get_variant(name).name == name
+    assert get_variant("fwd-rung3-barriers12").config == '{"extra_barriers": 12}'
+    with pytest.raises(ValueError, match="unknown variant 'rung9'"):
+        get_variant("rung9")
+
+
+@pytest.mark.parametrize("name", ["fwd-rung0-noskip", "bwd-rung1"])
+def test_profiled_step_runs_a_variant_once(name, device):
+    """The call ncu profiles: the forward, or the backward alone after one forward."""
+    import torch
+
+    from ablations.measure import spec_of
+    from ablations.ncu_target import profiled_step
+    from ablations.variants import get_variant
+
+    variant = get_variant(name)
+    spec = spec_of(variant.mode, True, 32, 40, 1, 2, "fp16")
+    result = profiled_step(variant, spec, torch.device(device))()
+    tensors = result if isinstance(result, tuple) else (result,)
+    assert all(t.shape == (1, 40, 2, 32) and torch.isfinite(t).all() for t in tensors)
+    assert len(tensors) == (3 if variant.mode == "bwd" else 1)
