@@ -37,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from baselines.flops import decode_kv_bytes, gigabytes_per_second
 from baselines.reference import attention_reference
 from harness.timing import benchmark
 from reports.environment import ROW_ENV_COLUMNS, capture_environment, throttle_warnings
@@ -60,8 +61,8 @@ COLUMNS = ("provider", "label", "layout", "batch", "cache_len", "heads", "kv_hea
 
 
 def kv_bytes(batch: int, cache_len: int, kv_heads: int) -> int:
-    """Bytes of K and V one decode call reads."""
-    return 2 * batch * cache_len * kv_heads * HDIM * torch.finfo(DTYPE).bits // 8
+    """Bytes of K and V one decode call reads (every sequence holds the whole cache)."""
+    return decode_kv_bytes(batch * cache_len, kv_heads, HDIM, torch.finfo(DTYPE).bits // 8)
 
 
 def grid(quick: bool) -> list[tuple[int, int, int]]:
@@ -192,7 +193,7 @@ def measure_copy_bandwidth(device, nbytes: int) -> tuple[float, float]:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
     timing = benchmark(lambda: dst.copy_(src), device, rep_ms=REP_MS, cuda_graph=True)
-    return timing.ms, 2 * nbytes / timing.ms / 1e6
+    return timing.ms, gigabytes_per_second(2 * nbytes, timing.ms)
 
 
 def _row(env, **fields) -> dict:
@@ -282,7 +283,7 @@ def _measure(call, inputs: Inputs, reference, device, nbytes) -> dict:
     status = "ok" if rel_err <= WRONG_REL_ERR else "wrong"
     return {"status": status, "reason": "" if status == "ok" else f"relative error {rel_err:.3g}",
             "timing": how, "ms": timing.ms, "ms_p20": timing.ms_p20, "ms_p80": timing.ms_p80,
-            "gbps": nbytes / timing.ms / 1e6, "rel_err": rel_err}
+            "gbps": gigabytes_per_second(nbytes, timing.ms), "rel_err": rel_err}
 
 
 # --------------------------------------------------------------------------------------
@@ -474,7 +475,7 @@ def tune(out_dir) -> Path:
                    **{k: env[k] for k in ROW_ENV_COLUMNS}}
             try:
                 timing, _ = _time_call(_ours(num_splits, layout == "paged"), inputs, device)
-                row.update(status="ok", reason="", ms=timing.ms, gbps=nbytes / timing.ms / 1e6)
+                row.update(status="ok", reason="", ms=timing.ms, gbps=gigabytes_per_second(nbytes, timing.ms))
             except Exception as exc:  # noqa: BLE001 -- a tile that does not compile or fit is a row
                 row.update(status="error", reason=" ".join(f"{type(exc).__name__}: {exc}".split())[:200])
             finally:
