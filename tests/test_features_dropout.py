@@ -1,0 +1,124 @@
+"""Dropout in the Triton kernels (kernels/dropout.py), in Triton's CPU interpreter: the keep rate,
+reproducibility under torch.manual_seed, the kernel against the float64 reference under the
+kernel's own keep-mask (forward and backward, dense and packed), a bit-identical backward, and
+flash-attn's S_dmask marking of dropped entries.
+
+The kernel's mask is read back through the public API: `return_attn_probs=True` returns the
+probabilities with dropped entries negated, so an entry was kept iff its sign bit is clear
+(a masked-out 0 that was dropped is -0.0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from baselines.reference import attention_reference, attention_reference_varlen
+from kernels import flash_attn_func, flash_attn_varlen_func
+from kernels.dropout import dropout_keep_mask
+from tests.attention_checks import poisoned_allocations  # noqa: F401
+
+INTERPRETER_TESTS = True
+
+
+def _qkv(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype=torch.float32):
+    q = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(batch, seqlen_k, kv_heads, headdim, dtype=dtype, requires_grad=True) for _ in range(2))
+    return q, k, v
+
+
+def _run(seed, q, k, v, dout, **kw):
+    """(out, S_dmask, dq, dk, dv) of one forward and backward under torch.manual_seed(seed)."""
+    torch.manual_seed(seed)
+    out, _, probs = flash_attn_func(q, k, v, return_attn_probs=True, **kw)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    return (out, probs, *grads)
+
+
+@pytest.mark.parametrize("dropout_p", [0.1, 0.5, 0.83])
+def test_keep_rate_is_one_minus_p(dropout_p):
+    """The keep-mask's mean over 2 x 3 x 64 x 96 entries is within 5 standard deviations of 1 - p."""
+    seed = torch.tensor([123456789, 42], dtype=torch.int64)
+    keep = dropout_keep_mask(seed, dropout_p, 2, 3, 64, 96)
+    std = math.sqrt(dropout_p * (1 - dropout_p) / keep.numel())
+    assert abs(keep.float().mean().item() - (1 - dropout_p)) < 5 * std
+    # another offset draws another mask
+    other = dropout_keep_mask(torch.tensor([123456789, 43], dtype=torch.int64), dropout_p, 2, 3, 64, 96)
+    assert not torch.equal(keep, other)
+
+
+def test_the_same_seed_reproduces_a_run_and_another_seed_does_not():
+    q, k, v = _qkv(1, 32, 40, 2, 1, 16)
+    dout = torch.randn(1, 32, 2, 16)
+    first = _run(7, q, k, v, dout, dropout_p=0.3, causal=True)
+    again = _run(7, q, k, v, dout, dropout_p=0.3, causal=True)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)  # bit-identical, forward and backward (deterministic either way)
+    other = _run(8, q, k, v, dout, dropout_p=0.3, causal=True)
+    assert not torch.equal(first[0], other[0])
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("kw", [
+    {"causal": False},
+    {"causal": True, "window_size": (9, 0)},
+    {"softcap": 4.0, "alibi_slopes": torch.tensor([0.3, 0.7, 0.2, 0.5])},
+])
+def test_kernel_matches_the_reference_under_its_own_mask(kw):
+    """out, dq, dk, dv against float64 attention with the keep-mask the kernel drew (GQA 4/2)."""
+    dropout_p = 0.25
+    q, k, v = _qkv(1, 37, 45, 4, 2, 16)
+    dout = torch.randn(1, 37, 4, 16)
+    out, probs, *grads = _run(11, q, k, v, dout, dropout_p=dropout_p, deterministic=True, **kw)
+    keep = ~torch.signbit(probs)
+    assert 0.6 < keep.float().mean().item() < 0.9
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference(q64, k64, v64, None, dropout_p=dropout_p, dropout_keep=keep, **kw)[0]
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    for name, got, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
+        torch.testing.assert_close(got.double(), expected.detach(), atol=2e-5, rtol=1e-4, msg=name)
+
+
+def test_s_dmask_negates_exactly_the_dropped_probabilities():
+    """|S_dmask| is the call's probabilities without dropout; the negated entries are the
+    dropped ones of the kernel's own mask."""
+    q, k, v = _qkv(1, 30, 30, 2, 2, 16)
+    torch.manual_seed(3)
+    _, _, probs = flash_attn_func(q, k, v, dropout_p=0.4, causal=True, return_attn_probs=True)
+    _, _, plain = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    torch.testing.assert_close(probs.abs(), plain, atol=1e-6, rtol=1e-5)
+    torch.manual_seed(3)
+    seed = torch.randint(0, 2**62, (2,), dtype=torch.int64)  # the API's draw (kernels/interface.py)
+    assert torch.equal(~torch.signbit(probs), dropout_keep_mask(seed, 0.4, 1, 2, 30, 30))
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_varlen_dropout_matches_the_reference_per_sequence():
+    lengths_q, lengths_k = [13, 0, 29], [21, 5, 29]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+                  for lengths in (lengths_q, lengths_k))
+    q = torch.randn(int(cu_q[-1]), 2, 16, requires_grad=True)
+    k, v = (torch.randn(int(cu_k[-1]), 1, 16, requires_grad=True) for _ in range(2))
+    dout = torch.randn(int(cu_q[-1]), 2, 16)
+    torch.manual_seed(5)
+    out, _, probs = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 29, 29, dropout_p=0.2, causal=True,
+                                           return_attn_probs=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = ~torch.signbit(probs)  # (batch, heads, max_seqlen_q, max_seqlen_k)
+    masks = [keep[b:b + 1, :, :lq, :lk] for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k))]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference_varlen(q64, k64, v64, cu_q, cu_k, None, True, dropout_p=0.2, dropout_keep=masks)[0]
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    for name, got, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
+        torch.testing.assert_close(got.double(), expected.detach(), atol=2e-5, rtol=1e-4, msg=name)
+
+
+def test_float16_dropout_is_finite_and_reproducible():
+    q, k, v = _qkv(1, 33, 50, 2, 1, 16, torch.float16)
+    dout = torch.randn(1, 33, 2, 16, dtype=torch.float16)
+    first = _run(1, q, k, v, dout, dropout_p=0.5, window_size=(6, 6))
+    again = _run(1, q, k, v, dout, dropout_p=0.5, window_size=(6, 6))
+    for a, b in zip(first, again):
+        assert torch.isfinite(a).all() and torch.equal(a, b)
