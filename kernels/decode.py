@@ -38,11 +38,13 @@ from .launch import CachedLauncher
 PAGE_MULTIPLE = 16  # page sizes the paged cache takes: multiples of this many tokens
 MAX_HEADDIM = 256  # the tile holds the whole head dim (padded to a power of two)
 MAX_SPLITS = 128  # the combine kernel holds all splits of a row in one tile
-PROGRAMS_PER_SM = 2  # the split heuristic's target: two programs per SM keep loads in flight
-MIN_BLOCKS_PER_SPLIT = 4  # below this many key blocks a split's fixed cost shows
+# The split heuristic's and the tile's constants are design choices (two resident programs per
+# SM, each with a 3-deep cp.async pipeline of 64-key K and V tiles: 70 KB of shared memory at
+# head dim 128, so three fit an SM); `python -m harness.decode --tune` measures the alternatives.
+PROGRAMS_PER_SM = 2  # the split heuristic's target number of programs per SM
+MIN_BLOCKS_PER_SPLIT = 4  # a split reads at least this many key blocks of the cache's capacity
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs; the heuristic assumes this many
-# (block_n, num_warps, num_stages): 64 keys x 128 dims per K and V tile, a 3-deep pipeline
-GPU_CONFIG = (64, 4, 3)
+GPU_CONFIG = (64, 4, 3)  # (block_n, num_warps, num_stages)
 INTERPRETER_CONFIG = (16, 4, 1)  # small key blocks: tiny test caches still span several blocks
 
 _split_launcher = CachedLauncher(_fwd_kvcache_split_kernel)
