@@ -84,7 +84,8 @@ STUDIES: dict[str, list[int]] = {
     "hopper": [3, 4],
 }
 
-# The paper's ablation settings (FA2 authors' ablation table, shared/reference/paper_numbers.md).
+# The paper's ablation settings (the authors' A100 ablation of the three techniques, from the paper's public
+# review discussion; ablations/paper_a100.csv).
 SETTINGS: dict[str, dict] = {
     "A": {"mode": "fwd", "causal": True, "hdim": 128, "seqlen": 2048, "batch": 8, "heads": 16, "dtype": "fp16"},
     "B": {"mode": "fwd", "causal": True, "hdim": 128, "seqlen": 2048, "batch": 1, "heads": 16, "dtype": "fp16"},

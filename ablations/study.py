@@ -37,7 +37,7 @@ REPORT_NAME = "ablation.md"
 SHAPE_COLUMNS = ["mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype"]
 RUNG_INDEX = {rung.name: rung.index for rung in RUNGS}
 OFFICIAL_FA2 = "sdpa-flash"  # the FA2 CUDA kernel vendored in PyTorch
-WITHIN_OFFICIAL = 0.15  # the bar: rung 3 within 15% of the official kernel
+WITHIN_OFFICIAL = 0.15  # the bar the ladder is held to: rung 3 within 15% of the official kernel
 INTERPRETER_NOTE = ("> **Triton's CPU interpreter on tiny sizes: these numbers are NOT performance.** They show "
                     "that every rung runs and the report is built end to end.")
 INTRO = ("Rungs 0-3 are one Triton kernel family compiled to mma.sync (kernels/fa_ladder.py); neighbouring "

@@ -25,7 +25,7 @@ def row(question, variant, ms, spread, setting="A", **extra):
             "ms_p80": ms + spread, "tflops": 100.0 / ms, "interpreter": False, **extra}
 
 
-def test_every_question_has_a_section_and_the_issue_names():
+def test_every_question_has_a_section_and_its_row_name():
     assert [q.question for q in QUESTIONS] == ["warp-split-one-tile", "backward-ladder", "block-size-tuning",
                                                "fa1-causal-skip", "occupancy", "smem-vs-sync", "triton-vs-cutlass",
                                                "decode-fa1-cudagraph-compilers"]
