@@ -27,7 +27,7 @@ slowdown-0 rows from the calibration.csv next to the baseline.
 
 --collect N first measures N runs of CI's sweep (COLLECT_SWEEP: our kernel, the reference and
 fa2-slowed-10) into runs/run1..N next to --out, stopping early (after 3 runs at least) when
---time-budget-s is spent.
+--max-seconds have passed.
 """
 
 from __future__ import annotations
@@ -138,14 +138,14 @@ def calibrate(runs: list[pd.DataFrame], repeats: list[int] | None = None, slowdo
                              ignore_index=True)
 
 
-def collect(count: int, folder: Path, sweep: str, budget_s: float) -> list[Path]:
+def collect(count: int, folder: Path, sweep: str, max_seconds: float) -> list[Path]:
     """Run `runner.py <sweep>` `count` times into folder/run1..; returns the folders measured."""
     from tqdm import tqdm
 
     start, done = time.monotonic(), []
     for index in tqdm(range(1, count + 1), desc="calibration runs", unit="run"):
-        if len(done) >= 3 and time.monotonic() - start > budget_s:
-            tqdm.write(f"time budget of {budget_s:g} s spent after {len(done)} runs")
+        if len(done) >= 3 and time.monotonic() - start > max_seconds:
+            tqdm.write(f"--max-seconds {max_seconds:g} reached after {len(done)} runs")
             break
         out = folder / f"run{index}"
         command = [sys.executable, str(REPO_ROOT / "runner.py"), *shlex.split(sweep), "--out", str(out)]
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
                         help="first measure N runs of --sweep into runs/ next to --out (needs a GPU)")
     parser.add_argument("--sweep", default=COLLECT_SWEEP, help="runner arguments of each collected run "
                         "(default: %(default)s)")
-    parser.add_argument("--time-budget-s", type=float, default=math.inf,
+    parser.add_argument("--max-seconds", type=float, default=math.inf,
                         help="with --collect: start no run after this many seconds, once 3 are done")
     parser.add_argument("--out", type=Path, required=True, help="the calibration.csv to write")
     parser.add_argument("--false-positive-rate", type=float, default=DEFAULT_FALSE_POSITIVE_RATE,
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     if args.collect is not None:
         if args.collect < 3:
             parser.error(f"--collect needs at least 3 runs, got {args.collect}")
-        args.runs = [*args.runs, *collect(args.collect, args.out.parent / "runs", args.sweep, args.time_budget_s)]
+        args.runs = [*args.runs, *collect(args.collect, args.out.parent / "runs", args.sweep, args.max_seconds)]
     if len(args.runs) < 3:
         parser.error(f"runs: give at least 3 run folders (or --collect N), got {len(args.runs)}")
     missing = [str(run) for run in args.runs if not (run / "results.csv").is_file()]

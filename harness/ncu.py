@@ -172,14 +172,14 @@ def _profile_one(job: NcuJob, metrics: list[str], timeout_s: float, log_path: Pa
     command = build_ncu_command(target_args(job.provider, job.spec), job.kernel_regex, metrics)
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   cwd=REPO_ROOT, start_new_session=True)
+                                   cwd=REPO_ROOT, start_new_session=True)  # its own process group
     except OSError as err:
         return {"status": "error", "reason": f"could not start ncu: {_one_line(str(err))}"}
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):  # it may have ended just now
-            os.killpg(process.pid, signal.SIGKILL)  # ncu and the target it started share this session
+            os.killpg(process.pid, signal.SIGKILL)  # ncu and the target it started share the group
         stdout, stderr = process.communicate()
         log_path.write_text(" ".join(command) + "\n" + stdout + stderr)
         return {"status": "timeout", "reason": f"ncu did not finish within {timeout_s:g} s (killed)"}

@@ -282,10 +282,10 @@ def test_calibration_tool_writes_the_csv_compare_reads(rng, tmp_path, capsys):
     assert "at least 3 run folders" in capsys.readouterr().err
 
 
-def test_collect_measures_runs_until_the_time_budget_but_at_least_three(tmp_path):
+def test_collect_measures_runs_until_max_seconds_but_at_least_three(tmp_path):
     from harness.calibrate import collect
 
     sweep = "--modes fwd --hdims 16 --seqlens 32 --causal false --providers pytorch --warmup-ms 1 --rep-ms 2"
-    folders = collect(5, tmp_path / "runs", sweep, budget_s=0.0)
+    folders = collect(5, tmp_path / "runs", sweep, max_seconds=0.0)
     assert [folder.name for folder in folders] == ["run1", "run2", "run3"]
     assert all((folder / "results.csv").is_file() for folder in folders)

@@ -433,3 +433,17 @@ def test_reproduce_refuses_options_it_would_ignore(tmp_path, capsys):
     with pytest.raises(SystemExit):
         runner.main(["--reproduce", "paper", "--hdims", "64", "--out", str(tmp_path)])
     assert "only --out and -v go with it, not --hdims" in capsys.readouterr().err
+
+
+def test_an_enlarged_check_that_runs_out_of_memory_is_retried_at_the_jobs_shape(tmp_path):
+    shapes = []
+
+    def big_hungry(q, k, v, causal, scale):
+        shapes.append(q.shape[0])
+        if q.shape[0] > TINY.batch:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return get_provider("pytorch").forward(q, k, v, causal, scale)
+
+    _sweep(tmp_path).run([Job(TINY)], [_provider("hungry", big_hungry)], progress=False)
+    row = _rows(tmp_path).loc["hungry"]
+    assert row["status"] == "ok" and shapes[:2] == [2, 1] and row["check_shape"].startswith("b1 n32 h2")
