@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import json
 import math
 import time
 from collections.abc import Callable
@@ -56,7 +57,7 @@ WRONG_REL_ERR = 0.02  # max |out - ref| / max |ref| above this marks a row 'wron
 PER_SHAPE_COMPILE = {"torch-compile"}  # compiles per shape (seconds): measured at the anchors only
 DECODE_CSV = "decode.csv"
 COLUMNS = ("provider", "label", "layout", "batch", "cache_len", "heads", "kv_heads", "hdim", "dtype", "status",
-           "reason", "timing", "ms", "ms_p20", "ms_p80", "kv_bytes", "gbps", "rel_err", "interpreter",
+           "reason", "timing", "ms", "ms_p20", "ms_p80", "kv_bytes", "gbps", "rel_err", "config", "interpreter",
            *ROW_ENV_COLUMNS)
 
 
@@ -166,6 +167,17 @@ def providers() -> list[tuple[str, str, str, Callable, Callable]]:
     return entries
 
 
+def _our_config(name: str, batch: int, cache_len: int, kv_heads: int, device) -> str:
+    """JSON of our launch: the tile and the split count the heuristic (or num_splits=1) gives."""
+    from kernels import decode
+
+    block_n, num_warps, num_stages = decode.GPU_CONFIG if device.type == "cuda" else decode.INTERPRETER_CONFIG
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" \
+        else decode.INTERPRETER_SMS
+    splits = 1 if name == "ours-nosplit" else decode.choose_num_splits(batch, kv_heads, 1, cache_len, block_n, sms)
+    return json.dumps({"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages, "num_splits": splits})
+
+
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -255,7 +267,9 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                 if refused:
                     writer.writerow(_row(env, **base, status=refused[0], reason=refused[1]))
                     continue
-                writer.writerow(_row(env, **base, **_measure(call, inputs, reference, device, nbytes)))
+                config = _our_config(name, batch, cache_len, kv_heads, device) if name.startswith("ours") else ""
+                writer.writerow(_row(env, **base, config=config,
+                                     **_measure(call, inputs, reference, device, nbytes)))
                 f.flush()
             del inputs
             if device.type == "cuda":

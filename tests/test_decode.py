@@ -9,6 +9,7 @@ in Triton's interpreter (fp16/fp32, tiny shapes); the `gpu` tests repeat the che
 sizes in bf16/fp16.
 """
 
+import json
 import math
 
 import pytest
@@ -513,13 +514,15 @@ def test_suite_runs_end_to_end_in_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setattr(suite, "HDIM", 16)
     monkeypatch.setattr(suite, "DTYPE", torch.float16)
     monkeypatch.setattr(suite, "KV_HEADS", (2, 4))
-    monkeypatch.setattr(suite, "QUICK_GRID", {"batch": (1,), "cache_len": (64,)})
-    monkeypatch.setattr(suite, "ANCHORS", ((1, 64),))
+    monkeypatch.setattr(suite, "QUICK_GRID", {"batch": (1,), "cache_len": (128,)})
+    monkeypatch.setattr(suite, "ANCHORS", ((1, 128),))
     suite.measure_suite(True, tmp_path, device=torch.device("cpu"))
     rows = suite.load_rows(tmp_path)
     ours = rows[rows.provider.isin(["ours-splitkv", "ours-nosplit"])]
     assert len(ours) == 8 and (ours.status == "ok").all(), ours[["provider", "layout", "status", "reason"]]
     assert (ours.rel_err.astype(float) < 1e-2).all()
+    splits = {(r.provider, r.layout): json.loads(r.config)["num_splits"] for r in ours.itertuples() if r.kv_heads == 2}
+    assert splits[("ours-splitkv", "contiguous")] > 1 and splits[("ours-nosplit", "paged")] == 1
     fa1 = rows[rows.provider == "fa1-rung0"].set_index("kv_heads").status
     assert fa1[2] == "unsupported" and fa1[4] == "ok"
     assert (rows[rows.provider == "sdpa-flash"].status == "unavailable").all()  # CUDA only
