@@ -5,10 +5,12 @@ flash-attn's functions of the same names (kernels/interface.py); they are regist
 custom ops `torch.ops.fa2.*` (kernels/ops.py) so torch.compile sees one opaque node. The layout
 of this package, by role: configs.py (block-size tables), forward.py and backward.py (the Triton
 kernels), flash_attn_hopper.py (the Gluon kernels for sm_90), dispatch.py (which kernel serves a
-call), checks.py (argument checks), launch.py (cached launches), fa_ladder.py (the ablation rungs).
+call), checks.py (argument checks), launch.py (cached launches), decode.py and decode_kernels.py
+(split-KV decoding over a KV cache, `flash_attn_with_kvcache`), fa_ladder.py (the ablation rungs).
 """
 
 from .configs import BwdConfig, FwdConfig
+from .decode import flash_attn_with_kvcache
 from .interface import (
     flash_attn_func,
     flash_attn_kvpacked_func,
@@ -27,4 +29,5 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
 ]
