@@ -126,7 +126,7 @@ def calibrate(runs: list[pd.DataFrame], repeats: list[int] | None = None, slowdo
                     tally = counts.setdefault(("injected", float(s)), [0, 0])
                     tally[0] += int(flagged.sum())
                     tally[1] += len(group)
-        threshold_all = math.expm1(max(z * sigma_all, floor))
+        threshold_all = -math.expm1(-max(z * sigma_all, floor))  # as a slowdown
         for (kind, s), (flagged, trials) in counts.items():
             out.append({"kind": kind, "slowdown": s, "repeats": r, "runs": len(runs), "trials": trials,
                         "flagged": flagged, "flagged_rate": flagged / trials if trials else math.nan,

@@ -13,6 +13,11 @@ from reports.environment import ENV_COLUMNS
 from reports.tables import markdown_table, ratio_text
 
 
+def _slowdown(log_threshold: float) -> float:
+    """A log-ratio threshold as the slowdown it flags: 1 - exp(-t)."""
+    return -math.expm1(-log_threshold)
+
+
 def _percent(value: float) -> str:
     return "-" if pd.isna(value) else f"{value:+.1%}"
 
@@ -33,8 +38,8 @@ def format_comparison(comparison: Comparison) -> str:
     per verdict."""
     sigmas = comparison.table["sigma"].dropna()
     thresholds = comparison.table["threshold"].dropna()
-    spread = (f"{math.expm1(thresholds.min()):.1%}" if thresholds.nunique() <= 1 else
-              f"{math.expm1(thresholds.min()):.1%}-{math.expm1(thresholds.max()):.1%}") if len(thresholds) else "-"
+    spread = (f"{_slowdown(thresholds.min()):.1%}" if thresholds.nunique() <= 1 else
+              f"{_slowdown(thresholds.min()):.1%}-{_slowdown(thresholds.max()):.1%}") if len(thresholds) else "-"
     lines = [
         "## Performance against the baseline",
         "",
@@ -61,7 +66,7 @@ def format_comparison(comparison: Comparison) -> str:
         shown[f"baseline vs {comparison.reference}"] = rows["baseline_ratio"].map(ratio_text)
         shown[f"now vs {comparison.reference}"] = rows["current_ratio"].map(ratio_text)
         shown["change"] = rows["change"].map(_percent)
-        shown["threshold"] = rows["threshold"].map(lambda t: "-" if pd.isna(t) else f"{math.expm1(t):.1%}")
+        shown["threshold"] = rows["threshold"].map(lambda t: "-" if pd.isna(t) else f"{_slowdown(t):.1%}")
         if (rows["note"] != "").any():
             shown["note"] = rows["note"]
         lines += ["", f"### {verdict} ({len(rows)})", "", markdown_table(shown)]
