@@ -187,7 +187,38 @@ def smem_vs_sync(ctx: Context):
     return rows, counters
 
 
+def warp_split_one_tile(ctx: Context):
+    """The Gluon pair at one tile (kernels/ladder_warp_split.py) and the compiler-chosen pair
+    (forward rungs 2 and 3) in settings A and B, and again at head dim 64, where the pair compiles
+    without spills; the compiled code's registers and spills go into each row's config."""
+    from dataclasses import replace
+
+    from kernels import ladder_warp_split
+
+    names = ["ws-split-q", "ws-split-k-p", "ws-split-k-o", "fwd-rung2", "fwd-rung3"]
+    jobs = settings(ctx, "fwd")
+    jobs += [(f"{name} hdim 64", replace(spec, hdim=64, heads=spec.heads * spec.hdim // 64)) for name, spec in jobs
+             if not ctx.interpreter]
+    rows = []
+    for setting, spec in jobs:
+        for name in names:
+            variant = get_variant(name)
+            measured = measure(ctx, "warp-split-one-tile", variant, spec, setting)
+            if name.startswith("ws-"):
+                facts = ladder_warp_split.COMPILED_FACTS.get((name.removeprefix("ws-"), spec.hdim, spec.causal,
+                                                              spec.torch_dtype))
+                for row in measured:
+                    row["config"] = json.dumps(facts or {})
+            rows += measured
+    counters = []
+    if ctx.ncu:
+        setting, spec = jobs[0]
+        counters = profile(ctx, "warp-split-one-tile", [(get_variant(name), spec, setting) for name in names])
+    return rows, counters
+
+
 PARTS: dict[str, Part] = {part.name: part for part in (
+    Part("warp-split", "warp-split-one-tile", warp_split_one_tile, needs_gpu_counters=True),
     Part("fa1-causal-skip", "fa1-causal-skip", fa1_causal_skip),
     Part("backward", "backward-ladder", backward_ladder),
     Part("tuning", "block-size-tuning", block_size_tuning),

@@ -320,6 +320,43 @@ def smem_vs_sync(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str], st
     return lines, ("; ".join(parts) + ".") if parts else NOT_SHOWN
 
 
+def warp_split_one_tile(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str], str]:
+    import json
+
+    lines, parts = [], []
+    for setting, group in _by_setting(c):
+        facts = [json.loads(text) if isinstance(text, str) and text.startswith("{") else {} for text in group["config"]]
+        spills = {v: f.get("spill_bytes") for v, f in zip(group["variant"], facts)}
+        lines += [f"Setting {setting} ({_shape_text(group.iloc[0])}):", "",
+                  cell_table(group, {"registers": [_num(f.get("registers"), ".0f") for f in facts],
+                                     "spill bytes": [_num(f.get("spill_bytes"), ".0f") for f in facts]}), ""]
+        split_q = _get(group, "ws-split-q")
+        texts = []
+        for other, name in (("ws-split-k-p", "Triton's split-K"), ("ws-split-k-o", "FA1's split-K")):
+            spilled = [v for v in ("ws-split-q", other) if (spills.get(v) or 0) > 0]
+            if spilled:
+                texts.append(f"split-Q over {name}: {NOT_SHOWN} ({', '.join(spilled)} spills)")
+                continue
+            texts.append(_ratio_sentence(_get(group, other), split_q, f"split-Q over {name}"))
+        texts.append(_ratio_sentence(_get(group, "fwd-rung2"), _get(group, "fwd-rung3"),
+                                     "rung 3 over rung 2 (the compiler-chosen pair, tile sides swapped)"))
+        parts.append(f"{setting}: " + "; ".join(texts))
+    ok = counters[counters["status"] == "ok"] if "status" in counters else counters
+    if not ok.empty:
+        from harness import ncu
+
+        metrics = {"shared wavefronts": ncu.SHARED_WAVEFRONTS, "bank conflicts": ncu.BANK_CONFLICTS,
+                   "barrier stall %": ncu.BARRIER_STALL, "achieved occupancy %": ncu.WARPS_ACTIVE,
+                   "duration ns": ncu.DURATION}
+        table = pd.DataFrame({"variant": ok["variant"], "setting": ok["setting"],
+                              **{name: [_num(v, ".3g") for v in ok[metric]] if metric in ok else "-"
+                                 for name, metric in metrics.items()}})
+        lines += ["Counters (one profiled launch each):", "", markdown_table(table), ""]
+    sentence = ("Time ratios at the same tile, grid, warps and stages (the slower one's time over split-Q's): "
+                + " | ".join(parts) + ".") if parts else NOT_SHOWN
+    return lines, sentence
+
+
 def not_built(text: str):
     def section(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str], str]:
         return [], f"{NOT_SHOWN}: {text}"
@@ -328,10 +365,7 @@ def not_built(text: str):
 
 
 SECTIONS = {
-    "warp-split-one-tile": not_built("the one-tile pair in Gluon (warps along the keys with FA1's partial-O exchange "
-                                     "against warps along the query rows, same tile, grid, warps and stages) is not "
-                                     "built; the compiler-chosen pair is the forward ladder's rungs 2 -> 3 "
-                                     "(ablation.md)"),
+    "warp-split-one-tile": warp_split_one_tile,
     "backward-ladder": backward_ladder,
     "block-size-tuning": block_size_tuning,
     "fa1-causal-skip": fa1_causal_skip,

@@ -82,6 +82,24 @@ def provider_variant(provider_name: str, mode: str) -> Variant:
     return Variant(provider_name, provider.label, mode, provider.forward, regex, availability=availability)
 
 
+def one_tile(split: str) -> Callable:
+    def forward(q, k, v, causal, softmax_scale):
+        from kernels.ladder_warp_split import one_tile_forward
+
+        return one_tile_forward(q, k, v, causal, softmax_scale, split=split)
+
+    return forward
+
+
+def _gluon_availability() -> str | None:
+    import torch
+
+    return None if torch.cuda.is_available() else "Gluon has no CPU interpreter: the one-tile pair needs a GPU"
+
+
+ONE_TILE_LABELS = {"split-q": "one tile: warps along query rows (split-Q)",
+                   "split-k-p": "one tile: warps along keys, P exchanged (Triton's split-K)",
+                   "split-k-o": "one tile: warps along keys, partial O exchanged (FA1's split-K)"}
 BWD_LABELS = ("0: FA1 backward", "1: + fewer non-matmul FLOPs", "2: + parallel over K/V blocks (atomic dQ)",
               "3: + warps along key rows (FA2)")
 
@@ -102,6 +120,8 @@ def variants() -> dict[str, Variant]:
           for rung, label in enumerate(BWD_LABELS)),
         Variant("bwd-production", "4: production backward (beyond the paper: several changes)", "bwd",
                 _production_attention, ""),
+        *(Variant(f"ws-{split}", label, "fwd", one_tile(split), "_one_tile_fwd_kernel",
+                  availability=_gluon_availability) for split, label in ONE_TILE_LABELS.items()),
     ]
     return {variant.name: variant for variant in table}
 
