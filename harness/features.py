@@ -1,0 +1,519 @@
+"""The features suite: flash-attn's training features against every peer that has them.
+
+Groups (bf16, head dim 128; FLOPs are 4 x heads x head dim x the (query, key) pairs the mask
+leaves visible, times 2.5 for the backward, the FA2 paper's count on the visible pairs):
+
+* gqa: 32 q heads on 8 kv heads, causal, batch x seqlen = 16k tokens, seqlen 2k-16k; peers
+  SDPA flash and cuDNN with `enable_gqa`, FlexAttention (`enable_gqa`), FA4.
+* window: sliding window (4096, 0) at seqlen 8k-32k, 16 heads, with our full causal call at
+  the same length beside it (the window's time over the full time, against the visible-FLOP
+  ratio); peers FlexAttention (a sliding-window mask_mod) and FA4 (`window_size`).
+* varlen: 8 random lengths in 512-4096 packed without padding, causal, 16 heads; against our
+  dense kernel on the batch padded to the longest (useful FLOPs for both, so the TFLOPs/s
+  ratio is the time ratio), FlexAttention (a document mask over the packed tokens), FA4.
+* score: ALiBi and softcap 30 at 8k, causal, 16 heads, against the dense call (the overhead);
+  peers FlexAttention (score_mod) and FA4 (softcap; its backward has none).
+
+Every call is timed by `triton.testing.do_bench` (harness/timing.py: warm-up and compile
+untimed); each row's output is checked against the float64 reference on the last query rows
+(bottom-right alignment keeps their masks). Rows are long format (one measurement per row,
+the environment beside them) in `features.csv`; `write_features_report` makes `features.md`
+from those rows alone, with the bar's checks.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from baselines.reference import attention_reference
+from harness.timing import benchmark, seed_of
+from reports.environment import ROW_ENV_COLUMNS, capture_environment, throttle_warnings
+
+FEATURES_CSV, FEATURES_MD = "features.csv", "features.md"
+HDIM, DTYPE = 128, torch.bfloat16
+WINDOW = (4096, 0)
+SOFTCAP = 30.0
+CHECK_ROWS = 256  # query rows (the last ones) checked against float64
+WRONG_REL_ERR = 0.02  # max |out - ref| / max |ref| above this marks a row 'wrong' (bf16: ~0.005)
+BUDGET_S = {"full": 200.0, "quick": 60.0}  # cases not started by then are listed as skipped
+COLUMNS = ("group", "variant", "provider", "label", "mode", "causal", "batch", "seqlen_q", "seqlen_k", "heads",
+           "kv_heads", "hdim", "dtype", "window_left", "window_right", "softcap", "alibi", "lengths",
+           "visible_pairs", "status", "reason", "ms", "ms_p20", "ms_p80", "tflops", "peak_mem_mb", "rel_err",
+           "config", "interpreter", *ROW_ENV_COLUMNS)
+
+
+class Unsupported(Exception):
+    """A provider that does not have this case (the row says why)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    group: str
+    variant: str  # what the call does: 'gqa', 'window', 'full-causal', 'varlen', 'padded', 'dense', 'alibi', 'softcap'
+    batch: int
+    seqlen: int  # per sequence (dense), the longest (varlen)
+    heads: int
+    kv_heads: int
+    causal: bool = True
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi: bool = False
+    lengths: tuple[int, ...] = field(default=())  # varlen and padded: the sequences' lengths
+    hdim: int = HDIM
+
+    @property
+    def packed(self) -> bool:
+        return bool(self.lengths) and self.variant != "padded"
+
+    def visible_pairs(self) -> int:
+        """(query, key) pairs the mask leaves visible, summed over sequences (one head): for the
+        padded batch, the useful pairs (its sequences' own), so TFLOPs/s compare with varlen's."""
+        lengths = self.lengths or (self.seqlen,) * self.batch
+        left, right = self.window
+        right = 0 if self.causal else right
+        total = 0
+        for n in lengths:
+            rows = torch.arange(n, dtype=torch.int64)
+            hi = torch.clamp(rows + (right if right >= 0 else n), max=n - 1)
+            lo = torch.clamp(rows - left, min=0) if left >= 0 else torch.zeros_like(rows)
+            total += int((hi - lo + 1).clamp(min=0).sum())
+        return total
+
+
+def cases(quick: bool) -> list[Case]:
+    """The suite's cases, anchors first (the shapes the bar names), then the rest of each sweep."""
+    gqa_lengths = (8192, 2048) if quick else (8192, 2048, 4096, 16384)
+    window_lengths = (16384,) if quick else (16384, 8192, 32768)
+    out = [Case("gqa", "gqa", 16384 // n, n, 32, 8) for n in gqa_lengths]
+    for n in window_lengths:
+        out += [Case("window", "window", 1, n, 16, 16, window=WINDOW), Case("window", "full-causal", 1, n, 16, 16)]
+    generator = torch.Generator().manual_seed(0)
+    lengths = tuple(torch.randint(512, 4097, (8,), generator=generator).tolist())
+    out += [Case("varlen", "varlen", len(lengths), max(lengths), 16, 16, lengths=lengths),
+            Case("varlen", "padded", len(lengths), max(lengths), 16, 16, lengths=lengths)]
+    out += [Case("score", "dense", 2, 8192, 16, 16), Case("score", "alibi", 2, 8192, 16, 16, alibi=True),
+            Case("score", "softcap", 2, 8192, 16, 16, softcap=SOFTCAP)]
+    return out
+
+
+@dataclass
+class Inputs:
+    """One case's tensors: dense (batch, seqlen, heads, hdim), or packed (total, heads, hdim)
+    for varlen (the padded batch is dense: each sequence as long as the longest)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens: torch.Tensor | None
+    slopes: torch.Tensor | None
+    scale: float
+
+    @classmethod
+    def make(cls, case: Case, device, dtype, requires_grad=False) -> Inputs:
+        generator = torch.Generator(device=device).manual_seed(seed_of(case.group, case.variant, case.seqlen))
+
+        def randn(*shape):
+            return torch.randn(shape, generator=generator, device=device, dtype=dtype).requires_grad_(requires_grad)
+
+        d = case.hdim
+        if case.packed:
+            total = sum(case.lengths)
+            cu = torch.tensor([0, *torch.tensor(case.lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+            q, k, v = randn(total, case.heads, d), randn(total, case.kv_heads, d), randn(total, case.kv_heads, d)
+        else:
+            cu = None
+            q = randn(case.batch, case.seqlen, case.heads, d)
+            k, v = (randn(case.batch, case.seqlen, case.kv_heads, d) for _ in range(2))
+        slopes = (torch.exp2(-8.0 * torch.arange(1, case.heads + 1, device=device) / case.heads)
+                  if case.alibi else None)  # ALiBi's geometric slopes (Press et al., 2022)
+        return cls(q, k, v, cu, slopes, d ** -0.5)
+
+
+# --------------------------------------------------------------------------------------
+# Providers: name -> (label, make(case, inputs, mode) -> a call returning the output; raises
+# Unsupported with the reason where the provider does not have the case)
+# --------------------------------------------------------------------------------------
+def _ours(case: Case, x: Inputs, mode: str) -> Callable[[], torch.Tensor]:
+    from kernels import flash_attn_func, flash_attn_varlen_func
+
+    kw = {"causal": case.causal, "window_size": case.window, "softcap": case.softcap, "alibi_slopes": x.slopes}
+    if case.packed:
+        longest = max(case.lengths)
+        return lambda: flash_attn_varlen_func(x.q, x.k, x.v, x.cu_seqlens, x.cu_seqlens, longest, longest, **kw)
+    return lambda: flash_attn_func(x.q, x.k, x.v, **kw)
+
+
+def _sdpa(backend: str):
+    def make(case: Case, x: Inputs, mode: str):
+        if case.group != "gqa" and case.variant != "dense":
+            raise Unsupported("SDPA has no sliding window, softcap, ALiBi or packed variable lengths in its fused "
+                              "backends")
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        chosen = getattr(SDPBackend, backend)
+        q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))  # (B, H, S, D) views
+
+        def call():
+            with sdpa_kernel(chosen):
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal, scale=x.scale,
+                                                                        enable_gqa=True)
+            return out.transpose(1, 2)
+
+        return call
+
+    return make
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from baselines.providers.core import raise_recompile_limits
+
+    raise_recompile_limits()
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex(case: Case, x: Inputs, mode: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    device = x.q.device
+    offset = 0  # every case here has seqlen_q == seqlen_k
+    left = case.window[0]
+    if case.packed:
+        doc = torch.repeat_interleave(torch.arange(len(case.lengths), device=device),
+                                      torch.tensor(case.lengths, device=device))
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
+
+        length = doc.numel()
+        q, k, v = (t[None].transpose(1, 2) for t in (x.q, x.k, x.v))  # (1, H, total, D)
+    else:
+        def mask_mod(b, h, q_idx, kv_idx):
+            visible = kv_idx <= q_idx + offset
+            return visible & (kv_idx >= q_idx + offset - left) if left >= 0 else visible
+
+        length = case.seqlen
+        q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
+    block_mask = create_block_mask(mask_mod, None, None, length, length, device=device)
+    score_mod = None
+    if case.softcap:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return case.softcap * torch.tanh(score / case.softcap)
+    elif case.alibi:
+        slopes = x.slopes
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_idx + offset - kv_idx).abs()
+    flex = _compiled_flex()
+
+    def call():
+        out = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=x.scale,
+                   enable_gqa=case.kv_heads != case.heads).transpose(1, 2)
+        return out[0] if case.packed else out
+
+    return call
+
+
+def _fa4(case: Case, x: Inputs, mode: str):
+    if case.alibi:
+        raise Unsupported("FA4 has no ALiBi")
+    if case.softcap and mode == "bwd":
+        raise Unsupported("FA4's backward has no softcap (it asserts softcap == 0)")
+    try:
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+    except Exception as exc:  # noqa: BLE001 -- any import failure means unavailable
+        raise Unsupported(f"FA4 (flash_attn.cute) does not import here: {type(exc).__name__}: {exc}") from None
+    # a window with its right side 0 is FA4's local attention (causal=False: causal would drop the window)
+    window = tuple(None if side < 0 else side for side in case.window)
+    kw = {"softmax_scale": x.scale, "causal": case.causal and window == (None, None), "window_size": window,
+          "softcap": case.softcap, "num_splits": 1}
+    if case.packed:
+        longest = max(case.lengths)
+        return lambda: _first(flash_attn_varlen_func(x.q, x.k, x.v, x.cu_seqlens, x.cu_seqlens, longest, longest,
+                                                     **kw))
+    return lambda: _first(flash_attn_func(x.q, x.k, x.v, **kw))
+
+
+def _first(result):
+    return result[0] if isinstance(result, tuple) else result
+
+
+PROVIDERS: dict[str, tuple[str, Callable]] = {
+    "ours": ("this repo's Triton kernels", _ours),
+    "sdpa-flash": ("SDPA flash (official FA2 CUDA)", _sdpa("FLASH_ATTENTION")),
+    "sdpa-cudnn": ("SDPA cuDNN", _sdpa("CUDNN_ATTENTION")),
+    "flex-attention": ("FlexAttention (torch.compile)", _flex),
+    "fa4": ("FA4 (flash-attn-4, CuTe DSL)", _fa4),
+}
+# Per-shape compiles (tens of seconds) fit the suite's time at the anchor shapes only.
+FLEX_SHAPES = {("gqa", 8192), ("window", 16384), ("varlen", 0), ("score", 8192)}
+
+
+# --------------------------------------------------------------------------------------
+# Measuring
+# --------------------------------------------------------------------------------------
+def _reference_rel_err(case: Case, x: Inputs, out: torch.Tensor) -> float:
+    """max |out - ref| / max |ref| on the last CHECK_ROWS query rows (of the last sequence),
+    all q heads of the first kv head's group, against float64."""
+    group = case.heads // case.kv_heads
+    if case.packed:
+        start, end = int(x.cu_seqlens[-2]), int(x.cu_seqlens[-1])
+        q, k, v, got = (t[None, start:end] for t in (x.q, x.k, x.v, out))
+    else:
+        q, k, v, got = (t[:1] for t in (x.q, x.k, x.v, out))
+    rows = min(CHECK_ROWS, q.shape[1])
+    slopes = None if x.slopes is None else x.slopes[:group]
+    ref, _ = attention_reference(q[:, -rows:, :group].detach(), k[:, :, :1].detach(), v[:, :, :1].detach(),
+                                 x.scale, case.causal, case.window, case.softcap, slopes)
+    err = (got[:, -rows:, :group].double() - ref).abs().max().item()
+    return err / ref.abs().max().item()
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
+    """One row's measured fields: status, times, TFLOPs/s on the visible pairs, rel_err."""
+    try:
+        x = Inputs.make(case, device, dtype, requires_grad=mode == "bwd")
+        call = PROVIDERS[provider][1](case, x, mode)
+        out = call()
+        _sync(device)
+        rel_err = _reference_rel_err(case, x, out)
+        if mode == "fwd":
+            timing = benchmark(call, device)
+        else:
+            dout = torch.randn_like(out)
+            timing = benchmark(lambda: out.backward(dout, retain_graph=True), device, grad_to_none=(x.q, x.k, x.v))
+    except Unsupported as exc:
+        return {"status": "unsupported", "reason": str(exc)}
+    except torch.cuda.OutOfMemoryError as exc:
+        torch.cuda.empty_cache()
+        return {"status": "oom", "reason": " ".join(str(exc).split())[:200]}
+    except Exception as exc:  # noqa: BLE001 -- a provider's failure is a row, not the suite's end
+        return {"status": "error", "reason": " ".join(f"{type(exc).__name__}: {exc}".split())[:240]}
+    flops = 4.0 * case.heads * case.hdim * case.visible_pairs() * (2.5 if mode == "bwd" else 1.0)
+    status = "ok" if rel_err <= WRONG_REL_ERR else "wrong"
+    return {"status": status, "reason": "" if status == "ok" else f"relative error {rel_err:.3g}",
+            "ms": timing.ms, "ms_p20": timing.ms_p20, "ms_p80": timing.ms_p80,
+            "tflops": flops / (timing.ms * 1e-3) / 1e12, "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err}
+
+
+def _our_config(case: Case, device) -> str:
+    """Which kernels serve our call (the feature kernels, or the dense ones for 'dense'/'padded')."""
+    from kernels.configs import default_bwd_config, default_fwd_config
+
+    dense = case.variant in ("dense", "padded", "full-causal") and case.kv_heads == case.heads
+    return json.dumps({"kernels": "dense" if dense else "features",
+                       "fwd": asdict(default_fwd_config(case.hdim, case.causal, device)),
+                       "bwd": asdict(default_bwd_config(case.hdim, device))})
+
+
+def _measured(case: Case, provider: str) -> bool:
+    """Which providers a case times: ours always; the padded batch and the full causal call are
+    our ratios' baselines (FA4's full causal too, for its own window ratio); FlexAttention only
+    at FLEX_SHAPES."""
+    if provider == "ours":
+        return True
+    if case.variant == "padded" or (case.variant == "full-causal" and provider != "fa4"):
+        return False
+    return provider != "flex-attention" or (case.group, 0 if case.packed else case.seqlen) in FLEX_SHAPES
+
+
+def _row(env, case: Case, dtype, **fields) -> dict:
+    row = dict.fromkeys(COLUMNS, "")
+    row.update({k: env[k] for k in ROW_ENV_COLUMNS})
+    row.update(group=case.group, variant=case.variant, causal=case.causal, batch=case.batch, seqlen_q=case.seqlen,
+               seqlen_k=case.seqlen, heads=case.heads, kv_heads=case.kv_heads, hdim=case.hdim,
+               dtype={torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype],
+               window_left=case.window[0], window_right=case.window[1], softcap=case.softcap, alibi=case.alibi,
+               lengths=" ".join(map(str, case.lengths)), visible_pairs=case.visible_pairs(),
+               interpreter=env["interpreter"])
+    row.update(fields)
+    return row
+
+
+def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None,
+                  case_list: list[Case] | None = None) -> Path:
+    """Every case x provider x mode into out_dir/features.csv (a new file) and notes.txt.
+    `device` cpu (tests only) runs in Triton's interpreter, in float32 (its bf16 dots are wrong):
+    times are not performance."""
+    device = device or torch.device("cuda")
+    dtype = DTYPE if device.type == "cuda" else torch.float32
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("the features suite times GPU kernels: it needs CUDA (tests/test_features.py checks "
+                         "correctness in the CPU interpreter)")
+    env = capture_environment()
+    budget = BUDGET_S["quick" if quick else "full"]
+    start, skipped = time.monotonic(), []
+    path = Path(out_dir) / FEATURES_CSV
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for case in case_list if case_list is not None else cases(quick):
+            if time.monotonic() - start > budget:
+                skipped.append(f"{case.group}/{case.variant} at {case.seqlen}")
+                continue
+            for provider, (label, _) in PROVIDERS.items():
+                ours = provider == "ours"
+                if not _measured(case, provider):
+                    continue
+                if device.type != "cuda" and not ours:
+                    for mode in ("fwd", "bwd"):
+                        writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode,
+                                             status="unavailable", reason="needs CUDA"))
+                    continue
+                config = _our_config(case, device) if ours else ""
+                for mode in ("fwd", "bwd"):
+                    writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode, config=config,
+                                         **measure(case, provider, mode, device, dtype)))
+                    f.flush()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    notes = throttle_warnings(env, capture_environment())
+    if skipped:
+        notes.append(f"not measured (the suite's {budget:.0f}-s budget ran out): " + ", ".join(skipped))
+    (Path(out_dir) / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
+    return path
+
+
+def run_suite(args, out_dir) -> int:
+    """Measure the features suite (args.quick: fewer lengths) into out_dir/features.csv, then write
+    out_dir/features.md from those rows and print it (args.report_only: only the report)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not getattr(args, "report_only", False):
+        measure_suite(bool(getattr(args, "quick", False)), out_dir)
+    print(write_features_report(out_dir).read_text())
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# The report, from the rows alone
+# --------------------------------------------------------------------------------------
+def load_rows(out_dir) -> pd.DataFrame:
+    return pd.read_csv(Path(out_dir) / FEATURES_CSV, keep_default_na=False,
+                       na_values={c: [""] for c in ("ms", "tflops", "rel_err", "ms_p20", "ms_p80")})
+
+
+def _ms(df, group, variant, provider, mode, seqlen=None) -> float:
+    sel = df[(df.group == group) & (df.variant == variant) & (df.provider == provider) & (df["mode"] == mode)
+             & (df.status == "ok")]
+    if seqlen is not None:
+        sel = sel[sel.seqlen_q == seqlen]
+    return float(sel.ms.iloc[0]) if len(sel) else math.nan
+
+
+def _cell(value: float, fmt: str = "{:.0f}") -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+
+def _tflops_table(df: pd.DataFrame, group: str) -> list[str]:
+    """TFLOPs/s by (variant, provider, mode) and sequence length; providers that measured
+    nothing in the group are listed below the table with their reasons."""
+    sub = df[df.group == group]
+    measured = sub[~sub.status.isin(["unsupported", "unavailable"])]
+    lengths = sorted(set(sub.seqlen_q))
+    lines = ["| variant | provider | mode | " + " | ".join(map(str, lengths)) + " |",
+             "|---|---|---|" + "---|" * len(lengths)]
+    for (variant, provider, mode), rows in measured.groupby(["variant", "provider", "mode"], sort=False):
+        cells = []
+        for n in lengths:
+            row = rows[rows.seqlen_q == n]
+            if not len(row):
+                cells.append("")
+            elif row.status.iloc[0] == "ok":
+                cells.append(_cell(float(row.tflops.iloc[0]), "{:.3g}"))
+            else:
+                cells.append(row.status.iloc[0])
+        lines.append(f"| {variant} | {provider} | {mode} | " + " | ".join(cells) + " |")
+    missing = sub[sub.status.isin(["unsupported", "unavailable"])]
+    for (provider, variant, reason), _ in missing.groupby(["provider", "variant", "reason"], sort=False):
+        lines.append(f"\n{provider} ({variant}): {reason}")
+    return lines
+
+
+def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(check, value, verdict) for the bar: GQA >= 0.9x FA4 and >= 1.2x SDPA flash; the window's
+    time within 10% of its visible-FLOP ratio; ALiBi <= 1.1x and softcap <= 1.5x the dense time."""
+    checks = []
+
+    def verdict(ok):
+        return "n/a" if ok is None else ("met" if ok else "not met")
+
+    for n in sorted(set(df[df.group == "gqa"].seqlen_q)):
+        for mode in ("fwd", "bwd"):
+            ours = _ms(df, "gqa", "gqa", "ours", mode, n)
+            for peer, bar in (("fa4", 0.9), ("sdpa-flash", 1.2)):
+                speed = _ms(df, "gqa", "gqa", peer, mode, n) / ours
+                checks.append((f"GQA {n} {mode}: speed over {peer} >= {bar}", _cell(speed, "{:.2f}x"),
+                               verdict(None if math.isnan(speed) else speed >= bar)))
+    window = df[(df.group == "window") & (df.variant == "window")]
+    for n in sorted(set(window.seqlen_q)):
+        row = window[window.seqlen_q == n].iloc[0]
+        full = df[(df.group == "window") & (df.variant == "full-causal") & (df.seqlen_q == n)].iloc[0]
+        visible = float(row.visible_pairs) / float(full.visible_pairs)
+        sides = (int(row.window_left), int(row.window_right))
+        for mode in ("fwd", "bwd"):
+            ratio = _ms(df, "window", "window", "ours", mode, n) / _ms(df, "window", "full-causal", "ours", mode, n)
+            checks.append((f"window {sides} at {n} {mode}: time / full causal within 10% of visible {visible:.2f}",
+                           _cell(ratio, "{:.2f}"), verdict(None if math.isnan(ratio) else ratio <= 1.1 * visible)))
+    for mode in ("fwd", "bwd"):
+        ratio = _ms(df, "varlen", "padded", "ours", mode) / _ms(df, "varlen", "varlen", "ours", mode)
+        checks.append((f"varlen {mode}: padding to the longest costs (x the varlen time)", _cell(ratio, "{:.2f}x"),
+                       "info"))
+        dense = _ms(df, "score", "dense", "ours", mode)
+        for variant, bar in (("alibi", 1.1), ("softcap", 1.5)):
+            ratio = _ms(df, "score", variant, "ours", mode) / dense
+            checks.append((f"{variant} {mode}: time over dense <= {bar}", _cell(ratio, "{:.2f}x"),
+                           verdict(None if math.isnan(ratio) else ratio <= bar)))
+    return checks
+
+
+def write_features_report(out_dir) -> Path:
+    df = load_rows(out_dir)
+    env = df.iloc[0] if len(df) else {}
+    lines = ["# Features: GQA, sliding window, variable lengths, ALiBi, softcap", "",
+             (f"TFLOPs/s on the visible (query, key) pairs (backward 2.5x the forward's count), "
+              f"{env.get('dtype', '')}, head dim {env.get('hdim', '')}; {env.get('gpu', '')}, torch "
+              f"{env.get('torch', '')}, triton {env.get('triton', '')}, commit {env.get('git_commit', '')}. "
+              f"Rows: `{FEATURES_CSV}`."), ""]
+    titles = {"gqa": "GQA", "window": "Sliding window against the full causal call",
+              "varlen": "Packed variable lengths against padding to the longest (columns: the longest)",
+              "score": "ALiBi and softcap against the dense call"}
+    for group, title in titles.items():
+        sub = df[df.group == group]
+        if len(sub):
+            first = sub.iloc[0]
+            shape = (f"{first.heads} q heads, {first.kv_heads} kv heads, causal {first.causal}, batch "
+                     f"{'/'.join(map(str, sorted(set(sub.batch))))}")
+            if first.lengths:
+                shape += f", lengths {first.lengths}"
+            lines += [f"## {title}", "", shape, "", *_tflops_table(df, group), ""]
+    lines += ["## The bar", "", "| check | value | verdict |", "|---|---|---|"]
+    lines += [f"| {c} | {v} | {verdict} |" for c, v, verdict in bar_checks(df)]
+    bad = df[~df.status.isin(["ok", "unsupported", "unavailable"])]
+    if len(bad):
+        lines += ["", "## Rows that did not measure", ""]
+        lines += [f"- {r.group}/{r.variant} {r.provider} {r['mode']} {r.seqlen_q}: {r.status}: {r.reason}"
+                  for _, r in bad.iterrows()]
+    notes = Path(out_dir) / "notes.txt"
+    if notes.exists() and notes.read_text().strip():
+        lines += ["", "## Notes", "", *notes.read_text().strip().splitlines()]
+    path = Path(out_dir) / FEATURES_MD
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,44 @@
+"""The features suite's pipeline (harness/features.py) in Triton's CPU interpreter on tiny
+cases: rows in long format with the environment, our kernels measured and checked against
+float64, peers recorded as unavailable with the reason, and the report made from the rows."""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from harness import features
+
+INTERPRETER_TESTS = True
+
+TINY = [
+    features.Case("gqa", "gqa", 1, 40, 4, 2, hdim=16),
+    features.Case("window", "window", 1, 64, 2, 2, window=(8, 0), hdim=16),
+    features.Case("window", "full-causal", 1, 64, 2, 2, hdim=16),
+    features.Case("varlen", "varlen", 2, 40, 2, 2, lengths=(17, 40), hdim=16),
+    features.Case("varlen", "padded", 2, 40, 2, 2, lengths=(17, 40), hdim=16),
+    features.Case("score", "dense", 1, 40, 2, 2, hdim=16),
+    features.Case("score", "alibi", 1, 40, 2, 2, alibi=True, hdim=16),
+    features.Case("score", "softcap", 1, 40, 2, 2, softcap=2.0, hdim=16),
+]
+
+
+def test_visible_pairs_count_the_mask():
+    assert features.Case("g", "v", 2, 5, 1, 1).visible_pairs() == 2 * 15  # causal: 5 * 6 / 2 per sequence
+    assert features.Case("g", "v", 1, 6, 1, 1, window=(1, 0)).visible_pairs() == 11  # 1 + 2 * 5
+    assert features.Case("g", "v", 1, 0, 1, 1, lengths=(3, 4)).visible_pairs() == 6 + 10
+
+
+def test_suite_writes_rows_and_a_report_from_them(tmp_path):
+    features.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY)
+    rows = pd.read_csv(tmp_path / features.FEATURES_CSV, keep_default_na=False)
+    ours = rows[rows.provider == "ours"]
+    assert len(ours) == 2 * len(TINY) and set(ours.status) == {"ok"}, ours[["variant", "status", "reason"]]
+    assert (ours.rel_err.astype(float) < 1e-5).all() and (ours.tflops.astype(float) > 0).all()
+    assert set(rows[rows.provider != "ours"].status) == {"unavailable"}
+    assert {"gpu", "torch", "triton", "git_commit", "timestamp"} <= set(rows.columns)
+    assert rows.interpreter.astype(str).str.lower().eq("true").all()
+    report = features.write_features_report(tmp_path).read_text()
+    for heading in ("## GQA", "## Sliding window", "## Packed variable lengths", "## ALiBi and softcap", "## The bar"):
+        assert heading in report
+    assert "window (8, 0) at 64 fwd" in report and "needs CUDA" in report
