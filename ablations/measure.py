@@ -120,10 +120,12 @@ def ncu_command(jobs: list[dict], kernel_regex: str, metrics: list[str]) -> list
     return command
 
 
-def profile(ctx: Context, question: str, jobs: list[tuple[Variant, Spec, str]], timeout_s: float = 300) -> list[dict]:
+def profile(ctx: Context, question: str, jobs: list[tuple[Variant, Spec, str]], timeout_s: float = 300,
+            metrics: list[str] | None = None) -> list[dict]:
     """Counters of each (variant, spec, setting) job: one row per job, the metrics in base units
     (harness.ncu.parse_ncu_csv), or the status and reason of a failure. A metric ncu does not know
-    makes the whole profile fail: it is retried with harness.ncu's own metric list."""
+    makes the whole profile fail: it is retried with those of harness.ncu's own list. `metrics`
+    defaults to `reviewer_metrics()`."""
     from harness import ncu
 
     status = ncu.ncu_status()
@@ -135,8 +137,9 @@ def profile(ctx: Context, question: str, jobs: list[tuple[Variant, Spec, str]], 
     payload = [{"variant": v.name, **{name: getattr(spec, name) for name in SPEC_FIELDS}} for v, spec, _ in jobs]
     log_dir = ctx.out_dir / "ncu_reviewers"
     log_dir.mkdir(parents=True, exist_ok=True)
-    for attempt, metrics in enumerate((reviewer_metrics(), [m for m in reviewer_metrics() if m in ncu.METRICS])):
-        command = ncu_command(payload, regex, metrics)
+    wanted = list(metrics or reviewer_metrics())
+    for attempt, asked in enumerate((wanted, [m for m in wanted if m in ncu.METRICS])):
+        command = ncu_command(payload, regex, asked)
         try:
             done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=timeout_s,
                                   cwd=ncu.REPO_ROOT)
@@ -155,7 +158,7 @@ def profile(ctx: Context, question: str, jobs: list[tuple[Variant, Spec, str]], 
         for row, (_, kernel) in zip(base, kernels.iterrows()):
             rows.append({**row, "status": "ok", "reason": "", "kernel_name": kernel.get("Kernel Name", ""),
                          "block_size": kernel.get("Block Size", ""),
-                         **{metric: kernel.get(metric, math.nan) for metric in metrics}})
+                         **{metric: kernel.get(metric, math.nan) for metric in asked}})
         return rows
     return [{**row, "status": "unknown-metric", "reason": "ncu refused a metric of its own list"} for row in base]
 

@@ -84,7 +84,13 @@ def backward_ladder(ctx: Context):
     variants = [get_variant(f"bwd-rung{rung}") for rung in range(4)]
     variants += [get_variant("bwd-production"), provider_variant(OFFICIAL_FA2, "bwd")]
     jobs = settings(ctx, "bwd") + [("sweep", spec) for spec in sweep(ctx, "bwd", **BACKWARD_SWEEP)]
-    return _timed(ctx, "backward-ladder", variants, jobs), []
+    counters = []
+    if ctx.ncu:  # the forward ladder's counter groups (harness/ncu.py), for backward rungs 0-3
+        from harness.ncu import METRICS
+
+        counters = profile(ctx, "backward-ladder", [(variant, spec, setting) for setting, spec in settings(ctx, "bwd")
+                                                    for variant in variants[:4]], metrics=METRICS)
+    return _timed(ctx, "backward-ladder", variants, jobs), counters
 
 
 def _config_text(config) -> str:

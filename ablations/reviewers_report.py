@@ -151,7 +151,40 @@ def backward_ladder(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str],
                   markdown_table(wide.reindex(columns=[v for v in dict.fromkeys(sweep["variant"])]).reset_index()), ""]
     sentence = ("Gain of each backward rung over the one before (time ratio; 'within spread' = " + NOT_SHOWN
                 + "): " + "; ".join(parts) + ".") if parts else NOT_SHOWN
-    return lines, sentence
+    counter_lines, counter_sentence = backward_counters(counters)
+    return lines + counter_lines, sentence + counter_sentence
+
+
+def backward_counters(counters: pd.DataFrame) -> tuple[list[str], str]:
+    """The forward ladder's counter groups for backward rungs 0-3: non-matmul instructions
+    (FP32 FFMA + FADD + FMUL, MUFU), mma.sync, parallelism (grid, waves, achieved occupancy) and
+    communication (shared-memory wavefronts, barrier stalls)."""
+    from harness import ncu
+
+    ok = counters[counters["status"] == "ok"] if "status" in counters else counters
+    if ok.empty:
+        return [], ""
+    fp32 = sum(ok[m] for m in (ncu.FFMA, ncu.FADD, ncu.FMUL) if m in ok) if ncu.FFMA in ok else math.nan
+    ok = ok.assign(nonmatmul=fp32)
+    columns = {"FP32 non-matmul inst": "nonmatmul", "MUFU": ncu.MUFU, "mma.sync": ncu.HMMA, "grid": ncu.GRID,
+               "waves": ncu.WAVES, "achieved occupancy %": ncu.WARPS_ACTIVE,
+               "shared wavefronts": ncu.SHARED_WAVEFRONTS, "barrier stall %": ncu.BARRIER_STALL,
+               "duration ns": ncu.DURATION}
+    table = pd.DataFrame({"variant": ok["variant"], "setting": ok["setting"],
+                          **{name: [_num(v, ".3g") for v in ok[metric]] if metric in ok else "-"
+                             for name, metric in columns.items()}})
+    texts = []
+    for setting in dict.fromkeys(ok["setting"]):
+        rows = ok[ok["setting"] == setting].set_index("variant")
+        if {"bwd-rung0", "bwd-rung1"} <= set(rows.index) and not pd.isna(rows.loc["bwd-rung0", "nonmatmul"]):
+            ratio = rows.loc["bwd-rung1", "nonmatmul"] / rows.loc["bwd-rung0", "nonmatmul"]
+            texts.append(f"in {setting} rung 1 executes {ratio:.2f}x rung 0's FP32 non-matmul instructions")
+        if {"bwd-rung2", "bwd-rung3"} <= set(rows.index) and ncu.SHARED_WAVEFRONTS in rows:
+            ratio = rows.loc["bwd-rung3", ncu.SHARED_WAVEFRONTS] / rows.loc["bwd-rung2", ncu.SHARED_WAVEFRONTS]
+            texts.append(f"rung 3 {ratio:.2f}x rung 2's shared-memory wavefronts")
+    lines = ["Counters of the backward rungs (one profiled launch of `_ladder_bwd_kernel` each):", "",
+             markdown_table(table), ""]
+    return lines, (" Counters: " + "; ".join(texts) + ".") if texts else ""
 
 
 def block_size_tuning(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str], str]:

@@ -4,6 +4,7 @@ part runs end to end in Triton's interpreter into rows tagged with their questio
 
 import math
 import random
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -171,3 +172,37 @@ def test_profiled_step_runs_a_variant_once(name, device):
     tensors = result if isinstance(result, tuple) else (result,)
     assert all(t.shape == (1, 40, 2, 32) and torch.isfinite(t).all() for t in tensors)
     assert len(tensors) == (3 if variant.mode == "bwd" else 1)
+
+
+def test_backward_counters_compare_the_rungs_each_technique_separates(tmp_path):
+    from harness import ncu
+
+    fp32 = {f"bwd-rung{r}": random.uniform(1e8, 1e9) for r in range(4)}
+    wavefronts = {f"bwd-rung{r}": random.uniform(1e6, 1e7) for r in range(4)}
+    counters = pd.DataFrame([{"question": "backward-ladder", "variant": name, "setting": "A", **SHAPE, "mode": "bwd",
+                              "status": "ok", ncu.FFMA: fp32[name] / 2, ncu.FADD: fp32[name] / 4,
+                              ncu.FMUL: fp32[name] / 4, ncu.SHARED_WAVEFRONTS: wavefronts[name]} for name in fp32])
+    text = write_reviewers_report(pd.DataFrame(columns=ROW_COLUMNS), counters, tmp_path / "r.md")
+    section = text.split("## The three techniques in the backward pass")[1].split("\n## ")[0]
+    assert f"rung 1 executes {fp32['bwd-rung1'] / fp32['bwd-rung0']:.2f}x rung 0's" in section
+    assert f"rung 3 {wavefronts['bwd-rung3'] / wavefronts['bwd-rung2']:.2f}x rung 2's shared-memory" in section
+
+
+def test_rung3_tuning_candidates_keep_its_warp_split(monkeypatch):
+    import torch
+
+    from ablations.measure import Context
+    from kernels import configs
+
+    monkeypatch.setattr(configs, "on_hopper", lambda device: True)  # the H200 tables, without a GPU
+    from ablations.parts import tuning_candidates
+    from kernels.fa_ladder import SPLIT_Q, warp_split
+
+    ctx = Context(device=torch.device("cuda"), interpreter=False, dtype="fp16", warmup_ms=1, rep_ms=1, repeats=1,
+                  out_dir=Path("."), ncu=False)
+    for headdim in (64, 128):
+        candidates, fixed = tuning_candidates(ctx, headdim)["rung3"]
+        assert fixed in candidates and len(set(candidates)) == len(candidates)
+        assert all(warp_split(c.block_m, headdim) == SPLIT_Q for c in candidates)
+        production, fixed = tuning_candidates(ctx, headdim)["production"]
+        assert fixed in production
