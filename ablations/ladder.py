@@ -11,8 +11,9 @@ keys (kernels/flash_attn_hopper.py) is not a rung: rung 4 switches it off. Rung 
 through kernels/launch.py's cache (a shape's compiled kernel launched directly after its first
 call), rungs 0-3 through Triton's JIT; that is host time only, which the ablation's CUDA-graph
 timing (`--cuda-graph`) leaves out.
-Every rung is a forward pass; the backward of all of them is the FA2 backward
-(`kernels.backward.flash_attn_backward`), so the ladder measures forward only. Kernels are
+Every rung is a forward pass (their gradients come from the FA2 backward,
+`kernels.backward.flash_attn_backward`); the backward ladder (kernels/ladder_backward.py) and the
+reviewers' studies are ablations/reviewers.py's parts. Kernels are
 imported when a rung first runs, so this module imports without Triton's JIT (the runner
 switches on the interpreter before that, and the report needs only these tables).
 """

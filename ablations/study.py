@@ -44,8 +44,8 @@ INTRO = ("Rungs 0-3 are one Triton kernel family compiled to mma.sync (kernels/f
          "rungs share the tile's area, warps and pipelining stages, so each step is one section of the paper. "
          "Rung 4 is beyond the paper and changes several things at once: the "
          "production Triton FA2 kernel (kernels/forward.py, wgmma; without the Gluon forward of "
-         "kernels/flash_attn_hopper.py). All rungs are forward passes; the backward "
-         "of every rung is the FA2 backward. TFLOPs/s use the paper's FLOP count (baselines/flops.py).")
+         "kernels/flash_attn_hopper.py). All rungs are forward passes; the backward ladder is in reviewers.md "
+         "(`python -m ablations.reviewers backward`). TFLOPs/s use the paper's FLOP count (baselines/flops.py).")
 
 
 # --------------------------------------------------------------------------------------
