@@ -225,8 +225,12 @@ def block_size_tuning(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str
         median = pd.Series(gains).median()
         text = (f"{kernel}: tuning per shape gains a median {median - 1:.1%} (at most {max(gains) - 1:.1%}) over "
                 f"the fixed config, beyond the spread at {beyond} of {len(gains)} shapes")
-        parts.append(text if beyond else f"{kernel}: {NOT_SHOWN} (the best candidate does not clear the fixed "
-                                         f"config's spread at any shape; median gain {median - 1:.1%})")
+        if max(gains) == 1.0:
+            text = f"{kernel}: the fixed config is the fastest candidate at every shape ({len(gains)} shapes)"
+        elif not beyond:
+            text = (f"{kernel}: {NOT_SHOWN} (the best candidate does not clear the fixed config's spread at any "
+                    f"shape; median gain {median - 1:.1%})")
+        parts.append(text)
         if stage_gains:
             parts.append(f"{kernel}'s fixed tile with one more pipelining stage runs at a median "
                          f"{pd.Series(stage_gains).median():.2f}x its speed")
