@@ -14,10 +14,12 @@ and read from there at every K/V step, K and V loaded the same way:
                               warps through shared memory and P is exchanged through shared memory
                               before P V, where each warp owns a quarter of O's columns.
   SPLIT_K_O  (FA1's split-K)  warps own a quarter of the keys of S and P and multiply it with their
-                              quarter of V: each warp's partial O (BLOCK_M x head dim, fp32) and
-                              row statistics are combined through shared memory at every K/V step,
-                              with the barriers that takes (a batched mma.sync over the warps,
-                              warps_per_cta=[4, 1, 1], then a sum over the warp axis).
+                              quarter of V (a batched mma.sync, warps_per_cta=[4, 1, 1]): at every
+                              K/V step the row maxima and sums are combined across warps, and each
+                              warp's partial O (BLOCK_M x head dim, fp32) goes to shared memory,
+                              where after a barrier warp c sums the four partials of O's c-th
+                              quarter of columns, which it keeps. S and the partial O are computed
+                              in slices of the head dim so that they fit in registers.
 
 Scope: query and key lengths equal and multiples of 64, head dim 64 or 128, fp16 or bf16, causal
 or not (the mask is applied to every block on the diagonal's side in all three). Gluon has no CPU
@@ -73,49 +75,69 @@ def _one_tile_fwd_kernel(Q, K, V, Out,
 
     if SPLIT == 2:
         # FA1's split-K: a batch of 4 (one per warp) of [BLOCK_M, BLOCK_N / 4] score slices
-        QUARTER: gl.constexpr = BLOCK_N // 4
+        QUARTER: gl.constexpr = BLOCK_N // 4  # keys per warp
+        CHUNK: gl.constexpr = HEAD_DIM // 4  # O columns each warp owns after the exchange
+        KCHUNK: gl.constexpr = 32  # head-dim slice of Q and K per S matmul (bounds the registers)
         mma3: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
                                                        instr_shape=[1, 16, 8])
         a3: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma3, k_width=2)
         b3: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma3, k_width=2)
-        stat3: gl.constexpr = gl.SliceLayout(2, mma3)  # [4, BLOCK_M]: each warp's row statistics
-        row: gl.constexpr = gl.SliceLayout(0, stat3)  # [BLOCK_M], combined over the warps
-        acc_layout: gl.constexpr = gl.SliceLayout(0, mma3)  # [BLOCK_M, HEAD_DIM], summed over the warps
-        io3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [4, 1, 1], [2, 1, 0])
+        row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, mma3))  # [BLOCK_M], combined over the warps
+        io3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 8, 4], [4, 1, 1], [2, 1, 0])
+        # the exchange: fp32 partials in shared memory at [column chunk x 4 + source warp, row, column];
+        # warp c then sums the four partials of chunk c, which it owns in `acc`
+        xbuf = gl.allocate_shared_memory(gl.float32, [16, BLOCK_M, CHUNK], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+        gather: gl.constexpr = gl.BlockedLayout([4, 1, 4], [1, 8, 4], [4, 1, 1], [2, 1, 0])
+        acc_layout: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [4, 1, 1], [2, 1, 0])
+        acc_row: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, acc_layout))
         warp3 = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, io3)))
         key3 = gl.arange(0, QUARTER, layout=gl.SliceLayout(0, gl.SliceLayout(2, io3)))
-        dim3 = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, gl.SliceLayout(1, io3)))
-        rows3 = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, gl.SliceLayout(2, mma3)))
+        dimk3 = gl.arange(0, KCHUNK, layout=gl.SliceLayout(0, gl.SliceLayout(1, io3)))
+        dimc3 = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, gl.SliceLayout(1, io3)))
+        rows3 = start_m + gl.arange(0, BLOCK_M, layout=row)
         cols3 = gl.arange(0, QUARTER, layout=gl.SliceLayout(0, gl.SliceLayout(1, mma3)))
         slot3 = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, mma3)))
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row)
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=acc_layout)
+        acc = gl.zeros([4, BLOCK_M, CHUNK], gl.float32, layout=acc_layout)
         s_zero = gl.zeros([4, BLOCK_M, QUARTER], gl.float32, layout=mma3)
-        o_zero = gl.zeros([4, BLOCK_M, HEAD_DIM], gl.float32, layout=mma3)
+        part_zero = gl.zeros([4, BLOCK_M, CHUNK], gl.float32, layout=mma3)
+        q_zero = gl.zeros([4, BLOCK_M, KCHUNK], dtype, layout=io3)
         for start_n in range(0, end, BLOCK_N):
             key = start_n + warp3[:, None, None] * QUARTER + key3[None, :, None]  # [4, QUARTER, 1]
-            k3 = gl.load(K + key * stride_ks + dim3[None, None, :])  # [4, QUARTER, HEAD_DIM]
-            v3 = gl.load(V + key * stride_vs + dim3[None, None, :])
-            q_all = gl.expand_dims(q_smem.load(gl.SliceLayout(0, io3)), 0)  # [1, BLOCK_M, HEAD_DIM]
-            q3 = gl.convert_layout(q_all + gl.zeros([4, BLOCK_M, HEAD_DIM], dtype, layout=io3), a3)
-            s = mma_v2(q3, gl.convert_layout(gl.permute(k3, [0, 2, 1]), b3), s_zero)
+            # S_w = Q K_w^T for each warp's keys; every warp reads all of Q
+            s = s_zero
+            for c in gl.static_range(HEAD_DIM // KCHUNK):
+                q_c = gl.expand_dims(q_smem.slice(c * KCHUNK, KCHUNK, dim=1).load(gl.SliceLayout(0, io3)), 0)
+                k_c = gl.load(K + key * stride_ks + (c * KCHUNK + dimk3)[None, None, :])  # [4, QUARTER, KCHUNK]
+                s = mma_v2(gl.convert_layout(q_c + q_zero, a3), gl.convert_layout(gl.permute(k_c, [0, 2, 1]), b3), s)
             if CAUSAL:
                 key_s = start_n + slot3[:, None, None] * QUARTER + cols3[None, None, :]
                 s = gl.where(rows3[None, :, None] >= key_s, s, float("-inf"))
             # each warp's row max over its keys, then the max over the warps (shared memory)
             m_new = gl.maximum(m_i, gl.max(gl.max(s, axis=2), axis=0) * qk_scale)
-            m_b = gl.convert_layout(m_new, gl.SliceLayout(0, gl.SliceLayout(2, mma3)))
-            p = gl.exp2(s * qk_scale - m_b[None, :, None])
+            p = gl.exp2(s * qk_scale - m_new[None, :, None])
             alpha = gl.exp2(m_i - m_new)
             l_i = l_i * alpha + gl.sum(gl.sum(p, axis=2), axis=0)
-            # each warp's partial O = P_w V_w, summed over the warps through shared memory
-            part = mma_v2(gl.convert_layout(p.to(dtype), a3), gl.convert_layout(v3, b3), o_zero)
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout))
-            acc = acc * alpha_o[:, None] + gl.sum(part, axis=0)
+            p_op = gl.convert_layout(p.to(dtype), a3)
+            # each warp's partial O = P_w V_w, column chunk by chunk, into shared memory
+            for c in gl.static_range(4):
+                v_c = gl.load(V + key * stride_vs + (c * CHUNK + dimc3)[None, None, :])  # [4, QUARTER, CHUNK]
+                xbuf.slice(c * 4, 4, dim=0).store(mma_v2(p_op, gl.convert_layout(v_c, b3), part_zero))
+            gl.thread_barrier()
+            partials = gl.reshape(xbuf.load(gather), [4, 4, BLOCK_M, CHUNK])  # [chunk, source warp, ...]
+            summed = gl.sum(partials, axis=1)  # warp c sums chunk c
+            gl.thread_barrier()  # the buffer is rewritten at the next K/V step
+            alpha_a = gl.convert_layout(alpha, acc_row)
+            acc = acc * alpha_a[None, :, None] + gl.convert_layout(summed, acc_layout)
             m_i = m_new
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, acc_layout))
-        out = gl.convert_layout((acc / l_o[:, None]).to(dtype), io)
+        # line 12, and out[m, c * CHUNK + j] = acc[c, m, j]
+        l_a = gl.convert_layout(l_i, acc_row)
+        o3 = (acc / l_a[None, :, None]).to(dtype)
+        chunk_o = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, acc_layout)))
+        row_o = start_m + gl.arange(0, BLOCK_M, layout=acc_row)
+        col_o = gl.arange(0, CHUNK, layout=gl.SliceLayout(0, gl.SliceLayout(1, acc_layout)))
+        gl.store(Out + row_o[None, :, None] * stride_os + (chunk_o[:, None, None] * CHUNK + col_o[None, None, :]), o3)
     else:
         warps: gl.constexpr = [4, 1] if SPLIT == 0 else [1, 4]
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=warps, instr_shape=[16, 8])
@@ -144,7 +166,7 @@ def _one_tile_fwd_kernel(Q, K, V, Out,
             m_i = m_new
         # line 12: the one 1/l
         out = gl.convert_layout((acc / l_i[:, None]).to(dtype), io)
-    gl.store(Out + (start_m + rows_io)[:, None] * stride_os + dims_io[None, :], out)
+        gl.store(Out + (start_m + rows_io)[:, None] * stride_os + dims_io[None, :], out)
 
 
 def one_tile_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
