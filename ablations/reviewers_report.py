@@ -370,11 +370,9 @@ def warp_split_one_tile(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[s
         split_q = _get(group, "ws-split-q")
         texts = []
         for other, name in (("ws-split-k-p", "Triton's split-K"), ("ws-split-k-o", "FA1's split-K")):
-            spilled = [v for v in ("ws-split-q", other) if (spills.get(v) or 0) > 0]
-            if spilled:
-                texts.append(f"split-Q over {name}: {NOT_SHOWN} ({', '.join(spilled)} spills)")
-                continue
-            texts.append(_ratio_sentence(_get(group, other), split_q, f"split-Q over {name}"))
+            spilled = [f"{v} spills {spills[v]:.0f} B" for v in ("ws-split-q", other) if (spills.get(v) or 0) > 0]
+            text = _ratio_sentence(_get(group, other), split_q, f"split-Q over {name}")
+            texts.append(text + (f" ({', '.join(spilled)})" if spilled else ""))
         texts.append(_ratio_sentence(_get(group, "fwd-rung2"), _get(group, "fwd-rung3"),
                                      "rung 3 over rung 2 (the compiler-chosen pair, tile sides swapped)"))
         parts.append(f"{setting}: " + "; ".join(texts))

@@ -4,7 +4,8 @@ The forward ladder's rung 2 -> 3 (kernels/fa_ladder.py) has to swap the tile's s
 Triton picks the warp layout from the tile shape. Gluon states layouts, so this pair shares
 everything but the warp layout: tile BLOCK_M x BLOCK_N, grid (query blocks, batch x heads, FA2's
 loop order), 4 warps, no software pipelining, FA2's non-matmul savings, Q kept in shared memory
-and read from there at every K/V step, K and V loaded the same way:
+and read from there at every K/V step, S computed in head-dim slices of 32, K and V loaded the
+same way:
 
   SPLIT_Q    (FA2 Sec. 3.3)   the mma.sync layout `NVMMADistributedLayout(version=[2, 0],
                               warps_per_cta=[4, 1])` for S and O: each warp owns 16 query rows of
@@ -18,8 +19,8 @@ and read from there at every K/V step, K and V loaded the same way:
                               K/V step the row maxima and sums are combined across warps, and each
                               warp's partial O (BLOCK_M x head dim, fp32) goes to shared memory,
                               where after a barrier warp c sums the four partials of O's c-th
-                              quarter of columns, which it keeps. S and the partial O are computed
-                              in slices of the head dim so that they fit in registers.
+                              quarter of columns, which it keeps (the partial O is computed in
+                              those quarters so that it fits in registers).
 
 Scope: query and key lengths equal and multiples of 64, head dim 64 or 128, fp16 or bf16, causal
 or not (the mask is applied to every block on the diagonal's side in all three). Gluon has no CPU
@@ -71,13 +72,13 @@ def _one_tile_fwd_kernel(Q, K, V, Out,
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], smem,
                                        gl.load(Q + (start_m + rows_io)[:, None] * stride_qs + dims_io[None, :]))
     gl.thread_barrier()  # Q is in shared memory before any warp reads another warp's rows
+    KCHUNK: gl.constexpr = 32  # head-dim slice of Q and K per S matmul (bounds the registers)
     end = gl.minimum(start_m + BLOCK_M, seqlen) if CAUSAL else seqlen
 
     if SPLIT == 2:
         # FA1's split-K: a batch of 4 (one per warp) of [BLOCK_M, BLOCK_N / 4] score slices
         QUARTER: gl.constexpr = BLOCK_N // 4  # keys per warp
         CHUNK: gl.constexpr = HEAD_DIM // 4  # O columns each warp owns after the exchange
-        KCHUNK: gl.constexpr = 32  # head-dim slice of Q and K per S matmul (bounds the registers)
         mma3: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1],
                                                        instr_shape=[1, 16, 8])
         a3: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma3, k_width=2)
@@ -150,11 +151,15 @@ def _one_tile_fwd_kernel(Q, K, V, Out,
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=row)
         acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=mma)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
+        dimk = gl.arange(0, KCHUNK, layout=gl.SliceLayout(0, io))
         for start_n in range(0, end, BLOCK_N):
-            k = gl.load(K + (start_n + keys_io)[:, None] * stride_ks + dims_io[None, :])  # [BLOCK_N, HEAD_DIM]
-            v = gl.load(V + (start_n + keys_io)[:, None] * stride_vs + dims_io[None, :])
-            # FA2 Alg. 1 line 8: S = Q K_j^T
-            s = mma_v2(q_smem.load(a_op), gl.convert_layout(gl.permute(k, [1, 0]), b_op), s_zero)
+            # FA2 Alg. 1 line 8: S = Q K_j^T, in head-dim slices as in SPLIT_K_O
+            s = s_zero
+            for c in gl.static_range(HEAD_DIM // KCHUNK):
+                k_c = gl.load(K + (start_n + keys_io)[:, None] * stride_ks + (c * KCHUNK + dimk)[None, :])
+                s = mma_v2(q_smem.slice(c * KCHUNK, KCHUNK, dim=1).load(a_op),
+                           gl.convert_layout(gl.permute(k_c, [1, 0]), b_op), s)
+            v = gl.load(V + (start_n + keys_io)[:, None] * stride_vs + dims_io[None, :])  # [BLOCK_N, HEAD_DIM]
             if CAUSAL:
                 s = gl.where(rows[:, None] >= start_n + cols[None, :], s, float("-inf"))
             # lines 9-10: m, P~ = exp2(S - m), l; O rescaled by exp(m_old - m_new), no 1/l
