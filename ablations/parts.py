@@ -194,17 +194,13 @@ def smem_vs_sync(ctx: Context):
 
 
 def warp_split_one_tile(ctx: Context):
-    """The Gluon pair at one tile (kernels/ladder_warp_split.py) and the compiler-chosen pair
-    (forward rungs 2 and 3) in settings A and B, and again at head dim 64, where the pair compiles
-    without spills; the compiled code's registers and spills go into each row's config."""
-    from dataclasses import replace
-
+    """The Gluon variants at one tile (kernels/ladder_warp_split.py) and the compiler-chosen pair
+    (forward rungs 2 and 3) in settings A and B; the compiled code's registers and spills go into
+    each row's config."""
     from kernels import ladder_warp_split
 
     names = ["ws-split-q", "ws-split-k-p", "ws-split-k-o", "fwd-rung2", "fwd-rung3"]
     jobs = settings(ctx, "fwd")
-    jobs += [(f"{name} hdim 64", replace(spec, hdim=64, heads=spec.heads * spec.hdim // 64)) for name, spec in jobs
-             if not ctx.interpreter]
     rows = []
     for setting, spec in jobs:
         for name in names:

@@ -2,6 +2,7 @@
 has a section, sentences come from the rows and say "not shown" when spreads overlap, and a
 part runs end to end in Triton's interpreter into rows tagged with their question."""
 
+import json
 import math
 import random
 from pathlib import Path
@@ -206,3 +207,17 @@ def test_rung3_tuning_candidates_keep_its_warp_split(monkeypatch):
         assert all(warp_split(c.block_m, headdim) == SPLIT_Q for c in candidates)
         production, fixed = tuning_candidates(ctx, headdim)["production"]
         assert fixed in production
+
+
+def test_warp_split_sentence_compares_each_variant_with_split_q(tmp_path):
+    times = {"ws-split-q": 1.0, "ws-split-k-p": random.uniform(1.2, 1.5), "ws-split-k-o": random.uniform(1.6, 2.0),
+             "fwd-rung2": 1.3, "fwd-rung3": 1.1}
+    rows = pd.DataFrame([row("warp-split-one-tile", name, ms, 0.01,
+                             config=json.dumps({"registers": 200, "spill_bytes": 16 if name == "ws-split-k-p" else 0}))
+                         for name, ms in times.items()])
+    text = write_reviewers_report(rows, pd.DataFrame(columns=["question"]), tmp_path / "r.md")
+    section = text.split("## Split-K versus split-Q at one tile")[1].split("\n## ")[0]
+    assert f"split-Q over Triton's split-K: {times['ws-split-k-p']:.2f}x (beyond the spread) (ws-split-k-p spills 16 B)" \
+        in section
+    assert f"split-Q over FA1's split-K: {times['ws-split-k-o']:.2f}x (beyond the spread)" in section
+    assert f"rung 3 over rung 2 (the compiler-chosen pair, tile sides swapped): {1.3 / 1.1:.2f}x" in section
