@@ -45,7 +45,7 @@ WINDOW = (4096, 0)
 SOFTCAP = 30.0
 CHECK_ROWS = 256  # query rows (the last ones) checked against float64
 WRONG_REL_ERR = 0.02  # max |out - ref| / max |ref| above this marks a row 'wrong' (bf16: ~0.005)
-BUDGET_S = {"full": 200.0, "quick": 60.0}  # cases not started by then are listed as skipped
+BUDGET_S = {"full": 170.0, "quick": 60.0}  # cases not started by then are listed as skipped
 COLUMNS = ("group", "variant", "provider", "label", "mode", "causal", "batch", "seqlen_q", "seqlen_k", "heads",
            "kv_heads", "hdim", "dtype", "window_left", "window_right", "softcap", "alibi", "lengths",
            "visible_pairs", "status", "reason", "ms", "ms_p20", "ms_p80", "tflops", "peak_mem_mb", "rel_err",
@@ -143,14 +143,23 @@ class Inputs:
 # Providers: name -> (label, make(case, inputs, mode) -> a call returning the output; raises
 # Unsupported with the reason where the provider does not have the case)
 # --------------------------------------------------------------------------------------
-def _ours(case: Case, x: Inputs, mode: str) -> Callable[[], torch.Tensor]:
+def _ours(case: Case, x: Inputs, mode: str, bwd_config=None) -> Callable[[], torch.Tensor]:
     from kernels import flash_attn_func, flash_attn_varlen_func
 
-    kw = {"causal": case.causal, "window_size": case.window, "softcap": case.softcap, "alibi_slopes": x.slopes}
+    kw = {"causal": case.causal, "window_size": case.window, "softcap": case.softcap, "alibi_slopes": x.slopes,
+          "bwd_config": bwd_config}
     if case.packed:
         longest = max(case.lengths)
         return lambda: flash_attn_varlen_func(x.q, x.k, x.v, x.cu_seqlens, x.cu_seqlens, longest, longest, **kw)
     return lambda: flash_attn_func(x.q, x.k, x.v, **kw)
+
+
+def _ours_dense_bwd_table(case: Case, x: Inputs, mode: str):
+    """Ours with the dense calls' backward table (HOPPER_BWD_CONFIGS) instead of the features'
+    (HOPPER_FEATURE_BWD_CONFIGS): the rows that test that table's choice."""
+    from kernels.configs import default_bwd_config
+
+    return _ours(case, x, mode, bwd_config=default_bwd_config(case.hdim, x.q.device))
 
 
 def _sdpa(backend: str):
@@ -252,6 +261,7 @@ def _first(result):
 
 PROVIDERS: dict[str, tuple[str, Callable]] = {
     "ours": ("this repo's Triton kernels", _ours),
+    "ours-dense-bwd-table": ("this repo's kernels, the dense calls' backward configs", _ours_dense_bwd_table),
     "sdpa-flash": ("SDPA flash (official FA2 CUDA)", _sdpa("FLASH_ATTENTION")),
     "sdpa-cudnn": ("SDPA cuDNN", _sdpa("CUDNN_ATTENTION")),
     "flex-attention": ("FlexAttention (torch.compile)", _flex),
@@ -313,22 +323,27 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
             "tflops": flops / (timing.ms * 1e-3) / 1e12, "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err}
 
 
-def _our_config(case: Case, device) -> str:
-    """Which kernels serve our call (the feature kernels, or the dense ones for 'dense'/'padded')."""
+def _our_config(case: Case, device, provider: str) -> str:
+    """Which kernels serve our call (the feature kernels, or the dense ones for 'dense'/'padded'/
+    'full-causal') and their block configs."""
     from kernels.configs import default_bwd_config, default_fwd_config
 
     dense = case.variant in ("dense", "padded", "full-causal") and case.kv_heads == case.heads
+    masked = not dense and (case.causal or case.window != (-1, -1) or case.softcap or case.alibi or case.packed)
+    bwd = default_bwd_config(case.hdim, device, masked_features=masked and provider == "ours")
     return json.dumps({"kernels": "dense" if dense else "features",
-                       "fwd": asdict(default_fwd_config(case.hdim, case.causal, device)),
-                       "bwd": asdict(default_bwd_config(case.hdim, device))})
+                       "fwd": asdict(default_fwd_config(case.hdim, case.causal, device)), "bwd": asdict(bwd)})
 
 
-def _measured(case: Case, provider: str) -> bool:
+def _measured(case: Case, provider: str, mode: str) -> bool:
     """Which providers a case times: ours always; the padded batch and the full causal call are
     our ratios' baselines (FA4's full causal too, for its own window ratio); FlexAttention only
-    at FLEX_SHAPES."""
+    at FLEX_SHAPES, and so our backward with the dense table's configs."""
     if provider == "ours":
         return True
+    if provider == "ours-dense-bwd-table":
+        return (mode == "bwd" and case.variant in ("gqa", "window", "varlen", "alibi", "softcap")
+                and (case.group, 0 if case.packed else case.seqlen) in FLEX_SHAPES)
     if case.variant == "padded" or (case.variant == "full-causal" and provider != "fa4"):
         return False
     return provider != "flex-attention" or (case.group, 0 if case.packed else case.seqlen) in FLEX_SHAPES
@@ -369,16 +384,15 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                 skipped.append(f"{case.group}/{case.variant} at {case.seqlen}")
                 continue
             for provider, (label, _) in PROVIDERS.items():
-                ours = provider == "ours"
-                if not _measured(case, provider):
-                    continue
+                ours = provider.startswith("ours")
+                modes = [mode for mode in ("fwd", "bwd") if _measured(case, provider, mode)]
                 if device.type != "cuda" and not ours:
-                    for mode in ("fwd", "bwd"):
+                    for mode in modes:
                         writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode,
                                              status="unavailable", reason="needs CUDA"))
                     continue
-                config = _our_config(case, device) if ours else ""
-                for mode in ("fwd", "bwd"):
+                config = _our_config(case, device, provider) if ours else ""
+                for mode in modes:
                     writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode, config=config,
                                          **measure(case, provider, mode, device, dtype)))
                     f.flush()

@@ -117,6 +117,10 @@ def _flash_bwd_dkdv_features_kernel(
     else:
         seed = 0
         rng_offset = 0
+    if VARLEN:  # an empty sequence visits no query block: its descriptors (no zero-row ones) are never read
+        q_rows = tl.maximum(seqlen_q, 1)
+    else:
+        q_rows = seqlen_q
     for g in range(kv_group):
         h = kv_h * kv_group + g
         bh = b * num_heads + h
@@ -129,9 +133,9 @@ def _flash_bwd_dkdv_features_kernel(
         else:
             alibi_log2 = 0.0
         if TMA:
-            Qh = tl.make_tensor_descriptor(Qh, shape=[seqlen_q, HEAD_DIM], strides=[stride_qs, 1],
+            Qh = tl.make_tensor_descriptor(Qh, shape=[q_rows, HEAD_DIM], strides=[stride_qs, 1],
                                            block_shape=[BLOCK_M, BLOCK_D])
-            DOh = tl.make_tensor_descriptor(DOh, shape=[seqlen_q, HEAD_DIM], strides=[stride_dos, 1],
+            DOh = tl.make_tensor_descriptor(DOh, shape=[q_rows, HEAD_DIM], strides=[stride_dos, 1],
                                             block_shape=[BLOCK_M, BLOCK_D])
         if WINDOW:
             dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSEh, Deltah, DK, stride_qs, stride_dos, 0, offs_n,
@@ -212,9 +216,13 @@ def _flash_bwd_dq_features_kernel(
     delta = tl.load(Delta + offs_m, mask=m_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     if TMA:
-        K = tl.make_tensor_descriptor(K, shape=[seqlen_k, HEAD_DIM], strides=[stride_ks, 1],
+        if VARLEN:  # an empty sequence visits no key block: its descriptors (no zero-row ones) are never read
+            kv_rows = tl.maximum(seqlen_k, 1)
+        else:
+            kv_rows = seqlen_k
+        K = tl.make_tensor_descriptor(K, shape=[kv_rows, HEAD_DIM], strides=[stride_ks, 1],
                                       block_shape=[BLOCK_N, BLOCK_D])
-        V = tl.make_tensor_descriptor(V, shape=[seqlen_k, HEAD_DIM], strides=[stride_vs, 1],
+        V = tl.make_tensor_descriptor(V, shape=[kv_rows, HEAD_DIM], strides=[stride_vs, 1],
                                       block_shape=[BLOCK_N, BLOCK_D])
     if ALIBI:
         alibi_log2 = tl.load(Alibi + b * stride_alibi_b + h) * LOG2E
@@ -281,17 +289,18 @@ def flash_attn_backward_features(do, q, k, v, out, lse, softmax_scale: float, ca
         pre_batch = batch
     if min(seqlen_q, seqlen_k, rows, keys, batch * heads) == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    cfg = config or default_bwd_config(headdim, q.device)
+    qk_scale, feature_values, flags = feature_args(q, k, softmax_scale, causal, features)
+    # any mask or score modification (causal is a window here), beyond GQA alone
+    cfg = config or default_bwd_config(headdim, q.device, masked_features=any(flags.values()))
     block_d = padded_headdim(headdim)
     delta = torch.empty_like(lse)
     _bwd_preprocess_launcher[(cdiv(seqlen_q, 64), pre_batch * heads)](
         out, do, delta, *stride_of(out), *stride_of(do), heads, seqlen_q,
         HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
     )
-    tma = not features.varlen and bwd_uses_tma(cfg, q, k, v, do)
+    tma = bwd_uses_tma(cfg, q, k, v, do)
     if tma:
         ensure_descriptor_allocator()
-    qk_scale, feature_values, flags = feature_args(q, k, softmax_scale, causal, features)
     common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal, "TMA": tma, **flags}
     tensor_strides = (*stride_of(q), *stride_of(k), *stride_of(v), *stride_of(do))
     scalars = (heads, seqlen_q, seqlen_k, softmax_scale, qk_scale, *feature_values)

@@ -142,6 +142,15 @@ HOPPER_BWD_CONFIGS = {
     # the dK/dV kernel), so those keep pointer loads.
     256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True, tma=True),
 }
+# The backward of calls with a window (causal included), softcap, ALiBi, dropout or packed
+# variable lengths (kernels/backward_features.py), where it differs from HOPPER_BWD_CONFIGS. Head dim 128: the
+# table's 64x128 key-major dK/dV kernel, with the features' mask, tanh and keep tiles beside its
+# two 128x128 accumulators and its K and V operands, spills 880-1728 B a thread (ptxas, sm_90, by
+# tools/compile_check_sm90.py's method); query-major 128x64 at 2 stages keeps K and V in shared
+# memory and spills 100-296 B. Non-causal GQA alone keeps the table's (20 B).
+HOPPER_FEATURE_BWD_CONFIGS = {
+    128: BwdConfig(128, 64, 128, 32, 8, 2, dq_num_stages=3, query_major=True),
+}
 # Any other CUDA GPU (Ampere, Ada): smaller tiles, fewer stages (less shared memory).
 GENERIC_FWD_CONFIG = FwdConfig(64, 64, 4, 2)
 GENERIC_BWD_CONFIG = BwdConfig(32, 64, 64, 32, 4, 2)
@@ -179,9 +188,15 @@ def default_fwd_config(headdim: int, causal: bool, device: torch.device) -> FwdC
     return GENERIC_FWD_CONFIG
 
 
-def default_bwd_config(headdim: int, device: torch.device) -> BwdConfig:
+def default_bwd_config(headdim: int, device: torch.device, masked_features: bool = False) -> BwdConfig:
+    """The backward's table entry; `masked_features`: a feature-kernel call with a window (causal
+    included), softcap, ALiBi, dropout or packed variable lengths (HOPPER_FEATURE_BWD_CONFIGS
+    where it has the head dim)."""
     if device.type != "cuda":
         return INTERPRETER_BWD_CONFIG
     if on_hopper(device):
-        return HOPPER_BWD_CONFIGS[padded_headdim(headdim)]
+        padded = padded_headdim(headdim)
+        if masked_features and padded in HOPPER_FEATURE_BWD_CONFIGS:
+            return HOPPER_FEATURE_BWD_CONFIGS[padded]
+        return HOPPER_BWD_CONFIGS[padded]
     return GENERIC_BWD_CONFIG

@@ -46,9 +46,13 @@ def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Fea
     dense attention with as many kv heads as q heads), or the Triton forward with 'tma-host' (2D
     descriptors made here), 'tma-kernel' (per-head descriptors made by each program) or 'pointer'
     (pointer tiles), by FwdConfig's rules. Packed variable lengths (q (total, heads, headdim))
-    take pointer tiles: a sequence may be empty, and no descriptor has zero rows."""
+    take 'tma-kernel' for K and V only (each program describes its sequence's keys; Q and O go
+    by pointers, as a sequence may be empty and no descriptor has zero rows) or 'pointer',
+    never the host's 2D descriptors (a tile would cross into the next sequence)."""
     if features is not DENSE and features.varlen:
-        return "pointer"
+        keys = features.max_seqlen_k // 2 if causal else features.max_seqlen_k
+        tma = config.tma and tma_compatible(q, k, v, out) and keys >= config.tma_min_keys
+        return "tma-kernel" if tma else "pointer"
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
             and (features is DENSE or features.dense) and hopper_gluon_applies(q, k, v, out)):
         return HOPPER_GLUON_PATH

@@ -141,7 +141,7 @@ def _fwd_program(
     GQA/MQA: q head h reads kv head h // kv_group. VARLEN: "batch" is the sequence index of
     packed tensors (batch strides 0), seqlen_q/k arrive as the total token counts and become
     the sequence's lengths; the grid spans the longest sequence and programs past a sequence's
-    end visit no key and store nothing."""
+    end visit no key and store nothing; TMA 1 then describes K and V only."""
     start_m = _query_block_start(CAUSAL, BLOCK_M)
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
@@ -182,13 +182,17 @@ def _fwd_program(
         col0 = 0
         kv_col0 = 0
     if TMA == 1:
-        Q = tl.make_tensor_descriptor(Q, shape=[seqlen_q, HEAD_DIM], strides=[stride_qs, 1],
-                                      block_shape=[BLOCK_M, BLOCK_D])
-        K = tl.make_tensor_descriptor(K, shape=[seqlen_k, HEAD_DIM], strides=[stride_ks, 1],
+        if VARLEN:  # K and V only (Q and O by pointers: a sequence may be empty); no zero-row descriptor
+            kv_rows = tl.maximum(seqlen_k, 1)
+        else:
+            Q = tl.make_tensor_descriptor(Q, shape=[seqlen_q, HEAD_DIM], strides=[stride_qs, 1],
+                                          block_shape=[BLOCK_M, BLOCK_D])
+            kv_rows = seqlen_k
+        K = tl.make_tensor_descriptor(K, shape=[kv_rows, HEAD_DIM], strides=[stride_ks, 1],
                                       block_shape=[BLOCK_N, BLOCK_D])
-        V = tl.make_tensor_descriptor(V, shape=[seqlen_k, HEAD_DIM], strides=[stride_vs, 1],
+        V = tl.make_tensor_descriptor(V, shape=[kv_rows, HEAD_DIM], strides=[stride_vs, 1],
                                       block_shape=[BLOCK_N, BLOCK_D])
-    if TMA:
+    if TMA and not VARLEN:
         q = Q.load([q_row0 + start_m, col0])
     else:
         q = _load_tile(Q + offs_m[:, None] * stride_qs + offs_d[None, :], m_ok, d_ok,
@@ -244,7 +248,7 @@ def _fwd_program(
     # lines 14-15: write O_i and L_i
     if TMA == 2:
         Out.store([q_row0 + start_m, col0], acc.to(Out.dtype))
-    elif TMA:
+    elif TMA and not VARLEN:
         out_desc = tl.make_tensor_descriptor(Out, shape=[seqlen_q, HEAD_DIM], strides=[stride_os, 1],
                                              block_shape=[BLOCK_M, BLOCK_D])
         out_desc.store([start_m, 0], acc.to(Out.dtype.element_ty))  # clipped at the bounds

@@ -15,14 +15,14 @@ import torch
 
 from baselines.reference import attention_reference, attention_reference_varlen, attention_same_dtype
 from kernels import backward, dispatch, flash_attn_func, flash_attn_varlen_func, forward
-from kernels.configs import FwdConfig
+from kernels.configs import BwdConfig, FwdConfig
 from tests.attention_checks import LaunchSpy, assert_close_to_reference, poisoned_allocations  # noqa: F401
 
 INTERPRETER_TESTS = True
 DTYPES = [torch.float16, torch.float32]
 
 
-def _grads(fn, inputs, dout):
+def grads(fn, inputs, dout):
     """(out, dq, dk, dv) of fn(*inputs) under autograd, on detached copies of the inputs."""
     inputs = [t.detach().clone().requires_grad_() for t in inputs]
     out = fn(*inputs)
@@ -30,16 +30,16 @@ def _grads(fn, inputs, dout):
 
 
 def check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=False, window=(-1, -1),
-                softcap=0.0, alibi=None):
+                softcap=0.0, alibi=None, device="cpu"):
     """out, dq, dk, dv of flash_attn_func with these features against float64 (flash-attn's criterion)."""
-    q = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype)
-    k, v = (torch.randn(batch, seqlen_k, kv_heads, headdim, dtype=dtype) for _ in range(2))
+    q = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype, device=device)
+    k, v = (torch.randn(batch, seqlen_k, kv_heads, headdim, dtype=dtype, device=device) for _ in range(2))
     dout = torch.randn_like(q)
     kw = {"causal": causal, "window_size": window, "softcap": softcap, "alibi_slopes": alibi}
-    got = _grads(lambda q, k, v: flash_attn_func(q, k, v, **kw), (q, k, v), dout)
-    ref = _grads(lambda q, k, v: attention_reference(q, k, v, None, **kw)[0],
-                 (q.double(), k.double(), v.double()), dout.double())
-    same = _grads(lambda q, k, v: attention_same_dtype(q, k, v, None, **kw), (q, k, v), dout)
+    got = grads(lambda q, k, v: flash_attn_func(q, k, v, **kw), (q, k, v), dout)
+    ref = grads(lambda q, k, v: attention_reference(q, k, v, None, **kw)[0],
+                (q.double(), k.double(), v.double()), dout.double())
+    same = grads(lambda q, k, v: attention_same_dtype(q, k, v, None, **kw), (q, k, v), dout)
     for name, g, r, s in zip(("out", "dq", "dk", "dv"), got, ref, same):
         assert g.shape == r.shape and g.dtype == dtype, name
         assert_close_to_reference(name, g, r, s)
@@ -79,10 +79,10 @@ def test_key_blocks_outside_the_window_are_never_read():
     k, v = torch.randn(1, 160, 2, 16), torch.randn(1, 160, 2, 16)
     dout = torch.randn_like(q)
     kw = {"causal": True, "window_size": (8, 0)}
-    ref = _grads(lambda q, k, v: attention_reference(q, k, v, None, **kw)[0],
-                 (q.double(), k.double(), v.double()), dout.double())
+    ref = grads(lambda q, k, v: attention_reference(q, k, v, None, **kw)[0],
+                (q.double(), k.double(), v.double()), dout.double())
     k[:, :96], v[:, :96] = float("nan"), float("nan")
-    out, dq, dk, dv = _grads(lambda q, k, v: flash_attn_func(q, k, v, **kw), (q, k, v), dout)
+    out, dq, dk, dv = grads(lambda q, k, v: flash_attn_func(q, k, v, **kw), (q, k, v), dout)
     torch.testing.assert_close(out.double(), ref[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(dq.double(), ref[1], atol=1e-5, rtol=1e-5)
     assert torch.equal(dk[:, :96], torch.zeros_like(dk[:, :96])) and torch.equal(dv[:, :96], torch.zeros_like(dv[:, :96]))
@@ -128,15 +128,16 @@ def test_softcap_alibi_window_and_gqa_together():
     check_dense(1, 45, 60, 4, 2, 24, torch.float16, window=(7, 9), softcap=4.0, alibi=torch.rand(4) + 0.1)
 
 
-def _packed(lengths_q, lengths_k, heads, kv_heads, headdim, dtype):
-    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+def packed(lengths_q, lengths_k, heads, kv_heads, headdim, dtype, device="cpu"):
+    """Fresh packed q, k, v for sequences of these lengths, and their cu_seqlens (int32)."""
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
                   for lengths in (lengths_q, lengths_k))
-    q = torch.randn(int(cu_q[-1]), heads, headdim, dtype=dtype)
-    k, v = (torch.randn(int(cu_k[-1]), kv_heads, headdim, dtype=dtype) for _ in range(2))
+    q = torch.randn(int(cu_q[-1]), heads, headdim, dtype=dtype, device=device)
+    k, v = (torch.randn(int(cu_k[-1]), kv_heads, headdim, dtype=dtype, device=device) for _ in range(2))
     return q, k, v, cu_q, cu_k
 
 
-def _same_dtype_varlen(q, k, v, cu_q, cu_k, **kw):
+def same_dtype_varlen(q, k, v, cu_q, cu_k, **kw):
     """attention_same_dtype sequence by sequence, concatenated (the varlen yardstick)."""
     slopes = kw.pop("alibi_slopes", None)
     outs = []
@@ -158,17 +159,22 @@ def _same_dtype_varlen(q, k, v, cu_q, cu_k, **kw):
 def test_varlen_matches_the_reference_per_sequence(lengths_q, lengths_k, heads, kv_heads, causal, window, dtype):
     """Packed (total, heads, headdim) sequences: each attends only within itself, causal and the
     window aligned to the bottom right of each; lse is (heads, total_q)."""
-    q, k, v, cu_q, cu_k = _packed(lengths_q, lengths_k, heads, kv_heads, 16, dtype)
+    check_varlen(lengths_q, lengths_k, heads, kv_heads, 16, dtype, causal=causal, window_size=window)
+
+
+def check_varlen(lengths_q, lengths_k, heads, kv_heads, headdim, dtype, device="cpu", bwd_config=None, **kw):
+    """out, dq, dk, dv and lse of flash_attn_varlen_func against float64, per sequence."""
+    q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, heads, kv_heads, headdim, dtype, device)
     dout = torch.randn_like(q)
-    kw = {"causal": causal, "window_size": window}
 
     def kernel(q, k, v):
-        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), **kw)
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), bwd_config=bwd_config,
+                                      **kw)
 
-    got = _grads(kernel, (q, k, v), dout)
-    ref = _grads(lambda q, k, v: attention_reference_varlen(q, k, v, cu_q, cu_k, None, **kw)[0],
-                 (q.double(), k.double(), v.double()), dout.double())
-    same = _grads(lambda q, k, v: _same_dtype_varlen(q, k, v, cu_q, cu_k, **kw), (q, k, v), dout)
+    got = grads(kernel, (q, k, v), dout)
+    ref = grads(lambda q, k, v: attention_reference_varlen(q, k, v, cu_q, cu_k, None, **kw)[0],
+                (q.double(), k.double(), v.double()), dout.double())
+    same = grads(lambda q, k, v: same_dtype_varlen(q, k, v, cu_q, cu_k, **kw), (q, k, v), dout)
     for name, g, r, s in zip(("out", "dq", "dk", "dv"), got, ref, same):
         assert g.shape == r.shape and g.dtype == dtype, name
         assert_close_to_reference(name, g, r, s)
@@ -181,17 +187,18 @@ def test_varlen_matches_the_reference_per_sequence(lengths_q, lengths_k, heads, 
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
+def test_varlen_backward_with_descriptor_loads_and_empty_sequences():
+    """The backward's TMA path (descriptors per sequence, none with zero rows) with an empty
+    query and an empty key sequence."""
+    check_varlen([19, 0, 30, 7], [25, 11, 30, 0], 2, 1, 16, torch.float32, causal=True,
+                 bwd_config=BwdConfig(16, 32, 32, 16, 4, 1, tma=True))
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
 def test_varlen_with_alibi_per_sequence_and_softcap():
-    q, k, v, cu_q, cu_k = _packed([21, 34], [40, 30], 2, 2, 16, torch.float32)
-    slopes = torch.rand(2, 2) + 0.1
-    dout = torch.randn_like(q)
-    kw = {"causal": True, "softcap": 3.0, "alibi_slopes": slopes}
-    got = _grads(lambda q, k, v: flash_attn_varlen_func(q, k, v, cu_q, cu_k, 34, 40, **kw), (q, k, v), dout)
-    ref = _grads(lambda q, k, v: attention_reference_varlen(q, k, v, cu_q, cu_k, None, **kw)[0],
-                 (q.double(), k.double(), v.double()), dout.double())
-    same = _grads(lambda q, k, v: _same_dtype_varlen(q, k, v, cu_q, cu_k, **kw), (q, k, v), dout)
-    for name, g, r, s in zip(("out", "dq", "dk", "dv"), got, ref, same):
-        assert_close_to_reference(name, g, r, s)
+    """ALiBi slopes of shape (batch, heads) are taken per sequence."""
+    check_varlen([21, 34], [40, 30], 2, 2, 16, torch.float32, causal=True, softcap=3.0,
+                 alibi_slopes=torch.rand(2, 2) + 0.1)
 
 
 def test_return_attn_probs_matches_the_reference_probabilities():
@@ -225,7 +232,7 @@ def test_feature_calls_run_the_feature_kernels_and_dense_calls_the_dense_ones(mo
 
 def test_memory_paths_keep_features_off_the_gluon_kernels():
     """A config that sends dense calls to the Gluon kernels does not for features; packed
-    variable lengths take pointer tiles."""
+    variable lengths never take the host's 2D descriptors (a tile would cross sequences)."""
     from kernels.checks import DENSE, Features
 
     if dispatch.gluon_unavailable:
@@ -238,9 +245,12 @@ def test_memory_paths_keep_features_off_the_gluon_kernels():
     packed = q[0]
     cu = torch.tensor([0, 100, 256], dtype=torch.int32)
     varlen = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=156, max_seqlen_k=156)
-    assert dispatch.fwd_memory_path(config, packed, packed, packed, packed, False, varlen) == "pointer"
+    host = FwdConfig(128, 128, 8, 3, tma=True, tma_min_keys=0, tma_host_min_keys=0, tma_host_below_keys=2**20)
+    assert dispatch.fwd_memory_path(host, q, q, q, q, False, window) == "tma-host"
+    assert dispatch.fwd_memory_path(host, packed, packed, packed, packed, False, varlen) == "tma-kernel"
+    assert dispatch.fwd_memory_path(FwdConfig(128, 128, 8, 3), packed, packed, packed, packed, False,
+                                    varlen) == "pointer"
     assert dispatch.fwd_memory_path(config, q, q, q, q, False, DENSE) == dispatch.HOPPER_GLUON_PATH
-    from kernels.configs import BwdConfig
     bwd = BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=128)
     assert dispatch.bwd_dkdv_path(bwd, q, q, q, q, window) == "triton"
 

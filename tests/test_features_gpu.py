@@ -1,0 +1,123 @@
+"""flash-attn's training features on a CUDA GPU at real sizes, bf16 and fp16: GQA/MQA, sliding
+windows, packed variable lengths, softcap, ALiBi, dropout, forward and backward against the
+float64 reference with flash-attn's criterion (tests/test_features.py states it), plus what
+only a GPU shows: dropout inside a captured CUDA graph and bit-identical backwards at size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from baselines.reference import attention_reference
+from kernels import flash_attn_func
+from tests.attention_checks import poisoned_allocations  # noqa: F401
+from tests.test_features import check_dense, check_varlen
+
+pytestmark = pytest.mark.gpu
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch,seqlen_q,seqlen_k,heads,kv_heads,headdim,causal", [
+    (2, 1024, 1024, 16, 4, 128, True),
+    (1, 1000, 1500, 8, 1, 64, False),   # MQA, ragged, sq < sk
+    (1, 2048, 777, 8, 2, 96, True),     # sq > sk: the first rows see no key
+])
+def test_gpu_gqa(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, dtype):
+    check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=causal, device="cuda")
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seqlen_q,seqlen_k,headdim,window,causal", [
+    (2048, 2048, 128, (256, 0), True),
+    (1000, 1500, 128, (100, 50), False),
+    (1500, 1000, 64, (-1, 200), False),
+    (1024, 1024, 256, (300, -1), True),
+])
+def test_gpu_sliding_window(seqlen_q, seqlen_k, headdim, window, causal, dtype):
+    check_dense(1, seqlen_q, seqlen_k, 4, 2, headdim, dtype, causal=causal, window=window, device="cuda")
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_softcap_with_gqa(dtype):
+    """A cap of 0.5 against scores of about unit size: the cap is active everywhere."""
+    check_dense(2, 1024, 1024, 8, 2, 128, dtype, causal=True, softcap=0.5, device="cuda")
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("per_batch,causal", [(False, True), (True, False)])
+def test_gpu_alibi(per_batch, causal, dtype):
+    slopes = torch.rand((2, 8) if per_batch else (8,), device="cuda") * 0.1
+    check_dense(2, 1024, 1100, 8, 8, 64, dtype, causal=causal, alibi=slopes, device="cuda")
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (128, 0))])
+def test_gpu_varlen(causal, window, dtype):
+    """Random lengths 1..1500 (one empty query sequence), GQA 8/2, head dim 128."""
+    generator = torch.Generator().manual_seed(0)
+    lengths_q = torch.randint(1, 1500, (6,), generator=generator).tolist()
+    lengths_k = [n if causal else int(m) for n, m in zip(lengths_q, torch.randint(1, 1500, (6,), generator=generator))]
+    lengths_q[2] = 0
+    check_varlen(lengths_q, lengths_k, 8, 2, 128, dtype, device="cuda", causal=causal, window_size=window)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_dropout_matches_the_reference_under_its_own_mask(dtype):
+    q, k, v = (torch.randn(1, 1024, h, 128, device="cuda", dtype=dtype, requires_grad=True) for h in (8, 2, 2))
+    dout = torch.randn_like(q)
+    torch.manual_seed(0)
+    out, _, probs = flash_attn_func(q, k, v, dropout_p=0.15, causal=True, return_attn_probs=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = ~torch.signbit(probs)
+    visible = torch.ones(1024, 1024, device="cuda").tril().bool()
+    assert abs(keep[..., visible].float().mean().item() - 0.85) < 0.01
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference(q64, k64, v64, None, True, dropout_p=0.15, dropout_keep=keep)[0]
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    tol = {torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
+    for name, got, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
+        err = (got.double() - expected).abs().max().item()
+        assert err < tol * max(1.0, expected.abs().max().item()), f"{name}: {err:.3e}"
+
+
+def test_gpu_dropout_in_a_cuda_graph_draws_a_new_mask_per_replay():
+    """The kernels read (seed, offset) from a tensor that PyTorch's generator fills inside the
+    graph: each replay drops other entries, as torch's own dropout does under graphs."""
+    q, k, v = (torch.randn(2, 512, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    static_out = torch.empty(2, 512, 4, 64, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (compile) outside the capture
+        flash_attn_func(q, k, v, dropout_p=0.2).sum().backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_func(q, k, v, dropout_p=0.2)
+        out.sum().backward()
+        static_out.copy_(out)
+    graph.replay()
+    first = static_out.clone()
+    graph.replay()
+    assert torch.isfinite(first).all() and torch.isfinite(static_out).all()
+    assert not torch.equal(first, static_out)
+
+
+@pytest.mark.parametrize("kw", [{"window_size": (512, 0), "causal": True}, {"dropout_p": 0.1, "softcap": 20.0}])
+def test_gpu_backward_is_bit_identical_between_runs(kw):
+    """GQA's dK/dV are summed on chip in a fixed order: no atomics, nothing varies between runs."""
+    q = torch.randn(2, 2048, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 2048, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    dout = torch.randn_like(q)
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(1)
+        runs.append(torch.autograd.grad(flash_attn_func(q, k, v, deterministic=True, **kw), (q, k, v), dout))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
