@@ -41,13 +41,14 @@ shared memory before P@V (each warp then owns a slice of O's columns); with BLOC
 BLOCK_D the warps split the query rows (split-Q) and nothing crosses warps. This was checked
 by compiling for sm_90 (TTGIR `#ttg.nvidia_mma<{versionMajor = 2, warpsPerCTA = ...}>`,
 docs/performance.md, the ablation ladder) and is asserted by the launcher (`warp_split`).
-The two splits cannot share one tile shape, so rung 3 keeps rung 2's tile area, warps and stages and swaps the
-tile's sides (BLOCK_M x BLOCK_N = 64 x 128 -> 128 x 64 at head dim 128). Triton's split-K
+The two splits cannot share one tile shape, so rung 3 keeps rung 2's tile area, warps and
+stages and swaps the tile's sides (BLOCK_M x BLOCK_N = 64 x 128 -> 128 x 64 at head dim 128);
+kernels/ladder_warp_split.py measures the splits at one tile, in Gluon. Triton's split-K
 exchanges P (BLOCK_M x BLOCK_N fp16) where FA1's CUDA kernel summed partial O (warps x
 BLOCK_M x D fp32), so it communicates less than FA1 did: the split-Q gain measured here
-understates what removing FA1's own exchange gains. Split-K written as a batched 3D dot
-with cross-warp sums was rejected: it ran 7x slower than split-Q on the H200, a cost that is
-not FA1's.
+understates what removing FA1's own exchange gains. Split-K written in this Triton family as
+a batched 3D dot with cross-warp sums was rejected: it ran 7x slower than split-Q on the H200,
+a cost that is not FA1's (the Gluon pair writes FA1's exchange with explicit layouts).
 
 Differences and cautions:
 * forward only: the backward ladder is kernels/ladder_backward.py; gradients of these rungs
@@ -111,8 +112,8 @@ LADDER = (
 # their technique only: rungs 0-2 share one tile, warps and stages; rung 3 swaps rung 2's sides
 # (same BLOCK_M x BLOCK_N, warps and stages) so that BLOCK_M >= BLOCK_D. Pipelining depth is
 # not a paper technique, so num_stages is one value per head dim for all four rungs; what more
-# stages give rungs 2-3 is a line of its own (ablations/tuning.py). Measurements behind each
-# line: docs/performance.md (the ablation ladder) and its generated tables.
+# stages give rung 3 is a line of its own (the block-size-tuning study, ablations/parts.py).
+# Measurements behind each line: docs/performance.md (the ablation ladder).
 HOPPER_LADDER_CONFIGS = {
     **{(rung, 32): FwdConfig(16, 128, 4, 2) for rung in (0, 1, 2)},  # BLOCK_M 16 < 32
     (3, 32): FwdConfig(128, 16, 4, 2),
