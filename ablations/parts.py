@@ -85,11 +85,13 @@ def backward_ladder(ctx: Context):
     variants += [get_variant("bwd-production"), provider_variant(OFFICIAL_FA2, "bwd")]
     jobs = settings(ctx, "bwd") + [("sweep", spec) for spec in sweep(ctx, "bwd", **BACKWARD_SWEEP)]
     counters = []
-    if ctx.ncu:  # the forward ladder's counter groups (harness/ncu.py), for backward rungs 0-3
+    if ctx.ncu:  # the forward ladder's counter groups (harness/ncu.py) and occupancy's, for backward rungs 0-3
+        from ablations.measure import reviewer_metrics
         from harness.ncu import METRICS
 
         counters = profile(ctx, "backward-ladder", [(variant, spec, setting) for setting, spec in settings(ctx, "bwd")
-                                                    for variant in variants[:4]], metrics=METRICS)
+                                                    for variant in variants[:4]],
+                           metrics=list(dict.fromkeys([*METRICS, *reviewer_metrics()])))
     return _timed(ctx, "backward-ladder", variants, jobs), counters
 
 
@@ -149,12 +151,12 @@ def triton_vs_cutlass(ctx: Context):
 
 
 def occupancy(ctx: Context):
-    """Counters of forward and backward rungs 0-3 in settings A and B (no timing: the ladder's own
-    rows and the backward part time them)."""
+    """Counters of forward rungs 0-3 in settings A and B (no timing: the ladder's own rows time
+    them); the backward rungs' come with the backward part's counters."""
     if not ctx.ncu:
         return [], []
-    jobs = [(get_variant(f"{mode}-rung{rung}"), spec, setting)
-            for mode in ("fwd", "bwd") for setting, spec in settings(ctx, mode) for rung in range(4)]
+    jobs = [(get_variant(f"fwd-rung{rung}"), spec, setting) for setting, spec in settings(ctx, "fwd")
+            for rung in range(4)]
     return [], profile(ctx, "occupancy", jobs)
 
 

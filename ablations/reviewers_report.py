@@ -433,6 +433,8 @@ def write_reviewers_report(rows: pd.DataFrame, counters: pd.DataFrame, out_path)
     for q in QUESTIONS:
         mine = c[c["question"] == q.question]
         theirs = counters[counters["question"] == q.question] if "question" in counters else counters.iloc[0:0]
+        if q.question == "occupancy" and "question" in counters:  # the backward rungs' come with the backward part
+            theirs = counters[counters["question"].isin(["occupancy", "backward-ladder"])]
         body, sentence = SECTIONS[q.question](mine, theirs)
         lines += [*_quote(q), *body, f"**What the rows show:** {sentence}", ""]
     text = "\n".join(lines)
