@@ -30,13 +30,13 @@ def grads(fn, inputs, dout):
 
 
 def check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=False, window=(-1, -1),
-                softcap=0.0, alibi=None, device="cpu"):
+                softcap=0.0, alibi=None, device="cpu", bwd_config=None):
     """out, dq, dk, dv of flash_attn_func with these features against float64 (flash-attn's criterion)."""
     q = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype, device=device)
     k, v = (torch.randn(batch, seqlen_k, kv_heads, headdim, dtype=dtype, device=device) for _ in range(2))
     dout = torch.randn_like(q)
     kw = {"causal": causal, "window_size": window, "softcap": softcap, "alibi_slopes": alibi}
-    got = grads(lambda q, k, v: flash_attn_func(q, k, v, **kw), (q, k, v), dout)
+    got = grads(lambda q, k, v: flash_attn_func(q, k, v, bwd_config=bwd_config, **kw), (q, k, v), dout)
     ref = grads(lambda q, k, v: attention_reference(q, k, v, None, **kw)[0],
                 (q.double(), k.double(), v.double()), dout.double())
     same = grads(lambda q, k, v: attention_same_dtype(q, k, v, None, **kw), (q, k, v), dout)
@@ -126,6 +126,14 @@ def test_alibi_matches_the_reference(per_batch, causal, dtype):
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_softcap_alibi_window_and_gqa_together():
     check_dense(1, 45, 60, 4, 2, 24, torch.float16, window=(7, 9), softcap=4.0, alibi=torch.rand(4) + 0.1)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_query_major_backward_with_the_features():
+    """The query-major dK/dV tiles (S = Q K^T; the features' table at head dim 128 on Hopper)
+    with a window, softcap, ALiBi and GQA."""
+    check_dense(1, 45, 60, 4, 2, 16, torch.float32, causal=True, window=(9, 0), softcap=4.0,
+                alibi=torch.rand(4) + 0.1, bwd_config=BwdConfig(16, 32, 32, 16, 4, 1, query_major=True))
 
 
 def packed(lengths_q, lengths_k, heads, kv_heads, headdim, dtype, device="cpu"):
@@ -270,3 +278,27 @@ def test_custom_ops_carry_every_feature():
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     torch.autograd.backward(flash_attn_func(qg, kg, vg, **kw), dout)
     assert torch.equal(dq, qg.grad) and torch.equal(dk, kg.grad) and torch.equal(dv, vg.grad)
+
+
+def test_compiled_calls_with_features_equal_eager():
+    """torch.compile(fullgraph=True) traces the feature calls as fa2:: ops (aot_eager here) and
+    computes what eager does, bit for bit: GQA with a window, softcap and ALiBi, and varlen."""
+    q = torch.randn(1, 33, 4, 16, requires_grad=True)
+    k, v = (torch.randn(1, 41, 2, 16, requires_grad=True) for _ in range(2))
+    slopes = torch.rand(4)
+
+    def call(q, k, v):
+        return flash_attn_func(q, k, v, causal=True, window_size=(5, 0), softcap=3.0, alibi_slopes=slopes)
+
+    compiled = torch.compile(call, backend="aot_eager", fullgraph=True)(q, k, v)
+    eager = call(q, k, v)
+    assert torch.equal(compiled, eager)
+    dout = torch.randn_like(eager)
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(compiled, (q, k, v), dout),
+                                                 torch.autograd.grad(eager, (q, k, v), dout)))
+    q, k, v, cu_q, cu_k = packed([10, 23], [17, 23], 4, 2, 16, torch.float32)
+
+    def varlen(q, k, v):
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, 23, 23, causal=True)
+
+    assert torch.equal(torch.compile(varlen, backend="aot_eager", fullgraph=True)(q, k, v), varlen(q, k, v))
