@@ -221,3 +221,12 @@ def test_warp_split_sentence_compares_each_variant_with_split_q(tmp_path):
         in section
     assert f"split-Q over FA1's split-K: {times['ws-split-k-o']:.2f}x (beyond the spread)" in section
     assert f"rung 3 over rung 2 (the compiler-chosen pair, tile sides swapped): {1.3 / 1.1:.2f}x" in section
+
+
+def test_decode_rows_tagged_with_their_question_are_shown(tmp_path):
+    ms = random.uniform(0.01, 0.1)
+    rows = pd.DataFrame([row("decode-fa1-cudagraph-compilers", "sdpa-flash", ms, 0.001, setting="decode"),
+                         row("decode-fa1-cudagraph-compilers", "fa1", 2 * ms, 0.001, setting="decode")])
+    text = write_reviewers_report(rows, pd.DataFrame(columns=["question"]), tmp_path / "r.md")
+    section = text.split("## FA1 in decoding, CUDA graphs and compilers")[1]
+    assert "2 of 2 cells ran" in section and f"{ms:.3f} ms" in section and "| fa1 |" in section
