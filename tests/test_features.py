@@ -56,6 +56,20 @@ def test_gqa_and_mqa_match_the_reference_and_sum_dk_dv_over_the_group(heads, kv_
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
+def test_gqa_through_host_descriptors_and_backward_descriptor_loads():
+    """Whole blocks below 64 keys take the host's 2D descriptors in the interpreter's table, where
+    a kv head's columns start at kv_head * headdim; the backward loads through descriptors too."""
+    from kernels.checks import DENSE
+    from kernels.configs import INTERPRETER_FWD_CONFIG
+
+    like = torch.empty(2, 32, 4, 16)
+    assert dispatch.fwd_memory_path(INTERPRETER_FWD_CONFIG, like, like[:, :, :2], like[:, :, :2], like, False,
+                                    DENSE) == "tma-host"
+    check_dense(2, 32, 32, 4, 2, 16, torch.float32, bwd_config=BwdConfig(16, 32, 32, 16, 4, 1, query_major=True,
+                                                                         tma=True))
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seqlen_q,seqlen_k,window,causal", [
     (48, 48, (8, 4), False),
