@@ -34,6 +34,7 @@ from harness.plan import (
     QUICK_MODES,
     QUICK_REP_MS,
     QUICK_WARMUP_MS,
+    REVIEWER_PARTS,
     STUDY_NAMES,
     _join,
     ablation_plan,
@@ -148,9 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--reproduce", choices=tuple(TARGETS), metavar="TARGET",
                        help=f"regenerate one committed H200 result from scratch: {', '.join(TARGETS)} (the exact "
                             "commands are listed at the end of --help); --out defaults to results/reproduce/TARGET")
-    sweep.add_argument("--ablation", choices=STUDY_NAMES,
+    sweep.add_argument("--ablation", choices=(*STUDY_NAMES, *REVIEWER_PARTS),
                        help="the ablation ladder of ablations/ladder.py: the rungs of this study on its settings "
-                            "A (batch 8) and B (batch 1); fwd, causal, head dim 128, seqlen 2048, 16 heads")
+                            "A (batch 8) and B (batch 1); fwd, causal, head dim 128, seqlen 2048, 16 heads. "
+                            "'all' then runs the reviewers' studies into the same folder (reviewers.md); "
+                            f"each also runs alone: {', '.join(REVIEWER_PARTS)} (ablations/reviewers.py)")
     what.add_argument("--settings-only", action="store_true",
                       help="with --ablation: only the paper's settings A and B, not the forward sweep over "
                            "--seqlens x --hdims x --causal")
@@ -333,6 +336,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.suite in ("features", "decode"):
         return _other_suite(parser, args, out_dir)
+    if args.ablation in REVIEWER_PARTS:  # one reviewers' study alone (ablations/reviewers.py)
+        from ablations import reviewers
+
+        if args.report_only:
+            print(reviewers.write_report(out_dir))
+            return 0
+        return reviewers.run(args.ablation, args, out_dir)
     if args.ablation:
         jobs, provider_names = ablation_plan(args, interpreter)
     else:
@@ -357,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--providers: unknown provider {unknown[0]!r}; known providers: {', '.join(known)}")
     providers = [known[name] for name in provider_names]
     if args.report_only:
+        if args.ablation == "all" and (out_dir / "reviewers.csv").exists():
+            from ablations import reviewers
+
+            reviewers.write_report(out_dir)
         return rebuild_reports(args, out_dir)
     if (out_dir / RESULTS_CSV).exists() and not args.resume:
         parser.error(f"--out {out_dir} already holds {RESULTS_CSV}: pass --resume to add to it, "
@@ -369,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     except FolderBusy as exc:
         print(f"runner.py: error: {exc}", file=sys.stderr)
         return 2
+    if args.ablation == "all" and not args.settings_only:  # then the reviewers' studies, into the same folder
+        from ablations import reviewers
+
+        exit_code = max(exit_code, reviewers.run("all", args, out_dir))
     if interpreter:
         print(BANNER, file=sys.stderr)
     return exit_code

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 MODES = ("fwd", "bwd", "fwd_bwd")
 STUDY_NAMES = ("all", "fewer-nonmatmul", "seq-parallel", "warp-partitioning", "hopper")
+# The reviewers' studies (ablations/parts.py), each runnable alone; `--ablation all` runs them too.
+REVIEWER_PARTS = ("backward", "tuning", "warp-split", "fa1-causal-skip", "occupancy", "smem-vs-sync",
+                  "triton-vs-cutlass")
 # The paper's sweep (FA2 paper Sec. 4.1): hidden size 2048 = heads x head dim, 16k tokens = batch x seqlen.
 PAPER_TOKENS = 16384
 PAPER_HIDDEN = 2048

@@ -447,3 +447,10 @@ def test_an_enlarged_check_that_runs_out_of_memory_is_retried_at_the_jobs_shape(
     _sweep(tmp_path).run([Job(TINY)], [_provider("hungry", big_hungry)], progress=False)
     row = _rows(tmp_path).loc["hungry"]
     assert row["status"] == "ok" and shapes[:2] == [2, 1] and row["check_shape"].startswith("b1 n32 h2")
+
+
+def test_the_runner_offers_every_reviewers_study():
+    from ablations.reviewers import part_names
+    from harness.plan import REVIEWER_PARTS
+
+    assert set(REVIEWER_PARTS) == set(part_names())
