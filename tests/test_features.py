@@ -316,3 +316,22 @@ def test_compiled_calls_with_features_equal_eager():
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, 23, 23, causal=True)
 
     assert torch.equal(torch.compile(varlen, backend="aot_eager", fullgraph=True)(q, k, v), varlen(q, k, v))
+
+
+def test_cu_seqlens_values_are_read_once_per_tensor_until_it_changes(monkeypatch):
+    """Checking cu_seqlens reads its values to the host (a wait for the GPU): a tensor that passed
+    is not read again, unless it was written to or comes with another total or max_seqlen."""
+    from kernels.checks import check_cu_seqlens
+
+    reads = []
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or real_tolist(t))
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    for _ in range(3):
+        check_cu_seqlens("cu_seqlens_q", cu, 10, 6, cu.device)
+    assert len(reads) == 1
+    with pytest.raises(ValueError, match="max_seqlen_q=5 is below the longest sequence"):
+        check_cu_seqlens("cu_seqlens_q", cu, 10, 5, cu.device)
+    cu[1] = 11
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be non-decreasing, got \[0, 11, 10\]"):
+        check_cu_seqlens("cu_seqlens_q", cu, 10, 6, cu.device)
