@@ -20,15 +20,25 @@ import triton
 import triton.language as tl
 
 from .checks import Features
-from .common import LOG2E
+from .common import LOG2E, interpreter_enabled
 
 UNBOUNDED = 1 << 30  # a window side without a bound (sequence lengths stay below 2^30)
 
 
+# On the GPU tanh is one special-function instruction (PTX tanh.approx.f32, relative error at
+# most 2^-11: far below bf16's rounding of the scores), where the exp2 form costs two (ex2 and a
+# reciprocal) beside the softmax's own exp2. Triton's interpreter has no inline PTX.
+_TANH_APPROX = tl.constexpr(not interpreter_enabled())
+
+
 @triton.jit
 def _tanh(x):
-    """tanh(x) = 2 / (1 + exp(-2x)) - 1 on the exp2 unit (saturates to +-1, never NaN)."""
-    return 2.0 / (1.0 + tl.math.exp2(x * (-2.0 * LOG2E))) - 1.0
+    """tanh(x); off the GPU 2 / (1 + exp(-2x)) - 1 (saturates to +-1, never NaN)."""
+    if _TANH_APPROX:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                         pack=1)
+    else:
+        return 2.0 / (1.0 + tl.math.exp2(x * (-2.0 * LOG2E))) - 1.0
 
 
 @triton.jit
