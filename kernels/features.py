@@ -35,7 +35,7 @@ _TANH_APPROX = tl.constexpr(not interpreter_enabled())
 def _tanh(x):
     """tanh(x); off the GPU 2 / (1 + exp(-2x)) - 1 (saturates to +-1, never NaN)."""
     if _TANH_APPROX:
-        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
                                          pack=1)
     else:
         return 2.0 / (1.0 + tl.math.exp2(x * (-2.0 * LOG2E))) - 1.0
