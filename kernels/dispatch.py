@@ -129,7 +129,7 @@ def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE) ->
     if features is not DENSE and not features.dense:
         return "triton"
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
-            and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0 and hopper_gluon_applies(q, k, v, do)):
+            and hopper_gluon_applies(q, k, v, do) and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0):
         return HOPPER_GLUON_PATH
     return "triton"
 
