@@ -119,6 +119,8 @@ def feature_args(q, k, softmax_scale: float, causal: bool, features: Features) -
     softcap = features.softcap
     qk_scale = softmax_scale / softcap if softcap else softmax_scale * LOG2E.value
     alibi = features.alibi_slopes
+    if alibi is not None:
+        alibi = alibi.contiguous()  # the kernels read slope (b, h) at b * stride + h
     args = (q.shape[-2] // k.shape[-2],
             min(left, UNBOUNDED) if left >= 0 else UNBOUNDED,
             0 if causal else (min(right, UNBOUNDED) if right >= 0 else UNBOUNDED),

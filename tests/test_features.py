@@ -137,6 +137,12 @@ def test_alibi_matches_the_reference(per_batch, causal, dtype):
     check_dense(2, 39, 51, 3, 3, 16, dtype, causal=causal, alibi=slopes)
 
 
+def test_alibi_slopes_of_any_strides():
+    """Slopes that are a strided view (every other column of a wider tensor) are read as values."""
+    wide = torch.rand(2, 6) + 0.1
+    check_dense(2, 20, 24, 3, 3, 16, torch.float32, causal=True, alibi=wide[:, ::2])
+
+
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_softcap_alibi_window_and_gqa_together():
     check_dense(1, 45, 60, 4, 2, 24, torch.float16, window=(7, 9), softcap=4.0, alibi=torch.rand(4) + 0.1)
