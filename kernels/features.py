@@ -126,7 +126,7 @@ def feature_args(q, k, softmax_scale: float, causal: bool, features: Features) -
             0 if causal else (min(right, UNBOUNDED) if right >= 0 else UNBOUNDED),
             softcap * LOG2E.value, features.dropout_p,
             alibi, 0 if alibi is None or alibi.dim() == 1 else alibi.stride(0),
-            features.cu_seqlens_q, features.cu_seqlens_k,
+            *(None if cu is None else cu.contiguous() for cu in (features.cu_seqlens_q, features.cu_seqlens_k)),
             features.rng_seed if features.dropout_p else None)
     constexprs = {"WINDOW": window, "SOFTCAP": bool(softcap), "ALIBI": alibi is not None,
                   "DROPOUT": bool(features.dropout_p), "VARLEN": features.varlen}

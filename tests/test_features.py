@@ -341,3 +341,12 @@ def test_cu_seqlens_values_are_read_once_per_tensor_until_it_changes(monkeypatch
     cu[1] = 11
     with pytest.raises(ValueError, match=r"cu_seqlens_q must be non-decreasing, got \[0, 11, 10\]"):
         check_cu_seqlens("cu_seqlens_q", cu, 10, 6, cu.device)
+
+
+def test_cu_seqlens_given_as_a_strided_view():
+    """cu_seqlens that is every other element of a wider tensor is read by value."""
+    cu = torch.tensor([0, 99, 10, 99, 33], dtype=torch.int32)[::2]
+    q, k, v = (torch.randn(33, 2, 16) for _ in range(3))
+    out = flash_attn_varlen_func(q, k, v, cu, cu, 23, 23, causal=True)
+    ref = attention_reference_varlen(q, k, v, cu.contiguous(), cu.contiguous(), None, True)[0]
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
