@@ -10,6 +10,8 @@ accumulator (TMA reduce-adds on Hopper, atomics elsewhere) unless `deterministic
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -39,7 +41,7 @@ from .dispatch import (
 )
 from .dropout import _dropout_keep
 from .features import _in_window, _scores
-from .launch import CachedLauncher
+from .launch import CachedLauncher, DirectLaunch, PlanCache
 
 
 @triton.jit
@@ -414,7 +416,8 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     the dK/dV kernel (`bwd_gluon_fuses_dq` on the Gluon path, `bwd_fuses_dq` on the Triton one), dQ
     is summed by atomics in an order that varies between runs (as flash-attn's own backward does);
     `deterministic=True` takes the dQ kernel instead. Calls with any feature, or fewer kv heads
-    than q heads, run kernels/backward_features.py (atomic-free)."""
+    than q heads, run kernels/backward_features.py (atomic-free). Dense calls run a per-shape plan
+    (`_dense_plan`), as the forward does."""
     if features is not DENSE or k.shape[-2] != q.shape[-2]:
         from .backward_features import flash_attn_backward_features  # it builds on this module's loops
 
@@ -428,65 +431,102 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     if seqlen_q == 0 or seqlen_k == 0 or batch * heads == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     cfg = config or default_bwd_config(headdim, q.device)
-    block_d = padded_headdim(headdim)
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.stride(), q.dtype, q.device, causal,
+           cfg, deterministic, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16,
+           out.data_ptr() % 16, on_hopper(q.device), dispatch.gluon_unavailable)
+    plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, do, out, dq, dk, dv, causal, cfg, deterministic))
     delta = torch.empty_like(lse)
-    _bwd_preprocess_launcher[(cdiv(seqlen_q, 64), batch * heads)](
-        out, do, delta, *strides(out), *strides(do), heads, seqlen_q,
-        HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
-    )
-    tma = bwd_uses_tma(cfg, q, k, v, do)
-    if tma:
-        ensure_descriptor_allocator()
-    common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal, "TMA": tma}
-    gluon = bwd_dkdv_path(cfg, q, k, v, do) == HOPPER_GLUON_PATH and on_hopper(q.device)
-    if gluon:
-        # the Gluon kernel (compiled for sm_90 only), adding dQ itself where the config says so
-        dq_acc = (torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-                  if bwd_gluon_fuses_dq(cfg, headdim, deterministic) else None)
-        try:
-            dispatch.flash_attn_hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv,
-                                                                       softmax_scale, causal, dq_accum=dq_acc)
-        except dispatch.GLUON_BUILD_ERRORS as exc:  # a Triton whose Gluon cannot build it
-            dispatch.disable_gluon(exc)
-            gluon = False
-    if not gluon:
-        dq_acc = _launch_triton_dkdv(cfg, q, k, v, do, lse, delta, dk, dv, softmax_scale, common,
-                                     bwd_fuses_dq(cfg, seqlen_q, deterministic))
-    if dq_acc is not None:  # dQ was added into a float32 accumulator
-        return dq.copy_(dq_acc), dk, dv
-    _bwd_dq_launcher[(cdiv(seqlen_q, cfg.block_m2), batch * heads)](
-        q, k, v, do, lse, delta, dq,
-        *strides(q), *strides(k), *strides(v), *strides(do), *strides(dq),
-        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
-        BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
-        EVEN_M=seqlen_q % cfg.block_m2 == 0, num_warps=cfg.dq_warps, num_stages=cfg.dq_stages, **common,
-    )
-    return dq, dk, dv
+    try:
+        return plan(do, q, k, v, out, lse, delta, dq, dk, dv, softmax_scale)
+    except dispatch.GLUON_BUILD_ERRORS as exc:
+        if not plan.gluon:
+            raise
+        dispatch.disable_gluon(exc)  # a Triton whose Gluon cannot build it: the Triton kernels from now on
+        _PLANS.clear()
+        return flash_attn_backward(do, q, k, v, out, lse, softmax_scale, causal, config, deterministic)
 
 
-def _launch_triton_dkdv(cfg: BwdConfig, q, k, v, do, lse, delta, dk, dv, softmax_scale: float, common: dict,
-                        fuse_dq: bool) -> torch.Tensor | None:
-    """_flash_bwd_dkdv_kernel into dk and dv; with `fuse_dq`, also dQ added into a float32
-    accumulator, which is returned (else None)."""
-    batch, seqlen_q, heads, _ = q.shape
+_PLANS = PlanCache()
+
+
+class _DensePlan:
+    """The dense backward's launches for tensors like these: D = rowsum(dO * O), then dK/dV (the
+    Gluon kernel or the Triton one, adding dQ into a float32 accumulator where fused), then dQ
+    (its own kernel, or a copy of the accumulator)."""
+
+    def __init__(self, preprocess, dkdv, dq, gluon: bool, fused_dq: bool, zeros_shape):
+        self.preprocess, self.dkdv, self.dq = preprocess, dkdv, dq
+        self.gluon, self.fused_dq, self.zeros_shape = gluon, fused_dq, zeros_shape
+
+    def __call__(self, do, q, k, v, out, lse, delta, dq, dk, dv, softmax_scale):
+        self.preprocess(out, do, delta)
+        dq_acc = torch.zeros(self.zeros_shape, device=q.device, dtype=torch.float32) if self.fused_dq else None
+        self.dkdv(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
+        if dq_acc is not None:  # dQ was added into a float32 accumulator
+            return dq.copy_(dq_acc), dk, dv
+        self.dq(q, k, v, do, lse, delta, dq, softmax_scale)
+        return dq, dk, dv
+
+
+def _dense_plan(q, k, v, do, out, dq, dk, dv, causal: bool, cfg: BwdConfig, deterministic: bool) -> _DensePlan:
+    """The launches of `flash_attn_backward` for tensors shaped, strided and aligned like these
+    (dq, dk, dv: the call's fresh contiguous outputs)."""
+    batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
-    fused_dq = 0
-    dq_acc = None
-    if fuse_dq:
-        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-        # TMA reduce-adds on Hopper, else element-wise atomics (also in Triton's CPU interpreter,
-        # which has no descriptor reduce)
-        fused_dq = 2 if on_hopper(q.device) and tma_compatible(dq_acc) else 1
-        if fused_dq == 2:
+    module = sys.modules[__name__]
+    block_d = padded_headdim(headdim)
+    pre_launch = DirectLaunch(module, "_bwd_preprocess_launcher", (cdiv(seqlen_q, 64), batch * heads),
+                              {"HEAD_DIM": headdim, "BLOCK_D": block_d, "BLOCK_M": 64})
+    pre_ints = (*strides(out), *strides(do), heads, seqlen_q)
+
+    def preprocess(out, do, delta):
+        pre_launch(out, do, delta, *pre_ints)
+
+    tma = bwd_uses_tma(cfg, q, k, v, do)
+    common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal, "TMA": tma}
+    dq_ints = (*strides(q), *strides(k), *strides(v), *strides(do), *strides(dq), heads, seqlen_q, seqlen_k)
+    dq_launch = DirectLaunch(module, "_bwd_dq_launcher", (cdiv(seqlen_q, cfg.block_m2), batch * heads), {
+        "BLOCK_M": cfg.block_m2, "BLOCK_N": cfg.block_n2, "EVEN_M": seqlen_q % cfg.block_m2 == 0,
+        "num_warps": cfg.dq_warps, "num_stages": cfg.dq_stages, **common})
+
+    def dq_pass(q, k, v, do, lse, delta, dq, softmax_scale):
+        if tma:
             ensure_descriptor_allocator()
-    acc = dk if dq_acc is None else dq_acc  # DQ is unused by the kernel unless dQ is fused
-    _bwd_dkdv_launcher[(cdiv(seqlen_k, cfg.block_n1), batch * heads)](
-        q, k, v, do, lse, delta, dk, dv, acc,
-        *strides(q), *strides(k), *strides(v), *strides(do), *strides(dk), *strides(dv), *strides(acc),
-        heads, seqlen_q, seqlen_k, softmax_scale, softmax_scale * LOG2E.value,
-        BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
-        EVEN_M=seqlen_q % cfg.block_m1 == 0, EVEN_N=seqlen_k % cfg.block_n1 == 0,
-        QUERY_MAJOR=cfg.query_major, FUSED_DQ=fused_dq, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **common,
-    )
-    return dq_acc
+        dq_launch(q, k, v, do, lse, delta, dq, *dq_ints, softmax_scale, softmax_scale * LOG2E.value)
+
+    if bwd_dkdv_path(cfg, q, k, v, do) == HOPPER_GLUON_PATH and on_hopper(q.device):
+        # the Gluon kernel (compiled for sm_90 only), adding dQ itself where the config says so
+        hopper = dispatch.flash_attn_hopper
+        fused = bwd_gluon_fuses_dq(cfg, headdim, deterministic)
+        gluon_runs = []  # made by the first call through the genuine entry point
+
+        def dkdv_gluon(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale):
+            if hopper.flash_attn_backward_dkdv_hopper is not hopper.GENUINE_ENTRY_POINTS[1]:
+                # replaced (an experiment, a test): call what is there now
+                return hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale,
+                                                              causal, dq_accum=dq_acc)
+            if not gluon_runs:
+                gluon_runs.append(hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal))
+            gluon_runs[0](q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
+
+        return _DensePlan(preprocess, dkdv_gluon, dq_pass, True, fused, q.shape)
+    fused = bwd_fuses_dq(cfg, seqlen_q, deterministic)
+    fused_mode = 0
+    if fused:  # TMA reduce-adds on Hopper, else element-wise atomics (also in Triton's CPU interpreter,
+        # which has no descriptor reduce); the accumulator is fresh and contiguous like dq
+        accumulator = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+        fused_mode = 2 if on_hopper(q.device) and tma_compatible(accumulator) else 1
+    dkdv_ints = (*strides(q), *strides(k), *strides(v), *strides(do), *strides(dk), *strides(dv),
+                 *(strides(dq) if fused else strides(dk)), heads, seqlen_q, seqlen_k)
+    dkdv_launch = DirectLaunch(module, "_bwd_dkdv_launcher", (cdiv(seqlen_k, cfg.block_n1), batch * heads), {
+        "BLOCK_M": cfg.block_m1, "BLOCK_N": cfg.block_n1, "EVEN_M": seqlen_q % cfg.block_m1 == 0,
+        "EVEN_N": seqlen_k % cfg.block_n1 == 0, "QUERY_MAJOR": cfg.query_major, "FUSED_DQ": fused_mode,
+        "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, **common})
+
+    def dkdv_triton(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale):
+        if tma or fused_mode == 2:
+            ensure_descriptor_allocator()
+        acc = dk if dq_acc is None else dq_acc  # DQ is unused by the kernel unless dQ is fused
+        dkdv_launch(q, k, v, do, lse, delta, dk, dv, acc, *dkdv_ints, softmax_scale, softmax_scale * LOG2E.value)
+
+    return _DensePlan(preprocess, dkdv_triton, dq_pass, False, fused, q.shape)

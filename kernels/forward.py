@@ -16,6 +16,7 @@ the dense program compiles as if the features did not exist.
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import torch
 import triton
@@ -40,7 +41,7 @@ from .configs import FwdConfig, default_fwd_config, on_hopper, padded_headdim
 from .dispatch import FWD_MEMORY_PATHS, HOPPER_GLUON_PATH, flat_descriptor, fwd_memory_path
 from .dropout import _dropout_keep, _rng_state
 from .features import _in_window, _scores, _seq_bounds, _window_key_blocks, feature_args
-from .launch import CachedLauncher
+from .launch import CachedLauncher, DirectLaunch, PlanCache, descriptor_like
 
 
 @triton.jit
@@ -321,49 +322,84 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, config: FwdC
     """Forward pass on validated inputs (checks.check_call). Returns (out, lse): out like q, lse
     (batch, heads, seqlen_q) float32 natural-log logsumexp ((heads, total_q) for packed variable
     lengths). `config` overrides the block-size table. Calls with any feature, or fewer kv heads
-    than q heads, run _flash_fwd_features_kernel."""
+    than q heads, run _flash_fwd_features_kernel.
+
+    Dense calls run a per-shape plan (`_dense_plan`): which kernel and memory path, the grid, the
+    constexprs and descriptor templates are decided once per (shapes, strides, dtype, alignment,
+    config, device), so a repeated shape costs the host two allocations and one direct launch."""
     if features is not DENSE or k.shape[-2] != q.shape[-2]:
         return _forward_features(q, k, v, softmax_scale, causal, config, features)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
-    seqlen_k = k.shape[1]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
         return out, lse
-    if seqlen_k == 0:  # no key at all: every row is empty
+    if k.shape[1] == 0:  # no key at all: every row is empty
         return out.zero_(), lse.fill_(float("inf"))
     cfg = config or default_fwd_config(headdim, causal, q.device)
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal, cfg,
+           q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, on_hopper(q.device), dispatch.gluon_unavailable)
+    plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, out, causal, cfg))
+    try:
+        plan(q, k, v, out, lse, softmax_scale)
+    except dispatch.GLUON_BUILD_ERRORS as exc:
+        if not getattr(plan, "gluon", False):
+            raise
+        dispatch.disable_gluon(exc)  # a Triton whose Gluon cannot build it: the Triton kernel from now on
+        _PLANS.clear()
+        return flash_attn_forward(q, k, v, softmax_scale, causal, config)
+    return out, lse
+
+
+_PLANS = PlanCache()
+
+
+def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
+    """The dense forward for tensors like these, as a function of (q, k, v, out, lse, softmax_scale)."""
+    batch, seqlen_q, heads, headdim = q.shape
+    seqlen_k = k.shape[1]
     path = fwd_memory_path(cfg, q, k, v, out, causal)
     if path == HOPPER_GLUON_PATH:
         if on_hopper(q.device):
-            try:
-                dispatch.flash_attn_hopper.flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale, causal)
-                return out, lse
-            except dispatch.GLUON_BUILD_ERRORS as exc:
-                dispatch.disable_gluon(exc)
-        # a Hopper config passed for another device (the Gluon kernel is compiled for sm_90 only),
-        # or a Triton whose Gluon cannot build it
+            hopper = dispatch.flash_attn_hopper
+            gluon_runs = []  # made by the first call through the genuine entry point
+
+            def run_gluon(q, k, v, out, lse, softmax_scale):
+                if hopper.flash_attn_forward_hopper is not hopper.GENUINE_ENTRY_POINTS[0]:
+                    # replaced (an experiment, a test): call what is there now
+                    return hopper.flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale, causal)
+                if not gluon_runs:
+                    gluon_runs.append(hopper.forward_hopper_plan(q, k, v, out, causal))
+                gluon_runs[0](q, k, v, out, lse, softmax_scale)
+
+            run_gluon.gluon = True
+            return run_gluon
+        # a Hopper config passed for another device: the Gluon kernel is compiled for sm_90 only
         cfg = dataclasses.replace(cfg, hopper_gluon_min_keys=0)
         path = fwd_memory_path(cfg, q, k, v, out, causal)
+    constexprs = {"HEAD_DIM": headdim, "BLOCK_D": padded_headdim(headdim), "BLOCK_M": cfg.block_m,
+                  "BLOCK_N": cfg.block_n, "CAUSAL": causal, "EVEN_M": seqlen_q % cfg.block_m == 0,
+                  "TMA": FWD_MEMORY_PATHS.index(path), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (cdiv(seqlen_q, cfg.block_m), batch * heads),
+                          constexprs)
+    ints = (*strides(q), *strides(k), *strides(v), *strides(out), heads, seqlen_q, seqlen_k)
     if path == "tma-host":
-        args = tuple(flat_descriptor(t, rows) for t, rows in
-                     ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
-    else:
-        args = (q, k, v, out)
+        q_t, k_t, v_t, o_t = (flat_descriptor(t, rows) for t, rows in
+                              ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
+
+        def run_host_descriptors(q, k, v, out, lse, softmax_scale):
+            launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v),
+                   descriptor_like(o_t, out), lse, *ints, softmax_scale * LOG2E.value)
+
+        return run_host_descriptors
+
+    def run(q, k, v, out, lse, softmax_scale):
         if path == "tma-kernel":
             ensure_descriptor_allocator()
-    grid = (cdiv(seqlen_q, cfg.block_m), batch * heads)
-    _fwd_launcher[grid](
-        *args, lse,
-        *strides(q), *strides(k), *strides(v), *strides(out),
-        heads, seqlen_q, seqlen_k, softmax_scale * LOG2E.value,
-        HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CAUSAL=causal, EVEN_M=seqlen_q % cfg.block_m == 0, TMA=FWD_MEMORY_PATHS.index(path),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return out, lse
+        launch(q, k, v, out, lse, *ints, softmax_scale * LOG2E.value)
+
+    return run
 
 
 def _memory_path_args(path: str, cfg: FwdConfig, q, k, v, out) -> tuple:

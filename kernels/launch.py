@@ -84,3 +84,52 @@ class CachedLauncher:
                 self.compiled.clear()
             self.compiled[key] = compiled, trailing
         return compiled
+
+
+class DirectLaunch:
+    """One launch site of a per-shape call plan (forward.py, backward.py): the first call goes
+    through `getattr(module, name)` (a CachedLauncher, or whatever a test put there) and keeps
+    the CompiledKernel it returns; later calls launch that kernel directly with the launch's
+    constexprs bound, skipping even CachedLauncher's per-argument key, as long as the module
+    still holds the same launcher. The plan's own key (shapes, strides, dtypes, alignment,
+    config) fixes every specialisation the kernel depends on."""
+
+    __slots__ = ("compiled", "grid", "grid3", "kwargs", "launcher", "module", "name", "trailing")
+
+    def __init__(self, module, name: str, grid: tuple, kwargs: dict):
+        self.module, self.name, self.grid, self.kwargs = module, name, grid, kwargs
+        self.grid3 = (*grid, 1, 1)[:3]
+        self.launcher = self.compiled = None
+        self.trailing: tuple = ()
+
+    def __call__(self, *args):
+        launcher = getattr(self.module, self.name)
+        if self.compiled is not None and launcher is self.launcher:
+            return self.compiled[self.grid3](*args, *self.trailing)
+        result = launcher[self.grid](*args, **self.kwargs)
+        if isinstance(launcher, CachedLauncher) and isinstance(result, CompiledKernel):
+            names = launcher.kernel.arg_names[len(args):]
+            if set(names) <= self.kwargs.keys():
+                self.launcher, self.compiled = launcher, result
+                self.trailing = tuple(self.kwargs[name] for name in names)
+        return result
+
+
+def descriptor_like(template, base: torch.Tensor):
+    """A host tensor descriptor equal to `template` but for its base tensor, without the
+    constructor's validation: the caller's plan key guarantees `base` has the template base's
+    shape, strides, dtype and 16-byte alignment."""
+    descriptor = object.__new__(type(template))
+    descriptor.__dict__.update(template.__dict__)
+    descriptor.base = base
+    return descriptor
+
+
+class PlanCache(dict):
+    """Per-shape call plans, emptied when full (a new shape per call never hits)."""
+
+    def put(self, key, plan):
+        if len(self) >= MAX_KEYS:
+            self.clear()
+        self[key] = plan
+        return plan

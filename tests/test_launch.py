@@ -12,7 +12,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import backward, flash_attn_func, flash_attn_hopper, forward
 from kernels.dispatch import tma_compatible
-from kernels.launch import MAX_KEYS, CachedLauncher
+from kernels.launch import MAX_KEYS, CachedLauncher, DirectLaunch, descriptor_like
 from tests.attention_checks import (  # noqa: F401 (poisoned_allocations: a fixture, used by name)
     assert_close_to_reference,
     make_qkv,
@@ -68,6 +68,48 @@ def test_a_repeated_key_launches_its_own_compiled_kernel_with_every_argument_in_
     assert [grid for grid, _ in first.launches[1:]] == [(8, 1, 1), (8, 2, 3)]
     launcher[(4, 2)](y, 48, 0.25, EVEN=True, BLOCK=16, num_warps=4)  # the second key: the second kernel
     assert second.launches == [((4, 2, 1), (y, 48, 0.25, 16, True))] and len(first.launches) == 3
+
+
+class LauncherHolder:
+    """A module-like holder of a launcher, as forward.py holds _fwd_launcher."""
+
+
+def test_a_direct_launch_keeps_the_first_calls_compiled_kernel_and_binds_its_constexprs(launcher):
+    holder = LauncherHolder()
+    holder.launcher = launcher
+    direct = DirectLaunch(holder, "launcher", (4, 2), {"EVEN": True, "BLOCK": 16, "num_warps": 4})
+    x, y = torch.randn(64), torch.randn(64)
+    direct(x, 64, 0.5)
+    compiled = launcher.kernel.compiled
+    direct(y, 64, 0.25)  # direct: no JIT launch, no CachedLauncher key
+    assert len(launcher.kernel.jit_launches) == 1
+    assert compiled.launches == [((4, 2, 1), (y, 64, 0.25, 16, True))]
+
+
+def test_a_direct_launch_follows_a_launcher_that_was_replaced(launcher):
+    holder = LauncherHolder()
+    holder.launcher = launcher
+    direct = DirectLaunch(holder, "launcher", (4, 2), {"EVEN": True, "BLOCK": 16, "num_warps": 4})
+    direct(torch.randn(64), 64, 0.5)
+    spied = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: spied.append((grid, args, kwargs))
+
+    holder.launcher = Spy()  # as a test's monkeypatch does
+    x = torch.randn(64)
+    direct(x, 64, 0.5)
+    assert spied == [((4, 2), (x, 64, 0.5), {"EVEN": True, "BLOCK": 16, "num_warps": 4})]
+
+
+def test_descriptor_like_swaps_only_the_base():
+    a, b = torch.randn(64, 32), torch.randn(64, 32)
+    template = TensorDescriptor(a, [64, 32], [32, 1], [16, 32])
+    copy = descriptor_like(template, b)
+    assert copy.base is b and template.base is a
+    assert (copy.shape, copy.strides, copy.block_shape, copy.padding) == (
+        template.shape, template.strides, template.block_shape, template.padding)
 
 
 def test_a_grid_function_goes_through_the_jit(launcher):
