@@ -92,19 +92,31 @@ class DirectLaunch:
     the CompiledKernel it returns; later calls launch that kernel directly with the launch's
     constexprs bound, skipping even CachedLauncher's per-argument key, as long as the module
     still holds the same launcher. The plan's own key (shapes, strides, dtypes, alignment,
-    config) fixes every specialisation the kernel depends on."""
+    config) fixes every specialisation the kernel depends on.
 
-    __slots__ = ("compiled", "grid", "grid3", "kwargs", "launcher", "module", "name", "trailing")
+    Where the kernel needs no global or profiling scratch and no launch-enter hook is set (a
+    profiler's), the launch calls Triton's C launcher itself, as CompiledKernel's runner and
+    CudaLauncher.__call__ would after their Python steps (Triton 3.6's launcher arguments: grid,
+    stream, function, cooperative and PDL flags, the two scratch buffers, packed metadata,
+    launch metadata, the two hooks, then the kernel's arguments)."""
+
+    __slots__ = ("compiled", "fast", "grid", "grid3", "kwargs", "launcher", "module", "name", "trailing")
 
     def __init__(self, module, name: str, grid: tuple, kwargs: dict):
         self.module, self.name, self.grid, self.kwargs = module, name, grid, kwargs
         self.grid3 = (*grid, 1, 1)[:3]
-        self.launcher = self.compiled = None
+        self.launcher = self.compiled = self.fast = None
         self.trailing: tuple = ()
 
     def __call__(self, *args):
         launcher = getattr(self.module, self.name)
         if self.compiled is not None and launcher is self.launcher:
+            if self.fast is not None and knobs.runtime.launch_enter_hook is None:
+                launch, function, cooperative, pdl, packed = self.fast
+                stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+                launch(*self.grid3, stream, function, cooperative, pdl, None, None, packed, None, None,
+                       knobs.runtime.launch_exit_hook, *args, *self.trailing)
+                return self.compiled
             return self.compiled[self.grid3](*args, *self.trailing)
         result = launcher[self.grid](*args, **self.kwargs)
         if isinstance(launcher, CachedLauncher) and isinstance(result, CompiledKernel):
@@ -112,7 +124,20 @@ class DirectLaunch:
             if set(names) <= self.kwargs.keys():
                 self.launcher, self.compiled = launcher, result
                 self.trailing = tuple(self.kwargs[name] for name in names)
+                self.fast = _c_launch(result)
         return result
+
+
+def _c_launch(compiled: CompiledKernel):
+    """(C launch function, CUfunction, cooperative, PDL, packed metadata) of a compiled kernel that
+    needs no scratch buffers, or None (then its own runner launches it)."""
+    run = getattr(compiled, "run", None)  # loads the module on first use
+    fields = ("launch", "launch_cooperative_grid", "launch_pdl", "global_scratch_size", "profile_scratch_size")
+    if not all(hasattr(run, field) for field in fields) or not hasattr(compiled, "packed_metadata"):
+        return None
+    if run.global_scratch_size or run.profile_scratch_size:
+        return None
+    return run.launch, compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata
 
 
 def descriptor_like(template, base: torch.Tensor):
