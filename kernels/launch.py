@@ -31,6 +31,8 @@ from triton.compiler import CompiledKernel
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+# FA2_KERNELS_C_LAUNCH=0 in the environment keeps every launch on Triton's own runner (DirectLaunch)
+C_LAUNCH = os.environ.get("FA2_KERNELS_C_LAUNCH", "1") != "0"
 MAX_KEYS = 1024  # per kernel; the cache is emptied when full (a new shape per call never hits)
 
 
@@ -111,7 +113,7 @@ class DirectLaunch:
     def __call__(self, *args):
         launcher = getattr(self.module, self.name)
         if self.compiled is not None and launcher is self.launcher:
-            if self.fast is not None and knobs.runtime.launch_enter_hook is None:
+            if self.fast is not None and C_LAUNCH and knobs.runtime.launch_enter_hook is None:
                 launch, function, cooperative, pdl, packed = self.fast
                 stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
                 launch(*self.grid3, stream, function, cooperative, pdl, None, None, packed, None, None,
