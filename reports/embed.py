@@ -221,6 +221,77 @@ def anchor_table(rows: pd.DataFrame, anchors: pd.DataFrame, band: float = 0.10) 
     return "\n".join(lines)
 
 
+PAPER_PEERS_DIR = H200 / "paper_fa4"
+PEERS = (("fa4", "FA4"), ("sdpa-cudnn", "cuDNN"), ("sdpa-flash", "official FA2"))
+
+
+def peers_table(rows: pd.DataFrame) -> str:
+    """The strongest peers next to ours, from one paper-suite run: one line per (mode, hdim,
+    causal), one column per seqlen, each cell our TFLOPs/s then our speed over FA4, cuDNN and the
+    official FA2 kernel; then one generated sentence per mode saying where ours is ahead and
+    behind each peer, and by how much."""
+    rows = rows[rows.status == "ok"]
+    wide = rows.pivot_table(index=["mode", "hdim", "causal", "seqlen"], columns="provider", values="tflops",
+                            aggfunc="median")
+    for column in (OURS, *(name for name, _ in PEERS)):
+        if column not in wide:
+            wide[column] = float("nan")
+    seqlens = sorted(rows.seqlen.unique())
+    lines = ["| mode | hdim | causal | " + " | ".join(str(n) for n in seqlens) + " |",
+             "|---|---|---|" + "---|" * len(seqlens)]
+    for (mode, hdim, causal), group in wide.groupby(level=[0, 1, 2], sort=True):
+        group = group.droplevel([0, 1, 2])
+        cells = []
+        for n in seqlens:
+            if n not in group.index or pd.isna(group.loc[n, OURS]):
+                cells.append("n/a")
+                continue
+            r = group.loc[n]
+            cells.append(f"{r[OURS]:.0f} · " + " · ".join(_ratio(r[OURS], r[name]) for name, _ in PEERS))
+        lines.append(f"| {mode} | {hdim} | {causal} | " + " | ".join(cells) + " |")
+    env = rows.iloc[0]
+    lines += ["", "Each cell: this repo's kernels in TFLOPs/s · their speed over " +
+              ", ".join(label for _, label in PEERS) + f", measured in the same run ({env['dtype']}, "
+              f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['git_commit']}; rows: "
+              f"`reports/h200/{PAPER_PEERS_DIR.name}/results.csv`).", ""]
+    for mode, group in wide.groupby(level=0, sort=True):
+        parts = []
+        for name, label in PEERS:
+            ratio = (group[OURS] / group[name]).dropna()
+            if ratio.empty:
+                continue
+            ahead, behind = ratio[ratio >= 1.0], ratio[ratio < 1.0]
+            text = f"ahead of {label} in {len(ahead)} of {len(ratio)} configurations"
+            if len(ahead):
+                text += f" (by up to {ahead.max() - 1:.0%})"
+            if len(behind):
+                text += f", behind in {len(behind)} (by {1 - behind.max():.0%} to {1 - behind.min():.0%})"
+            parts.append(text)
+        lines.append(f"- **{mode}**: ours is " + "; ".join(parts) + ".")
+    return "\n".join(lines)
+
+
+HOST_OVERHEAD_CSV = H200 / "host_overhead.csv"
+
+
+def host_overhead_table(rows: pd.DataFrame) -> str:
+    """Host and GPU time per call, ours against SDPA flash, from harness/host_overhead.py's rows."""
+    rows = rows[(rows.status == "ok") & ~rows.compiled.astype(bool)]
+    wide = rows.pivot_table(index=["mode", "batch", "heads", "seqlen", "hdim"], columns="provider",
+                            values=["host_ms", "gpu_ms"], aggfunc="median")
+    lines = [("| mode | batch, heads, seqlen, hdim | ours host ms | SDPA flash host ms | host ratio | "
+             "ours GPU ms | SDPA flash GPU ms |"), "|---|---|---|---|---|---|---|"]
+    for (mode, batch, heads, seqlen, hdim), r in wide.iterrows():
+        ours_host, peer_host = r[("host_ms", OURS)], r[("host_ms", OFFICIAL)]
+        lines.append(f"| {mode} | {batch}, {heads}, {seqlen}, {hdim} | {ours_host:.3f} | {peer_host:.3f} | "
+                     f"{_ratio(ours_host, peer_host)} | {r[('gpu_ms', OURS)]:.3f} | {r[('gpu_ms', OFFICIAL)]:.3f} |")
+    env = rows.iloc[0]
+    lines += ["", (f"Causal, {env['dtype']}, eager calls; host time with the GPU kept ahead by a sleep, GPU time by "
+              f"CUDA-graph replay ({env['gpu']}, torch {env['torch']}, commit {env['git_commit']}; rows: "
+              f"`reports/h200/{HOST_OVERHEAD_CSV.name}`).")]
+    return "\n".join(lines)
+
+
 SECTIONS = {
     "kernel_vs_fa2": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_CSV)),
     "kernel_vs_fa2_fp16": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_FP16_CSV), KERNEL_VS_FA2_FP16_CSV),
@@ -230,6 +301,12 @@ SECTIONS = {
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
     "utilisation": lambda: utilisation_table(pd.read_csv(KERNEL_VS_FA2_CSV),
                                              matmul_ceiling_tflops(H200 / "matmul_ceiling.txt")),
+    "peers": lambda: peers_table(load_results(PAPER_PEERS_DIR)),
+    "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
+    "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Rows that did not measure",
+                                         start_at="## The bar"),
+    "decode_targets": lambda: file_section(H200 / "decode" / "report.md", stop_at="## 8 kv heads",
+                                           start_at="## The targets"),
     "ladder_code_facts": lambda: csv_table(LADDER_PROBE / "code_facts.csv", CODE_FACTS, "hdim == 128"),
     **{name: (lambda name=name, ratios=ratios: decision_table(DECISIONS / f"{name}.csv", ratios))
        for name, ratios in DECISION_RATIOS.items()},
