@@ -68,7 +68,7 @@ def _repeat_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 def _scores(q, k, softmax_scale, causal, window_size, softcap, alibi_slopes):
     """Masked float64 scores (B, H, Nq, Nk) in natural-log units."""
-    batch, seqlen_q, heads, headdim = q.shape
+    batch, seqlen_q, heads, _ = q.shape
     seqlen_k = k.shape[1]
     q64 = q.to(torch.float64).transpose(1, 2)  # (B, H, Nq, D)
     k64 = _repeat_kv(k.to(torch.float64), heads).transpose(1, 2)  # (B, H, Nk, D)

@@ -257,8 +257,9 @@ def _fa4(case: Case, x: Inputs, mode: str):
           "softcap": case.softcap, "num_splits": 1}
     if case.packed:
         longest = max(case.lengths)
-        return lambda: _first(flash_attn_varlen_func(x.q, x.k, x.v, x.cu_seqlens, x.cu_seqlens, longest, longest,
-                                                     **kw))
+        # by keyword: FA4's varlen function has seqused_q/seqused_k among its positional parameters
+        return lambda: _first(flash_attn_varlen_func(x.q, x.k, x.v, cu_seqlens_q=x.cu_seqlens, cu_seqlens_k=x.cu_seqlens,
+                                                     max_seqlen_q=longest, max_seqlen_k=longest, **kw))
     return lambda: _first(flash_attn_func(x.q, x.k, x.v, **kw))
 
 
