@@ -1,7 +1,7 @@
 """The provider registry: names, availability reasons, and that the CPU-usable providers
 compute flash-attn's function (bottom-right causal) or refuse with a reason. The peers that
 need a GPU and a package (FA4, FlashInfer, xformers) are checked here through fake modules:
-their argument mapping and layouts, not their kernels (gpu_scripts run those)."""
+their argument mapping and layouts, not their kernels (the GPU-marked tests run those)."""
 
 import json
 import math
