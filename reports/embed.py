@@ -292,6 +292,24 @@ def host_overhead_table(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+HOST_PLANS_LOGS = (("before", DECISIONS / "host_plans_before.log"), ("after", DECISIONS / "host_plans_after.log"))
+_HOST_LINE = re.compile(r"^\((?P<shape>[0-9, ]+)\) (?P<mode>fwd|bwd) ours (?P<ours>[0-9.]+) us, "
+                        r"sdpa-flash (?P<sdpa>[0-9.]+) us$", re.MULTILINE)
+
+
+def host_plans_table() -> str:
+    """Host time per eager call before and after the per-shape call plans, from the two cProfile
+    runs' summary lines (each with SDPA flash measured in the same process)."""
+    lines = ["| shape (b, n, h, d) | mode | code | ours us | SDPA flash us | ours / SDPA flash |",
+             "|---|---|---|---|---|---|"]
+    for label, path in HOST_PLANS_LOGS:
+        for m in _HOST_LINE.finditer(path.read_text()):
+            mode = "fwd" if m["mode"] == "fwd" else "fwd+bwd"
+            ours, sdpa = float(m["ours"]), float(m["sdpa"])
+            lines.append(f"| {m['shape']} | {mode} | {label} | {ours:.0f} | {sdpa:.0f} | {_ratio(ours, sdpa)} |")
+    return "\n".join(lines)
+
+
 SECTIONS = {
     "kernel_vs_fa2": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_CSV)),
     "kernel_vs_fa2_fp16": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_FP16_CSV), KERNEL_VS_FA2_FP16_CSV),
@@ -301,6 +319,7 @@ SECTIONS = {
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
     "utilisation": lambda: utilisation_table(pd.read_csv(KERNEL_VS_FA2_CSV),
                                              matmul_ceiling_tflops(H200 / "matmul_ceiling.txt")),
+    "host_plans": host_plans_table,
     "peers": lambda: peers_table(load_results(PAPER_PEERS_DIR)),
     "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
     "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Rows that did not measure",
