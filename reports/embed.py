@@ -46,12 +46,12 @@ def _ratio(ours: float, peer: float) -> str:
     return "n/a" if pd.isna(peer) or peer == 0 else f"{ours / peer:.2f}x"
 
 
-def kernel_vs_fa2_table(rows: pd.DataFrame, source: Path = KERNEL_VS_FA2_CSV) -> str:
-    """One line per (mode, hdim, causal), one column per seqlen; each cell: our TFLOPs/s, then
-    our speed over the official FA2 kernel's and over cuDNN's, all measured in the same run."""
+def _speedup_grid(rows: pd.DataFrame, peers: tuple[str, ...]) -> tuple[pd.DataFrame, list[str]]:
+    """(the TFLOPs/s pivot, the table's lines): one line per (mode, hdim, causal), one column per
+    seqlen, each cell our TFLOPs/s then our speed over each of `peers`, all from the same run."""
     wide = rows.pivot_table(index=["mode", "hdim", "causal", "seqlen"], columns="provider",
                             values="tflops", aggfunc="median")
-    for column in (OURS, OFFICIAL, CUDNN):
+    for column in (OURS, *peers):
         if column not in wide:
             wide[column] = float("nan")
     seqlens = sorted(rows.seqlen.unique())
@@ -65,8 +65,15 @@ def kernel_vs_fa2_table(rows: pd.DataFrame, source: Path = KERNEL_VS_FA2_CSV) ->
                 cells.append("n/a")
                 continue
             r = group.loc[n]
-            cells.append(f"{r[OURS]:.0f} · {_ratio(r[OURS], r[OFFICIAL])} · {_ratio(r[OURS], r[CUDNN])}")
+            cells.append(f"{r[OURS]:.0f} · " + " · ".join(_ratio(r[OURS], r[peer]) for peer in peers))
         lines.append(f"| {mode} | {hdim} | {causal} | " + " | ".join(cells) + " |")
+    return wide, lines
+
+
+def kernel_vs_fa2_table(rows: pd.DataFrame, source: Path = KERNEL_VS_FA2_CSV) -> str:
+    """One line per (mode, hdim, causal), one column per seqlen; each cell: our TFLOPs/s, then
+    our speed over the official FA2 kernel's and over cuDNN's, all measured in the same run."""
+    _, lines = _speedup_grid(rows, (OFFICIAL, CUDNN))
     env = rows.iloc[0]
     tokens = sorted((rows["batch"] * rows["seqlen"]).unique())
     hidden = sorted((rows["heads"] * rows["hdim"]).unique())
@@ -231,24 +238,7 @@ def peers_table(rows: pd.DataFrame) -> str:
     official FA2 kernel; then one generated sentence per mode saying where ours is ahead and
     behind each peer, and by how much."""
     rows = rows[rows.status == "ok"]
-    wide = rows.pivot_table(index=["mode", "hdim", "causal", "seqlen"], columns="provider", values="tflops",
-                            aggfunc="median")
-    for column in (OURS, *(name for name, _ in PEERS)):
-        if column not in wide:
-            wide[column] = float("nan")
-    seqlens = sorted(rows.seqlen.unique())
-    lines = ["| mode | hdim | causal | " + " | ".join(str(n) for n in seqlens) + " |",
-             "|---|---|---|" + "---|" * len(seqlens)]
-    for (mode, hdim, causal), group in wide.groupby(level=[0, 1, 2], sort=True):
-        group = group.droplevel([0, 1, 2])
-        cells = []
-        for n in seqlens:
-            if n not in group.index or pd.isna(group.loc[n, OURS]):
-                cells.append("n/a")
-                continue
-            r = group.loc[n]
-            cells.append(f"{r[OURS]:.0f} · " + " · ".join(_ratio(r[OURS], r[name]) for name, _ in PEERS))
-        lines.append(f"| {mode} | {hdim} | {causal} | " + " | ".join(cells) + " |")
+    wide, lines = _speedup_grid(rows, tuple(name for name, _ in PEERS))
     env = rows.iloc[0]
     lines += ["", "Each cell: this repo's kernels in TFLOPs/s · their speed over " +
               ", ".join(label for _, label in PEERS) + f", measured in the same run ({env['dtype']}, "
