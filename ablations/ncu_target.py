@@ -17,6 +17,7 @@ import torch
 
 from ablations.measure import SPEC_FIELDS, spec_of
 from ablations.variants import get_variant
+from harness.ncu_target import profile_once
 from harness.timing import random_inputs
 
 WARMUP_CALLS = 2
@@ -48,14 +49,7 @@ def main(argv=None) -> int:
         print(f"ncu_target: bad job list: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     for variant, spec in jobs:
-        step = profiled_step(variant, spec, torch.device("cuda"))
-        for _ in range(WARMUP_CALLS):
-            step()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.start()
-        step()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
+        profile_once(profiled_step(variant, spec, torch.device("cuda")), WARMUP_CALLS)
     return 0
 
 

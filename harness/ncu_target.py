@@ -75,15 +75,21 @@ def main(argv=None) -> int:
         reason = "it has no backward"
     if reason:
         return fail(f"{provider.name} cannot run {spec}: {reason}")
-    step = profiled_step(provider, spec, torch.device("cuda"))
-    for _ in range(WARMUP_CALLS):  # compile, autotune and warm caches outside the profiled range
+    profile_once(profiled_step(provider, spec, torch.device("cuda")))
+    return 0
+
+
+def profile_once(step, warmup_calls: int = WARMUP_CALLS) -> None:
+    """`warmup_calls` calls of `step` outside the profiled range (compilation, autotuning, cold
+    caches), then one between cudaProfilerStart and cudaProfilerStop, where
+    `ncu --profile-from-start off` profiles."""
+    for _ in range(warmup_calls):
         step()
     torch.cuda.synchronize()
-    torch.cuda.profiler.start()  # cudaProfilerStart: ncu --profile-from-start off begins here
+    torch.cuda.profiler.start()
     step()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    return 0
 
 
 if __name__ == "__main__":
