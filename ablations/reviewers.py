@@ -3,6 +3,7 @@
     python -m ablations.reviewers all --out results/reviewers          # every part, then the report
     python -m ablations.reviewers backward --out results/reviewers     # one part; rows of others kept
     python -m ablations.reviewers --report-only --out results/reviewers
+    python -m ablations.reviewers --decode-rows results/decode/decode.csv --out results/reviewers
 
 `run(name, args, out_dir)` is what `runner.py --ablation NAME` calls. Rows go to
 OUT/reviewers.csv (timing) and OUT/reviewers_counters.csv (Nsight Compute); a part's new rows
@@ -119,6 +120,37 @@ def run(name: str, args, out_dir) -> int:
     return exit_code
 
 
+DECODE_QUESTION = "decode-fa1-cudagraph-compilers"
+# The decode suite's shapes the question is read at, and the providers that answer it: FA1 (the
+# ladder's rung 0), our split-KV kernel and without splits, PyTorch eager (CUDA-graph replay, as
+# every decode row is timed) and under torch.compile, SDPA's math and fused backends
+DECODE_SHAPES = ((1, 65536), (8, 8192), (32, 4096))
+DECODE_PROVIDERS = ("fa1-rung0", "ours-splitkv", "ours-nosplit", "pytorch", "torch-compile", "sdpa-math",
+                    "sdpa-flash", "sdpa-cudnn")
+
+
+def import_decode_rows(decode_csv: Path, out_dir: Path) -> Path:
+    """The decode suite's rows that answer the question of FA1 in decoding, CUDA graphs and
+    compilers (MHA caches, where FA1 runs), as reviewers.csv rows of that question."""
+    decode = pd.read_csv(decode_csv)
+    shapes = pd.Series(list(zip(decode["batch"], decode["cache_len"]))).isin(DECODE_SHAPES).to_numpy()
+    chosen = decode[shapes & (decode["kv_heads"] == decode["heads"]) & decode["provider"].isin(DECODE_PROVIDERS)
+                    & (decode["layout"] == "contiguous")]
+    rows = pd.DataFrame({
+        "question": DECODE_QUESTION, "variant": chosen["provider"], "label": chosen["label"],
+        "setting": [f"{b} x {n // 1024}k" for b, n in zip(chosen["batch"], chosen["cache_len"])],
+        "mode": "decode", "causal": False, "hdim": chosen["hdim"], "seqlen": chosen["cache_len"],
+        "batch": chosen["batch"], "heads": chosen["heads"], "dtype": chosen["dtype"], "repeat": 0,
+        "status": chosen["status"], "reason": chosen["reason"].fillna(""), "ms": chosen["ms"],
+        "ms_p20": chosen["ms_p20"], "ms_p80": chosen["ms_p80"], "gbps": chosen["gbps"],
+        "config": "timed by " + chosen["timing"].astype(str), "interpreter": chosen["interpreter"],
+        **{column: chosen[column] for column in ("gpu", "driver", "cuda", "torch", "triton", "git_commit",
+                                                 "timestamp")},
+    })
+    _merge(out_dir / ROWS_CSV, rows, DECODE_QUESTION)
+    return write_report(out_dir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ablations.reviewers", description=__doc__.split("\n\n")[0])
     parser.add_argument("part", nargs="?", default="all", help="a part (default: all): " + ", ".join(part_names()))
@@ -128,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-ncu", dest="ncu", action="store_const", const="off", default="also",
                         help="no Nsight Compute counters (occupancy and smem-vs-sync then show timing only)")
     parser.add_argument("--report-only", action="store_true", help="rebuild reviewers.md from the rows in --out")
+    parser.add_argument("--decode-rows", type=Path, metavar="DECODE_CSV",
+                        help="add the decode suite's rows (runner.py --suite decode) that answer the question of "
+                             "FA1 in decoding, CUDA graphs and compilers, then rebuild reviewers.md")
     return parser
 
 
@@ -137,6 +172,9 @@ def main(argv=None) -> int:
         build_parser().error(f"part must be all or one of {', '.join(part_names())}, got {args.part!r}")
     if args.repeats < 1:
         build_parser().error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.decode_rows:
+        print(import_decode_rows(args.decode_rows, args.out))
+        return 0
     if args.report_only:
         print(write_report(args.out))
         return 0

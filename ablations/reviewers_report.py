@@ -400,12 +400,18 @@ def decode_rows(c: pd.DataFrame, counters: pd.DataFrame) -> tuple[list[str], str
                     "'decode-fa1-cudagraph-compilers' in reviewers.csv); none are in this folder")
     lines = []
     for setting, group in _by_setting(c):
-        lines += [f"Setting {setting or '-'} ({_shape_text(group.iloc[0])}):", "", cell_table(group), ""]
-    ok = c[c["status"] == "ok"]
-    fastest = ok.loc[ok["ms"].idxmin()] if len(ok) else None
-    sentence = (f"{len(ok)} of {len(c)} cells ran; the fastest is {fastest['label']} at {fastest['ms']:.3f} ms "
-                f"({_shape_text(fastest)})") if fastest is not None else NOT_SHOWN
-    return lines, sentence
+        extra = {"GB/s of K+V": [_num(v, ",.0f") for v in group["gbps"]]} if "gbps" in group else None
+        lines += [(f"Cache {setting} ({group.iloc[0]['heads']} heads, head dim {group.iloc[0]['hdim']}, one query "
+                  "token; every provider timed by CUDA-graph replay where it captures, see `config`):"), "",
+                  cell_table(group, extra), ""]
+    parts = []
+    for setting, group in _by_setting(c):
+        cells = {row["variant"]: row for _, row in group.iterrows()}
+        for slow, fast, what in (("fa1-rung0", "ours-splitkv", "FA1 -> split-KV"),
+                                 ("pytorch", "torch-compile", "eager (CUDA graphs) -> compiled")):
+            if slow in cells and fast in cells:
+                parts.append(f"{setting}: " + _ratio_sentence(cells[slow], cells[fast], what))
+    return lines, "; ".join(parts) if parts else NOT_SHOWN
 
 
 SECTIONS = {
