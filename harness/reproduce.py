@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.plan import REVIEWER_PARTS
+
 PAPER_PROVIDERS = ("fa2,sdpa-flash,sdpa-cudnn,sdpa-efficient,pytorch,xformers-cutlass,flash-attn,"
                    "flash-attn-3")
 
@@ -31,8 +33,23 @@ TARGETS = {
         (("--suite", "paper", "--dtype", "fp16", "--providers", "fa2,sdpa-flash,sdpa-cudnn"),
          ("--suite", "paper", "--dtype", "fp16", "--providers", "fa2,sdpa-flash,sdpa-cudnn", "--seqlens",
           "512,1024", "--repeats", "3"))),
+    "peers": Target(
+        "paper_fa4", "our kernels, FA4, cuDNN and the official FA2 kernel in one run (bf16, 1k/4k/16k, fwd and bwd)",
+        (("--suite", "paper", "--dtype", "bf16", "--providers", "fa2,fa4,sdpa-flash,sdpa-cudnn", "--modes", "fwd,bwd",
+          "--seqlens", "1024,4096,16384"),)),
+    "features": Target(
+        "features", "the features suite: GQA, windows, packed variable lengths, ALiBi, softcap against their peers",
+        (("--suite", "features"),)),
+    "decode": Target(
+        "decode", "the decode suite: split-KV against the decode peers over batch x cache length",
+        (("--suite", "decode"),)),
+    "reviewers": Target(
+        "reviewers", "the reviewers' studies one part at a time, fp16, with counters (then `python -m ablations."
+        "reviewers --decode-rows DECODE_CSV --out DIR` adds the decode suite's rows)",
+        tuple(("--ablation", part, "--dtype", "fp16") for part in REVIEWER_PARTS)),
     "ablation": Target(
-        "ablation", "the FA1 -> FA2 ladder (CUDA-graph timing), then its Nsight Compute counters",
+        "ablation", "the FA1 -> FA2 ladder (CUDA-graph timing) and the reviewers' studies, then the ladder's Nsight "
+        "Compute counters",
         (("--ablation", "all", "--repeats", "2", "--hdims", "128", "--seqlens", "1024,4096,16384",
           "--cuda-graph", "--no-ncu"),
          ("--ablation", "all", "--settings-only", "--ncu-only"))),
