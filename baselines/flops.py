@@ -2,7 +2,9 @@
 
 Forward: two matmuls (S = QK^T and O = PV), 2 * 2 * b * h * n_q * n_k * d FLOPs, halved when
 causal. Backward: five matmuls, 2.5x the forward. Forward + backward: 3.5x the forward.
-Every TFLOPs/s figure in the project comes from `attention_flops`.
+Every TFLOPs/s figure in the project comes from `attention_flops`, or for masks the paper does
+not have (sliding windows, packed variable lengths) from `visible_flops`, the same count over the
+(query, key) pairs the mask leaves visible.
 
 Decoding (one query token against a KV cache) is bound by reading the cache, so it is counted
 in bytes: `decode_kv_bytes` is the K and V a decode step must read, the yardstick of every
@@ -30,6 +32,14 @@ def attention_flops(
     if causal:
         forward /= 2.0
     return forward * MODE_MULTIPLIER[mode]
+
+
+def visible_flops(visible_pairs: int, heads: int, headdim: int, mode: str = "fwd") -> float:
+    """FLOPs of one call in `mode` over `visible_pairs` (query, key) pairs per head: the paper's
+    2 * 2 * d FLOPs a pair for the forward, times MODE_MULTIPLIER."""
+    if mode not in MODE_MULTIPLIER:
+        raise ValueError(f"mode must be one of {sorted(MODE_MULTIPLIER)}, got {mode!r}")
+    return 4.0 * visible_pairs * heads * headdim * MODE_MULTIPLIER[mode]
 
 
 def tflops_per_second(flops: float, ms: float) -> float:

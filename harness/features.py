@@ -35,6 +35,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from baselines.flops import tflops_per_second, visible_flops
 from baselines.reference import attention_reference
 from harness.timing import benchmark, seed_of
 from reports.environment import ROW_ENV_COLUMNS, capture_environment, throttle_warnings
@@ -324,11 +325,11 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
         return {"status": "oom", "reason": " ".join(str(exc).split())[:200]}
     except Exception as exc:  # noqa: BLE001 -- a provider's failure is a row, not the suite's end
         return {"status": "error", "reason": " ".join(f"{type(exc).__name__}: {exc}".split())[:240]}
-    flops = 4.0 * case.heads * case.hdim * case.visible_pairs() * (2.5 if mode == "bwd" else 1.0)
+    flops = visible_flops(case.visible_pairs(), case.heads, case.hdim, mode)
     status = "ok" if rel_err <= WRONG_REL_ERR else "wrong"
     return {"status": status, "reason": "" if status == "ok" else f"relative error {rel_err:.3g}",
             "ms": timing.ms, "ms_p20": timing.ms_p20, "ms_p80": timing.ms_p80,
-            "tflops": flops / (timing.ms * 1e-3) / 1e12, "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err}
+            "tflops": tflops_per_second(flops, timing.ms), "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err}
 
 
 def _our_config(case: Case, device, provider: str) -> str:

@@ -5,9 +5,9 @@ A short attention call waits on Python, not on the GPU: at batch 1 and 1k keys t
 
 * host_ms: wall time per call while the GPU is kept busy by a preceding `torch.cuda._sleep`, so
   no call waits for the GPU (the queue never fills): what issuing one call costs the CPU;
-* gpu_ms: time per call replayed from a CUDA graph (`triton.testing.do_bench_cudagraph`), which
-  has no host work: what the kernels cost the GPU;
-* wall_ms: `triton.testing.do_bench` as every other table is timed: max(host, GPU), roughly.
+* gpu_ms: time per call replayed from a CUDA graph (harness.timing.benchmark with cuda_graph, i.e.
+  `do_bench_cudagraph`), which has no host work: what the kernels cost the GPU;
+* wall_ms: harness.timing.benchmark (`do_bench`) as every other table is timed: max(host, GPU), roughly.
 
 Modes: 'fwd' (one forward, no autograd graph) and 'fwd_bwd' (forward and `backward` of the
 output). 'compiled' rows time `torch.compile(fullgraph=True)` of the same function (compile
@@ -87,7 +87,7 @@ def host_ms(fn, calls: int = HOST_CALLS, repeats: int = 5) -> float:
 
 
 def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool) -> dict:
-    import triton.testing
+    from harness.timing import benchmark
 
     batch, heads, seqlen, hdim = shape
     row = {"provider": provider, "mode": mode, "causal": causal, "hdim": hdim, "seqlen": seqlen, "batch": batch,
@@ -106,12 +106,12 @@ def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool
             fn()
         torch.cuda.synchronize()
         row["host_ms"] = host_ms(fn)
-        row["wall_ms"] = triton.testing.do_bench(fn, grad_to_none=[q, k, v] if mode != "fwd" else None)
+        row["wall_ms"] = benchmark(fn, q.device, grad_to_none=(q, k, v) if mode != "fwd" else ()).ms
     except Exception as exc:  # noqa: BLE001 -- a provider that cannot run this case is a row with its reason
         row.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
         return row
     try:
-        row["gpu_ms"] = triton.testing.do_bench_cudagraph(fn)
+        row["gpu_ms"] = benchmark(fn, q.device, cuda_graph=True).ms
     except Exception as exc:  # noqa: BLE001 -- the row keeps host and wall time, says why no GPU time
         row["reason"] = f"gpu_ms: CUDA-graph capture failed: {type(exc).__name__}: {exc}"[:300]
     return row

@@ -45,3 +45,13 @@ def test_decode_bytes_refuse_bad_counts_naming_them():
 
 def test_gigabytes_per_second_from_milliseconds():
     assert gigabytes_per_second(4.27e9, 1000.0) == pytest.approx(4.27)
+
+
+def test_visible_flops_is_the_paper_count_over_the_visible_pairs():
+    from baselines.flops import attention_flops, visible_flops
+
+    # a full mask leaves every pair visible: the same count as attention_flops, in every mode
+    for mode in ("fwd", "bwd", "fwd_bwd"):
+        assert visible_flops(2 * 300 * 500, 3, 64, mode) == attention_flops(2, 3, 300, 500, 64, False, mode)
+    with pytest.raises(ValueError, match="mode"):
+        visible_flops(10, 1, 16, "decode")
