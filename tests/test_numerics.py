@@ -16,6 +16,7 @@ import torch
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import (
     configs,
+    dispatch,
     flash_attn_func,
     flash_attn_hopper,
     flash_attn_kvpacked_func,
@@ -276,6 +277,8 @@ def test_gpu_hopper_gluon_forward_matches_reference(shape, causal, dtype):
     config = configs.default_fwd_config(shape[4], causal, q.device)
     assert fwd_memory_path(config, q, q, q, q, causal) == HOPPER_GLUON_PATH
     check_forward(*shape, causal, dtype, "cuda")
+    # the Gluon kernel ran: a build error would have sent the call to Triton with only a warning
+    assert not dispatch.gluon_unavailable, dispatch.gluon_unavailable
 
 
 @pytest.mark.gpu
