@@ -51,6 +51,7 @@ from .fa_ladder import (
     check_ladder_inputs,
     ladder_block_d,
     ladder_forward,
+    warp_split,
 )
 
 
@@ -97,9 +98,10 @@ PREPROCESS_BLOCK_M = 64
 
 
 def bwd_warp_split(block_n: int, block_d: int) -> str:
-    """The warp split Triton 3.6 gives the ladder's backward on mma.sync: dK's output
-    (block_n x block_d) decides, the key rows (SPLIT_Q's counterpart) when block_n >= block_d."""
-    return SPLIT_Q if block_n >= block_d else SPLIT_K
+    """The warp split Triton 3.6 gives the ladder's backward on mma.sync: the forward's rule
+    (fa_ladder.warp_split) on dK's output (block_n x block_d), so warps own key rows (SPLIT_Q's
+    counterpart) when block_n >= block_d."""
+    return warp_split(block_n, block_d)
 
 
 def default_bwd_ladder_config(rung: int, headdim: int, device: torch.device) -> LadderBwdConfig:
