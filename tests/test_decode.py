@@ -18,27 +18,9 @@ import torch
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import decode
 from kernels.decode import choose_num_splits, flash_attn_with_kvcache
+from tests.attention_checks import ABS_EPS, poisoned_allocations  # noqa: F401 (poisoned_allocations: a fixture)
 
 INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
-ABS_EPS = {torch.float16: 1e-3, torch.bfloat16: 4e-3, torch.float32: 1e-5}
-
-
-@pytest.fixture
-def poisoned_allocations(monkeypatch):
-    """Every buffer the op allocates (outputs, split partials) starts as NaN, so an element the
-    kernels fail to write shows up as NaN."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    def empty_like(*args, **kwargs):
-        t = real_empty_like(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch, "empty_like", empty_like)
 
 
 def make_cache(batch, capacity, kv_heads, headdim, dtype, device, seqlens, page_size=0, spare_pages=2):
@@ -141,24 +123,28 @@ def check_decode(batch, seqlen_q, heads, kv_heads, headdim, capacity, seqlens, d
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (4, 1)])
-def test_ragged_lengths_match_reference_with_gqa(heads, kv_heads, dtype, device, poisoned_allocations):
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_ragged_lengths_match_reference_with_gqa(heads, kv_heads, dtype, device):
     check_decode(4, 1, heads, kv_heads, 32, 80, [0, 1, 37, 80], dtype, device, num_splits=3)
 
 
 @pytest.mark.parametrize("page_size", [16, 32])
-def test_paged_cache_matches_reference(page_size, device, poisoned_allocations):
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_paged_cache_matches_reference(page_size, device):
     check_decode(3, 1, 4, 2, 32, 64, [64, 0, 29], torch.float16, device, page_size=page_size, num_splits=2)
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_several_query_tokens_causal_aligned_to_each_sequence_end(causal, device, poisoned_allocations):
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_several_query_tokens_causal_aligned_to_each_sequence_end(causal, device):
     # seqlen_q 3 > a length of 2: under causal that sequence's first row sees no key (zeros, lse +inf)
     out, lse = check_decode(3, 3, 4, 2, 32, 48, [2, 48, 20], torch.float16, device, num_splits=2, causal=causal)
     if causal:
         assert torch.isinf(lse[0, :, 0]).all() and (out[0, 0] == 0).all()
 
 
-def test_mqa_tokens_spanning_two_query_tiles_with_a_window(device, poisoned_allocations):
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_mqa_tokens_spanning_two_query_tiles_with_a_window(device):
     # 5 tokens x 16 q heads on one kv head: 80 packed rows, two tiles of 64; keys up to 2 ahead
     check_decode(2, 5, 16, 1, 16, 48, [48, 30], torch.float16, device, num_splits=2, window_size=(7, 2))
 
@@ -177,13 +163,15 @@ def test_splits_agree_with_one_split_to_fp32_rounding(device):
         torch.testing.assert_close(lse, lse_one, atol=2e-6, rtol=1e-6, msg=f"num_splits={splits}")
 
 
-def test_window_softcap_alibi_match_reference(device, poisoned_allocations):
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_window_softcap_alibi_match_reference(device):
     slopes = torch.rand(3, 4, device=device, dtype=torch.float32) * 0.3
     check_decode(3, 2, 4, 2, 32, 64, [64, 9, 40], torch.float16, device, num_splits=3,
                  window_size=(20, 0), softcap=5.0, alibi_slopes=slopes)
 
 
-def test_cache_batch_idx_picks_cache_rows(device, poisoned_allocations):
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_cache_batch_idx_picks_cache_rows(device):
     lengths = [30, 50, 0, 12]
     k_cache, v_cache, _ = make_cache(4, 64, 2, 32, torch.float16, device, lengths)
     rows = torch.tensor([3, 0, 1], dtype=torch.int32, device=device)
