@@ -333,15 +333,47 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
 
 
 def _our_config(case: Case, device, provider: str) -> str:
-    """Which kernels serve our call (the feature kernels, or the dense ones for 'dense'/'padded'/
-    'full-causal') and their block configs."""
+    """Which kernels serve our call, as kernels/dispatch.py decides for this case's shapes:
+    'kernels' names the forward's path ('gluon-ws', the Gluon kernel of flash_attn_hopper.py, or
+    the Triton kernel's memory path) and the backward's dK/dV kernel ('gluon-ws' or 'triton'),
+    with the block configs."""
+    from kernels import dispatch
+    from kernels.checks import DENSE, Features
     from kernels.configs import default_bwd_config, default_fwd_config
 
-    dense = case.variant in ("dense", "padded", "full-causal") and case.kv_heads == case.heads
-    masked = not dense and (case.causal or case.window != (-1, -1) or case.softcap or case.alibi or case.packed)
-    bwd = default_bwd_config(case.hdim, device, masked_features=masked and provider == "ours")
-    return json.dumps({"kernels": "dense" if dense else "features",
-                       "fwd": asdict(default_fwd_config(case.hdim, case.causal, device)), "bwd": asdict(bwd)})
+    masked = case.causal or case.window != (-1, -1) or case.softcap or case.alibi or case.packed
+    if case.packed:
+        total = sum(case.lengths)
+        q = torch.empty(total, case.heads, case.hdim, device=device, dtype=DTYPE)
+        kv = torch.empty(total, case.kv_heads, case.hdim, device=device, dtype=DTYPE)
+        cu = torch.zeros(len(case.lengths) + 1, dtype=torch.int32, device=device)
+        features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(case.lengths),
+                            max_seqlen_k=max(case.lengths))
+    else:
+        batch = len(case.lengths) if case.lengths else case.batch
+        q = torch.empty(batch, case.seqlen, case.heads, case.hdim, device=device, dtype=DTYPE)
+        kv = torch.empty(batch, case.seqlen, case.kv_heads, case.hdim, device=device, dtype=DTYPE)
+        left, right = case.window
+        features = Features(window_left=left, window_right=-1 if case.causal else right, softcap=case.softcap,
+                            alibi_slopes=torch.empty(case.heads, device=device) if case.alibi else None)
+        if features == Features():
+            features = DENSE
+    fwd = default_fwd_config(case.hdim, case.causal, device)
+    uses_features = features is not DENSE or case.kv_heads != case.heads
+    # kernels/backward.py asks the dense table's config whether the Gluon kernel serves the call;
+    # the Triton feature kernels then take the features' table (ours; the dense table for
+    # 'ours-dense-bwd-table')
+    dense_bwd = default_bwd_config(case.hdim, device)
+    gluon_device = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    fwd_path = dispatch.fwd_memory_path(fwd, q, kv, kv, q, case.causal, features)
+    bwd_path = dispatch.bwd_dkdv_path(dense_bwd, q, kv, kv, q, features) if not case.packed else "triton"
+    bwd = dense_bwd
+    if uses_features and bwd_path != dispatch.HOPPER_GLUON_PATH and provider == "ours":
+        bwd = default_bwd_config(case.hdim, device, masked_features=masked)
+    if not gluon_device:  # the Gluon kernels run on sm_90 only; elsewhere the Triton ones
+        fwd_path = fwd_path if fwd_path != dispatch.HOPPER_GLUON_PATH else "triton"
+        bwd_path = "triton"
+    return json.dumps({"kernels": {"fwd": fwd_path, "bwd": bwd_path}, "fwd": asdict(fwd), "bwd": asdict(bwd)})
 
 
 def _measured(case: Case, provider: str, mode: str) -> bool:

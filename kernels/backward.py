@@ -40,19 +40,21 @@ from .dispatch import (
     tma_compatible,
 )
 from .dropout import _dropout_keep
-from .features import _in_window, _scores
+from .features import _in_window, _scores, feature_args
 from .launch import CachedLauncher, DirectLaunch, PlanCache
 
 
 @triton.jit
 def _bwd_preprocess_kernel(
-    Out, DO, Delta,
+    Out, DO, Delta, DQAccum,
     stride_ob, stride_os, stride_oh,
     stride_dob, stride_dos, stride_doh,
     num_heads, seqlen_q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, ZERO_DQ: tl.constexpr = False,
 ):
-    """FA2 Alg. 2 line 4: D = rowsum(dO * O), one float32 per query row."""
+    """FA2 Alg. 2 line 4: D = rowsum(dO * O), one float32 per query row. With ZERO_DQ, also
+    line 3's dQ = 0 for the same rows of DQAccum, the fused dQ's float32 accumulator (fresh and
+    contiguous, (batch, seqlen, heads, head dim)): one launch fewer than a separate memset."""
     start_m = tl.program_id(0) * BLOCK_M
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
@@ -65,6 +67,10 @@ def _bwd_preprocess_kernel(
                  mask=mask, other=0.0).to(tl.float32)
     tl.store(Delta + pid_bh.to(tl.int64) * seqlen_q + offs_m, tl.sum(o * do, 1),
              mask=offs_m < seqlen_q)
+    if ZERO_DQ:
+        row = (b.to(tl.int64) * seqlen_q + offs_m) * num_heads + h
+        tl.store(DQAccum + row[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
+                 mask=mask)
 
 
 @triton.jit
@@ -416,9 +422,18 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     the dK/dV kernel (`bwd_gluon_fuses_dq` on the Gluon path, `bwd_fuses_dq` on the Triton one), dQ
     is summed by atomics in an order that varies between runs (as flash-attn's own backward does);
     `deterministic=True` takes the dQ kernel instead. Calls with any feature, or fewer kv heads
-    than q heads, run kernels/backward_features.py (atomic-free). Dense calls run a per-shape plan
-    (`_dense_plan`), as the forward does."""
+    than q heads, run kernels/backward_features.py (atomic-free), or on Hopper the Gluon dK/dV
+    kernel with dQ fused where dispatch.bwd_dkdv_path sends them (not deterministic). Dense calls
+    run a per-shape plan (`_dense_plan`), as the forward does."""
     if features is not DENSE or k.shape[-2] != q.shape[-2]:
+        if not features.varlen and on_hopper(q.device) and min(q.shape[1], k.shape[1], q.shape[0] * q.shape[2]):
+            cfg = config or default_bwd_config(q.shape[-1], q.device)
+            if bwd_dkdv_path(cfg, q, k, v, do, features, deterministic) == HOPPER_GLUON_PATH:
+                try:
+                    return _backward_features_gluon(do, q, k, v, out, lse, softmax_scale, causal, features)
+                except dispatch.GLUON_BUILD_ERRORS as exc:
+                    dispatch.disable_gluon(exc)  # the Triton kernels from now on
+                    _PLANS.clear()
         from .backward_features import flash_attn_backward_features  # it builds on this module's loops
 
         return flash_attn_backward_features(do, q, k, v, out, lse, softmax_scale, causal, config, features)
@@ -449,6 +464,32 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
 _PLANS = PlanCache()
 
 
+def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features):
+    """The Gluon dK/dV kernel with dQ fused (kernels/flash_attn_hopper.py) for a call with GQA/MQA,
+    a window, softcap or ALiBi: D = rowsum(dO * O), then one launch that adds dQ into a float32
+    accumulator and writes dK and dV summed over the q heads that share each kv head."""
+    do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
+    batch, seqlen, heads, headdim = q.shape
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    delta = torch.empty_like(lse)
+    dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    _bwd_preprocess_launcher[(cdiv(seqlen, 64), batch * heads)](
+        out, do, delta, dq_acc, *strides(out), *strides(do), heads, seqlen, HEAD_DIM=headdim,
+        BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=True)
+    flags = dispatch.gluon_feature_flags(features, causal)
+    key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device, causal,
+           tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16)
+    hopper = dispatch.flash_attn_hopper
+    plan = _PLANS.get(key) or _PLANS.put(key, hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal,
+                                                                              flags=flags))
+    qk_scale, values, _ = feature_args(q, k, softmax_scale, causal, features)
+    _, window_left, window_right, softcap_log2, _, alibi, stride_alibi_b = values[:7]
+    plan(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale,
+         (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b))
+    return dq_acc.to(q.dtype), dk, dv
+
+
 class _DensePlan:
     """The dense backward's launches for tensors like these: D = rowsum(dO * O), then dK/dV (the
     Gluon kernel or the Triton one, adding dQ into a float32 accumulator where fused), then dQ
@@ -459,8 +500,9 @@ class _DensePlan:
         self.gluon, self.fused_dq, self.zeros_shape = gluon, fused_dq, zeros_shape
 
     def __call__(self, do, q, k, v, out, lse, delta, dq, dk, dv, softmax_scale):
-        self.preprocess(out, do, delta)
-        dq_acc = torch.zeros(self.zeros_shape, device=q.device, dtype=torch.float32) if self.fused_dq else None
+        # the fused dQ's float32 accumulator, zeroed by the preprocess kernel
+        dq_acc = torch.empty(self.zeros_shape, device=q.device, dtype=torch.float32) if self.fused_dq else None
+        self.preprocess(out, do, delta, dq_acc)
         self.dkdv(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
         if dq_acc is not None:  # dQ was added into a float32 accumulator
             return dq.copy_(dq_acc), dk, dv
@@ -475,12 +517,18 @@ def _dense_plan(q, k, v, do, out, dq, dk, dv, causal: bool, cfg: BwdConfig, dete
     seqlen_k = k.shape[1]
     module = sys.modules[__name__]
     block_d = padded_headdim(headdim)
+    pre_constexprs = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "BLOCK_M": 64}
     pre_launch = DirectLaunch(module, "_bwd_preprocess_launcher", (cdiv(seqlen_q, 64), batch * heads),
-                              {"HEAD_DIM": headdim, "BLOCK_D": block_d, "BLOCK_M": 64})
+                              {**pre_constexprs, "ZERO_DQ": False})
+    pre_zero_launch = DirectLaunch(module, "_bwd_preprocess_launcher", (cdiv(seqlen_q, 64), batch * heads),
+                                   {**pre_constexprs, "ZERO_DQ": True})
     pre_ints = (*strides(out), *strides(do), heads, seqlen_q)
 
-    def preprocess(out, do, delta):
-        pre_launch(out, do, delta, *pre_ints)
+    def preprocess(out, do, delta, dq_acc=None):
+        if dq_acc is None:
+            pre_launch(out, do, delta, delta, *pre_ints)
+        else:  # also zeroes the fused dQ's accumulator
+            pre_zero_launch(out, do, delta, dq_acc, *pre_ints)
 
     tma = bwd_uses_tma(cfg, q, k, v, do)
     common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal, "TMA": tma}

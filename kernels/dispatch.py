@@ -43,7 +43,7 @@ HOPPER_GLUON_PATH = "gluon-ws"  # kernels/flash_attn_hopper.py instead of _flash
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
     """How the forward runs for these (batch, seqlen, heads, headdim) tensors: 'gluon-ws' (the
     Gluon kernel of flash_attn_hopper.py, from hopper_gluon_min_keys keys where its scope holds:
-    dense attention with as many kv heads as q heads), or the Triton forward with 'tma-host' (2D
+    no dropout and no packed variable lengths), or the Triton forward with 'tma-host' (2D
     descriptors made here), 'tma-kernel' (per-head descriptors made by each program) or 'pointer'
     (pointer tiles), by FwdConfig's rules. Packed variable lengths (q (total, heads, headdim))
     take 'tma-kernel' for K and V only (each program describes its sequence's keys; Q and O go
@@ -54,7 +54,7 @@ def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Fea
         tma = config.tma and tma_compatible(q, k, v, out) and keys >= config.tma_min_keys
         return "tma-kernel" if tma else "pointer"
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
-            and (features is DENSE or features.dense) and hopper_gluon_applies(q, k, v, out)):
+            and features.gluon_kernels and hopper_gluon_applies(q, k, v, out)):
         return HOPPER_GLUON_PATH
     if not config.tma or not tma_compatible(q, k, v, out):
         return "pointer"
@@ -79,19 +79,22 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
 
 def hopper_gluon_applies(q, k, v, out) -> bool:
     """The Gluon kernels' scope (kernels/flash_attn_hopper.py): query and key lengths equal and
-    whole blocks, head dim 64 or 128, fp16 or bf16, and each tensor an exact 2D view for its
-    descriptors (as the host-descriptor path needs, for the Gluon kernels' 128-row blocks).
-    `out` is the forward's output, or dO for the backward's dK/dV kernel."""
+    whole blocks, head dim 64 or 128, fp16 or bf16, q heads a multiple of the kv heads (GQA/MQA),
+    and each tensor an exact 2D view for its descriptors (as the host-descriptor path needs, for
+    the Gluon kernels' 128-row blocks). `out` is the forward's output, or dO for the backward's
+    dK/dV kernel."""
     hopper = flash_attn_hopper
     if gluon_unavailable:
         return False
     batch, seqlen, heads, headdim = q.shape
-    if not (q.shape == k.shape == v.shape == out.shape and headdim in hopper.HEAD_DIMS
+    kv_heads = k.shape[2]
+    if not (q.shape == out.shape and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == headdim
+            and kv_heads and heads % kv_heads == 0 and headdim in hopper.HEAD_DIMS
             and seqlen % hopper.BLOCK_M == 0 and batch * heads <= 65535  # the grid's y limit
             and all(t.dtype == q.dtype for t in (k, v, out)) and q.dtype in (torch.float16, torch.bfloat16)):
         return False
     # rows that do not overlap (no broadcast K or V with stride 0): one descriptor row each
-    if any(t.stride(1) < heads * headdim for t in (q, k, v, out)):
+    if any(t.stride(1) < t.shape[2] * headdim for t in (q, k, v, out)):
         return False
     return tma_compatible(q, k, v, out) and _flat_view_is_exact(q, k, v, out, FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, 1))
 
@@ -120,18 +123,27 @@ def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) 
     return bool(config.fused_dq_min_rows) and seqlen_q >= config.fused_dq_min_rows and not deterministic
 
 
-def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE) -> str:
+def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, deterministic: bool = False) -> str:
     """Which kernel computes dK and dV for these tensors by the config's rule: 'gluon-ws'
-    (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds, for
-    dense attention with as many kv heads as q heads) or 'triton' (_flash_bwd_dkdv_kernel, or
-    _flash_bwd_dkdv_features_kernel for a call with features or GQA). flash_attn_backward takes
-    'gluon-ws' only on an sm_90 device."""
-    if features is not DENSE and not features.dense:
+    (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds; a
+    call with a feature or GQA/MQA only where it also adds dQ, `bwd_gluon_fuses_dq`, as the dQ
+    kernel has neither) or 'triton' (_flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_features_kernel
+    for a call with features or GQA). flash_attn_backward takes 'gluon-ws' only on an sm_90 device."""
+    beyond_dense = (features is not DENSE and not features.dense) or k.shape[2] != q.shape[2]
+    if beyond_dense and not (features.gluon_kernels and bwd_gluon_fuses_dq(config, q.shape[3], deterministic)):
         return "triton"
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
             and hopper_gluon_applies(q, k, v, do) and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0):
         return HOPPER_GLUON_PATH
     return "triton"
+
+
+def gluon_feature_flags(features: Features, causal: bool) -> dict:
+    """The Gluon kernels' WINDOW, SOFTCAP and ALIBI constexprs for a call (kernels/features.py
+    passes causal to the Triton kernels as a window; the Gluon ones keep their causal path and
+    take WINDOW only for a bounded side)."""
+    return {"WINDOW": features.window_left >= 0 or (not causal and features.window_right >= 0),
+            "SOFTCAP": bool(features.softcap), "ALIBI": features.alibi_slopes is not None}
 
 
 def bwd_gluon_fuses_dq(config: BwdConfig, headdim: int, deterministic: bool = False) -> bool:

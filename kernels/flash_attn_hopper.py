@@ -65,6 +65,13 @@ LOG2E = 1.4426950408889634
 
 
 @gluon.jit
+def _tanh(x):
+    """tanh(x) as one special-function instruction (PTX tanh.approx.f32, relative error at most
+    2^-11, far below bf16's rounding of the scores), as kernels/features.py's Triton helper."""
+    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+
+@gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr):
     """FA2 Alg. 1 line 9 on unscaled scores S: m_new, P~ = exp2(S * scale - m_new) and
@@ -83,8 +90,64 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_
 
 
 @gluon.jit
+def _scores_log2(s, qk_scale, mods, rows, cols, CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    """Scores in log2 units from raw dots S with flash-attn's score modifications
+    (kernels/features.py): softcap `softcap * tanh(S * scale / softcap)` (qk_scale is then
+    scale / softcap), then ALiBi `-slope * |i - j|`; and the tanh (the softcap's derivative needs
+    it; S itself without a softcap). `mods` = (softcap * log2(e), slope * log2(e), the reference row
+    r). `rows` and `cols` index the tile's queries and keys (2D, broadcastable). Under a causal
+    mask every visible key has j <= i, so the bias is slope * (j - r) - slope * (i - r): the
+    query term is the same for a whole row, so the forward leaves it out of the softmax (it
+    cancels) and takes it off the logsumexp, and the per-element cost is one add."""
+    softcap_log2, alibi_log2, ref = mods
+    if SOFTCAP:
+        t = _tanh(s * qk_scale)
+        s = softcap_log2 * t
+    else:
+        t = s
+        s = s * qk_scale
+    if ALIBI:
+        if CAUSAL:
+            s = s + alibi_log2 * (cols - ref).to(gl.float32)
+        else:
+            s = s - alibi_log2 * gl.abs(rows - cols).to(gl.float32)
+    return s, t
+
+
+@gluon.jit
+def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, block, CAUSAL: gl.constexpr,
+                       BLOCK_N: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    """_softmax_step with a sliding window, softcap or ALiBi. `window` = (left, right, full_lo,
+    full_hi): with WINDOW a block outside [full_lo, full_hi) is masked, else causal masks the
+    blocks from full_hi (the diagonal one).
+    A row may see no key of a block at a window's edge: its max stays -inf until a block where
+    it sees one, so the exponent's reference is 0 while it is -inf (P~ = 0, no NaN)."""
+    cols = block * BLOCK_N + offs_n
+    s, _ = _scores_log2(s, qk_scale, mods, offs_m[:, None], cols[None, :], CAUSAL, SOFTCAP, ALIBI)
+    if WINDOW:
+        left, right, full_lo, full_hi = window
+        if (block < full_lo) | (block >= full_hi):
+            diag = offs_m[:, None]
+            visible = (cols[None, :] <= diag + right) & (cols[None, :] >= diag - left)
+            s = gl.where(visible, s, float("-inf"))
+    elif CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
+        if block >= window[3]:  # the diagonal block
+            s = gl.where(cols[None, :] <= offs_m[:, None], s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    if WINDOW:
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = gl.exp2(s - m_ref[:, None])
+    alpha = gl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
 def _load_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                    q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL: gl.constexpr):
+                    q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo, full_hi,
+                    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     """One warp: FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j) as TMA loads,
     each key block into the ring stage both consumers have released (empty_bar counts two)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -93,28 +156,31 @@ def _load_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
         mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
                                         q_smem.index(half))
-    for block in range(n_blocks):
-        stage = block % STAGES
+    for i in range(n_blocks):
+        stage = i % STAGES
         # a fresh mbarrier counts as having completed the phase before its first, so the first
         # STAGES waits pass at once
-        mbarrier.wait(empty_bar.index(stage), ((block // STAGES) & 1) ^ 1)
-        row = kv_row0 + block * BLOCK_N
+        mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
+        row = kv_row0 + (first_block + i) * BLOCK_N
         mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, col0], k_bar.index(stage), k_smem.index(stage))
+        tma.async_copy_global_to_shared(k_desc, [row, kv_col0], k_bar.index(stage), k_smem.index(stage))
         mbarrier.expect(v_bar.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, col0], v_bar.index(stage), v_smem.index(stage))
+        tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(stage), v_smem.index(stage))
 
 
 @gluon.jit
 def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL: gl.constexpr,
+                       q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo, full_hi,
+                       CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
-    of the block, in FA3's Algorithm 2 order."""
+    of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
+    n_blocks - 1. With a window, softcap or ALiBi (MODS) the scores go through _softmax_step_mods."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     dtype: gl.constexpr = q_desc.dtype
     # wgmma accumulators of one warpgroup (its 4 warps split the 64 rows), and P as the
     # register-held A operand of P V
@@ -126,6 +192,8 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
     q_buf = q_smem.index(HALF)
+    mods = (softcap_log2, alibi_log2, q_row - kv_row0)  # ALiBi's reference row: the block's first
+    window = (window_left, window_right, full_lo, full_hi)
 
     # line 5: O = 0, l = 0, m = -inf
     start_m = (q_row - kv_row0) + HALF * ROWS  # this half's first query row in its sequence
@@ -141,20 +209,27 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
     mbarrier.wait(k_bar.index(0), 0)
     s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=[s_tok])
-    p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
-    for block in range(1, n_blocks):
-        stage = block % STAGES
-        prev = (block - 1) % STAGES
+    if MODS:
+        p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, first_block,
+                                                CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+    else:
+        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
+    for i in range(1, n_blocks):
+        stage = i % STAGES
+        prev = (i - 1) % STAGES
         # line 8 for block j and line 10's P~ V for block j - 1, both in flight
-        mbarrier.wait(k_bar.index(stage), (block // STAGES) & 1)
+        mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
         s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        mbarrier.wait(v_bar.index(prev), ((block - 1) // STAGES) & 1)
+        mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
         # S_j done (wgmma groups complete in order); line 9 for block j runs under P~ V
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N,
-                                           CAUSAL)
+        if MODS:
+            p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
+                                                    first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+        else:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, n_blocks, BLOCK_N, CAUSAL)
         acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
         mbarrier.arrive(empty_bar.index(prev), count=1)  # this warpgroup is done with block j - 1
         # line 10's rescale: O = diag(exp(m_old - m_new)) O, before P~_j V_j is added
@@ -169,7 +244,10 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
 
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
-    gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453)
+    lse2 = m_i + gl.log2(l_i)
+    if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
+        lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
+    gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
     q_buf.store(out.to(dtype))  # this half's Q buffer stages its O (only this warpgroup read it)
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
@@ -178,25 +256,50 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
 
 @gluon.jit
 def _softmax_partition_first_half(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
-                                  empty_bar, q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL: gl.constexpr):
+                                  empty_bar, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen,
+                                  qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo,
+                                  full_hi, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL, 0)
+                       q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo, full_hi,
+                       CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)
 
 
 @gluon.jit
 def _softmax_partition_second_half(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
-                                   empty_bar, q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL: gl.constexpr):
+                                   empty_bar, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen,
+                                   qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo,
+                                  full_hi, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                                   SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                       q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL, 1)
+                       q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo, full_hi,
+                       CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)
+
+
+@gluon.jit
+def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Key blocks the query block [start_m, start_m + BLOCK_M) visits under a window (query and
+    key lengths equal): first, count, and [full_lo, full_hi), the blocks every row sees whole
+    (kernels/features.py's _window_key_blocks; sides are non-negative, UNBOUNDED for no bound)."""
+    first = gl.maximum(start_m - window_left, 0) // BLOCK_N
+    end = (gl.minimum(start_m + BLOCK_M + window_right, seqlen) + BLOCK_N - 1) // BLOCK_N
+    full_lo = (gl.maximum(start_m + BLOCK_M - 1 - window_left, 0) + BLOCK_N - 1) // BLOCK_N
+    full_hi = gl.maximum(gl.minimum(start_m + window_right + 1, seqlen) // BLOCK_N, full_lo)
+    return first, end - first, full_lo, full_hi
 
 
 @gluon.jit
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
-                             STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                             kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
+                             STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False,
+                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
-    FA3 does. The descriptors view (batch * seqlen, heads * head dim). CAUSAL reaches the
+    FA3 does. The descriptors view (batch * seqlen, heads * head dim); K and V have
+    num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
-    no mask code (as a run-time flag it cost the non-causal kernel its speed)."""
+    no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
+    sliding window: only the key blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of
+    shape (heads,) or (batch, heads), batch stride stride_alibi_b)."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -215,10 +318,22 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     q_row = b * seqlen + start_m
     kv_row0 = b * seqlen
     col0 = h * HEAD_DIM
-    if CAUSAL:  # key blocks up to the diagonal
+    kv_col0 = (h // kv_group) * HEAD_DIM
+    full_lo = 0
+    full_hi = 0
+    if WINDOW:
+        first_block, n_blocks, full_lo, full_hi = _window_key_blocks(start_m, seqlen, window_left, window_right,
+                                                                     BLOCK_M, BLOCK_N)
+    elif CAUSAL:  # key blocks up to the diagonal, the last one masked
+        first_block = 0
         n_blocks = (start_m + BLOCK_M) // BLOCK_N
+        full_hi = n_blocks - 1
     else:
+        first_block = 0
         n_blocks = seqlen // BLOCK_N
+    alibi_log2 = 0.0
+    if ALIBI:
+        alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
 
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -234,14 +349,24 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
         mbarrier.init(v_bar.index(stage), count=1)
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
 
-    args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-            q_row, kv_row0, col0, n_blocks, pid_bh, seqlen, qk_scale, CAUSAL)
-    # the default partition (4 warps) and one worker (4 warps) consume, one warp loads;
-    # registers: 240 per consumer thread, 24 for the loader
+
+    # Each partition's argument tuple is written out in the call: a tuple assigned to a name
+    # turns its constexprs (the flags) into run-time values.
+    # The default partition (4 warps) and one worker (4 warps) consume, one warp loads;
+    # registers: 240 per consumer thread, 24 for the loader.
     gl.warp_specialize([
-        (_softmax_partition_first_half, args),
-        (_softmax_partition_second_half, args),
-        (_load_partition, args),
+        (_softmax_partition_first_half,
+         (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
+          col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
+          window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
+        (_softmax_partition_second_half,
+         (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
+          col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
+          window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
+        (_load_partition,
+         (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
+          col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
+          window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
     ], [4, 1], [240, 24])
 
 
@@ -264,30 +389,42 @@ def _row_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 
 _fwd_launcher = CachedLauncher(_flash_fwd_hopper_kernel)  # kernels/launch.py
 
+# The score modifications and masks the Gluon kernels take (kernels/features.py's constexprs);
+# dropout and packed variable lengths run on the Triton kernels only.
+GLUON_FEATURE_FLAGS = ("WINDOW", "SOFTCAP", "ALIBI")
+
 
 def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: bool, stages: int = STAGES) -> None:
-    """Write O into `out` and the natural-log logsumexp into `lse` (batch, heads, seqlen); the
-    caller (forward.flash_attn_forward) has checked the scope above. `stages`: K/V blocks in
-    flight (experiments time other counts)."""
+    """Write O into `out` and the natural-log logsumexp into `lse` (batch, heads, seqlen) for dense
+    attention (GQA/MQA included); the caller (forward.flash_attn_forward) has checked the scope
+    above. `stages`: K/V blocks in flight (experiments time other counts)."""
     forward_hopper_plan(q, k, v, out, causal, stages)(q, k, v, out, lse, softmax_scale)
 
 
-def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES):
+def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags: dict | None = None):
     """The launch for tensors shaped, strided and aligned like these, as a function of (q, k, v,
-    out, lse, softmax_scale): descriptors are copied from ones made (and validated) here, and the
-    compiled kernel is launched directly after the first call (launch.DirectLaunch)."""
+    out, lse, softmax_scale, features=()): descriptors are copied from ones made (and validated)
+    here, and the compiled kernel is launched directly after the first call (launch.DirectLaunch).
+    `flags`: the GLUON_FEATURE_FLAGS constexprs of kernels/features.py's `feature_args`; `features`
+    then holds its run-time values (qk_scale, window sides, softcap * log2(e), the slopes and their
+    batch stride)."""
     batch, seqlen, heads, _ = q.shape
     templates = (_row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
                  _row_descriptor(out, BLOCK_M // 2))
+    flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),
-                          {"STAGES": stages, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168})
+                          {"STAGES": stages, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **flags})
     q_t, k_t, v_t, o_t = templates
+    kv_group = heads // k.shape[2]
 
-    def run(q, k, v, out, lse, softmax_scale):
+    def run(q, k, v, out, lse, softmax_scale, features=()):
+        qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
+            features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
         launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(o_t, out),
-               lse, heads, seqlen, softmax_scale * LOG2E)
+               lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
+               alibi if alibi is not None else lse, stride_alibi_b)
 
     return run
 
@@ -311,48 +448,70 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 
 
 @gluon.jit
-def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+def _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M: gl.constexpr,
+                     HEAD_DIM: gl.constexpr):
+    """Step `step` of a key block's loop over (q head of its group, query step) (GQA/MQA: the
+    kv_group q heads that share this kv head, one after the other): (first query row, the q
+    head's first column in the descriptors, the q head's (batch, head) row of LSE and Delta, the
+    head's index in its group)."""
+    group = step // n_steps
+    m = first_m + (step - group * n_steps) * BLOCK_M
+    return m, q_col0 + group * HEAD_DIM, lse_row0 + group, group
+
+
+@gluon.jit
+def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
                         v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale,
-                        CAUSAL: gl.constexpr):
+                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
+                        softcap_log2, window_left, window_right, full_lo, full_hi,
+                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     """One warp: FA2 Alg. 2 line 6 (K_j, V_j, as two 64-key halves, once) and line 9's loads of
     Q_i and dO_i, each query step into the ring stage both consumers have released."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     STAGES: gl.constexpr = q_smem.type.shape[0]
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for half in gl.static_range(2):
         kv_row = row0 + start_n + half * ROWS
         tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
         tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
-    for step in range(n_steps):
+    for step in range(n_steps * kv_group):
         stage = step % STAGES
+        m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
+                                          HEAD_DIM)
         # a fresh mbarrier counts as having completed the phase before its first
         mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
-        row = row0 + first_m + step * BLOCK_M
         mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row, col0], q_bar.index(stage), q_smem.index(stage))
+        tma.async_copy_global_to_shared(q_desc, [row0 + m, q_col], q_bar.index(stage), q_smem.index(stage))
         mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row, col0], do_bar.index(stage), do_smem.index(stage))
+        tma.async_copy_global_to_shared(do_desc, [row0 + m, q_col], do_bar.index(stage), do_smem.index(stage))
 
 
 @gluon.jit
-def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
                         v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale,
-                        CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
+                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
+                        softcap_log2, window_left, window_right, full_lo, full_hi,
+                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                        FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
     block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
     shared-memory operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
-    matmul.
+    matmul. With GQA/MQA the steps run over every q head of the kv head's group, so dK_j and dV_j
+    sum over them in registers.
     FUSED_DQ (line 15, FA3's scheme): both consumers put dS^T in shared memory and wait for each
     other (mbarrier ds_bar); each then computes columns [HALF * 64, HALF * 64 + 64) of
     dQ_i = dS K_j over all 128 keys and adds them into the float32 accumulator behind dq_desc with
-    one TMA reduce-add (the sum's order varies between runs)."""
+    one TMA reduce-add (the sum's order varies between runs).
+    WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
+    transposed tile; the softcap's derivative 1 - tanh^2 scales dS), the window's query steps
+    outside [full_lo, full_hi] masked."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     STAGES: gl.constexpr = q_smem.type.shape[0]
+    MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
@@ -366,8 +525,6 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
     kv_row = row0 + start_n + HALF * ROWS  # this half's first key row in the descriptors
     offs_n = start_n + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     offs_m_base = gl.arange(0, BLOCK_M, layout=col_layout)
-    LSE += pid_bh.to(gl.int64) * seqlen
-    Delta += pid_bh.to(gl.int64) * seqlen
     # line 7: dK_j = dV_j = 0
     dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
@@ -379,10 +536,12 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
         dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
         dq_buf = dq_smem.index(HALF)
     mbarrier.wait(kv_bar, 0)
-    for step in range(n_steps):
+    for step in range(n_steps * kv_group):
         stage = step % STAGES
         phase = (step // STAGES) & 1
-        offs_m = first_m + step * BLOCK_M + offs_m_base
+        m, q_col, lse_row, group = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group,
+                                                    BLOCK_M, HEAD_DIM)
+        offs_m = m + offs_m_base
         q_buf = q_smem.index(stage)
         do_buf = do_smem.index(stage)
         # line 10: S^T = K_j Q_i^T (unscaled); line 13: dP^T = V_j dO_i^T; both in flight
@@ -390,20 +549,38 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
         s_tok = warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
         mbarrier.wait(do_bar.index(stage), phase)
         dp_tok = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
-        lse = gl.load(LSE + offs_m) * 1.4426950408889634  # natural log -> log2 (LOG2E)
-        delta = gl.load(Delta + offs_m)
+        lse = gl.load(LSE + lse_row.to(gl.int64) * seqlen + offs_m) * 1.4426950408889634  # natural log -> log2
+        delta = gl.load(Delta + lse_row.to(gl.int64) * seqlen + offs_m)
         # line 11: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        p = gl.exp2(s * qk_scale - lse[None, :])
-        if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
-            if step * BLOCK_M < 2 * ROWS:  # the query steps that cross the diagonal of this block
+        if MODS:
+            alibi_log2 = 0.0
+            if ALIBI:  # the slope of this step's q head
+                alibi_log2 = gl.load(Alibi + group) * 1.4426950408889634
+            s, t = _scores_log2(s, qk_scale, (softcap_log2, alibi_log2, start_n), offs_m[None, :], offs_n[:, None],
+                                CAUSAL, SOFTCAP, ALIBI)
+            if ALIBI and CAUSAL:  # the query term of the split bias joins the logsumexp
+                lse = lse + alibi_log2 * (offs_m - start_n).to(gl.float32)
+            p = gl.exp2(s - lse[None, :])
+        else:
+            p = gl.exp2(s * qk_scale - lse[None, :])
+        if WINDOW:
+            if (m < full_lo) | (m > full_hi):  # query steps that do not see every key of the block
+                visible = ((offs_m[None, :] >= offs_n[:, None] - window_right)
+                           & (offs_m[None, :] <= offs_n[:, None] + window_left))
+                p = gl.where(visible, p, 0.0)
+        elif CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
+            if m - first_m < 2 * ROWS:  # the query steps that cross the diagonal of this block
                 p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
         p_op = gl.convert_layout(p.to(dtype), op_layout)
         # line 12: dV_j += P^T dO_i
         dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
         # line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul
         dp = warpgroup_mma_wait(1, deps=[dp_tok])
-        ds = (p * (dp - delta[None, :])).to(dtype)
+        if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2
+            ds = (p * (dp - delta[None, :]) * (1.0 - t * t)).to(dtype)
+        else:
+            ds = (p * (dp - delta[None, :])).to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
         # line 16: dK_j += dS^T Q_i (the softmax scale is applied once at the end)
         dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
@@ -429,7 +606,7 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
             dq_buf.store(dq * softmax_scale)
             fence_async_shared()
             gl.thread_barrier()
-            _tma_reduce_add(dq_desc, [row0 + first_m + step * BLOCK_M, col0 + HALF * DQ_COLS], dq_buf)
+            _tma_reduce_add(dq_desc, [row0 + m, q_col + HALF * DQ_COLS], dq_buf)
 
     if FUSED_DQ:  # the other consumer's last dQ matmul reads this half of K: wait for it
         mbarrier.arrive(done_bar, count=1)
@@ -443,74 +620,111 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
     tma.store_wait(pendings=0)
 
 
-# The consumers' entry points, one per (dQ fused or not, half of the key block). FUSED_DQ is passed
-# on as a literal: a flag that came through gl.warp_specialize's arguments is a run-time value in
-# the partitions, and with the fused branch left in the non-fused kernel Triton 3.6's lowering
-# fails (an assertion in ConvertTritonGPUToLLVM).
+# The consumers' entry points, one per (dQ fused or not, half of the key block). FUSED_DQ and HALF
+# are passed on as literals, the flags through the argument tuples written out in the
+# warp_specialize calls (a tuple assigned to a name holds run-time values: with the fused branch
+# left in the non-fused kernel Triton 3.6's lowering fails, an assertion in ConvertTritonGPUToLLVM).
 
 
 @gluon.jit
-def _bwd_dkdv_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
-                                   v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                                   start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+def _bwd_dkdv_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
                         v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL, False, 0)
+                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
+                        softcap_log2, window_left, window_right, full_lo, full_hi,
+                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
+                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
+                        softcap_log2, window_left, window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI, False, 0)
 
 
 @gluon.jit
-def _bwd_dkdv_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
-                                    v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                                    start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+def _bwd_dkdv_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
                         v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL, False, 1)
+                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
+                        softcap_log2, window_left, window_right, full_lo, full_hi,
+                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
+                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
+                        softcap_log2, window_left, window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI, False, 1)
 
 
 @gluon.jit
-def _bwd_fused_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
-                                    v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                                    start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+def _bwd_fused_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
                         v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL, True, 0)
+                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
+                        softcap_log2, window_left, window_right, full_lo, full_hi,
+                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
+                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
+                        softcap_log2, window_left, window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI, True, 0)
 
 
 @gluon.jit
-def _bwd_fused_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
-                                     v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                                     start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem,
+def _bwd_fused_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
                         v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL, True, 1)
+                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
+                        softcap_log2, window_left, window_right, full_lo, full_hi,
+                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
+                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
+                        softcap_log2, window_left, window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI, True, 1)
+
+
+@gluon.jit
+def _window_query_steps(start_n, seqlen, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Query steps that see some key of [start_n, start_n + BLOCK_N) under a window (query and
+    key lengths equal; row i sees key j iff j - right <= i <= j + left): the first step's row, the
+    count, and the bounds [full_lo, full_hi] of the first rows of steps that see every key."""
+    first_m = gl.maximum(start_n - window_right, 0) // BLOCK_M * BLOCK_M
+    end = gl.minimum(start_n + BLOCK_N + window_left, seqlen)
+    return first_m, (end - first_m + BLOCK_M - 1) // BLOCK_M, start_n + BLOCK_N - 1 - window_right, \
+        start_n + window_left - BLOCK_M + 1
 
 
 @gluon.jit
 def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, num_heads,
-                                  seqlen, softmax_scale, qk_scale, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                  FUSED_DQ: gl.constexpr):
-    """One program per (key block, batch x head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
+                                  seqlen, softmax_scale, qk_scale, kv_group, window_left, window_right, softcap_log2,
+                                  Alibi, stride_alibi_b, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                  FUSED_DQ: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
+                                  ALIBI: gl.constexpr = False):
+    """One program per (key block, batch x kv head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks), partitioned as FA3's backward: a loader warp and two consumer
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
-    seqlen, heads * head dim). Without FUSED_DQ, dq_desc is unused and dQ is the dQ kernel's
+    seqlen, heads * head dim); num_heads counts q heads, kv_group of them share a kv head.
+    Without FUSED_DQ, dq_desc is unused and dQ is the dQ kernel's
     (flash_attn._flash_bwd_dq_kernel); with it, dq_desc is a float32 accumulator's, with tiles of
-    64 rows by half the head dim."""
+    64 rows by half the head dim. WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only:
+    the dQ kernel has none of them)."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = 2 * ROWS
+    kv_heads = num_heads // kv_group
     pid_bh = gl.program_id(1)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
+    b = pid_bh // kv_heads
+    kv_head = pid_bh % kv_heads
     start_n = gl.program_id(0) * BLOCK_N  # causal: program 0 has the most query steps and starts first
     row0 = b * seqlen
-    col0 = h * HEAD_DIM
-    if CAUSAL:  # query rows from the block's first key on see some of its keys
-        first_m = start_n
+    col0 = kv_head * HEAD_DIM
+    q_col0 = kv_head * kv_group * HEAD_DIM  # the group's first q head
+    lse_row0 = b * num_heads + kv_head * kv_group
+    full_lo = 0
+    full_hi = 0
+    if WINDOW:
+        first_m, n_steps, full_lo, full_hi = _window_query_steps(start_n, seqlen, window_left, window_right,
+                                                                 BLOCK_M, BLOCK_N)
     else:
-        first_m = 0
-    n_steps = (seqlen - first_m) // BLOCK_M
+        if CAUSAL:  # query rows from the block's first key on see some of its keys
+            first_m = start_n
+        else:
+            first_m = 0
+        n_steps = (seqlen - first_m) // BLOCK_M
+    Alibi += b * stride_alibi_b + kv_head * kv_group  # the group's slopes (read only with ALIBI)
 
     k_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
@@ -536,22 +750,34 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
         for parity in gl.static_range(2):
             mbarrier.init(ds_bar.index(parity), count=2)  # both consumers' dS^T are in place
         mbarrier.init(done_bar, count=2)
-        args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem, v_smem,
-                do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
-                col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL)
         gl.warp_specialize([
-            (_bwd_fused_partition_first_half, args),
-            (_bwd_fused_partition_second_half, args),
-            (_bwd_load_partition, args),
+            (_bwd_fused_partition_first_half, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
+              do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0,
+              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
+            (_bwd_fused_partition_second_half, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
+              do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0,
+              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
+            (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
+              do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0,
+              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
         ], [4, 1], [240, 24])
     else:  # the fused path's buffers and barriers are not used: stand-ins of the right kinds
-        args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, q_smem, k_smem, v_smem,
-                do_smem, q_smem, q_smem, kv_bar, q_bar, do_bar, empty_bar, q_bar, kv_bar, row0, start_n, first_m,
-                col0, n_steps, pid_bh, seqlen, softmax_scale, qk_scale, CAUSAL)
         gl.warp_specialize([
-            (_bwd_dkdv_partition_first_half, args),
-            (_bwd_dkdv_partition_second_half, args),
-            (_bwd_load_partition, args),
+            (_bwd_dkdv_partition_first_half, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
+              do_smem, q_smem, q_smem, kv_bar, q_bar, do_bar, empty_bar, q_bar, kv_bar, row0, start_n, first_m, col0,
+              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
+            (_bwd_dkdv_partition_second_half, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
+              do_smem, q_smem, q_smem, kv_bar, q_bar, do_bar, empty_bar, q_bar, kv_bar, row0, start_n, first_m, col0,
+              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
+            (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
+              do_smem, q_smem, q_smem, kv_bar, q_bar, do_bar, empty_bar, q_bar, kv_bar, row0, start_n, first_m, col0,
+              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
         ], [4, 1], [240, 24])
 
 
@@ -574,30 +800,43 @@ def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_sca
     plan(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale)
 
 
-def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stages: int = BWD_STAGES):
+def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stages: int = BWD_STAGES,
+                              flags: dict | None = None):
     """The dK/dV launch for tensors shaped, strided and aligned like these, as a function of (q, k,
-    v, do, lse, delta, dk, dv, dq_accum, softmax_scale) (see forward_hopper_plan)."""
+    v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()) (see forward_hopper_plan;
+    `features` = (qk_scale, window sides, softcap * log2(e), slopes, their batch stride) from
+    kernels/features.py's feature_args; with `flags` or GQA/MQA, dQ must be fused: the dQ kernel
+    has neither)."""
     batch, seqlen, heads, headdim = q.shape
+    kv_heads = k.shape[2]
     rows = BWD_BLOCK_N // 2
     fused = dq_accum is not None
     if fused and headdim != 128:
         raise ValueError(f"the fused dQ splits head dim 128 between the two consumers, got {headdim}")
+    flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
+    if (any(flags.values()) or kv_heads != heads) and not fused:
+        raise ValueError("the Gluon backward takes features and GQA/MQA with dQ fused only")
     templates = (_row_descriptor(q, BWD_BLOCK_M), _row_descriptor(k, rows), _row_descriptor(v, rows),
                  _row_descriptor(do, BWD_BLOCK_M), _row_descriptor(dk, rows), _row_descriptor(dv, rows))
     dq_template = None
     if fused:
         dq_template = TensorDescriptor(dq_accum, [batch * seqlen, heads * headdim], [dq_accum.stride(1), 1],
                                        [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
-    launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * heads),
-                          {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168})
+    launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
+                          {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
+                           **flags})
     q_t, k_t, v_t, do_t, dk_t, dv_t = templates
+    kv_group = heads // kv_heads
 
-    def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale):
+    def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):
+        qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
+            features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
         dk_desc = descriptor_like(dk_t, dk)
         dq_desc = dk_desc if dq_accum is None else descriptor_like(dq_template, dq_accum)  # unused unless fused
         launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(do_t, do),
-               dk_desc, descriptor_like(dv_t, dv), dq_desc, lse, delta, heads, seqlen, softmax_scale,
-               softmax_scale * LOG2E)
+               dk_desc, descriptor_like(dv_t, dv), dq_desc, lse, delta, heads, seqlen, softmax_scale, qk_scale,
+               kv_group, window_left, window_right, softcap_log2, alibi if alibi is not None else lse,
+               stride_alibi_b)
 
     return run
 

@@ -322,7 +322,8 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, config: FwdC
     """Forward pass on validated inputs (checks.check_call). Returns (out, lse): out like q, lse
     (batch, heads, seqlen_q) float32 natural-log logsumexp ((heads, total_q) for packed variable
     lengths). `config` overrides the block-size table. Calls with any feature, or fewer kv heads
-    than q heads, run _flash_fwd_features_kernel.
+    than q heads, run _flash_fwd_features_kernel, or on Hopper the Gluon kernel where
+    dispatch.fwd_memory_path sends them (no dropout, no packed variable lengths).
 
     Dense calls run a per-shape plan (`_dense_plan`): which kernel and memory path, the grid, the
     constexprs and descriptor templates are decided once per (shapes, strides, dtype, alignment,
@@ -402,6 +403,19 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
     return run
 
 
+def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features, qk_scale: float,
+                            feature_values: tuple) -> None:
+    """The Gluon forward (kernels/flash_attn_hopper.py) for a call with GQA/MQA, a window, softcap
+    or ALiBi, through a per-shape plan keyed like the dense one's plus the feature flags."""
+    hopper = dispatch.flash_attn_hopper
+    flags = dispatch.gluon_feature_flags(features, causal)
+    key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal,
+           tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
+    plan = _PLANS.get(key) or _PLANS.put(key, hopper.forward_hopper_plan(q, k, v, out, causal, flags=flags))
+    _, window_left, window_right, softcap_log2, _, alibi, stride_alibi_b = feature_values[:7]
+    plan(q, k, v, out, lse, qk_scale, (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b))
+
+
 def _memory_path_args(path: str, cfg: FwdConfig, q, k, v, out) -> tuple:
     """The kernel's first four arguments on this memory path: tensors, or host-made descriptors
     (as flash_attn_forward's dense path makes them inline)."""
@@ -441,6 +455,16 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
     cfg = config or default_fwd_config(headdim, causal, q.device)
     path = fwd_memory_path(cfg, q, k, v, out, causal, features)
     qk_scale, feature_values, flags = feature_args(q, k, softmax_scale, causal, features)
+    if path == HOPPER_GLUON_PATH:
+        if on_hopper(q.device):
+            try:
+                _forward_features_gluon(q, k, v, out, lse, causal, features, qk_scale, feature_values)
+                return out, lse
+            except dispatch.GLUON_BUILD_ERRORS as exc:
+                dispatch.disable_gluon(exc)  # a Triton whose Gluon cannot build it: the Triton kernel from now on
+                _PLANS.clear()
+        cfg = dataclasses.replace(cfg, hopper_gluon_min_keys=0)  # the Gluon kernel is compiled for sm_90 only
+        path = fwd_memory_path(cfg, q, k, v, out, causal, features)
     _fwd_features_launcher[(cdiv(rows, cfg.block_m), batch * heads)](
         *_memory_path_args(path, cfg, q, k, v, out), lse,
         *stride_of(q), *stride_of(k), *stride_of(v), *stride_of(out),

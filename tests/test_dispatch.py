@@ -294,10 +294,13 @@ def test_hopper_gluon_kernels_compile_for_sm90():
                             capture_output=True, text=True, env=env, check=True).stdout
     forward_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
     backward_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
-    # head dims 64 and 128, causal or not; the backward also with dQ fused at head dim 128
-    assert len(forward_lines) == 4 and len(backward_lines) == 6, report
+    # head dims 64 and 128, causal or not; the backward also with dQ fused at head dim 128; then
+    # each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
+    assert len(forward_lines) == 4 + 6 and len(backward_lines) == 6 + 6, report
     fused = [line for line in backward_lines if "fused dQ" in line]
-    assert len(fused) == 2 and all("tma-reduce" in line for line in fused), report
+    assert len(fused) == 2 + 6 and all("tma-reduce" in line for line in fused), report
+    for flag in ("window", "softcap", "alibi"):
+        assert sum(line.endswith(flag) or f" {flag} " in line for line in forward_lines + backward_lines) == 4, flag
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
     for line in forward_lines + backward_lines:

@@ -10,6 +10,8 @@ allocate starts as NaN (poisoned_allocations), so an element a kernel fails to w
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -258,18 +260,26 @@ def test_feature_calls_run_the_feature_kernels_and_dense_calls_the_dense_ones(mo
     assert len(spies["_bwd_dkdv_launcher"].launches) == 1
 
 
-def test_memory_paths_keep_features_off_the_gluon_kernels():
-    """A config that sends dense calls to the Gluon kernels does not for features; packed
-    variable lengths never take the host's 2D descriptors (a tile would cross sequences)."""
+def test_memory_paths_send_features_to_the_gluon_kernels_but_dropout_and_varlen():
+    """A config that sends dense calls to the Gluon kernels sends GQA, windows, softcap and ALiBi
+    there too (the backward only where it fuses dQ: the dQ kernel has no features), but not
+    dropout, and packed variable lengths never take the host's 2D descriptors (a tile would
+    cross sequences)."""
     from kernels.checks import DENSE, Features
 
     if dispatch.gluon_unavailable:
         pytest.skip(f"the Gluon kernels are unavailable here: {dispatch.gluon_unavailable}")
-    q = torch.randn(1, 256, 2, 128, dtype=torch.float16)
+    q = torch.randn(1, 256, 4, 128, dtype=torch.float16)
+    kv = q[:, :, :2]
     config = FwdConfig(128, 128, 8, 3, tma=True, tma_min_keys=0, hopper_gluon_min_keys=128)
     assert dispatch.fwd_memory_path(config, q, q, q, q, True) == dispatch.HOPPER_GLUON_PATH
     window = Features(window_left=64)
-    assert dispatch.fwd_memory_path(config, q, q, q, q, True, window) == "tma-kernel"
+    slopes = torch.rand(4)
+    for features in (window, Features(softcap=5.0), Features(alibi_slopes=slopes), DENSE):
+        assert dispatch.fwd_memory_path(config, q, q, q, q, True, features) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.fwd_memory_path(config, q, kv.contiguous(), kv.contiguous(), q, True) == dispatch.HOPPER_GLUON_PATH
+    dropout = Features(dropout_p=0.1, rng_seed=torch.zeros(2, dtype=torch.int64))
+    assert dispatch.fwd_memory_path(config, q, q, q, q, True, dropout) == "tma-kernel"
     packed = q[0]
     cu = torch.tensor([0, 100, 256], dtype=torch.int32)
     varlen = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=156, max_seqlen_k=156)
@@ -278,9 +288,13 @@ def test_memory_paths_keep_features_off_the_gluon_kernels():
     assert dispatch.fwd_memory_path(host, packed, packed, packed, packed, False, varlen) == "tma-kernel"
     assert dispatch.fwd_memory_path(FwdConfig(128, 128, 8, 3), packed, packed, packed, packed, False,
                                     varlen) == "pointer"
-    assert dispatch.fwd_memory_path(config, q, q, q, q, False, DENSE) == dispatch.HOPPER_GLUON_PATH
     bwd = BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=128)
-    assert dispatch.bwd_dkdv_path(bwd, q, q, q, q, window) == "triton"
+    assert dispatch.bwd_dkdv_path(bwd, q, q, q, q, window) == "triton"  # dQ not fused by this config
+    fused = dataclasses.replace(bwd, hopper_gluon_fused_dq=True)
+    assert dispatch.bwd_dkdv_path(fused, q, q, q, q, window) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.bwd_dkdv_path(fused, q, kv.contiguous(), kv.contiguous(), q) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.bwd_dkdv_path(fused, q, q, q, q, window, deterministic=True) == "triton"
+    assert dispatch.bwd_dkdv_path(fused, q, q, q, q, dropout) == "triton"
 
 
 def test_custom_ops_carry_every_feature():

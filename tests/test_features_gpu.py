@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from baselines.reference import attention_reference
-from kernels import flash_attn_func
+from kernels import dispatch, flash_attn_func
+from kernels.checks import Features
+from kernels.configs import default_bwd_config, default_fwd_config
 from tests.attention_checks import poisoned_allocations  # noqa: F401
 from tests.test_features import check_dense, check_varlen
 
@@ -53,6 +55,52 @@ def test_gpu_softcap_with_gqa(dtype):
 def test_gpu_alibi(per_batch, causal, dtype):
     slopes = torch.rand((2, 8) if per_batch else (8,), device="cuda") * 0.1
     check_dense(2, 1024, 1100, 8, 8, 64, dtype, causal=causal, alibi=slopes, device="cuda")
+
+
+GLUON_FEATURE_CASES = {
+    "gqa-causal": {"heads": 16, "kv_heads": 4, "causal": True},
+    "mqa": {"heads": 8, "kv_heads": 1, "causal": False},
+    "window-causal": {"causal": True, "window": (300, 0)},
+    "window-two-sided": {"causal": False, "window": (200, 100)},
+    "window-right-only": {"causal": False, "window": (-1, 150)},
+    "window-left-only-gqa": {"heads": 8, "kv_heads": 2, "causal": False, "window": (129, -1)},
+    "softcap-causal": {"causal": True, "softcap": 0.5},
+    "softcap-gqa": {"heads": 8, "kv_heads": 2, "causal": False, "softcap": 2.0},
+    "alibi-causal": {"causal": True, "alibi": "heads"},
+    "alibi-per-batch": {"causal": False, "alibi": "batch"},
+    "alibi-window-causal": {"causal": True, "window": (256, 0), "alibi": "heads"},
+    "softcap-window-gqa": {"heads": 8, "kv_heads": 4, "causal": True, "window": (512, 0), "softcap": 1.0},
+}
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(GLUON_FEATURE_CASES))
+def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
+    """Head dim 128, equal lengths of whole 128-row blocks from 1k keys: on an H100/H200 these
+    calls take the Gluon forward and the Gluon dK/dV kernel with dQ fused (asserted, so a change
+    of rule cannot quietly test the Triton kernels instead), and match the float64 reference."""
+    spec = dict(GLUON_FEATURE_CASES[case])
+    heads, kv_heads = spec.pop("heads", 4), spec.pop("kv_heads", 4)
+    batch, seqlen, headdim = 2, 1024, 128
+    alibi = spec.pop("alibi", None)
+    if alibi is not None:  # BLOOM's slopes for 8 heads are 2^-1 .. 2^-8; a few of that size
+        shape = (batch, heads) if alibi == "batch" else (heads,)
+        spec["alibi"] = torch.rand(shape, device="cuda") * 0.25
+    like_q = torch.empty(batch, seqlen, heads, headdim, device="cuda", dtype=dtype)
+    like_k = torch.empty(batch, seqlen, kv_heads, headdim, device="cuda", dtype=dtype)
+    window = spec.get("window", (-1, -1))
+    features = Features(window_left=window[0], window_right=-1 if spec["causal"] else window[1],
+                        softcap=spec.get("softcap", 0.0), alibi_slopes=spec.get("alibi"))
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    fwd_cfg = default_fwd_config(headdim, spec["causal"], like_q.device)
+    assert dispatch.fwd_memory_path(fwd_cfg, like_q, like_k, like_k, like_q, spec["causal"],
+                                    features) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.bwd_dkdv_path(default_bwd_config(headdim, like_q.device), like_q, like_k, like_k, like_q,
+                                  features) == dispatch.HOPPER_GLUON_PATH
+    check_dense(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, device="cuda", **spec)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
 @pytest.mark.usefixtures("poisoned_allocations")

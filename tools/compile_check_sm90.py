@@ -121,35 +121,49 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
             f"wgmma wait_group values {' '.join(waits)}{serialised}")
 
 
-def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
-    """The Gluon forward (kernels/flash_attn_hopper.py) compiled for sm_90."""
+FEATURE_SIGNATURE = {"kv_group": "i32", "window_left": "i32", "window_right": "i32", "softcap_log2": "fp32",
+                     "Alibi": "*fp32", "stride_alibi_b": "i32"}
+
+
+def feature_label(flags: dict) -> str:
+    return "".join(f" {name.lower()}" for name, on in flags.items() if on)
+
+
+def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, **flags: bool) -> str:
+    """The Gluon forward (kernels/flash_attn_hopper.py) compiled for sm_90; `flags`: its
+    WINDOW, SOFTCAP and ALIBI constexprs."""
     from kernels import flash_attn_hopper as hopper
 
     def desc(rows):
         return gluon_descriptor_type(rows, headdim, dtype)
 
+    flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
     signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
                  "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
-                 "qk_scale": "fp32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}", hopper._flash_fwd_hopper_kernel, signature,
-                        {"STAGES": hopper.STAGES, "CAUSAL": causal})
+                 "qk_scale": "fp32", **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr",
+                 **{name: "constexpr" for name in flags}}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{feature_label(flags)}",
+                        hopper._flash_fwd_hopper_kernel, signature, {"STAGES": hopper.STAGES, "CAUSAL": causal, **flags})
 
 
-def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128, fused_dq: bool = False) -> str:
+def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128, fused_dq: bool = False,
+                            **flags: bool) -> str:
     """The Gluon dK/dV kernel (kernels/flash_attn_hopper.py) compiled for sm_90, with dQ fused
-    (TMA reduce-adds into a float32 accumulator) or not."""
+    (TMA reduce-adds into a float32 accumulator) or not; `flags` as hopper_gluon_report's."""
     from kernels import flash_attn_hopper as hopper
 
     query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
     dq_tile = (gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim // 2, "fp32") if fused_dq else key_tile)
+    flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "LSE": "*fp32", "Delta": "*fp32",
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
-                 "STAGES": "constexpr", "CAUSAL": "constexpr", "FUSED_DQ": "constexpr"}
-    label = f"d{headdim} causal={causal!s:5s} {dtype}" + (" fused dQ" if fused_dq else "")
+                 **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "FUSED_DQ": "constexpr",
+                 **{name: "constexpr" for name in flags}}
+    label = f"d{headdim} causal={causal!s:5s} {dtype}" + (" fused dQ" if fused_dq else "") + feature_label(flags)
     return gluon_report(label, hopper._flash_bwd_dkdv_hopper_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq, **flags})
 
 
 def main() -> None:
@@ -181,6 +195,11 @@ def main() -> None:
                     emit(report_fn(causal, headdim=headdim))
         for causal in (False, True):
             emit(hopper_gluon_bwd_report(causal, headdim=128, fused_dq=True))
+        # the score modifications and the sliding window (kernels/features.py), as the features suite runs them
+        for flag in hopper.GLUON_FEATURE_FLAGS:
+            for causal in (False, True):
+                emit(hopper_gluon_report(causal, **{flag: True}))
+                emit(hopper_gluon_bwd_report(causal, fused_dq=True, **{flag: True}))
     else:
         production_report(args, emit)
     if args.out:
