@@ -43,7 +43,9 @@ INTERPRETER_SIZES = Sizes(hdims=(32, 64), seqlens=(32, 64, 128), quick_hdims=(32
 INTERPRETER_ABLATION = {"seqlen": 128, "hdim": 64, "heads": 2}
 INTERPRETER_ABLATION_MAX_BATCH = 2
 ABLATION_SWEEP = "sweep"  # the `setting` of the ablation's seqlen x head dim x causal rows
-ABLATION_PEERS = ("sdpa-flash", "sdpa-cudnn")  # measured next to the rungs in the same run
+# measured next to the rungs in the same run: the official FA2 kernel, cuDNN and FlashAttention-4
+# (a row with its reason where FA4 is not installed)
+ABLATION_PEERS = ("sdpa-flash", "sdpa-cudnn", "fa4")
 
 def _join(values) -> str:
     return ",".join(str(v) for v in values)

@@ -37,6 +37,10 @@ TARGETS = {
         "paper_fa4", "our kernels, FA4, cuDNN and the official FA2 kernel in one run (bf16, 1k/4k/16k, fwd and bwd)",
         (("--suite", "paper", "--dtype", "bf16", "--providers", "fa2,fa4,sdpa-flash,sdpa-cudnn", "--modes", "fwd,bwd",
           "--seqlens", "1024,4096,16384"),)),
+    "peers-fp16": Target(
+        "paper_fa4_fp16", "the same in fp16",
+        (("--suite", "paper", "--dtype", "fp16", "--providers", "fa2,fa4,sdpa-flash,sdpa-cudnn", "--modes", "fwd,bwd",
+          "--seqlens", "1024,4096,16384"),)),
     "features": Target(
         "features", "the features suite: GQA, windows, packed variable lengths, ALiBi, softcap against their peers",
         (("--suite", "features"),)),
@@ -59,7 +63,7 @@ TARGETS = {
           "128", "--seqlens", "4096", "--dtype", "bf16"),)),
     "baseline": Target(
         "regression", "the regression baseline CI compares with (saved to reports/h200/regression/baseline.json)",
-        (("--quick", "--providers", "fa2,sdpa-flash", "--dtype", "bf16", "--repeats", "3", "--save-baseline"),)),
+        (("--quick", "--providers", "fa2,fa4,sdpa-flash", "--dtype", "bf16", "--repeats", "3", "--save-baseline"),)),
 }
 
 

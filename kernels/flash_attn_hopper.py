@@ -115,15 +115,32 @@ def _scores_log2(s, qk_scale, mods, rows, cols, CAUSAL: gl.constexpr, SOFTCAP: g
 
 
 @gluon.jit
-def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, block, CAUSAL: gl.constexpr,
+def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, block, CAUSAL: gl.constexpr,
                        BLOCK_N: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     """_softmax_step with a sliding window, softcap or ALiBi. `window` = (left, right, full_lo,
     full_hi): with WINDOW a block outside [full_lo, full_hi) is masked, else causal masks the
-    blocks from full_hi (the diagonal one).
-    A row may see no key of a block at a window's edge: its max stays -inf until a block where
-    it sees one, so the exponent's reference is 0 while it is -inf (P~ = 0, no NaN)."""
+    blocks from full_hi (the diagonal one). A row may see no key of a block at a window's edge:
+    its max stays -inf until a block where it sees one, so the exponent's reference is 0 while it
+    is -inf (P~ = 0, no NaN). Per element this costs the dense step's work plus, with ALiBi, one
+    add (the column term comes from `offs_n_f`, the block's key offsets converted to float once,
+    as an int-to-float conversion runs at the special-function units' rate) and, with a softcap,
+    its tanh."""
     cols = block * BLOCK_N + offs_n
-    s, _ = _scores_log2(s, qk_scale, mods, offs_m[:, None], cols[None, :], CAUSAL, SOFTCAP, ALIBI)
+    if SOFTCAP:
+        softcap_log2, alibi_log2, ref = mods
+        s = softcap_log2 * _tanh(s * qk_scale)
+        scale = 1.0  # s is in log2 units from here
+    elif ALIBI:
+        softcap_log2, alibi_log2, ref = mods
+        s = s * qk_scale
+        scale = 1.0
+    else:
+        scale = qk_scale  # folded into the exponent's FMA, as the dense step does
+    if ALIBI:
+        if CAUSAL:  # _scores_log2's split bias: the column term only
+            s = s + alibi_log2 * (offs_n_f + (block * BLOCK_N - ref).to(gl.float32))[None, :]
+        else:
+            s = s - alibi_log2 * gl.abs(offs_m[:, None] - cols[None, :]).to(gl.float32)
     if WINDOW:
         left, right, full_lo, full_hi = window
         if (block < full_lo) | (block >= full_hi):
@@ -133,12 +150,12 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, bloc
     elif CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
         if block >= window[3]:  # the diagonal block
             s = gl.where(cols[None, :] <= offs_m[:, None], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
     if WINDOW:
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_ref = m_new
-    p = gl.exp2(s - m_ref[:, None])
+    p = gl.exp2(s * scale - m_ref[:, None])
     alpha = gl.exp2(m_i - m_ref)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, l_i, m_new
@@ -199,6 +216,7 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
     start_m = (q_row - kv_row0) + HALF * ROWS  # this half's first query row in its sequence
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    offs_n_f = offs_n.to(gl.float32)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
@@ -210,7 +228,7 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
     s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     if MODS:
-        p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, first_block,
+        p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
                                                 CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
     else:
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
@@ -227,7 +245,7 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
         s = warpgroup_mma_wait(1, deps=[s_tok])
         if MODS:
             p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
-                                                    first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+                                                    offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, n_blocks, BLOCK_N, CAUSAL)
         acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
@@ -573,14 +591,13 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
             if m - first_m < 2 * ROWS:  # the query steps that cross the diagonal of this block
                 p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
         p_op = gl.convert_layout(p.to(dtype), op_layout)
+        if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2 joins P^T now: t is not kept for dS
+            p = p * (1.0 - t * t)
         # line 12: dV_j += P^T dO_i
         dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
         # line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul
         dp = warpgroup_mma_wait(1, deps=[dp_tok])
-        if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2
-            ds = (p * (dp - delta[None, :]) * (1.0 - t * t)).to(dtype)
-        else:
-            ds = (p * (dp - delta[None, :])).to(dtype)
+        ds = (p * (dp - delta[None, :])).to(dtype)
         ds_op = gl.convert_layout(ds, op_layout)
         # line 16: dK_j += dS^T Q_i (the softmax scale is applied once at the end)
         dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
