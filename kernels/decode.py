@@ -45,6 +45,10 @@ PROGRAMS_PER_SM = 2  # the split heuristic's target number of programs per SM
 MIN_BLOCKS_PER_SPLIT = 4  # a split reads at least this many key blocks of the cache's capacity
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs; the heuristic assumes this many
 GPU_CONFIG = (64, 4, 3)  # (block_n, num_warps, num_stages)
+# A paged cache gathers each key row through the block table: 128-key tiles over 8 warps halve the
+# dependent table reads per key (measured at batch 1 x 64k, 8 kv heads: 2,721 GB/s against 2,363
+# with GPU_CONFIG; reports/h200/decode/tuning.csv)
+PAGED_GPU_CONFIG = (128, 8, 3)
 INTERPRETER_CONFIG = (16, 4, 1)  # small key blocks: tiny test caches still span several blocks
 
 _split_launcher = CachedLauncher(_fwd_kvcache_split_kernel)
@@ -59,10 +63,14 @@ def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, 
 
     Without splitting, batch x kv_heads x m_blocks programs run (m_blocks: query tiles of
     packed q heads). Split until PROGRAMS_PER_SM x num_sms programs exist (at batch 1 with
-    8 kv heads on a 132-SM H200: 33 splits), keeping at least MIN_BLOCKS_PER_SPLIT key blocks
+    8 kv heads on a 132-SM H200: 33 splits) where fewer than num_sms run (from one program per
+    SM on, no split: measured at batch 32 x 4k with 8 kv heads, 2 splits read 3,534 GB/s and
+    none 4,196), keeping at least MIN_BLOCKS_PER_SPLIT key blocks
     of the cache's capacity (`cache_len`, known from shapes alone, so a CUDA graph keeps one
     split count) in each split, and at most MAX_SPLITS."""
     programs = batch * kv_heads * m_blocks
+    if programs >= num_sms:  # every SM has a program: a split would only add the combine's pass
+        return 1
     wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
     most = max(1, triton.cdiv(cache_len, block_n) // MIN_BLOCKS_PER_SPLIT)
     return max(1, min(wanted, most, MAX_SPLITS))
@@ -204,7 +212,8 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     if out.numel() == 0:
         return out, lse
     interpreted = q.device.type != "cuda"
-    block_n, num_warps, num_stages = INTERPRETER_CONFIG if interpreted else GPU_CONFIG
+    block_n, num_warps, num_stages = (INTERPRETER_CONFIG if interpreted
+                                      else PAGED_GPU_CONFIG if block_table is not None else GPU_CONFIG)
     block_m = max(16, min(64, triton.next_power_of_2(seqlen_q * group)))
     m_blocks = triton.cdiv(seqlen_q * group, block_m)
     if num_splits == 0:

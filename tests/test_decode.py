@@ -241,13 +241,15 @@ def test_heuristic_fills_the_gpu_at_batch_one():
     splits = choose_num_splits(1, 8, 1, 65536, 64, 132)
     assert splits * 8 >= 132
     assert choose_num_splits(64, 32, 1, 4096, 64, 132) == 1  # 2048 programs already
+    assert choose_num_splits(32, 8, 1, 4096, 64, 132) == 1  # 256 programs: every SM has one
     assert choose_num_splits(1, 8, 1, 256, 64, 132) == 1  # 4 key blocks: too few to split
     assert choose_num_splits(1, 1, 1, 1 << 20, 64, 132) == decode.MAX_SPLITS
 
 
 def test_gqa_packs_each_kv_heads_queries_into_one_tile(device, monkeypatch):
     """Grid (splits, batch x kv heads, query tiles): 8 q heads per kv head and one token fill one
-    16-row tile, so each program reads its kv head's keys once for all 8; num_splits=0 splits."""
+    16-row tile (8 rows padded to the tile's minimum), so each program reads its kv head's keys
+    once for all 8; num_splits=0 splits."""
     grids = []
     real = decode._split_launcher
 
@@ -257,12 +259,13 @@ def test_gqa_packs_each_kv_heads_queries_into_one_tile(device, monkeypatch):
             return real[grid]
 
     monkeypatch.setattr(decode, "_split_launcher", Spy())
-    k_cache, v_cache, _ = make_cache(2, 256, 2, 16, torch.float16, device, [256, 100])
-    q = torch.randn(2, 1, 16, 16, dtype=torch.float16, device=device)
+    # 2 programs without a split, fewer than the interpreter's INTERPRETER_SMS: the heuristic splits
+    k_cache, v_cache, _ = make_cache(2, 256, 1, 16, torch.float16, device, [256, 100])
+    q = torch.randn(2, 1, 8, 16, dtype=torch.float16, device=device)
     seqlens = torch.tensor([256, 100], dtype=torch.int32, device=device)
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, return_softmax_lse=True)
-    splits = choose_num_splits(2, 2, 1, 256, decode.INTERPRETER_CONFIG[0], decode.INTERPRETER_SMS)
-    assert splits > 1 and grids == [(splits, 2 * 2, 1)]
+    splits = choose_num_splits(2, 1, 1, 256, decode.INTERPRETER_CONFIG[0], decode.INTERPRETER_SMS)
+    assert splits > 1 and grids == [(splits, 2 * 1, 1)]
     assert_matches(out, lse, *decode_reference(q, k_cache, v_cache, seqlens))
 
 
