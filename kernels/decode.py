@@ -45,10 +45,6 @@ PROGRAMS_PER_SM = 2  # the split heuristic's target number of programs per SM
 MIN_BLOCKS_PER_SPLIT = 4  # a split reads at least this many key blocks of the cache's capacity
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs; the heuristic assumes this many
 GPU_CONFIG = (64, 4, 3)  # (block_n, num_warps, num_stages)
-# A paged cache gathers each key row through the block table: 128-key tiles over 8 warps halve the
-# dependent table reads per key (measured at batch 1 x 64k, 8 kv heads: 2,721 GB/s against 2,363
-# with GPU_CONFIG; reports/h200/decode/tuning.csv)
-PAGED_GPU_CONFIG = (128, 8, 3)
 INTERPRETER_CONFIG = (16, 4, 1)  # small key blocks: tiny test caches still span several blocks
 
 _split_launcher = CachedLauncher(_fwd_kvcache_split_kernel)
@@ -212,8 +208,9 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     if out.numel() == 0:
         return out, lse
     interpreted = q.device.type != "cuda"
-    block_n, num_warps, num_stages = (INTERPRETER_CONFIG if interpreted
-                                      else PAGED_GPU_CONFIG if block_table is not None else GPU_CONFIG)
+    # one tile for both layouts: 128 keys over 8 warps read a paged cache 15% faster at batch 1 x 64k
+    # but 4-20% slower at batch 8 and up (reports/h200/decode/tuning.csv and a suite run)
+    block_n, num_warps, num_stages = INTERPRETER_CONFIG if interpreted else GPU_CONFIG
     block_m = max(16, min(64, triton.next_power_of_2(seqlen_q * group)))
     m_blocks = triton.cdiv(seqlen_q * group, block_m)
     if num_splits == 0:
