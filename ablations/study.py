@@ -38,6 +38,7 @@ SHAPE_COLUMNS = ["mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype"]
 RUNG_INDEX = {rung.name: rung.index for rung in RUNGS}
 OFFICIAL_FA2 = "sdpa-flash"  # the FA2 CUDA kernel vendored in PyTorch
 WITHIN_OFFICIAL = 0.15  # the bar the ladder is held to: rung 3 within 15% of the official kernel
+STRONGEST_PEERS = ("sdpa-cudnn", "fa4")  # rung 4 against the fastest kernels on Hopper, where measured
 INTERPRETER_NOTE = ("> **Triton's CPU interpreter on tiny sizes: these numbers are NOT performance.** They show "
                     "that every rung runs and the report is built end to end.")
 INTRO = ("Rungs 0-3 are one Triton kernel family compiled to mma.sync (kernels/fa_ladder.py); neighbouring "
@@ -209,6 +210,11 @@ def technique_sentences(tables: dict[str, pd.DataFrame]) -> list[str]:
                        "slower than")
             sentences.append(f"- Setting {setting}: rung {rung} runs at {ratio:.2f}x the official FA2 kernel "
                              f"({OFFICIAL_FA2}): {verdict} it.")
+        for peer in STRONGEST_PEERS:  # where the bar is on this GPU today
+            value, reference = medians.get(RUNGS[4].name, float("nan")), medians.get(peer, float("nan"))
+            if not (pd.isna(value) or pd.isna(reference)):
+                sentences.append(f"- Setting {setting}: rung 4 runs at {value / reference:.2f}x {peer} "
+                                 f"({'faster' if value > reference else 'slower'}).")
     return sentences
 
 

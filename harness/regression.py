@@ -21,7 +21,7 @@ below MIN_SIGMA.
 
 Verdicts: regression, improvement, unchanged; failed (in the baseline, tried now and not
 `ok`, or its reference not `ok`: a broken kernel is the worst regression); missing (in the
-baseline, not tried now); new (measured now, not in the baseline). Nothing compared is an
+baseline, not tried now, or a peer `unavailable` here: its package is not installed); new (measured now, not in the baseline). Nothing compared is an
 error for the caller (exit code 2), never a pass.
 """
 
@@ -372,7 +372,10 @@ def _failure_notes(results: pd.DataFrame, reference: str) -> dict[tuple, str]:
     reference's row is not `ok`."""
     frame = _normal_keys(results)
     tflops = pd.to_numeric(frame["tflops"], errors="coerce")
-    bad = frame[(frame["status"] != "ok") | ~np.isfinite(tflops)]
+    # a peer whose package is not installed here was not tried: its baseline entries are missing,
+    # not failed (the baseline's optional peers, FA4 among them, must not fail a machine without them)
+    bad = frame[((frame["status"] != "ok") | ~np.isfinite(tflops))
+                & ~((frame["status"] == "unavailable") & (frame["provider"] != reference))]
     notes, ref_notes = {}, {}
     for row in bad.itertuples(index=False):
         reason = getattr(row, "reason", "")

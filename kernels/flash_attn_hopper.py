@@ -22,7 +22,11 @@ Scope (`dispatch.fwd_memory_path` picks this path, "gluon-ws", only where
 `dispatch.hopper_gluon_applies` holds, and `forward.flash_attn_forward` only on an sm_90 device): query and key
 lengths equal and whole 128-row blocks; head dim 128 (from 1k keys) or 64 (from 4k keys, where
 it measured 0.97-1.10x the Triton kernel, faster on average; at 2k causal it was slower); fp16 or bf16; each tensor a
-(batch * seqlen, heads * head dim) 2D view with rows that do not overlap.
+(batch * seqlen, heads * head dim) 2D view with rows that do not overlap. Beyond dense attention
+they take GQA/MQA (q head h reads kv head h // group), sliding windows (only the key blocks, or
+in the backward the query steps, a window reaches), softcap and ALiBi (constexpr flags; the
+backward with dQ fused only, and not a softcap's, `dispatch.bwd_dkdv_path`); dropout and packed
+variable lengths run on the Triton kernels.
 
 The backward's dK/dV kernel (below the forward) has the same shape: a loader warp streams Q_i and
 dO_i tiles, two consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax

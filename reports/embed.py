@@ -184,6 +184,8 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "timing_windows": (("cuDNN: 20-ms / default windows", "sdpa-cudnn, 20-ms windows", "sdpa-cudnn, default windows"),
                        ("ours: 20-ms / default windows", "ours, 20-ms windows", "ours, default windows")),
     "triton_fused_dq": (("fused / two-kernel time", "dQ fused, best config: backward", "two kernels: backward"),),
+    "gluon_features": (("forward: Triton / Gluon time", "Triton forward", "Gluon forward"),
+                       ("backward: Triton / Gluon time", "Triton backward", "Gluon backward")),
 }
 
 
@@ -229,10 +231,11 @@ def anchor_table(rows: pd.DataFrame, anchors: pd.DataFrame, band: float = 0.10) 
 
 
 PAPER_PEERS_DIR = H200 / "paper_fa4"
+PAPER_PEERS_FP16_DIR = H200 / "paper_fa4_fp16"
 PEERS = (("fa4", "FA4"), ("sdpa-cudnn", "cuDNN"), ("sdpa-flash", "official FA2"))
 
 
-def peers_table(rows: pd.DataFrame) -> str:
+def peers_table(rows: pd.DataFrame, folder: Path = PAPER_PEERS_DIR) -> str:
     """The strongest peers next to ours, from one paper-suite run: one line per (mode, hdim,
     causal), one column per seqlen, each cell our TFLOPs/s then our speed over FA4, cuDNN and the
     official FA2 kernel; then one generated sentence per mode saying where ours is ahead and
@@ -243,7 +246,7 @@ def peers_table(rows: pd.DataFrame) -> str:
     lines += ["", "Each cell: this repo's kernels in TFLOPs/s · their speed over " +
               ", ".join(label for _, label in PEERS) + f", measured in the same run ({env['dtype']}, "
               f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['git_commit']}; rows: "
-              f"`reports/h200/{PAPER_PEERS_DIR.name}/results.csv`).", ""]
+              f"`reports/h200/{folder.name}/results.csv`).", ""]
     for mode, group in wide.groupby(level=0, sort=True):
         parts = []
         for name, label in PEERS:
@@ -311,8 +314,9 @@ SECTIONS = {
                                              matmul_ceiling_tflops(H200 / "matmul_ceiling.txt")),
     "host_plans": host_plans_table,
     "peers": lambda: peers_table(load_results(PAPER_PEERS_DIR)),
+    "peers_fp16": lambda: peers_table(load_results(PAPER_PEERS_FP16_DIR), PAPER_PEERS_FP16_DIR),
     "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
-    "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Rows that did not measure",
+    "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Notes",
                                          start_at="## The bar"),
     "decode_targets": lambda: file_section(H200 / "decode" / "report.md", stop_at="## 8 kv heads",
                                            start_at="## The targets"),

@@ -80,7 +80,7 @@ def verdicts(comparison) -> list[str]:
 
 def test_the_committed_baseline_loads_as_ratios_to_the_reference():
     loaded = load_baseline(COMMITTED)
-    assert set(loaded.entries["provider"]) == {"fa2"} and loaded.reference == REFERENCE
+    assert set(loaded.entries["provider"]) == {"fa2", "fa4"} and loaded.reference == REFERENCE
     document = json.loads(COMMITTED.read_text())
     entry = loaded.entries.iloc[0]
     saved = next(e for e in document["entries"] if e["provider"] == "fa2" and e["mode"] == entry["mode"]
@@ -143,6 +143,24 @@ def test_failed_missing_new_and_a_failed_reference_are_listed(rng, baseline):
     assert table.loc[(128, *CONFIGS[7]), "verdict"] == "missing"
     assert (table.loc[64, "verdict"] == "new").all()
     assert comparison.regressed
+
+
+def test_a_peer_not_installed_here_is_missing_not_failed(rng, tmp_path):
+    """A baseline saved where FA4 ran, compared on a machine without it: its entries are missing
+    (with nothing regressed, the check passes); a peer that ran and broke still fails."""
+    with_peer = run_rows(rng)
+    peer = with_peer[with_peer.provider == "fa2"].assign(provider="fa4", label="fa4")
+    baseline = load_baseline(save_baseline(pd.concat([with_peer, peer]), tmp_path / "baseline.json", ENVIRONMENT))
+    current = run_rows(rng)
+    absent = current[current.provider == "fa2"].assign(provider="fa4", label="fa4", status="unavailable",
+                                                        tflops=math.nan, reason="flash-attn-4 does not import here")
+    comparison = compare_to_baseline(pd.concat([current, absent]), baseline, ENVIRONMENT, sigma=0.02)
+    table = comparison.table
+    assert set(table[table.provider == "fa4"]["verdict"]) == {"missing"}
+    assert set(table[table.provider == "fa2"]["verdict"]) == {"unchanged"} and not comparison.regressed
+    broken = absent.assign(status="error", reason="boom")
+    comparison = compare_to_baseline(pd.concat([current, broken]), baseline, ENVIRONMENT, sigma=0.02)
+    assert set(comparison.table[comparison.table.provider == "fa4"]["verdict"]) == {"failed"}
 
 
 def test_nothing_compared_is_not_a_pass(rng, baseline):
