@@ -114,19 +114,24 @@ def _page_checks(block_table: torch.Tensor, first_page: torch.Tensor, end_page: 
 def kvcache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    cache_seqlens: torch.Tensor, cache_batch_idx: torch.Tensor | None,
                    block_table: torch.Tensor | None, rotary_cos: torch.Tensor | None,
-                   rotary_sin: torch.Tensor | None, rotary_interleaved: bool) -> None:
-    """Write k (rotated at positions cache_seqlens[b] + i when cos/sin are given) and v into the
-    caches at those positions, in place. Shapes are checked by `flash_attn_with_kvcache`."""
+                   rotary_sin: torch.Tensor | None, rotary_interleaved: bool,
+                   cache_leftpad: torch.Tensor | None = None) -> None:
+    """Write k (rotated at positions cache_seqlens[b] + i when cos/sin are given, minus
+    cache_leftpad[b]) and v into the caches at cache_seqlens[b] + i, in place. Shapes are checked
+    by `flash_attn_with_kvcache`."""
     batch, seqlen_new = k.shape[:2]
     capacity = _capacity(k_cache, block_table)
+    first_position = cache_seqlens.long() if cache_leftpad is None else cache_seqlens.long() - cache_leftpad
     checks = [(cache_seqlens < 0, "cache_seqlens must be >= 0"),
+              *([] if cache_leftpad is None else [((cache_leftpad < 0) | (cache_leftpad > cache_seqlens),
+                                                   "cache_leftpad must hold values in [0, cache_seqlens]")]),
               (cache_seqlens.long() + seqlen_new > capacity,
                (f"appending {seqlen_new} new keys at cache_seqlens must stay within the cache's "
                f"{capacity} keys per sequence"))]
     if rotary_cos is not None:
-        checks.append((cache_seqlens.long() + seqlen_new > rotary_cos.shape[0],
+        checks.append((first_position + seqlen_new > rotary_cos.shape[0],
                        (f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions; appending at "
-                       f"cache_seqlens needs cache_seqlens + {seqlen_new}")))
+                       f"cache_seqlens needs cache_seqlens - cache_leftpad + {seqlen_new}")))
     if block_table is not None:
         page = k_cache.shape[1]
         checks.append(_page_checks(block_table, cache_seqlens.long() // page,
@@ -143,17 +148,17 @@ def kvcache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     _append_launcher[(batch * seqlen_new, k.shape[2])](
         k, v, k_cache, v_cache, cache_seqlens, dummy if cache_batch_idx is None else cache_batch_idx,
         block_table if paged else dummy, k if rotary_cos is None else rotary_cos,
-        k if rotary_sin is None else rotary_sin,
+        k if rotary_sin is None else rotary_sin, dummy if cache_leftpad is None else cache_leftpad,
         *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_table.stride(0) if paged else 0, 0 if rotary_cos is None else rotary_cos.stride(0),
         seqlen_new, **_rotary_meta(k.shape[3], rotary_cos), INTERLEAVED=rotary_interleaved,
         PAGE_SIZE=k_cache.shape[1] if paged else 0, HAS_BATCH_IDX=cache_batch_idx is not None,
-        num_warps=1, num_stages=1)
+        HAS_LEFTPAD=cache_leftpad is not None, num_warps=1, num_stages=1)
 
 
 @kvcache_append.register_fake
 def _(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-      rotary_interleaved) -> None:
+      rotary_interleaved, cache_leftpad=None) -> None:
     return None
 
 
@@ -184,10 +189,12 @@ def _(x, rotary_cos, rotary_sin, start, step, rotary_interleaved):
 def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens_k: torch.Tensor,
                 cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None,
                 alibi_slopes: torch.Tensor | None, softmax_scale: float, window_left: int, window_right: int,
-                softcap: float, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+                softcap: float, num_splits: int,
+                cache_leftpad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (batch, seqlen_q, heads, headdim) over the first seqlens_k[b] keys of each
-    sequence's cache. Returns (out like q, contiguous; lse (batch, heads, seqlen_q) float32).
-    window_right = 0 is causal; num_splits = 0 picks the split count (choose_num_splits)."""
+    sequence's cache (from key cache_leftpad[b] on, when given). Returns (out like q, contiguous;
+    lse (batch, heads, seqlen_q) float32). window_right = 0 is causal; num_splits = 0 picks the
+    split count (choose_num_splits)."""
     batch, seqlen_q, heads, headdim = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
@@ -201,6 +208,9 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     if cache_batch_idx is not None:
         checks.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0]),
                        f"cache_batch_idx must hold indices in [0, {k_cache.shape[0]})"))
+    if cache_leftpad is not None:
+        checks.append(((cache_leftpad < 0) | (cache_leftpad > seqlens_k),
+                       "cache_leftpad must hold values in [0, cache_seqlens]"))
     _check_values(checks)
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -232,7 +242,7 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     _split_launcher[(num_splits, batch * kv_heads, m_blocks)](
         q, k_cache, v_cache, o_dst, l_dst, seqlens_k,
         dummy if cache_batch_idx is None else cache_batch_idx, block_table if paged else dummy,
-        dummy if slopes is None else slopes,
+        dummy if slopes is None else slopes, dummy if cache_leftpad is None else cache_leftpad,
         *q.stride()[:3], *(k_cache.stride()[:3]), *(v_cache.stride()[:3]),
         o_split_stride, *o_strides, l_split_stride, *l_strides,
         block_table.stride(0) if paged else 0, slope_batch_stride,
@@ -241,7 +251,7 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=k_cache.shape[1] if paged else 0,
         HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=num_splits > 1,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_LEFTPAD=cache_leftpad is not None,
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _combine_launcher[(batch * seqlen_q * heads,)](
@@ -253,7 +263,7 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
 
 @fwd_kvcache.register_fake
 def _(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, softmax_scale,
-      window_left, window_right, softcap, num_splits):
+      window_left, window_right, softcap, num_splits, cache_leftpad=None):
     batch, seqlen_q, heads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
@@ -284,13 +294,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     place at cache_seqlens[b] + i and attended to; with rotary_cos/rotary_sin (seqlen_ro,
     rotary_dim / 2) they rotate k at those positions and q at cache_seqlens[b] + i when causal or
     local, else all of q at cache_seqlens[b]. `cache_batch_idx` (batch,) int32 picks each
-    sequence's row of a contiguous cache. causal aligns to the end of each sequence's keys;
+    sequence's row of a contiguous cache. `cache_leftpad` (batch,) int32 (contiguous caches only):
+    sequence b's keys start at cache index cache_leftpad[b] (left padding; its rotary positions
+    count from there, as flash-attn's). causal aligns to the end of each sequence's keys;
     window_size, softcap and alibi_slopes ((heads,) or (batch, heads) float32) as flash-attn.
     num_splits: 1 no split, 0 the heuristic (`choose_num_splits`), n > 1 that many (at most 128).
     Returns out (batch, seqlen_q, heads, headdim), and with return_softmax_lse also lse (batch,
     heads, seqlen_q) float32 (+inf for a row that sees no key, whose output is zero)."""
-    if cache_leftpad is not None:
-        raise NotImplementedError("cache_leftpad is not supported: keep each sequence's keys from cache position 0")
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"q must be a 4D tensor (batch, seqlen_q, heads, headdim), got "
                          f"{getattr(q, 'shape', type(q).__name__)}")
@@ -332,6 +342,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     elif k_cache.shape[0] != batch:
         raise ValueError(f"k_cache's batch {k_cache.shape[0]} must equal q's batch {batch} "
                          "(or pass cache_batch_idx)")
+    if cache_leftpad is not None:
+        if block_table is not None:  # as flash-attn: a paged cache starts each sequence on its first page
+            raise ValueError("cache_leftpad cannot be used with a block_table")
+        _check_tensor("cache_leftpad", cache_leftpad, torch.int32, (batch,), device)
     capacity = _capacity(k_cache, block_table)
 
     if (k is None) != (v is None):
@@ -390,14 +404,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None:
         k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         if rotary_cos is not None:  # flash-attn: q steps with the new keys when causal or local
-            q = torch.ops.fa2.rotary(q, rotary_cos, rotary_sin, cache_seqlens,
+            start = cache_seqlens if cache_leftpad is None else cache_seqlens - cache_leftpad
+            q = torch.ops.fa2.rotary(q, rotary_cos, rotary_sin, start,
                                      causal or tuple(window_size) != (-1, -1), rotary_interleaved)
         torch.ops.fa2.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
-                                     rotary_cos, rotary_sin, rotary_interleaved)
+                                     rotary_cos, rotary_sin, rotary_interleaved, cache_leftpad)
         seqlens_k = cache_seqlens + k.shape[1]
     elif seqlens_k is None:
         seqlens_k = torch.full((batch,), capacity, dtype=torch.int32, device=device)
     out, lse = torch.ops.fa2.fwd_kvcache(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,
                                          alibi_slopes, softmax_scale, window_left, window_right, float(softcap),
-                                         num_splits)
+                                         num_splits, cache_leftpad)
     return (out, lse) if return_softmax_lse else out

@@ -15,7 +15,7 @@ the partial results with their logsumexps. Two kernels do that here:
    O = sum_s exp(L_s - L) O_s.
 
 The cache is contiguous (batch_cache, seqlen_cache, kv_heads, headdim), rows picked through
-`cache_batch_idx`, or paged (num_pages, PAGE_SIZE, kv_heads, headdim) through a block table:
+`cache_batch_idx` and each sequence's keys optionally starting at `cache_leftpad[b]`, or paged (num_pages, PAGE_SIZE, kv_heads, headdim) through a block table:
 key n of sequence b is row n % PAGE_SIZE of page block_table[b, n // PAGE_SIZE], gathered
 row by row, so a key block may span several pages. Each sequence's keys are split evenly
 into the launch's splits in whole key blocks; splits past a short sequence's end write an
@@ -37,7 +37,7 @@ from .common import LN2, LOG2E
 
 @triton.jit
 def _fwd_kvcache_split_kernel(
-    Q, K, V, Out, LSE, SeqlensK, BatchIdx, BlockTable, Slopes,
+    Q, K, V, Out, LSE, SeqlensK, BatchIdx, BlockTable, Slopes, LeftPad,
     stride_qb, stride_qs, stride_qh,
     stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh,
@@ -49,7 +49,7 @@ def _fwd_kvcache_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_BATCH_IDX: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_LEFTPAD: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -70,9 +70,16 @@ def _fwd_kvcache_split_kernel(
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     position = token + seqlen_k - seqlen_q  # the query's own key position (bottom-right alignment)
 
-    # this split's keys: whole key blocks, the sequence's blocks shared evenly among the splits
-    per_split = tl.cdiv(tl.cdiv(seqlen_k, BLOCK_N), num_splits) * BLOCK_N
-    lo = split * per_split
+    # this split's keys: whole key blocks, the sequence's blocks shared evenly among the splits;
+    # a left-padded sequence's keys start at LeftPad[b] (positions keep their cache index: the
+    # bottom-right alignment and ALiBi's distances are the same counted from the pad)
+    if HAS_LEFTPAD:
+        pad = tl.load(LeftPad + batch)
+    else:
+        pad = 0
+    first_block = pad // BLOCK_N * BLOCK_N
+    per_split = tl.cdiv(tl.cdiv(seqlen_k - first_block, BLOCK_N), num_splits) * BLOCK_N
+    lo = first_block + split * per_split
     hi = tl.minimum(lo + per_split, seqlen_k)
     first_position = (pid_m * BLOCK_M) // GROUP + seqlen_k - seqlen_q
     last_position = (tl.minimum(pid_m * BLOCK_M + BLOCK_M, rows) - 1) // GROUP + seqlen_k - seqlen_q
@@ -96,6 +103,8 @@ def _fwd_kvcache_split_kernel(
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
+        if HAS_LEFTPAD:  # the padding before a sequence's first key is neither read nor seen
+            n_ok &= offs_n >= pad
         if PAGE_SIZE > 0:
             page = tl.load(BlockTable + batch * stride_btb + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
             k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_kn
@@ -198,7 +207,7 @@ def _rotate_row(Src, Dst, CosRow, SinRow, HEAD_DIM: tl.constexpr, BLOCK_D: tl.co
 
 @triton.jit
 def _kvcache_append_kernel(
-    K, V, KCache, VCache, CacheSeqlens, BatchIdx, BlockTable, Cos, Sin,
+    K, V, KCache, VCache, CacheSeqlens, BatchIdx, BlockTable, Cos, Sin, LeftPad,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_kcb, stride_kcn, stride_kch,
@@ -207,13 +216,17 @@ def _kvcache_append_kernel(
     seqlen_new,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROTARY_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     INTERLEAVED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
+    HAS_LEFTPAD: tl.constexpr = False,
 ):
     """Program (batch x new token, kv head): the new key, rotated at its position
-    cache_seqlens[b] + i, and the new value go into that cache slot; nothing else is written."""
+    cache_seqlens[b] + i (minus LeftPad[b]: a left-padded sequence counts positions from its
+    first key, as flash-attn does), and the new value go into cache slot cache_seqlens[b] + i;
+    nothing else is written."""
     batch = tl.program_id(0) // seqlen_new
     token = tl.program_id(0) % seqlen_new
     kv_head = tl.program_id(1)
     position = tl.load(CacheSeqlens + batch) + token
+    angle = position - tl.load(LeftPad + batch) if HAS_LEFTPAD else position
     if PAGE_SIZE > 0:
         page = tl.load(BlockTable + batch * stride_btb + position // PAGE_SIZE).to(tl.int64)
         k_row = page * stride_kcb + (position % PAGE_SIZE) * stride_kcn
@@ -226,7 +239,7 @@ def _kvcache_append_kernel(
         k_row = cache_row * stride_kcb + position.to(tl.int64) * stride_kcn
         v_row = cache_row * stride_vcb + position.to(tl.int64) * stride_vcn
     _rotate_row(K + batch * stride_kb + token * stride_ks + kv_head * stride_kh,
-                KCache + k_row + kv_head * stride_kch, Cos + position * stride_cos, Sin + position * stride_cos,
+                KCache + k_row + kv_head * stride_kch, Cos + angle * stride_cos, Sin + angle * stride_cos,
                 HEAD_DIM, BLOCK_D, ROTARY_HALF, BLOCK_HALF, INTERLEAVED)
     _rotate_row(V + batch * stride_vb + token * stride_vs + kv_head * stride_vh,
                 VCache + v_row + kv_head * stride_vch, Cos, Sin, HEAD_DIM, BLOCK_D, 0, BLOCK_HALF, INTERLEAVED)

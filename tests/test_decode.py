@@ -182,21 +182,37 @@ def test_cache_batch_idx_picks_cache_rows(device):
     assert_matches(out, lse, *decode_reference(q, k_cache, v_cache, seqlens, cache_batch_idx=rows))
 
 
+def shifted_left(cache, pads):
+    """A contiguous cache whose sequence b starts at the original's key pads[b] (NaN after)."""
+    out = torch.full_like(cache, float("nan"))
+    for b, pad in enumerate(pads):
+        out[b, :cache.shape[1] - pad] = cache[b, pad:]
+    return out
+
+
 def check_append(batch, seqlen_new, heads, kv_heads, headdim, capacity, old, dtype, device, page_size,
-                 interleaved, causal, rotary_dim=16):
+                 interleaved, causal, rotary_dim=16, leftpad=None):
     """Append k/v (k rotated) at each sequence's end, then attend: the new slots hold the new
-    keys and values, every other cache element is unchanged, the output matches the reference."""
+    keys and values, every other cache element is unchanged, the output matches the reference.
+    `leftpad` (a list): sequence b's keys start at cache index leftpad[b] (the padding before is
+    NaN, and rotary positions count from the pad); the reference sees the cache shifted left."""
     k_cache, v_cache, block_table = make_cache(batch, capacity, kv_heads, headdim, dtype, device, old, page_size)
+    pads = leftpad or [0] * batch
+    for b, pad in enumerate(pads):
+        k_cache[b, :pad] = v_cache[b, :pad] = float("nan")
     before_k, before_v = k_cache.clone(), v_cache.clone()
     q = torch.randn(batch, seqlen_new, heads, headdim, dtype=dtype, device=device)
     k_new, v_new = (torch.randn(batch, seqlen_new, kv_heads, headdim, dtype=dtype, device=device) for _ in range(2))
     cos, sin = rotary_tables(capacity, rotary_dim, dtype, device)
     lengths = torch.tensor(old, dtype=torch.int32, device=device)
+    pad_tensor = torch.tensor(pads, dtype=torch.int32, device=device)
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
                                        cache_seqlens=lengths, block_table=block_table, causal=causal,
-                                       rotary_interleaved=interleaved, num_splits=2, return_softmax_lse=True)
+                                       rotary_interleaved=interleaved, num_splits=2, return_softmax_lse=True,
+                                       cache_leftpad=None if leftpad is None else pad_tensor)
     new_positions = lengths.long()[:, None] + torch.arange(seqlen_new, device=device)  # (B, S_new)
-    k_rotated = rotary_reference(k_new, cos, sin, new_positions, interleaved)
+    logical = new_positions - pad_tensor.long()[:, None]  # rotary positions count from the pad
+    k_rotated = rotary_reference(k_new, cos, sin, logical, interleaved)
     written = torch.zeros(k_cache.shape[:2], dtype=torch.bool, device=device)
     for b in range(batch):
         index = slots(k_cache, block_table, b, old[b], seqlen_new)
@@ -209,13 +225,14 @@ def check_append(batch, seqlen_new, heads, kv_heads, headdim, capacity, old, dty
     assert torch.equal(k_cache[untouched].nan_to_num(), before_k[untouched].nan_to_num()), "k_cache changed elsewhere"
     assert torch.equal(v_cache[untouched].nan_to_num(), before_v[untouched].nan_to_num()), "v_cache changed elsewhere"
 
-    q_positions = new_positions if causal else lengths.long()[:, None].expand(batch, seqlen_new)
+    q_positions = logical if causal else (lengths - pad_tensor).long()[:, None].expand(batch, seqlen_new)
     q_rotated = rotary_reference(q, cos, sin, q_positions, interleaved)
-    # the reference attends with the float64 rotated q; the yardstick with it rounded to dtype
-    _, _, same = decode_reference(q_rotated.to(dtype), k_cache, v_cache, lengths + seqlen_new, block_table,
-                                  causal=causal)
     keys, values = gathered(k_cache, block_table, None, batch), gathered(v_cache, block_table, None, batch)
-    seqlens_k = (lengths + seqlen_new).cpu()
+    keys, values = shifted_left(keys, pads), shifted_left(values, pads)
+    # the reference attends with the float64 rotated q; the yardstick with it rounded to dtype
+    _, _, same = decode_reference(q_rotated.to(dtype), keys, values, lengths - pad_tensor + seqlen_new,
+                                  causal=causal)
+    seqlens_k = (lengths - pad_tensor + seqlen_new).cpu()
     ref_out, _ = attention_reference(q_rotated, keys, values, seqlens_k=seqlens_k, causal=causal)
     # the logsumexp of the q the kernel attends with: rotated, then rounded to dtype (fa2::rotary's
     # output); in bf16 that rounding alone moves it by up to ~4e-3 from the float64 rotation's
@@ -227,6 +244,30 @@ def check_append(batch, seqlen_new, heads, kv_heads, headdim, capacity, old, dty
 def test_append_then_attend_writes_only_the_new_slots(page_size, interleaved, causal, device):
     # the last sequence fills its cache exactly; rotary_dim 16 of headdim 32
     check_append(3, 2, 4, 2, 32, 48, [5, 0, 46], torch.float16, device, page_size, interleaved, causal)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_left_padded_caches_start_at_cache_leftpad(causal, device):
+    """cache_leftpad: keys before each sequence's pad (NaN here) are neither read nor seen, the
+    new keys go in at cache_seqlens and rotate at cache_seqlens - cache_leftpad (flash-attn's
+    convention), and the output equals attention over the cache shifted left by the pad."""
+    check_append(3, 2, 4, 2, 32, 64, [9, 3, 50], torch.float16, device, 0, True, causal,
+                 leftpad=[4, 3, 17])
+
+
+def test_left_padding_splits_only_the_keys_after_the_pad(device):
+    """Many splits over a cache whose first blocks are padding: the result is num_splits=1's."""
+    k_cache, v_cache, _ = make_cache(2, 256, 2, 16, torch.float32, device, [200, 256])
+    pads = torch.tensor([150, 0], dtype=torch.int32, device=device)
+    k_cache[0, :150] = v_cache[0, :150] = float("nan")
+    q = torch.randn(2, 1, 4, 16, device=device)
+    seqlens = torch.tensor([200, 256], dtype=torch.int32, device=device)
+    ref_out, ref_lse, same = decode_reference(q, shifted_left(k_cache, [150, 0]), shifted_left(v_cache, [150, 0]),
+                                              seqlens - pads)
+    for splits in (1, 3, 8):
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_leftpad=pads,
+                                           num_splits=splits, return_softmax_lse=True)
+        assert_matches(out, lse, ref_out, ref_lse, same)
 
 
 def test_lse_only_when_asked(device):
@@ -285,7 +326,9 @@ def _bad_call(**overrides):
     ({"cache_seqlens": torch.tensor([3, 7])}, TypeError, "cache_seqlens must be torch.int32"),
     ({"cache_seqlens": 40}, ValueError, "cache_seqlens=40"),
     ({"cache_batch_idx": torch.tensor([0, 2], dtype=torch.int32)}, ValueError, "cache_batch_idx"),
-    ({"cache_leftpad": torch.tensor([0, 0], dtype=torch.int32)}, NotImplementedError, "cache_leftpad"),
+    ({"cache_leftpad": torch.tensor([0, 0], dtype=torch.int64)}, TypeError, "cache_leftpad must be torch.int32"),
+    ({"cache_leftpad": torch.tensor([0, 8], dtype=torch.int32)}, ValueError, r"cache_leftpad must hold values in \[0, cache_seqlens\]"),
+    ({"cache_leftpad": torch.tensor([0], dtype=torch.int32)}, ValueError, "cache_leftpad must have shape"),
     ({"window_size": (-2, 0)}, ValueError, "window_size"),
     ({"num_splits": -1}, ValueError, "num_splits"),
     ({"softcap": -1.0}, ValueError, "softcap"),
@@ -406,6 +449,14 @@ def test_gpu_batch_one_long_cache_splits_agree(dtype):
 def test_gpu_append_then_attend(dtype, page_size, interleaved, causal):
     check_append(4, 1, 32, 8, 128, 1024, [0, 511, 1023, 100], dtype, "cuda", page_size, interleaved, causal,
                  rotary_dim=128)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_left_padded_append_then_attend(dtype, causal):
+    check_append(4, 1, 32, 8, 128, 4096, [3000, 511, 4095, 100], dtype, "cuda", 0, False, causal,
+                 rotary_dim=128, leftpad=[2900, 0, 129, 100])
 
 
 @pytest.mark.gpu
