@@ -7,7 +7,9 @@ group, adding each head's share into the same on-chip dK/dV accumulators. Nothin
 materialised (no repeated K/V, no float32 buffer per q head, no reduction pass), K and V are
 read once per group, and every dK/dV element is still written by one program in a fixed
 order, so the backward stays atomic-free and bit-identical between runs (deterministic or not).
-The dQ program of q head h reads kv head h // kv_group.
+The dQ program of q head h reads kv head h // kv_group. (On Hopper, a call that is not asked to
+be deterministic and has no dropout, packed lengths or softcap takes the Gluon dK/dV kernel with
+dQ fused instead, whose dQ reduce-adds may round differently run to run: kernels/backward.py.)
 
 Sliding windows: the query blocks a key block's program visits and the key blocks a query
 block's program visits are bounded by the window (blocks outside are skipped, not masked).
@@ -270,7 +272,7 @@ _bwd_dq_features_launcher = CachedLauncher(_flash_bwd_dq_features_kernel)
 def flash_attn_backward_features(do, q, k, v, out, lse, softmax_scale: float, causal: bool,
                                  config: BwdConfig | None, features: Features):
     """flash_attn_backward for calls with features or GQA/MQA: (dq, dk, dv) in the inputs' dtype,
-    atomic-free (bit-identical between runs)."""
+    atomic-free (bit-identical between runs): what a deterministic feature backward runs."""
     do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
     heads, headdim = q.shape[-2], q.shape[-1]
     kv_heads = k.shape[-2]
