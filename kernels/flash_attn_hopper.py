@@ -59,6 +59,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .features import _scores, _tanh
 from .launch import CachedLauncher, DirectLaunch, descriptor_like
 
 BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64
@@ -66,13 +67,6 @@ BLOCK_N = 128  # keys per block
 STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 x 64 KiB of K and V; half at 64)
 HEAD_DIMS = (64, 128)  # the head dims the kernels serve (flash_attn.hopper_gluon_applies)
 LOG2E = 1.4426950408889634
-
-
-@gluon.jit
-def _tanh(x):
-    """tanh(x) as one special-function instruction (PTX tanh.approx.f32, relative error at most
-    2^-11, far below bf16's rounding of the scores), as kernels/features.py's Triton helper."""
-    return gl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -95,26 +89,18 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_
 
 @gluon.jit
 def _scores_log2(s, qk_scale, mods, rows, cols, CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
-    """Scores in log2 units from raw dots S with flash-attn's score modifications
-    (kernels/features.py): softcap `softcap * tanh(S * scale / softcap)` (qk_scale is then
-    scale / softcap), then ALiBi `-slope * |i - j|`; and the tanh (the softcap's derivative needs
-    it; S itself without a softcap). `mods` = (softcap * log2(e), slope * log2(e), the reference row
-    r). `rows` and `cols` index the tile's queries and keys (2D, broadcastable). Under a causal
-    mask every visible key has j <= i, so the bias is slope * (j - r) - slope * (i - r): the
-    query term is the same for a whole row, so the forward leaves it out of the softmax (it
-    cancels) and takes it off the logsumexp, and the per-element cost is one add."""
+    """kernels/features.py's `_scores` (scores in log2 units with the softcap, then ALiBi's
+    `-slope * |i - j|`; and the tanh the softcap's derivative needs), but under a causal mask
+    ALiBi split in two. `mods` = (softcap * log2(e), slope * log2(e), the reference row r);
+    `rows` and `cols` index the tile's queries and keys (2D, broadcastable). Every visible key
+    has j <= i there, so the bias is slope * (j - r) - slope * (i - r): the query term is the
+    same for a whole row, so it is left to the caller (the forward leaves it out of the softmax,
+    where it cancels, and takes it off the logsumexp; the backward adds it to the logsumexp), and
+    the per-element cost is one add."""
     softcap_log2, alibi_log2, ref = mods
-    if SOFTCAP:
-        t = _tanh(s * qk_scale)
-        s = softcap_log2 * t
-    else:
-        t = s
-        s = s * qk_scale
-    if ALIBI:
-        if CAUSAL:
-            s = s + alibi_log2 * (cols - ref).to(gl.float32)
-        else:
-            s = s - alibi_log2 * gl.abs(rows - cols).to(gl.float32)
+    s, t = _scores(s, qk_scale, softcap_log2, alibi_log2, rows, cols, 0, SOFTCAP, ALIBI and not CAUSAL)
+    if ALIBI and CAUSAL:
+        s = s + alibi_log2 * (cols - ref).to(gl.float32)
     return s, t
 
 
@@ -166,11 +152,13 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                    q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo, full_hi,
-                    CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                    HALF: gl.constexpr):
     """One warp: FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j) as TMA loads,
     each key block into the ring stage both consumers have released (empty_bar counts two)."""
+    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
+     kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+     full_lo, full_hi) = args
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     for half in gl.static_range(2):
@@ -190,13 +178,14 @@ def _load_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
 
 
 @gluon.jit
-def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                       q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo, full_hi,
-                       CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1. With a window, softcap or ALiBi (MODS) the scores go through _softmax_step_mods."""
+    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
+     kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+     full_lo, full_hi) = args
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
@@ -277,28 +266,6 @@ def _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_sm
 
 
 @gluon.jit
-def _softmax_partition_first_half(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
-                                  empty_bar, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen,
-                                  qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo,
-                                  full_hi, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
-    _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                       q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo, full_hi,
-                       CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)
-
-
-@gluon.jit
-def _softmax_partition_second_half(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar,
-                                   empty_bar, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen,
-                                   qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo,
-                                  full_hi, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                                   SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
-    _softmax_partition(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                       q_row, kv_row0, col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right, full_lo, full_hi,
-                       CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)
-
-
-@gluon.jit
 def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """Key blocks the query block [start_m, start_m + BLOCK_M) visits under a window (query and
     key lengths equal): first, count, and [full_lo, full_hi), the blocks every row sees whole
@@ -372,23 +339,17 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
 
 
-    # Each partition's argument tuple is written out in the call: a tuple assigned to a name
-    # turns its constexprs (the flags) into run-time values.
-    # The default partition (4 warps) and one worker (4 warps) consume, one warp loads;
-    # registers: 240 per consumer thread, 24 for the loader.
+    args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
+            col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
+            window_right, full_lo, full_hi)
+    # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
+    # call (a tuple assigned to a name holds run-time values: the flags would be). The default
+    # partition (4 warps) and one worker (4 warps) consume, one function HALF apart; one warp
+    # loads. Registers: 240 per consumer thread, 24 for the loader.
     gl.warp_specialize([
-        (_softmax_partition_first_half,
-         (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-          col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-          window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
-        (_softmax_partition_second_half,
-         (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-          col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-          window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
-        (_load_partition,
-         (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-          col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-          window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
+        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)),
+        (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
     ], [4, 1], [240, 24])
 
 
@@ -482,13 +443,14 @@ def _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group,
 
 
 @gluon.jit
-def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
-                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
-                        softcap_log2, window_left, window_right, full_lo, full_hi,
-                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                        FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
     """One warp: FA2 Alg. 2 line 6 (K_j, V_j, as two 64-key halves, once) and line 9's loads of
     Q_i and dO_i, each query step into the ring stage both consumers have released."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0, q_col0, n_steps,
+     kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left, window_right, full_lo,
+     full_hi) = args
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -511,11 +473,7 @@ def _bwd_load_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
 
 
 @gluon.jit
-def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
-                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
-                        softcap_log2, window_left, window_right, full_lo, full_hi,
-                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                         FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
     block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
@@ -529,6 +487,10 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
     WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
     transposed tile; the softcap's derivative 1 - tanh^2 scales dS), the window's query steps
     outside [full_lo, full_hi] masked."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0, q_col0, n_steps,
+     kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left, window_right, full_lo,
+     full_hi) = args
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -641,60 +603,6 @@ def _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_de
     tma.store_wait(pendings=0)
 
 
-# The consumers' entry points, one per (dQ fused or not, half of the key block). FUSED_DQ and HALF
-# are passed on as literals, the flags through the argument tuples written out in the
-# warp_specialize calls (a tuple assigned to a name holds run-time values: with the fused branch
-# left in the non-fused kernel Triton 3.6's lowering fails, an assertion in ConvertTritonGPUToLLVM).
-
-
-@gluon.jit
-def _bwd_dkdv_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
-                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
-                        softcap_log2, window_left, window_right, full_lo, full_hi,
-                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
-                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
-                        softcap_log2, window_left, window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI, False, 0)
-
-
-@gluon.jit
-def _bwd_dkdv_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
-                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
-                        softcap_log2, window_left, window_right, full_lo, full_hi,
-                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
-                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
-                        softcap_log2, window_left, window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI, False, 1)
-
-
-@gluon.jit
-def _bwd_fused_partition_first_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
-                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
-                        softcap_log2, window_left, window_right, full_lo, full_hi,
-                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
-                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
-                        softcap_log2, window_left, window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI, True, 0)
-
-
-@gluon.jit
-def _bwd_fused_partition_second_half(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
-                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
-                        softcap_log2, window_left, window_right, full_lo, full_hi,
-                        CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
-    _bwd_dkdv_partition(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem,
-                        v_smem, do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-                        start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale,
-                        softcap_log2, window_left, window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI, True, 1)
-
-
 @gluon.jit
 def _window_query_steps(start_n, seqlen, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """Query steps that see some key of [start_n, start_n + BLOCK_N) under a window (query and
@@ -771,35 +679,21 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
         for parity in gl.static_range(2):
             mbarrier.init(ds_bar.index(parity), count=2)  # both consumers' dS^T are in place
         mbarrier.init(done_bar, count=2)
-        gl.warp_specialize([
-            (_bwd_fused_partition_first_half, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
-              do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0,
-              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
-            (_bwd_fused_partition_second_half, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
-              do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0,
-              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
-            (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
-              do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0,
-              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
-        ], [4, 1], [240, 24])
     else:  # the fused path's buffers and barriers are not used: stand-ins of the right kinds
-        gl.warp_specialize([
-            (_bwd_dkdv_partition_first_half, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
-              do_smem, q_smem, q_smem, kv_bar, q_bar, do_bar, empty_bar, q_bar, kv_bar, row0, start_n, first_m, col0,
-              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
-            (_bwd_dkdv_partition_second_half, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
-              do_smem, q_smem, q_smem, kv_bar, q_bar, do_bar, empty_bar, q_bar, kv_bar, row0, start_n, first_m, col0,
-              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
-            (_bwd_load_partition, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
-              do_smem, q_smem, q_smem, kv_bar, q_bar, do_bar, empty_bar, q_bar, kv_bar, row0, start_n, first_m, col0,
-              q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-              window_right, full_lo, full_hi, CAUSAL, WINDOW, SOFTCAP, ALIBI)),
-        ], [4, 1], [240, 24])
+        ds_smem, dq_smem, ds_bar, done_bar = q_smem, q_smem, q_bar, kv_bar
+    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
+            do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0,
+            q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+            window_right, full_lo, full_hi)
+    # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
+    # call (a tuple assigned to a name holds run-time values: the flags would be, and with the
+    # fused branch left in the non-fused kernel Triton 3.6's lowering fails, an assertion in
+    # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart.
+    gl.warp_specialize([
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, 0)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, 1)),
+        (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, 0)),
+    ], [4, 1], [240, 24])
 
 
 @functools.cache
