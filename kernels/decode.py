@@ -218,8 +218,9 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     if out.numel() == 0:
         return out, lse
     interpreted = q.device.type != "cuda"
-    # one tile for both layouts: 128 keys over 8 warps read a paged cache 15% faster at batch 1 x 64k
-    # but 4-20% slower at batch 8 and up (reports/h200/decode/tuning.csv and a suite run)
+    # one tile for both layouts: 128 keys over 8 warps read a paged cache faster at batch 1 x 64k
+    # (reports/h200/decode/tuning.csv, one run) but slower from batch 8 on (a suite run with that
+    # tile against the suite run before it: across runs)
     block_n, num_warps, num_stages = INTERPRETER_CONFIG if interpreted else GPU_CONFIG
     block_m = max(16, min(64, triton.next_power_of_2(seqlen_q * group)))
     m_blocks = triton.cdiv(seqlen_q * group, block_m)

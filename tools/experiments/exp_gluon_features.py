@@ -5,8 +5,9 @@ to the Triton ones).
 
     python tools/experiments/exp_gluon_features.py --out DIR      # DIR/gluon_features.csv
 
-Per case (bf16, head dim 128, causal), in one process: `do_bench` of the forward and of the
-backward (`torch.autograd.grad` of a kept graph) through `kernels.flash_attn_func`, once as
+Per case (bf16, head dim 128, causal), in one process: `harness.timing.benchmark` (do_bench's
+median) of the forward and of the backward (`torch.autograd.grad` of a kept graph) through
+`kernels.flash_attn_func`, once as
 dispatched and once with the Gluon kernels switched off (`dispatch.gluon_unavailable` set: every
 call then takes the Triton kernels). Rows in the decisions format (row, column, unit, value,
 tool, git_commit), written as they are measured.
@@ -14,6 +15,9 @@ tool, git_commit), written as they are measured.
     python tools/experiments/exp_gluon_features.py --from-log LOG --commit SHA --out DIR
 
 turns the printed lines of an earlier run (the same format, one line per case) into those rows.
+The committed rows (reports/h200/decisions/gluon_features.csv) are such a conversion of
+decisions/gluon_features.log, printed by this procedure's first form, which took do_bench's mean
+(warm-up 25 ms, 100 ms of calls) instead of the median; their `tool` says so.
 """
 
 from __future__ import annotations
@@ -46,9 +50,9 @@ def cases():
 
 def measure(shape, kw) -> dict[tuple[str, str], float]:
     import torch
-    from triton.testing import do_bench
 
     import kernels
+    from harness.timing import benchmark
     from kernels import dispatch
 
     batch, seqlen, heads, kv_heads = shape
@@ -64,9 +68,9 @@ def measure(shape, kw) -> dict[tuple[str, str], float]:
         kernels.backward._PLANS.clear()
         try:
             out = kernels.flash_attn_func(q, k, v, **kw)
-            times[("fwd", path)] = do_bench(lambda: kernels.flash_attn_func(q, k, v, **kw), warmup=25, rep=100)
-            times[("bwd", path)] = do_bench(
-                lambda out=out: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), warmup=25, rep=100)
+            times[("fwd", path)] = benchmark(lambda: kernels.flash_attn_func(q, k, v, **kw), q.device).ms
+            times[("bwd", path)] = benchmark(
+                lambda out=out: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), q.device).ms
         finally:
             dispatch.gluon_unavailable = saved
     return times
@@ -81,8 +85,8 @@ def write_rows(path: Path, rows) -> None:
         writer.writerows(rows)
 
 
-def rows_for(case: str, times: dict, commit: str):
-    return [(label, case, "ms", times[(mode, path)], TOOL, commit) for mode, path, label in ROWS]
+def rows_for(case: str, times: dict, commit: str, tool: str = TOOL):
+    return [(label, case, "ms", times[(mode, path)], tool, commit) for mode, path, label in ROWS]
 
 
 def main() -> None:
@@ -100,7 +104,8 @@ def main() -> None:
             if m:
                 times = {("fwd", "gluon"): float(m["fg"]), ("fwd", "triton"): float(m["ft"]),
                          ("bwd", "gluon"): float(m["bg"]), ("bwd", "triton"): float(m["bt"])}
-                write_rows(path, rows_for(m["case"].strip(), times, args.commit))
+                write_rows(path, rows_for(m["case"].strip(), times, args.commit,
+                                          f"{TOOL}, do_bench means, from {args.from_log.name}"))
         return
     for case, shape, kw in cases():
         times = measure(shape, kw)
