@@ -1,0 +1,90 @@
+"""Where the host time of an eager fwd+bwd call goes on this machine: the kernels' own launches
+against the autograd engine's, next to SDPA flash (reports/h200/decisions/host_autograd.log).
+
+    python tools/experiments/exp_autograd_floor.py [--calls 40]
+
+Each line: microseconds per call, the call issued `--calls` times behind a GPU sleep long enough
+that no call waits for the GPU (host_overhead.py's way), bf16, causal, (1, 1024, 16, 128):
+- `fwd direct`, `bwd direct`: kernels.forward.flash_attn_forward and kernels.backward.flash_attn_backward
+  without autograd (`bwd direct det`: deterministic=True);
+- `fwd+bwd (.backward)`, `fwd+bwd (autograd.grad)`: kernels.flash_attn_func through autograd;
+- `sdpa flash fwd+bwd`: F.scaled_dot_product_attention on its FLASH_ATTENTION backend;
+- `trivial Function fwd+bwd`: a torch.autograd.Function whose forward is one clone and whose
+  backward returns its input, the floor of any Python autograd.Function; `clone`: that clone alone;
+- the same calls inside torch.autograd.set_multithreading_enabled(False) (backward on the calling
+  thread instead of the engine's device thread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def host_us(fn, calls: int) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(4e6 * calls))  # ~2 ms of GPU sleep per call: the GPU stays behind
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = (time.perf_counter() - start) / calls * 1e6
+    torch.cuda.synchronize()
+    return elapsed
+
+
+class Trivial(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad, grad
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=40)
+    args = parser.parse_args()
+    import kernels
+    from kernels.backward import flash_attn_backward
+    from kernels.forward import flash_attn_forward
+
+    shape = (1, 1024, 16, 128)
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+    scale = shape[-1] ** -0.5
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    out, lse = flash_attn_forward(qd, kd, vd, scale, True)
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        o.backward(dout.transpose(1, 2))
+
+    calls = {
+        "fwd direct": lambda: flash_attn_forward(qd, kd, vd, scale, True),
+        "bwd direct": lambda: flash_attn_backward(dout, qd, kd, vd, out, lse, scale, True),
+        "bwd direct det": lambda: flash_attn_backward(dout, qd, kd, vd, out, lse, scale, True, deterministic=True),
+        "fwd+bwd (.backward)": lambda: kernels.flash_attn_func(q, k, v, causal=True).backward(dout),
+        "fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(kernels.flash_attn_func(q, k, v, causal=True),
+                                                               (q, k, v), dout),
+        "sdpa flash fwd+bwd": sdpa,
+        "trivial Function fwd+bwd": lambda: Trivial.apply(q, k, v).backward(dout),
+        "clone": lambda: qd.clone(),
+    }
+    for name, fn in calls.items():
+        threaded = host_us(fn, args.calls)
+        with torch.autograd.set_multithreading_enabled(False):
+            single = host_us(fn, args.calls)
+        print(f"{shape} {name:26s} {threaded:7.1f} us   single-threaded engine {single:7.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
