@@ -11,6 +11,7 @@ that no call waits for the GPU (host_overhead.py's way), bf16, causal, (1, 1024,
 - `sdpa flash fwd+bwd`: F.scaled_dot_product_attention on its FLASH_ATTENTION backend;
 - `trivial Function fwd+bwd`: a torch.autograd.Function whose forward is one clone and whose
   backward returns its input, the floor of any Python autograd.Function; `clone`: that clone alone;
+  `6 x empty_like`: six allocations like q (a backward's outputs and buffers);
 - the same calls inside torch.autograd.set_multithreading_enabled(False) (backward on the calling
   thread instead of the engine's device thread).
 """
@@ -78,6 +79,7 @@ def main() -> None:
         "sdpa flash fwd+bwd": sdpa,
         "trivial Function fwd+bwd": lambda: Trivial.apply(q, k, v).backward(dout),
         "clone": lambda: qd.clone(),
+        "6 x empty_like": lambda: [torch.empty_like(qd) for _ in range(6)],
     }
     for name, fn in calls.items():
         threaded = host_us(fn, args.calls)
