@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--settings-only", action="store_true",
                       help="with --ablation: only the paper's settings A and B, not the forward sweep over "
                            "--seqlens x --hdims x --causal")
+    what.add_argument("--ladder-only", action="store_true",
+                      help="with --ablation all: the ladder (settings A and B and the sweep) without the reviewers' "
+                           "studies, e.g. to re-measure the rungs next to a newly installed peer; the folder's "
+                           "reviewers.csv is kept")
     what.add_argument("--report-only", action="store_true",
                       help="measure nothing: rebuild the report and plots (ablation.md with --ablation) of --out "
                            "from its results.csv and counters.csv, e.g. after merging runs into one folder")
@@ -309,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             print(BANNER, file=sys.stderr)
     elif os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("TRITON_INTERPRET=1 is set but a GPU is present: unset it to measure on the GPU")
+    if args.ladder_only and args.ablation != "all":
+        parser.error("--ladder-only goes with --ablation all (the other studies run no reviewers' studies)")
     if args.cuda_graph and not args.ablation and {"bwd", "fwd_bwd"} & set(suite_modes(args)):
         parser.error("--cuda-graph times forward passes only (the backward timing failed to capture in a "
                      "CUDA graph on the H200): add --modes fwd")
@@ -383,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     except FolderBusy as exc:
         print(f"runner.py: error: {exc}", file=sys.stderr)
         return 2
-    if args.ablation == "all" and not args.settings_only:  # then the reviewers' studies, into the same folder
+    if args.ablation == "all" and not (args.settings_only or args.ladder_only):  # then the reviewers' studies
         from ablations import reviewers
 
         exit_code = max(exit_code, reviewers.run("all", args, out_dir))

@@ -13,6 +13,9 @@ from harness.plan import REVIEWER_PARTS
 
 PAPER_PROVIDERS = ("fa2,sdpa-flash,sdpa-cudnn,sdpa-efficient,pytorch,xformers-cutlass,flash-attn,"
                    "flash-attn-3")
+# the strongest peers (FA4, cuDNN) and the compilers (Inductor, FlexAttention), measured next to ours
+PEER_PROVIDERS_FP16 = "fa2,fa4,sdpa-flash,sdpa-cudnn"
+PEER_PROVIDERS = PEER_PROVIDERS_FP16 + ",torch-compile,flex-attention"
 
 
 @dataclass(frozen=True)
@@ -34,13 +37,12 @@ TARGETS = {
          ("--suite", "paper", "--dtype", "fp16", "--providers", "fa2,sdpa-flash,sdpa-cudnn", "--seqlens",
           "512,1024", "--repeats", "3"))),
     "peers": Target(
-        "paper_fa4", "our kernels, FA4, cuDNN and the official FA2 kernel in one run (bf16, 1k/4k/16k, fwd and bwd)",
-        (("--suite", "paper", "--dtype", "bf16", "--providers", "fa2,fa4,sdpa-flash,sdpa-cudnn", "--modes", "fwd,bwd",
-          "--seqlens", "1024,4096,16384"),)),
+        "paper_fa4", "the paper's whole sweep with the strongest peers and the compilers in one run: our kernels, FA4, "
+        "cuDNN, the official FA2 kernel, eager attention under torch.compile and FlexAttention (bf16)",
+        (("--suite", "paper", "--dtype", "bf16", "--providers", PEER_PROVIDERS),)),
     "peers-fp16": Target(
-        "paper_fa4_fp16", "the same in fp16",
-        (("--suite", "paper", "--dtype", "fp16", "--providers", "fa2,fa4,sdpa-flash,sdpa-cudnn", "--modes", "fwd,bwd",
-          "--seqlens", "1024,4096,16384"),)),
+        "paper_fa4_fp16", "the paper's whole sweep in fp16: our kernels, FA4, cuDNN and the official FA2 kernel",
+        (("--suite", "paper", "--dtype", "fp16", "--providers", PEER_PROVIDERS_FP16),)),
     "features": Target(
         "features", "the features suite: GQA, windows, packed variable lengths, ALiBi, softcap against their peers",
         (("--suite", "features"),)),

@@ -45,6 +45,9 @@ PROGRAMS_PER_SM = 2  # the split heuristic's target number of programs per SM
 MIN_BLOCKS_PER_SPLIT = 4  # a split reads at least this many key blocks of the cache's capacity
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs; the heuristic assumes this many
 GPU_CONFIG = (64, 4, 3)  # (block_n, num_warps, num_stages)
+# A paged cache's block-table entries for the next key block are read while the current one is
+# processed (the split kernel's PREFETCH_PAGES); docs/performance.md has the measured effect.
+PAGED_PREFETCH = True
 INTERPRETER_CONFIG = (16, 4, 1)  # small key blocks: tiny test caches still span several blocks
 
 _split_launcher = CachedLauncher(_fwd_kvcache_split_kernel)
@@ -253,7 +256,7 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_LEFTPAD=cache_leftpad is not None,
-        num_warps=num_warps, num_stages=num_stages)
+        PREFETCH_PAGES=paged and PAGED_PREFETCH, num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _combine_launcher[(batch * seqlen_q * heads,)](
             o_dst, l_dst, out, lse, o_split_stride, l_split_stride, num_splits, heads, seqlen_q,

@@ -49,7 +49,7 @@ def _fwd_kvcache_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_BATCH_IDX: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HAS_LEFTPAD: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, HAS_LEFTPAD: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -100,13 +100,26 @@ def _fwd_kvcache_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # paged: each key row's page number, read one key block ahead (PREFETCH_PAGES) so that the
+    # block table's latency overlaps the block before instead of preceding every K load
+    page_rows = BlockTable + batch * stride_btb
+    if PREFETCH_PAGES:
+        offs_first = lo + tl.arange(0, BLOCK_N)
+        next_page = tl.load(page_rows + offs_first // PAGE_SIZE, mask=offs_first < hi, other=0)
+    else:
+        next_page = tl.zeros([BLOCK_N], dtype=tl.int32)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
         if HAS_LEFTPAD:  # the padding before a sequence's first key is neither read nor seen
             n_ok &= offs_n >= pad
         if PAGE_SIZE > 0:
-            page = tl.load(BlockTable + batch * stride_btb + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            if PREFETCH_PAGES:
+                page = next_page.to(tl.int64)
+                offs_next = offs_n + BLOCK_N
+                next_page = tl.load(page_rows + offs_next // PAGE_SIZE, mask=offs_next < hi, other=0)
+            else:
+                page = tl.load(page_rows + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
             k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_kn
             v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vn
         else:

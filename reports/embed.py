@@ -233,13 +233,28 @@ def anchor_table(rows: pd.DataFrame, anchors: pd.DataFrame, band: float = 0.10) 
 PAPER_PEERS_DIR = H200 / "paper_fa4"
 PAPER_PEERS_FP16_DIR = H200 / "paper_fa4_fp16"
 PEERS = (("fa4", "FA4"), ("sdpa-cudnn", "cuDNN"), ("sdpa-flash", "official FA2"))
+# the compilers, a reviewer's question: said in the sentences (and drawn in the folder's plots), not in the cells
+COMPILER_PEERS = (("flex-attention", "FlexAttention"), ("torch-compile", "eager attention under torch.compile"))
+
+
+def _standing(ratio: pd.Series, label: str) -> str:
+    """'ahead of LABEL in a of n configurations (by up to x%), behind in b (by y% to z%)'."""
+    ahead, behind = ratio[ratio >= 1.0], ratio[ratio < 1.0]
+    text = f"ahead of {label} in {len(ahead)} of {len(ratio)} configurations"
+    if len(ahead):
+        text += f" (by {ahead.min() - 1:.0%} to {ahead.max() - 1:.0%})"
+    if len(behind):
+        text += f", behind in {len(behind)} (by {1 - behind.max():.0%} to {1 - behind.min():.0%})"
+    return text
 
 
 def peers_table(rows: pd.DataFrame, folder: Path = PAPER_PEERS_DIR) -> str:
     """The strongest peers next to ours, from one paper-suite run: one line per (mode, hdim,
     causal), one column per seqlen, each cell our TFLOPs/s then our speed over FA4, cuDNN and the
     official FA2 kernel; then one generated sentence per mode saying where ours is ahead and
-    behind each peer, and by how much."""
+    behind each peer (the compilers too, where the run measured them), and by how much; then the
+    peers' rows that did not time, with their reasons."""
+    failed = rows[(rows.status != "ok") & rows.provider.isin([name for name, _ in PEERS + COMPILER_PEERS])]
     rows = rows[rows.status == "ok"]
     wide, lines = _speedup_grid(rows, tuple(name for name, _ in PEERS))
     env = rows.iloc[0]
@@ -249,18 +264,19 @@ def peers_table(rows: pd.DataFrame, folder: Path = PAPER_PEERS_DIR) -> str:
               f"`reports/h200/{folder.name}/results.csv`).", ""]
     for mode, group in wide.groupby(level=0, sort=True):
         parts = []
-        for name, label in PEERS:
-            ratio = (group[OURS] / group[name]).dropna()
-            if ratio.empty:
+        for name, label in PEERS + COMPILER_PEERS:
+            if name not in group:
                 continue
-            ahead, behind = ratio[ratio >= 1.0], ratio[ratio < 1.0]
-            text = f"ahead of {label} in {len(ahead)} of {len(ratio)} configurations"
-            if len(ahead):
-                text += f" (by up to {ahead.max() - 1:.0%})"
-            if len(behind):
-                text += f", behind in {len(behind)} (by {1 - behind.max():.0%} to {1 - behind.min():.0%})"
-            parts.append(text)
+            ratio = (group[OURS] / group[name]).dropna()
+            if not ratio.empty:
+                parts.append(_standing(ratio, label))
         lines.append(f"- **{mode}**: ours is " + "; ".join(parts) + ".")
+    if not failed.empty:
+        labels = dict(PEERS + COMPILER_PEERS)
+        lines.append("")
+        for (name, status), group in failed.groupby(["provider", "status"], sort=True):
+            reason = str(group.reason.iloc[0]).split(";")[0][:160]
+            lines.append(f"- {labels[name]}: {len(group)} configurations {status} ({reason})")
     return "\n".join(lines)
 
 

@@ -221,7 +221,7 @@ def test_help_shows_every_option_and_its_default(capsys):
                    "--heads", "--dtype", "--repeats", "--out", "--quick", "--list", "--resume", "--warmup-ms",
                    "--rep-ms", "--save-baseline", "--compare", "--tolerance", "--ncu", "--no-ncu", "--ncu-only",
                    "--cuda-graph", "--provider-file", "--reproduce", "--false-positive-rate", "--fa2-fwd-config",
-                   "--report-only", "--settings-only", "--verbose"):
+                   "--report-only", "--settings-only", "--ladder-only", "--verbose"):
         assert option in out, option
     for target in ("paper", "paper-fp16", "ablation", "counters", "baseline"):
         assert f"  {target} " in out, target  # each --reproduce target with its commands
@@ -236,6 +236,8 @@ def test_help_shows_every_option_and_its_default(capsys):
     (["--tolerance", "2"], "--tolerance must be a fraction"),
     (["--cuda-graph"], "--cuda-graph times forward passes only"),
     (["--cuda-graph", "--modes", "fwd,bwd"], "add --modes fwd"),
+    (["--ladder-only"], "--ladder-only goes with --ablation all"),
+    (["--ablation", "hopper", "--ladder-only"], "--ladder-only goes with --ablation all"),
 ])
 def test_bad_arguments_are_named_in_the_error(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
@@ -427,6 +429,21 @@ def test_reproduce_targets_run_their_steps_into_one_folder(tmp_path, monkeypatch
         [list(step) for step in TARGETS["ablation"].steps]
     assert all(call[call.index("--out") + 1] == str(tmp_path) for call in calls)
     assert "--resume" not in calls[0] and "--resume" in calls[1]
+
+
+def test_ladder_only_measures_the_ladder_and_skips_the_reviewers_studies(tmp_path, monkeypatch):
+    import ablations.reviewers
+    import harness.stages
+
+    executed, studies = [], []
+    monkeypatch.setattr(harness.stages, "execute", lambda args, jobs, providers, *rest: executed.append(
+        (len(jobs), [p.name for p in providers])) or 0)
+    monkeypatch.setattr(ablations.reviewers, "run", lambda *a, **k: studies.append(a) or 0)
+    assert runner.main(["--ablation", "all", "--ladder-only", "--no-ncu", "--out", str(tmp_path / "a")]) == 0
+    assert executed and not studies
+    assert "fa4" in executed[0][1] and "rung0-fa1" in executed[0][1]
+    assert runner.main(["--ablation", "all", "--no-ncu", "--out", str(tmp_path / "b")]) == 0
+    assert len(studies) == 1  # without it, the reviewers' studies follow the ladder
 
 
 def test_reproduce_refuses_options_it_would_ignore(tmp_path, capsys):

@@ -1,0 +1,61 @@
+"""A paged KV cache's block table read one key block ahead (`PREFETCH_PAGES` of
+kernels/decode_kernels.py) against read at each block, next to the contiguous cache, on the
+decode suite's inputs: the measurement behind `kernels.decode.PAGED_PREFETCH`.
+
+    python tools/experiments/exp_paged_prefetch.py --out DIR      # DIR/paged_prefetch.csv
+
+One process, bf16, one query token, 32 q heads, head dim 128, 16-token pages in a shuffled pool
+(harness.decode.Inputs); each cell the median latency in microseconds by CUDA-graph replay
+(harness.decode's timing, each captured call reading another copy of the cache), for
+`num_splits=0` (the heuristic) and `num_splits=1`. Rows in the decisions format (row, column,
+unit, value, tool, git_commit), written as they are measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+from pathlib import Path
+
+TOOL = "tools/experiments/exp_paged_prefetch.py, bf16, 32 q heads, head dim 128, CUDA-graph replay"
+SHAPES = ((1, 1024, 8), (1, 16384, 8), (1, 65536, 8), (8, 8192, 8), (32, 8192, 8), (1, 65536, 32), (8, 8192, 32))
+VARIANTS = (("contiguous", False, False), ("paged, block table read per block", True, False),
+            ("paged, block table read ahead", True, True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    import torch
+
+    from harness.decode import L2_COPIES_FACTOR, Inputs, _ours, _time_call, kv_bytes
+    from kernels import decode
+    from reports.environment import git_commit
+
+    device = torch.device("cuda")
+    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+    commit = git_commit()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "paged_prefetch.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["row", "column", "unit", "value", "tool", "git_commit"])
+        for batch, cache_len, kv_heads in SHAPES:
+            nbytes = kv_bytes(batch, cache_len, kv_heads)
+            inputs = Inputs(batch, cache_len, kv_heads, device, max(1, math.ceil(L2_COPIES_FACTOR * l2_bytes / nbytes)))
+            for num_splits in (0, 1):
+                column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv, splits {num_splits or 'auto'}"
+                for label, paged, prefetch in VARIANTS:
+                    decode.PAGED_PREFETCH = prefetch
+                    timing, how = _time_call(_ours(num_splits, paged), inputs, device)
+                    writer.writerow([label, column, "us", timing.ms * 1e3, TOOL, commit])
+                    f.flush()
+                    print(f"{column:34s} {label:36s} {timing.ms * 1e3:9.1f} us  ({how})", flush=True)
+            decode.PAGED_PREFETCH = True
+            del inputs
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
