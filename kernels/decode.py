@@ -23,6 +23,7 @@ without `cache_batch_idx`, the cache's batch must equal q's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import triton
@@ -93,13 +94,18 @@ def _capacity(k_cache: torch.Tensor, block_table: torch.Tensor | None) -> int:
     return k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
 
 
-def _check_values(checks: list[tuple[torch.Tensor, str]]) -> None:
-    """Raise ValueError with the message of each (bad-entry mask, message) that holds anywhere;
-    one device-to-host copy for all. Skipped while a CUDA graph is captured."""
-    if not checks or (checks[0][0].is_cuda and torch.cuda.is_current_stream_capturing()):
+def _check_values(device: torch.device, checks: Callable[[], list[tuple[torch.Tensor, str]]]) -> None:
+    """Raise ValueError with the message of each (bad-entry mask, message) of `checks()` that
+    holds anywhere; one device-to-host copy for all. While a CUDA graph is captured the masks are
+    not even built: their elementwise kernels would otherwise be captured and run at every replay
+    (a paged call's block-table check alone is about ten small kernels)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return
-    flags = torch.stack([bad.any() for bad, _ in checks]).tolist()
-    failed = [message for flag, (_, message) in zip(flags, checks) if flag]
+    masks = checks()
+    if not masks:
+        return
+    flags = torch.stack([bad.any() for bad, _ in masks]).tolist()
+    failed = [message for flag, (_, message) in zip(flags, masks) if flag]
     if failed:
         raise ValueError("; ".join(failed))
 
@@ -124,26 +130,30 @@ def kvcache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     by `flash_attn_with_kvcache`."""
     batch, seqlen_new = k.shape[:2]
     capacity = _capacity(k_cache, block_table)
-    first_position = cache_seqlens.long() if cache_leftpad is None else cache_seqlens.long() - cache_leftpad
-    checks = [(cache_seqlens < 0, "cache_seqlens must be >= 0"),
-              *([] if cache_leftpad is None else [((cache_leftpad < 0) | (cache_leftpad > cache_seqlens),
-                                                   "cache_leftpad must hold values in [0, cache_seqlens]")]),
-              (cache_seqlens.long() + seqlen_new > capacity,
-               (f"appending {seqlen_new} new keys at cache_seqlens must stay within the cache's "
-               f"{capacity} keys per sequence"))]
-    if rotary_cos is not None:
-        checks.append((first_position + seqlen_new > rotary_cos.shape[0],
-                       (f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions; appending at "
-                       f"cache_seqlens needs cache_seqlens - cache_leftpad + {seqlen_new}")))
-    if block_table is not None:
-        page = k_cache.shape[1]
-        checks.append(_page_checks(block_table, cache_seqlens.long() // page,
-                                   (cache_seqlens.long() + seqlen_new + page - 1) // page,
-                                   k_cache.shape[0], "the appended keys"))
-    if cache_batch_idx is not None:
-        checks.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0]),
-                       f"cache_batch_idx must hold indices in [0, {k_cache.shape[0]})"))
-    _check_values(checks)
+
+    def checks():
+        first_position = cache_seqlens.long() if cache_leftpad is None else cache_seqlens.long() - cache_leftpad
+        masks = [(cache_seqlens < 0, "cache_seqlens must be >= 0"),
+                 *([] if cache_leftpad is None else [((cache_leftpad < 0) | (cache_leftpad > cache_seqlens),
+                                                      "cache_leftpad must hold values in [0, cache_seqlens]")]),
+                 (cache_seqlens.long() + seqlen_new > capacity,
+                  (f"appending {seqlen_new} new keys at cache_seqlens must stay within the cache's "
+                   f"{capacity} keys per sequence"))]
+        if rotary_cos is not None:
+            masks.append((first_position + seqlen_new > rotary_cos.shape[0],
+                          (f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions; appending at "
+                           f"cache_seqlens needs cache_seqlens - cache_leftpad + {seqlen_new}")))
+        if block_table is not None:
+            page = k_cache.shape[1]
+            masks.append(_page_checks(block_table, cache_seqlens.long() // page,
+                                      (cache_seqlens.long() + seqlen_new + page - 1) // page,
+                                      k_cache.shape[0], "the appended keys"))
+        if cache_batch_idx is not None:
+            masks.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0]),
+                          f"cache_batch_idx must hold indices in [0, {k_cache.shape[0]})"))
+        return masks
+
+    _check_values(k.device, checks)
     if batch * seqlen_new == 0:
         return
     dummy = cache_seqlens  # stands for absent optional tensors (never read)
@@ -171,9 +181,9 @@ def rotary(x: torch.Tensor, rotary_cos: torch.Tensor, rotary_sin: torch.Tensor, 
     """x (batch, seqlen, heads, headdim) rotated at positions start[b] + i (step) or start[b]."""
     batch, seqlen, heads, headdim = x.shape
     last = start.long() + (seqlen - 1 if step else 0)
-    _check_values([((start < 0) | (last >= rotary_cos.shape[0]),
-                    (f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions; the query tokens need "
-                     f"cache_seqlens + {seqlen if step else 1}"))])
+    _check_values(x.device, lambda: [((start < 0) | (last >= rotary_cos.shape[0]),
+                                      (f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions; the query "
+                                       f"tokens need cache_seqlens + {seqlen if step else 1}"))])
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     if out.numel():
         _rotary_launcher[(batch * seqlen, heads)](
@@ -202,19 +212,23 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
     capacity = _capacity(k_cache, block_table)
-    checks = [((seqlens_k < 0) | (seqlens_k > capacity),
-               f"cache_seqlens (plus the appended keys) must be in [0, {capacity}], the cache's keys per sequence")]
-    if block_table is not None:
-        page = k_cache.shape[1]
-        checks.append(_page_checks(block_table, torch.zeros_like(seqlens_k),
-                                   (seqlens_k.long() + page - 1) // page, k_cache.shape[0], "the cached keys"))
-    if cache_batch_idx is not None:
-        checks.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0]),
-                       f"cache_batch_idx must hold indices in [0, {k_cache.shape[0]})"))
-    if cache_leftpad is not None:
-        checks.append(((cache_leftpad < 0) | (cache_leftpad > seqlens_k),
-                       "cache_leftpad must hold values in [0, cache_seqlens]"))
-    _check_values(checks)
+
+    def checks():
+        masks = [((seqlens_k < 0) | (seqlens_k > capacity),
+                  f"cache_seqlens (plus the appended keys) must be in [0, {capacity}], the cache's keys per sequence")]
+        if block_table is not None:
+            page = k_cache.shape[1]
+            masks.append(_page_checks(block_table, torch.zeros_like(seqlens_k),
+                                      (seqlens_k.long() + page - 1) // page, k_cache.shape[0], "the cached keys"))
+        if cache_batch_idx is not None:
+            masks.append(((cache_batch_idx < 0) | (cache_batch_idx >= k_cache.shape[0]),
+                          f"cache_batch_idx must hold indices in [0, {k_cache.shape[0]})"))
+        if cache_leftpad is not None:
+            masks.append(((cache_leftpad < 0) | (cache_leftpad > seqlens_k),
+                          "cache_leftpad must hold values in [0, cache_seqlens]"))
+        return masks
+
+    _check_values(q.device, checks)
 
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
