@@ -184,6 +184,9 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "timing_windows": (("cuDNN: 20-ms / default windows", "sdpa-cudnn, 20-ms windows", "sdpa-cudnn, default windows"),
                        ("ours: 20-ms / default windows", "ours, 20-ms windows", "ours, default windows")),
     "triton_fused_dq": (("fused / two-kernel time", "dQ fused, best config: backward", "two kernels: backward"),),
+    "paged_prefetch": (("paged: read per block / read ahead, time", "paged, block table read per block",
+                        "paged, block table read ahead"),
+                       ("paged read ahead / contiguous, time", "paged, block table read ahead", "contiguous")),
     "gluon_features": (("forward: Triton / Gluon time", "Triton forward", "Gluon forward"),
                        ("backward: Triton / Gluon time", "Triton backward", "Gluon backward")),
 }
@@ -239,12 +242,15 @@ COMPILER_PEERS = (("flex-attention", "FlexAttention"), ("torch-compile", "eager 
 
 def _standing(ratio: pd.Series, label: str) -> str:
     """'ahead of LABEL in a of n configurations (by up to x%), behind in b (by y% to z%)'."""
+    def span(low: float, high: float) -> str:
+        return f"by {low:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"by {low:.0%} to {high:.0%}"
+
     ahead, behind = ratio[ratio >= 1.0], ratio[ratio < 1.0]
     text = f"ahead of {label} in {len(ahead)} of {len(ratio)} configurations"
     if len(ahead):
-        text += f" (by {ahead.min() - 1:.0%} to {ahead.max() - 1:.0%})"
+        text += f" ({span(ahead.min() - 1, ahead.max() - 1)})"
     if len(behind):
-        text += f", behind in {len(behind)} (by {1 - behind.max():.0%} to {1 - behind.min():.0%})"
+        text += f", behind in {len(behind)} ({span(1 - behind.max(), 1 - behind.min())})"
     return text
 
 
@@ -262,6 +268,13 @@ def peers_table(rows: pd.DataFrame, folder: Path = PAPER_PEERS_DIR) -> str:
               ", ".join(label for _, label in PEERS) + f", measured in the same run ({env['dtype']}, "
               f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['git_commit']}; rows: "
               f"`reports/h200/{folder.name}/results.csv`).", ""]
+    processes = rows.timestamp.nunique()
+    if processes > 1:  # a run resumed (--resume) in another process: say which configurations span two
+        spans = rows.groupby(["mode", "hdim", "causal", "seqlen"]).timestamp.nunique()
+        spans = [", ".join(str(v) for v in key) for key in spans[spans > 1].index]
+        lines += [(f"The rows come from {processes} processes run back to back on the same machine (a run resumed "
+                  f"with `--resume`); configurations whose providers span two of them: "
+                  f"{'; '.join(spans) if spans else 'none'}."), ""]
     for mode, group in wide.groupby(level=0, sort=True):
         parts = []
         for name, label in PEERS + COMPILER_PEERS:

@@ -125,3 +125,23 @@ def test_committed_pages_match_the_rows_they_are_generated_from(tmp_path, page):
     copy.write_text(source.read_text())
     assert embed.update_markdown(copy), f"{page} has no generated section"
     assert copy.read_text() == source.read_text(), f"{page} is stale: run python -m reports.embed {page}"
+
+
+def test_peers_table_states_where_ours_stands_against_each_peer_and_the_compilers():
+    rows = _rows().assign(status="ok", reason="")
+    extra = pd.DataFrame([
+        {**rows.iloc[0].to_dict(), "provider": "fa4", "seqlen": 2048, "tflops": 250.0},
+        {**rows.iloc[0].to_dict(), "provider": "fa4", "seqlen": 4096, "tflops": 440.0},
+        {**rows.iloc[0].to_dict(), "provider": "flex-attention", "seqlen": 2048, "tflops": 150.0},
+        {**rows.iloc[0].to_dict(), "provider": "flex-attention", "seqlen": 4096, "status": "error", "tflops": None,
+         "reason": "OutOfResources: shared memory; more"},
+        {**rows.iloc[0].to_dict(), "provider": "sdpa-cudnn", "seqlen": 4096, "tflops": 330.0,
+         "timestamp": "t2"},  # resumed in a second process
+    ])
+    table = embed.peers_table(pd.concat([rows, extra], ignore_index=True))
+    assert "| fwd | 128 | True | 300 · 1.20x · 0.75x · 1.50x | 330 · 0.75x · 1.00x · 1.10x |" in table
+    assert ("ahead of FA4 in 1 of 2 configurations (by 20%), behind in 1 (by 25%); "
+            "ahead of cuDNN in 1 of 2 configurations (by 0%), behind in 1 (by 25%)") in table
+    assert "ahead of FlexAttention in 1 of 1 configurations (by 100%)" in table
+    assert "- FlexAttention: 1 configurations error (OutOfResources: shared memory)" in table
+    assert "configurations whose providers span two of them: fwd, 128, True, 4096." in table
