@@ -19,11 +19,16 @@ that no call waits for the GPU (host_overhead.py's way), bf16, causal, (1, 1024,
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
 
 
 def host_us(fn, calls: int) -> float:

@@ -26,7 +26,11 @@ import argparse
 import csv
 import os
 import re
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
 
 TOOL = "tools/experiments/exp_gluon_features.py, bf16, head dim 128, causal"
 ROWS = (("fwd", "gluon", "Gluon forward"), ("fwd", "triton", "Triton forward"),

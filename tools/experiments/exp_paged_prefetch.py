@@ -16,7 +16,11 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
 
 TOOL = "tools/experiments/exp_paged_prefetch.py, bf16, 32 q heads, head dim 128, CUDA-graph replay"
 SHAPES = ((1, 1024, 8), (1, 16384, 8), (1, 65536, 8), (8, 8192, 8), (32, 8192, 8), (1, 65536, 32), (8, 8192, 32))
