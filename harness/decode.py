@@ -324,7 +324,12 @@ def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
         for what, other, target in (("SDPA cuDNN", cudnn, 0.95), ("ours num_splits=1", ours_one, 5.0)):
             if key in ours.index and key in other.index:
                 ratio = ours[key] / other[key]
-                checks.append((f"1 x 64k, {kv_heads} kv heads: ours / {what} >= {target}", f"{ratio:.2f}x",
+                measured = f"{ratio:.2f}x"
+                fastest = df[(df.status == "ok") & (df.provider != "device-copy")]["gbps"].astype(float).max()
+                if target > 1 and target * other[key] > fastest:  # a bar above every row of the run
+                    measured += (f" (the bar needs {target * other[key]:,.0f} GB/s; the fastest row of the run "
+                                 f"read {fastest:,.0f})")
+                checks.append((f"1 x 64k, {kv_heads} kv heads: ours / {what} >= {target}", measured,
                                "met" if ratio >= target else "not met"))
     common = ours.index.intersection(flash.index)
     if len(common):

@@ -549,6 +549,14 @@ def test_suite_report_is_made_from_rows(tmp_path):
     assert "paged / contiguous >= 0.9 | min 0.97x" in report
     assert "4,270 GB/s" in report and "flash-attn-4 is not installed" in report
     assert (tmp_path / "plots" / "decode_bandwidth.png").stat().st_size > 0
+    assert "the bar needs" not in report  # 5 x 700 GB/s is below the run's fastest row
+
+    # num_splits=1 at 1,000 GB/s: 5x of it is above every row of the run, and the report says so
+    rows = suite.load_rows(tmp_path)
+    rows.loc[rows.provider == "ours-nosplit", "gbps"] = 1000.0
+    rows.to_csv(tmp_path / suite.DECODE_CSV, index=False)
+    report = suite.write_decode_report(tmp_path).read_text()
+    assert "4.00x (the bar needs 5,000 GB/s; the fastest row of the run read 4,100) | not met" in report
 
 
 def test_suite_runs_end_to_end_in_the_interpreter(tmp_path, monkeypatch):
