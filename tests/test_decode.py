@@ -580,3 +580,22 @@ def test_suite_runs_end_to_end_in_the_interpreter(tmp_path, monkeypatch):
     assert fa1[2] == "unsupported" and fa1[4] == "ok"
     assert (rows[rows.provider == "sdpa-flash"].status == "unavailable").all()  # CUDA only
     assert "ours split-KV" in suite.write_decode_report(tmp_path).read_text()
+
+
+def test_value_checks_are_not_even_built_while_a_cuda_graph_is_captured(monkeypatch):
+    """Their mask kernels would otherwise be captured and run at every replay."""
+    from kernels import decode as kv
+
+    built = []
+
+    def checks():
+        built.append(True)
+        return [(torch.tensor([True]), "bad entry")]
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    kv._check_values(torch.device("cuda"), checks)
+    assert not built
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    with pytest.raises(ValueError, match="bad entry"):
+        kv._check_values(torch.device("cuda"), checks)
+    assert built
