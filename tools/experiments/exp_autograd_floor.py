@@ -13,7 +13,10 @@ that no call waits for the GPU (host_overhead.py's way), bf16, causal, (1, 1024,
   backward returns its input, the floor of any Python autograd.Function; `clone`: that clone alone;
   `6 x empty_like`: six allocations like q (a backward's outputs and buffers);
 - the same calls inside torch.autograd.set_multithreading_enabled(False) (backward on the calling
-  thread instead of the engine's device thread).
+  thread instead of the engine's device thread);
+- `inside .backward`: FlashAttnFunc's forward and backward timed from inside during the
+  `.backward` calls, the rest being the wrappers, the engine and the gradient accumulation;
+- `bwd direct on a worker thread`: the direct backward issued from another Python thread.
 """
 
 from __future__ import annotations
@@ -91,6 +94,67 @@ def main() -> None:
         with torch.autograd.set_multithreading_enabled(False):
             single = host_us(fn, args.calls)
         print(f"{shape} {name:26s} {threaded:7.1f} us   single-threaded engine {single:7.1f} us", flush=True)
+    inside_autograd(kernels, q, k, v, dout, args.calls)
+    on_another_thread(lambda: flash_attn_backward(dout, qd, kd, vd, out, lse, scale, True), args.calls)
+
+
+def inside_autograd(kernels, q, k, v, dout, calls: int) -> None:
+    """Where a `.backward` call's host time goes: FlashAttnFunc's forward and backward timed from
+    inside (perf_counter around each), the rest is the wrappers, the engine and the gradient
+    accumulation. The backward runs on the engine's device thread."""
+    from kernels.ops import FlashAttnFunc
+
+    spent = {"forward": 0.0, "backward": 0.0}
+    originals = {name: getattr(FlashAttnFunc, name) for name in spent}
+
+    def timed(name):
+        inner = originals[name]
+
+        def wrapper(*a):
+            start = time.perf_counter()
+            try:
+                return inner(*a)
+            finally:
+                spent[name] += time.perf_counter() - start
+
+        return staticmethod(wrapper)
+
+    for name in spent:
+        setattr(FlashAttnFunc, name, timed(name))
+    try:
+        def fn():
+            kernels.flash_attn_func(q, k, v, causal=True).backward(dout)
+
+        for threaded in (True, False):
+            with torch.autograd.set_multithreading_enabled(threaded):
+                fn()
+                for key in spent:
+                    spent[key] = 0.0
+                total = host_us(fn, calls)  # host_us makes 5 warm-up calls, then `calls` timed ones
+                n = calls + 5
+                forward, backward = spent["forward"] / n * 1e6, spent["backward"] / n * 1e6
+                print(f"inside .backward ({'engine thread' if threaded else 'single-threaded engine'}): "
+                      f"call {total:7.1f} us = Function.forward {forward:7.1f} + Function.backward {backward:7.1f} "
+                      f"+ the rest {total - forward - backward:7.1f} us", flush=True)
+    finally:
+        for name, original in originals.items():
+            setattr(FlashAttnFunc, name, staticmethod(original))
+
+
+def on_another_thread(fn, calls: int) -> None:
+    """`fn` issued by a long-lived worker thread (as the engine's device thread issues a backward),
+    timed from that thread: whether running there alone makes the same Python slower."""
+    import threading
+
+    result = {}
+
+    def worker():
+        result["us"] = host_us(fn, calls)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    print(f"bwd direct on a worker thread {result['us']:7.1f} us", flush=True)
 
 
 if __name__ == "__main__":
