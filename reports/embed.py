@@ -5,7 +5,7 @@ Markdown files mark a generated section with `<!-- BEGIN name -->` ... `<!-- END
 CSVs under reports/h200/, so no number in them is typed by hand. A design decision's table
 (`decision_table`) comes from its compact rows in reports/h200/decisions/<name>.csv.
 
-    python -m reports.embed --kernel-vs-fa2 results/paper/results.csv results/paper_fp16/results.csv
+    python -m reports.embed --kernel-vs-fa2 results/paper/results.csv --kernel-vs-fa2 results/paper_fp16/results.csv
 """
 
 from __future__ import annotations
@@ -378,9 +378,9 @@ def update_markdown(path: Path) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("markdown", nargs="*", type=Path, help="Markdown files whose marked sections to rewrite")
-    parser.add_argument("--kernel-vs-fa2", type=Path, nargs="+", metavar="RESULTS_CSV", default=[],
-                        help="extract reports/h200/kernel_vs_fa2.csv (bf16) / kernel_vs_fa2_fp16.csv from "
-                             "paper-suite results.csv files first")
+    parser.add_argument("--kernel-vs-fa2", type=Path, action="append", metavar="RESULTS_CSV", default=[],
+                        help="extract reports/h200/kernel_vs_fa2.csv (bf16) / kernel_vs_fa2_fp16.csv from a "
+                             "paper-suite results.csv first (once per file: --kernel-vs-fa2 A --kernel-vs-fa2 B)")
     args = parser.parse_args()
     for results_csv in args.kernel_vs_fa2:
         extract_kernel_vs_fa2(results_csv)
