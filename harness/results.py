@@ -11,6 +11,7 @@ holds the merged rows plus the metadata of every run that wrote into the folder
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import warnings
@@ -19,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.io import atomic_write_text
-from reports.environment import ENV_COLUMNS
+from reports.environment import ENV_COLUMNS, PEER_VERSION_COLUMNS
 
 RESULTS_CSV = "results.csv"
 RESULTS_JSON = "results.json"
@@ -30,9 +31,12 @@ MEASURE_COLUMNS = ("ms", "ms_p20", "ms_p80", "tflops", "tflops_p20", "tflops_p80
 COLUMNS = (
     "provider", "label", "setting", "mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype", "repeat",
     "status", "reason", *MEASURE_COLUMNS, "check_shape", "config", "interpreter", *ENV_COLUMNS,
+    *PEER_VERSION_COLUMNS,  # the optional peers' package versions in the run's environment ('' if absent)
 )
-# results.csv files written before the accuracy check recorded the shape it checked
-PREVIOUS_COLUMNS = tuple(column for column in COLUMNS if column != "check_shape")
+# the column sets of earlier results.csv files: before the rows carried the peers' versions, and
+# before that, before the accuracy check recorded the shape it checked; read with those columns empty
+PREVIOUS_COLUMNS = tuple(column for column in COLUMNS if column not in PEER_VERSION_COLUMNS)
+OLDER_HEADERS = (PREVIOUS_COLUMNS, tuple(column for column in PREVIOUS_COLUMNS if column != "check_shape"))
 _INT_COLUMNS = ("hdim", "seqlen", "batch", "heads", "repeat")
 _BOOL_COLUMNS = ("causal", "interpreter")
 
@@ -64,8 +68,10 @@ def _warn_once(key: tuple, message: str) -> None:
 
 class ResultWriter:
     """Appends rows to a results CSV, writing the header to a new file and flushing each row.
-    An existing file must have this version's header; a last line without its newline (a
-    process killed mid-row) is cut off before appending, with a warning."""
+    An existing file must have this version's header or an earlier one (OLDER_HEADERS: the
+    file is then rewritten with this version's columns, the new ones empty in its rows); a last
+    line without its newline (a process killed mid-row) is cut off before appending, with a
+    warning."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -73,7 +79,10 @@ class ResultWriter:
         if self.path.exists() and self.path.stat().st_size > 0:
             with self.path.open(newline="") as f:
                 header = next(csv.reader([f.readline()]), [])
-            if tuple(header) != COLUMNS:
+            if tuple(header) in OLDER_HEADERS:
+                self._drop_incomplete_last_line()
+                self._upgrade(tuple(header))
+            elif tuple(header) != COLUMNS:
                 raise ValueError(f"{self.path} has columns {header}, expected {list(COLUMNS)}: it was "
                                  "written by another version of the runner; use a new --out folder")
             self._drop_incomplete_last_line()
@@ -85,6 +94,19 @@ class ResultWriter:
         if new_file:
             self._writer.writeheader()
             self._file.flush()
+
+    def _upgrade(self, header: tuple[str, ...]) -> None:
+        """Rewrite the file with this version's columns (those it lacks left empty)."""
+        _, records, broken = _parse_lines(self.path)
+        lines = io.StringIO()
+        writer = csv.DictWriter(lines, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for fields in records:
+            writer.writerow(dict(zip(header, fields, strict=True)))
+        atomic_write_text(self.path, lines.getvalue())
+        _warn_once(("upgraded", str(self.path)),
+                   f"{self.path}: rewritten with this version's columns ({', '.join(sorted(set(COLUMNS) - set(header)))} "
+                   f"empty in its {len(records)} earlier rows{f'; {broken} broken rows dropped' if broken else ''})")
 
     def _drop_incomplete_last_line(self) -> None:
         data = self.path.read_bytes()
@@ -149,12 +171,12 @@ def load_results(path: Path) -> pd.DataFrame:
     """Rows of a results CSV (or of the results.csv in a folder), typed, merged: for a key
     written more than once the last row wins. An absent file gives an empty frame; a broken
     line (a row cut by a killed process) is skipped with one warning per file state. Files
-    of the previous column set (without `check_shape`) are read with that column empty."""
+    of an earlier column set (OLDER_HEADERS) are read with the columns they lack empty."""
     csv_path = _csv_path(path)
     if not csv_path.exists() or csv_path.stat().st_size == 0:
         return pd.DataFrame(columns=list(COLUMNS))
     header, records, broken = _parse_lines(csv_path)
-    if header not in (COLUMNS, PREVIOUS_COLUMNS):
+    if header != COLUMNS and header not in OLDER_HEADERS:
         raise ValueError(f"{csv_path} has columns {list(header)}, expected {list(COLUMNS)}")
     if broken:
         stat = csv_path.stat()

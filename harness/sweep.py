@@ -30,7 +30,7 @@ from baselines.providers import Provider, Spec, UnsupportedInput, unavailable_re
 from harness.accuracy import TOLERANCE, WrongOutput, check_accuracy, check_shape
 from harness.results import ResultWriter, row_key
 from harness.timing import CPU_REPS, random_inputs, seed_of, time_attention
-from reports.environment import ENV_COLUMNS
+from reports.environment import ENV_COLUMNS, PEER_VERSION_COLUMNS
 
 MAX_REASON_CHARS = 500
 
@@ -83,7 +83,8 @@ class Sweep:
         self.writer, self.device, self.repeats = writer, device, repeats
         self.warmup_ms, self.rep_ms, self.cpu_reps, self.cuda_graph = warmup_ms, rep_ms, cpu_reps, cuda_graph
         self.skip, self.known, self.log = skip, dict(known or {}), log
-        self.env = {column: environment[column] for column in ENV_COLUMNS}
+        self.env = ({column: environment[column] for column in ENV_COLUMNS}
+                    | {column: environment.get(column, "") for column in PEER_VERSION_COLUMNS})
         self.interpreter = device.type != "cuda"
         self.status_counts: Counter = Counter()
         self.rows: list[dict] = []  # every row written, in order

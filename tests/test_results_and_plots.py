@@ -330,14 +330,30 @@ def test_a_half_written_results_json_warns_and_is_written_anew(tmp_path):
     assert [run["run_id"] for run in load_runs(tmp_path)] == ["2"]
 
 
-def test_previous_column_set_is_read_with_an_empty_check_shape(tmp_path):
+@pytest.mark.parametrize("older", [0, 1], ids=["without peer versions", "without check_shape either"])
+def test_earlier_column_sets_are_read_with_the_missing_columns_empty(tmp_path, older):
+    from harness.results import OLDER_HEADERS
+
+    header = OLDER_HEADERS[older]
+    path = tmp_path / "results.csv"
+    row = _row(tflops=1.0, check_shape="b1 n128", flash_attn_4="4.0")
+    pd.DataFrame([{c: row[c] for c in header}]).to_csv(path, index=False)
+    rows = load_results(path)
+    assert list(rows.columns) == list(COLUMNS) and rows["flash_attn_4"].item() == ""
+    assert rows["check_shape"].item() == ("b1 n128" if "check_shape" in header else "")
+
+
+def test_appending_to_an_earlier_file_rewrites_it_with_this_versions_columns(tmp_path):
     from harness.results import PREVIOUS_COLUMNS
 
     path = tmp_path / "results.csv"
-    row = _row(tflops=1.0)
-    pd.DataFrame([{c: row[c] for c in PREVIOUS_COLUMNS}]).to_csv(path, index=False)
-    rows = load_results(path)
-    assert list(rows.columns) == list(COLUMNS) and rows["check_shape"].item() == ""
+    pd.DataFrame([{c: _row(tflops=1.0)[c] for c in PREVIOUS_COLUMNS}]).to_csv(path, index=False)
+    with pytest.warns(UserWarning, match="rewritten with this version's columns"), ResultWriter(path) as writer:
+        writer.write(_row(provider="fa4", label="FA4", tflops=2.0, flash_attn_4="4.0.0b36"))
+    assert path.read_text().splitlines()[0] == ",".join(COLUMNS)
+    rows = load_results(path).set_index("provider")
+    assert rows.loc["fa2", "tflops"] == 1.0 and rows.loc["fa2", "flash_attn_4"] == ""
+    assert rows.loc["fa4", "flash_attn_4"] == "4.0.0b36"
 
 
 def test_cpu_report_says_perf_counter_and_draws_no_conclusion():

@@ -62,6 +62,15 @@ def test_a_raising_provider_gives_an_error_row_and_the_sweep_goes_on(tmp_path):
     assert rows.loc["pytorch", "status"] == "ok" and rows.loc["pytorch", "tflops"] > 0
 
 
+def test_rows_carry_the_peers_package_versions_of_their_run(tmp_path):
+    environment = {**capture_environment(), "flash_attn_4": "4.0.0b36", "nvidia_cutlass_dsl": "4.8.1"}
+    sweep = Sweep(ResultWriter(tmp_path / "results.csv"), environment, device=DEVICE, warmup_ms=1, rep_ms=3,
+                  cpu_reps=1)
+    sweep.run([Job(TINY)], [get_provider("pytorch")], progress=False)
+    row = _rows(tmp_path).loc["pytorch"]
+    assert row["flash_attn_4"] == "4.0.0b36" and row["nvidia_cutlass_dsl"] == "4.8.1" and row["xformers"] == ""
+
+
 @pytest.mark.parametrize(("exc", "status"), [
     (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8 GiB"), "oom"),
     (UnsupportedInput("head dim 512 is too large"), "unsupported"),
