@@ -9,8 +9,9 @@ A short attention call waits on Python, not on the GPU: at batch 1 and 1k keys t
   `do_bench_cudagraph`), which has no host work: what the kernels cost the GPU;
 * wall_ms: harness.timing.benchmark (`do_bench`) as every other table is timed: max(host, GPU), roughly.
 
-Modes: 'fwd' (one forward, no autograd graph) and 'fwd_bwd' (forward and `backward` of the
-output). 'compiled' rows time `torch.compile(fullgraph=True)` of the same function (compile
+Modes, the call's stages: 'fwd' (one forward, no autograd graph), 'bwd' (the backward alone:
+`torch.autograd.backward` of one recorded forward, its graph retained) and 'fwd_bwd' (forward
+and `backward` of the output). 'compiled' rows time `torch.compile(fullgraph=True)` of the same function (compile
 time excluded). Rows are written as they are measured (CSV, one row per measurement, with the
 environment). Run on a GPU:
 
@@ -56,12 +57,25 @@ def attention_fn(provider: str, causal: bool):
     return sdpa
 
 
+MODES = ("fwd", "bwd", "fwd_bwd")
+
+
 def call_fn(attention, mode: str, q, k, v, dout):
+    """The call one measurement repeats, for one of MODES."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "fwd":
         def fwd():
             with torch.no_grad():
                 return attention(q, k, v)
         return fwd
+    if mode == "bwd":
+        out = attention(q, k, v)  # recorded once; each call runs its backward again
+
+        def bwd():
+            torch.autograd.backward(out, dout, retain_graph=True)
+            return out
+        return bwd
 
     def fwd_bwd():
         out = attention(q, k, v)
@@ -100,8 +114,8 @@ def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool
     attention = attention_fn(provider, causal)
     if compiled:
         attention = torch.compile(attention, fullgraph=True)
-    fn = call_fn(attention, mode, q, k, v, dout)
     try:
+        fn = call_fn(attention, mode, q, k, v, dout)  # 'bwd' records its forward here (compiling it)
         for _ in range(3):  # compile and warm up outside every timing
             fn()
         torch.cuda.synchronize()
@@ -121,7 +135,7 @@ def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for host_overhead.csv")
     parser.add_argument("--providers", default="fa2,sdpa-flash,sdpa-cudnn", help="comma-separated")
-    parser.add_argument("--modes", default="fwd,fwd_bwd")
+    parser.add_argument("--modes", default="fwd,bwd,fwd_bwd", help=f"comma-separated, from {','.join(MODES)}")
     parser.add_argument("--no-compiled", action="store_true", help="eager rows only")
     parser.add_argument("--quick", action="store_true", help="the first three shapes only")
     args = parser.parse_args(argv)

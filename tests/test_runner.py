@@ -480,3 +480,29 @@ def test_the_runner_offers_every_reviewers_study():
     from harness.plan import REVIEWER_PARTS
 
     assert set(REVIEWER_PARTS) == set(part_names())
+
+
+def test_host_overhead_times_each_stage_of_a_call():
+    """harness/host_overhead.py's calls (measured on a GPU): the backward alone reruns the
+    backward of one recorded forward, each call adding the same gradient."""
+    from harness.host_overhead import MODES, call_fn
+
+    q, k, v = (torch.randn(1, 8, 2, 4, requires_grad=True) for _ in range(3))
+    dout = torch.randn_like(q)
+    calls = []
+
+    def attention(q, k, v):
+        calls.append(1)
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+    bwd = call_fn(attention, "bwd", q, k, v, dout)
+    assert len(calls) == 1  # the forward is recorded once, outside the timed calls
+    bwd()
+    first = q.grad.clone()
+    bwd()
+    assert len(calls) == 1 and torch.allclose(q.grad, 2 * first)
+    with torch.no_grad():
+        assert not call_fn(attention, "fwd", q, k, v, dout)().requires_grad
+    assert MODES == ("fwd", "bwd", "fwd_bwd")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        call_fn(attention, "sideways", q, k, v, dout)
