@@ -11,7 +11,9 @@ A short attention call waits on Python, not on the GPU: at batch 1 and 1k keys t
 
 Modes, the call's stages: 'fwd' (one forward, no autograd graph), 'bwd' (the backward alone:
 `torch.autograd.backward` of one recorded forward, its graph retained) and 'fwd_bwd' (forward
-and `backward` of the output). 'compiled' rows time `torch.compile(fullgraph=True)` of the same function (compile
+and `backward` of the output). The backward modes accumulate into q, k and v's `.grad` as a
+training step with gradient accumulation does (host and GPU time; `wall_ms` clears them between
+calls, do_bench's `grad_to_none`). 'compiled' rows time `torch.compile(fullgraph=True)` of the same function (compile
 time excluded). Rows are written as they are measured (CSV, one row per measurement, with the
 environment). Run on a GPU:
 

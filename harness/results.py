@@ -76,19 +76,23 @@ class ResultWriter:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        new_file = True
         if self.path.exists() and self.path.stat().st_size > 0:
             with self.path.open(newline="") as f:
-                header = next(csv.reader([f.readline()]), [])
-            if tuple(header) in OLDER_HEADERS:
+                first = f.readline()
+            header = tuple(next(csv.reader([first]), []))
+            if not first.endswith("\n"):  # only a header, cut by a killed process: start the file anew
+                self.path.write_bytes(b"")
+            elif header in OLDER_HEADERS:
                 self._drop_incomplete_last_line()
-                self._upgrade(tuple(header))
-            elif tuple(header) != COLUMNS:
-                raise ValueError(f"{self.path} has columns {header}, expected {list(COLUMNS)}: it was "
+                self._upgrade(header)
+                new_file = False
+            elif header != COLUMNS:
+                raise ValueError(f"{self.path} has columns {list(header)}, expected {list(COLUMNS)}: it was "
                                  "written by another version of the runner; use a new --out folder")
-            self._drop_incomplete_last_line()
-            new_file = False
-        else:
-            new_file = True
+            else:
+                self._drop_incomplete_last_line()
+                new_file = False
         self._file = self.path.open("a", newline="")
         self._writer = csv.DictWriter(self._file, fieldnames=COLUMNS)
         if new_file:
@@ -96,14 +100,16 @@ class ResultWriter:
             self._file.flush()
 
     def _upgrade(self, header: tuple[str, ...]) -> None:
-        """Rewrite the file with this version's columns (those it lacks left empty)."""
+        """Rewrite the file with this version's columns (those it lacks left empty), in the line
+        endings of the rows appended after (csv's default). Broken lines, which load_results
+        skips, are dropped from the file (and said so)."""
         _, records, broken = _parse_lines(self.path)
-        lines = io.StringIO()
-        writer = csv.DictWriter(lines, fieldnames=COLUMNS, lineterminator="\n")
+        lines = io.StringIO(newline="")
+        writer = csv.DictWriter(lines, fieldnames=COLUMNS)
         writer.writeheader()
         for fields in records:
             writer.writerow(dict(zip(header, fields, strict=True)))
-        atomic_write_text(self.path, lines.getvalue())
+        atomic_write_text(self.path, lines.getvalue())  # a killed process leaves the old file or the new one
         _warn_once(("upgraded", str(self.path)),
                    f"{self.path}: rewritten with this version's columns ({', '.join(sorted(set(COLUMNS) - set(header)))} "
                    f"empty in its {len(records)} earlier rows{f'; {broken} broken rows dropped' if broken else ''})")

@@ -15,7 +15,7 @@ graph (kernels in kernels/decode_kernels.py):
 Argument values that live on the device (cache lengths, block-table entries, cache_batch_idx)
 are checked with one device-to-host copy per op call, except while a CUDA graph is being
 captured (a copy cannot be captured): a graph replays the checked call's shapes, not its
-values. `cache_leftpad` is not supported (NotImplementedError). Paged caches take pages of any
+values. `cache_leftpad` is taken for contiguous caches (not with a block table, as flash-attn). Paged caches take pages of any
 multiple of 16 tokens (flash-attn's CUDA kernel: multiples of 256). Without a block table and
 without `cache_batch_idx`, the cache's batch must equal q's.
 """
@@ -64,8 +64,8 @@ def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, 
     Without splitting, batch x kv_heads x m_blocks programs run (m_blocks: query tiles of
     packed q heads). Split until PROGRAMS_PER_SM x num_sms programs exist (at batch 1 with
     8 kv heads on a 132-SM H200: 33 splits) where fewer than num_sms run (from one program per
-    SM on, no split: measured at batch 32 x 4k with 8 kv heads, 2 splits read 3,534 GB/s and
-    none 4,196), keeping at least MIN_BLOCKS_PER_SPLIT key blocks
+    SM on, no split: at batch 32 x 4k with 8 kv heads, 2 splits measured slower than none),
+    keeping at least MIN_BLOCKS_PER_SPLIT key blocks
     of the cache's capacity (`cache_len`, known from shapes alone, so a CUDA graph keeps one
     split count) in each split, and at most MAX_SPLITS."""
     programs = batch * kv_heads * m_blocks
@@ -180,8 +180,7 @@ def rotary(x: torch.Tensor, rotary_cos: torch.Tensor, rotary_sin: torch.Tensor, 
            rotary_interleaved: bool) -> torch.Tensor:
     """x (batch, seqlen, heads, headdim) rotated at positions start[b] + i (step) or start[b]."""
     batch, seqlen, heads, headdim = x.shape
-    last = start.long() + (seqlen - 1 if step else 0)
-    _check_values(x.device, lambda: [((start < 0) | (last >= rotary_cos.shape[0]),
+    _check_values(x.device, lambda: [((start < 0) | (start.long() + (seqlen - 1 if step else 0) >= rotary_cos.shape[0]),
                                       (f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions; the query "
                                        f"tokens need cache_seqlens + {seqlen if step else 1}"))])
     out = torch.empty_like(x, memory_format=torch.contiguous_format)

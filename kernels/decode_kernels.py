@@ -103,7 +103,7 @@ def _fwd_kvcache_split_kernel(
     # paged: each key row's page number, read one key block ahead (PREFETCH_PAGES) so that the
     # block table's latency overlaps the block before instead of preceding every K load
     page_rows = BlockTable + batch * stride_btb
-    if PREFETCH_PAGES:
+    if PREFETCH_PAGES and PAGE_SIZE > 0:
         offs_first = lo + tl.arange(0, BLOCK_N)
         next_page = tl.load(page_rows + offs_first // PAGE_SIZE, mask=offs_first < hi, other=0)
     else:
@@ -114,7 +114,7 @@ def _fwd_kvcache_split_kernel(
         if HAS_LEFTPAD:  # the padding before a sequence's first key is neither read nor seen
             n_ok &= offs_n >= pad
         if PAGE_SIZE > 0:
-            if PREFETCH_PAGES:
+            if PREFETCH_PAGES:  # the pages read one block ahead (above, or in the previous iteration)
                 page = next_page.to(tl.int64)
                 offs_next = offs_n + BLOCK_N
                 next_page = tl.load(page_rows + offs_next // PAGE_SIZE, mask=offs_next < hi, other=0)

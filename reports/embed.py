@@ -70,21 +70,6 @@ def _speedup_grid(rows: pd.DataFrame, peers: tuple[str, ...]) -> tuple[pd.DataFr
     return wide, lines
 
 
-def kernel_vs_fa2_table(rows: pd.DataFrame, source: Path = KERNEL_VS_FA2_CSV) -> str:
-    """One line per (mode, hdim, causal), one column per seqlen; each cell: our TFLOPs/s, then
-    our speed over the official FA2 kernel's and over cuDNN's, all measured in the same run."""
-    _, lines = _speedup_grid(rows, (OFFICIAL, CUDNN))
-    env = rows.iloc[0]
-    tokens = sorted((rows["batch"] * rows["seqlen"]).unique())
-    hidden = sorted((rows["heads"] * rows["hdim"]).unique())
-    lines.append("")
-    lines.append(f"Each cell: this repo's FA2 kernel in TFLOPs/s · its speed over the official FA2 CUDA kernel "
-                 f"(SDPA flash) · over cuDNN (SDPA cudnn), measured in the same run. {env['dtype']}, "
-                 f"batch x seqlen = {', '.join(map(str, tokens))}, heads x hdim = {', '.join(map(str, hidden))}, "
-                 f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}; rows: `reports/h200/{source.name}`.")
-    return "\n".join(lines)
-
-
 def file_section(path: Path, stop_at: str | None = None, start_at: str | None = None) -> str:
     """A generated Markdown file, embedded as it is from the first line starting with `start_at`
     up to the heading `stop_at` (its own headings demoted by one level)."""
@@ -240,15 +225,21 @@ PEERS = (("fa4", "FA4"), ("sdpa-cudnn", "cuDNN"), ("sdpa-flash", "official FA2")
 COMPILER_PEERS = (("flex-attention", "FlexAttention"), ("torch-compile", "eager attention under torch.compile"))
 
 
+LEVEL = 0.01  # a speed ratio within 1% of 1 counts as level, neither ahead nor behind
+
+
 def _standing(ratio: pd.Series, label: str) -> str:
     """'ahead of LABEL in a of n configurations (by up to x%), behind in b (by y% to z%)'."""
     def span(low: float, high: float) -> str:
         return f"by {low:.0%}" if f"{low:.0%}" == f"{high:.0%}" else f"by {low:.0%} to {high:.0%}"
 
-    ahead, behind = ratio[ratio >= 1.0], ratio[ratio < 1.0]
+    ahead, behind = ratio[ratio >= 1 + LEVEL], ratio[ratio <= 1 - LEVEL]
+    level = len(ratio) - len(ahead) - len(behind)
     text = f"ahead of {label} in {len(ahead)} of {len(ratio)} configurations"
     if len(ahead):
         text += f" ({span(ahead.min() - 1, ahead.max() - 1)})"
+    if level:
+        text += f", level (within {LEVEL:.0%}) in {level}"
     if len(behind):
         text += f", behind in {len(behind)} ({span(1 - behind.max(), 1 - behind.min())})"
     return text
@@ -272,9 +263,12 @@ def peers_table(rows: pd.DataFrame, folder: Path = PAPER_PEERS_DIR) -> str:
     if processes > 1:  # a run resumed (--resume) in another process: say which configurations span two
         spans = rows.groupby(["mode", "hdim", "causal", "seqlen"]).timestamp.nunique()
         spans = [", ".join(str(v) for v in key) for key in spans[spans > 1].index]
-        lines += [(f"The rows come from {processes} processes run back to back on the same machine (a run resumed "
-                  f"with `--resume`); configurations whose providers span two of them: "
-                  f"{'; '.join(spans) if spans else 'none'}."), ""]
+        machines = rows[[c for c in ("gpu", "driver", "torch", "triton", "git_commit") if c in rows]].drop_duplicates()
+        same = (f"the same {', '.join(machines.columns)}" if len(machines) == 1
+                else f"{len(machines)} different environments")
+        lines += [(f"The rows come from {processes} processes (a run resumed with `--resume`; {same}, as the rows "
+                   f"record them); configurations whose providers span two of them: "
+                   f"{'; '.join(spans) if spans else 'none'}."), ""]
     for mode, group in wide.groupby(level=0, sort=True):
         parts = []
         for name, label in PEERS + COMPILER_PEERS:
@@ -333,8 +327,6 @@ def host_plans_table() -> str:
 
 
 SECTIONS = {
-    "kernel_vs_fa2": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_CSV)),
-    "kernel_vs_fa2_fp16": lambda: kernel_vs_fa2_table(pd.read_csv(KERNEL_VS_FA2_FP16_CSV), KERNEL_VS_FA2_FP16_CSV),
     "ablation": lambda: file_section(H200 / "ablation" / "ablation.md", stop_at="## Sweep"),
     "anchors": lambda: anchor_table(load_results(H200 / "paper"),
                                     pd.read_csv(H200 / "peer_anchors" / "h200_anchors_2026-11-30.csv")),
@@ -382,6 +374,9 @@ def main() -> None:
                         help="extract reports/h200/kernel_vs_fa2.csv (bf16) / kernel_vs_fa2_fp16.csv from a "
                              "paper-suite results.csv first (once per file: --kernel-vs-fa2 A --kernel-vs-fa2 B)")
     args = parser.parse_args()
+    not_markdown = [str(path) for path in args.markdown if path.suffix != ".md"]
+    if not_markdown:  # e.g. a second results.csv after one --kernel-vs-fa2 (each file needs its own flag)
+        parser.error(f"not Markdown files: {', '.join(not_markdown)} (give each results.csv its own --kernel-vs-fa2)")
     for results_csv in args.kernel_vs_fa2:
         extract_kernel_vs_fa2(results_csv)
     for path in args.markdown:

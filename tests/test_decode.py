@@ -134,6 +134,18 @@ def test_paged_cache_matches_reference(page_size, device):
     check_decode(3, 1, 4, 2, 32, 64, [64, 0, 29], torch.float16, device, page_size=page_size, num_splits=2)
 
 
+@pytest.mark.parametrize("prefetch", [True, False], ids=["block table read ahead", "read per block"])
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, monkeypatch):
+    """64-key blocks over 16-token pages (each key block gathers four pages, as on the GPU), the
+    block table read one block ahead or at each block, ragged lengths and two splits."""
+    from kernels import decode
+
+    monkeypatch.setattr(decode, "INTERPRETER_CONFIG", (64, 4, 1))
+    monkeypatch.setattr(decode, "PAGED_PREFETCH", prefetch)
+    check_decode(3, 1, 4, 2, 32, 192, [192, 0, 77], torch.float16, "cpu", page_size=16, num_splits=2)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_several_query_tokens_causal_aligned_to_each_sequence_end(causal, device):

@@ -18,11 +18,6 @@ def _rows():
     ])
 
 
-def test_kernel_vs_fa2_cells_are_ratios_of_the_same_run():
-    table = embed.kernel_vs_fa2_table(_rows())
-    assert "| fwd | 128 | True | 300 · 1.50x · 0.75x | 330 · 1.10x · n/a |" in table
-
-
 def test_utilisation_is_a_fraction_of_the_matmul_ceiling():
     table = embed.utilisation_table(_rows(), ceiling=660.0)
     # seqlen 4096, causal only: 330/660, 300/660, no cuDNN row; the non-causal cells are n/a
@@ -141,7 +136,8 @@ def test_peers_table_states_where_ours_stands_against_each_peer_and_the_compiler
     table = embed.peers_table(pd.concat([rows, extra], ignore_index=True))
     assert "| fwd | 128 | True | 300 · 1.20x · 0.75x · 1.50x | 330 · 0.75x · 1.00x · 1.10x |" in table
     assert ("ahead of FA4 in 1 of 2 configurations (by 20%), behind in 1 (by 25%); "
-            "ahead of cuDNN in 1 of 2 configurations (by 0%), behind in 1 (by 25%)") in table
+            "ahead of cuDNN in 0 of 2 configurations, level (within 1%) in 1, behind in 1 (by 25%)") in table
     assert "ahead of FlexAttention in 1 of 1 configurations (by 100%)" in table
     assert "- FlexAttention: 1 configurations error (OutOfResources: shared memory)" in table
+    assert "the same gpu, torch, triton, git_commit, as the rows record them" in table
     assert "configurations whose providers span two of them: fwd, 128, True, 4096." in table

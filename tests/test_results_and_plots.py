@@ -354,6 +354,33 @@ def test_appending_to_an_earlier_file_rewrites_it_with_this_versions_columns(tmp
     rows = load_results(path).set_index("provider")
     assert rows.loc["fa2", "tflops"] == 1.0 and rows.loc["fa2", "flash_attn_4"] == ""
     assert rows.loc["fa4", "flash_attn_4"] == "4.0.0b36"
+    assert path.read_bytes().count(b"\r\n") == 3 and b"\n" not in path.read_bytes().replace(b"\r\n", b"")
+
+
+def test_an_earlier_file_with_a_cut_last_row_is_upgraded_without_it(tmp_path):
+    import csv
+
+    from harness.results import PREVIOUS_COLUMNS
+
+    path = tmp_path / "results.csv"
+    with path.open("w", newline="") as f:  # csv's own line endings, as the runner writes them
+        writer = csv.DictWriter(f, fieldnames=PREVIOUS_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerow(_row(tflops=1.0))
+    with path.open("ab") as f:
+        f.write(b"fa4,FA4,,fwd")  # a row cut by a killed process
+    with pytest.warns(UserWarning), ResultWriter(path) as writer:
+        writer.write(_row(provider="sdpa-flash", label="x", tflops=2.0))
+    rows = load_results(path)
+    assert sorted(rows.provider) == ["fa2", "sdpa-flash"] and list(rows.columns) == list(COLUMNS)
+
+
+def test_a_file_holding_only_a_cut_header_is_started_anew(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_text(",".join(COLUMNS))  # the header without its newline: the process died there
+    with ResultWriter(path) as writer:
+        writer.write(_row(tflops=1.0))
+    assert load_results(path).provider.tolist() == ["fa2"]
 
 
 def test_cpu_report_says_perf_counter_and_draws_no_conclusion():

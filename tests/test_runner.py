@@ -501,8 +501,10 @@ def test_host_overhead_times_each_stage_of_a_call():
     first = q.grad.clone()
     bwd()
     assert len(calls) == 1 and torch.allclose(q.grad, 2 * first)
-    with torch.no_grad():
-        assert not call_fn(attention, "fwd", q, k, v, dout)().requires_grad
-    assert MODES == ("fwd", "bwd", "fwd_bwd")
+    assert not call_fn(attention, "fwd", q, k, v, dout)().requires_grad  # no autograd graph
+    q.grad = None
+    call_fn(attention, "fwd_bwd", q, k, v, dout)()
+    assert len(calls) == 3 and torch.allclose(q.grad, first)  # fwd_bwd: a forward each call
+    assert set(MODES) == {"fwd", "bwd", "fwd_bwd"}
     with pytest.raises(ValueError, match="mode must be one of"):
         call_fn(attention, "sideways", q, k, v, dout)
