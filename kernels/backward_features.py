@@ -294,7 +294,7 @@ def flash_attn_backward_features(do, q, k, v, out, lse, softmax_scale: float, ca
     qk_scale, feature_values, flags = feature_args(q, k, softmax_scale, causal, features)
     # any mask or score modification (causal is a window here), beyond GQA alone, takes the
     # features' table; with a softcap the dense table's tiles measured faster (H200, causal 8k:
-    # 318 against 289 TFLOPs/s, reports/h200/features/features.csv's ours-dense-bwd-table row)
+    # reports/h200/decisions/softcap_backward_tables.log)
     cfg = config or default_bwd_config(headdim, q.device, masked_features=any(flags.values()) and not flags["SOFTCAP"])
     block_d = padded_headdim(headdim)
     delta = torch.empty_like(lse)

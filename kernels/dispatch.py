@@ -127,9 +127,10 @@ def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, de
     """Which kernel computes dK and dV for these tensors by the config's rule: 'gluon-ws'
     (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds; a
     call with a feature or GQA/MQA only where it also adds dQ, `bwd_gluon_fuses_dq`, as the dQ
-    kernel has neither; not with a softcap, where the Gluon kernel measured 1.2x slower than the
-    Triton feature kernels, docs/performance.md) or 'triton' (_flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_features_kernel
-    for a call with features or GQA). flash_attn_backward takes 'gluon-ws' only on an sm_90 device."""
+    kernel has neither; not with a softcap, where the Gluon kernel measured slower than the
+    Triton feature kernels: docs/performance.md, reports/h200/decisions/gluon_features.csv) or
+    'triton' (_flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_features_kernel for a call with features
+    or GQA). flash_attn_backward takes 'gluon-ws' only on an sm_90 device."""
     beyond_dense = (features is not DENSE and not features.dense) or k.shape[2] != q.shape[2]
     if beyond_dense and not (features.gluon_kernels and not features.softcap
                              and bwd_gluon_fuses_dq(config, q.shape[3], deterministic)):

@@ -4,7 +4,7 @@ against the autograd engine's, next to SDPA flash (reports/h200/decisions/host_a
     python tools/experiments/exp_autograd_floor.py [--calls 40]
 
 Each line: microseconds per call, the call issued `--calls` times behind a GPU sleep long enough
-that no call waits for the GPU (host_overhead.py's way), bf16, causal, (1, 1024, 16, 128):
+that no call waits for the GPU (harness.host_overhead.host_ms, one pass), bf16, causal, (1, 1024, 16, 128):
 - `fwd direct`, `bwd direct`: kernels.forward.flash_attn_forward and kernels.backward.flash_attn_backward
   without autograd (`bwd direct det`: deterministic=True);
 - `fwd+bwd (.backward)`, `fwd+bwd (autograd.grad)`: kernels.flash_attn_func through autograd;
@@ -35,16 +35,11 @@ sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
 
 
 def host_us(fn, calls: int) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(4e6 * calls))  # ~2 ms of GPU sleep per call: the GPU stays behind
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = (time.perf_counter() - start) / calls * 1e6
-    torch.cuda.synchronize()
-    return elapsed
+    """Microseconds of host time per call: harness.host_overhead's measurement (one warm-up call,
+    then `calls` calls behind a GPU sleep), one pass."""
+    from harness.host_overhead import host_ms
+
+    return host_ms(fn, calls, repeats=1) * 1e3
 
 
 class Trivial(torch.autograd.Function):
@@ -130,8 +125,8 @@ def inside_autograd(kernels, q, k, v, dout, calls: int) -> None:
                 fn()
                 for key in spent:
                     spent[key] = 0.0
-                total = host_us(fn, calls)  # host_us makes 5 warm-up calls, then `calls` timed ones
-                n = calls + 5
+                total = host_us(fn, calls)  # host_ms makes one warm-up call, then `calls` timed ones
+                n = calls + 1
                 forward, backward = spent["forward"] / n * 1e6, spent["backward"] / n * 1e6
                 print(f"inside .backward ({'engine thread' if threaded else 'single-threaded engine'}): "
                       f"call {total:7.1f} us = Function.forward {forward:7.1f} + Function.backward {backward:7.1f} "
