@@ -6,7 +6,8 @@ A short attention call waits on Python, not on the GPU: at batch 1 and 1k keys t
 * host_ms: wall time per call while the GPU is kept busy by a preceding `torch.cuda._sleep`, so
   no call waits for the GPU (the queue never fills): what issuing one call costs the CPU;
 * gpu_ms: time per call replayed from a CUDA graph (harness.timing.benchmark with cuda_graph, i.e.
-  `do_bench_cudagraph`), which has no host work: what the kernels cost the GPU;
+  `do_bench_cudagraph`), which has no host work: what the kernels cost the GPU ('bwd' rows have
+  none: a backward recorded before the capture launches outside it, the row's reason says so);
 * wall_ms: harness.timing.benchmark (`do_bench`) as every other table is timed: max(host, GPU), roughly.
 
 Modes, the call's stages: 'fwd' (one forward, no autograd graph), 'bwd' (the backward alone:
@@ -125,6 +126,13 @@ def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool
         row["wall_ms"] = benchmark(fn, q.device, grad_to_none=(q, k, v) if mode != "fwd" else ()).ms
     except Exception as exc:  # noqa: BLE001 -- a provider that cannot run this case is a row with its reason
         row.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
+        return row
+    if mode == "bwd":
+        # Not captured: the backward's kernels go to the stream its forward ran on, outside the
+        # capture's stream, which invalidates the capture and leaves the process unable to draw
+        # random numbers (reports/h200/decisions/cuda_graph_backward_capture.log).
+        row["reason"] = ("gpu_ms: not measured: the backward of a forward recorded before the capture "
+                         "runs on that forward's stream, outside a CUDA graph's")
         return row
     try:
         row["gpu_ms"] = benchmark(fn, q.device, cuda_graph=True).ms
