@@ -128,6 +128,18 @@ def hopper_gluon_varlen_applies(config: FwdConfig, q, k, v, out, features: Featu
     return tma_compatible(q, k, v, out)
 
 
+def hopper_gluon_varlen_bwd_applies(config: BwdConfig, q, k, v, do, features: Features,
+                                    deterministic: bool = False) -> bool:
+    """Packed variable lengths on the Gluon dK/dV kernel with dQ fused (flash_attn_hopper's varlen
+    backward): the forward's scope (hopper_gluon_varlen_applies, with the backward table's
+    hopper_gluon_min_keys) at head dim 128 (the fused dQ splits it between the consumers), unless
+    a deterministic backward is asked for (the dQ reduce-adds' order varies between runs)."""
+    if deterministic or not config.hopper_gluon_fused_dq or q.shape[-1] != 128:
+        return False
+    scope = FwdConfig(128, 128, 4, 1, hopper_gluon_min_keys=config.hopper_gluon_min_keys)
+    return hopper_gluon_varlen_applies(scope, q, k, v, do, features)
+
+
 def flat_descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
     batch, seqlen, heads, headdim = t.shape
     return TensorDescriptor(t, [batch * seqlen, heads * headdim], [t.stride(1), 1], [block_rows, headdim])

@@ -151,6 +151,27 @@ def test_hopper_gluon_varlen_forward_scope():
                            features) != HOPPER_GLUON_PATH
 
 
+def test_hopper_gluon_varlen_backward_scope():
+    """The varlen backward takes the Gluon dK/dV kernel with dQ fused in the forward's scope at
+    head dim 128, unless asked to be deterministic; head dim 64 keeps the Triton kernels."""
+    from kernels.checks import Features
+
+    cu = torch.tensor([0, 700, 1500, 3000], dtype=torch.int32)
+    features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500, max_seqlen_k=1500)
+
+    def applies(headdim=128, deterministic=False, config=HOPPER_BWD_CONFIGS[128], features=features):
+        q = torch.empty(3000, 8, headdim, dtype=torch.bfloat16)
+        k = torch.empty(3000, 2, headdim, dtype=torch.bfloat16)
+        return dispatch.hopper_gluon_varlen_bwd_applies(config, q, k, k, torch.empty_like(q), features, deterministic)
+
+    assert applies()
+    assert not applies(deterministic=True)
+    assert not applies(headdim=64, config=HOPPER_BWD_CONFIGS[64])
+    assert not applies(config=dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_fused_dq=False))
+    assert not applies(features=dataclasses.replace(features, max_seqlen_k=512))  # below 1k keys
+    assert not applies(features=dataclasses.replace(features, softcap=1.0))
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
     """At head dim 64 the table takes the Gluon forward from 4096 keys, where it was measured."""
@@ -342,6 +363,9 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
     assert len(varlen_lines) == 4, report  # head dims 64 and 128, causal or not
+    varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
+    assert len(varlen_bwd) == 2 and all("tma-reduce" in line for line in varlen_bwd), report  # d128, dQ fused
+    varlen_lines += varlen_bwd
     for line in forward_lines + backward_lines + varlen_lines:
         assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
         assert "1" in re.search(r"wait_group values ([\d ]+)", line).group(1).split(), line
