@@ -423,9 +423,18 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     is summed by atomics in an order that varies between runs (as flash-attn's own backward does);
     `deterministic=True` takes the dQ kernel instead. Calls with any feature, or fewer kv heads
     than q heads, run kernels/backward_features.py (atomic-free), or on Hopper the Gluon dK/dV
-    kernel with dQ fused where dispatch.bwd_dkdv_path sends them (not deterministic). Dense calls
+    kernel with dQ fused where dispatch.bwd_dkdv_path sends them (not deterministic); packed
+    variable lengths its varlen variant where dispatch.hopper_gluon_varlen_bwd_applies holds. Dense calls
     run a per-shape plan (`_dense_plan`), as the forward does."""
     if features is not DENSE or k.shape[-2] != q.shape[-2]:
+        if features.varlen and on_hopper(q.device) and min(q.shape[0], k.shape[0], q.shape[1]):
+            cfg = config or default_bwd_config(q.shape[-1], q.device)
+            if dispatch.hopper_gluon_varlen_bwd_applies(cfg, q, k, v, do, features, deterministic):
+                try:
+                    return _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale, causal, features)
+                except dispatch.GLUON_BUILD_ERRORS as exc:
+                    dispatch.disable_gluon(exc)  # the Triton kernels from now on
+                    _PLANS.clear()
         if not features.varlen and on_hopper(q.device) and min(q.shape[1], k.shape[1], q.shape[0] * q.shape[2]):
             cfg = config or default_bwd_config(q.shape[-1], q.device)
             if bwd_dkdv_path(cfg, q, k, v, do, features, deterministic) == HOPPER_GLUON_PATH:
@@ -487,6 +496,27 @@ def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal
     _, window_left, window_right, softcap_log2, _, alibi, stride_alibi_b = values[:7]
     plan(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale,
          (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b))
+    return dq_acc.to(q.dtype), dk, dv
+
+
+def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features):
+    """The Gluon dK/dV kernel with dQ fused for packed sequences: D = rowsum(dO * O) over all
+    tokens (one packed sequence for the preprocess kernel) with the float32 dQ accumulator zeroed,
+    then one launch."""
+    from .forward import varlen_strides
+
+    do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
+    total_q, heads, headdim = q.shape
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+    delta = torch.empty_like(lse)
+    dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    _bwd_preprocess_launcher[(cdiv(total_q, 64), heads)](
+        out, do, delta, dq_acc, *varlen_strides(out), *varlen_strides(do), heads, total_q, HEAD_DIM=headdim,
+        BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=True)
+    dispatch.flash_attn_hopper.flash_attn_varlen_backward_dkdv_hopper(
+        q, k, v, do, lse, delta, dk, dv, dq_acc, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_k,
+        softmax_scale, causal)
     return dq_acc.to(q.dtype), dk, dv
 
 

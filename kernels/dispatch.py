@@ -43,13 +43,16 @@ HOPPER_GLUON_PATH = "gluon-ws"  # kernels/flash_attn_hopper.py instead of _flash
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
     """How the forward runs for these (batch, seqlen, heads, headdim) tensors: 'gluon-ws' (the
     Gluon kernel of flash_attn_hopper.py, from hopper_gluon_min_keys keys where its scope holds:
-    no dropout and no packed variable lengths), or the Triton forward with 'tma-host' (2D
+    no dropout; packed variable lengths by hopper_gluon_varlen_applies), or the Triton forward with 'tma-host' (2D
     descriptors made here), 'tma-kernel' (per-head descriptors made by each program) or 'pointer'
     (pointer tiles), by FwdConfig's rules. Packed variable lengths (q (total, heads, headdim))
-    take 'tma-kernel' for K and V only (each program describes its sequence's keys; Q and O go
+    take 'gluon-ws' where hopper_gluon_varlen_applies holds (the Gluon varlen kernel), else
+    'tma-kernel' for K and V only (each program describes its sequence's keys; Q and O go
     by pointers, as a sequence may be empty and no descriptor has zero rows) or 'pointer',
     never the host's 2D descriptors (a tile would cross into the next sequence)."""
     if features is not DENSE and features.varlen:
+        if hopper_gluon_varlen_applies(config, q, k, v, out, features):
+            return HOPPER_GLUON_PATH
         keys = features.max_seqlen_k // 2 if causal else features.max_seqlen_k
         tma = config.tma and tma_compatible(q, k, v, out) and keys >= config.tma_min_keys
         return "tma-kernel" if tma else "pointer"
@@ -97,6 +100,44 @@ def hopper_gluon_applies(q, k, v, out) -> bool:
     if any(t.stride(1) < t.shape[2] * headdim for t in (q, k, v, out)):
         return False
     return tma_compatible(q, k, v, out) and _flat_view_is_exact(q, k, v, out, FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, 1))
+
+
+def hopper_gluon_varlen_applies(config: FwdConfig, q, k, v, out, features: Features) -> bool:
+    """Packed variable lengths on the Gluon forward (flash_attn_hopper's varlen kernel): packed
+    sequences and no other feature (no window, softcap, ALiBi or dropout), from
+    hopper_gluon_min_keys keys in the longest sequence, head dim 64 or 128, fp16 or bf16, q heads
+    a multiple of the kv heads, each (total, heads, head dim) tensor's heads side by side in its
+    rows (a (total, heads * head dim) 2D view) and TMA-compatible."""
+    if gluon_unavailable or features is DENSE or not features.varlen:
+        return False
+    if (features.window_left >= 0 or features.window_right >= 0 or features.softcap
+            or features.alibi_slopes is not None or features.dropout_p):
+        return False
+    if not config.hopper_gluon_min_keys or features.max_seqlen_k < config.hopper_gluon_min_keys:
+        return False
+    _, heads, headdim = q.shape
+    kv_heads = k.shape[1]
+    batch = features.cu_seqlens_q.shape[0] - 1
+    if not (q.shape == out.shape and k.shape == v.shape and k.shape[2] == headdim
+            and kv_heads and heads % kv_heads == 0 and headdim in flash_attn_hopper.HEAD_DIMS
+            and batch * heads <= 65535  # the grid's y limit
+            and all(t.dtype == q.dtype for t in (k, v, out)) and q.dtype in (torch.float16, torch.bfloat16)):
+        return False
+    if any(t.stride(1) != headdim or t.stride(0) < t.shape[1] * headdim for t in (q, k, v, out)):
+        return False
+    return tma_compatible(q, k, v, out)
+
+
+def hopper_gluon_varlen_bwd_applies(config: BwdConfig, q, k, v, do, features: Features,
+                                    deterministic: bool = False) -> bool:
+    """Packed variable lengths on the Gluon dK/dV kernel with dQ fused (flash_attn_hopper's varlen
+    backward): the forward's scope (hopper_gluon_varlen_applies, with the backward table's
+    hopper_gluon_min_keys) at head dim 128 (the fused dQ splits it between the consumers), unless
+    a deterministic backward is asked for (the dQ reduce-adds' order varies between runs)."""
+    if deterministic or not config.hopper_gluon_fused_dq or q.shape[-1] != 128:
+        return False
+    scope = FwdConfig(128, 128, 4, 1, hopper_gluon_min_keys=config.hopper_gluon_min_keys)
+    return hopper_gluon_varlen_applies(scope, q, k, v, do, features)
 
 
 def flat_descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:

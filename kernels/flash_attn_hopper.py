@@ -25,8 +25,11 @@ it measured 0.97-1.10x the Triton kernel, faster on average; at 2k causal it was
 (batch * seqlen, heads * head dim) 2D view with rows that do not overlap. Beyond dense attention
 they take GQA/MQA (q head h reads kv head h // group), sliding windows (only the key blocks, or
 in the backward the query steps, a window reaches), softcap and ALiBi (constexpr flags; the
-backward with dQ fused only, and not a softcap's, `dispatch.bwd_dkdv_path`); dropout and packed
-variable lengths run on the Triton kernels.
+backward with dQ fused only, and not a softcap's, `dispatch.bwd_dkdv_path`). Packed variable
+lengths have kernels of their own here, causal or not and with no other feature: a forward
+(`_flash_fwd_hopper_varlen_kernel`, `dispatch.hopper_gluon_varlen_applies`) and, at head dim 128,
+a dK/dV kernel with dQ fused (`_flash_bwd_dkdv_hopper_varlen_kernel`,
+`dispatch.hopper_gluon_varlen_bwd_applies`). Dropout runs on the Triton kernels.
 
 The backward's dK/dV kernel (below the forward) has the same shape: a loader warp streams Q_i and
 dO_i tiles, two consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax
@@ -46,6 +49,7 @@ import functools
 import sys
 
 import torch
+import triton
 from triton._C.libtriton import ir as _ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -373,7 +377,7 @@ def _row_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
 _fwd_launcher = CachedLauncher(_flash_fwd_hopper_kernel)  # kernels/launch.py
 
 # The score modifications and masks the Gluon kernels take (kernels/features.py's constexprs);
-# dropout and packed variable lengths run on the Triton kernels only.
+# dropout runs on the Triton kernels only (packed variable lengths: the varlen kernel below).
 GLUON_FEATURE_FLAGS = ("WINDOW", "SOFTCAP", "ALIBI")
 
 
@@ -410,6 +414,218 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
                alibi if alibi is not None else lse, stride_alibi_b)
 
     return run
+
+
+# --------------------------------------------------------------------------------------
+# Forward over packed variable lengths (flash_attn_varlen_func): the same warp layout
+# --------------------------------------------------------------------------------------
+@gluon.jit
+def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from, seqlen_k, shift,
+                         BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """_softmax_step for one sequence of a packed batch: from block `mask_from` on, keys past the
+    sequence's end (and, causal, keys past the row's diagonal, bottom-right aligned: key j is
+    visible to query row i when j <= i + shift, shift = seqlen_k - seqlen_q) are masked. A row
+    may see no key of a block (or none at all): its max stays -inf and the exponent's reference
+    is 0 while it does (P~ = 0, no NaN)."""
+    if block >= mask_from:
+        cols = block * BLOCK_N + offs_n
+        visible = cols[None, :] < seqlen_k
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * qk_scale - m_ref[:, None])
+    alpha = gl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _varlen_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+    """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
+    (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
+     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale) = args
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    for half in gl.static_range(2):
+        mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
+                                        q_smem.index(half))
+    for i in range(n_blocks):
+        stage = i % STAGES
+        mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
+        row = kv_row0 + i * BLOCK_N
+        mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, kv_col0], k_bar.index(stage), k_smem.index(stage))
+        mbarrier.expect(v_bar.index(stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(stage), v_smem.index(stage))
+
+
+@gluon.jit
+def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+    """_softmax_partition for one sequence of a packed batch: rows [start_m + HALF * 64, + 64) of
+    the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
+    one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
+    of a query tile past the sequence's end are the next sequence's: their results are not
+    written (a masked store where the tile crosses the end, TMA where it does not)."""
+    (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
+     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale) = args
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_buf = q_smem.index(HALF)
+
+    first_row = start_m + HALF * ROWS  # this half's first query row in its sequence
+    offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
+    l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+
+    mbarrier.wait(q_bar.index(HALF), 0)
+    mbarrier.wait(k_bar.index(0), 0)
+    s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=[s_tok])
+    p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
+                                              BLOCK_N, CAUSAL)
+    for i in range(1, n_blocks):
+        stage = i % STAGES
+        prev = (i - 1) % STAGES
+        mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
+        s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+        mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
+                                                  shift, BLOCK_N, CAUSAL)
+        acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+        mbarrier.arrive(empty_bar.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+    last = (n_blocks - 1) % STAGES
+    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
+    p_op = gl.convert_layout(p.to(dtype), p_layout)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+    mbarrier.arrive(empty_bar.index(last), count=1)
+
+    # lines 12-15; a row that saw no key: O = 0, L = +inf
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    out = acc / gl.convert_layout(l_safe, o_row_layout)[:, None]
+    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < seqlen_q)
+    if first_row + ROWS <= seqlen_q:  # the whole half is this sequence's: one TMA store
+        q_buf.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
+        tma.store_wait(pendings=0)
+    else:  # the tile crosses the sequence's end: the rows past it belong to the next sequence
+        o_rows = first_row + gl.arange(0, ROWS, layout=o_row_layout)
+        o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        ptrs = Out + (q_row - start_m + o_rows).to(gl.int64)[:, None] * stride_o + (col0 + o_cols)[None, :]
+        gl.store(ptrs, out.to(dtype), mask=(o_rows < seqlen_q)[:, None])
+
+
+@gluon.jit
+def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, CuSeqQ, CuSeqK, num_heads, total_q,
+                                    stride_o, qk_scale, kv_group, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
+    sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
+    heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; LSE is (heads, total_q).
+    Causal is bottom-right aligned per sequence. A program past its sequence's last query block
+    does nothing."""
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = 2 * ROWS
+    if CAUSAL:  # the last query blocks (the most key blocks) first
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = pid_bh // num_heads
+    h = pid_bh % num_heads
+    q_start = gl.load(CuSeqQ + b)
+    seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
+    kv_row0 = gl.load(CuSeqK + b)
+    seqlen_k = gl.load(CuSeqK + b + 1) - kv_row0
+    start_m = pid_m * BLOCK_M
+    if start_m < seqlen_q:
+        shift = seqlen_k - seqlen_q
+        keys = seqlen_k
+        if CAUSAL:  # the keys the block's last row sees (bottom-right), at most the sequence's
+            keys = gl.minimum(gl.maximum(start_m + BLOCK_M + shift, 0), seqlen_k)
+        n_blocks = gl.maximum((keys + BLOCK_N - 1) // BLOCK_N, 1)  # one masked block if no key is seen
+        mask_from = seqlen_k // BLOCK_N  # the sequence's partial last block
+        if CAUSAL:  # from the block holding the first row's diagonal
+            mask_from = gl.minimum(mask_from, gl.maximum(start_m + shift, 0) // BLOCK_N)
+        q_row = q_start + start_m
+        col0 = h * HEAD_DIM
+        kv_col0 = (h // kv_group) * HEAD_DIM
+        lse_row0 = h.to(gl.int64) * total_q + q_start
+
+        q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for half in gl.static_range(2):
+            mbarrier.init(q_bar.index(half), count=1)
+        for stage in gl.static_range(STAGES):
+            mbarrier.init(k_bar.index(stage), count=1)
+            mbarrier.init(v_bar.index(stage), count=1)
+            mbarrier.init(empty_bar.index(stage), count=2)
+
+        args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
+                q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
+                stride_o, qk_scale)
+        gl.warp_specialize([
+            (_varlen_softmax_partition, (args, CAUSAL, 0)),
+            (_varlen_softmax_partition, (args, CAUSAL, 1)),
+            (_varlen_load_partition, (args, CAUSAL, 0)),
+        ], [4, 1], [240, 24])
+
+
+def _packed_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A (total, heads * head dim) 2D view of a packed (total, heads, head dim) tensor."""
+    total, heads, headdim = t.shape
+    if t.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"the Hopper forward takes float16 or bfloat16 tensors, got {t.dtype}")
+    return TensorDescriptor(t, [total, heads * headdim], [t.stride(0), 1], [rows, headdim],
+                            _tile_layout(rows, headdim, t.dtype))
+
+
+_fwd_varlen_launcher = CachedLauncher(_flash_fwd_hopper_varlen_kernel)
+
+
+def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                                     qk_scale: float, causal: bool, stages: int = STAGES) -> None:
+    """Write O into `out` (packed like q) and the natural-log logsumexp into `lse` (heads, total_q)
+    for packed sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a
+    (total, heads * d) 2D view with rows that do not overlap; d 64 or 128; fp16 or bf16);
+    `qk_scale` is the softmax scale times log2(e)."""
+    total_q, heads, _ = q.shape
+    batch = cu_seqlens_q.shape[0] - 1
+    grid = (triton.cdiv(max_seqlen_q, BLOCK_M), batch * heads)
+    _fwd_varlen_launcher[grid](
+        _packed_descriptor(q, BLOCK_M // 2), _packed_descriptor(k, BLOCK_N), _packed_descriptor(v, BLOCK_N),
+        _packed_descriptor(out, BLOCK_M // 2), out, lse, cu_seqlens_q, cu_seqlens_k, heads, total_q, out.stride(0),
+        qk_scale, heads // k.shape[1], STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
 
 
 # --------------------------------------------------------------------------------------
@@ -696,6 +912,214 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     ], [4, 1], [240, 24])
 
 
+@gluon.jit
+def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+    """_bwd_load_partition over one sequence's rows of the packed views."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
+     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
+     qk_scale) = args
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+    for half in gl.static_range(2):
+        kv_row = kv_row0 + start_n + half * ROWS
+        tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
+        tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
+    for step in range(n_steps * kv_group):
+        stage = step % STAGES
+        m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, 0, 0, kv_group, BLOCK_M, HEAD_DIM)
+        mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
+        mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_start + m, q_col], q_bar.index(stage), q_smem.index(stage))
+        mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [q_start + m, q_col], do_bar.index(stage), do_smem.index(stage))
+
+
+@gluon.jit
+def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit, layout: gl.constexpr,
+                       ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """Write a [ROWS, HEAD_DIM] tile whose rows are sequence positions first.. (row0 + first in
+    the packed view): by TMA where every row is before `limit`, else only those rows, by a masked
+    pointer store (the rows past it belong to the next sequence)."""
+    if first + ROWS <= limit:
+        buf.store(value)
+        fence_async_shared()
+        tma.async_copy_shared_to_global(desc, [row0 + first, col0], buf)
+        tma.store_wait(pendings=0)
+    else:
+        rows = first + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+        ptrs = Ptr + (row0 + rows).to(gl.int64)[:, None] * stride + (col0 + cols)[None, :]
+        gl.store(ptrs, value, mask=(rows < limit)[:, None])
+
+
+@gluon.jit
+def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+    """_bwd_dkdv_partition (dQ fused) for one sequence of a packed batch: keys [start_n + HALF * 64,
+    + 64) of the sequence against its query steps. P^T is masked to the sequence's keys and (causal,
+    bottom-right) to each row's visible ones; a query row past the sequence's end reads the
+    logsumexp +inf (P = 0), so its dS is 0 and the dQ reduce-add of a tile crossing into the next
+    sequence adds zeros there. dK and dV rows past the sequence's end are not written."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
+     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
+     qk_scale) = args
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    k_buf = k_smem.index(HALF)
+    v_buf = v_smem.index(HALF)
+
+    first_key = start_n + HALF * ROWS  # this half's first key in its sequence
+    offs_n = first_key + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    offs_m_base = gl.arange(0, BLOCK_M, layout=col_layout)
+    keys_ok = offs_n < seqlen_k
+    partial_keys = start_n + 2 * ROWS > seqlen_k
+    dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+    s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
+    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DQ_COLS, 16])
+    dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    dq_buf = dq_smem.index(HALF)
+    mbarrier.wait(kv_bar, 0)
+    for step in range(n_steps * kv_group):
+        stage = step % STAGES
+        phase = (step // STAGES) & 1
+        m, q_col, head, group = _bwd_step_coords(step, n_steps, first_m, q_col0, q_col0 // HEAD_DIM, 0, kv_group,
+                                                 BLOCK_M, HEAD_DIM)
+        offs_m = m + offs_m_base
+        rows_ok = offs_m < seqlen_q
+        q_buf = q_smem.index(stage)
+        do_buf = do_smem.index(stage)
+        mbarrier.wait(q_bar.index(stage), phase)
+        s_tok = warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        mbarrier.wait(do_bar.index(stage), phase)
+        dp_tok = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        lse_offs = head.to(gl.int64) * total_q + q_start + offs_m
+        lse = gl.load(LSE + lse_offs, mask=rows_ok, other=float("inf")) * 1.4426950408889634
+        delta = gl.load(Delta + lse_offs, mask=rows_ok, other=0.0)
+        s = warpgroup_mma_wait(1, deps=[s_tok])
+        p = gl.exp2(s * qk_scale - lse[None, :])
+        if CAUSAL:
+            if partial_keys | (m + shift < start_n + 2 * ROWS - 1):  # keys past a row's diagonal or the end
+                visible = keys_ok[:, None] & (offs_n[:, None] <= offs_m[None, :] + shift)
+                p = gl.where(visible, p, 0.0)
+        else:
+            if partial_keys:
+                p = gl.where(keys_ok[:, None], p, 0.0)
+        p_op = gl.convert_layout(p.to(dtype), op_layout)
+        dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
+        dp = warpgroup_mma_wait(1, deps=[dp_tok])
+        ds = (p * (dp - delta[None, :])).to(dtype)
+        ds_op = gl.convert_layout(ds, op_layout)
+        dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
+        parity = step % 2
+        ds_smem.index(2 * parity + HALF).store(ds)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_bar.index(parity), count=1)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+        mbarrier.arrive(empty_bar.index(stage), count=1)
+        mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
+        dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
+                               k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
+                               use_acc=False, is_async=True)
+        dq_tok = warpgroup_mma(ds_smem.index(2 * parity + 1).permute((1, 0)),
+                               k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_tok, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=[dq_tok])
+        tma.store_wait(pendings=0)
+        dq_buf.store(dq * softmax_scale)
+        fence_async_shared()
+        gl.thread_barrier()
+        _tma_reduce_add(dq_desc, [q_start + m, q_col + HALF * DQ_COLS], dq_buf)
+
+    mbarrier.arrive(done_bar, count=1)
+    mbarrier.wait(done_bar, 0)
+    tma.store_wait(pendings=0)
+    _varlen_store_rows(dk_desc, DK, stride_dk, k_buf, (dk * softmax_scale).to(dtype), first_key, kv_row0, col0,
+                       seqlen_k, acc_layout, ROWS, HEAD_DIM)
+    _varlen_store_rows(dv_desc, DV, stride_dv, v_buf, dv.to(dtype), first_key, kv_row0, col0, seqlen_k, acc_layout,
+                       ROWS, HEAD_DIM)
+
+
+@gluon.jit
+def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
+                                         Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
+                                         softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
+                                         CAUSAL: gl.constexpr):
+    """The Gluon dK/dV kernel with dQ fused over packed sequences: program (key block, sequence x
+    kv head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
+    Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
+    sequence. A program past its sequence's last key block does nothing."""
+    dtype: gl.constexpr = q_desc.dtype
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = 2 * ROWS
+    gl.static_assert(2 * dq_desc.block_type.shape[1] == HEAD_DIM)
+    kv_heads = num_heads // kv_group
+    pid_bh = gl.program_id(1)
+    b = pid_bh // kv_heads
+    kv_head = pid_bh % kv_heads
+    start_n = gl.program_id(0) * BLOCK_N
+    q_start = gl.load(CuSeqQ + b)
+    seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
+    kv_row0 = gl.load(CuSeqK + b)
+    seqlen_k = gl.load(CuSeqK + b + 1) - kv_row0
+    if start_n < seqlen_k:
+        shift = seqlen_k - seqlen_q
+        if CAUSAL:  # rows i with i + shift >= start_n see some key of the block
+            first_m = gl.maximum(start_n - shift, 0) // BLOCK_M * BLOCK_M
+        else:
+            first_m = 0
+        n_steps = (gl.maximum(seqlen_q - first_m, 0) + BLOCK_M - 1) // BLOCK_M
+        col0 = kv_head * HEAD_DIM
+        q_col0 = kv_head * kv_group * HEAD_DIM
+
+        k_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for stage in gl.static_range(STAGES):
+            mbarrier.init(q_bar.index(stage), count=1)
+            mbarrier.init(do_bar.index(stage), count=1)
+            mbarrier.init(empty_bar.index(stage), count=2)
+        ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc.layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
+        ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for parity in gl.static_range(2):
+            mbarrier.init(ds_bar.index(parity), count=2)
+        mbarrier.init(done_bar, count=2)
+        args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem,
+                do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
+                start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk,
+                stride_dv, softmax_scale, qk_scale)
+        gl.warp_specialize([
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1)),
+            (_varlen_bwd_load_partition, (args, CAUSAL, 0)),
+        ], [4, 1], [240, 24])
+
+
 @functools.cache
 def _fp32_tile_layout(rows: int, cols: int) -> gl.NVMMASharedLayout:
     """The shared-memory layout of a float32 [rows, cols] tile (the fused dQ's reduce-adds)."""
@@ -754,6 +1178,28 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
                stride_alibi_b)
 
     return run
+
+
+_bwd_dkdv_varlen_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_varlen_kernel)
+
+
+def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_accum, cu_seqlens_q, cu_seqlens_k,
+                                           max_seqlen_k: int, softmax_scale: float, causal: bool,
+                                           stages: int = BWD_STAGES) -> None:
+    """dK and dV of packed sequences (q, do (total_q, heads, 128), k, v, dk, dv (total_k, kv_heads,
+    128), as flash_attn_varlen_forward_hopper takes them), and dQ added into `dq_accum` (a zeroed
+    float32 tensor shaped like q); `lse` and `delta` (heads, total_q) float32."""
+    total_q, heads, headdim = q.shape
+    rows = BWD_BLOCK_N // 2
+    batch = cu_seqlens_q.shape[0] - 1
+    dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
+                               [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
+    grid = (triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1])
+    _bwd_dkdv_varlen_launcher[grid](
+        _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),
+        _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
+        dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0), softmax_scale,
+        softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
 
 
 # The entry points as defined here: forward.py and backward.py run their plans while the module's

@@ -323,7 +323,8 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, config: FwdC
     (batch, heads, seqlen_q) float32 natural-log logsumexp ((heads, total_q) for packed variable
     lengths). `config` overrides the block-size table. Calls with any feature, or fewer kv heads
     than q heads, run _flash_fwd_features_kernel, or on Hopper the Gluon kernel where
-    dispatch.fwd_memory_path sends them (no dropout, no packed variable lengths).
+    dispatch.fwd_memory_path sends them (no dropout; packed variable lengths with no other feature
+    take the Gluon varlen kernel).
 
     Dense calls run a per-shape plan (`_dense_plan`): which kernel and memory path, the grid, the
     constexprs and descriptor templates are decided once per (shapes, strides, dtype, alignment,
@@ -458,7 +459,12 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
     if path == HOPPER_GLUON_PATH:
         if on_hopper(q.device):
             try:
-                _forward_features_gluon(q, k, v, out, lse, causal, features, qk_scale, feature_values)
+                if features.varlen:
+                    dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
+                        q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_q,
+                        qk_scale, causal)
+                else:
+                    _forward_features_gluon(q, k, v, out, lse, causal, features, qk_scale, feature_values)
                 return out, lse
             except dispatch.GLUON_BUILD_ERRORS as exc:
                 dispatch.disable_gluon(exc)  # a Triton whose Gluon cannot build it: the Triton kernel from now on

@@ -114,6 +114,64 @@ def test_hopper_gluon_forward_scope():
     assert fwd_memory_path(config, padded, padded, padded, out, False) == HOPPER_GLUON_PATH
 
 
+def test_hopper_gluon_varlen_forward_scope():
+    """Packed sequences take the Gluon varlen forward with nothing but causal beside them, from
+    hopper_gluon_min_keys keys in the longest sequence, head dim 64 or 128, fp16/bf16, heads side
+    by side in each row; anything else keeps the Triton kernel."""
+    from kernels.checks import Features
+
+    config = HOPPER_FWD_CONFIGS[(128, True)]
+    cu = torch.tensor([0, 700, 1500, 3000], dtype=torch.int32)
+
+    def path(max_k=1500, heads=8, kv_heads=2, headdim=128, dtype=torch.bfloat16, config=config, **feature):
+        q = torch.empty(3000, heads, headdim, dtype=dtype)
+        k = torch.empty(3000, kv_heads, headdim, dtype=dtype)
+        features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500, max_seqlen_k=max_k, **feature)
+        return fwd_memory_path(config, q, k, k, torch.empty_like(q), True, features)
+
+    assert path() == HOPPER_GLUON_PATH
+    assert path(dtype=torch.float16, kv_heads=1) == HOPPER_GLUON_PATH
+    assert path(headdim=64, config=HOPPER_FWD_CONFIGS[(64, True)]) != HOPPER_GLUON_PATH  # below 4096 keys
+    assert path(headdim=64, max_k=4096, config=HOPPER_FWD_CONFIGS[(64, True)]) == HOPPER_GLUON_PATH
+    assert path(max_k=512) != HOPPER_GLUON_PATH  # below hopper_gluon_min_keys
+    assert path(headdim=96) != HOPPER_GLUON_PATH and path(dtype=torch.float32) != HOPPER_GLUON_PATH
+    assert path(kv_heads=3) != HOPPER_GLUON_PATH  # 3 does not divide 8
+    assert path(window_left=256) != HOPPER_GLUON_PATH and path(softcap=1.0) != HOPPER_GLUON_PATH
+    assert path(alibi_slopes=torch.ones(8)) != HOPPER_GLUON_PATH
+    assert path(dropout_p=0.1, rng_seed=torch.zeros(2, dtype=torch.int64)) != HOPPER_GLUON_PATH
+    assert path(config=dataclasses.replace(config, hopper_gluon_min_keys=0)) != HOPPER_GLUON_PATH
+    # a packed qkv's q, k and v (rows of 3 x heads x head dim): still one 2D view each
+    qkv = torch.empty(3000, 3, 8, 128, dtype=torch.bfloat16)
+    features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500, max_seqlen_k=1500)
+    assert fwd_memory_path(config, qkv[:, 0], qkv[:, 1], qkv[:, 2], torch.empty(3000, 8, 128, dtype=torch.bfloat16),
+                           True, features) == HOPPER_GLUON_PATH
+    # heads not side by side in a row (a transposed view)
+    q = torch.empty(8, 3000, 128, dtype=torch.bfloat16).transpose(0, 1)
+    assert fwd_memory_path(config, q, q, q, torch.empty(3000, 8, 128, dtype=torch.bfloat16), True,
+                           features) != HOPPER_GLUON_PATH
+
+
+def test_hopper_gluon_varlen_backward_scope():
+    """The varlen backward takes the Gluon dK/dV kernel with dQ fused in the forward's scope at
+    head dim 128, unless asked to be deterministic; head dim 64 keeps the Triton kernels."""
+    from kernels.checks import Features
+
+    cu = torch.tensor([0, 700, 1500, 3000], dtype=torch.int32)
+    features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500, max_seqlen_k=1500)
+
+    def applies(headdim=128, deterministic=False, config=HOPPER_BWD_CONFIGS[128], features=features):
+        q = torch.empty(3000, 8, headdim, dtype=torch.bfloat16)
+        k = torch.empty(3000, 2, headdim, dtype=torch.bfloat16)
+        return dispatch.hopper_gluon_varlen_bwd_applies(config, q, k, k, torch.empty_like(q), features, deterministic)
+
+    assert applies()
+    assert not applies(deterministic=True)
+    assert not applies(headdim=64, config=HOPPER_BWD_CONFIGS[64])
+    assert not applies(config=dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_fused_dq=False))
+    assert not applies(features=dataclasses.replace(features, max_seqlen_k=512))  # below 1k keys
+    assert not applies(features=dataclasses.replace(features, softcap=1.0))
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
     """At head dim 64 the table takes the Gluon forward from 4096 keys, where it was measured."""
@@ -303,7 +361,12 @@ def test_hopper_gluon_kernels_compile_for_sm90():
         assert sum(line.endswith(flag) or f" {flag} " in line for line in forward_lines + backward_lines) == 4, flag
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
-    for line in forward_lines + backward_lines:
+    varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
+    assert len(varlen_lines) == 4, report  # head dims 64 and 128, causal or not
+    varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
+    assert len(varlen_bwd) == 2 and all("tma-reduce" in line for line in varlen_bwd), report  # d128, dQ fused
+    varlen_lines += varlen_bwd
+    for line in forward_lines + backward_lines + varlen_lines:
         assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
         assert "1" in re.search(r"wait_group values ([\d ]+)", line).group(1).split(), line
         assert int(re.search(r"smem (\d+) B", line).group(1)) <= 232448, line  # sm_90's per-block limit

@@ -120,6 +120,35 @@ def test_gpu_varlen(causal, window, dtype):
 
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim,lengths_q,lengths_k", [
+    # sequences shorter and longer than a block, an empty query and an empty key sequence,
+    # query lengths above the key lengths (causal: the first rows see no key) and below
+    (128, [1500, 0, 700, 2000, 129, 1024], [1100, 300, 700, 2048, 0, 1024]),
+    (64, [4200, 300, 17, 4096], [4096, 600, 17, 3000]),
+])
+def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype):
+    """Packed sequences on an H100/H200 take the Gluon varlen forward and, at head dim 128, the
+    Gluon varlen dK/dV kernel with dQ fused (asserted, so a change of rule cannot quietly test the
+    Triton kernels instead), and match the float64 reference, the logsumexp too."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for lengths in (lengths_q, lengths_k))
+    features = Features(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q),
+                        max_seqlen_k=max(lengths_k))
+    like_q = torch.empty(sum(lengths_q), 8, headdim, device="cuda", dtype=dtype)
+    like_k = torch.empty(sum(lengths_k), 2, headdim, device="cuda", dtype=dtype)
+    assert dispatch.fwd_memory_path(default_fwd_config(headdim, causal, like_q.device), like_q, like_k, like_k,
+                                    like_q, causal, features) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.hopper_gluon_varlen_bwd_applies(default_bwd_config(headdim, like_q.device), like_q, like_k,
+                                                    like_k, like_q, features) == (headdim == 128)
+    check_varlen(lengths_q, lengths_k, 8, 2, headdim, dtype, device="cuda", causal=causal)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_dropout_matches_the_reference_under_its_own_mask(dtype):
     q, k, v = (torch.randn(1, 1024, h, 128, device="cuda", dtype=dtype, requires_grad=True) for h in (8, 2, 2))
     dout = torch.randn_like(q)

@@ -146,6 +146,21 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, *
                         hopper._flash_fwd_hopper_kernel, signature, {"STAGES": hopper.STAGES, "CAUSAL": causal, **flags})
 
 
+def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
+    """The Gluon forward over packed variable lengths (kernels/flash_attn_hopper.py) for sm_90."""
+    from kernels import flash_attn_hopper as hopper
+
+    def desc(rows):
+        return gluon_descriptor_type(rows, headdim, dtype)
+
+    signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
+                 "o_desc": desc(hopper.BLOCK_M // 2), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
+                 "CuSeqK": "*i32", "num_heads": "i32", "total_q": "i32", "stride_o": "i32", "qk_scale": "fp32",
+                 "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen", hopper._flash_fwd_hopper_varlen_kernel,
+                        signature, {"STAGES": hopper.STAGES, "CAUSAL": causal})
+
+
 def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128, fused_dq: bool = False,
                             **flags: bool) -> str:
     """The Gluon dK/dV kernel (kernels/flash_attn_hopper.py) compiled for sm_90, with dQ fused
@@ -164,6 +179,23 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
     label = f"d{headdim} causal={causal!s:5s} {dtype}" + (" fused dQ" if fused_dq else "") + feature_label(flags)
     return gluon_report(label, hopper._flash_bwd_dkdv_hopper_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq, **flags})
+
+
+def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
+    """The Gluon dK/dV kernel with dQ fused over packed variable lengths, compiled for sm_90."""
+    from kernels import flash_attn_hopper as hopper
+
+    query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
+    key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
+    dq_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim // 2, "fp32")
+    signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
+                 "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "DK": f"*{dtype}", "DV": f"*{dtype}",
+                 "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
+                 "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
+                 "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen",
+                        hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
 
 
 def main() -> None:
@@ -189,12 +221,13 @@ def main() -> None:
     if args.hopper_gluon:
         from kernels import flash_attn_hopper as hopper
 
-        for report_fn in (hopper_gluon_report, hopper_gluon_bwd_report):
+        for report_fn in (hopper_gluon_report, hopper_gluon_bwd_report, hopper_gluon_varlen_report):
             for headdim in hopper.HEAD_DIMS:
                 for causal in (False, True):
                     emit(report_fn(causal, headdim=headdim))
         for causal in (False, True):
             emit(hopper_gluon_bwd_report(causal, headdim=128, fused_dq=True))
+            emit(hopper_gluon_varlen_bwd_report(causal, headdim=128))
         # the score modifications and the sliding window (kernels/features.py), as the features suite runs them
         for flag in hopper.GLUON_FEATURE_FLAGS:
             for causal in (False, True):
