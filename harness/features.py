@@ -366,7 +366,11 @@ def _our_config(case: Case, device, provider: str) -> str:
     dense_bwd = default_bwd_config(case.hdim, device)
     gluon_device = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
     fwd_path = dispatch.fwd_memory_path(fwd, q, kv, kv, q, case.causal, features)
-    bwd_path = dispatch.bwd_dkdv_path(dense_bwd, q, kv, kv, q, features) if not case.packed else "triton"
+    if case.packed:
+        bwd_path = (dispatch.HOPPER_GLUON_PATH if dispatch.hopper_gluon_varlen_bwd_applies(dense_bwd, q, kv, kv, q,
+                                                                                           features) else "triton")
+    else:
+        bwd_path = dispatch.bwd_dkdv_path(dense_bwd, q, kv, kv, q, features)
     bwd = dense_bwd
     if uses_features and bwd_path != dispatch.HOPPER_GLUON_PATH and provider == "ours":
         bwd = default_bwd_config(case.hdim, device, masked_features=masked)
