@@ -155,14 +155,54 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
     return p, alpha, l_i, m_new
 
 
+@gluon.constexpr_function
+def _wgmma_layout(cols):
+    """The layout of a wgmma accumulator `cols` wide held by one warpgroup (its 4 warps split the rows)."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 16])
+
+
 @gluon.jit
-def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                    HALF: gl.constexpr):
-    """One warp: FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j) as TMA loads,
-    each key block into the ring stage both consumers have released (empty_bar counts two)."""
-    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
-     kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi) = args
+def _fwd_program(num_heads, CAUSAL: gl.constexpr):
+    """The program's (query block, batch x head, batch, head); causal runs the last query block (the
+    most key blocks) first: the longest programs start early."""
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    return pid_m, pid_bh, pid_bh // num_heads, pid_bh % num_heads
+
+
+@gluon.jit
+def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr):
+    """The forward's shared memory: Q_i as two 64-row halves, a ring of STAGES K_j and V_j blocks, and
+    their mbarriers (q_bar, k_bar, v_bar: a TMA load has landed; empty_bar: a stage is free)."""
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for half in gl.static_range(2):
+        mbarrier.init(q_bar.index(half), count=1)
+    for stage in gl.static_range(STAGES):
+        mbarrier.init(k_bar.index(stage), count=1)
+        mbarrier.init(v_bar.index(stage), count=1)
+        mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
+    return q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar
+
+
+@gluon.jit
+def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
+               kv_col0, first_block, n_blocks):
+    """FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j of key blocks first_block ..
+    first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
+    both consumers have released (empty_bar counts two)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     for half in gl.static_range(2):
@@ -182,6 +222,74 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
 
 
 @gluon.jit
+def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                     HALF: gl.constexpr):
+    """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
+    unscaled, waited for): (m, l, O, the zero accumulator every S matmul starts from, S)."""
+    ROWS: gl.constexpr = q_buf.type.shape[0]
+    HEAD_DIM: gl.constexpr = q_buf.type.shape[1]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
+    l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar.index(HALF), 0)
+    mbarrier.wait(k_bar.index(0), 0)
+    s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    return m_i, l_i, acc, s_init, warpgroup_mma_wait(0, deps=[s_tok])
+
+
+@gluon.jit
+def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout: gl.constexpr):
+    """Line 8 for the loop's i-th key block j and line 10's P~ V for block j - 1, both in flight;
+    waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for block j runs
+    under P~ V. Returns S_j, P~ V's accumulator and A operand, and block j - 1's stage."""
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    stage = i % STAGES
+    prev = (i - 1) % STAGES
+    mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
+    s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
+    p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+    return warpgroup_mma_wait(1, deps=[s_tok]), acc_tok, p_op, prev
+
+
+@gluon.jit
+def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout: gl.constexpr):
+    """Block j - 1's P~ V waited for and its stage released (this warpgroup is done with it), then
+    line 10's rescale: O = diag(exp(m_old - m_new)) O, before P~_j V_j is added."""
+    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+    mbarrier.arrive(empty_bar.index(prev), count=1)
+    return acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+
+
+@gluon.jit
+def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout: gl.constexpr):
+    """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
+    STAGES: gl.constexpr = v_smem.type.shape[0]
+    last = (n_blocks - 1) % STAGES
+    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
+    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+    mbarrier.arrive(empty_bar.index(last), count=1)
+    return acc
+
+
+@gluon.jit
+def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                    HALF: gl.constexpr):
+    """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
+    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
+     kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+     full_lo, full_hi) = args
+    _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
+               kv_col0, first_block, n_blocks)
+
+
+@gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
@@ -191,17 +299,13 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
      full_lo, full_hi) = args
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    STAGES: gl.constexpr = k_smem.type.shape[0]
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     dtype: gl.constexpr = q_desc.dtype
-    # wgmma accumulators of one warpgroup (its 4 warps split the 64 rows), and P as the
-    # register-held A operand of P V
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    # wgmma accumulators of one warpgroup, and P as the register-held A operand of P V
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -209,53 +313,27 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     mods = (softcap_log2, alibi_log2, q_row - kv_row0)  # ALiBi's reference row: the block's first
     window = (window_left, window_right, full_lo, full_hi)
 
-    # line 5: O = 0, l = 0, m = -inf
     start_m = (q_row - kv_row0) + HALF * ROWS  # this half's first query row in its sequence
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
-    l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-
-    # key block 0: line 8 (S = Q K^T, unscaled) and line 9
-    mbarrier.wait(q_bar.index(HALF), 0)
-    mbarrier.wait(k_bar.index(0), 0)
-    s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=[s_tok])
+    # lines 5 and 8 for key block 0, then line 9
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF)
     if MODS:
         p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
                                                 CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
     else:
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
     for i in range(1, n_blocks):
-        stage = i % STAGES
-        prev = (i - 1) % STAGES
-        # line 8 for block j and line 10's P~ V for block j - 1, both in flight
-        mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
-        s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        # S_j done (wgmma groups complete in order); line 9 for block j runs under P~ V
-        s = warpgroup_mma_wait(1, deps=[s_tok])
+        # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout)
         if MODS:
             p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
                                                     offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, n_blocks, BLOCK_N, CAUSAL)
-        acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-        mbarrier.arrive(empty_bar.index(prev), count=1)  # this warpgroup is done with block j - 1
-        # line 10's rescale: O = diag(exp(m_old - m_new)) O, before P~_j V_j is added
-        acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
-    # line 10 for the last block
-    last = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-    mbarrier.arrive(empty_bar.index(last), count=1)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
 
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
@@ -293,20 +371,13 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
     sliding window: only the key blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of
     shape (heads,) or (batch, heads), batch stride stride_alibi_b)."""
-    dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = 2 * ROWS
     # the causal loop's block count and its one masked (diagonal) block assume square blocks
     gl.static_assert(BLOCK_M == BLOCK_N)
-    if CAUSAL:  # the last query block (the most key blocks) first: longest programs start early
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    else:
-        pid_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
+    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
     start_m = pid_m * BLOCK_M
     q_row = b * seqlen + start_m
     kv_row0 = b * seqlen
@@ -328,20 +399,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     if ALIBI:
         alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for half in gl.static_range(2):
-        mbarrier.init(q_bar.index(half), count=1)
-    for stage in gl.static_range(STAGES):
-        mbarrier.init(k_bar.index(stage), count=1)
-        mbarrier.init(v_bar.index(stage), count=1)
-        mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
-
+    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES)
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
             col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
@@ -446,20 +504,8 @@ def _varlen_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
      col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale) = args
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    STAGES: gl.constexpr = k_smem.type.shape[0]
-    for half in gl.static_range(2):
-        mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
-                                        q_smem.index(half))
-    for i in range(n_blocks):
-        stage = i % STAGES
-        mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
-        row = kv_row0 + i * BLOCK_N
-        mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, kv_col0], k_bar.index(stage), k_smem.index(stage))
-        mbarrier.expect(v_bar.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(stage), v_smem.index(stage))
+    _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
+               kv_col0, 0, n_blocks)
 
 
 @gluon.jit
@@ -472,14 +518,11 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
      col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale) = args
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    STAGES: gl.constexpr = k_smem.type.shape[0]
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -488,37 +531,15 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     first_row = start_m + HALF * ROWS  # this half's first query row in its sequence
     offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
-    l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-
-    mbarrier.wait(q_bar.index(HALF), 0)
-    mbarrier.wait(k_bar.index(0), 0)
-    s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=[s_tok])
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF)
     p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
                                               BLOCK_N, CAUSAL)
     for i in range(1, n_blocks):
-        stage = i % STAGES
-        prev = (i - 1) % STAGES
-        mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
-        s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
-        mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
-        p_op = gl.convert_layout(p.to(dtype), p_layout)
-        acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=[s_tok])
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
-        acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-        mbarrier.arrive(empty_bar.index(prev), count=1)
-        acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
-    last = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
-    p_op = gl.convert_layout(p.to(dtype), p_layout)
-    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-    mbarrier.arrive(empty_bar.index(last), count=1)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
 
     # lines 12-15; a row that saw no key: O = 0, L = +inf
     empty = l_i == 0.0
@@ -546,18 +567,11 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, Cu
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; LSE is (heads, total_q).
     Causal is bottom-right aligned per sequence. A program past its sequence's last query block
     does nothing."""
-    dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = 2 * ROWS
-    if CAUSAL:  # the last query blocks (the most key blocks) first
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
-    else:
-        pid_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
+    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
     q_start = gl.load(CuSeqQ + b)
     seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
     kv_row0 = gl.load(CuSeqK + b)
@@ -576,21 +590,7 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, Cu
         col0 = h * HEAD_DIM
         kv_col0 = (h // kv_group) * HEAD_DIM
         lse_row0 = h.to(gl.int64) * total_q + q_start
-
-        q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
-        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for half in gl.static_range(2):
-            mbarrier.init(q_bar.index(half), count=1)
-        for stage in gl.static_range(STAGES):
-            mbarrier.init(k_bar.index(stage), count=1)
-            mbarrier.init(v_bar.index(stage), count=1)
-            mbarrier.init(empty_bar.index(stage), count=2)
-
+        q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                 q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
                 stride_o, qk_scale)
@@ -659,33 +659,146 @@ def _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group,
 
 
 @gluon.jit
-def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
-    """One warp: FA2 Alg. 2 line 6 (K_j, V_j, as two 64-key halves, once) and line 9's loads of
-    Q_i and dO_i, each query step into the ring stage both consumers have released."""
-    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0, q_col0, n_steps,
-     kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left, window_right, full_lo,
-     full_hi) = args
+def _bwd_program(num_heads, kv_group, BLOCK_N: gl.constexpr):
+    """The program's (batch, kv head, first key) of its (key block, batch x kv head); causal:
+    program 0 has the most query steps and starts first."""
+    kv_heads = num_heads // kv_group
+    pid_bh = gl.program_id(1)
+    return pid_bh // kv_heads, pid_bh % kv_heads, gl.program_id(0) * BLOCK_N
+
+
+@gluon.jit
+def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, FUSED_DQ: gl.constexpr):
+    """The dK/dV kernel's shared memory: K_j and V_j as two 64-key halves (loaded once: kv_bar), a
+    ring of STAGES Q_i and dO_i tiles (q_bar, do_bar: a TMA load has landed; empty_bar: a stage is
+    free) and, with FUSED_DQ, the dQ exchange's buffers and mbarriers (ds_smem, dq_smem, ds_bar,
+    done_bar; without it, stand-ins of the right kinds)."""
+    dtype: gl.constexpr = q_desc.dtype
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    k_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for stage in gl.static_range(STAGES):
+        mbarrier.init(q_bar.index(stage), count=1)
+        mbarrier.init(do_bar.index(stage), count=1)
+        mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
+    if FUSED_DQ:
+        gl.static_assert(2 * dq_desc.block_type.shape[1] == HEAD_DIM)
+        # dS^T of both consumers for two steps (the A operands of dQ = dS K, read transposed) and
+        # each consumer's float32 dQ tile for its reduce-add
+        ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc.layout)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
+        ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for parity in gl.static_range(2):
+            mbarrier.init(ds_bar.index(parity), count=2)  # both consumers' dS^T are in place
+        mbarrier.init(done_bar, count=2)
+    else:  # the fused path's buffers and barriers are not used: stand-ins of the right kinds
+        ds_smem, dq_smem, ds_bar, done_bar = q_smem, q_smem, q_bar, kv_bar
+    return k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar, done_bar
+
+
+@gluon.jit
+def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
+                    q_row0, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group):
+    """FA2 Alg. 2 line 6 (K_j, V_j from row kv_row0 + start_n, as two 64-key halves, once) and line
+    9's loads of Q_i and dO_i (rows from q_row0, _bwd_step_coords' steps), each query step into the
+    ring stage both consumers have released."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     STAGES: gl.constexpr = q_smem.type.shape[0]
     mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
     for half in gl.static_range(2):
-        kv_row = row0 + start_n + half * ROWS
+        kv_row = kv_row0 + start_n + half * ROWS
         tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
         tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
     for step in range(n_steps * kv_group):
         stage = step % STAGES
-        m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
-                                          HEAD_DIM)
+        m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, 0, 0, kv_group, BLOCK_M, HEAD_DIM)
         # a fresh mbarrier counts as having completed the phase before its first
         mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
         mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [row0 + m, q_col], q_bar.index(stage), q_smem.index(stage))
+        tma.async_copy_global_to_shared(q_desc, [q_row0 + m, q_col], q_bar.index(stage), q_smem.index(stage))
         mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [row0 + m, q_col], do_bar.index(stage), do_smem.index(stage))
+        tma.async_copy_global_to_shared(do_desc, [q_row0 + m, q_col], do_bar.index(stage), do_smem.index(stage))
+
+
+@gluon.jit
+def _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init):
+    """Line 10: S^T = K_j Q_i^T (unscaled) and line 13: dP^T = V_j dO_i^T, each issued once its
+    tile has landed; both left in flight."""
+    mbarrier.wait(q_bar.index(stage), phase)
+    s_tok = warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    mbarrier.wait(do_bar.index(stage), phase)
+    dp_tok = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    return s_tok, dp_tok
+
+
+@gluon.jit
+def _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout: gl.constexpr):
+    """Line 12: dV_j += P^T dO_i; line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul; line
+    16: dK_j += dS^T Q_i (the softmax scale is applied once at the end). Returns the dV and dK
+    matmuls in flight, dS^T and its A operand."""
+    dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
+    dp = warpgroup_mma_wait(1, deps=[dp_tok])
+    ds = (p * (dp - delta[None, :])).to(q_buf.dtype)
+    ds_op = gl.convert_layout(ds, op_layout)
+    dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
+    return dv_tok, dk_tok, ds, ds_op
+
+
+@gluon.jit
+def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr):
+    """The fused dQ's exchange: this consumer's dS^T into the step's buffer pair (two pairs: a
+    consumer may be one step ahead), then its arrival on the pair's mbarrier. Returns the pair."""
+    parity = step % 2
+    ds_smem.index(2 * parity + HALF).store(ds)
+    fence_async_shared()
+    gl.thread_barrier()  # the whole warpgroup's stores, before one thread arrives
+    mbarrier.arrive(ds_bar.index(parity), count=1)
+    return parity
+
+
+@gluon.jit
+def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
+                HALF: gl.constexpr):
+    """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
+    columns] = dS K_j[:, columns] over both halves' keys, scaled and added into the float32
+    accumulator behind dq_desc (rows from q_row0) by one TMA reduce-add."""
+    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]
+    mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
+    dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
+                           k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
+                           use_acc=False, is_async=True)
+    dq_tok = warpgroup_mma(ds_smem.index(2 * parity + 1).permute((1, 0)),
+                           k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_tok, is_async=True)
+    dq = warpgroup_mma_wait(0, deps=[dq_tok])
+    tma.store_wait(pendings=0)  # the previous step's reduce-add has read dq_buf
+    dq_buf.store(dq * softmax_scale)
+    fence_async_shared()
+    gl.thread_barrier()
+    _tma_reduce_add(dq_desc, [q_row0 + m, q_col + HALF * DQ_COLS], dq_buf)
+
+
+@gluon.jit
+def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                        FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
+    """One warp: _bwd_load_tiles for the program's key block and the query steps that see it."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0, q_col0, n_steps,
+     kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left, window_right, full_lo,
+     full_hi) = args
+    _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
+                    row0, row0, start_n, first_m, col0, q_col0, n_steps, kv_group)
 
 
 @gluon.jit
@@ -713,10 +826,8 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     STAGES: gl.constexpr = q_smem.type.shape[0]
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     k_buf = k_smem.index(HALF)
@@ -731,9 +842,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     if FUSED_DQ:
         DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]  # this consumer's columns of dQ
-        dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, DQ_COLS, 16])
-        dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+        dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
         dq_buf = dq_smem.index(HALF)
     mbarrier.wait(kv_bar, 0)
     for step in range(n_steps * kv_group):
@@ -745,10 +854,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         q_buf = q_smem.index(stage)
         do_buf = do_smem.index(stage)
         # line 10: S^T = K_j Q_i^T (unscaled); line 13: dP^T = V_j dO_i^T; both in flight
-        mbarrier.wait(q_bar.index(stage), phase)
-        s_tok = warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
-        mbarrier.wait(do_bar.index(stage), phase)
-        dp_tok = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
         lse = gl.load(LSE + lse_row.to(gl.int64) * seqlen + offs_m) * 1.4426950408889634  # natural log -> log2
         delta = gl.load(Delta + lse_row.to(gl.int64) * seqlen + offs_m)
         # line 11: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
@@ -775,37 +881,15 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         p_op = gl.convert_layout(p.to(dtype), op_layout)
         if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2 joins P^T now: t is not kept for dS
             p = p * (1.0 - t * t)
-        # line 12: dV_j += P^T dO_i
-        dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
-        # line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul
-        dp = warpgroup_mma_wait(1, deps=[dp_tok])
-        ds = (p * (dp - delta[None, :])).to(dtype)
-        ds_op = gl.convert_layout(ds, op_layout)
-        # line 16: dK_j += dS^T Q_i (the softmax scale is applied once at the end)
-        dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
-        if FUSED_DQ:
-            # dS^T into this step's buffer pair (two pairs: a consumer may be one step ahead)
-            parity = step % 2
-            ds_smem.index(2 * parity + HALF).store(ds)
-            fence_async_shared()
-            gl.thread_barrier()  # the whole warpgroup's stores, before one thread arrives
-            mbarrier.arrive(ds_bar.index(parity), count=1)
+        # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul; line 16: dK_j += dS^T Q_i
+        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
+        if FUSED_DQ:  # dS^T to the other consumer: line 15 needs both halves' keys
+            parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
-        if FUSED_DQ:
-            # line 15: dQ_i[:, this consumer's columns] = dS K_j[:, columns], over both halves' keys
-            mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
-            dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
-                                   k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
-                                   use_acc=False, is_async=True)
-            dq_tok = warpgroup_mma(ds_smem.index(2 * parity + 1).permute((1, 0)),
-                                   k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_tok, is_async=True)
-            dq = warpgroup_mma_wait(0, deps=[dq_tok])
-            tma.store_wait(pendings=0)  # the previous step's reduce-add has read dq_buf
-            dq_buf.store(dq * softmax_scale)
-            fence_async_shared()
-            gl.thread_barrier()
-            _tma_reduce_add(dq_desc, [row0 + m, q_col + HALF * DQ_COLS], dq_buf)
+        if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
+            _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
+                        softmax_scale, HALF)
 
     if FUSED_DQ:  # the other consumer's last dQ matmul reads this half of K: wait for it
         mbarrier.arrive(done_bar, count=1)
@@ -844,16 +928,11 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     (flash_attn._flash_bwd_dq_kernel); with it, dq_desc is a float32 accumulator's, with tiles of
     64 rows by half the head dim. WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only:
     the dQ kernel has none of them)."""
-    dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = 2 * ROWS
-    kv_heads = num_heads // kv_group
-    pid_bh = gl.program_id(1)
-    b = pid_bh // kv_heads
-    kv_head = pid_bh % kv_heads
-    start_n = gl.program_id(0) * BLOCK_N  # causal: program 0 has the most query steps and starts first
+    b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
     row0 = b * seqlen
     col0 = kv_head * HEAD_DIM
     q_col0 = kv_head * kv_group * HEAD_DIM  # the group's first q head
@@ -871,32 +950,8 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
         n_steps = (seqlen - first_m) // BLOCK_M
     Alibi += b * stride_alibi_b + kv_head * kv_group  # the group's slopes (read only with ALIBI)
 
-    k_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for stage in gl.static_range(STAGES):
-        mbarrier.init(q_bar.index(stage), count=1)
-        mbarrier.init(do_bar.index(stage), count=1)
-        mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
-    if FUSED_DQ:
-        gl.static_assert(2 * dq_desc.block_type.shape[1] == HEAD_DIM)
-        # dS^T of both consumers for two steps (the A operands of dQ = dS K, read transposed) and
-        # each consumer's float32 dQ tile for its reduce-add
-        ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc.layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
-        ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        for parity in gl.static_range(2):
-            mbarrier.init(ds_bar.index(parity), count=2)  # both consumers' dS^T are in place
-        mbarrier.init(done_bar, count=2)
-    else:  # the fused path's buffers and barriers are not used: stand-ins of the right kinds
-        ds_smem, dq_smem, ds_bar, done_bar = q_smem, q_smem, q_bar, kv_bar
+    (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
+     done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, FUSED_DQ)
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
             do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0,
             q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
@@ -919,23 +974,8 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
      qk_scale) = args
-    ROWS: gl.constexpr = k_desc.block_type.shape[0]
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    STAGES: gl.constexpr = q_smem.type.shape[0]
-    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
-    for half in gl.static_range(2):
-        kv_row = kv_row0 + start_n + half * ROWS
-        tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
-        tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
-    for step in range(n_steps * kv_group):
-        stage = step % STAGES
-        m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, 0, 0, kv_group, BLOCK_M, HEAD_DIM)
-        mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
-        mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_start + m, q_col], q_bar.index(stage), q_smem.index(stage))
-        mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [q_start + m, q_col], do_bar.index(stage), do_smem.index(stage))
+    _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
+                    q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group)
 
 
 @gluon.jit
@@ -972,10 +1012,8 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     STAGES: gl.constexpr = q_smem.type.shape[0]
     dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     k_buf = k_smem.index(HALF)
@@ -990,9 +1028,7 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_COLS, 16])
-    dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
+    dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
     dq_buf = dq_smem.index(HALF)
     mbarrier.wait(kv_bar, 0)
     for step in range(n_steps * kv_group):
@@ -1004,10 +1040,7 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
         rows_ok = offs_m < seqlen_q
         q_buf = q_smem.index(stage)
         do_buf = do_smem.index(stage)
-        mbarrier.wait(q_bar.index(stage), phase)
-        s_tok = warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
-        mbarrier.wait(do_bar.index(stage), phase)
-        dp_tok = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
         lse_offs = head.to(gl.int64) * total_q + q_start + offs_m
         lse = gl.load(LSE + lse_offs, mask=rows_ok, other=float("inf")) * 1.4426950408889634
         delta = gl.load(Delta + lse_offs, mask=rows_ok, other=0.0)
@@ -1021,30 +1054,12 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
             if partial_keys:
                 p = gl.where(keys_ok[:, None], p, 0.0)
         p_op = gl.convert_layout(p.to(dtype), op_layout)
-        dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
-        dp = warpgroup_mma_wait(1, deps=[dp_tok])
-        ds = (p * (dp - delta[None, :])).to(dtype)
-        ds_op = gl.convert_layout(ds, op_layout)
-        dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
-        parity = step % 2
-        ds_smem.index(2 * parity + HALF).store(ds)
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(ds_bar.index(parity), count=1)
+        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
+        parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
         mbarrier.arrive(empty_bar.index(stage), count=1)
-        mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
-        dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
-                               k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
-                               use_acc=False, is_async=True)
-        dq_tok = warpgroup_mma(ds_smem.index(2 * parity + 1).permute((1, 0)),
-                               k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_tok, is_async=True)
-        dq = warpgroup_mma_wait(0, deps=[dq_tok])
-        tma.store_wait(pendings=0)
-        dq_buf.store(dq * softmax_scale)
-        fence_async_shared()
-        gl.thread_barrier()
-        _tma_reduce_add(dq_desc, [q_start + m, q_col + HALF * DQ_COLS], dq_buf)
+        _bwd_add_dq(dq_desc, q_start, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
+                    HALF)
 
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
@@ -1064,17 +1079,11 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
     kv head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
     sequence. A program past its sequence's last key block does nothing."""
-    dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = 2 * ROWS
-    gl.static_assert(2 * dq_desc.block_type.shape[1] == HEAD_DIM)
-    kv_heads = num_heads // kv_group
-    pid_bh = gl.program_id(1)
-    b = pid_bh // kv_heads
-    kv_head = pid_bh % kv_heads
-    start_n = gl.program_id(0) * BLOCK_N
+    b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
     q_start = gl.load(CuSeqQ + b)
     seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
     kv_row0 = gl.load(CuSeqK + b)
@@ -1088,27 +1097,8 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
         n_steps = (gl.maximum(seqlen_q - first_m, 0) + BLOCK_M - 1) // BLOCK_M
         col0 = kv_head * HEAD_DIM
         q_col0 = kv_head * kv_group * HEAD_DIM
-
-        k_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
-        q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-        do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
-        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_bar, count=1)
-        for stage in gl.static_range(STAGES):
-            mbarrier.init(q_bar.index(stage), count=1)
-            mbarrier.init(do_bar.index(stage), count=1)
-            mbarrier.init(empty_bar.index(stage), count=2)
-        ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc.layout)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
-        ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        for parity in gl.static_range(2):
-            mbarrier.init(ds_bar.index(parity), count=2)
-        mbarrier.init(done_bar, count=2)
+        (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
+         done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, True)
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem,
                 do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
                 start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk,

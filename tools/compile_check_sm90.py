@@ -9,7 +9,9 @@ registers, any spills) are answered here:
     python tools/compile_check_sm90.py --hopper-gluon     # the Gluon kernels (flash_attn_hopper.py)
 
 Prints one line per kernel (and per memory path the forward config can take): the block config,
-shared memory, registers and spill bytes; `--out FILE` writes the same lines to FILE.
+shared memory, registers and spill bytes; `--out FILE` writes the same lines to FILE, and
+`--dump-ptx DIR` writes each compiled kernel's PTX to DIR, one file per report line (named after
+the line's kernel and config), e.g. to diff a refactor's generated code against its base.
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ from kernels.forward import _flash_fwd_kernel
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 TARGET = GPUTarget("cuda", 90, 32)
+PTX_DIR: Path | None = None  # --dump-ptx: where each compiled kernel's PTX is written
+
+
+def dump_ptx(name: str, ptx: str) -> None:
+    """Write `ptx` to PTX_DIR (when set) as NAME.ptx, NAME the report's words joined by '_'."""
+    if PTX_DIR is not None:
+        stem = re.sub(r"[^A-Za-z0-9.=]+", "_", name).rstrip("_")
+        (PTX_DIR / f"{stem}.ptx").write_text(ptx)
 
 
 def signature(kernel, constexprs: dict, dtype: str) -> dict:
@@ -76,6 +86,7 @@ def report(kernel, constexprs: dict, num_warps: int, num_stages: int, dtype: str
     registers = re.search(r"Used (\d+) registers", ptxas.stderr)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     ptx = compiled.asm["ptx"]
+    dump_ptx(f"{kernel.fn.__name__} {constexprs}", ptx)
     mma = ("tma+" if "cp.async.bulk.tensor" in ptx else "") + ("wgmma" if "wgmma" in ptx else "mma.sync")
     mma += "+tma-reduce" if "cp.reduce.async.bulk.tensor" in ptx else ""  # the fused dQ's adds
     path = f" {FWD_MEMORY_PATHS[constexprs['TMA']]:10s}" if kernel is _flash_fwd_kernel else ""
@@ -106,6 +117,7 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=TARGET,
                               options={"num_warps": 4, "maxnreg": 168})
     ptx = compiled.asm["ptx"]
+    dump_ptx(f"{kernel.fn.__name__} {label}", ptx)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(ptx)
     ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
@@ -211,7 +223,12 @@ def main() -> None:
                         help="compile the Gluon kernels (kernels/flash_attn_hopper.py: the forward, the "
                              "dK/dV kernel) instead")
     parser.add_argument("--out", type=Path, metavar="FILE", help="also write the report to this file")
+    parser.add_argument("--dump-ptx", type=Path, metavar="DIR", help="write each compiled kernel's PTX to DIR")
     args = parser.parse_args()
+    if args.dump_ptx:
+        global PTX_DIR
+        PTX_DIR = args.dump_ptx
+        PTX_DIR.mkdir(parents=True, exist_ok=True)
     lines: list[str] = []
 
     def emit(line: str) -> None:
