@@ -24,6 +24,7 @@ environment). Run on a GPU:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import time
 from pathlib import Path
@@ -104,8 +105,6 @@ def host_ms(fn, calls: int = HOST_CALLS, repeats: int = 5) -> float:
 
 
 def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool) -> dict:
-    from harness.timing import benchmark
-
     batch, heads, seqlen, hdim = shape
     row = {"provider": provider, "mode": mode, "causal": causal, "hdim": hdim, "seqlen": seqlen, "batch": batch,
            "heads": heads, "dtype": str(dtype).removeprefix("torch."), "compiled": compiled,
@@ -117,6 +116,17 @@ def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool
     attention = attention_fn(provider, causal)
     if compiled:
         attention = torch.compile(attention, fullgraph=True)
+    # 'bwd' reruns one recorded backward (retain_graph=True); AOTAutograd's donated buffers refuse
+    # that ("compiled with non-empty donated buffers which requires ... retain_graph=False") unless
+    # turned off, as the error itself advises
+    with torch._functorch.config.patch(donated_buffer=False) if mode == "bwd" else contextlib.nullcontext():
+        return _timed(row, attention, mode, q, k, v, dout)
+
+
+def _timed(row: dict, attention, mode: str, q, k, v, dout) -> dict:
+    """Fill `row` with the call's host, wall and GPU time (or the reason one is missing)."""
+    from harness.timing import benchmark
+
     try:
         fn = call_fn(attention, mode, q, k, v, dout)  # 'bwd' records its forward here (compiling it)
         for _ in range(3):  # compile and warm up outside every timing

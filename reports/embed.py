@@ -291,20 +291,44 @@ HOST_OVERHEAD_CSV = H200 / "host_overhead.csv"
 
 
 def host_overhead_table(rows: pd.DataFrame) -> str:
-    """Host and GPU time per call, ours against SDPA flash, from harness/host_overhead.py's rows."""
-    rows = rows[(rows.status == "ok") & ~rows.compiled.astype(bool)]
-    wide = rows.pivot_table(index=["mode", "batch", "heads", "seqlen", "hdim"], columns="provider",
-                            values=["host_ms", "gpu_ms"], aggfunc="median")
+    """Host time per call, ours against SDPA flash, eager and under torch.compile, with the GPU
+    time of the eager calls, from harness/host_overhead.py's rows (all from one run); a cell
+    without an ok row reads n/a, and the rows' errors are listed below the table."""
+    ok = rows[rows.status == "ok"].copy()
+    ok["compiled"] = ok.compiled.astype(bool)
+    wide = ok.pivot_table(index=["mode", "batch", "heads", "seqlen", "hdim"], columns=["compiled", "provider"],
+                          values=["host_ms", "gpu_ms"], aggfunc="median")
+
+    def cell(r, value, compiled, provider):
+        x = r.get((value, compiled, provider), float("nan"))
+        return float("nan") if pd.isna(x) else float(x)
+
+    def ms(x):
+        return "n/a" if pd.isna(x) else f"{x:.3f}"
+
     lines = [("| mode | batch, heads, seqlen, hdim | ours host ms | SDPA flash host ms | host ratio | "
-             "ours GPU ms | SDPA flash GPU ms |"), "|---|---|---|---|---|---|---|"]
+              "compiled: ours host ms | compiled: SDPA flash host ms | compiled host ratio | ours GPU ms | "
+              "SDPA flash GPU ms |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for (mode, batch, heads, seqlen, hdim), r in wide.iterrows():
-        ours_host, peer_host = r[("host_ms", OURS)], r[("host_ms", OFFICIAL)]
-        lines.append(f"| {mode} | {batch}, {heads}, {seqlen}, {hdim} | {ours_host:.3f} | {peer_host:.3f} | "
-                     f"{_ratio(ours_host, peer_host)} | {r[('gpu_ms', OURS)]:.3f} | {r[('gpu_ms', OFFICIAL)]:.3f} |")
+        host = [cell(r, "host_ms", c, p) for c in (False, True) for p in (OURS, OFFICIAL)]
+        gpu = [cell(r, "gpu_ms", False, p) for p in (OURS, OFFICIAL)]
+        lines.append(f"| {mode} | {batch}, {heads}, {seqlen}, {hdim} | {ms(host[0])} | {ms(host[1])} | "
+                     f"{_ratio(host[0], host[1])} | {ms(host[2])} | {ms(host[3])} | {_ratio(host[2], host[3])} | "
+                     f"{ms(gpu[0])} | {ms(gpu[1])} |")
     env = rows.iloc[0]
-    lines += ["", (f"Causal, {env['dtype']}, eager calls; host time with the GPU kept ahead by a sleep, GPU time by "
-              f"CUDA-graph replay ({env['gpu']}, torch {env['torch']}, commit {env['git_commit']}; rows: "
-              f"`reports/h200/{HOST_OVERHEAD_CSV.name}`).")]
+    lines += ["", (f"Causal, {env['dtype']}; host time with the GPU kept ahead by a sleep, GPU time by CUDA-graph "
+                   f"replay of the eager call; 'compiled': `torch.compile(fullgraph=True)` of the same call "
+                   f"({env['gpu']}, torch {env['torch']}, commit {env['git_commit']}; rows: "
+                   f"`reports/h200/{HOST_OVERHEAD_CSV.name}`).")]
+    no_gpu = rows[(rows.status == "ok") & rows.gpu_ms.isna() & rows.reason.notna()]
+    for reason, group in no_gpu.groupby("reason"):
+        modes = ", ".join(sorted(set(group["mode"])))
+        lines.append(f"- no GPU time for mode {modes}: {reason.removeprefix('gpu_ms: ')}")
+    failed = rows[rows.status != "ok"]
+    names = {OURS: "ours", OFFICIAL: "SDPA flash"}
+    for (provider, mode, compiled, reason), group in failed.groupby(["provider", "mode", "compiled", "reason"]):
+        kind = "compiled" if compiled else "eager"
+        lines.append(f"- {names.get(provider, provider)} {mode} ({kind}) failed at {len(group)} shapes: {reason}")
     return "\n".join(lines)
 
 
