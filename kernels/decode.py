@@ -62,16 +62,17 @@ def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, 
     """Splits of the KV sequence for `num_splits=0`.
 
     Without splitting, batch x kv_heads x m_blocks programs run (m_blocks: query tiles of
-    packed q heads). Split until PROGRAMS_PER_SM x num_sms programs exist (at batch 1 with
-    8 kv heads on a 132-SM H200: 33 splits) where fewer than num_sms run (from one program per
-    SM on, no split: at batch 32 x 4k with 8 kv heads, 2 splits measured slower than none),
-    keeping at least MIN_BLOCKS_PER_SPLIT key blocks
+    packed q heads). Split into as many as fit PROGRAMS_PER_SM x num_sms programs, rounding
+    down so that no partial wave of programs follows the full one (at batch 1 with 8 kv heads
+    on a 132-SM H200: 33 splits; with 32 kv heads 8, not 9) where fewer than num_sms run (from
+    one program per SM on, no split: at batch 32 x 4k with 8 kv heads, 2 splits measured slower
+    than none), keeping at least MIN_BLOCKS_PER_SPLIT key blocks
     of the cache's capacity (`cache_len`, known from shapes alone, so a CUDA graph keeps one
     split count) in each split, and at most MAX_SPLITS."""
     programs = batch * kv_heads * m_blocks
     if programs >= num_sms:  # every SM has a program: a split would only add the combine's pass
         return 1
-    wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms, programs)
+    wanted = PROGRAMS_PER_SM * num_sms // programs
     most = max(1, triton.cdiv(cache_len, block_n) // MIN_BLOCKS_PER_SPLIT)
     return max(1, min(wanted, most, MAX_SPLITS))
 

@@ -293,6 +293,9 @@ def test_heuristic_fills_the_gpu_at_batch_one():
     # H200: 132 SMs; batch 1, 8 kv heads, one query tile, a 64k cache in blocks of 64
     splits = choose_num_splits(1, 8, 1, 65536, 64, 132)
     assert splits * 8 >= 132
+    # at most PROGRAMS_PER_SM programs per SM: no partial second wave (32 kv heads: 8 splits, not 9)
+    assert choose_num_splits(1, 32, 1, 65536, 64, 132) == 8
+    assert choose_num_splits(8, 8, 1, 8192, 64, 132) * 64 <= decode.PROGRAMS_PER_SM * 132
     assert choose_num_splits(64, 32, 1, 4096, 64, 132) == 1  # 2048 programs already
     assert choose_num_splits(32, 8, 1, 4096, 64, 132) == 1  # 256 programs: every SM has one
     assert choose_num_splits(1, 8, 1, 256, 64, 132) == 1  # 4 key blocks: too few to split
