@@ -177,6 +177,41 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
 }
 
 
+_SPLITS_ROW = re.compile(r"^ours (?P<layout>contiguous|paged), (?P<splits>\d+) splits(?: \((?P<role>heuristic|rounded up)\))?$")
+
+
+def decode_splits_table(path: Path) -> str:
+    """tools/experiments/exp_decode_splits.py's rows (GB/s of K and V read, one process): per
+    shape, our contiguous-cache kernel at the heuristic's split count (programs rounded down to
+    one wave), at the count rounding up would give, at the best other count measured, and SDPA
+    flash and cuDNN beside them."""
+    rows = pd.read_csv(path, keep_default_na=False)
+    lines = ["| batch x cache, kv heads | heuristic: splits, GB/s | rounded up: splits, GB/s | heuristic / rounded up "
+             "| best other count: splits, GB/s | SDPA flash GB/s | cuDNN GB/s | heuristic / cuDNN |",
+             "|---|---|---|---|---|---|---|---|"]
+    for column, group in rows.groupby("column", sort=False):
+        ours, peers = {}, {}
+        for _, r in group.iterrows():
+            m = _SPLITS_ROW.match(r["row"])
+            if m is None:
+                peers[r["row"]] = r["value"]
+            elif m["layout"] == "contiguous":
+                ours[int(m["splits"])] = (r["value"], m["role"])
+        heuristic = next(n for n, (_, role) in ours.items() if role == "heuristic")
+        up = next((n for n, (_, role) in ours.items() if role == "rounded up"), heuristic)
+        others = {n: v for n, (v, _) in ours.items() if n not in (heuristic, up)}
+        best = max(others, key=others.get) if others else None
+        h, u = ours[heuristic][0], ours[up][0]
+        best_cell = f"{best}, {others[best]:,.0f}" if best is not None else "-"
+        up_cell = f"{up}, {u:,.0f}" if up != heuristic else "same count"
+        lines.append(f"| {column} | {heuristic}, {h:,.0f} | {up_cell} | {_ratio(h, u)} | {best_cell} | "
+                     f"{peers.get('sdpa-flash', float('nan')):,.0f} | {peers.get('sdpa-cudnn', float('nan')):,.0f} | "
+                     f"{_ratio(h, peers.get('sdpa-cudnn', float('nan')))} |")
+    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
+    lines += ["", f"{rows['tool'].iloc[0]}, at {', '.join(commits)}; rows: `{path.relative_to(H200.parents[1])}`."]
+    return "\n".join(lines)
+
+
 LADDER_PROBE = Path(__file__).resolve().parents[1] / "ablations" / "probe"
 CODE_FACTS = {"provider": "rung", "config": "tile", "mma": "mma, warps", "regs": "regs", "spills": "spills",
               "shared_bytes": "smem B", "sass_HMMA": "HMMA", "sass_HGMMA": "HGMMA", "sass_MUFU.EX2": "MUFU.EX2",
@@ -361,6 +396,7 @@ SECTIONS = {
     "peers": lambda: peers_table(load_results(PAPER_PEERS_DIR)),
     "peers_fp16": lambda: peers_table(load_results(PAPER_PEERS_FP16_DIR), PAPER_PEERS_FP16_DIR),
     "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
+    "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
     "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Notes",
                                          start_at="## The bar"),
     "decode_targets": lambda: file_section(H200 / "decode" / "report.md", stop_at="## 8 kv heads",
