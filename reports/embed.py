@@ -186,9 +186,9 @@ def decode_splits_table(path: Path) -> str:
     one wave), at the count rounding up would give, at the best other count measured, and SDPA
     flash and cuDNN beside them."""
     rows = pd.read_csv(path, keep_default_na=False)
-    lines = ["| batch x cache, kv heads | heuristic: splits, GB/s | rounded up: splits, GB/s | heuristic / rounded up "
-             "| best other count: splits, GB/s | SDPA flash GB/s | cuDNN GB/s | heuristic / cuDNN |",
-             "|---|---|---|---|---|---|---|---|"]
+    header = ("| batch x cache, kv heads | heuristic: splits, GB/s | rounded up: splits, GB/s | heuristic / rounded up "
+              "| best other count: splits, GB/s | SDPA flash GB/s | cuDNN GB/s | heuristic / cuDNN |")
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
     for column, group in rows.groupby("column", sort=False):
         ours, peers = {}, {}
         for _, r in group.iterrows():
