@@ -135,7 +135,8 @@ class FlashAttnFunc(torch.autograd.Function):
     """Eager autograd over the same implementations as the ops (no dispatcher round trip)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, features, fwd_config, bwd_config, deterministic):
+    def forward(ctx, q, k, v, params):
+        softmax_scale, causal, features, fwd_config, bwd_config, deterministic = params
         check_call(q, k, v, causal, features)
         out, lse = flash_attn_forward(q, k, v, softmax_scale, causal, fwd_config, features)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -148,21 +149,27 @@ class FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         if dout is None:  # an upstream node returned no gradient for out (none is materialised)
-            return (None,) * 9
+            return None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
         softmax_scale, causal, bwd_config, deterministic, features = ctx.args
         dq, dk, dv = flash_attn_backward(dout, q, k, v, out, lse, softmax_scale, causal, bwd_config,
                                          deterministic, features)
-        return (dq, dk, dv) + (None,) * 6
+        return dq, dk, dv, None
 
 
 def attention(q, k, v, softmax_scale: float, causal: bool, features: Features, fwd_config: FwdConfig | None,
               bwd_config: BwdConfig | None, deterministic: bool) -> tuple[Tensor, Tensor]:
-    """(out, lse) with autograd: the op when traced, FlashAttnFunc when eager."""
+    """(out, lse) with autograd: the op when traced, FlashAttnFunc when eager, and the forward
+    alone when no input needs a gradient (an inference call skips autograd.Function's apply)."""
     if tracing(q):
         f = features
         return torch.ops.fa2.fwd(q, k, v, f.cu_seqlens_q, f.cu_seqlens_k, f.max_seqlen_q, f.max_seqlen_k,
                                  softmax_scale, causal, f.window_left, f.window_right, f.softcap, f.alibi_slopes,
                                  f.dropout_p, f.rng_seed, deterministic, config_json(fwd_config),
                                  config_json(bwd_config))
-    return FlashAttnFunc.apply(q, k, v, softmax_scale, causal, features, fwd_config, bwd_config, deterministic)
+    if not (torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
+                                         or getattr(v, "requires_grad", False))):
+        check_call(q, k, v, causal, features)
+        return flash_attn_forward(q, k, v, softmax_scale, causal, fwd_config, features)
+    # the call's constants travel as one tuple: apply inspects every argument it is given
+    return FlashAttnFunc.apply(q, k, v, (softmax_scale, causal, features, fwd_config, bwd_config, deterministic))

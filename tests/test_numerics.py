@@ -172,7 +172,23 @@ def test_zero_length_sequences(seqlen_q, seqlen_k):
 def test_backward_passes_no_gradient_on_when_out_gets_none():
     """With set_materialize_grads(False) an upstream node that returns no gradient for `out`
     reaches the backward as None, which it passes on as no gradients."""
-    assert FlashAttnFunc.backward(None, None, None) == (None,) * 9  # one per forward input
+    assert FlashAttnFunc.backward(None, None, None) == (None,) * 4  # one per forward input
+
+
+def test_inference_call_skips_autograd_and_matches_the_training_call(monkeypatch):
+    """With no input needing a gradient the forward runs without FlashAttnFunc (its apply is
+    host time an inference call does not need): same out and lse, no autograd graph."""
+    q, k, v = make_qkv(1, 40, 33, 2, 16, torch.float32, "cpu", requires_grad=True)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    applied = []
+    real = FlashAttnFunc.apply
+    monkeypatch.setattr(FlashAttnFunc, "apply", lambda *a: applied.append(1) or real(*a))
+    for inputs, grad_mode in (((q.detach(), k.detach(), v.detach()), True), ((q, k, v), False)):
+        with torch.set_grad_enabled(grad_mode):
+            out2, lse2, _ = flash_attn_func(*inputs, causal=True, return_attn_probs=True)
+        assert out2.grad_fn is None and not out2.requires_grad
+        assert torch.equal(out2, out.detach()) and torch.equal(lse2, lse)
+    assert not applied
 
 
 def test_autograd_materialises_no_gradient_for_lse(monkeypatch):
@@ -248,6 +264,21 @@ def test_training_step_reduces_the_loss():
 # The shapes the Hopper table sends to the Gluon kernels (head dim 128 from 1k keys, 64 from 4k).
 GLUON_SHAPES = [(2, 1024, 1024, 3, 128), (1, 4096, 4096, 2, 128), (4, 2048, 2048, 1, 128),
                 (1, 16384, 16384, 1, 128), (2, 4096, 4096, 3, 64), (1, 8192, 8192, 2, 64)]
+
+
+@pytest.mark.gpu
+def test_gpu_checked_shapes_do_not_let_a_bad_call_through():
+    """check_qkv remembers CUDA inputs that passed; a call differing in dtype, device-side shape
+    or head count is still checked and rejected with its message."""
+    q, k, v = make_qkv(1, 64, 64, 4, 32, torch.bfloat16, "cuda")
+    flash_attn_func(q, k, v)
+    flash_attn_func(q, k, v)  # the remembered inputs
+    with pytest.raises(TypeError, match="share one dtype"):
+        flash_attn_func(q, k.half(), v)
+    with pytest.raises(ValueError, match="must divide q heads"):
+        flash_attn_func(q, k[:, :, :3], v[:, :, :3])
+    with pytest.raises(ValueError, match="same shape"):
+        flash_attn_func(q, k, v[:, :32])
 
 
 def skip_unless_hopper(what: str) -> None:
