@@ -1,5 +1,5 @@
 """The FA1 -> FA2 ablation ladder as data: the rungs, the studies that pick two of them, and
-the paper's two settings (docs/CONTRACTS.md).
+the paper's two settings (docs/architecture.md).
 
 Rungs 0-3 are one Triton kernel family (kernels/fa_ladder.py, its docstring explains how each
 technique is expressed); neighbouring rungs share tiles' area, warps and stages, so each step

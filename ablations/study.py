@@ -1,7 +1,7 @@
 """The ablation report: ablation.md and grouped-bar plots, made from result rows only.
 
 `write_ablation_report(results, out_dir, counters)` takes the long-format rows of
-`runner.py --ablation ...` (reports/results.py: one row per provider, setting, shape and
+`runner.py --ablation ...` (harness/results.py: one row per provider, setting, shape and
 repeat) and writes, in `out_dir`:
 
 * ablation.md: per setting, one row per rung with TFLOPs/s (median over the ok repeats, and

@@ -18,7 +18,7 @@ calls, do_bench's `grad_to_none`). 'compiled' rows time `torch.compile(fullgraph
 time excluded). Rows are written as they are measured (CSV, one row per measurement, with the
 environment). Run on a GPU:
 
-    python -m harness.host_overhead --out reports/h200/host_overhead
+    python -m harness.host_overhead --out reports/h200     # reports/h200/host_overhead.csv
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def _normal_keys(frame: pd.DataFrame) -> pd.DataFrame:
 def _ok_rows(results: pd.DataFrame) -> pd.DataFrame:
     """The rows with status ok and a finite, positive TFLOPs/s (a NaN is not a measurement)."""
     if "status" not in results.columns or "tflops" not in results.columns:
-        raise ValueError("result rows need `status` and `tflops` columns (see docs/CONTRACTS.md)")
+        raise ValueError("result rows need `status` and `tflops` columns (see docs/architecture.md, 'Data flow')")
     tflops = pd.to_numeric(results["tflops"], errors="coerce")
     ok = results[(results["status"] == "ok") & np.isfinite(tflops) & (tflops > 0)]
     frame = _normal_keys(ok)

@@ -1,6 +1,6 @@
 """Result rows: the schema, the append-writer, and loading/merging a results folder.
 
-Long format, one measurement per row (docs/CONTRACTS.md). `results.csv` is appended to and
+Long format, one measurement per row (docs/architecture.md, "Data flow"). `results.csv` is appended to and
 flushed row by row, so an interrupted sweep keeps what it measured; several runs (e.g. one
 per provider, with --resume) may write into one folder and are merged on loading, a later
 row for the same key replacing an earlier one (a failed measurement retried). `results.json`

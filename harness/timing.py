@@ -119,11 +119,12 @@ def time_attention(forward: Callable, q: torch.Tensor, k: torch.Tensor, v: torch
     """Time one provider's `forward(q, k, v, causal, softmax_scale)` in `mode` (the call
     `attention_call` makes)."""
     if cuda_graph and mode in ("bwd", "fwd_bwd"):
-        # Seen on the H200 (reports/h200/tuning/exp_host_overhead_cuda_graph_failure.log):
+        # Seen on the H200 (reports/h200/decisions/cuda_graph_backward_capture.log):
         # do_bench_cudagraph failed to capture mode 'bwd' (the backward of a graph whose forward
         # ran before the capture; our kernel and SDPA's alike), and the failed capture left the
-        # process unable to draw random numbers, so 'fwd_bwd' could not be tried after it. Both
-        # stay refused until a capture of them is shown to work.
+        # process unable to draw random numbers, so 'fwd_bwd' could not be tried after it. Captured
+        # on its own, 'fwd_bwd' replays (harness/host_overhead.py's GPU column); the sweeps keep
+        # refusing both until their timing of it is checked against do_bench.
         raise ValueError(f"cuda_graph times forward passes only: capturing the backward timing (mode "
                          f"{mode!r}) failed on the H200")
     fn, grads = attention_call(forward, q, k, v, causal, softmax_scale, mode)

@@ -24,16 +24,16 @@ class FwdConfig:
     tma: bool = False
     # In the kernel, per (batch, head), bounded at the true seqlen and head dim (any ragged
     # shape), from this many keys: each program makes its own (a global write and a proxy
-    # fence each), a fixed cost that only a long key loop amortises (at head dim 128 they lost
-    # 10-25% to pointer tiles at 512-1024 keys and won 5-13% from 2048 up).
+    # fence each), a fixed cost that only a long key loop amortises (against pointer tiles at
+    # head dim 128: docs/performance.md, "TMA in the forward, by length of the key loop").
     tma_min_keys: int = 2048
     # On the host, 2D over (batch * seqlen, heads * head dim), for key counts in
     # [tma_host_min_keys, tma_host_below_keys) where that view is exact (whole blocks, a
     # power-of-two head dim): no per-program set-up, but four descriptors to encode on the
     # host per launch. tma_host_below_keys = 0: never. At head dim 128 they beat pointer tiles
-    # by 6-13% at 1024-4096 keys and lost 2-5% to in-kernel descriptors at 8k-16k; at 512 keys
-    # the paper sweep's launches (20-30 us of GPU work) became host-bound, at 0.61-0.75x what
-    # the same kernel read when called directly (reports/h200/perf_notes.md, v3).
+    # at 1024-4096 keys and lost to in-kernel descriptors at 8k-16k; at 512 keys the paper
+    # sweep's short launches became host-bound (the same section; rows:
+    # reports/h200/decisions/forward_memory_path.csv).
     tma_host_min_keys: int = 1024
     tma_host_below_keys: int = 0
     # From this many keys, the Gluon forward with FA3's warp layout (kernels/flash_attn_hopper.py:
@@ -64,8 +64,9 @@ class BwdConfig:
     # From this many query rows, dQ added by the dK/dV kernel into a float32 accumulator (TMA
     # reduce-adds; FA2 Alg. 2 line 15 as the paper has it: 5 matmuls, not 7) unless flash_attn_backward
     # is asked to be deterministic. 0 = never: the dQ kernel. 0 in every table: on the H200 the
-    # fused backward (its best config per point) ran at 0.90-1.00x the speed of the two-kernel
-    # one at head dims 64 and 128, 1k-16k (perf_notes, "v6").
+    # fused backward (its best config per point) was not faster than the two-kernel one at head
+    # dims 64 and 128 (docs/performance.md, "dQ fused into the Triton dK/dV kernel"; rows:
+    # reports/h200/decisions/triton_fused_dq.csv).
     fused_dq_min_rows: int = 0
     # From this many keys, the dK/dV kernel is the Gluon one with FA3's warp layout
     # (kernels/flash_attn_hopper.py: a loader warp and two consumer warpgroups sharing each Q/dO
@@ -89,8 +90,8 @@ class BwdConfig:
 
 
 # Hopper (sm_90), keyed by (padded head dim, causal). Chosen on the H200 by tools/tune_fa2.py
-# (bf16, seqlen 4096, paper shapes): rows in reports/h200/tuning/tune_fa2_seqlen4096_bf16.csv,
-# reasoning in reports/h200/perf_notes.md.
+# (bf16, seqlen 4096, paper shapes): rows in reports/h200/decisions/block_sizes.csv, reasoning
+# in docs/performance.md ("Block-size tables").
 HOPPER_FWD_CONFIGS = {
     # small head dims: 4 warps of wgmma on 128x64 tiles; causal prefers 8 warps (more rows
     # in flight to hide the diagonal blocks' mask arithmetic).
@@ -98,24 +99,24 @@ HOPPER_FWD_CONFIGS = {
     (16, True): FwdConfig(128, 64, 8, 3),
     (32, False): FwdConfig(128, 64, 4, 3),
     (32, True): FwdConfig(128, 64, 8, 3),
-    # head dim 64 from 4096 keys: the Gluon forward (below for 128). Against this kernel, same
-    # process, four runs (bf16 and fp16 twice each): 0.97-1.05x at 4k, 1.01-1.05x at 8k (one run
-    # per dtype), 1.03-1.10x at 16k; at 2k 0.97-1.04x, slower causal, so not taken there
-    # (perf_notes, "v6").
+    # head dim 64 from 4096 keys: the Gluon forward (below for 128), against this kernel in the
+    # same process level or faster from 4k and not at 2k causal, so not taken there (rows:
+    # reports/h200/decisions/gluon_forward_d64.csv).
     (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=4096),
     (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096),
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
-    # frees the pointer registers (255 registers + 124 B of spills -> 216, none): +5-13%.
-    # From 1024 keys, equal lengths in whole blocks take the Gluon kernel instead: 1.03-1.33x
-    # this one at 1k-16k in bf16 and fp16, same process (perf_notes, "v5: a Gluon forward").
+    # frees the pointer registers (ptxas: no spills with it). From 1024 keys, equal lengths in
+    # whole blocks take the Gluon kernel instead, faster than this one at 1k-16k in bf16 and fp16,
+    # same process (docs/performance.md, "Gluon forward with FlashAttention-3's warp layout";
+    # rows: reports/h200/decisions/gluon_forward.csv).
     (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024),
     # causal: in-kernel descriptors from 4096 visited keys (seqlen 8k, whose longest programs
-    # visit all 8192): +3.4% bf16 and +0-4% fp16 over host ones there, same process (v4; since v5
-    # that applies to shapes outside the Gluon kernel's scope, and to the ablation's rung 4).
+    # visit all 8192), faster than host ones there in the same process (forward_memory_path.csv);
+    # this applies to shapes outside the Gluon kernel's scope, and to the ablation's rung 4.
     (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=4096, hopper_gluon_min_keys=1024),
     # head dim 256: only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
-    # (host descriptors to 4k keys, in-kernel from 8k) within -1..+2% of pointer tiles up
-    # to 4k keys and +2-5% at 16k.
+    # (host descriptors to 4k keys, in-kernel from 8k) measured level with pointer tiles up to
+    # 4k keys and faster at 16k by tools/tune_fa2.py (those head-dim-256 rows are not kept).
     (256, False): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192),
     (256, True): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192),
 }
@@ -125,21 +126,18 @@ HOPPER_BWD_CONFIGS = {
     32: BwdConfig(32, 128, 128, 32, 4, 3),
     64: BwdConfig(32, 128, 128, 32, 4, 3),
     # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 1024
-    # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7): the backward 1.08-1.20x
-    # faster at 1k-16k, bf16 and fp16, same process, than the one committed before it (this kernel
-    # and the dQ kernel below 2k keys; from 2k the non-fused Gluon kernel and the dQ kernel)
-    # (perf_notes, "v6 -> v7"). At 1k, where v7 kept this kernel (forward+backward host-bound when
-    # causal), the fused Gluon backward read 1.07-1.12x faster by do_bench in two runs (v7, and v8
-    # with cached launches), bwd and fwd_bwd (perf_notes, "v7 -> v8"). At head dim 64 the Gluon
-    # kernel without dQ was 0.98-1.18x this kernel's time, so not taken there.
+    # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7), faster at 1k-16k in
+    # bf16 and fp16, same process, than this kernel with the dQ kernel (docs/performance.md,
+    # "Gluon dK/dV with dQ fused, FA3's way"; rows: reports/h200/decisions/gluon_backward.csv).
+    # At head dim 64 the Gluon kernel without dQ was not faster than this one, so not taken there.
     128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
-    # warps): dK/dV kernel 6.58 -> 2.62 ms at seqlen 4k, whole backward 1.7-2.0x
-    # (reports/h200/perf_notes.md, v3). Descriptor loads free the address registers that
-    # spilled (ptxas: 300 and 568 B -> 0): -2..-8% time at 4k-16k (v4). At head dim 128 the
-    # whole backward was 0-8% slower with them (the dQ kernel), at 64 1.5-6% slower (mostly
-    # the dK/dV kernel), so those keep pointer loads.
+    # warps), faster in the dK/dV kernel and the whole backward (docs/performance.md, "Query-major
+    # head-dim-256 backward"; rows: reports/h200/decisions/query_major_backward_d256.csv).
+    # Descriptor loads free the address registers that spilled (ptxas: no spills with them) and
+    # took time off at 4k-16k (backward_descriptors_d256.csv); at head dims 128 and 64 the whole
+    # backward was slower with them, so those keep pointer loads.
     256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True, tma=True),
 }
 # The backward of calls with a window (causal included), softcap, ALiBi, dropout or packed

@@ -9,7 +9,7 @@ import importlib
 
 from baselines.providers.core import Provider, Spec, triton_supports
 
-# The ablation rungs of docs/CONTRACTS.md, in ladder order; their kernels live in ablations/ladder.py.
+# The ablation rungs (docs/architecture.md), in ladder order; their kernels live in ablations/ladder.py.
 RUNG_NAMES = ("rung0-fa1", "rung1-fewer-nonmatmul", "rung2-seq-parallel", "rung3-split-q", "rung4-hopper")
 
 
