@@ -231,6 +231,22 @@ def csv_table(path: Path, columns: dict[str, str], query: str | None = None) -> 
     return "\n".join(lines + ["", f"Rows: `{path.relative_to(LADDER_PROBE.parents[1])}`."])
 
 
+def ladder_code_facts_table(path: Path, headdim: int = 128) -> str:
+    """`tools/ladder_probe.py --compile-only`'s rows for the tiles the ladder runs at `headdim`
+    (kernels/fa_ladder.HOPPER_LADDER_CONFIGS), rungs 0-3: compiled for sm_90, the same ptxas as
+    on the GPU."""
+    from kernels.fa_ladder import HOPPER_LADDER_CONFIGS
+
+    tiles = {rung: f"{c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages}"
+             for (rung, d), c in HOPPER_LADDER_CONFIGS.items() if d == headdim}
+    rows = pd.read_csv(path, keep_default_na=False)
+    rows = rows[(rows["hdim"] == headdim) & (rows["config"] == rows["rung"].map(tiles))]
+    rows = rows.drop_duplicates(["rung", "config"]).assign(provider=lambda r: "rung" + r["rung"].astype(str))
+    lines = ["| " + " | ".join(CODE_FACTS.values()) + " |", "|" + "---|" * len(CODE_FACTS)]
+    lines += ["| " + " | ".join(str(r[c]) for c in CODE_FACTS) + " |" for _, r in rows.iterrows()]
+    return "\n".join(lines + ["", f"Rows: `{path.relative_to(LADDER_PROBE.parents[1])}` (`--compile-only`)."])
+
+
 ANCHOR_METHODS = {"sdpa_flash": "sdpa-flash", "sdpa_efficient": "sdpa-efficient", "sdpa_cudnn": "sdpa-cudnn",
                   "torch_eager": "pytorch"}
 
@@ -401,7 +417,7 @@ SECTIONS = {
                                          start_at="## The bar"),
     "decode_targets": lambda: file_section(H200 / "decode" / "report.md", stop_at="## 8 kv heads",
                                            start_at="## The targets"),
-    "ladder_code_facts": lambda: csv_table(LADDER_PROBE / "code_facts.csv", CODE_FACTS, "hdim == 128"),
+    "ladder_code_facts": lambda: ladder_code_facts_table(LADDER_PROBE / "code_facts_sm90.csv"),
     **{name: (lambda name=name, ratios=ratios: decision_table(DECISIONS / f"{name}.csv", ratios))
        for name, ratios in DECISION_RATIOS.items()},
 }
