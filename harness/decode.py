@@ -75,6 +75,15 @@ def grid(quick: bool) -> list[tuple[int, int, int]]:
     return [(kv_heads, b, n) for b, n in ordered for kv_heads in KV_HEADS if kv_bytes(b, n, kv_heads) <= MAX_KV_BYTES]
 
 
+def timing_copies(batch: int, cache_len: int, kv_heads: int, device) -> int:
+    """How many copies of a configuration's cache the timing cycles through: together at least
+    L2_COPIES_FACTOR x the L2 size, so no captured call finds its cache in L2 (1 off CUDA)."""
+    if device.type != "cuda":
+        return 1
+    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+    return max(1, math.ceil(L2_COPIES_FACTOR * l2_bytes / kv_bytes(batch, cache_len, kv_heads)))
+
+
 class Inputs:
     """One configuration's caches: `copies` contiguous copies (B, S, Hkv, D) of the same values and
     their paged forms (a shuffled pool of 16-token pages and its block table), the query, and
@@ -239,7 +248,6 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
     env = capture_environment()
     budget = BUDGET_S["quick" if quick else "full"]
     start = time.monotonic()
-    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20) if device.type == "cuda" else 0
     entries = providers()
     skipped = []
     with (out_dir / DECODE_CSV).open("w", newline="") as f:
@@ -256,7 +264,7 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                 skipped.append((kv_heads, batch, cache_len))
                 continue
             nbytes = kv_bytes(batch, cache_len, kv_heads)
-            inputs = Inputs(batch, cache_len, kv_heads, device, max(1, math.ceil(L2_COPIES_FACTOR * l2_bytes / nbytes)))
+            inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
             reference = inputs.reference()
             for name, label, layout, call, why_not in entries:
                 base = {"provider": name, "label": label, "layout": layout, "batch": batch, "cache_len": cache_len,
@@ -478,7 +486,6 @@ def tune(out_dir) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda")
     env = capture_environment()
-    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
     shipped = decode.GPU_CONFIG
     columns = ("batch", "cache_len", "kv_heads", "layout", "block_n", "num_warps", "num_stages", "num_splits",
                "status", "reason", "ms", "gbps", *ROW_ENV_COLUMNS)
@@ -503,8 +510,7 @@ def tune(out_dir) -> Path:
             f.flush()
 
         for batch, cache_len in ANCHORS:
-            nbytes = kv_bytes(batch, cache_len, 8)
-            inputs = Inputs(batch, cache_len, 8, device, max(1, math.ceil(L2_COPIES_FACTOR * l2_bytes / nbytes)))
+            inputs = Inputs(batch, cache_len, 8, device, timing_copies(batch, cache_len, 8, device))
             for layout in ("contiguous", "paged") if batch == 1 else ("contiguous",):
                 for tile in TUNE_TILES:
                     measure(inputs, batch, cache_len, layout, tile, 0)

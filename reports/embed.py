@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -218,12 +219,16 @@ CODE_FACTS = {"provider": "rung", "config": "tile", "mma": "mma, warps", "regs":
               "sass_BAR": "BAR", "sass_STS": "STS", "sass_LDS": "LDS"}
 
 
-def csv_table(path: Path, columns: dict[str, str], query: str | None = None) -> str:
+def csv_table(path: Path, columns: dict[str, str], query: str | None = None,
+              select: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> str:
     """Some columns of a CSV as a Markdown table (headers renamed by `columns`, rows in file
-    order, optionally those matching a pandas query); floats with three decimals."""
+    order, optionally those matching a pandas query, or those `select` returns); floats with
+    three decimals."""
     rows = pd.read_csv(path, keep_default_na=False)
     if query:
         rows = rows.query(query)
+    if select is not None:
+        rows = select(rows)
     def cell(v):
         return f"{v:.3f}" if isinstance(v, float) else str(v)
     lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
@@ -239,12 +244,12 @@ def ladder_code_facts_table(path: Path, headdim: int = 128) -> str:
 
     tiles = {rung: f"{c.block_m}x{c.block_n} w{c.num_warps} s{c.num_stages}"
              for (rung, d), c in HOPPER_LADDER_CONFIGS.items() if d == headdim}
-    rows = pd.read_csv(path, keep_default_na=False)
-    rows = rows[(rows["hdim"] == headdim) & (rows["config"] == rows["rung"].map(tiles))]
-    rows = rows.drop_duplicates(["rung", "config"]).assign(provider=lambda r: "rung" + r["rung"].astype(str))
-    lines = ["| " + " | ".join(CODE_FACTS.values()) + " |", "|" + "---|" * len(CODE_FACTS)]
-    lines += ["| " + " | ".join(str(r[c]) for c in CODE_FACTS) + " |" for _, r in rows.iterrows()]
-    return "\n".join(lines + ["", f"Rows: `{path.relative_to(LADDER_PROBE.parents[1])}` (`--compile-only`)."])
+
+    def ladder_tiles(rows: pd.DataFrame) -> pd.DataFrame:
+        rows = rows[(rows["hdim"] == headdim) & (rows["config"] == rows["rung"].map(tiles))]
+        return rows.drop_duplicates(["rung", "config"]).assign(provider="rung" + rows["rung"].astype(str))
+
+    return csv_table(path, CODE_FACTS, select=ladder_tiles)
 
 
 ANCHOR_METHODS = {"sdpa_flash": "sdpa-flash", "sdpa_efficient": "sdpa-efficient", "sdpa_cudnn": "sdpa-cudnn",

@@ -94,6 +94,27 @@ def test_decision_table_keeps_file_order_and_computes_ratios_from_the_rows(tmp_p
     assert lines[-1] == "tools/x.py, bf16, at abc1234; rows: `reports/h200/decisions/choice.csv`."
 
 
+def test_decision_writer_rows_render_and_survive_before_close(tmp_path):
+    """reports.decisions.DecisionWriter (the experiments' rows): each row is on disk once
+    written, `append` keeps an earlier run's rows, and decision_table reads the file."""
+    from reports.decisions import DecisionWriter
+
+    (tmp_path / "written").mkdir()
+    path = tmp_path / "written" / "choice.csv"
+    writer = DecisionWriter(path, "tools/x.py, bf16", commit="abc1234")
+    writer.write("slow kernel", "n1024 full", "ms", 2.0)
+    assert len(pd.read_csv(path)) == 1  # flushed before the run ends
+    writer.write("slow kernel", "n1024 causal", "ms", 4.0)
+    writer.close()
+    with DecisionWriter(path, "tools/x.py, bf16", commit="abc1234", append=True) as writer:
+        writer.write("fast kernel", "n1024 full", "ms", 1.0)
+        writer.write("fast kernel", "n1024 causal", "ms", 3.0)
+    assert embed.decision_table(path).splitlines() == embed.decision_table(_decision(tmp_path)).splitlines()
+    with DecisionWriter(path, "tools/x.py, bf16", commit="abc1234") as writer:  # a new run replaces
+        writer.write("fast kernel", "n1024 full", "ms", 1.0)
+    assert len(pd.read_csv(path)) == 1
+
+
 def test_decision_table_names_a_missing_ratio_row(tmp_path):
     with pytest.raises(ValueError, match="no row 'nowhere'"):
         embed.decision_table(_decision(tmp_path), (("speed-up", "nowhere", "fast kernel"),))

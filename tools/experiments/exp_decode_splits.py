@@ -14,8 +14,6 @@ are measured.
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import sys
 from pathlib import Path
 
@@ -37,32 +35,28 @@ def main() -> None:
 
     from baselines.flops import gigabytes_per_second
     from baselines.providers.decode import DECODE_PROVIDERS
-    from harness.decode import L2_COPIES_FACTOR, Inputs, _ours, _registry, _time_call, kv_bytes
+    from harness.decode import Inputs, _ours, _registry, _time_call, kv_bytes, timing_copies
     from kernels import decode
-    from reports.environment import git_commit
+    from reports.decisions import DecisionWriter
 
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
-    commit = git_commit()
     block_n = decode.GPU_CONFIG[0]
     args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "decode_splits.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["row", "column", "unit", "value", "tool", "git_commit"])
+    with DecisionWriter(args.out / "decode_splits.csv", TOOL) as writer:
 
         def record(row, column, nbytes, timing):
             gbps = gigabytes_per_second(nbytes, timing.ms)
-            writer.writerow([row, column, "GB/s", gbps, TOOL, commit])
-            f.flush()
+            writer.write(row, column, "GB/s", gbps)
             print(f"{column:28s} {row:40s} {gbps:8.0f} GB/s", flush=True)
 
         for batch, cache_len, kv_heads in SHAPES:
             nbytes = kv_bytes(batch, cache_len, kv_heads)
-            inputs = Inputs(batch, cache_len, kv_heads, device, max(1, math.ceil(L2_COPIES_FACTOR * l2_bytes / nbytes)))
+            inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
             column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv"
             programs = batch * kv_heads
             most = max(1, triton.cdiv(cache_len, block_n) // decode.MIN_BLOCKS_PER_SPLIT)
+            # the rule before: the programs rounded up past PROGRAMS_PER_SM x SMs (a partial wave)
             up = min(triton.cdiv(decode.PROGRAMS_PER_SM * sms, programs), most, decode.MAX_SPLITS)
             down = decode.choose_num_splits(batch, kv_heads, 1, cache_len, block_n, sms)
             counts = sorted({max(1, c) for c in (down // 2, down - 1, down, up, up + 1, 2 * up) if c <= most})
@@ -77,7 +71,6 @@ def main() -> None:
                 record(name, column, nbytes, timing)
             del inputs
             torch.cuda.empty_cache()
-
 
 if __name__ == "__main__":
     main()

@@ -23,7 +23,6 @@ decisions/gluon_features.log, printed by this procedure's first form, which took
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import re
 import sys
@@ -80,17 +79,9 @@ def measure(shape, kw) -> dict[tuple[str, str], float]:
     return times
 
 
-def write_rows(path: Path, rows) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.writer(f)
-        if new:
-            writer.writerow(("row", "column", "unit", "value", "tool", "git_commit"))
-        writer.writerows(rows)
-
-
-def rows_for(case: str, times: dict, commit: str, tool: str = TOOL):
-    return [(label, case, "ms", times[(mode, path)], tool, commit) for mode, path, label in ROWS]
+def write_times(writer, case: str, times: dict, tool: str | None = None) -> None:
+    for mode, path, label in ROWS:
+        writer.write(label, case, "ms", times[(mode, path)], tool)
 
 
 def main() -> None:
@@ -99,24 +90,25 @@ def main() -> None:
     parser.add_argument("--from-log", type=Path, help="convert an earlier run's printed lines instead of measuring")
     parser.add_argument("--commit", default=os.environ.get("GIT_COMMIT", ""))
     args = parser.parse_args()
+    from reports.decisions import DecisionWriter
+
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "gluon_features.csv"
     if args.from_log:
-        path.unlink(missing_ok=True)
-        for line in args.from_log.read_text().splitlines():
-            m = LINE.match(line.strip())
-            if m:
-                times = {("fwd", "gluon"): float(m["fg"]), ("fwd", "triton"): float(m["ft"]),
-                         ("bwd", "gluon"): float(m["bg"]), ("bwd", "triton"): float(m["bt"])}
-                write_rows(path, rows_for(m["case"].strip(), times, args.commit,
-                                          f"{TOOL}, do_bench means, from {args.from_log.name}"))
+        with DecisionWriter(path, TOOL, args.commit) as writer:
+            for line in args.from_log.read_text().splitlines():
+                m = LINE.match(line.strip())
+                if m:
+                    times = {("fwd", "gluon"): float(m["fg"]), ("fwd", "triton"): float(m["ft"]),
+                             ("bwd", "gluon"): float(m["bg"]), ("bwd", "triton"): float(m["bt"])}
+                    write_times(writer, m["case"].strip(), times, f"{TOOL}, do_bench means, from {args.from_log.name}")
         return
-    for case, shape, kw in cases():
-        times = measure(shape, kw)
-        write_rows(path, rows_for(case, times, args.commit))
-        print(f"{case:28s} fwd gluon {times[('fwd', 'gluon')]:.3f} ms triton {times[('fwd', 'triton')]:.3f} | "
-              f"bwd gluon {times[('bwd', 'gluon')]:.3f} triton {times[('bwd', 'triton')]:.3f}", flush=True)
-
+    with DecisionWriter(path, TOOL, args.commit, append=True) as writer:
+        for case, shape, kw in cases():
+            times = measure(shape, kw)
+            write_times(writer, case, times)
+            print(f"{case:28s} fwd gluon {times[('fwd', 'gluon')]:.3f} ms triton {times[('fwd', 'triton')]:.3f} | "
+                  f"bwd gluon {times[('bwd', 'gluon')]:.3f} triton {times[('bwd', 'triton')]:.3f}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -14,8 +14,6 @@ unit, value, tool, git_commit), written as they are measured.
 from __future__ import annotations
 
 import argparse
-import csv
-import math
 import sys
 from pathlib import Path
 
@@ -34,32 +32,25 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from harness.decode import L2_COPIES_FACTOR, Inputs, _ours, _time_call, kv_bytes
+    from harness.decode import Inputs, _ours, _time_call, timing_copies
     from kernels import decode
-    from reports.environment import git_commit
+    from reports.decisions import DecisionWriter
 
     device = torch.device("cuda")
-    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
-    commit = git_commit()
     args.out.mkdir(parents=True, exist_ok=True)
-    with (args.out / "paged_prefetch.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["row", "column", "unit", "value", "tool", "git_commit"])
+    with DecisionWriter(args.out / "paged_prefetch.csv", TOOL) as writer:
         for batch, cache_len, kv_heads in SHAPES:
-            nbytes = kv_bytes(batch, cache_len, kv_heads)
-            inputs = Inputs(batch, cache_len, kv_heads, device, max(1, math.ceil(L2_COPIES_FACTOR * l2_bytes / nbytes)))
+            inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
             for num_splits in (0, 1):
                 column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv, splits {num_splits or 'auto'}"
                 for label, paged, prefetch in VARIANTS:
                     decode.PAGED_PREFETCH = prefetch
                     timing, how = _time_call(_ours(num_splits, paged), inputs, device)
-                    writer.writerow([label, column, "us", timing.ms * 1e3, TOOL, commit])
-                    f.flush()
+                    writer.write(label, column, "us", timing.ms * 1e3)
                     print(f"{column:34s} {label:36s} {timing.ms * 1e3:9.1f} us  ({how})", flush=True)
             decode.PAGED_PREFETCH = True
             del inputs
             torch.cuda.empty_cache()
-
 
 if __name__ == "__main__":
     main()
