@@ -43,8 +43,7 @@ HOPPER_GLUON_PATH = "gluon-ws"  # kernels/flash_attn_hopper.py instead of _flash
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
     """How the forward runs for these (batch, seqlen, heads, headdim) tensors: 'gluon-ws' (the
     Gluon kernel of flash_attn_hopper.py, from hopper_gluon_min_keys keys where its scope holds:
-    no dropout, ALiBi up to ALIBI_MAX_SEQLEN keys; packed variable lengths by
-    hopper_gluon_varlen_applies), or the Triton forward with 'tma-host' (2D
+    no dropout; packed variable lengths by hopper_gluon_varlen_applies), or the Triton forward with 'tma-host' (2D
     descriptors made here), 'tma-kernel' (per-head descriptors made by each program) or 'pointer'
     (pointer tiles), by FwdConfig's rules. Packed variable lengths (q (total, heads, headdim))
     take 'gluon-ws' where hopper_gluon_varlen_applies holds (the Gluon varlen kernel), else
@@ -58,8 +57,7 @@ def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Fea
         tma = config.tma and tma_compatible(q, k, v, out) and keys >= config.tma_min_keys
         return "tma-kernel" if tma else "pointer"
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
-            and features.gluon_kernels and hopper_gluon_applies(q, k, v, out)
-            and (features.alibi_slopes is None or k.shape[1] <= flash_attn_hopper.ALIBI_MAX_SEQLEN)):
+            and features.gluon_kernels and hopper_gluon_applies(q, k, v, out)):
         return HOPPER_GLUON_PATH
     if not config.tma or not tma_compatible(q, k, v, out):
         return "pointer"

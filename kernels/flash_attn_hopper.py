@@ -71,8 +71,6 @@ BLOCK_N = 128  # keys per block
 STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 x 64 KiB of K and V; half at 64)
 HEAD_DIMS = (64, 128)  # the head dims the kernels serve (flash_attn.hopper_gluon_applies)
 LOG2E = 1.4426950408889634
-FLOAT_1P5_2P23_BITS = gl.constexpr(0x4B400000)  # the bits of the float 1.5 * 2^23 (_softmax_step_mods)
-ALIBI_MAX_SEQLEN = 1 << 22  # key offsets the forward's ALiBi column term converts exactly
 
 
 @gluon.jit
@@ -111,19 +109,16 @@ def _scores_log2(s, qk_scale, mods, rows, cols, CAUSAL: gl.constexpr, SOFTCAP: g
 
 
 @gluon.jit
-def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, block, CAUSAL: gl.constexpr,
+def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, block, CAUSAL: gl.constexpr,
                        BLOCK_N: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     """_softmax_step with a sliding window, softcap or ALiBi. `window` = (left, right, full_lo,
     full_hi): with WINDOW a block outside [full_lo, full_hi) is masked, else causal masks the
     blocks from full_hi (the diagonal one). A row may see no key of a block at a window's edge:
     its max stays -inf until a block where it sees one, so the exponent's reference is 0 while it
     is -inf (P~ = 0, no NaN). Per element this costs the dense step's work plus, with ALiBi, one
-    add, and, with a softcap, its tanh. ALiBi's column term needs each key's offset j - r as a
-    float: an int-to-float conversion (I2F) runs at the special-function units' rate, on the pipe
-    the exponentials already saturate, and the compiler recomputes it in every block rather than
-    hold a register per column, so the conversion is done with integer and FP32 adds instead:
-    the integer x added to the bits of 1.5 * 2^23 is the float 1.5 * 2^23 + x exactly for
-    |x| < 2^22 (ALIBI_MAX_SEQLEN), and subtracting 1.5 * 2^23 leaves x."""
+    add (the column term comes from `offs_n_f`, the block's key offsets converted to float once,
+    as an int-to-float conversion runs at the special-function units' rate) and, with a softcap,
+    its tanh."""
     cols = block * BLOCK_N + offs_n
     if SOFTCAP:
         softcap_log2, alibi_log2, ref = mods
@@ -137,9 +132,7 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, bloc
         scale = qk_scale  # folded into the exponent's FMA, as the dense step does
     if ALIBI:
         if CAUSAL:  # _scores_log2's split bias: the column term only
-            col_bits = offs_n + (block * BLOCK_N - ref + FLOAT_1P5_2P23_BITS)
-            col = col_bits.to(gl.float32, bitcast=True) - 12582912.0  # j - r, exact (see above)
-            s = s + (alibi_log2 * col)[None, :]
+            s = s + alibi_log2 * (offs_n_f + (block * BLOCK_N - ref).to(gl.float32))[None, :]
         else:
             s = s - alibi_log2 * gl.abs(offs_m[:, None] - cols[None, :]).to(gl.float32)
     if WINDOW:
@@ -323,10 +316,11 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     start_m = (q_row - kv_row0) + HALF * ROWS  # this half's first query row in its sequence
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    offs_n_f = offs_n.to(gl.float32)
     # lines 5 and 8 for key block 0, then line 9
     m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF)
     if MODS:
-        p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, first_block,
+        p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
                                                 CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
     else:
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
@@ -335,7 +329,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout)
         if MODS:
             p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
-                                                    first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+                                                    offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, n_blocks, BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)

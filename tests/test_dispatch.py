@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from baselines.reference import attention_reference, attention_same_dtype
-from kernels import backward, checks, configs, dispatch, flash_attn_func, forward
+from kernels import backward, configs, dispatch, flash_attn_func, forward
 from kernels.configs import HOPPER_BWD_CONFIGS, HOPPER_FWD_CONFIGS, INTERPRETER_BWD_CONFIG, FwdConfig
 from kernels.dispatch import (
     HOPPER_GLUON_PATH,
@@ -112,13 +112,6 @@ def test_hopper_gluon_forward_scope():
     assert fwd_memory_path(config, qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], out, False) == HOPPER_GLUON_PATH
     padded = torch.empty(2, 1024, 4 * 128 + 64, dtype=torch.bfloat16)[..., :512].unflatten(-1, (4, 128))
     assert fwd_memory_path(config, padded, padded, padded, out, False) == HOPPER_GLUON_PATH
-    # ALiBi: its column term converts key offsets to float exactly up to ALIBI_MAX_SEQLEN keys
-    alibi = checks.Features(alibi_slopes=torch.ones(4))
-    assert fwd_memory_path(config, q, q, q, torch.empty_like(q), True, alibi) == HOPPER_GLUON_PATH
-    long_keys = 2 * dispatch.flash_attn_hopper.ALIBI_MAX_SEQLEN
-    long = torch.empty(1, long_keys, 4, 128, dtype=torch.bfloat16, device="meta")
-    assert fwd_memory_path(config, long, long, long, long, True, alibi) != HOPPER_GLUON_PATH
-    assert fwd_memory_path(config, long, long, long, long, True) == HOPPER_GLUON_PATH
 
 
 def test_hopper_gluon_varlen_forward_scope():
