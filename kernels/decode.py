@@ -46,7 +46,7 @@ PROGRAMS_PER_SM = 2  # the split heuristic's target number of programs per SM
 MIN_BLOCKS_PER_SPLIT = 4  # a split reads at least this many key blocks of the cache's capacity
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs; the heuristic assumes this many
 GPU_CONFIG = (64, 4, 3)  # (block_n, num_warps, num_stages)
-PAGED_CONFIG = GPU_CONFIG  # the same for a paged cache (tools/experiments/exp_paged_tiles.py)
+TILE_OVERRIDE = None  # a (block_n, num_warps, num_stages) every GPU call takes instead (experiments)
 # A paged cache's block-table entries for the next key block are read while the current one is
 # processed (the split kernel's PREFETCH_PAGES); docs/performance.md has the measured effect.
 PAGED_PREFETCH = True
@@ -240,7 +240,7 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     # (reports/h200/decode/tuning.csv, one run) but slower from batch 8 on (a suite run with that
     # tile against the suite run before it: across runs)
     paged = block_table is not None
-    block_n, num_warps, num_stages = (INTERPRETER_CONFIG if interpreted else PAGED_CONFIG if paged else GPU_CONFIG)
+    block_n, num_warps, num_stages = (INTERPRETER_CONFIG if interpreted else TILE_OVERRIDE or GPU_CONFIG)
     block_m = max(16, min(64, triton.next_power_of_2(seqlen_q * group)))
     m_blocks = triton.cdiv(seqlen_q * group, block_m)
     if num_splits == 0:
