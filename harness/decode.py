@@ -184,6 +184,8 @@ def _our_config(name: str, batch: int, cache_len: int, kv_heads: int, device) ->
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" \
         else decode.INTERPRETER_SMS
     splits = 1 if name == "ours-nosplit" else decode.choose_num_splits(batch, kv_heads, 1, cache_len, block_n, sms)
+    if device.type == "cuda":
+        block_n, num_warps, num_stages = decode.choose_tile(splits * batch * kv_heads, sms)
     return json.dumps({"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages, "num_splits": splits})
 
 
@@ -495,7 +497,7 @@ def tune(out_dir) -> Path:
 
         def measure(inputs, batch, cache_len, layout, tile, num_splits):
             nbytes = kv_bytes(batch, cache_len, 8)
-            decode.GPU_CONFIG = tile
+            decode.TILE_OVERRIDE = tile
             row = {"batch": batch, "cache_len": cache_len, "kv_heads": 8, "layout": layout, "block_n": tile[0],
                    "num_warps": tile[1], "num_stages": tile[2], "num_splits": num_splits,
                    **{k: env[k] for k in ROW_ENV_COLUMNS}}
@@ -505,7 +507,7 @@ def tune(out_dir) -> Path:
             except Exception as exc:  # noqa: BLE001 -- a tile that does not compile or fit is a row
                 row.update(status="error", reason=" ".join(f"{type(exc).__name__}: {exc}".split())[:200])
             finally:
-                decode.GPU_CONFIG = shipped
+                decode.TILE_OVERRIDE = None
             writer.writerow(row)
             f.flush()
 

@@ -46,6 +46,10 @@ PROGRAMS_PER_SM = 2  # the split heuristic's target number of programs per SM
 MIN_BLOCKS_PER_SPLIT = 4  # a split reads at least this many key blocks of the cache's capacity
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs; the heuristic assumes this many
 GPU_CONFIG = (64, 4, 3)  # (block_n, num_warps, num_stages)
+# More programs than three per SM: a 2-deep pipeline, whose 38 KB of shared memory let five
+# programs share an SM, so that they all run at once (choose_tile)
+SHALLOW_CONFIG = (64, 4, 2)
+DEEP_PROGRAMS_PER_SM = 3  # GPU_CONFIG's programs resident on an H100/H200 SM at head dim 128
 TILE_OVERRIDE = None  # a (block_n, num_warps, num_stages) every GPU call takes instead (experiments)
 # A paged cache's block-table entries for the next key block are read while the current one is
 # processed (the split kernel's PREFETCH_PAGES); docs/performance.md has the measured effect.
@@ -76,6 +80,18 @@ def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, 
     wanted = PROGRAMS_PER_SM * num_sms // programs
     most = max(1, triton.cdiv(cache_len, block_n) // MIN_BLOCKS_PER_SPLIT)
     return max(1, min(wanted, most, MAX_SPLITS))
+
+
+def choose_tile(programs: int, num_sms: int) -> tuple[int, int, int]:
+    """The split kernel's (block_n, num_warps, num_stages) for a launch of `programs` programs:
+    GPU_CONFIG (3 cp.async stages of 64-key K and V tiles) while its resident programs,
+    DEEP_PROGRAMS_PER_SM per SM, hold them all; beyond, SHALLOW_CONFIG (2 stages, the same key
+    block, so the split count is the same), of which more programs share an SM, so that a
+    second, partial wave of deep-pipeline programs does not follow the first. Measured by
+    tools/experiments/exp_decode_tiles.py (reports/h200/decisions/decode_tiles.csv): faster at
+    batch 64 with 8 kv heads (512 programs), the same from 1024 programs on, slower where one
+    wave of GPU_CONFIG holds every program."""
+    return SHALLOW_CONFIG if programs > DEEP_PROGRAMS_PER_SM * num_sms else GPU_CONFIG
 
 
 def _num_sms(device: torch.device) -> int:
@@ -236,16 +252,18 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     if out.numel() == 0:
         return out, lse
     interpreted = q.device.type != "cuda"
-    # one tile for both layouts: 128 keys over 8 warps read a paged cache faster at batch 1 x 64k
-    # (reports/h200/decode/tuning.csv, one run) but slower from batch 8 on (a suite run with that
-    # tile against the suite run before it: across runs)
-    paged = block_table is not None
-    block_n, num_warps, num_stages = (INTERPRETER_CONFIG if interpreted else TILE_OVERRIDE or GPU_CONFIG)
+    # the same tiles for both layouts: 128 keys over 8 warps read a paged cache faster at batch
+    # 1 x 64k (reports/h200/decode/tuning.csv, one run) but slower from batch 8 on (a suite run
+    # with that tile against the suite run before it: across runs)
+    block_n, num_warps, num_stages = INTERPRETER_CONFIG if interpreted else TILE_OVERRIDE or GPU_CONFIG
     block_m = max(16, min(64, triton.next_power_of_2(seqlen_q * group)))
     m_blocks = triton.cdiv(seqlen_q * group, block_m)
+    num_sms = _num_sms(q.device)
     if num_splits == 0:
-        num_splits = choose_num_splits(batch, kv_heads, m_blocks, capacity, block_n, _num_sms(q.device))
+        num_splits = choose_num_splits(batch, kv_heads, m_blocks, capacity, block_n, num_sms)
     num_splits = min(num_splits, MAX_SPLITS)
+    if not interpreted and TILE_OVERRIDE is None:
+        block_n, num_warps, num_stages = choose_tile(num_splits * batch * kv_heads * m_blocks, num_sms)
     if num_splits > 1:
         o_dst = torch.empty((num_splits, batch, seqlen_q, heads, headdim), device=q.device, dtype=torch.float32)
         l_dst = torch.empty((num_splits, batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
@@ -258,6 +276,7 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     slopes = alibi_slopes
     slope_batch_stride = 0 if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes.stride(0)
     dummy = seqlens_k  # stands for absent optional tensors (never read)
+    paged = block_table is not None
     _split_launcher[(num_splits, batch * kv_heads, m_blocks)](
         q, k_cache, v_cache, o_dst, l_dst, seqlens_k,
         dummy if cache_batch_idx is None else cache_batch_idx, block_table if paged else dummy,

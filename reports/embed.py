@@ -213,6 +213,40 @@ def decode_splits_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+H200_SMS = 132  # NVIDIA H200 SXM (the machine of reports/h200/): streaming multiprocessors
+_SHAPE_COLUMN = re.compile(r"^(?P<batch>\d+) x (?P<kib>\d+)k, (?P<kv>\d+) kv$")
+
+
+def decode_tiles_table(path: Path, num_sms: int = H200_SMS) -> str:
+    """tools/experiments/exp_decode_tiles.py's rows (microseconds, one process): per shape, the
+    programs the launch has (kernels.decode's split heuristic on num_sms SMs), our kernel at the
+    3-stage and the 2-stage tile for both layouts, the tile kernels.decode.choose_tile takes, and
+    the paged / contiguous time under that choice."""
+    from kernels import decode
+
+    rows = pd.read_csv(path, keep_default_na=False)
+    wide = rows.pivot(index="column", columns="row", values="value").reindex(list(dict.fromkeys(rows["column"])))
+    deep, shallow = str(decode.GPU_CONFIG), str(decode.SHALLOW_CONFIG)
+    lines = [("| batch x cache, kv heads | programs | contiguous, 3 stages us | contiguous, 2 stages us "
+             "| 2 / 3 stages, speed | paged, 3 stages us | paged, 2 stages us | choose_tile | "
+             "paged / contiguous time, that tile |"), "|---|---|---|---|---|---|---|---|---|"]
+    for column, r in wide.iterrows():
+        m = _SHAPE_COLUMN.match(column)
+        batch, cache_len, kv = int(m["batch"]), int(m["kib"]) * 1024, int(m["kv"])
+        splits = decode.choose_num_splits(batch, kv, 1, cache_len, decode.GPU_CONFIG[0], num_sms)
+        programs = splits * batch * kv
+        chosen = str(decode.choose_tile(programs, num_sms))
+        cd, cs, pd_, ps = (r[f"{layout} {tile}"] for layout in ("contiguous", "paged") for tile in (deep, shallow))
+        stages = "3" if chosen == deep else "2"
+        paged_over = r[f"paged {chosen}"] / r[f"contiguous {chosen}"]
+        lines.append(f"| {column} | {programs} | {cd:.1f} | {cs:.1f} | {cd / cs:.2f}x | {pd_:.1f} | {ps:.1f} | "
+                     f"{stages} stages | {paged_over:.2f}x |")
+    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
+    lines += ["", (f"{rows['tool'].iloc[0]}, at {', '.join(commits)}; programs on the H200's {num_sms} SMs; "
+              f"rows (the 32-key tiles too): `{path.relative_to(H200.parents[1])}`.")]
+    return "\n".join(lines)
+
+
 LADDER_PROBE = Path(__file__).resolve().parents[1] / "ablations" / "probe"
 CODE_FACTS = {"provider": "rung", "config": "tile", "mma": "mma, warps", "regs": "regs", "spills": "spills",
               "shared_bytes": "smem B", "sass_HMMA": "HMMA", "sass_HGMMA": "HGMMA", "sass_MUFU.EX2": "MUFU.EX2",
@@ -418,6 +452,7 @@ SECTIONS = {
     "peers_fp16": lambda: peers_table(load_results(PAPER_PEERS_FP16_DIR), PAPER_PEERS_FP16_DIR),
     "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
+    "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
     "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Notes",
                                          start_at="## The bar"),
     "decode_targets": lambda: file_section(H200 / "decode" / "report.md", stop_at="## 8 kv heads",

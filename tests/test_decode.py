@@ -302,6 +302,16 @@ def test_heuristic_fills_the_gpu_at_batch_one():
     assert choose_num_splits(1, 1, 1, 1 << 20, 64, 132) == decode.MAX_SPLITS
 
 
+def test_tile_turns_shallow_beyond_one_wave_of_the_deep_pipeline():
+    # H200: 132 SMs, three 3-stage programs per SM (396); batch 32 x 8 kv heads is 256 programs,
+    # batch 64 x 8 kv heads 512 (no split: one program per SM already)
+    assert decode.choose_tile(256, 132) == decode.GPU_CONFIG
+    assert decode.choose_tile(decode.DEEP_PROGRAMS_PER_SM * 132, 132) == decode.GPU_CONFIG
+    assert decode.choose_tile(512, 132) == decode.SHALLOW_CONFIG
+    assert decode.SHALLOW_CONFIG[0] == decode.GPU_CONFIG[0]  # the same key block: the same split count
+    assert decode.SHALLOW_CONFIG[2] < decode.GPU_CONFIG[2]
+
+
 def test_gqa_packs_each_kv_heads_queries_into_one_tile(device, monkeypatch):
     """Grid (splits, batch x kv heads, query tiles): 8 q heads per kv head and one token fill one
     16-row tile (8 rows padded to the tile's minimum), so each program reads its kv head's keys
