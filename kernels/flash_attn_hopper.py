@@ -132,8 +132,7 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
         scale = qk_scale  # folded into the exponent's FMA, as the dense step does
     if ALIBI:
         if CAUSAL:  # _scores_log2's split bias: the column term only
-            # slope * (j - r) as one fused multiply-add per key: slope * offset + slope * (block start - r)
-            s = s + gl.fma(offs_n_f, alibi_log2, alibi_log2 * (block * BLOCK_N - ref).to(gl.float32))[None, :]
+            s = s + alibi_log2 * (offs_n_f + (block * BLOCK_N - ref).to(gl.float32))[None, :]
         else:
             s = s - alibi_log2 * gl.abs(offs_m[:, None] - cols[None, :]).to(gl.float32)
     if WINDOW:
