@@ -85,6 +85,7 @@ def main() -> None:
                        "--metrics", ",".join(METRICS), "--csv", "--page", "raw", "--print-units", "base",
                        sys.executable, str(Path(__file__).resolve()), "--child", variant]
             done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
+            (args.out / f"ncu {variant}.txt".replace(" ", "_")).write_text(" ".join(command) + "\n" + done.stdout)
             kernels = parse_ncu_csv(done.stdout)
             if done.returncode != 0 or kernels.empty:
                 reason = " ".join((done.stderr or done.stdout).split())[-300:]
@@ -93,8 +94,10 @@ def main() -> None:
                 f.flush()
                 print(f"{variant}: error: {reason}", flush=True)
                 continue
+            problems = kernels.attrs.get("problems", {})
             for metric in METRICS:
                 value, problem = metric_value(kernels.iloc[0].get(metric, float("nan")))
+                problem = problem or problems.get(metric)
                 writer.writerow({"variant": variant, "metric": metric, "value": value,
                                  "status": "ok" if not problem else "problem", "reason": problem or "",
                                  "tool": TOOL, "git_commit": commit})
