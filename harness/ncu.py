@@ -246,7 +246,8 @@ BINARY_PREFIX = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
 COUNTED_UNITS = ("byte", "inst", "cycle", "warp", "block", "thread", "request", "sector", "wavefront",
                  "register", "SM", "transaction")
 BYTE_SYMBOLS = {"B": "byte"}  # 'KiB' = Ki + B
-TIME_IN_NS = {"psecond": 1e-3, "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9}
+TIME_IN_NS = {"psecond": 1e-3, "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9,
+              "ps": 1e-3, "ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}  # Nsight Compute 2025 prints "ns"
 PLAIN_UNITS = ("", "%", "none", "inst", "cycle", "byte", "warp", "block", "thread", "register", "SM", "Hz",
                "nsecond", "request", "sector", "wavefront", "transaction")
 NOT_AVAILABLE = ("", "n/a", "na", "-")

@@ -116,9 +116,10 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
     blocks from full_hi (the diagonal one). A row may see no key of a block at a window's edge:
     its max stays -inf until a block where it sees one, so the exponent's reference is 0 while it
     is -inf (P~ = 0, no NaN). Per element this costs the dense step's work plus, with ALiBi, one
-    add (the column term comes from `offs_n_f`, the block's key offsets converted to float once,
-    as an int-to-float conversion runs at the special-function units' rate) and, with a softcap,
-    its tanh."""
+    add and the column term's share (from `offs_n_f`, the block's key offsets as floats, which
+    the compiler recomputes per block: a thread holds 32 keys of 2 rows, so each operation per
+    key costs about half a one per element; docs/performance.md has the counters) and, with a
+    softcap, its tanh."""
     cols = block * BLOCK_N + offs_n
     if SOFTCAP:
         softcap_log2, alibi_log2, ref = mods

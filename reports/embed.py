@@ -247,6 +247,40 @@ def decode_tiles_table(path: Path, num_sms: int = H200_SMS) -> str:
     return "\n".join(lines)
 
 
+FEATURE_COUNTERS = {"gpu__time_duration.sum": ("kernel time, us", 1e-3, "{:,.0f}"),
+                    "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active":
+                        ("tensor pipe active, %", 1, "{:.1f}"),
+                    "sm__issue_active.avg.pct_of_peak_sustained_active": ("issue active, %", 1, "{:.1f}"),
+                    "smsp__inst_executed.sum": ("warp instructions, M", 1e-6, "{:,.1f}"),
+                    "sm__inst_executed_pipe_fma.sum": ("FMA-pipe instructions, M", 1e-6, "{:,.1f}"),
+                    "sm__inst_executed_pipe_alu.sum": ("ALU-pipe instructions, M", 1e-6, "{:,.1f}"),
+                    "sm__inst_executed_pipe_xu.sum": ("XU-pipe (exp2) instructions, M", 1e-6, "{:,.1f}"),
+                    "smsp__warp_issue_stalled_barrier_per_warp_active.pct": ("stalled at a barrier, %", 1, "{:.1f}")}
+FEATURE_COUNTER_RATIOS = (("ALiBi / dense", "alibi 2 x 8k", "dense 2 x 8k"),
+                          ("window / full causal", "window 4096 1 x 32k", "full causal 1 x 32k"))
+
+
+def feature_counters_table(path: Path) -> str:
+    """tools/experiments/exp_feature_counters.py's rows: one line per counter, one column per
+    variant, then the ratio of each feature to its dense call."""
+    rows = pd.read_csv(path, keep_default_na=False)
+    rows = rows[rows["status"] == "ok"]
+    wide = rows.pivot(index="metric", columns="variant", values="value").astype(float)
+    variants = list(dict.fromkeys(rows["variant"]))
+    lines = ["| counter | " + " | ".join(variants) + " | " + " | ".join(r[0] for r in FEATURE_COUNTER_RATIOS) + " |",
+             "|---|" + "---|" * (len(variants) + len(FEATURE_COUNTER_RATIOS))]
+    for metric, (label, scale, fmt) in FEATURE_COUNTERS.items():
+        if metric not in wide.index:
+            continue
+        cells = [fmt.format(wide.loc[metric, v] * scale) for v in variants]
+        ratios = [f"{wide.loc[metric, a] / wide.loc[metric, b]:.2f}x" for _, a, b in FEATURE_COUNTER_RATIOS]
+        lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
+    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
+    lines += ["", (f"{rows['tool'].iloc[0]}, at {', '.join(commits)}; rows and each variant's ncu output: "
+              f"`{path.parent.relative_to(H200.parents[1])}/`.")]
+    return "\n".join(lines)
+
+
 LADDER_PROBE = Path(__file__).resolve().parents[1] / "ablations" / "probe"
 CODE_FACTS = {"provider": "rung", "config": "tile", "mma": "mma, warps", "regs": "regs", "spills": "spills",
               "shared_bytes": "smem B", "sass_HMMA": "HMMA", "sass_HGMMA": "HGMMA", "sass_MUFU.EX2": "MUFU.EX2",
@@ -453,6 +487,7 @@ SECTIONS = {
     "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
     "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
+    "feature_counters": lambda: feature_counters_table(DECISIONS / "feature_counters" / "feature_counters.csv"),
     "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Notes",
                                          start_at="## The bar"),
     "decode_targets": lambda: file_section(H200 / "decode" / "report.md", stop_at="## 8 kv heads",

@@ -124,6 +124,15 @@ def test_parse_converts_every_scaled_unit_and_refuses_unknown_ones():
     assert math.isnan(kernel[ncu.FFMA]) and "unknown unit 'furlong'" in frame.attrs["problems"][ncu.FFMA]
 
 
+@pytest.mark.parametrize(("unit", "nanoseconds"), [("nsecond", 2.5), ("ns", 2.5), ("usecond", 2500.0),
+                                                  ("us", 2500.0), ("ms", 2.5e6)])
+def test_parse_durations_in_long_and_short_unit_names(unit, nanoseconds):
+    # Nsight Compute 2025.3 prints the short names ('ns') where earlier versions printed 'nsecond'
+    frame = parse_ncu_csv(_raw({ncu.GRID: ("", "128"), ncu.DURATION: (unit, "2.5")}))
+    assert frame.iloc[0][ncu.DURATION] == pytest.approx(nanoseconds)
+    assert frame.attrs["units"][ncu.DURATION] == "nsecond" and ncu.DURATION not in frame.attrs["problems"]
+
+
 def test_parse_a_short_units_row_uses_no_value_rather_than_shifted_ones():
     text = _raw({ncu.GRID: ("", "128"), ncu.DURATION: ("usecond", "2.5")}, units_row=["", "", "usecond"])
     frame = parse_ncu_csv(text)
