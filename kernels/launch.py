@@ -132,63 +132,14 @@ class DirectLaunch:
 
 def _c_launch(compiled: CompiledKernel):
     """(C launch function, CUfunction, cooperative, PDL, packed metadata) of a compiled kernel that
-    needs no scratch buffers, or None (then its own runner launches it). A kernel that takes
-    host-made tensor descriptors gets `_tensor_map_launch`'s launch function."""
+    needs no scratch buffers, or None (then its own runner launches it)."""
     run = getattr(compiled, "run", None)  # loads the module on first use
     fields = ("launch", "launch_cooperative_grid", "launch_pdl", "global_scratch_size", "profile_scratch_size")
     if not all(hasattr(run, field) for field in fields) or not hasattr(compiled, "packed_metadata"):
         return None
     if run.global_scratch_size or run.profile_scratch_size:
         return None
-    launch = _tensor_map_launch(run.launch) if CACHE_TENSOR_MAPS else run.launch
-    return launch, compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata
-
-
-# Triton's launcher encodes every host-made tensor descriptor into a CUtensorMap at every launch
-# (make_tensordesc_arg: Python, then the driver's cuTensorMapEncodeTiled). The encoding depends only
-# on the base address, the shape, strides, padding and the kernel's block and swizzle, so the same
-# tensors (a training loop's allocator hands the same blocks back) can reuse it.
-CACHE_TENSOR_MAPS = True
-MAX_TENSOR_MAPS = 4096  # encodings kept per kernel; emptied when full
-
-
-def _tensor_map_launch(launch):
-    """`launch` (Triton 3.6's wrap_handle_tensordesc closure around the C launcher) with each
-    descriptor argument's expansion ([CUtensorMap, shape..., strides...]) kept under (position,
-    base address, shape, strides, padding) instead of encoded again; `launch` itself where it is
-    not that closure (another Triton, or a kernel without descriptors)."""
-    from triton.backends.nvidia import driver
-
-    code, closure = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
-    if code is None or closure is None or not hasattr(driver, "make_tensordesc_arg"):
-        return launch
-    cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in closure), strict=True))
-    if set(cells) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
-        return launch
-    c_launch, indices, metas = cells["launcher"], sorted(cells["tensordesc_indices"]), cells["tensordesc_meta"]
-    if len(indices) != len(metas) or any(meta is None for meta in metas):
-        return launch
-    meta_at = dict(zip(indices, metas, strict=True))  # Triton's order: the descriptors by position
-    base = driver._BASE_ARGS_FORMAT_LEN
-    make, encoded = driver.make_tensordesc_arg, {}
-
-    def launch_with_cached_maps(*args):
-        final = list(args[:base])
-        for position, arg in enumerate(args[base:]):
-            meta = meta_at.get(position)
-            if meta is None:
-                final.append(arg)
-                continue
-            key = (position, arg.base.data_ptr(), tuple(arg.shape), tuple(arg.strides), arg.padding)
-            expanded = encoded.get(key)
-            if expanded is None:
-                if len(encoded) >= MAX_TENSOR_MAPS:
-                    encoded.clear()
-                expanded = encoded[key] = make(arg, meta)
-            final.extend(expanded)
-        return c_launch(*final)
-
-    return launch_with_cached_maps
+    return run.launch, compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata
 
 
 def descriptor_like(template, base: torch.Tensor):

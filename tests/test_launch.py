@@ -112,46 +112,6 @@ def test_descriptor_like_swaps_only_the_base():
         template.shape, template.strides, template.block_shape, template.padding)
 
 
-def test_tensor_maps_are_encoded_once_per_base_and_geometry(monkeypatch):
-    """launch._tensor_map_launch around Triton's own descriptor wrapper (driver.wrap_handle_tensordesc,
-    the C launcher recorded): the C launcher gets exactly what Triton's wrapper gives it, and a
-    descriptor of the same base, shape and strides reuses its encoding."""
-    from triton.backends.nvidia import driver
-
-    from kernels import launch
-
-    encodings = []
-
-    def encode(arg, meta):  # stands for make_tensordesc_arg's cuTensorMapEncodeTiled
-        encodings.append((arg.base.data_ptr(), tuple(arg.shape), meta["swizzle"]))
-        return [("map", arg.base.data_ptr(), meta["swizzle"]), *arg.shape, *arg.strides]
-
-    monkeypatch.setattr(driver, "make_tensordesc_arg", encode)
-    launched = []
-    signature = {0: "tensordesc<bf16[16,32]>", 1: "i32", 2: "tensordesc<bf16[16,32]>"}
-    metas = [{"swizzle": 1}, {"swizzle": 2}]
-    triton_launch = driver.wrap_handle_tensordesc(lambda *args: launched.append(args), signature, metas)
-    cached = launch._tensor_map_launch(triton_launch)
-    assert cached is not triton_launch
-    head = tuple(range(driver._BASE_ARGS_FORMAT_LEN))
-    a, b = torch.randn(64, 32), torch.randn(64, 32)
-    desc_a, desc_b = TensorDescriptor(a, [64, 32], [32, 1], [16, 32]), TensorDescriptor(b, [64, 32], [32, 1], [16, 32])
-    triton_launch(*head, desc_a, 7, desc_b)
-    expected, encodings[:] = launched.pop(), []
-    cached(*head, desc_a, 7, desc_b)
-    assert launched.pop() == expected and len(encodings) == 2
-    cached(*head, descriptor_like(desc_a, a), 8, desc_b)  # the same bases again: nothing encoded
-    assert len(encodings) == 2
-    triton_launch(*head, desc_a, 8, desc_b)
-    assert launched.pop() == launched.pop()
-    cached(*head, desc_b, 7, desc_b)  # another base at position 0: encoded with position 0's swizzle
-    assert encodings[-1] == (b.data_ptr(), (64, 32), 1)
-    assert launched.pop()[len(head)] == ("map", b.data_ptr(), 1)
-    # a wrapper it does not recognise is returned as it is
-    plain = lambda *args: None
-    assert launch._tensor_map_launch(plain) is plain
-
-
 def test_a_grid_function_goes_through_the_jit(launcher):
     for _ in range(2):
         launcher[lambda meta: (4,)](torch.randn(4), 4, 0.5, BLOCK=16, EVEN=True)
