@@ -185,7 +185,7 @@ def _our_config(name: str, batch: int, cache_len: int, kv_heads: int, device) ->
         else decode.INTERPRETER_SMS
     splits = 1 if name == "ours-nosplit" else decode.choose_num_splits(batch, kv_heads, 1, cache_len, block_n, sms)
     if device.type == "cuda":
-        block_n, num_warps, num_stages = decode.choose_tile(splits * batch * kv_heads, sms)
+        block_n, num_warps, num_stages = decode.choose_tile(splits * batch * kv_heads, sms, HDIM)
     return json.dumps({"block_n": block_n, "num_warps": num_warps, "num_stages": num_stages, "num_splits": splits})
 
 

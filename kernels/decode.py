@@ -82,16 +82,20 @@ def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, 
     return max(1, min(wanted, most, MAX_SPLITS))
 
 
-def choose_tile(programs: int, num_sms: int) -> tuple[int, int, int]:
-    """The split kernel's (block_n, num_warps, num_stages) for a launch of `programs` programs:
-    GPU_CONFIG (3 cp.async stages of 64-key K and V tiles) while its resident programs,
-    DEEP_PROGRAMS_PER_SM per SM, hold them all; beyond, SHALLOW_CONFIG (2 stages, the same key
-    block, so the split count is the same), of which more programs share an SM, so that a
-    second, partial wave of deep-pipeline programs does not follow the first. Measured by
-    tools/experiments/exp_decode_tiles.py (reports/h200/decisions/decode_tiles.csv): faster at
-    batch 64 with 8 kv heads (512 programs), the same from 1024 programs on, slower where one
-    wave of GPU_CONFIG holds every program."""
-    return SHALLOW_CONFIG if programs > DEEP_PROGRAMS_PER_SM * num_sms else GPU_CONFIG
+def choose_tile(programs: int, num_sms: int, block_d: int = 128) -> tuple[int, int, int]:
+    """The split kernel's (block_n, num_warps, num_stages) for a launch of `programs` programs
+    whose tiles hold `block_d` head-dim columns: GPU_CONFIG (3 cp.async stages of 64-key K and V
+    tiles) while its resident programs, DEEP_PROGRAMS_PER_SM per SM, hold them all; beyond,
+    SHALLOW_CONFIG (2 stages, the same key block, so the split count is the same), of which more
+    programs share an SM, so that a second, partial wave of deep-pipeline programs does not
+    follow the first. Measured by tools/experiments/exp_decode_tiles.py
+    (reports/h200/decisions/decode_tiles.csv) at head dim 128: faster at batch 64 with 8 kv
+    heads (512 programs), the same from 1024 programs on, slower where one wave of GPU_CONFIG
+    holds every program. Other tile widths, where residency differs and nothing was measured,
+    keep GPU_CONFIG."""
+    if block_d == 128 and programs > DEEP_PROGRAMS_PER_SM * num_sms:
+        return SHALLOW_CONFIG
+    return GPU_CONFIG
 
 
 def _num_sms(device: torch.device) -> int:
@@ -263,7 +267,8 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         num_splits = choose_num_splits(batch, kv_heads, m_blocks, capacity, block_n, num_sms)
     num_splits = min(num_splits, MAX_SPLITS)
     if not interpreted and TILE_OVERRIDE is None:
-        block_n, num_warps, num_stages = choose_tile(num_splits * batch * kv_heads * m_blocks, num_sms)
+        block_n, num_warps, num_stages = choose_tile(num_splits * batch * kv_heads * m_blocks, num_sms,
+                                                     triton.next_power_of_2(headdim))
     if num_splits > 1:
         o_dst = torch.empty((num_splits, batch, seqlen_q, heads, headdim), device=q.device, dtype=torch.float32)
         l_dst = torch.empty((num_splits, batch, heads, seqlen_q), device=q.device, dtype=torch.float32)

@@ -310,6 +310,7 @@ def test_tile_turns_shallow_beyond_one_wave_of_the_deep_pipeline():
     assert decode.choose_tile(512, 132) == decode.SHALLOW_CONFIG
     assert decode.SHALLOW_CONFIG[0] == decode.GPU_CONFIG[0]  # the same key block: the same split count
     assert decode.SHALLOW_CONFIG[2] < decode.GPU_CONFIG[2]
+    assert decode.choose_tile(512, 132, block_d=64) == decode.GPU_CONFIG  # measured at head dim 128 only
 
 
 def test_gqa_packs_each_kv_heads_queries_into_one_tile(device, monkeypatch):
