@@ -448,6 +448,20 @@ def test_gpu_decode_matches_reference(dtype, kv_heads, page_size, num_splits):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_gpu_decode_beyond_one_wave_takes_the_shallow_tile(dtype, page_size):
+    # batch 64 x 8 kv heads: 512 programs, beyond one wave of the 3-stage tile on an H100/H200
+    sms = torch.cuda.get_device_properties("cuda").multi_processor_count
+    programs = 64 * 8 * decode.choose_num_splits(64, 8, 1, 1024, decode.GPU_CONFIG[0], sms)
+    if decode.choose_tile(programs, sms) != decode.SHALLOW_CONFIG:
+        pytest.skip(f"{programs} programs fit one wave of the 3-stage tile on this GPU's {sms} SMs")
+    generator = torch.Generator().manual_seed(3)
+    seqlens = [1024, 0, 1, *torch.randint(0, 1025, (61,), generator=generator).tolist()]
+    check_decode(64, 1, 32, 8, 128, 1024, seqlens, dtype, "cuda", page_size=page_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
 def test_gpu_several_tokens_causal_window_softcap_alibi(dtype):
     slopes = torch.rand(32, device="cuda", dtype=torch.float32) * 0.1
     check_decode(4, 4, 32, 8, 128, 2048, [2048, 3, 700, 1500], dtype, "cuda", page_size=64, causal=True,
