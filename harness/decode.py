@@ -194,6 +194,18 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def measure_each(shapes, device, measure: Callable) -> None:
+    """measure(batch, cache_len, kv_heads, inputs) for each (batch, cache_len, kv_heads) of
+    `shapes` (the experiments' loop), each configuration's Inputs (timing_copies copies) made
+    just before and freed before the next one is made."""
+    for batch, cache_len, kv_heads in shapes:
+        inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
+        measure(batch, cache_len, kv_heads, inputs)
+        del inputs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def _time_call(call: Callable, inputs: Inputs, device) -> tuple[object, str]:
     """Timing of call(inputs, copy), copies cycling, by CUDA-graph replay or else do_bench."""
     counter = itertools.count()

@@ -44,7 +44,7 @@ def extract_kernel_vs_fa2(results_csv: Path, out_csv: Path | None = None) -> pd.
 
 
 def _ratio(ours: float, peer: float) -> str:
-    return "n/a" if pd.isna(peer) or peer == 0 else f"{ours / peer:.2f}x"
+    return "n/a" if pd.isna(ours) or pd.isna(peer) or peer == 0 else f"{ours / peer:.2f}x"
 
 
 def _speedup_grid(rows: pd.DataFrame, peers: tuple[str, ...]) -> tuple[pd.DataFrame, list[str]]:
@@ -225,8 +225,14 @@ def decode_tiles_table(path: Path, num_sms: int = H200_SMS) -> str:
     from kernels import decode
 
     rows = pd.read_csv(path, keep_default_na=False)
+    rows["value"] = pd.to_numeric(rows["value"], errors="coerce")  # a tile that failed: NaN, its reason in `tool`
+    failed = rows[rows["tool"].str.contains("; failed: ", regex=False)]
+    tool = rows.loc[~rows.index.isin(failed.index), "tool"].iloc[0]
     wide = rows.pivot(index="column", columns="row", values="value").reindex(list(dict.fromkeys(rows["column"])))
     deep, shallow = str(decode.GPU_CONFIG), str(decode.SHALLOW_CONFIG)
+
+    def us(value: float) -> str:
+        return "n/a" if pd.isna(value) else f"{value:.1f}"
     lines = [("| batch x cache, kv heads | programs | contiguous, 3 stages us | contiguous, 2 stages us "
              "| 2 / 3 stages, speed | paged, 3 stages us | paged, 2 stages us | choose_tile | "
              "paged / contiguous time, that tile |"), "|---|---|---|---|---|---|---|---|---|"]
@@ -236,14 +242,17 @@ def decode_tiles_table(path: Path, num_sms: int = H200_SMS) -> str:
         splits = decode.choose_num_splits(batch, kv, 1, cache_len, decode.GPU_CONFIG[0], num_sms)
         programs = splits * batch * kv
         chosen = str(decode.choose_tile(programs, num_sms))
-        cd, cs, pd_, ps = (r[f"{layout} {tile}"] for layout in ("contiguous", "paged") for tile in (deep, shallow))
+        cd, cs, pd_, ps = (r.get(f"{layout} {tile}", float("nan"))
+                           for layout in ("contiguous", "paged") for tile in (deep, shallow))
         stages = "3" if chosen == deep else "2"
-        paged_over = r[f"paged {chosen}"] / r[f"contiguous {chosen}"]
-        lines.append(f"| {column} | {programs} | {cd:.1f} | {cs:.1f} | {cd / cs:.2f}x | {pd_:.1f} | {ps:.1f} | "
-                     f"{stages} stages | {paged_over:.2f}x |")
+        paged_over = r.get(f"paged {chosen}", float("nan")) / r.get(f"contiguous {chosen}", float("nan"))
+        lines.append(f"| {column} | {programs} | {us(cd)} | {us(cs)} | {_ratio(cd, cs)} | {us(pd_)} | {us(ps)} | "
+                     f"{stages} stages | {'n/a' if pd.isna(paged_over) else f'{paged_over:.2f}x'} |")
     commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    lines += ["", (f"{rows['tool'].iloc[0]}, at {', '.join(commits)}; programs on the H200's {num_sms} SMs; "
+    lines += ["", (f"{tool}, at {', '.join(commits)}; programs on the H200's {num_sms} SMs; "
               f"rows (the 32-key tiles too): `{path.relative_to(H200.parents[1])}`.")]
+    lines += [f"- not measured: {r['row']} at {r['column']}: {r['tool'].split('; failed: ', 1)[1]}"
+              for _, r in failed.iterrows()]
     return "\n".join(lines)
 
 
@@ -264,6 +273,7 @@ def feature_counters_table(path: Path) -> str:
     """tools/experiments/exp_feature_counters.py's rows: one line per counter, one column per
     variant, then the ratio of each feature to its dense call."""
     rows = pd.read_csv(path, keep_default_na=False)
+    missing = rows[rows["status"] != "ok"]
     rows = rows[rows["status"] == "ok"]
     wide = rows.pivot(index="metric", columns="variant", values="value").astype(float)
     variants = list(dict.fromkeys(rows["variant"]))
@@ -278,6 +288,8 @@ def feature_counters_table(path: Path) -> str:
     commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
     lines += ["", (f"{rows['tool'].iloc[0]}, at {', '.join(commits)}; rows and each variant's ncu output: "
               f"`{path.parent.relative_to(H200.parents[1])}/`.")]
+    lines += [f"- not measured: {r['variant']}{', ' + r['metric'] if r['metric'] else ''}: {r['status']}: "
+              f"{r['reason']}" for _, r in missing.iterrows()]
     return "\n".join(lines)
 
 

@@ -551,6 +551,22 @@ def test_gpu_bad_block_table_entries_are_refused():
 
 # ---- the decode suite's grid and report (harness/decode.py), from made-up rows ----
 
+def test_experiments_measure_each_configuration_on_its_own_inputs():
+    import weakref
+
+    from harness import decode as suite
+
+    seen, alive = [], []
+
+    def measure(batch, cache_len, kv_heads, inputs):
+        alive.extend(ref for ref in seen if ref() is not None)  # an earlier configuration still held
+        seen.append(weakref.ref(inputs))
+        assert inputs.q.shape[0] == batch and inputs.contiguous[0][0].shape[1:3] == (cache_len, kv_heads)
+
+    suite.measure_each([(1, 32, 8), (2, 16, 4)], torch.device("cpu"), measure)
+    assert len(seen) == 2 and alive == [] and all(ref() is None for ref in seen)
+
+
 def test_suite_grid_puts_the_anchors_first_and_bounds_memory():
     from harness import decode as suite
 

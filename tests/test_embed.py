@@ -115,6 +115,43 @@ def test_decision_writer_rows_render_and_survive_before_close(tmp_path):
     assert len(pd.read_csv(path)) == 1
 
 
+def test_a_failed_tile_is_a_cell_not_measured_with_its_reason(tmp_path, monkeypatch):
+    """decode_tiles_table: a tile the experiment could not run (a NaN row, its reason in `tool`)
+    shows n/a and is listed under the table; the other cells still render."""
+    from reports.decisions import DecisionWriter
+
+    (tmp_path / "decisions").mkdir()
+    path = tmp_path / "decisions" / "decode_tiles.csv"
+    tool = "tools/experiments/exp_decode_tiles.py, bf16"
+    with DecisionWriter(path, tool, commit="abc1234") as writer:
+        for row, value in (("contiguous (64, 4, 3)", 10.0), ("contiguous (64, 4, 2)", 12.0),
+                           ("paged (64, 4, 3)", 11.0)):
+            writer.write(row, "1 x 1k, 8 kv", "us", value)
+        writer.write("paged (64, 4, 2)", "1 x 1k, 8 kv", "us", float("nan"),
+                     tool=f"{tool}; failed: OutOfResources: shared memory")
+    monkeypatch.setattr(embed, "H200", tmp_path / "h200")  # the rows' path is named relative to its parent
+    lines = embed.decode_tiles_table(path, num_sms=132).splitlines()
+    assert lines[2] == "| 1 x 1k, 8 kv | 32 | 10.0 | 12.0 | 0.83x | 11.0 | n/a | 3 stages | 1.10x |"
+    assert lines[-1] == "- not measured: paged (64, 4, 2) at 1 x 1k, 8 kv: OutOfResources: shared memory"
+    assert lines[-2].startswith(f"{tool}, at abc1234;")
+
+
+def test_a_counter_ncu_did_not_give_is_listed_with_its_reason(tmp_path, monkeypatch):
+    (tmp_path / "feature_counters").mkdir()
+    path = tmp_path / "feature_counters" / "feature_counters.csv"
+    columns = ("variant", "metric", "value", "status", "reason", "tool", "git_commit")
+    rows = [(v, "sm__inst_executed_pipe_xu.sum", x, "ok", "", "tools/x.py", "abc1234")
+            for v, x in (("dense 2 x 8k", 2e6), ("alibi 2 x 8k", 2e6), ("full causal 1 x 32k", 8e6),
+                         ("window 4096 1 x 32k", 2e6))]
+    rows.append(("alibi 2 x 8k", "gpu__time_duration.sum", "nan", "problem", "unknown unit 'ns'", "tools/x.py",
+                 "abc1234"))
+    pd.DataFrame(rows, columns=columns).to_csv(path, index=False)
+    monkeypatch.setattr(embed, "H200", tmp_path / "h200")
+    lines = embed.feature_counters_table(path).splitlines()
+    assert lines[2] == "| XU-pipe (exp2) instructions, M | 2.0 | 2.0 | 8.0 | 2.0 | 1.00x | 0.25x |"
+    assert lines[-1] == "- not measured: alibi 2 x 8k, gpu__time_duration.sum: problem: unknown unit 'ns'"
+
+
 def test_decision_table_names_a_missing_ratio_row(tmp_path):
     with pytest.raises(ValueError, match="no row 'nowhere'"):
         embed.decision_table(_decision(tmp_path), (("speed-up", "nowhere", "fast kernel"),))

@@ -35,7 +35,7 @@ def main() -> None:
 
     from baselines.flops import gigabytes_per_second
     from baselines.providers.decode import DECODE_PROVIDERS
-    from harness.decode import Inputs, _ours, _registry, _time_call, kv_bytes, timing_copies
+    from harness.decode import _ours, _registry, _time_call, kv_bytes, measure_each
     from kernels import decode
     from reports.decisions import DecisionWriter
 
@@ -50,9 +50,8 @@ def main() -> None:
             writer.write(row, column, "GB/s", gbps)
             print(f"{column:28s} {row:40s} {gbps:8.0f} GB/s", flush=True)
 
-        for batch, cache_len, kv_heads in SHAPES:
+        def measure(batch, cache_len, kv_heads, inputs):
             nbytes = kv_bytes(batch, cache_len, kv_heads)
-            inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
             column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv"
             programs = batch * kv_heads
             most = max(1, triton.cdiv(cache_len, block_n) // decode.MIN_BLOCKS_PER_SPLIT)
@@ -69,8 +68,9 @@ def main() -> None:
             for name in ("sdpa-flash", "sdpa-cudnn"):
                 timing, _ = _time_call(_registry(DECODE_PROVIDERS[name]), inputs, device)
                 record(name, column, nbytes, timing)
-            del inputs
-            torch.cuda.empty_cache()
+
+        measure_each(SHAPES, device, measure)
+
 
 if __name__ == "__main__":
     main()

@@ -32,31 +32,32 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from harness.decode import Inputs, _ours, _time_call, timing_copies
+    from harness.decode import _ours, _time_call, measure_each
     from kernels import decode
     from reports.decisions import DecisionWriter
 
     device = torch.device("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     with DecisionWriter(args.out / "decode_tiles.csv", TOOL) as writer:
-        for batch, cache_len, kv_heads in SHAPES:
-            inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
+
+        def measure(batch, cache_len, kv_heads, inputs):
             column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv"
             for layout in ("contiguous", "paged"):
                 for tile in TILES:
                     decode.TILE_OVERRIDE = tile
                     try:
                         timing, _ = _time_call(_ours(0, layout == "paged"), inputs, device)
-                    except Exception as exc:  # noqa: BLE001 -- a tile that does not compile or fit: say so, go on
+                    except Exception as exc:  # noqa: BLE001 -- a tile that does not compile or fit: a row, go on
+                        writer.write(f"{layout} {tile}", column, "us", float("nan"),
+                                     tool=f"{TOOL}; failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
                         print(f"{column:20s} {layout} {tile}: {type(exc).__name__}: {exc}", flush=True)
                         continue
                     finally:
                         decode.TILE_OVERRIDE = None
                     writer.write(f"{layout} {tile}", column, "us", timing.ms * 1e3)
                     print(f"{column:20s} {layout:10s} {tile!s:14s} {timing.ms * 1e3:9.1f} us", flush=True)
-            del inputs
-            torch.cuda.empty_cache()
 
+        measure_each(SHAPES, device, measure)
 
 if __name__ == "__main__":
     main()

@@ -32,15 +32,15 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from harness.decode import Inputs, _ours, _time_call, timing_copies
+    from harness.decode import _ours, _time_call, measure_each
     from kernels import decode
     from reports.decisions import DecisionWriter
 
     device = torch.device("cuda")
     args.out.mkdir(parents=True, exist_ok=True)
     with DecisionWriter(args.out / "paged_prefetch.csv", TOOL) as writer:
-        for batch, cache_len, kv_heads in SHAPES:
-            inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
+
+        def measure(batch, cache_len, kv_heads, inputs):
             for num_splits in (0, 1):
                 column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv, splits {num_splits or 'auto'}"
                 for label, paged, prefetch in VARIANTS:
@@ -49,8 +49,8 @@ def main() -> None:
                     writer.write(label, column, "us", timing.ms * 1e3)
                     print(f"{column:34s} {label:36s} {timing.ms * 1e3:9.1f} us  ({how})", flush=True)
             decode.PAGED_PREFETCH = True
-            del inputs
-            torch.cuda.empty_cache()
+
+        measure_each(SHAPES, device, measure)
 
 if __name__ == "__main__":
     main()
