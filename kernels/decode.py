@@ -46,8 +46,8 @@ PROGRAMS_PER_SM = 2  # the split heuristic's target number of programs per SM
 MIN_BLOCKS_PER_SPLIT = 4  # a split reads at least this many key blocks of the cache's capacity
 INTERPRETER_SMS = 4  # the CPU interpreter has no SMs; the heuristic assumes this many
 GPU_CONFIG = (64, 4, 3)  # (block_n, num_warps, num_stages)
-# More programs than three per SM: a 2-deep pipeline, whose 38 KB of shared memory let five
-# programs share an SM, so that they all run at once (choose_tile)
+# More programs than three per SM: a 2-deep pipeline, whose shared memory (about half the
+# 3-deep one's) lets five programs share an SM, so that they all run at once (choose_tile)
 SHALLOW_CONFIG = (64, 4, 2)
 DEEP_PROGRAMS_PER_SM = 3  # GPU_CONFIG's programs resident on an H100/H200 SM at head dim 128
 TILE_OVERRIDE = None  # a (block_n, num_warps, num_stages) every GPU call takes instead (experiments)
