@@ -633,6 +633,11 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
 # Backward: the dK/dV kernel (FA2 Alg. 2 lines 5-18, line 15's dQ optionally) in FA3's layout
 # --------------------------------------------------------------------------------------
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
+# The dK/dV kernel's schedule (constexprs STATS and DQ_FIRST of _flash_bwd_dkdv_hopper_kernel):
+# L_i and D_i loaded with Q_i and dO_i into shared memory, and the fused dQ's matmul issued before
+# dK's; module-level so that an experiment can time the schedules against each other.
+BWD_STATS_IN_SHARED = True
+BWD_DQ_FIRST = True
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
@@ -709,10 +714,14 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
 
 @gluon.jit
 def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
-                    q_row0, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group):
+                    q_row0, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_desc, delta_desc, lse_smem,
+                    delta_smem, lse_row0, STATS: gl.constexpr):
     """FA2 Alg. 2 line 6 (K_j, V_j from row kv_row0 + start_n, as two 64-key halves, once) and line
     9's loads of Q_i and dO_i (rows from q_row0, _bwd_step_coords' steps), each query step into the
-    ring stage both consumers have released."""
+    ring stage both consumers have released. With STATS, L_i and D_i (rows lse_row0.. of their
+    (batch x heads, seqlen) views) travel with Q_i and dO_i, on the same mbarriers, as
+    FlashAttention-3's producer brings them: the consumers read them from shared memory instead of
+    waiting on global loads at every step."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -724,12 +733,21 @@ def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_
         tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
     for step in range(n_steps * kv_group):
         stage = step % STAGES
-        m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, 0, 0, kv_group, BLOCK_M, HEAD_DIM)
+        m, q_col, lse_row, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, 0, kv_group, BLOCK_M,
+                                                HEAD_DIM)
         # a fresh mbarrier counts as having completed the phase before its first
         mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
-        mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
+        if STATS:
+            mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(lse_desc, [lse_row, m], q_bar.index(stage), lse_smem.index(stage))
+        else:
+            mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row0 + m, q_col], q_bar.index(stage), q_smem.index(stage))
-        mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
+        if STATS:
+            mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(delta_desc, [lse_row, m], do_bar.index(stage), delta_smem.index(stage))
+        else:
+            mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(do_desc, [q_row0 + m, q_col], do_bar.index(stage), do_smem.index(stage))
 
 
@@ -746,12 +764,12 @@ def _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase,
 
 @gluon.jit
 def _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout: gl.constexpr):
-    """Line 12: dV_j += P^T dO_i; line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul; line
-    16: dK_j += dS^T Q_i (the softmax scale is applied once at the end). Returns the dV and dK
-    matmuls in flight, dS^T and its A operand."""
+    """Line 12: dV_j += P^T dO_i; line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul (delta:
+    D_i as a [1, BLOCK_M] row); line 16: dK_j += dS^T Q_i (the softmax scale is applied once at
+    the end). Returns the dV and dK matmuls in flight, dS^T and its A operand."""
     dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
     dp = warpgroup_mma_wait(1, deps=[dp_tok])
-    ds = (p * (dp - delta[None, :])).to(q_buf.dtype)
+    ds = (p * (dp - delta)).to(q_buf.dtype)
     ds_op = gl.convert_layout(ds, op_layout)
     dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
     return dv_tok, dk_tok, ds, ds_op
@@ -775,14 +793,28 @@ def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_i
     """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
     columns] = dS K_j[:, columns] over both halves' keys, scaled and added into the float32
     accumulator behind dq_desc (rows from q_row0) by one TMA reduce-add."""
+    dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
+    dq = warpgroup_mma_wait(0, deps=[dq_tok])
+    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
+
+
+@gluon.jit
+def _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF: gl.constexpr):
+    """Once both consumers' dS^T are in place, the matmul dS K_j[:, this consumer's columns] over
+    both halves' keys, in flight."""
     DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]
     mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
     dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
                            k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
                            use_acc=False, is_async=True)
-    dq_tok = warpgroup_mma(ds_smem.index(2 * parity + 1).permute((1, 0)),
-                           k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_tok, is_async=True)
-    dq = warpgroup_mma_wait(0, deps=[dq_tok])
+    return warpgroup_mma(ds_smem.index(2 * parity + 1).permute((1, 0)),
+                         k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_tok, is_async=True)
+
+
+@gluon.jit
+def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF: gl.constexpr):
+    """dQ_i's columns, scaled, added into the float32 accumulator by one TMA reduce-add."""
+    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]
     tma.store_wait(pendings=0)  # the previous step's reduce-add has read dq_buf
     dq_buf.store(dq * softmax_scale)
     fence_async_shared()
@@ -792,19 +824,20 @@ def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_i
 
 @gluon.jit
 def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
+                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
     """One warp: _bwd_load_tiles for the program's key block and the query steps that see it."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0, q_col0, n_steps,
-     kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left, window_right, full_lo,
-     full_hi) = args
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
+     col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+     window_right, full_lo, full_hi) = args
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
-                    row0, row0, start_n, first_m, col0, q_col0, n_steps, kv_group)
+                    row0, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem, delta_smem,
+                    lse_row0, STATS)
 
 
 @gluon.jit
 def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, HALF: gl.constexpr):
+                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
     block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
     shared-memory operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
@@ -814,13 +847,17 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     other (mbarrier ds_bar); each then computes columns [HALF * 64, HALF * 64 + 64) of
     dQ_i = dS K_j over all 128 keys and adds them into the float32 accumulator behind dq_desc with
     one TMA reduce-add (the sum's order varies between runs).
+    DQ_FIRST (FA3's order): the dQ matmul is issued before dK's, and dQ goes to shared memory and
+    its reduce-add while the dK matmul runs; else after dK and dV have finished.
+    STATS: L_i and D_i come from shared memory (the loader's, with Q_i and dO_i), else from global
+    memory at each step.
     WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
     transposed tile; the softcap's derivative 1 - tanh^2 scales dS), the window's query steps
     outside [full_lo, full_hi] masked."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0, q_col0, n_steps,
-     kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left, window_right, full_lo,
-     full_hi) = args
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
+     col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+     window_right, full_lo, full_hi) = args
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -856,8 +893,13 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         do_buf = do_smem.index(stage)
         # line 10: S^T = K_j Q_i^T (unscaled); line 13: dP^T = V_j dO_i^T; both in flight
         s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
-        lse = gl.load(LSE + lse_row.to(gl.int64) * seqlen + offs_m) * 1.4426950408889634  # natural log -> log2
-        delta = gl.load(Delta + lse_row.to(gl.int64) * seqlen + offs_m)
+        # L_i (natural log -> log2) and D_i as [1, BLOCK_M] rows of the transposed tiles
+        if STATS:  # landed with Q_i and dO_i (the score matmuls waited for both)
+            lse = lse_smem.index(stage).load(s_layout) * 1.4426950408889634
+            delta = delta_smem.index(stage).load(s_layout)
+        else:
+            lse = gl.load(LSE + lse_row.to(gl.int64) * seqlen + offs_m)[None, :] * 1.4426950408889634
+            delta = gl.load(Delta + lse_row.to(gl.int64) * seqlen + offs_m)[None, :]
         # line 11: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
         s = warpgroup_mma_wait(1, deps=[s_tok])
         if MODS:
@@ -867,10 +909,10 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
             s, t = _scores_log2(s, qk_scale, (softcap_log2, alibi_log2, start_n), offs_m[None, :], offs_n[:, None],
                                 CAUSAL, SOFTCAP, ALIBI)
             if ALIBI and CAUSAL:  # the query term of the split bias joins the logsumexp
-                lse = lse + alibi_log2 * (offs_m - start_n).to(gl.float32)
-            p = gl.exp2(s - lse[None, :])
+                lse = lse + (alibi_log2 * (offs_m - start_n).to(gl.float32))[None, :]
+            p = gl.exp2(s - lse)
         else:
-            p = gl.exp2(s * qk_scale - lse[None, :])
+            p = gl.exp2(s * qk_scale - lse)
         if WINDOW:
             if (m < full_lo) | (m > full_hi):  # query steps that do not see every key of the block
                 visible = ((offs_m[None, :] >= offs_n[:, None] - window_right)
@@ -882,15 +924,31 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         p_op = gl.convert_layout(p.to(dtype), op_layout)
         if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2 joins P^T now: t is not kept for dS
             p = p * (1.0 - t * t)
-        # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul; line 16: dK_j += dS^T Q_i
-        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
-        if FUSED_DQ:  # dS^T to the other consumer: line 15 needs both halves' keys
+        if FUSED_DQ and DQ_FIRST:
+            # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul, to the other consumer
+            dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
+            dp = warpgroup_mma_wait(1, deps=[dp_tok])
+            ds = (p * (dp - delta)).to(dtype)
             parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
-        mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
-        if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
-            _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                        softmax_scale, HALF)
+            ds_op = gl.convert_layout(ds, op_layout)
+            # line 15 (this consumer's columns of dQ_i), then line 16: dK_j += dS^T Q_i; dQ is
+            # written and reduce-added while the dK matmul runs
+            dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
+            dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
+            dq = warpgroup_mma_wait(1, deps=[dq_tok])  # dV's and dQ's matmuls have finished
+            _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+            mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
+        else:
+            # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul; line 16: dK_j += dS^T Q_i
+            dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
+            if FUSED_DQ:  # dS^T to the other consumer: line 15 needs both halves' keys
+                parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+            mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
+            if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
+                _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
+                            softmax_scale, HALF)
 
     if FUSED_DQ:  # the other consumer's last dQ matmul reads this half of K: wait for it
         mbarrier.arrive(done_bar, count=1)
@@ -920,7 +978,8 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   seqlen, softmax_scale, qk_scale, kv_group, window_left, window_right, softcap_log2,
                                   Alibi, stride_alibi_b, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                   FUSED_DQ: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
-                                  ALIBI: gl.constexpr = False):
+                                  ALIBI: gl.constexpr = False, STATS: gl.constexpr = False,
+                                  DQ_FIRST: gl.constexpr = False):
     """One program per (key block, batch x kv head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks), partitioned as FA3's backward: a loader warp and two consumer
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
@@ -928,7 +987,9 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     Without FUSED_DQ, dq_desc is unused and dQ is the dQ kernel's
     (flash_attn._flash_bwd_dq_kernel); with it, dq_desc is a float32 accumulator's, with tiles of
     64 rows by half the head dim. WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only:
-    the dQ kernel has none of them)."""
+    the dQ kernel has none of them). LSE and Delta: (batch, heads, seqlen) float32 pointers, or
+    with STATS descriptors of their (batch x heads, seqlen) views, [1, BLOCK_M] tiles; DQ_FIRST:
+    _bwd_dkdv_partition's."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -953,18 +1014,23 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
 
     (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
      done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, FUSED_DQ)
+    if STATS:  # L_i and D_i per ring stage
+        lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)
+        delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
+    else:  # stand-ins of the right kind
+        lse_smem, delta_smem = q_smem, q_smem
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
-            do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m, col0,
-            q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-            window_right, full_lo, full_hi)
+            do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+            start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2,
+            window_left, window_right, full_lo, full_hi)
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be, and with the
     # fused branch left in the non-fused kernel Triton 3.6's lowering fails, an assertion in
     # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart.
     gl.warp_specialize([
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, 0)),
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, 1)),
-        (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, 0)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 1)),
+        (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0)),
     ], [4, 1], [240, 24])
 
 
@@ -976,7 +1042,8 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
      qk_scale) = args
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
-                    q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group)
+                    q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, q_desc, q_desc, q_smem, q_smem,
+                    0, False)
 
 
 @gluon.jit
@@ -1055,7 +1122,7 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
             if partial_keys:
                 p = gl.where(keys_ok[:, None], p, 0.0)
         p_op = gl.convert_layout(p.to(dtype), op_layout)
-        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
+        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta[None, :], q_buf, do_buf, dv, dk, op_layout)
         parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
         mbarrier.arrive(empty_bar.index(stage), count=1)
@@ -1112,6 +1179,19 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
 
 
 @functools.cache
+def _stats_layout() -> gl.NVMMASharedLayout:
+    """The shared-memory layout of a [1, BWD_BLOCK_M] float32 row of L or D (unswizzled)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+def _stats_descriptor(t: torch.Tensor) -> TensorDescriptor:
+    """A (batch * heads, seqlen) view of a contiguous (batch, heads, seqlen) float32 L or D, one
+    BWD_BLOCK_M-query row per tile."""
+    batch, heads, seqlen = t.shape
+    return TensorDescriptor(t, [batch * heads, seqlen], [seqlen, 1], [1, BWD_BLOCK_M], _stats_layout())
+
+
+@functools.cache
 def _fp32_tile_layout(rows: int, cols: int) -> gl.NVMMASharedLayout:
     """The shared-memory layout of a float32 [rows, cols] tile (the fused dQ's reduce-adds)."""
     return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float32)
@@ -1152,9 +1232,11 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     if fused:
         dq_template = TensorDescriptor(dq_accum, [batch * seqlen, heads * headdim], [dq_accum.stride(1), 1],
                                        [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
+    # L and D through shared memory (BWD_STATS_IN_SHARED): their rows must be 16-byte aligned
+    stats = BWD_STATS_IN_SHARED and seqlen % 4 == 0
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
-                           **flags})
+                           "STATS": stats, "DQ_FIRST": BWD_DQ_FIRST and fused, **flags})
     q_t, k_t, v_t, do_t, dk_t, dv_t = templates
     kv_group = heads // kv_heads
 
@@ -1163,8 +1245,9 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
         dk_desc = descriptor_like(dk_t, dk)
         dq_desc = dk_desc if dq_accum is None else descriptor_like(dq_template, dq_accum)  # unused unless fused
+        lse_arg, delta_arg = (_stats_descriptor(lse), _stats_descriptor(delta)) if stats else (lse, delta)
         launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(do_t, do),
-               dk_desc, descriptor_like(dv_t, dv), dq_desc, lse, delta, heads, seqlen, softmax_scale, qk_scale,
+               dk_desc, descriptor_like(dv_t, dv), dq_desc, lse_arg, delta_arg, heads, seqlen, softmax_scale, qk_scale,
                kv_group, window_left, window_right, softcap_log2, alibi if alibi is not None else lse,
                stride_alibi_b)
 
