@@ -64,7 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .features import _scores, _tanh
-from .launch import CachedLauncher, DirectLaunch, descriptor_like
+from .launch import CachedLauncher, DirectLaunch, descriptor_like, descriptor_template
 
 BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64
 BLOCK_N = 128  # keys per block
@@ -462,7 +462,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),
                           {"STAGES": stages, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **flags})
-    q_t, k_t, v_t, o_t = templates
+    q_t, k_t, v_t, o_t = map(descriptor_template, templates)
     kv_group = heads // k.shape[2]
 
     def run(q, k, v, out, lse, softmax_scale, features=()):
@@ -634,10 +634,12 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
 # --------------------------------------------------------------------------------------
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 # The dK/dV kernel's schedule (constexprs STATS and DQ_FIRST of _flash_bwd_dkdv_hopper_kernel):
-# L_i and D_i loaded with Q_i and dO_i into shared memory, and the fused dQ's matmul issued before
-# dK's; module-level so that an experiment can time the schedules against each other.
+# L_i and D_i loaded with Q_i and dO_i into shared memory; the fused dQ's matmul issued before
+# dK's where it measured faster (GQA/MQA and windows: `_dq_first`), None meaning that rule and a
+# bool forcing it. Module-level so that an experiment can time the schedules against each other
+# (tools/experiments/exp_bwd_schedule.py, docs/performance.md).
 BWD_STATS_IN_SHARED = True
-BWD_DQ_FIRST = True
+BWD_DQ_FIRST: bool | None = None
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
@@ -715,11 +717,11 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
 @gluon.jit
 def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     q_row0, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_desc, delta_desc, lse_smem,
-                    delta_smem, lse_row0, STATS: gl.constexpr):
+                    delta_smem, lse_row0, lse_col0, STATS: gl.constexpr):
     """FA2 Alg. 2 line 6 (K_j, V_j from row kv_row0 + start_n, as two 64-key halves, once) and line
     9's loads of Q_i and dO_i (rows from q_row0, _bwd_step_coords' steps), each query step into the
     ring stage both consumers have released. With STATS, L_i and D_i (rows lse_row0.. of their
-    (batch x heads, seqlen) views) travel with Q_i and dO_i, on the same mbarriers, as
+    (batch x heads, seqlen) views, or packed (heads, total_q) from column lse_col0) travel with Q_i and dO_i, on the same mbarriers, as
     FlashAttention-3's producer brings them: the consumers read them from shared memory instead of
     waiting on global loads at every step."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
@@ -739,13 +741,15 @@ def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_
         mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
         if STATS:
             mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(lse_desc, [lse_row, m], q_bar.index(stage), lse_smem.index(stage))
+            tma.async_copy_global_to_shared(lse_desc, [lse_row, lse_col0 + m], q_bar.index(stage),
+                                            lse_smem.index(stage))
         else:
             mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row0 + m, q_col], q_bar.index(stage), q_smem.index(stage))
         if STATS:
             mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(delta_desc, [lse_row, m], do_bar.index(stage), delta_smem.index(stage))
+            tma.async_copy_global_to_shared(delta_desc, [lse_row, lse_col0 + m], do_bar.index(stage),
+                                            delta_smem.index(stage))
         else:
             mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(do_desc, [q_row0 + m, q_col], do_bar.index(stage), do_smem.index(stage))
@@ -832,7 +836,7 @@ def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
      window_right, full_lo, full_hi) = args
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     row0, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem, delta_smem,
-                    lse_row0, STATS)
+                    lse_row0, 0, STATS)
 
 
 @gluon.jit
@@ -1035,15 +1039,15 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
 
 
 @gluon.jit
-def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, HALF: gl.constexpr):
     """_bwd_load_partition over one sequence's rows of the packed views."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
-     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
-     qk_scale) = args
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
+     start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv,
+     softmax_scale, qk_scale) = args
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
-                    q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, q_desc, q_desc, q_smem, q_smem,
-                    0, False)
+                    q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem,
+                    delta_smem, q_col0 // q_desc.block_type.shape[1], q_start, STATS)
 
 
 @gluon.jit
@@ -1065,16 +1069,16 @@ def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit, 
 
 
 @gluon.jit
-def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, HALF: gl.constexpr):
     """_bwd_dkdv_partition (dQ fused) for one sequence of a packed batch: keys [start_n + HALF * 64,
     + 64) of the sequence against its query steps. P^T is masked to the sequence's keys and (causal,
     bottom-right) to each row's visible ones; a query row past the sequence's end reads the
     logsumexp +inf (P = 0), so its dS is 0 and the dQ reduce-add of a tile crossing into the next
     sequence adds zeros there. dK and dV rows past the sequence's end are not written."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
-     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
-     qk_scale) = args
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
+     start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv,
+     softmax_scale, qk_scale) = args
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1109,11 +1113,16 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
         q_buf = q_smem.index(stage)
         do_buf = do_smem.index(stage)
         s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
-        lse_offs = head.to(gl.int64) * total_q + q_start + offs_m
-        lse = gl.load(LSE + lse_offs, mask=rows_ok, other=float("inf")) * 1.4426950408889634
-        delta = gl.load(Delta + lse_offs, mask=rows_ok, other=0.0)
+        if STATS:  # landed with Q_i and dO_i; rows past the sequence's end (the next one's) read L = +inf
+            lse = gl.where(rows_ok[None, :], lse_smem.index(stage).load(s_layout) * 1.4426950408889634,
+                           float("inf"))
+            delta = delta_smem.index(stage).load(s_layout)
+        else:
+            lse_offs = head.to(gl.int64) * total_q + q_start + offs_m
+            lse = gl.load(LSE + lse_offs, mask=rows_ok, other=float("inf"))[None, :] * 1.4426950408889634
+            delta = gl.load(Delta + lse_offs, mask=rows_ok, other=0.0)[None, :]
         s = warpgroup_mma_wait(1, deps=[s_tok])
-        p = gl.exp2(s * qk_scale - lse[None, :])
+        p = gl.exp2(s * qk_scale - lse)
         if CAUSAL:
             if partial_keys | (m + shift < start_n + 2 * ROWS - 1):  # keys past a row's diagonal or the end
                 visible = keys_ok[:, None] & (offs_n[:, None] <= offs_m[None, :] + shift)
@@ -1122,7 +1131,7 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
             if partial_keys:
                 p = gl.where(keys_ok[:, None], p, 0.0)
         p_op = gl.convert_layout(p.to(dtype), op_layout)
-        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta[None, :], q_buf, do_buf, dv, dk, op_layout)
+        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
         parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
         mbarrier.arrive(empty_bar.index(stage), count=1)
@@ -1142,11 +1151,13 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
                                          Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
                                          softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
-                                         CAUSAL: gl.constexpr):
+                                         CAUSAL: gl.constexpr, STATS: gl.constexpr = False):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (key block, sequence x
     kv head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
-    sequence. A program past its sequence's last key block does nothing."""
+    sequence. A program past its sequence's last key block does nothing. STATS: LSE and Delta are
+    descriptors of [1, BLOCK_M] tiles, brought into shared memory with Q_i and dO_i (as the dense
+    kernel's), else pointers."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1167,14 +1178,19 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
         q_col0 = kv_head * kv_group * HEAD_DIM
         (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
          done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, True)
+        if STATS:
+            lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)
+            delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
+        else:
+            lse_smem, delta_smem = q_smem, q_smem
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem,
-                do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
-                start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk,
-                stride_dv, softmax_scale, qk_scale)
+                do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar,
+                q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift,
+                total_q, stride_dk, stride_dv, softmax_scale, qk_scale)
         gl.warp_specialize([
-            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0)),
-            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1)),
-            (_varlen_bwd_load_partition, (args, CAUSAL, 0)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, STATS, 0)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, STATS, 1)),
+            (_varlen_bwd_load_partition, (args, CAUSAL, STATS, 0)),
         ], [4, 1], [240, 24])
 
 
@@ -1184,11 +1200,24 @@ def _stats_layout() -> gl.NVMMASharedLayout:
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
-def _stats_descriptor(t: torch.Tensor) -> TensorDescriptor:
-    """A (batch * heads, seqlen) view of a contiguous (batch, heads, seqlen) float32 L or D, one
+def _dq_first(fused: bool, kv_group: int, flags: dict) -> bool:
+    """Whether the fused dQ's matmul goes before dK's (BWD_DQ_FIRST): by default with GQA/MQA and
+    windows, where it measured faster; dense MHA measured slower (docs/performance.md)."""
+    if not fused:
+        return False
+    if BWD_DQ_FIRST is not None:
+        return BWD_DQ_FIRST
+    return kv_group > 1 or flags["WINDOW"]
+
+
+def _stats_template(rows: int, seqlen: int) -> TensorDescriptor:
+    """A descriptor template (descriptor_like gives it its tensor) of a (rows, seqlen) view of a
+    contiguous float32 L or D ((batch, heads, seqlen); packed: (heads, total_q)), one
     BWD_BLOCK_M-query row per tile."""
-    batch, heads, seqlen = t.shape
-    return TensorDescriptor(t, [batch * heads, seqlen], [seqlen, 1], [1, BWD_BLOCK_M], _stats_layout())
+    template = object.__new__(TensorDescriptor)
+    template.__dict__.update(base=None, shape=[rows, seqlen], strides=[seqlen, 1], block_shape=[1, BWD_BLOCK_M],
+                             layout=_stats_layout(), padding="zero")
+    return template
 
 
 @functools.cache
@@ -1232,20 +1261,27 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     if fused:
         dq_template = TensorDescriptor(dq_accum, [batch * seqlen, heads * headdim], [dq_accum.stride(1), 1],
                                        [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
-    # L and D through shared memory (BWD_STATS_IN_SHARED): their rows must be 16-byte aligned
-    stats = BWD_STATS_IN_SHARED and seqlen % 4 == 0
+    stats = BWD_STATS_IN_SHARED  # seqlen is a multiple of BWD_BLOCK_N: the rows of L and D are aligned
+    kv_group = heads // kv_heads
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
-                           "STATS": stats, "DQ_FIRST": BWD_DQ_FIRST and fused, **flags})
-    q_t, k_t, v_t, do_t, dk_t, dv_t = templates
-    kv_group = heads // kv_heads
+                           "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), **flags})
+    q_t, k_t, v_t, do_t, dk_t, dv_t = map(descriptor_template, templates)
+    if fused:
+        dq_template = descriptor_template(dq_template)
+    if stats:
+        stats_template = _stats_template(batch * heads, seqlen)
 
     def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):
         qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
         dk_desc = descriptor_like(dk_t, dk)
         dq_desc = dk_desc if dq_accum is None else descriptor_like(dq_template, dq_accum)  # unused unless fused
-        lse_arg, delta_arg = (_stats_descriptor(lse), _stats_descriptor(delta)) if stats else (lse, delta)
+        lse_arg, delta_arg = lse, delta
+        if stats:
+            if not lse.is_contiguous() or lse.data_ptr() % 16:  # another caller's L: a contiguous, aligned copy
+                lse = lse.contiguous(memory_format=torch.contiguous_format).clone()
+            lse_arg, delta_arg = descriptor_like(stats_template, lse), descriptor_like(stats_template, delta)
         launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(do_t, do),
                dk_desc, descriptor_like(dv_t, dv), dq_desc, lse_arg, delta_arg, heads, seqlen, softmax_scale, qk_scale,
                kv_group, window_left, window_right, softcap_log2, alibi if alibi is not None else lse,
@@ -1269,11 +1305,18 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
                                [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     grid = (triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1])
+    # L and D (heads, total_q) through shared memory where their rows are 16-byte aligned
+    stats = BWD_STATS_IN_SHARED and total_q % 4 == 0 and lse.is_contiguous() and lse.data_ptr() % 16 == 0
+    lse_arg, delta_arg = lse, delta
+    if stats:
+        template = _stats_template(heads, total_q)
+        lse_arg, delta_arg = descriptor_like(template, lse), descriptor_like(template, delta)
     _bwd_dkdv_varlen_launcher[grid](
         _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
-        dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0), softmax_scale,
-        softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
+        dk, dv, lse_arg, delta_arg, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
+        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal, STATS=stats,
+        num_warps=4, maxnreg=168)
 
 
 # The entry points as defined here: forward.py and backward.py run their plans while the module's

@@ -41,7 +41,7 @@ from .configs import FwdConfig, default_fwd_config, on_hopper, padded_headdim
 from .dispatch import FWD_MEMORY_PATHS, HOPPER_GLUON_PATH, flat_descriptor, fwd_memory_path
 from .dropout import _dropout_keep, _rng_state
 from .features import _in_window, _scores, _seq_bounds, _window_key_blocks, feature_args
-from .launch import CachedLauncher, DirectLaunch, PlanCache, descriptor_like
+from .launch import CachedLauncher, DirectLaunch, PlanCache, descriptor_like, descriptor_template
 
 
 @triton.jit
@@ -387,7 +387,7 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
                           constexprs)
     ints = (*strides(q), *strides(k), *strides(v), *strides(out), heads, seqlen_q, seqlen_k)
     if path == "tma-host":
-        q_t, k_t, v_t, o_t = (flat_descriptor(t, rows) for t, rows in
+        q_t, k_t, v_t, o_t = (descriptor_template(flat_descriptor(t, rows)) for t, rows in
                               ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
 
         def run_host_descriptors(q, k, v, out, lse, softmax_scale):

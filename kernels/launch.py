@@ -142,6 +142,16 @@ def _c_launch(compiled: CompiledKernel):
     return run.launch, compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata
 
 
+def descriptor_template(descriptor):
+    """`descriptor` without its tensor, for a plan to keep: a plan made during a CUDA-graph
+    pool's warm-up (torch.compile's "reduce-overhead") must not keep that call's tensors alive,
+    or the pool finds allocations that are not the graph's outputs."""
+    template = object.__new__(type(descriptor))
+    template.__dict__.update(descriptor.__dict__)
+    template.base = None
+    return template
+
+
 def descriptor_like(template, base: torch.Tensor):
     """A host tensor descriptor equal to `template` but for its base tensor, without the
     constructor's validation: the caller's plan key guarantees `base` has the template base's

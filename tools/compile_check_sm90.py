@@ -184,7 +184,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
     dq_tile = (gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim // 2, "fp32") if fused_dq else key_tile)
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
     # the schedule the launcher picks (flash_attn_hopper.BWD_STATS_IN_SHARED, BWD_DQ_FIRST)
-    schedule = {"STATS": hopper.BWD_STATS_IN_SHARED, "DQ_FIRST": hopper.BWD_DQ_FIRST and fused_dq}
+    schedule = {"STATS": hopper.BWD_STATS_IN_SHARED, "DQ_FIRST": hopper._dq_first(fused_dq, 1, flags)}
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>" if schedule["STATS"] else "*fp32"
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "LSE": stats, "Delta": stats,
@@ -207,10 +207,13 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "DK": f"*{dtype}", "DV": f"*{dtype}",
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
                  "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
-                 "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+                 "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
+                 "STATS": "constexpr"}
+    if hopper.BWD_STATS_IN_SHARED:  # the launcher's choice where total_q is a multiple of 4
+        signature["LSE"] = signature["Delta"] = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "STATS": hopper.BWD_STATS_IN_SHARED})
 
 
 def main() -> None:
