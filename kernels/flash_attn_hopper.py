@@ -1039,7 +1039,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
 
 
 @gluon.jit
-def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, HALF: gl.constexpr):
+def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     """_bwd_load_partition over one sequence's rows of the packed views."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
@@ -1047,7 +1047,7 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, 
      softmax_scale, qk_scale) = args
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem,
-                    delta_smem, q_col0 // q_desc.block_type.shape[1], q_start, STATS)
+                    delta_smem, 0, 0, False)
 
 
 @gluon.jit
@@ -1069,7 +1069,7 @@ def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit, 
 
 
 @gluon.jit
-def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, HALF: gl.constexpr):
+def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     """_bwd_dkdv_partition (dQ fused) for one sequence of a packed batch: keys [start_n + HALF * 64,
     + 64) of the sequence against its query steps. P^T is masked to the sequence's keys and (causal,
     bottom-right) to each row's visible ones; a query row past the sequence's end reads the
@@ -1113,14 +1113,9 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, 
         q_buf = q_smem.index(stage)
         do_buf = do_smem.index(stage)
         s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
-        if STATS:  # landed with Q_i and dO_i; rows past the sequence's end (the next one's) read L = +inf
-            lse = gl.where(rows_ok[None, :], lse_smem.index(stage).load(s_layout) * 1.4426950408889634,
-                           float("inf"))
-            delta = delta_smem.index(stage).load(s_layout)
-        else:
-            lse_offs = head.to(gl.int64) * total_q + q_start + offs_m
-            lse = gl.load(LSE + lse_offs, mask=rows_ok, other=float("inf"))[None, :] * 1.4426950408889634
-            delta = gl.load(Delta + lse_offs, mask=rows_ok, other=0.0)[None, :]
+        lse_offs = head.to(gl.int64) * total_q + q_start + offs_m
+        lse = gl.load(LSE + lse_offs, mask=rows_ok, other=float("inf"))[None, :] * 1.4426950408889634
+        delta = gl.load(Delta + lse_offs, mask=rows_ok, other=0.0)[None, :]
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = gl.exp2(s * qk_scale - lse)
         if CAUSAL:
@@ -1151,13 +1146,13 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, 
 def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
                                          Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
                                          softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
-                                         CAUSAL: gl.constexpr, STATS: gl.constexpr = False):
+                                         CAUSAL: gl.constexpr):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (key block, sequence x
     kv head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
-    sequence. A program past its sequence's last key block does nothing. STATS: LSE and Delta are
-    descriptors of [1, BLOCK_M] tiles, brought into shared memory with Q_i and dO_i (as the dense
-    kernel's), else pointers."""
+    sequence. A program past its sequence's last key block does nothing. L_i and D_i are read from
+    global memory at each step: brought into shared memory as the dense kernel's are, a causal
+    packed batch hit an illegal instruction on the H200 (docs/performance.md)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1178,19 +1173,15 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
         q_col0 = kv_head * kv_group * HEAD_DIM
         (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
          done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, True)
-        if STATS:
-            lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)
-            delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
-        else:
-            lse_smem, delta_smem = q_smem, q_smem
+        lse_smem, delta_smem = q_smem, q_smem  # the dense kernel's stats buffers: stand-ins
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem,
                 do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar,
                 q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift,
                 total_q, stride_dk, stride_dv, softmax_scale, qk_scale)
         gl.warp_specialize([
-            (_varlen_bwd_dkdv_partition, (args, CAUSAL, STATS, 0)),
-            (_varlen_bwd_dkdv_partition, (args, CAUSAL, STATS, 1)),
-            (_varlen_bwd_load_partition, (args, CAUSAL, STATS, 0)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1)),
+            (_varlen_bwd_load_partition, (args, CAUSAL, 0)),
         ], [4, 1], [240, 24])
 
 
@@ -1305,18 +1296,12 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
                                [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     grid = (triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1])
-    # L and D (heads, total_q) through shared memory where their rows are 16-byte aligned
-    stats = BWD_STATS_IN_SHARED and total_q % 4 == 0 and lse.is_contiguous() and lse.data_ptr() % 16 == 0
-    lse_arg, delta_arg = lse, delta
-    if stats:
-        template = _stats_template(heads, total_q)
-        lse_arg, delta_arg = descriptor_like(template, lse), descriptor_like(template, delta)
     _bwd_dkdv_varlen_launcher[grid](
         _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
-        dk, dv, lse_arg, delta_arg, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
-        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal, STATS=stats,
-        num_warps=4, maxnreg=168)
+        dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
+        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal, num_warps=4,
+        maxnreg=168)
 
 
 # The entry points as defined here: forward.py and backward.py run their plans while the module's

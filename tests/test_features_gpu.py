@@ -124,10 +124,7 @@ def test_gpu_varlen(causal, window, dtype):
 @pytest.mark.parametrize("headdim,lengths_q,lengths_k", [
     # sequences shorter and longer than a block, an empty query and an empty key sequence,
     # query lengths above the key lengths (causal: the first rows see no key) and below
-    # (5353 query tokens: L and D read by pointers in the dK/dV kernel; 5356, a multiple of 4: by
-    # TMA into shared memory)
     (128, [1500, 0, 700, 2000, 129, 1024], [1100, 300, 700, 2048, 0, 1024]),
-    (128, [1500, 0, 700, 2000, 129, 1027], [1100, 300, 700, 2048, 0, 1024]),
     (64, [4200, 300, 17, 4096], [4096, 600, 17, 3000]),
 ])
 def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype):

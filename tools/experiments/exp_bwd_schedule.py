@@ -12,8 +12,8 @@ Per schedule: the whole backward through kernels.flash_attn_func (the plans rebu
 first checked against the float64 reference at batch 2 x 1k x 4 heads, both causal modes (dQ,
 dK, dV within 2x the Triton deterministic backward's error), then timed by harness.features
 (`do_bench` of `out.backward`, bf16, head dim 128) on the features suite's dense, GQA and window
-cases and its packed variable lengths (whose kernel has the first choice only), SDPA cuDNN beside
-the dense ones. Rows in the decisions format (row, column, unit, value,
+cases, and its packed variable lengths as a control (the varlen kernel reads L and D by pointers
+whatever the setting), SDPA cuDNN beside the dense ones. Rows in the decisions format (row, column, unit, value,
 tool, git_commit), written as they are measured; a schedule that fails its check is a row
 'wrong' and is not timed.
 """
@@ -99,7 +99,7 @@ def main() -> None:
     cases = [Case("score", "dense", 2, 8192, 16, 16), Case("score", "dense", 8, 2048, 16, 16),
              Case("gqa", "gqa", 2, 8192, 32, 8), Case("window", "window", 1, 16384, 16, 16, window=WINDOW),
              Case("window", "full-causal", 1, 16384, 16, 16),
-             next(c for c in feature_cases(quick=False) if c.variant == "varlen")]  # the varlen kernel: L, D only
+             next(c for c in feature_cases(quick=False) if c.variant == "varlen")]  # a control
     schedules = list(itertools.product((False, True), (False, True)))
     production = (hopper.BWD_STATS_IN_SHARED, hopper.BWD_DQ_FIRST)
     args.out.mkdir(parents=True, exist_ok=True)
