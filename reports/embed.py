@@ -213,6 +213,51 @@ def decode_splits_table(path: Path) -> str:
     return "\n".join(lines)
 
 
+_SCHEDULES = {(stats, dq_first): (f"L, D {'in shared memory' if stats else 'from global memory'}, "
+                                   f"dQ {'before dK' if dq_first else 'after dK and dV'}")
+              for stats in (False, True) for dq_first in (False, True)}
+
+
+def bwd_schedule_table(path: Path) -> str:
+    """tools/experiments/exp_bwd_schedule.py's rows (ms of the whole backward, one process, the
+    median of its rounds): the four schedules of the Gluon dK/dV kernel per case, cuDNN beside
+    the dense ones, then each choice's speed-up and the schedule the launcher takes
+    (kernels/flash_attn_hopper.py: L and D in shared memory but with ALiBi, dQ before dK with GQA
+    or a window) against cuDNN."""
+    rows = pd.read_csv(path, keep_default_na=False)
+    checks = rows[rows["column"] == "check against float64"]
+    times = rows[rows["unit"] == "ms"].copy()
+    times["value"] = times["value"].astype(float)
+    wide = times.pivot_table(index="row", columns="column", values="value", aggfunc="median", sort=False)
+    columns = list(dict.fromkeys(times["column"]))
+    wide = wide.reindex(columns=columns)
+    lines = ["| ms | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for label, values in wide.iterrows():
+        lines.append(f"| {label} | " + " | ".join("" if pd.isna(v) else f"{v:.3f}" for v in values) + " |")
+
+    def cells(values) -> str:
+        return " | ".join(_ratio(*v) for v in values)
+
+    lines.append("| **L, D in shared memory: speed-up (dQ after dK)** | " + cells(
+        (wide.at[_SCHEDULES[False, False], c], wide.at[_SCHEDULES[True, False], c]) for c in columns) + " |")
+    lines.append("| **dQ before dK: speed-up (L, D in shared memory)** | " + cells(
+        (wide.at[_SCHEDULES[True, False], c], wide.at[_SCHEDULES[True, True], c]) for c in columns) + " |")
+
+    def taken(column: str) -> float:  # the launcher's rule, by the case's name
+        return wide.at[_SCHEDULES[not column.startswith("alibi"), column.startswith(("gqa", "window"))], column]
+
+    cudnn = wide.loc["sdpa-cudnn"] if "sdpa-cudnn" in wide.index else pd.Series(dtype=float)
+    lines.append("| **speed over cuDNN (cuDNN time / the launcher's schedule)** | " + cells(
+        (cudnn.get(c, float("nan")), taken(c)) for c in columns) + " |")
+    failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
+    check_note = ("every schedule matched the float64 gradients within 2x the Triton backward's error"
+                  if not failed else "failed the float64 check (not timed): " + "; ".join(failed))
+    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
+    lines += ["", f"{rows['tool'].iloc[0]}, at {', '.join(commits)}; {check_note}; rows: "
+                  f"`reports/h200/decisions/{path.name}`."]
+    return "\n".join(lines)
+
+
 H200_SMS = 132  # NVIDIA H200 SXM (the machine of reports/h200/): streaming multiprocessors
 _SHAPE_COLUMN = re.compile(r"^(?P<batch>\d+) x (?P<kib>\d+)k, (?P<kv>\d+) kv$")
 
@@ -499,6 +544,7 @@ SECTIONS = {
     "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
     "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
+    "bwd_schedule": lambda: bwd_schedule_table(DECISIONS / "bwd_schedule.csv"),
     "feature_counters": lambda: feature_counters_table(DECISIONS / "feature_counters" / "feature_counters.csv"),
     "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Notes",
                                          start_at="## The bar"),

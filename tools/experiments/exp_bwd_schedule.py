@@ -11,8 +11,8 @@ BWD_DQ_FIRST), each combination against the others in one process, on the H200:
 Per schedule: the whole backward through kernels.flash_attn_func (the plans rebuilt for it),
 first checked against the float64 reference at batch 2 x 1k x 4 heads, both causal modes (dQ,
 dK, dV within 2x the Triton deterministic backward's error), then timed by harness.features
-(`do_bench` of `out.backward`, bf16, head dim 128) on the features suite's dense, GQA and window
-cases, and its packed variable lengths as a control (the varlen kernel reads L and D by pointers
+(`do_bench` of `out.backward`, bf16, head dim 128) on the features suite's dense, GQA, window and
+ALiBi cases, and its packed variable lengths as a control (the varlen kernel reads L and D by pointers
 whatever the setting), SDPA cuDNN beside the dense ones. Rows in the decisions format (row, column, unit, value,
 tool, git_commit), written as they are measured; a schedule that fails its check is a row
 'wrong' and is not timed.
@@ -98,7 +98,7 @@ def main() -> None:
     device = torch.device("cuda")
     cases = [Case("score", "dense", 2, 8192, 16, 16), Case("score", "dense", 8, 2048, 16, 16),
              Case("gqa", "gqa", 2, 8192, 32, 8), Case("window", "window", 1, 16384, 16, 16, window=WINDOW),
-             Case("window", "full-causal", 1, 16384, 16, 16),
+             Case("window", "full-causal", 1, 16384, 16, 16), Case("score", "alibi", 2, 8192, 16, 16, alibi=True),
              next(c for c in feature_cases(quick=False) if c.variant == "varlen")]  # a control
     schedules = list(itertools.product((False, True), (False, True)))
     production = (hopper.BWD_STATS_IN_SHARED, hopper.BWD_DQ_FIRST)
