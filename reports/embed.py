@@ -253,8 +253,8 @@ def bwd_schedule_table(path: Path) -> str:
     check_note = ("every schedule matched the float64 gradients within 2x the Triton backward's error"
                   if not failed else "failed the float64 check (not timed): " + "; ".join(failed))
     commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    lines += ["", f"{rows['tool'].iloc[0]}, at {', '.join(commits)}; {check_note}; rows: "
-                  f"`reports/h200/decisions/{path.name}`."]
+    source = f"{rows['tool'].iloc[0]}, at {', '.join(commits)}"
+    lines += ["", f"{source}; {check_note}; rows: `reports/h200/decisions/{path.name}`."]
     return "\n".join(lines)
 
 
