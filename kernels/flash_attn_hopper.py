@@ -635,10 +635,10 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 # The dK/dV kernel's schedule (constexprs STATS and DQ_FIRST of _flash_bwd_dkdv_hopper_kernel):
 # L_i and D_i loaded with Q_i and dO_i into shared memory; the fused dQ's matmul issued before
-# dK's where it measured faster (GQA/MQA and windows: `_dq_first`), None meaning that rule and a
-# bool forcing it. Module-level so that an experiment can time the schedules against each other
+# dK's where it measured faster (GQA/MQA, windows, ALiBi: `_dq_first`), None meaning that rule
+# and a bool forcing it. Module-level so that an experiment can time the schedules against each other
 # (tools/experiments/exp_bwd_schedule.py, docs/performance.md).
-BWD_STATS_IN_SHARED: bool | None = None  # None: all but ALiBi's kernel (`_stats_in_shared`)
+BWD_STATS_IN_SHARED = True
 BWD_DQ_FIRST: bool | None = None
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
@@ -1191,22 +1191,15 @@ def _stats_layout() -> gl.NVMMASharedLayout:
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
-def _stats_in_shared(flags: dict) -> bool:
-    """Whether L and D come through shared memory (BWD_STATS_IN_SHARED): by default except with
-    ALiBi, whose kernel spilled more with them and measured slower (docs/performance.md)."""
-    if BWD_STATS_IN_SHARED is not None:
-        return BWD_STATS_IN_SHARED
-    return not flags["ALIBI"]
-
-
 def _dq_first(fused: bool, kv_group: int, flags: dict) -> bool:
-    """Whether the fused dQ's matmul goes before dK's (BWD_DQ_FIRST): by default with GQA/MQA and
-    windows, where it measured faster; dense MHA measured slower (docs/performance.md)."""
+    """Whether the fused dQ's matmul goes before dK's (BWD_DQ_FIRST): by default with GQA/MQA, a
+    window or ALiBi, where it measured faster; dense MHA measured level or slower
+    (docs/performance.md)."""
     if not fused:
         return False
     if BWD_DQ_FIRST is not None:
         return BWD_DQ_FIRST
-    return kv_group > 1 or flags["WINDOW"]
+    return kv_group > 1 or flags["WINDOW"] or flags["ALIBI"]
 
 
 def _stats_template(rows: int, seqlen: int) -> TensorDescriptor:
@@ -1260,7 +1253,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     if fused:
         dq_template = TensorDescriptor(dq_accum, [batch * seqlen, heads * headdim], [dq_accum.stride(1), 1],
                                        [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
-    stats = _stats_in_shared(flags)  # seqlen is a multiple of BWD_BLOCK_N: the rows of L and D are aligned
+    stats = BWD_STATS_IN_SHARED  # seqlen is a multiple of BWD_BLOCK_N: the rows of L and D are aligned
     kv_group = heads // kv_heads
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,

@@ -222,8 +222,8 @@ def bwd_schedule_table(path: Path) -> str:
     """tools/experiments/exp_bwd_schedule.py's rows (ms of the whole backward, one process, the
     median of its rounds): the four schedules of the Gluon dK/dV kernel per case, cuDNN beside
     the dense ones, then each choice's speed-up and the schedule the launcher takes
-    (kernels/flash_attn_hopper.py: L and D in shared memory but with ALiBi, dQ before dK with GQA
-    or a window) against cuDNN."""
+    (kernels/flash_attn_hopper.py: L and D in shared memory, dQ before dK with GQA, a window or
+    ALiBi) against cuDNN."""
     rows = pd.read_csv(path, keep_default_na=False)
     checks = rows[rows["column"] == "check against float64"]
     times = rows[rows["unit"] == "ms"].copy()
@@ -244,7 +244,7 @@ def bwd_schedule_table(path: Path) -> str:
         (wide.at[_SCHEDULES[True, False], c], wide.at[_SCHEDULES[True, True], c]) for c in columns) + " |")
 
     def taken(column: str) -> float:  # the launcher's rule, by the case's name
-        return wide.at[_SCHEDULES[not column.startswith("alibi"), column.startswith(("gqa", "window"))], column]
+        return wide.at[_SCHEDULES[True, column.startswith(("gqa", "window", "alibi"))], column]
 
     cudnn = wide.loc["sdpa-cudnn"] if "sdpa-cudnn" in wide.index else pd.Series(dtype=float)
     lines.append("| **speed over cuDNN (cuDNN time / the launcher's schedule)** | " + cells(

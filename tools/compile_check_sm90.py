@@ -184,7 +184,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
     dq_tile = (gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim // 2, "fp32") if fused_dq else key_tile)
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
     # the schedule the launcher picks (flash_attn_hopper.BWD_STATS_IN_SHARED, BWD_DQ_FIRST)
-    schedule = {"STATS": hopper._stats_in_shared(flags), "DQ_FIRST": hopper._dq_first(fused_dq, 1, flags)}
+    schedule = {"STATS": hopper.BWD_STATS_IN_SHARED, "DQ_FIRST": hopper._dq_first(fused_dq, 1, flags)}
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>" if schedule["STATS"] else "*fp32"
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "LSE": stats, "Delta": stats,
