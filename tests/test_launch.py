@@ -12,7 +12,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import backward, flash_attn_func, flash_attn_hopper, forward
 from kernels.dispatch import tma_compatible
-from kernels.launch import MAX_KEYS, CachedLauncher, DirectLaunch, descriptor_like
+from kernels.launch import MAX_KEYS, CachedLauncher, DirectLaunch, descriptor_like, descriptor_template
 from tests.attention_checks import (  # noqa: F401 (poisoned_allocations: a fixture, used by name)
     assert_close_to_reference,
     make_qkv,
@@ -110,6 +110,20 @@ def test_descriptor_like_swaps_only_the_base():
     assert copy.base is b and template.base is a
     assert (copy.shape, copy.strides, copy.block_shape, copy.padding) == (
         template.shape, template.strides, template.block_shape, template.padding)
+
+
+def test_a_descriptor_template_keeps_no_tensor_and_descriptor_like_gives_it_one():
+    """A plan keeps templates: the tensor of the call that made it must not stay alive (a CUDA-graph
+    pool's warm-up allocations would), and a template made like this launches as the original."""
+    import weakref
+
+    a, b = torch.randn(64, 32), torch.randn(64, 32)
+    template = descriptor_template(TensorDescriptor(a, [64, 32], [32, 1], [16, 32]))
+    alive = weakref.ref(a)
+    del a
+    assert template.base is None and alive() is None
+    copy = descriptor_like(template, b)
+    assert copy.base is b and (copy.shape, copy.strides, copy.block_shape) == ([64, 32], [32, 1], [16, 32])
 
 
 def test_a_grid_function_goes_through_the_jit(launcher):
