@@ -717,11 +717,11 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
 @gluon.jit
 def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     q_row0, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_desc, delta_desc, lse_smem,
-                    delta_smem, lse_row0, lse_col0, STATS: gl.constexpr):
+                    delta_smem, lse_row0, STATS: gl.constexpr):
     """FA2 Alg. 2 line 6 (K_j, V_j from row kv_row0 + start_n, as two 64-key halves, once) and line
     9's loads of Q_i and dO_i (rows from q_row0, _bwd_step_coords' steps), each query step into the
     ring stage both consumers have released. With STATS, L_i and D_i (rows lse_row0.. of their
-    (batch x heads, seqlen) views, or packed (heads, total_q) from column lse_col0) travel with Q_i and dO_i, on the same mbarriers, as
+    (batch x heads, seqlen) views) travel with Q_i and dO_i, on the same mbarriers, as
     FlashAttention-3's producer brings them: the consumers read them from shared memory instead of
     waiting on global loads at every step."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
@@ -739,20 +739,22 @@ def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_
                                                 HEAD_DIM)
         # a fresh mbarrier counts as having completed the phase before its first
         mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
-        if STATS:
-            mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(lse_desc, [lse_row, lse_col0 + m], q_bar.index(stage),
-                                            lse_smem.index(stage))
-        else:
-            mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row0 + m, q_col], q_bar.index(stage), q_smem.index(stage))
-        if STATS:
-            mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(delta_desc, [lse_row, lse_col0 + m], do_bar.index(stage),
-                                            delta_smem.index(stage))
-        else:
-            mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [q_row0 + m, q_col], do_bar.index(stage), do_smem.index(stage))
+        _load_tile_and_stats(q_desc, [q_row0 + m, q_col], q_smem.index(stage), lse_desc, [lse_row, m],
+                             lse_smem.index(stage), q_bar.index(stage), STATS)
+        _load_tile_and_stats(do_desc, [q_row0 + m, q_col], do_smem.index(stage), delta_desc, [lse_row, m],
+                             delta_smem.index(stage), do_bar.index(stage), STATS)
+
+
+@gluon.jit
+def _load_tile_and_stats(desc, coord, buf, stats_desc, stats_coord, stats_buf, bar, STATS: gl.constexpr):
+    """One TMA load of a query step's tile into `buf` and, with STATS, of its [1, BLOCK_M] row of L
+    or D into `stats_buf`, both completing `bar`'s phase."""
+    if STATS:
+        mbarrier.expect(bar, desc.block_type.nbytes + stats_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(stats_desc, stats_coord, bar, stats_buf)
+    else:
+        mbarrier.expect(bar, desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, coord, bar, buf)
 
 
 @gluon.jit
@@ -836,7 +838,7 @@ def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
      window_right, full_lo, full_hi) = args
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     row0, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem, delta_smem,
-                    lse_row0, 0, STATS)
+                    lse_row0, STATS)
 
 
 @gluon.jit
@@ -1047,7 +1049,7 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
      softmax_scale, qk_scale) = args
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem,
-                    delta_smem, 0, 0, False)
+                    delta_smem, 0, False)
 
 
 @gluon.jit
