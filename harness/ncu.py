@@ -244,12 +244,12 @@ def profile_providers(jobs, out_dir, timeout_s: float = DEFAULT_TIMEOUT_S, metri
 SI_PREFIX = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 BINARY_PREFIX = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
 COUNTED_UNITS = ("byte", "inst", "cycle", "warp", "block", "thread", "request", "sector", "wavefront",
-                 "register", "SM", "transaction")
+                 "register", "SM", "transaction", "branches")  # 'branches': PC samples of stalled branches
 BYTE_SYMBOLS = {"B": "byte"}  # 'KiB' = Ki + B
 TIME_IN_NS = {"psecond": 1e-3, "nsecond": 1.0, "usecond": 1e3, "msecond": 1e6, "second": 1e9,
               "ps": 1e-3, "ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}  # Nsight Compute 2025 prints "ns"
 PLAIN_UNITS = ("", "%", "none", "inst", "cycle", "byte", "warp", "block", "thread", "register", "SM", "Hz",
-               "nsecond", "request", "sector", "wavefront", "transaction")
+               "nsecond", "request", "sector", "wavefront", "transaction", "branches")
 NOT_AVAILABLE = ("", "n/a", "na", "-")
 THOUSANDS = re.compile(r"^[-+]?\d{1,3}(,\d{3})+(\.\d+)?([eE][-+]?\d+)?$")
 

@@ -114,7 +114,8 @@ def utilisation_table(rows: pd.DataFrame, ceiling: float) -> str:
     return "\n".join(lines)
 
 
-UNITS = {"tflops": ("TFLOPs/s", "{:.0f}"), "ms": ("ms", "{:.3f}"), "us": ("us", "{:.1f}")}
+UNITS = {"tflops": ("TFLOPs/s", "{:.0f}"), "ms": ("ms", "{:.3f}"), "us": ("us", "{:.1f}"),
+         "% of samples": ("% of PC samples", "{:.1f}")}
 
 
 def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) -> str:
@@ -139,7 +140,7 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
         lines.append(f"| **{label}** | " + " | ".join("" if pd.isna(v) else f"{v:.2f}x" for v in quotient) + " |")
     commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
     source = f"{rows['tool'].iloc[0]}{', at ' + ', '.join(commits) if commits else ''}"
-    lines += ["", f"{source}; rows: `reports/h200/decisions/{path.name}`."]
+    lines += ["", f"{source}; rows: `{path.relative_to(H200.parents[1]).as_posix()}`."]
     return "\n".join(lines)
 
 
@@ -545,6 +546,8 @@ SECTIONS = {
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
     "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
     "bwd_schedule": lambda: bwd_schedule_table(DECISIONS / "bwd_schedule.csv"),
+    "bwd_stalls": lambda: decision_table(DECISIONS / "bwd_stalls" / "bwd_stalls.csv"),
+    "bwd_long_scoreboard": lambda: decision_table(DECISIONS / "bwd_stalls" / "long_scoreboard_by_opcode.csv"),
     "feature_counters": lambda: feature_counters_table(DECISIONS / "feature_counters" / "feature_counters.csv"),
     "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Notes",
                                          start_at="## The bar"),

@@ -124,6 +124,14 @@ def test_parse_converts_every_scaled_unit_and_refuses_unknown_ones():
     assert math.isnan(kernel[ncu.FFMA]) and "unknown unit 'furlong'" in frame.attrs["problems"][ncu.FFMA]
 
 
+def test_parse_counts_pc_samples_in_branches():
+    # PC sampling counts stalled branch instructions in 'branches' (Nsight Compute 2025.3)
+    stalled = "smsp__pcsamp_warps_issue_stalled_branch_resolving"
+    frame = parse_ncu_csv(_raw({stalled: ("branches", "331"), stalled + "_x": ("Kbranches", "1.5")}))
+    assert frame.iloc[0][stalled] == 331 and frame.iloc[0][stalled + "_x"] == pytest.approx(1500)
+    assert not frame.attrs["problems"]
+
+
 @pytest.mark.parametrize(("unit", "nanoseconds"), [("nsecond", 2.5), ("ns", 2.5), ("usecond", 2500.0),
                                                   ("us", 2500.0), ("ms", 2.5e6)])
 def test_parse_durations_in_long_and_short_unit_names(unit, nanoseconds):

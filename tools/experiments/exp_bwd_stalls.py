@@ -1,0 +1,135 @@
+"""Where the Gluon dK/dV kernel's warps wait: Nsight Compute's PC-sampling stall reasons for the
+whole backward's dK/dV launch, causal and not (the profile behind the kernel's schedule,
+docs/performance.md, "The Gluon backward's schedule").
+
+    python tools/experiments/exp_bwd_stalls.py --out DIR              # on a GPU with ncu
+    python tools/experiments/exp_bwd_stalls.py --out DIR --from-raw   # rows again from DIR's raw CSVs
+
+Each mode runs in its own process under `ncu` with the SECTIONS below (SourceCounters is the
+PC sampling): kernels.flash_attn_func forward and backward twice at batch 2 x 8k, 16 heads, head
+dim 128, bf16; the second `_flash_bwd_dkdv_hopper` launch is profiled. Kept in DIR: the raw page
+of each report (raw_<mode>.csv) and its source page (source_<mode>.csv, per SASS instruction;
+large, so not committed). Rows in the decisions format:
+- DIR/bwd_stalls.csv: each stall reason's share of all PC samples (every warp of the program:
+  the consumers, the loader warp, and the three warps that pad the loader's warpgroup and wait
+  at a barrier for the whole kernel, so 'barrier' counts them too);
+- DIR/long_scoreboard_by_opcode.csv: the long-scoreboard samples by the stalled instruction's
+  opcode, as shares of all samples (the TOP_OPCODES largest), from the source pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
+
+TOOL = "tools/experiments/exp_bwd_stalls.py, ncu --clock-control none, PC sampling, 2 x 8k, 16 heads, head dim 128"
+MODES = ("causal", "full")
+SECTIONS = ("SpeedOfLight", "WarpStateStats", "ComputeWorkloadAnalysis", "SchedulerStats", "InstructionStats",
+            "SourceCounters", "MemoryWorkloadAnalysis", "Occupancy")
+TOP_OPCODES = 8
+SAMPLES = "smsp__pcsamp_sample_count"
+STALL_PREFIX = "smsp__pcsamp_warps_issue_stalled_"
+
+
+def child(mode: str) -> None:
+    import torch
+
+    import kernels
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 8192, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    dout = torch.randn_like(q)
+    for _ in range(2):
+        kernels.flash_attn_func(q, k, v, causal=mode == "causal").backward(dout)
+    torch.cuda.synchronize()
+
+
+def stall_shares(raw_csv: str) -> dict[str, float]:
+    """{stall reason: share of all PC samples} from an `ncu --page raw --csv` of one kernel."""
+    from harness.ncu import metric_value, parse_ncu_csv
+
+    frame = parse_ncu_csv(raw_csv)
+    kernel, problems = frame.iloc[0], frame.attrs.get("problems", {})
+    total, _ = metric_value(kernel[SAMPLES])
+    shares = {}
+    for name, value in kernel.items():
+        if str(name).startswith(STALL_PREFIX) and not str(name).endswith("_not_issued"):
+            if name in problems:  # a count that cannot be read is an error, not a reason left out
+                raise ValueError(f"{name}: {problems[name]}")
+            shares[str(name).removeprefix(STALL_PREFIX)] = 100.0 * metric_value(value)[0] / total
+    return shares
+
+
+def long_scoreboard_by_opcode(source_csv: str) -> dict[str, float]:
+    """{opcode: long-scoreboard samples as a share of all samples} from `ncu --page source --csv
+    --print-source sass` (its first line names the kernel), the TOP_OPCODES largest."""
+    import io
+
+    import pandas as pd
+
+    page = pd.read_csv(io.StringIO(source_csv.split("\n", 1)[1]))
+    samples = pd.to_numeric(page["Warp Stall Sampling (All Samples)"], errors="coerce").fillna(0)
+    long_sb = pd.to_numeric(page["stall_long_sb"], errors="coerce").fillna(0)
+    # the opcode, without a predicate ('@!P0 BRA ...' -> 'BRA')
+    opcode = page["Source"].astype(str).str.strip().str.replace(r"^@!?U?P\w+\s+", "", regex=True).str.split().str[0]
+    shares = (100.0 * long_sb.groupby(opcode).sum() / samples.sum()).sort_values(ascending=False)
+    return shares.head(TOP_OPCODES).to_dict()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--from-raw", action="store_true", help="rebuild DIR/bwd_stalls.csv from DIR/raw_*.csv")
+    parser.add_argument("--commit", help="with --from-raw: the commit the raw CSVs were measured at")
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child)
+    if args.out is None:
+        parser.error("--out DIR is required")
+    from harness.ncu import NCU, ncu_status
+    from reports.decisions import DecisionWriter
+
+    if not args.from_raw and (unusable := ncu_status()):
+        raise SystemExit(f"exp_bwd_stalls needs Nsight Compute: {unusable}")
+    if args.from_raw and not args.commit:
+        parser.error("--from-raw needs --commit (the raw CSVs do not name it)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    with DecisionWriter(args.out / "bwd_stalls.csv", TOOL, commit=args.commit) as reasons:
+        for mode in MODES:
+            raw, source = args.out / f"raw_{mode}.csv", args.out / f"source_{mode}.csv"
+            if not args.from_raw:
+                report = args.out / f"bwd_{mode}"
+                sections = [arg for name in SECTIONS for arg in ("--section", name)]
+                subprocess.run([NCU, "--clock-control", "none", "--kernel-name", "regex:_flash_bwd_dkdv_hopper",
+                                "--launch-skip", "1", "--launch-count", "1", *sections, "--import-source", "no",
+                                "-f", "-o", str(report), sys.executable, str(Path(__file__).resolve()),
+                                "--child", mode], cwd=ROOT, check=True, capture_output=True)
+                for path, page in ((raw, ["--page", "raw", "--csv"]),
+                                   (source, ["--page", "source", "--csv", "--print-source", "sass"])):
+                    done = subprocess.run([NCU, "-i", f"{report}.ncu-rep", *page], check=True, capture_output=True,
+                                          text=True)
+                    path.write_text(done.stdout)
+            for reason, share in sorted(stall_shares(raw.read_text()).items(), key=lambda kv: -kv[1]):
+                reasons.write(reason, f"{mode} 2x8k", "% of samples", share)
+                print(f"{mode:7s} {reason:24s} {share:5.1f}%", flush=True)
+    sources = {mode: args.out / f"source_{mode}.csv" for mode in MODES}
+    if not all(path.exists() for path in sources.values()):  # --from-raw without them: the rows stay
+        print("source pages not kept here: long_scoreboard_by_opcode.csv left as it is")
+        return None
+    with DecisionWriter(args.out / "long_scoreboard_by_opcode.csv", TOOL, commit=args.commit) as opcodes:
+        for mode, path in sources.items():
+            for opcode, share in long_scoreboard_by_opcode(path.read_text()).items():
+                opcodes.write(opcode, f"{mode} 2x8k", "% of samples", share)
+                print(f"{mode:7s} long scoreboard at {opcode:20s} {share:5.1f}%", flush=True)
+    return None
+
+
+if __name__ == "__main__":
+    main()
