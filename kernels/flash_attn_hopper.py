@@ -769,13 +769,19 @@ def _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase,
 
 
 @gluon.jit
-def _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout: gl.constexpr):
+def _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv):
     """Line 12: dV_j += P^T dO_i; line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul (delta:
-    D_i as a [1, BLOCK_M] row); line 16: dK_j += dS^T Q_i (the softmax scale is applied once at
-    the end). Returns the dV and dK matmuls in flight, dS^T and its A operand."""
+    D_i as a [1, BLOCK_M] row). Returns the dV matmul in flight and dS^T in the inputs' dtype."""
     dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
     dp = warpgroup_mma_wait(1, deps=[dp_tok])
-    ds = (p * (dp - delta)).to(q_buf.dtype)
+    return dv_tok, (p * (dp - delta)).to(do_buf.dtype)
+
+
+@gluon.jit
+def _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout: gl.constexpr):
+    """_bwd_dv_ds, then line 16: dK_j += dS^T Q_i (the softmax scale is applied once at the end).
+    Returns the dV and dK matmuls in flight, dS^T and its A operand."""
+    dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
     ds_op = gl.convert_layout(ds, op_layout)
     dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
     return dv_tok, dk_tok, ds, ds_op
@@ -931,10 +937,8 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2 joins P^T now: t is not kept for dS
             p = p * (1.0 - t * t)
         if FUSED_DQ and DQ_FIRST:
-            # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul, to the other consumer
-            dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
-            dp = warpgroup_mma_wait(1, deps=[dp_tok])
-            ds = (p * (dp - delta)).to(dtype)
+            # lines 12 and 14 as below, dS^T to the other consumer before its A operand is made
+            dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
             parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
             ds_op = gl.convert_layout(ds, op_layout)
             # line 15 (this consumer's columns of dQ_i), then line 16: dK_j += dS^T Q_i; dQ is
@@ -1044,12 +1048,13 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
 def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     """_bwd_load_partition over one sequence's rows of the packed views."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
-     start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv,
-     softmax_scale, qk_scale) = args
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
+     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
+     qk_scale) = args
+    # L and D stay in global memory (the stats arguments: stand-ins of the right kinds)
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
-                    q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem,
-                    delta_smem, 0, False)
+                    q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, q_desc, q_desc, q_smem,
+                    q_smem, 0, False)
 
 
 @gluon.jit
@@ -1078,9 +1083,9 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     logsumexp +inf (P = 0), so its dS is 0 and the dQ reduce-add of a tile crossing into the next
     sequence adds zeros there. dK and dV rows past the sequence's end are not written."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
-     start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv,
-     softmax_scale, qk_scale) = args
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
+     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
+     qk_scale) = args
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1175,11 +1180,10 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
         q_col0 = kv_head * kv_group * HEAD_DIM
         (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
          done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, True)
-        lse_smem, delta_smem = q_smem, q_smem  # the dense kernel's stats buffers: stand-ins
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem,
-                do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar,
-                q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift,
-                total_q, stride_dk, stride_dv, softmax_scale, qk_scale)
+                do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
+                start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk,
+                stride_dv, softmax_scale, qk_scale)
         gl.warp_specialize([
             (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0)),
             (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1)),
@@ -1205,9 +1209,8 @@ def _dq_first(fused: bool, kv_group: int, flags: dict) -> bool:
 
 
 def _stats_template(rows: int, seqlen: int) -> TensorDescriptor:
-    """A descriptor template (descriptor_like gives it its tensor) of a (rows, seqlen) view of a
-    contiguous float32 L or D ((batch, heads, seqlen); packed: (heads, total_q)), one
-    BWD_BLOCK_M-query row per tile."""
+    """A descriptor template (descriptor_like gives it its tensor) of the (batch x heads, seqlen)
+    view of a contiguous (batch, heads, seqlen) float32 L or D, one BWD_BLOCK_M-query row per tile."""
     template = object.__new__(TensorDescriptor)
     template.__dict__.update(base=None, shape=[rows, seqlen], strides=[seqlen, 1], block_shape=[1, BWD_BLOCK_M],
                              layout=_stats_layout(), padding="zero")
@@ -1274,7 +1277,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
         lse_arg, delta_arg = lse, delta
         if stats:
             if not lse.is_contiguous() or lse.data_ptr() % 16:  # another caller's L: a contiguous, aligned copy
-                lse = lse.contiguous(memory_format=torch.contiguous_format).clone()
+                lse = lse.clone(memory_format=torch.contiguous_format)
             lse_arg, delta_arg = descriptor_like(stats_template, lse), descriptor_like(stats_template, delta)
         launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(do_t, do),
                dk_desc, descriptor_like(dv_t, dv), dq_desc, lse_arg, delta_arg, heads, seqlen, softmax_scale, qk_scale,

@@ -222,9 +222,25 @@ def decode_splits_table(path: Path) -> str:
     return "\n".join(lines)
 
 
-_SCHEDULES = {(stats, dq_first): (f"L, D {'in shared memory' if stats else 'from global memory'}, "
-                                   f"dQ {'before dK' if dq_first else 'after dK and dV'}")
-              for stats in (False, True) for dq_first in (False, True)}
+def bwd_schedule_label(stats: bool, dq_first: bool) -> str:
+    """A schedule's row name in tools/experiments/exp_bwd_schedule.py's rows."""
+    return (f"L, D {'in shared memory' if stats else 'from global memory'}, "
+            f"dQ {'before dK' if dq_first else 'after dK and dV'}")
+
+
+_SCHEDULES = {(stats, dq_first): bwd_schedule_label(stats, dq_first) for stats in (False, True)
+              for dq_first in (False, True)}
+_SCHEDULE_CASE = re.compile(r"^(?P<variant>[\w-]+) .* (?P<heads>\d+)/(?P<kv>\d+)h$")
+
+
+def _launcher_schedule(column: str) -> tuple[bool, bool]:
+    """The schedule kernels/flash_attn_hopper.py's launcher takes for an experiment's case (its
+    column: variant, shape, q/kv heads), by the launcher's own rule."""
+    from kernels import flash_attn_hopper as hopper
+
+    m = _SCHEDULE_CASE.match(column)
+    flags = {name: m["variant"] == name.lower() for name in hopper.GLUON_FEATURE_FLAGS}
+    return hopper.BWD_STATS_IN_SHARED, hopper._dq_first(True, int(m["heads"]) // int(m["kv"]), flags)
 
 
 def bwd_schedule_table(path: Path) -> str:
@@ -252,8 +268,8 @@ def bwd_schedule_table(path: Path) -> str:
     lines.append("| **dQ before dK: speed-up (L, D in shared memory)** | " + cells(
         (wide.at[_SCHEDULES[True, False], c], wide.at[_SCHEDULES[True, True], c]) for c in columns) + " |")
 
-    def taken(column: str) -> float:  # the launcher's rule, by the case's name
-        return wide.at[_SCHEDULES[True, column.startswith(("gqa", "window", "alibi"))], column]
+    def taken(column: str) -> float:
+        return wide.at[_SCHEDULES[_launcher_schedule(column)], column]
 
     cudnn = wide.loc["sdpa-cudnn"] if "sdpa-cudnn" in wide.index else pd.Series(dtype=float)
     lines.append("| **speed over cuDNN (cuDNN time / the launcher's schedule)** | " + cells(
@@ -261,8 +277,13 @@ def bwd_schedule_table(path: Path) -> str:
     failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
     check_note = ("every schedule matched the float64 gradients within 2x the Triton backward's error"
                   if not failed else "failed the float64 check (not timed): " + "; ".join(failed))
+    # cells whose measurement failed or was not 'ok': the reason the experiment appended to the tool
+    marked = times[times["tool"].str.contains("; ", regex=False)]
+    if len(marked):
+        check_note += "; not measured or not ok: " + "; ".join(
+            f"{r.row}, {r.column}: {r.tool.split('; ', 1)[-1]}" for r in marked.itertuples())
     commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    source = f"{rows['tool'].iloc[0]}, at {', '.join(commits)}"
+    source = f"{rows['tool'].iloc[0].split('; ', 1)[0]}, at {', '.join(commits)}"
     lines += ["", f"{source}; {check_note}; rows: `reports/h200/decisions/{path.name}`."]
     return "\n".join(lines)
 

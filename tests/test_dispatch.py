@@ -370,3 +370,23 @@ def test_hopper_gluon_kernels_compile_for_sm90():
         assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
         assert "1" in re.search(r"wait_group values ([\d ]+)", line).group(1).split(), line
         assert int(re.search(r"smem (\d+) B", line).group(1)) <= 232448, line  # sm_90's per-block limit
+
+
+def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster(monkeypatch):
+    """flash_attn_hopper._dq_first, the Gluon backward's schedule rule (docs/performance.md, "The
+    Gluon backward's schedule"): with GQA/MQA, a window or ALiBi; not for dense MHA, softcap alone,
+    or without the fused dQ; BWD_DQ_FIRST forces it either way (experiments)."""
+    from kernels import flash_attn_hopper as hopper
+
+    def flags(**on):
+        return {name: on.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
+
+    assert not hopper._dq_first(True, 1, flags())
+    assert not hopper._dq_first(True, 1, flags(SOFTCAP=True))
+    assert hopper._dq_first(True, 4, flags())
+    assert hopper._dq_first(True, 1, flags(WINDOW=True)) and hopper._dq_first(True, 1, flags(ALIBI=True))
+    assert not hopper._dq_first(False, 4, flags(WINDOW=True))
+    monkeypatch.setattr(hopper, "BWD_DQ_FIRST", True)
+    assert hopper._dq_first(True, 1, flags())
+    monkeypatch.setattr(hopper, "BWD_DQ_FIRST", False)
+    assert not hopper._dq_first(True, 4, flags(WINDOW=True))

@@ -136,6 +136,36 @@ def test_a_failed_tile_is_a_cell_not_measured_with_its_reason(tmp_path, monkeypa
     assert lines[-2].startswith(f"{tool}, at abc1234;")
 
 
+def test_the_schedule_table_takes_the_launchers_rule_and_lists_a_failed_cell(tmp_path):
+    """bwd_schedule_table: medians over rounds, each choice's speed-up, cuDNN against the schedule
+    kernels/flash_attn_hopper.py's own rule takes (dQ first with GQA, not for dense MHA), and a
+    cell the experiment could not measure listed with its reason."""
+    from reports.decisions import DecisionWriter
+
+    tool = "tools/experiments/exp_bwd_schedule.py, bf16"
+    path = tmp_path / "bwd_schedule.csv"
+    times = {(False, False): (4.0, 8.0), (False, True): (4.4, 7.6), (True, False): (3.0, 6.0),
+             (True, True): (3.3, 5.0)}
+    with DecisionWriter(path, tool, commit="abc1234") as writer:
+        for (stats, dq_first), values in times.items():
+            writer.write(embed.bwd_schedule_label(stats, dq_first), "check against float64", "ok", 1.0)
+        for _ in range(2):  # two rounds: the table shows their median
+            for (stats, dq_first), values in times.items():
+                for column, value in zip(("dense 2x8k 16/16h", "gqa 2x8k 32/8h"), values, strict=True):
+                    writer.write(embed.bwd_schedule_label(stats, dq_first), column, "ms", value)
+            writer.write("sdpa-cudnn", "dense 2x8k 16/16h", "ms", 3.0)
+            writer.write("sdpa-cudnn", "gqa 2x8k 32/8h", "ms", float("nan"),
+                         tool=f"{tool}; error: RuntimeError: no kernel")
+    lines = embed.bwd_schedule_table(path).splitlines()
+    assert lines[5] == "| L, D in shared memory, dQ before dK | 3.300 | 5.000 |"
+    assert "| **L, D in shared memory: speed-up (dQ after dK)** | 1.33x | 1.33x |" in lines
+    assert "| **dQ before dK: speed-up (L, D in shared memory)** | 0.91x | 1.20x |" in lines
+    # dense MHA: dQ after dK (cuDNN 3.0 / 3.0); GQA: dQ first, but cuDNN was not measured there
+    assert "| **speed over cuDNN (cuDNN time / the launcher's schedule)** | 1.00x | n/a |" in lines
+    assert lines[-1].startswith(f"{tool}, at abc1234; every schedule matched")
+    assert "not measured or not ok: sdpa-cudnn, gqa 2x8k 32/8h: error: RuntimeError: no kernel" in lines[-1]
+
+
 def test_a_counter_ncu_did_not_give_is_listed_with_its_reason(tmp_path, monkeypatch):
     (tmp_path / "feature_counters").mkdir()
     path = tmp_path / "feature_counters" / "feature_counters.csv"

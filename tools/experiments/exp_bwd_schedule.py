@@ -32,11 +32,6 @@ sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
 TOOL = "tools/experiments/exp_bwd_schedule.py, bf16, head dim 128, do_bench of the whole backward"
 
 
-def schedule_name(stats: bool, dq_first: bool) -> str:
-    return (f"L, D {'in shared memory' if stats else 'from global memory'}, "
-            f"dQ {'before dK' if dq_first else 'after dK and dV'}")
-
-
 def set_schedule(stats: bool, dq_first: bool) -> None:
     from kernels import backward
     from kernels import flash_attn_hopper as hopper
@@ -52,6 +47,7 @@ def check(device) -> tuple[bool, str]:
 
     import kernels
     from baselines.reference import attention_reference
+    from harness.accuracy import _relative_error as err  # ||got - want|| / ||want||, in float64
     from kernels.configs import HOPPER_BWD_CONFIGS
 
     triton_cfg = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_min_keys=0)  # the Triton kernels
@@ -72,15 +68,19 @@ def check(device) -> tuple[bool, str]:
         ref.backward(do.double())
         for i, grad in enumerate(["dq", "dk", "dv"]):
             want = x64[i].grad
-
-            def err(t, want=want):
-                return ((t.double() - want).norm() / want.norm()).item()
-
-            got, yardstick = err(grads["gluon"][i]), err(grads["triton"][i])
+            got, yardstick = err(grads["gluon"][i], want), err(grads["triton"][i], want)
             good = bool(torch.isfinite(grads["gluon"][i]).all()) and got <= 2 * yardstick + 1e-4
             ok &= good
             notes.append(f"{grad} causal={causal} {got:.2e} (triton {yardstick:.2e})")
     return ok, "; ".join(notes)
+
+
+def _tool(row: dict) -> str:
+    """The rows' tool column, with the measurement's status and reason where it is not 'ok' (the
+    table lists those cells)."""
+    if row.get("status") == "ok":
+        return TOOL
+    return f"{TOOL}; {row.get('status')}: {' '.join(str(row.get('reason', '')).split())}"[:400]
 
 
 def main() -> None:
@@ -94,6 +94,7 @@ def main() -> None:
     from harness.features import cases as feature_cases
     from kernels import flash_attn_hopper as hopper
     from reports.decisions import DecisionWriter
+    from reports.embed import bwd_schedule_label as schedule_name  # the rows' names, as the table reads them
 
     device = torch.device("cuda")
     cases = [Case("score", "dense", 2, 8192, 16, 16), Case("score", "dense", 8, 2048, 16, 16),
@@ -108,7 +109,8 @@ def main() -> None:
         for stats, dq_first in schedules:
             set_schedule(stats, dq_first)
             ok, notes = check(device)
-            writer.write(schedule_name(stats, dq_first), "check against float64", "ok" if ok else "wrong", float(ok))
+            writer.write(schedule_name(stats, dq_first), "check against float64", "ok" if ok else "wrong", float(ok),
+                         tool=TOOL if ok else f"{TOOL}; wrong: {notes}"[:400])
             print(f"{schedule_name(stats, dq_first):50s} {'ok' if ok else 'WRONG'}  {notes}", flush=True)
             if ok:
                 good.append((stats, dq_first))
@@ -118,12 +120,13 @@ def main() -> None:
                 for stats, dq_first in good:
                     set_schedule(stats, dq_first)
                     row = measure(case, "ours", "bwd", device, torch.bfloat16)
-                    writer.write(schedule_name(stats, dq_first), column, "ms", row.get("ms", float("nan")))
+                    writer.write(schedule_name(stats, dq_first), column, "ms", row.get("ms", float("nan")),
+                                 tool=_tool(row))
                     print(f"{column:28s} {schedule_name(stats, dq_first):50s} {row.get('ms', float('nan')):.3f} ms "
                           f"{row.get('tflops', float('nan')):6.1f} TF/s {row.get('status')}", flush=True)
                 if case.variant in ("dense", "gqa"):
                     row = measure(case, "sdpa-cudnn", "bwd", device, torch.bfloat16)
-                    writer.write("sdpa-cudnn", column, "ms", row.get("ms", float("nan")))
+                    writer.write("sdpa-cudnn", column, "ms", row.get("ms", float("nan")), tool=_tool(row))
                     print(f"{column:28s} {'sdpa-cudnn':50s} {row.get('ms', float('nan')):.3f} ms", flush=True)
     set_schedule(*production)
 
