@@ -449,18 +449,19 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     if seqlen_q == 0 or seqlen_k == 0 or batch * heads == 0:
-        return torch.zeros_like(q, memory_format=torch.contiguous_format), dk.zero_(), dv.zero_()
+        return dq.zero_(), dk.zero_(), dv.zero_()
     cfg = config or default_bwd_config(headdim, q.device)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.stride(), q.dtype, q.device, causal,
            cfg, deterministic, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16,
            out.data_ptr() % 16, on_hopper(q.device), dispatch.gluon_unavailable)
-    plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, do, out, dk, dv, causal, cfg, deterministic))
+    plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, do, out, dq, dk, dv, causal, cfg, deterministic))
     delta = torch.empty_like(lse)
     try:
-        return plan(do, q, k, v, out, lse, delta, dk, dv, softmax_scale)
+        return plan(do, q, k, v, out, lse, delta, dq, dk, dv, softmax_scale)
     except dispatch.GLUON_BUILD_ERRORS as exc:
         if not plan.gluon:
             raise
@@ -528,23 +529,20 @@ class _DensePlan:
         self.preprocess, self.dkdv, self.dq = preprocess, dkdv, dq
         self.gluon, self.fused_dq, self.zeros_shape = gluon, fused_dq, zeros_shape
 
-    def __call__(self, do, q, k, v, out, lse, delta, dk, dv, softmax_scale):
-        if self.fused_dq:  # dQ added into a float32 accumulator, zeroed by the preprocess kernel
-            dq_acc = q.new_empty(self.zeros_shape, dtype=torch.float32)
-            self.preprocess(out, do, delta, dq_acc)
-            self.dkdv(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
-            return dq_acc.to(q.dtype), dk, dv
-        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-        self.preprocess(out, do, delta)
-        self.dkdv(q, k, v, do, lse, delta, dk, dv, None, softmax_scale)
+    def __call__(self, do, q, k, v, out, lse, delta, dq, dk, dv, softmax_scale):
+        # the fused dQ's float32 accumulator, zeroed by the preprocess kernel
+        dq_acc = torch.empty(self.zeros_shape, device=q.device, dtype=torch.float32) if self.fused_dq else None
+        self.preprocess(out, do, delta, dq_acc)
+        self.dkdv(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
+        if dq_acc is not None:  # dQ was added into a float32 accumulator
+            return dq.copy_(dq_acc), dk, dv
         self.dq(q, k, v, do, lse, delta, dq, softmax_scale)
         return dq, dk, dv
 
 
-def _dense_plan(q, k, v, do, out, dk, dv, causal: bool, cfg: BwdConfig, deterministic: bool) -> _DensePlan:
+def _dense_plan(q, k, v, do, out, dq, dk, dv, causal: bool, cfg: BwdConfig, deterministic: bool) -> _DensePlan:
     """The launches of `flash_attn_backward` for tensors shaped, strided and aligned like these
-    (dk, dv: the call's fresh contiguous outputs; dQ is contiguous like them)."""
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    (dq, dk, dv: the call's fresh contiguous outputs)."""
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
     module = sys.modules[__name__]

@@ -41,7 +41,7 @@ from .configs import FwdConfig, default_fwd_config, on_hopper, padded_headdim
 from .dispatch import FWD_MEMORY_PATHS, HOPPER_GLUON_PATH, flat_descriptor, fwd_memory_path
 from .dropout import _dropout_keep, _rng_state
 from .features import _in_window, _scores, _seq_bounds, _window_key_blocks, feature_args
-from .launch import CachedLauncher, DirectLaunch, PlanCache, descriptor_template
+from .launch import CachedLauncher, DirectLaunch, PlanCache, descriptor_like, descriptor_template
 
 
 @triton.jit
@@ -334,7 +334,7 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, config: FwdC
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
+    lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
     if out.numel() == 0:
         return out, lse
     if k.shape[1] == 0:  # no key at all: every row is empty
@@ -383,13 +383,18 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
     constexprs = {"HEAD_DIM": headdim, "BLOCK_D": padded_headdim(headdim), "BLOCK_M": cfg.block_m,
                   "BLOCK_N": cfg.block_n, "CAUSAL": causal, "EVEN_M": seqlen_q % cfg.block_m == 0,
                   "TMA": FWD_MEMORY_PATHS.index(path), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    descriptors = None
-    if path == "tma-host":  # q, k, v and out through host-made descriptors
-        descriptors = {i: descriptor_template(flat_descriptor(t, rows)) for i, (t, rows) in
-                       enumerate(((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))}
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (cdiv(seqlen_q, cfg.block_m), batch * heads),
-                          constexprs, descriptors=descriptors)
+                          constexprs)
     ints = (*strides(q), *strides(k), *strides(v), *strides(out), heads, seqlen_q, seqlen_k)
+    if path == "tma-host":
+        q_t, k_t, v_t, o_t = (descriptor_template(flat_descriptor(t, rows)) for t, rows in
+                              ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (out, cfg.block_m)))
+
+        def run_host_descriptors(q, k, v, out, lse, softmax_scale):
+            launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v),
+                   descriptor_like(o_t, out), lse, *ints, softmax_scale * LOG2E.value)
+
+        return run_host_descriptors
 
     def run(q, k, v, out, lse, softmax_scale):
         if path == "tma-kernel":

@@ -100,23 +100,14 @@ class DirectLaunch:
     profiler's), the launch calls Triton's C launcher itself, as CompiledKernel's runner and
     CudaLauncher.__call__ would after their Python steps (Triton 3.6's launcher arguments: grid,
     stream, function, cooperative and PDL flags, the two scratch buffers, packed metadata,
-    launch metadata, the two hooks, then the kernel's arguments).
+    launch metadata, the two hooks, then the kernel's arguments)."""
 
-    `descriptors` (argument position -> a tensor-free template from `descriptor_template`): the
-    caller passes those arguments as tensors, and the launch gives each its template's host
-    descriptor. On the C path it skips the descriptor objects and Triton's Python expansion of
-    them (wrap_handle_tensordesc: one CUtensorMap encoded per descriptor per launch): a CUtensorMap
-    depends on the tensor's address and on the template (shape, strides, block, layout: fixed by
-    the plan's key), so each position keeps the maps it encoded by address (`TensorMapArgs`)."""
+    __slots__ = ("compiled", "fast", "grid", "grid3", "kwargs", "launcher", "module", "name", "trailing")
 
-    __slots__ = ("compiled", "descriptors", "fast", "grid", "grid3", "kwargs", "launcher", "maps", "module", "name",
-                 "trailing")
-
-    def __init__(self, module, name: str, grid: tuple, kwargs: dict, descriptors: dict | None = None):
+    def __init__(self, module, name: str, grid: tuple, kwargs: dict):
         self.module, self.name, self.grid, self.kwargs = module, name, grid, kwargs
         self.grid3 = (*grid, 1, 1)[:3]
-        self.descriptors = descriptors or {}
-        self.launcher = self.compiled = self.fast = self.maps = None
+        self.launcher = self.compiled = self.fast = None
         self.trailing: tuple = ()
 
     def __call__(self, *args):
@@ -125,30 +116,18 @@ class DirectLaunch:
             if self.fast is not None and C_LAUNCH and knobs.runtime.launch_enter_hook is None:
                 launch, function, cooperative, pdl, packed = self.fast
                 stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
-                if self.maps is not None:
-                    self.maps.launch(self.grid3, stream, function, cooperative, pdl, packed,
-                                     knobs.runtime.launch_exit_hook, (*args, *self.trailing))
-                    return self.compiled
                 launch(*self.grid3, stream, function, cooperative, pdl, None, None, packed, None, None,
-                       knobs.runtime.launch_exit_hook, *self._with_descriptors(args), *self.trailing)
+                       knobs.runtime.launch_exit_hook, *args, *self.trailing)
                 return self.compiled
-            return self.compiled[self.grid3](*self._with_descriptors(args), *self.trailing)
-        result = launcher[self.grid](*self._with_descriptors(args), **self.kwargs)
+            return self.compiled[self.grid3](*args, *self.trailing)
+        result = launcher[self.grid](*args, **self.kwargs)
         if isinstance(launcher, CachedLauncher) and isinstance(result, CompiledKernel):
             names = launcher.kernel.arg_names[len(args):]
             if set(names) <= self.kwargs.keys():
                 self.launcher, self.compiled = launcher, result
                 self.trailing = tuple(self.kwargs[name] for name in names)
                 self.fast = _c_launch(result)
-                if self.fast is not None and self.descriptors:
-                    self.maps = TensorMapArgs.of(self.fast[0], self.descriptors)
         return result
-
-    def _with_descriptors(self, args: tuple) -> tuple:
-        if not self.descriptors:
-            return args
-        return tuple(descriptor_like(self.descriptors[i], arg) if i in self.descriptors else arg
-                     for i, arg in enumerate(args))
 
 
 def _c_launch(compiled: CompiledKernel):
@@ -161,72 +140,6 @@ def _c_launch(compiled: CompiledKernel):
     if run.global_scratch_size or run.profile_scratch_size:
         return None
     return run.launch, compiled.function, run.launch_cooperative_grid, run.launch_pdl, compiled.packed_metadata
-
-
-class TensorMapArgs:
-    """The launch of a kernel with host descriptors, from Triton 3.6's launcher: its C launch
-    function behind `wrap_handle_tensordesc` and, per descriptor position, what that wrapper
-    expands the descriptor into (`make_tensordesc_arg`: a CUtensorMap, then the shape and strides;
-    or, where the kernel was not lowered to TMA, the tensor, then shape and strides twice). The
-    maps are kept by the tensor's address, up to MAX_MAPS per position (a map holds no tensor)."""
-
-    MAX_MAPS = 64
-
-    __slots__ = ("c_launch", "slots")
-
-    def __init__(self, c_launch, slots: dict):
-        self.c_launch, self.slots = c_launch, slots
-
-    @classmethod
-    def of(cls, launch, descriptors: dict):
-        """For `launch` (a compiled kernel's run.launch), or None where it is not the wrapper this
-        class knows (another Triton: the descriptors then go through the wrapper)."""
-        code, closure = getattr(launch, "__code__", None), getattr(launch, "__closure__", None)
-        if code is None or closure is None or code.co_name != "inner":
-            return None
-        cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in closure)))
-        c_launch, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
-        if c_launch is None or indices is None or metas is None or set(descriptors) - set(indices):
-            return None
-        order = sorted(indices)
-        slots = {}
-        for position, template in descriptors.items():
-            slots[position] = [template, metas[order.index(position)], None, {}]  # the tail is made at first use
-        return cls(c_launch, slots)
-
-    def launch(self, grid3, stream, function, cooperative, pdl, packed, exit_hook, args: tuple) -> None:
-        expanded = []
-        for position, arg in enumerate(args):
-            slot = self.slots.get(position)
-            if slot is None:
-                expanded.append(arg)
-                continue
-            template, meta, tail, maps = slot
-            if meta is None:  # not lowered to TMA: the tensor itself, then the template's numbers
-                if tail is None:
-                    tail = slot[2] = _expand_descriptor(descriptor_like(template, arg), None)[1:]
-                expanded.append(arg)
-            else:
-                address = arg.data_ptr()
-                tensor_map = maps.get(address)
-                if tensor_map is None:
-                    tensor_map, *rest = _expand_descriptor(descriptor_like(template, arg), meta)
-                    if tail is None:
-                        tail = slot[2] = rest
-                    if len(maps) >= self.MAX_MAPS:
-                        maps.clear()
-                    maps[address] = tensor_map
-                expanded.append(tensor_map)
-            expanded.extend(tail)
-        self.c_launch(*grid3, stream, function, cooperative, pdl, None, None, packed, None, None, exit_hook,
-                      *expanded)
-
-
-def _expand_descriptor(descriptor, meta) -> list:
-    """What Triton's launcher passes the kernel for one host descriptor (its make_tensordesc_arg)."""
-    from triton.backends.nvidia.driver import make_tensordesc_arg
-
-    return make_tensordesc_arg(descriptor, meta)
 
 
 def descriptor_template(descriptor):

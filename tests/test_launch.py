@@ -12,14 +12,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import backward, flash_attn_func, flash_attn_hopper, forward
 from kernels.dispatch import tma_compatible
-from kernels.launch import (
-    MAX_KEYS,
-    CachedLauncher,
-    DirectLaunch,
-    TensorMapArgs,
-    descriptor_like,
-    descriptor_template,
-)
+from kernels.launch import MAX_KEYS, CachedLauncher, DirectLaunch, descriptor_like, descriptor_template
 from tests.attention_checks import (  # noqa: F401 (poisoned_allocations: a fixture, used by name)
     assert_close_to_reference,
     make_qkv,
@@ -131,78 +124,6 @@ def test_a_descriptor_template_keeps_no_tensor_and_descriptor_like_gives_it_one(
     assert template.base is None and alive() is None
     copy = descriptor_like(template, b)
     assert copy.base is b and (copy.shape, copy.strides, copy.block_shape) == ([64, 32], [32, 1], [16, 32])
-
-
-def _fake_expansion(calls):
-    """A stand-in for Triton's make_tensordesc_arg (its CUtensorMap needs a GPU): a 'map' naming
-    the tensor's address and the descriptor's block, then the shape and strides, as Triton's."""
-    def expand(descriptor, meta):
-        calls.append(descriptor.base.data_ptr())
-        if meta is None:
-            return [descriptor.base, *descriptor.shape, *descriptor.strides, False, *descriptor.shape,
-                    *descriptor.strides]
-        return [("map", descriptor.base.data_ptr(), tuple(descriptor.block_shape)), *descriptor.shape,
-                *descriptor.strides]
-    return expand
-
-
-@pytest.mark.parametrize("lowered", [True, False], ids=["tma-lowered", "decomposed"])
-def test_tensor_map_args_launch_as_triton_s_descriptor_wrapper_and_encode_each_address_once(monkeypatch, lowered):
-    """TensorMapArgs, read out of Triton's own wrap_handle_tensordesc, passes the C launch what
-    that wrapper passes it for the same descriptors, and expands a position's descriptor once per
-    tensor address (a repeated address reuses its map; another address gets its own)."""
-    from triton.backends.nvidia import driver
-
-    from kernels import launch
-
-    expanded_by_wrapper, expanded_by_us = [], []
-    monkeypatch.setattr(driver, "make_tensordesc_arg", _fake_expansion(expanded_by_wrapper))
-    monkeypatch.setattr(launch, "_expand_descriptor", _fake_expansion(expanded_by_us))
-    signature = {"A": "tensordesc<fp32[16, 32]>", "n": "i32", "B": "tensordesc<fp32[8, 32]>", "X": "*fp32",
-                 "BLOCK": "constexpr"}
-    meta = {"swizzle": 128, "elem_size": 4, "elem_type": 7, "block_size": [16, 32], "fp4_padded": False}
-    launched = []
-    wrapper = driver.wrap_handle_tensordesc(lambda *args: launched.append(args), signature,
-                                            [meta, meta] if lowered else None)
-    a, b, a2, x = (torch.randn(64, 32) for _ in range(4))
-    templates = {0: descriptor_template(TensorDescriptor(a, [64, 32], [32, 1], [16, 32])),
-                 2: descriptor_template(TensorDescriptor(b, [64, 32], [32, 1], [8, 32]))}
-    maps = launch.TensorMapArgs.of(wrapper, templates)
-    assert maps is not None
-    head = ((2, 1, 1), 7, "function", False, False, "packed", "exit hook")
-    for first in (a, a, a2):
-        maps.launch(*head, (first, 64, b, x, 16))
-        wrapper(2, 1, 1, 7, "function", False, False, None, None, "packed", None, None, "exit hook",
-                descriptor_like(templates[0], first), 64, descriptor_like(templates[2], b), x, 16)
-        assert launched[-2] == launched[-1]
-    if lowered:  # a, b encoded once, a again from its map, then a2 encoded
-        assert expanded_by_us == [a.data_ptr(), b.data_ptr(), a2.data_ptr()]
-    else:  # the tensor itself at every launch; the numbers after it read once per position
-        assert expanded_by_us == [a.data_ptr(), b.data_ptr()]
-    assert len(expanded_by_wrapper) == 6  # the wrapper expands every descriptor at every launch
-
-
-def test_a_direct_launch_with_descriptors_gives_its_tensors_their_templates(launcher):
-    """The plans pass tensors where the kernel takes host descriptors: the JIT launch and the kept
-    kernel's launch both get the template's descriptor with the call's tensor."""
-    holder = LauncherHolder()
-    holder.launcher = launcher
-    a, b = torch.randn(64, 32), torch.randn(64, 32)
-    template = descriptor_template(TensorDescriptor(a, [64, 32], [32, 1], [16, 32]))
-    direct = DirectLaunch(holder, "launcher", (4, 2), {"EVEN": True, "BLOCK": 16, "num_warps": 4},
-                          descriptors={0: template})
-    direct(a, 64, 0.5)
-    direct(b, 64, 0.25)
-    (_, jit_args, _), = launcher.kernel.jit_launches
-    (_, kept_args), = launcher.kernel.compiled.launches
-    for descriptor, tensor in ((jit_args[0], a), (kept_args[0], b)):
-        assert isinstance(descriptor, TensorDescriptor) and descriptor.base is tensor
-        assert (descriptor.shape, descriptor.strides, descriptor.block_shape) == ([64, 32], [32, 1], [16, 32])
-    assert template.base is None and kept_args[1:] == (64, 0.25, 16, True)
-
-
-def test_tensor_map_args_decline_a_launch_that_is_not_triton_s_wrapper():
-    assert TensorMapArgs.of(lambda *args: None, {0: None}) is None
 
 
 def test_a_grid_function_goes_through_the_jit(launcher):
