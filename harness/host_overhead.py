@@ -10,6 +10,11 @@ A short attention call waits on Python, not on the GPU: at batch 1 and 1k keys t
   none: a backward recorded before the capture launches outside it, the row's reason says so);
 * wall_ms: harness.timing.benchmark (`do_bench`) as every other table is timed: max(host, GPU), roughly.
 
+Engines (`--engines`), for the modes with a backward, eager: 'threaded' (PyTorch's default: the
+autograd engine runs a CUDA backward on its device thread, the calling thread waiting) and
+'calling-thread' (`torch.autograd.set_multithreading_enabled(False)`: the calling thread runs it),
+which separates the hand-over between the two threads from the backward's own host time.
+
 Modes, the call's stages: 'fwd' (one forward, no autograd graph), 'bwd' (the backward alone:
 `torch.autograd.backward` of one recorded forward, its graph retained) and 'fwd_bwd' (forward
 and `backward` of the output). The backward modes accumulate into q, k and v's `.grad` as a
@@ -33,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-COLUMNS = ("provider", "mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype", "compiled", "host_ms",
-           "gpu_ms", "wall_ms", "status", "reason")
+COLUMNS = ("provider", "mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype", "compiled", "engine",
+           "host_ms", "gpu_ms", "wall_ms", "status", "reason")
 # (batch, heads, seqlen, headdim): small-batch shapes where host time matters, and the paper
 # sweep's 512 and 1k points (batch x seqlen = 16k tokens, heads x headdim = 2048)
 SHAPES = ((1, 16, 1024, 128), (1, 32, 512, 64), (4, 8, 1024, 64), (8, 16, 2048, 128),
@@ -62,12 +67,17 @@ def attention_fn(provider: str, causal: bool):
 
 
 MODES = ("fwd", "bwd", "fwd_bwd")
+ENGINES = ("threaded", "calling-thread")
 
 
-def call_fn(attention, mode: str, q, k, v, dout):
-    """The call one measurement repeats, for one of MODES."""
+def call_fn(attention, mode: str, q, k, v, dout, engine: str = "threaded"):
+    """The call one measurement repeats, for one of MODES; the backward's on one of ENGINES (both
+    enter the same context, so that they pay the same for it)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+    threaded = engine == "threaded"
     if mode == "fwd":
         def fwd():
             with torch.no_grad():
@@ -77,13 +87,15 @@ def call_fn(attention, mode: str, q, k, v, dout):
         out = attention(q, k, v)  # recorded once; each call runs its backward again
 
         def bwd():
-            torch.autograd.backward(out, dout, retain_graph=True)
+            with torch.autograd.set_multithreading_enabled(threaded):
+                torch.autograd.backward(out, dout, retain_graph=True)
             return out
         return bwd
 
     def fwd_bwd():
         out = attention(q, k, v)
-        out.backward(dout)
+        with torch.autograd.set_multithreading_enabled(threaded):
+            out.backward(dout)
         return out
 
     return fwd_bwd
@@ -104,10 +116,10 @@ def host_ms(fn, calls: int = HOST_CALLS, repeats: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool) -> dict:
+def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool, engine: str = "threaded") -> dict:
     batch, heads, seqlen, hdim = shape
     row = {"provider": provider, "mode": mode, "causal": causal, "hdim": hdim, "seqlen": seqlen, "batch": batch,
-           "heads": heads, "dtype": str(dtype).removeprefix("torch."), "compiled": compiled,
+           "heads": heads, "dtype": str(dtype).removeprefix("torch."), "compiled": compiled, "engine": engine,
            "host_ms": float("nan"), "gpu_ms": float("nan"), "wall_ms": float("nan"), "status": "ok", "reason": ""}
     torch.manual_seed(0)
     q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype, requires_grad=mode != "fwd")
@@ -120,15 +132,15 @@ def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool
     # that ("compiled with non-empty donated buffers which requires ... retain_graph=False") unless
     # turned off, as the error itself advises
     with torch._functorch.config.patch(donated_buffer=False) if mode == "bwd" else contextlib.nullcontext():
-        return _timed(row, attention, mode, q, k, v, dout)
+        return _timed(row, attention, mode, q, k, v, dout, engine)
 
 
-def _timed(row: dict, attention, mode: str, q, k, v, dout) -> dict:
+def _timed(row: dict, attention, mode: str, q, k, v, dout, engine: str = "threaded") -> dict:
     """Fill `row` with the call's host, wall and GPU time (or the reason one is missing)."""
     from harness.timing import benchmark
 
     try:
-        fn = call_fn(attention, mode, q, k, v, dout)  # 'bwd' records its forward here (compiling it)
+        fn = call_fn(attention, mode, q, k, v, dout, engine)  # 'bwd' records its forward here (compiling it)
         for _ in range(3):  # compile and warm up outside every timing
             fn()
         torch.cuda.synchronize()
@@ -136,6 +148,9 @@ def _timed(row: dict, attention, mode: str, q, k, v, dout) -> dict:
         row["wall_ms"] = benchmark(fn, q.device, grad_to_none=(q, k, v) if mode != "fwd" else ()).ms
     except Exception as exc:  # noqa: BLE001 -- a provider that cannot run this case is a row with its reason
         row.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
+        return row
+    if engine != "threaded":  # the kernels are the threaded row's
+        row["reason"] = "gpu_ms: not measured: the same kernels as the threaded engine's row"
         return row
     if mode == "bwd":
         # Not captured: the backward's kernels go to the stream its forward ran on, outside the
@@ -157,6 +172,8 @@ def main(argv=None) -> Path:
     parser.add_argument("--providers", default="fa2,sdpa-flash,sdpa-cudnn", help="comma-separated")
     parser.add_argument("--modes", default="fwd,bwd,fwd_bwd", help=f"comma-separated, from {','.join(MODES)}")
     parser.add_argument("--no-compiled", action="store_true", help="eager rows only")
+    parser.add_argument("--engines", default=",".join(ENGINES),
+                        help=f"comma-separated, from {','.join(ENGINES)} (the second: eager modes with a backward)")
     parser.add_argument("--quick", action="store_true", help="the first three shapes only")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -169,13 +186,17 @@ def main(argv=None) -> Path:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "host_overhead.csv"
     shapes = SHAPES[:3] if args.quick else SHAPES
-    jobs = [(p, m, shape, c) for shape in shapes for m in args.modes.split(",") for p in args.providers.split(",")
-            for c in ((False,) if args.no_compiled else (False, True))]
+    engines = args.engines.split(",")
+    if unknown := set(engines) - set(ENGINES):
+        parser.error(f"--engines: {sorted(unknown)} not among {ENGINES}")
+    jobs = [(p, m, shape, c, e) for shape in shapes for m in args.modes.split(",") for p in args.providers.split(",")
+            for c in ((False,) if args.no_compiled else (False, True)) for e in engines
+            if e == "threaded" or (m != "fwd" and not c)]
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS) + list(env))
         writer.writeheader()
-        for provider, mode, shape, compiled in tqdm(jobs, desc="host overhead"):
-            row = measure(provider, mode, True, shape, torch.bfloat16, compiled)
+        for provider, mode, shape, compiled, engine in tqdm(jobs, desc="host overhead"):
+            row = measure(provider, mode, True, shape, torch.bfloat16, compiled, engine)
             writer.writerow({**row, **env})
             f.flush()
     return path

@@ -504,7 +504,9 @@ HOST_OVERHEAD_CSV = H200 / "host_overhead.csv"
 def host_overhead_table(rows: pd.DataFrame) -> str:
     """Host time per call, ours against SDPA flash, eager and under torch.compile, with the GPU
     time of the eager calls, from harness/host_overhead.py's rows (all from one run); a cell
-    without an ok row reads n/a, and the rows' errors are listed below the table."""
+    without an ok row reads n/a, and the rows' errors are listed below the table. The backward's
+    engine is PyTorch's default (rows from before the engine column had only that one)."""
+    rows = _threaded_engine(rows)
     ok = rows[rows.status == "ok"].copy()
     ok["compiled"] = ok.compiled.astype(bool)
     wide = ok.pivot_table(index=["mode", "batch", "heads", "seqlen", "hdim"], columns=["compiled", "provider"],
@@ -543,6 +545,42 @@ def host_overhead_table(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _threaded_engine(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose backward ran on PyTorch's default engine (its device threads)."""
+    if "engine" not in rows:
+        return rows
+    return rows[rows.engine.isna() | (rows.engine == "threaded")]
+
+
+def host_engine_table(rows: pd.DataFrame) -> str:
+    """Eager host time per call with the backward on the autograd engine's device thread (the
+    default) and on the calling thread (`torch.autograd.set_multithreading_enabled(False)`), ours
+    and SDPA flash, from harness/host_overhead.py's rows: how much of each call is the hand-over
+    between the two threads. A cell without an ok row reads n/a."""
+    if "engine" not in rows or not (rows.engine == "calling-thread").any():
+        raise ValueError("no rows with the backward on the calling thread: run harness.host_overhead with "
+                         "--engines threaded,calling-thread")
+    ok = rows[(rows.status == "ok") & ~rows.compiled.astype(bool) & (rows["mode"] != "fwd")].copy()
+    ok["engine"] = ok.engine.fillna("threaded")
+    wide = ok.pivot_table(index=["mode", "batch", "heads", "seqlen", "hdim"], columns=["engine", "provider"],
+                          values="host_ms", aggfunc="median")
+
+    def ms(x):
+        return "n/a" if pd.isna(x) else f"{x:.3f}"
+
+    lines = [("| mode | batch, heads, seqlen, hdim | ours: device thread | ours: calling thread | SDPA flash: device "
+              "thread | SDPA flash: calling thread | ours / SDPA flash, calling thread |"), "|---|---|---|---|---|---|---|"]
+    for (mode, batch, heads, seqlen, hdim), r in wide.iterrows():
+        cells = [float(r.get((engine, provider), float("nan"))) for provider in (OURS, OFFICIAL)
+                 for engine in ("threaded", "calling-thread")]
+        lines.append(f"| {mode} | {batch}, {heads}, {seqlen}, {hdim} | {' | '.join(ms(c) for c in cells)} | "
+                     f"{_ratio(cells[1], cells[3])} |")
+    env = rows.iloc[0]
+    lines += ["", (f"Host ms per eager call, causal, {env['dtype']}, the GPU kept ahead by a sleep ({env['gpu']}, "
+                   f"torch {env['torch']}, commit {env['git_commit']}; rows: `reports/h200/{HOST_OVERHEAD_CSV.name}`).")]
+    return "\n".join(lines)
+
+
 HOST_PLANS_LOGS = (("before", DECISIONS / "host_plans_before.log"), ("after", DECISIONS / "host_plans_after.log"))
 _HOST_LINE = re.compile(r"^\((?P<shape>[0-9, ]+)\) (?P<mode>fwd|bwd) ours (?P<ours>[0-9.]+) us, "
                         r"sdpa-flash (?P<sdpa>[0-9.]+) us$", re.MULTILINE)
@@ -572,6 +610,7 @@ SECTIONS = {
     "peers": lambda: peers_table(load_results(PAPER_PEERS_DIR)),
     "peers_fp16": lambda: peers_table(load_results(PAPER_PEERS_FP16_DIR), PAPER_PEERS_FP16_DIR),
     "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
+    "host_engine": lambda: host_engine_table(pd.read_csv(HOST_OVERHEAD_CSV)),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
     "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
     "bwd_schedule": lambda: bwd_schedule_table(DECISIONS / "bwd_schedule.csv"),

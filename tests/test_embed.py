@@ -229,3 +229,33 @@ def test_peers_table_states_where_ours_stands_against_each_peer_and_the_compiler
     assert "- FlexAttention: 1 configurations error (OutOfResources: shared memory)" in table
     assert "the same gpu, torch, triton, git_commit, as the rows record them" in table
     assert "configurations whose providers span two of them: fwd, 128, True, 4096." in table
+
+
+def _host_rows():
+    env = {"causal": True, "dtype": "bfloat16", "gpu": "NVIDIA H200", "torch": "2.11", "git_commit": "abc",
+           "status": "ok", "reason": "", "gpu_ms": float("nan"), "wall_ms": float("nan")}
+    shape = {"batch": 1, "heads": 16, "seqlen": 1024, "hdim": 128}
+    rows = []
+    for provider, threaded, caller in (("fa2", 0.6, 0.4), ("sdpa-flash", 0.3, 0.2)):
+        for mode in ("fwd", "fwd_bwd"):
+            rows.append({**env, **shape, "provider": provider, "mode": mode, "compiled": False, "engine": "threaded",
+                         "host_ms": threaded / (3 if mode == "fwd" else 1)})
+        rows.append({**env, **shape, "provider": provider, "mode": "fwd_bwd", "compiled": False,
+                     "engine": "calling-thread", "host_ms": caller})
+        rows.append({**env, **shape, "provider": provider, "mode": "fwd_bwd", "compiled": True, "engine": "threaded",
+                     "host_ms": 2 * threaded})
+    return pd.DataFrame(rows)
+
+
+def test_the_host_table_reads_the_default_engine_and_the_engine_table_both():
+    rows = _host_rows()
+    main = embed.host_overhead_table(rows)
+    # the calling-thread rows stay out of the main table: eager 0.6 against 0.3, compiled 1.2 against 0.6
+    assert "| fwd_bwd | 1, 16, 1024, 128 | 0.600 | 0.300 | 2.00x | 1.200 | 0.600 | 2.00x |" in main
+    older = rows[rows.engine == "threaded"].drop(columns="engine")  # rows from before the column: one engine
+    assert embed.host_overhead_table(older) == main
+    engines = embed.host_engine_table(rows)
+    assert "| fwd_bwd | 1, 16, 1024, 128 | 0.600 | 0.400 | 0.300 | 0.200 | 2.00x |" in engines
+    assert "| fwd |" not in engines  # no backward, no engine
+    with pytest.raises(ValueError, match="calling thread"):
+        embed.host_engine_table(rows[rows.engine == "threaded"])

@@ -509,3 +509,33 @@ def test_host_overhead_times_each_stage_of_a_call():
         call_fn(attention, mode, q, k, v, dout)()
     with pytest.raises(ValueError, match="mode must be one of"):
         call_fn(attention, "sideways", q, k, v, dout)
+
+
+def test_host_overhead_runs_the_backward_on_the_engine_it_names():
+    """harness/host_overhead.py's engines: 'threaded' leaves PyTorch's default (a CUDA backward on
+    the engine's device thread), 'calling-thread' turns the engine's threads off for the backward
+    alone; the forward is not affected, and an unknown engine is an error naming the choices."""
+    from harness.host_overhead import ENGINES, call_fn
+
+    seen = []
+
+    class Recorded(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("forward", torch._C._is_multithreading_enabled()))
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(("backward", torch._C._is_multithreading_enabled()))
+            return grad * 2
+
+    q, k, v = (torch.randn(2, 3, requires_grad=True) for _ in range(3))
+    for mode in ("bwd", "fwd_bwd"):
+        for engine, threaded in zip(ENGINES, (True, False)):
+            seen.clear()
+            call_fn(lambda q, k, v: Recorded.apply(q) + k + v, mode, q, k, v, torch.ones(2, 3), engine)()
+            assert ("backward", threaded) in seen and ("forward", True) in seen, (mode, engine, seen)
+    assert torch._C._is_multithreading_enabled()  # restored after each call
+    with pytest.raises(ValueError, match="engine must be one of"):
+        call_fn(lambda q, k, v: q, "bwd", q, k, v, torch.ones(2, 3), "sideways")
