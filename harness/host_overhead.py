@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch._functorch.config  # for the 'bwd' rows: `import torch` alone does not import it
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
