@@ -184,6 +184,7 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
                        ("paged read ahead / contiguous, time", "paged, block table read ahead", "contiguous")),
     "gluon_features": (("forward: Triton / Gluon time", "Triton forward", "Gluon forward"),
                        ("backward: Triton / Gluon time", "Triton backward", "Gluon backward")),
+    "op_dispatch": (("custom_op / schema API", "torch.library.custom_op", "torch.library schema API (kernels/ops.py)"),),
 }
 
 
@@ -499,6 +500,7 @@ def peers_table(rows: pd.DataFrame, folder: Path = PAPER_PEERS_DIR) -> str:
 
 
 HOST_OVERHEAD_CSV = H200 / "host_overhead.csv"
+HOST_ENGINE_CSV = H200 / "host_engine.csv"  # eager rows with both engines
 
 
 def host_overhead_table(rows: pd.DataFrame) -> str:
@@ -577,8 +579,59 @@ def host_engine_table(rows: pd.DataFrame) -> str:
                      f"{_ratio(cells[1], cells[3])} |")
     env = rows.iloc[0]
     lines += ["", (f"Host ms per eager call, causal, {env['dtype']}, the GPU kept ahead by a sleep ({env['gpu']}, "
-                   f"torch {env['torch']}, commit {env['git_commit']}; rows: `reports/h200/{HOST_OVERHEAD_CSV.name}`).")]
+                   f"torch {env['torch']}, commit {env['git_commit']}; rows: `reports/h200/{HOST_ENGINE_CSV.name}`).")]
     return "\n".join(lines)
+
+
+def _checked_times(path: Path) -> tuple[pd.DataFrame, str, str]:
+    """An experiment's 'ms' rows as floats, its float64 checks as a sentence, and its source line
+    (the tool without the per-row notes, the commits)."""
+    rows = pd.read_csv(path, keep_default_na=False)
+    checks = rows[rows["column"] == "check against float64"]
+    failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
+    if checks.empty:
+        check_note = "no float64 check in the rows"
+    elif failed:
+        check_note = "failed the float64 check (not timed): " + "; ".join(failed)
+    else:
+        check_note = f"{', '.join(checks['row'])}: each matched float64 within 2x the Triton kernels' error"
+    times = rows[rows["unit"] == "ms"].copy()
+    times["value"] = times["value"].astype(float)
+    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
+    source = f"{rows['tool'].iloc[0].split('; ', 1)[0]}, at {', '.join(commits)}; rows: `{_decision_rows_path(path)}`"
+    return times, check_note, source
+
+
+def launch_order_table(path: Path) -> str:
+    """tools/experiments/exp_launch_order.py's rows (one process, the median of its rounds): per
+    causal case the grid order's ms, each other order's speed-up over it (grid-order time / its
+    time) and cuDNN's."""
+    times, check_note, source = _checked_times(path)
+    wide = times.pivot_table(index="column", columns="row", values="value", aggfunc="median", sort=False)
+    orders = [r for r in dict.fromkeys(times["row"]) if r not in ("grid order",)]
+    lines = ["| case | grid order, ms | " + " | ".join(f"{o}: speed over it" for o in orders) + " |",
+             "|---|---|" + "---|" * len(orders)]
+    for case, r in wide.iterrows():
+        base = r["grid order"]
+        lines.append(f"| {case} | {base:.3f} | " + " | ".join(_ratio(base, r.get(o, float("nan"))) for o in orders)
+                     + " |")
+    return "\n".join(lines + ["", f"{source}; {check_note}."])
+
+
+def softcap_backward_table(path: Path) -> str:
+    """tools/experiments/exp_softcap_backward.py's rows: a softcap's backward on each kernel and the
+    dense backward (ms, the median of the rounds), the Triton kernels' speed over the Gluon one and
+    the softcap's time over the dense one's (the features bar: at most 1.5x)."""
+    times, check_note, source = _checked_times(path)
+    wide = times.pivot_table(index="column", columns="row", values="value", aggfunc="median", sort=False)
+    gluon, triton = "softcap, Gluon dK/dV kernel", "softcap, Triton feature kernels"
+    dense = "no softcap (the dense backward)"
+    lines = [("| case | softcap, Gluon ms | softcap, Triton ms | no softcap ms | Triton over Gluon (Gluon time / "
+              "Triton's) | softcap (Triton) / no softcap |"), "|---|---|---|---|---|---|"]
+    for case, r in wide.iterrows():
+        lines.append(f"| {case} | {r[gluon]:.3f} | {r[triton]:.3f} | {r[dense]:.3f} | {_ratio(r[gluon], r[triton])} | "
+                     f"{_ratio(r[triton], r[dense])} |")
+    return "\n".join(lines + ["", f"{source}; {check_note}."])
 
 
 HOST_PLANS_LOGS = (("before", DECISIONS / "host_plans_before.log"), ("after", DECISIONS / "host_plans_after.log"))
@@ -610,7 +663,9 @@ SECTIONS = {
     "peers": lambda: peers_table(load_results(PAPER_PEERS_DIR)),
     "peers_fp16": lambda: peers_table(load_results(PAPER_PEERS_FP16_DIR), PAPER_PEERS_FP16_DIR),
     "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
-    "host_engine": lambda: host_engine_table(pd.read_csv(HOST_OVERHEAD_CSV)),
+    "host_engine": lambda: host_engine_table(pd.read_csv(HOST_ENGINE_CSV)),
+    "launch_order": lambda: launch_order_table(DECISIONS / "launch_order.csv"),
+    "softcap_backward": lambda: softcap_backward_table(DECISIONS / "softcap_backward.csv"),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
     "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
     "bwd_schedule": lambda: bwd_schedule_table(DECISIONS / "bwd_schedule.csv"),
