@@ -259,3 +259,32 @@ def test_the_host_table_reads_the_default_engine_and_the_engine_table_both():
     assert "| fwd |" not in engines  # no backward, no engine
     with pytest.raises(ValueError, match="calling thread"):
         embed.host_engine_table(rows[rows.engine == "threaded"])
+
+
+def _experiment_rows(tmp_path, name, values):
+    from reports.decisions import DecisionWriter
+
+    path = tmp_path / f"{name}.csv"
+    with DecisionWriter(path, f"tools/experiments/exp_{name}.py", commit="abc") as writer:
+        for row in dict.fromkeys(r for r, _, _ in values):
+            writer.write(row, "check against float64", "ok", 1.0)
+        for row, column, value in values:
+            writer.write(row, column, "ms", value)
+    return path
+
+
+def test_the_launch_order_table_gives_each_order_s_speed_over_the_grid_order(tmp_path):
+    path = _experiment_rows(tmp_path, "launch_order", [
+        ("grid order", "bwd gqa 2x8k", 2.0), ("groups of 4 heads", "bwd gqa 2x8k", 1.6),
+        ("whole grid", "bwd gqa 2x8k", 2.5), ("grid order", "bwd gqa 2x8k", 2.2)])
+    lines = embed.launch_order_table(path).splitlines()
+    # the grid order's median 2.1 ms: groups of 4 at 1.6 ms run 1.31x, the whole grid at 2.5 ms 0.84x
+    assert "| bwd gqa 2x8k | 2.100 | 1.31x | 0.84x |" in lines
+    assert "each matched float64" in lines[-1] and "at abc" in lines[-1]
+
+
+def test_the_softcap_table_compares_the_kernels_and_the_dense_backward(tmp_path):
+    path = _experiment_rows(tmp_path, "softcap_backward", [
+        ("softcap, Gluon dK/dV kernel", "2x8k", 5.0), ("softcap, Triton feature kernels", "2x8k", 4.0),
+        ("no softcap (the dense backward)", "2x8k", 2.5)])
+    assert "| 2x8k | 5.000 | 4.000 | 2.500 | 1.25x | 1.60x |" in embed.softcap_backward_table(path)
