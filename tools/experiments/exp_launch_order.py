@@ -13,6 +13,8 @@ heads run x-major, every head of a group starts its longest program first. Setti
 
     python tools/experiments/exp_launch_order.py --out DIR      # DIR/launch_order.csv
 
+The prediction these rows test, from the orders alone: tools/experiments/sim_launch_order.py.
+
 Per setting: the forward and the backward through kernels.flash_attn_func (the plans rebuilt for
 it) first checked against the float64 reference, causal, at batch 2 x 1k x 8 q heads over 4 kv
 heads (out, dQ, dK, dV within 2x the Triton kernels' error; deterministic backward as yardstick),
