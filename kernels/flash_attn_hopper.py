@@ -72,6 +72,19 @@ STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 
 HEAD_DIMS = (64, 128)  # the head dims the kernels serve (flash_attn.hopper_gluon_applies)
 LOG2E = 1.4426950408889634
 
+# The order causal programs start in. Their lengths differ (a query block near the end, or in the
+# backward a key block near the start, visits the most blocks): in the grid's own order each
+# head's longest programs start after every earlier head's, and the last heads' long programs run
+# alone at the end. The kernels renumber their programs so that a group of rows (heads) runs
+# longest first (_program_in_launch_order, as FA4's longest-processing-time tile scheduler
+# orders tiles); a group is sized so that the operands its programs share stay within a share of
+# the L2 cache. LAUNCH_GROUP_ROWS: None for that rule, an int to bound the group size instead (a
+# power of two dividing the rows, 1: the grid's own order); module-level so that an experiment
+# can compare them
+# (tools/experiments/exp_launch_order.py, docs/performance.md).
+LAUNCH_GROUP_ROWS: int | None = None
+L2_SHARE = 0.5  # of the device's L2 cache, for one group's shared operands
+
 
 @gluon.jit
 def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr,
@@ -163,14 +176,27 @@ def _wgmma_layout(cols):
 
 
 @gluon.jit
-def _fwd_program(num_heads, CAUSAL: gl.constexpr):
+def _program_in_launch_order(group_shift):
+    """(x, y) of this program, renumbered from the order CUDA starts a grid's programs (x fastest:
+    program x + y * X) so that each group of 2**group_shift rows of y (a power of two dividing
+    the grid's rows: `launch_group_shift`) runs x-major: x = 0 of every row of the group, then x =
+    1, and so on (group_shift 0 keeps the grid's own order). Shifts and masks only: no division."""
+    rows_mask = (1 << group_shift) - 1
+    within = (gl.program_id(1) & rows_mask) * gl.num_programs(0) + gl.program_id(0)
+    return within >> group_shift, (gl.program_id(1) & ~rows_mask) | (within & rows_mask)
+
+
+@gluon.jit
+def _fwd_program(num_heads, group_shift, CAUSAL: gl.constexpr):
     """The program's (query block, batch x head, batch, head); causal runs the last query block (the
-    most key blocks) first: the longest programs start early."""
+    most key blocks) first, of 2**group_shift heads at a time (_program_in_launch_order): the
+    longest programs start early."""
     if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        x, pid_bh = _program_in_launch_order(group_shift)
+        pid_m = gl.num_programs(0) - 1 - x
     else:
         pid_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
+        pid_bh = gl.program_id(1)
     return pid_m, pid_bh, pid_bh // num_heads, pid_bh % num_heads
 
 
@@ -362,7 +388,7 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 
 @gluon.jit
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
-                             kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
+                             kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b, group_shift,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False,
                              SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
@@ -371,14 +397,14 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
     sliding window: only the key blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of
-    shape (heads,) or (batch, heads), batch stride stride_alibi_b)."""
+    shape (heads,) or (batch, heads), batch stride stride_alibi_b). group_shift: _fwd_program's."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = 2 * ROWS
     # the causal loop's block count and its one masked (diagonal) block assume square blocks
     gl.static_assert(BLOCK_M == BLOCK_N)
-    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
+    pid_m, pid_bh, b, h = _fwd_program(num_heads, group_shift, CAUSAL)
     start_m = pid_m * BLOCK_M
     q_row = b * seqlen + start_m
     kv_row0 = b * seqlen
@@ -414,6 +440,25 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
         (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)),
         (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
     ], [4, 1], [240, 24])
+
+
+def launch_group_shift(rows: int, bytes_per_row: int, device: torch.device) -> int:
+    """log2 of how many grid rows (heads) run longest first together (see LAUNCH_GROUP_ROWS): the
+    largest power of two that divides `rows` and whose rows' shared operands (`bytes_per_row`
+    each) fit in L2_SHARE of `device`'s L2 cache; 0 (one row) at least."""
+    if LAUNCH_GROUP_ROWS is not None:
+        most = LAUNCH_GROUP_ROWS
+    else:
+        most = int(_l2_bytes(device) * L2_SHARE) // max(bytes_per_row, 1)
+    shift = 0
+    while rows % (2 << shift) == 0 and (2 << shift) <= most:
+        shift += 1
+    return shift
+
+
+@functools.cache
+def _l2_bytes(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).L2_cache_size
 
 
 @functools.cache
@@ -464,13 +509,15 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
                           {"STAGES": stages, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **flags})
     q_t, k_t, v_t, o_t = map(descriptor_template, templates)
     kv_group = heads // k.shape[2]
+    # the rows that share a kv head's K and V are adjacent
+    group_shift = launch_group_shift(batch * heads, seqlen * q.shape[3] * q.element_size() * 2 // kv_group, q.device)
 
     def run(q, k, v, out, lse, softmax_scale, features=()):
         qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
         launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(o_t, out),
                lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
-               alibi if alibi is not None else lse, stride_alibi_b)
+               alibi if alibi is not None else lse, stride_alibi_b, group_shift)
 
     return run
 
@@ -562,7 +609,8 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 
 @gluon.jit
 def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, CuSeqQ, CuSeqK, num_heads, total_q,
-                                    stride_o, qk_scale, kv_group, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                                    stride_o, qk_scale, kv_group, group_shift, STAGES: gl.constexpr,
+                                    CAUSAL: gl.constexpr):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; LSE is (heads, total_q).
@@ -572,7 +620,7 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, Cu
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = 2 * ROWS
-    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
+    pid_m, pid_bh, b, h = _fwd_program(num_heads, group_shift, CAUSAL)
     q_start = gl.load(CuSeqQ + b)
     seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
     kv_row0 = gl.load(CuSeqK + b)
@@ -620,13 +668,15 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     for packed sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a
     (total, heads * d) 2D view with rows that do not overlap; d 64 or 128; fp16 or bf16);
     `qk_scale` is the softmax scale times log2(e)."""
-    total_q, heads, _ = q.shape
+    total_q, heads, headdim = q.shape
     batch = cu_seqlens_q.shape[0] - 1
+    kv_group = heads // k.shape[1]
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M), batch * heads)
+    group_shift = launch_group_shift(batch * heads, max_seqlen_q * headdim * q.element_size() * 2 // kv_group, q.device)
     _fwd_varlen_launcher[grid](
         _packed_descriptor(q, BLOCK_M // 2), _packed_descriptor(k, BLOCK_N), _packed_descriptor(v, BLOCK_N),
         _packed_descriptor(out, BLOCK_M // 2), out, lse, cu_seqlens_q, cu_seqlens_k, heads, total_q, out.stride(0),
-        qk_scale, heads // k.shape[1], STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
+        qk_scale, kv_group, group_shift, STAGES=stages, CAUSAL=causal, num_warps=4, maxnreg=168)
 
 
 # --------------------------------------------------------------------------------------
@@ -667,12 +717,17 @@ def _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group,
 
 
 @gluon.jit
-def _bwd_program(num_heads, kv_group, BLOCK_N: gl.constexpr):
-    """The program's (batch, kv head, first key) of its (key block, batch x kv head); causal:
-    program 0 has the most query steps and starts first."""
+def _bwd_program(num_heads, kv_group, group_shift, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """The program's (batch, kv head, first key) of its (key block, batch x kv head); causal: key
+    block 0 has the most query steps and starts first, of 2**group_shift kv heads at a time
+    (_program_in_launch_order)."""
     kv_heads = num_heads // kv_group
-    pid_bh = gl.program_id(1)
-    return pid_bh // kv_heads, pid_bh % kv_heads, gl.program_id(0) * BLOCK_N
+    if CAUSAL:
+        block, pid_bh = _program_in_launch_order(group_shift)
+    else:
+        block = gl.program_id(0)
+        pid_bh = gl.program_id(1)
+    return pid_bh // kv_heads, pid_bh % kv_heads, block * BLOCK_N
 
 
 @gluon.jit
@@ -986,7 +1041,7 @@ def _window_query_steps(start_n, seqlen, window_left, window_right, BLOCK_M: gl.
 @gluon.jit
 def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, num_heads,
                                   seqlen, softmax_scale, qk_scale, kv_group, window_left, window_right, softcap_log2,
-                                  Alibi, stride_alibi_b, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                  Alibi, stride_alibi_b, group_shift, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                   FUSED_DQ: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
                                   ALIBI: gl.constexpr = False, STATS: gl.constexpr = False,
                                   DQ_FIRST: gl.constexpr = False):
@@ -1004,7 +1059,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = 2 * ROWS
-    b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
+    b, kv_head, start_n = _bwd_program(num_heads, kv_group, group_shift, BLOCK_N, CAUSAL)
     row0 = b * seqlen
     col0 = kv_head * HEAD_DIM
     q_col0 = kv_head * kv_group * HEAD_DIM  # the group's first q head
@@ -1152,7 +1207,7 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 @gluon.jit
 def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
                                          Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
-                                         softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
+                                         softmax_scale, qk_scale, kv_group, group_shift, STAGES: gl.constexpr,
                                          CAUSAL: gl.constexpr):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (key block, sequence x
     kv head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
@@ -1164,7 +1219,7 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = 2 * ROWS
-    b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
+    b, kv_head, start_n = _bwd_program(num_heads, kv_group, group_shift, BLOCK_N, CAUSAL)
     q_start = gl.load(CuSeqQ + b)
     seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
     kv_row0 = gl.load(CuSeqK + b)
@@ -1260,6 +1315,9 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
                                        [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     stats = BWD_STATS_IN_SHARED  # seqlen is a multiple of BWD_BLOCK_N: the rows of L and D are aligned
     kv_group = heads // kv_heads
+    # a row's programs share its q heads' Q_i, dO_i and float32 dQ_i rows
+    group_shift = launch_group_shift(batch * kv_heads, seqlen * headdim * (2 * q.element_size() + 4) * kv_group,
+                                   q.device)
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
                            "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), **flags})
@@ -1282,7 +1340,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
         launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(do_t, do),
                dk_desc, descriptor_like(dv_t, dv), dq_desc, lse_arg, delta_arg, heads, seqlen, softmax_scale, qk_scale,
                kv_group, window_left, window_right, softcap_log2, alibi if alibi is not None else lse,
-               stride_alibi_b)
+               stride_alibi_b, group_shift)
 
     return run
 
@@ -1301,12 +1359,15 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     batch = cu_seqlens_q.shape[0] - 1
     dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
                                [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
+    kv_group = heads // k.shape[1]
     grid = (triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1])
+    group_shift = launch_group_shift(batch * k.shape[1], max_seqlen_k * headdim * (2 * q.element_size() + 4) * kv_group,
+                                   q.device)
     _bwd_dkdv_varlen_launcher[grid](
         _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
         dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
-        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal, num_warps=4,
+        softmax_scale, softmax_scale * LOG2E, kv_group, group_shift, STAGES=stages, CAUSAL=causal, num_warps=4,
         maxnreg=168)
 
 

@@ -390,3 +390,23 @@ def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster(monkeypatch):
     assert hopper._dq_first(True, 1, flags())
     monkeypatch.setattr(hopper, "BWD_DQ_FIRST", False)
     assert not hopper._dq_first(True, 4, flags(WINDOW=True))
+
+
+def test_causal_programs_are_regrouped_by_a_power_of_two_rows_that_fits_the_l2_share(monkeypatch):
+    """flash_attn_hopper.launch_group_shift: log2 of the largest power of two that divides the
+    grid's rows and whose rows' shared operands fit in L2_SHARE of the L2 cache; LAUNCH_GROUP_ROWS
+    bounds it instead (1: the grid's own order)."""
+    from kernels import flash_attn_hopper as hopper
+
+    monkeypatch.setattr(hopper, "_l2_bytes", lambda device: 64 << 20)
+    monkeypatch.setattr(hopper, "L2_SHARE", 0.5)  # 32 MiB for a group
+    cuda = torch.device("cuda")
+    assert hopper.launch_group_shift(32, 4 << 20, cuda) == 3  # 8 rows of 4 MiB
+    assert hopper.launch_group_shift(32, 5 << 20, cuda) == 2  # 6 would fit: 4 is the power of two
+    assert hopper.launch_group_shift(24, 1 << 20, cuda) == 3  # 32 would fit, 8 divides 24
+    assert hopper.launch_group_shift(7, 1 << 10, cuda) == 0  # odd rows: the grid's own order
+    assert hopper.launch_group_shift(32, 64 << 20, cuda) == 0  # one row is more than the share
+    monkeypatch.setattr(hopper, "LAUNCH_GROUP_ROWS", 1)
+    assert hopper.launch_group_shift(32, 1, cuda) == 0
+    monkeypatch.setattr(hopper, "LAUNCH_GROUP_ROWS", 1024)
+    assert hopper.launch_group_shift(48, 64 << 20, cuda) == 4

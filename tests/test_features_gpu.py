@@ -201,3 +201,30 @@ def test_gpu_backward_is_bit_identical_between_runs(kw):
         runs.append(torch.autograd.grad(flash_attn_func(q, k, v, deterministic=True, **kw), (q, k, v), dout))
     for a, b in zip(*runs):
         assert torch.equal(a, b)
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group_rows", [1, 2, 1024], ids=["grid-order", "pairs", "whole-grid"])
+@pytest.mark.parametrize("case", ["dense", "gqa", "varlen"])
+def test_gpu_gluon_causal_launch_orders_cover_every_program(monkeypatch, case, group_rows, dtype):
+    """The Gluon kernels renumber causal programs longest first across groups of heads
+    (flash_attn_hopper.LAUNCH_GROUP_ROWS, launch_group_shift): whatever the group, every program
+    runs once (the outputs are poisoned before the kernels write them) and the results match the
+    float64 reference."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    from kernels import backward, forward
+    from kernels import flash_attn_hopper as hopper
+    from kernels.launch import PlanCache
+
+    monkeypatch.setattr(hopper, "LAUNCH_GROUP_ROWS", group_rows)
+    monkeypatch.setattr(forward, "_PLANS", PlanCache())  # plans hold the group they were made with
+    monkeypatch.setattr(backward, "_PLANS", PlanCache())
+    if group_rows > 1:  # the rows this case launches are regrouped
+        assert hopper.launch_group_shift(16, 1, torch.device("cuda")) == min(4, group_rows.bit_length() - 1)
+    if case == "varlen":
+        check_varlen([1500, 300, 1024, 900], [1500, 300, 1024, 900], 8, 2, 128, dtype, device="cuda", causal=True)
+    else:
+        check_dense(2, 1024, 1024, 8, 2 if case == "gqa" else 8, 128, dtype, causal=True, device="cuda")
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable

@@ -134,7 +134,7 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
 
 
 FEATURE_SIGNATURE = {"kv_group": "i32", "window_left": "i32", "window_right": "i32", "softcap_log2": "fp32",
-                     "Alibi": "*fp32", "stride_alibi_b": "i32"}
+                     "Alibi": "*fp32", "stride_alibi_b": "i32", "group_shift": "i32"}
 
 
 def feature_label(flags: dict) -> str:
@@ -168,7 +168,7 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
                  "o_desc": desc(hopper.BLOCK_M // 2), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
                  "CuSeqK": "*i32", "num_heads": "i32", "total_q": "i32", "stride_o": "i32", "qk_scale": "fp32",
-                 "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+                 "kv_group": "i32", "group_shift": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen", hopper._flash_fwd_hopper_varlen_kernel,
                         signature, {"STAGES": hopper.STAGES, "CAUSAL": causal})
 
@@ -207,7 +207,7 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "DK": f"*{dtype}", "DV": f"*{dtype}",
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
                  "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
-                 "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+                 "qk_scale": "fp32", "kv_group": "i32", "group_shift": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
