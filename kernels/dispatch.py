@@ -38,6 +38,10 @@ def disable_gluon(exc: BaseException) -> None:
 
 FWD_MEMORY_PATHS = ("pointer", "tma-kernel", "tma-host")  # the kernel's TMA constexpr: 0, 1, 2
 HOPPER_GLUON_PATH = "gluon-ws"  # kernels/flash_attn_hopper.py instead of _flash_fwd_kernel
+# A softcap's backward on the Gluon dK/dV kernel (True) or the Triton feature kernels (False, where
+# the Gluon one measured slower); module-level so that an experiment can time both
+# (tools/experiments/exp_softcap_backward.py).
+GLUON_SOFTCAP_BWD = False
 
 
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
@@ -173,7 +177,7 @@ def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, de
     'triton' (_flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_features_kernel for a call with features
     or GQA). flash_attn_backward takes 'gluon-ws' only on an sm_90 device."""
     beyond_dense = (features is not DENSE and not features.dense) or k.shape[2] != q.shape[2]
-    if beyond_dense and not (features.gluon_kernels and not features.softcap
+    if beyond_dense and not (features.gluon_kernels and (GLUON_SOFTCAP_BWD or not features.softcap)
                              and bwd_gluon_fuses_dq(config, q.shape[3], deterministic)):
         return "triton"
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys

@@ -949,6 +949,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]  # this consumer's columns of dQ
         dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
         dq_buf = dq_smem.index(HALF)
+    inv_softcap_log2 = 1.0 / softcap_log2 if SOFTCAP else 0.0
     mbarrier.wait(kv_bar, 0)
     for step in range(n_steps * kv_group):
         stage = step % STAGES
@@ -990,6 +991,9 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
                 p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
         p_op = gl.convert_layout(p.to(dtype), op_layout)
         if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2 joins P^T now: t is not kept for dS
+            if CAUSAL and not ALIBI:  # t read back from P^T = exp2(softcap log2(e) t - L): one lg2 instead of t's registers
+                # (a P of 0, masked or underflowed, reads the smallest normal: the product stays 0)
+                t = (gl.log2(gl.maximum(p, 1.1754943508222875e-38)) + lse) * inv_softcap_log2
             p = p * (1.0 - t * t)
         if FUSED_DQ and DQ_FIRST:
             # lines 12 and 14 as below, dS^T to the other consumer before its A operand is made

@@ -410,3 +410,19 @@ def test_causal_programs_are_regrouped_by_a_power_of_two_rows_that_fits_the_l2_s
     assert hopper.launch_group_shift(32, 1, cuda) == 0
     monkeypatch.setattr(hopper, "LAUNCH_GROUP_ROWS", 1024)
     assert hopper.launch_group_shift(48, 64 << 20, cuda) == 4
+
+
+def test_a_softcap_backward_takes_the_gluon_kernel_only_when_chosen(monkeypatch):
+    """dispatch.bwd_dkdv_path: a softcap's backward on the Triton feature kernels by default (the
+    Gluon one measured slower), on the Gluon kernel with GLUON_SOFTCAP_BWD (experiments)."""
+    from kernels import dispatch
+    from kernels.checks import Features
+    from kernels.configs import HOPPER_BWD_CONFIGS
+
+    monkeypatch.setattr(dispatch, "hopper_gluon_applies", lambda *tensors: True)  # as on an H200, bf16
+    q = torch.empty(2, 1024, 8, 128, dtype=torch.bfloat16, device="meta")
+    config = HOPPER_BWD_CONFIGS[128]
+    assert dispatch.bwd_dkdv_path(config, q, q, q, q, Features(softcap=30.0)) == "triton"
+    monkeypatch.setattr(dispatch, "GLUON_SOFTCAP_BWD", True)
+    assert dispatch.bwd_dkdv_path(config, q, q, q, q, Features(softcap=30.0)) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.bwd_dkdv_path(config, q, q, q, q, Features(softcap=30.0), deterministic=True) == "triton"

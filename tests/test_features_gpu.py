@@ -227,4 +227,23 @@ def test_gpu_gluon_causal_launch_orders_cover_every_program(monkeypatch, case, g
         check_varlen([1500, 300, 1024, 900], [1500, 300, 1024, 900], 8, 2, 128, dtype, device="cuda", causal=True)
     else:
         check_dense(2, 1024, 1024, 8, 2 if case == "gqa" else 8, 128, dtype, causal=True, device="cuda")
+
+
+@pytest.mark.parametrize("causal,kv_heads,softcap", [(True, 2, 0.5), (False, 8, 2.0), (True, 8, 30.0)])
+def test_gpu_gluon_softcap_backward_when_chosen(monkeypatch, causal, kv_heads, softcap, dtype):
+    """The Gluon dK/dV kernel's softcap backward (dispatch.GLUON_SOFTCAP_BWD; by default a softcap's
+    backward runs the Triton feature kernels): with causal tiles tanh's derivative reads t back
+    from P^T (flash_attn_hopper._bwd_dkdv_partition); both ways match the float64 reference."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    from kernels import backward
+    from kernels.launch import PlanCache
+
+    monkeypatch.setattr(dispatch, "GLUON_SOFTCAP_BWD", True)
+    monkeypatch.setattr(backward, "_PLANS", PlanCache())
+    like_q = torch.empty(2, 1024, 8, 128, device="cuda", dtype=dtype)
+    like_k = torch.empty(2, 1024, kv_heads, 128, device="cuda", dtype=dtype)
+    assert dispatch.bwd_dkdv_path(default_bwd_config(128, like_q.device), like_q, like_k, like_k, like_q,
+                                  Features(softcap=softcap)) == dispatch.HOPPER_GLUON_PATH
+    check_dense(2, 1024, 1024, 8, kv_heads, 128, dtype, causal=causal, softcap=softcap, device="cuda")
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
