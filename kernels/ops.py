@@ -1,10 +1,16 @@
 """The kernels as PyTorch custom ops, so that torch.compile and torch.export see one opaque node.
 
-As flash-attn's own interface does (flash_attn_interface.py, 2.7+): `torch.library.custom_op`
-ops `fa2::fwd` and `fa2::bwd`, a fake (meta) implementation of each that allocates exactly what
-the real one returns after the same argument checks (kernels/checks.py), and autograd
-registered on `fa2::fwd` whose backward calls `fa2::bwd`. Block-size overrides travel as JSON
-strings (an op's schema takes no dataclasses).
+As flash-attn's own interface does (flash_attn_interface.py, 2.7+): PyTorch ops `fa2::fwd` and
+`fa2::bwd`, a fake (meta) implementation of each that allocates exactly what the real one
+returns after the same argument checks (kernels/checks.py), and autograd registered on
+`fa2::fwd` whose backward calls `fa2::bwd`. Block-size overrides travel as JSON strings (an op's
+schema takes no dataclasses).
+
+They are defined with torch.library's schema API (`Library.define` and `impl` for the CPU and
+CUDA keys, `register_fake`, `register_autograd`) rather than `torch.library.custom_op`, whose
+per-call Python layers (the aliasing checks of the inputs and outputs around the kernel) every
+call through the op pays, a compiled graph's included; tools/experiments/exp_op_dispatch.py
+measures the two registrations on the host.
 
 Eager calls skip the dispatcher's round trip (`FlashAttnFunc` calls the same implementations
 directly): host time is what short calls wait on. Under torch.compile and torch.export tracing
@@ -64,7 +70,18 @@ def _lse_shape(q: Tensor, features: Features) -> tuple[int, ...]:
     return (q.shape[0], q.shape[2], q.shape[1])
 
 
-@torch.library.custom_op("fa2::fwd", mutates_args=())
+_LIB = torch.library.Library("fa2", "FRAGMENT")  # kernels/decode.py defines its ops in the namespace too
+_LIB.define("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
+            "SymInt max_seqlen_k, float softmax_scale, bool causal, SymInt window_left, SymInt window_right, "
+            "float softcap, Tensor? alibi_slopes, float dropout_p, Tensor? rng_seed, bool deterministic, "
+            "str fwd_config, str bwd_config) -> (Tensor, Tensor)", tags=(torch.Tag.pt2_compliant_tag,))
+_LIB.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
+            "Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, "
+            "SymInt window_left, SymInt window_right, float softcap, Tensor? alibi_slopes, float dropout_p, "
+            "Tensor? rng_seed, bool deterministic, str bwd_config) -> (Tensor, Tensor, Tensor)",
+            tags=(torch.Tag.pt2_compliant_tag,))  # as custom_op tags its ops (opcheck in tests/test_compile.py)
+
+
 def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
         max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
         window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
@@ -77,9 +94,8 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens
     return flash_attn_forward(q, k, v, softmax_scale, causal, _fwd_config(fwd_config), features)
 
 
-@fwd.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-      window_right, softcap, alibi_slopes, dropout_p, rng_seed, deterministic, fwd_config, bwd_config):
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+              window_right, softcap, alibi_slopes, dropout_p, rng_seed, deterministic, fwd_config, bwd_config):
     features = _features(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, window_left, window_right,
                          softcap, alibi_slopes, dropout_p, rng_seed, causal)
     check_call(q, k, v, causal, features)
@@ -87,7 +103,6 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_s
     return out, q.new_empty(_lse_shape(q, features), dtype=torch.float32)
 
 
-@torch.library.custom_op("fa2::bwd", mutates_args=())
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor | None,
         cu_seqlens_k: Tensor | None, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
         window_left: int, window_right: int, softcap: float, alibi_slopes: Tensor | None, dropout_p: float,
@@ -99,10 +114,15 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                deterministic, features)
 
 
-@bwd.register_fake
-def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      window_left, window_right, softcap, alibi_slopes, dropout_p, rng_seed, deterministic, bwd_config):
+def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+              window_left, window_right, softcap, alibi_slopes, dropout_p, rng_seed, deterministic, bwd_config):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+
+
+for _name, _impl, _fake in (("fwd", fwd, _fwd_fake), ("bwd", bwd, _bwd_fake)):
+    for _key in ("CPU", "CUDA"):  # CPU: Triton's interpreter
+        _LIB.impl(_name, _impl, _key)
+    torch.library.register_fake(f"fa2::{_name}", _fake, lib=_LIB)
 
 
 _BWD_INPUTS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal",
@@ -128,7 +148,7 @@ def _backward(ctx, dout, _dlse):
     return (dq, dk, dv) + (None,) * 15
 
 
-fwd.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("fa2::fwd", _backward, setup_context=_setup_context, lib=_LIB)
 
 
 class FlashAttnFunc(torch.autograd.Function):
