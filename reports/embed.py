@@ -250,10 +250,7 @@ def bwd_schedule_table(path: Path) -> str:
     the dense ones, then each choice's speed-up and the schedule the launcher takes
     (kernels/flash_attn_hopper.py: L and D in shared memory, dQ before dK with GQA, a window or
     ALiBi) against cuDNN."""
-    rows = pd.read_csv(path, keep_default_na=False)
-    checks = rows[rows["column"] == "check against float64"]
-    times = rows[rows["unit"] == "ms"].copy()
-    times["value"] = times["value"].astype(float)
+    times, checks, source = _experiment_rows(path)
     wide = times.pivot_table(index="row", columns="column", values="value", aggfunc="median", sort=False)
     columns = list(dict.fromkeys(times["column"]))
     wide = wide.reindex(columns=columns)
@@ -283,9 +280,7 @@ def bwd_schedule_table(path: Path) -> str:
     if len(marked):
         check_note += "; not measured or not ok: " + "; ".join(
             f"{r.row}, {r.column}: {r.tool.split('; ', 1)[-1]}" for r in marked.itertuples())
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    source = f"{rows['tool'].iloc[0].split('; ', 1)[0]}, at {', '.join(commits)}"
-    lines += ["", f"{source}; {check_note}; rows: `reports/h200/decisions/{path.name}`."]
+    lines += ["", f"{source}; {check_note}; rows: `{_decision_rows_path(path)}`."]
     return "\n".join(lines)
 
 
@@ -518,8 +513,7 @@ def host_overhead_table(rows: pd.DataFrame) -> str:
         x = r.get((value, compiled, provider), float("nan"))
         return float("nan") if pd.isna(x) else float(x)
 
-    def ms(x):
-        return "n/a" if pd.isna(x) else f"{x:.3f}"
+    ms = _host_ms
 
     lines = [("| mode | batch, heads, seqlen, hdim | ours host ms | SDPA flash host ms | host ratio | "
               "compiled: ours host ms | compiled: SDPA flash host ms | compiled host ratio | ours GPU ms | "
@@ -547,6 +541,10 @@ def host_overhead_table(rows: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _host_ms(x: float) -> str:
+    return "n/a" if pd.isna(x) else f"{x:.3f}"
+
+
 def _threaded_engine(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows whose backward ran on PyTorch's default engine (its device threads)."""
     if "engine" not in rows:
@@ -566,28 +564,41 @@ def host_engine_table(rows: pd.DataFrame) -> str:
     ok["engine"] = ok.engine.fillna("threaded")
     wide = ok.pivot_table(index=["mode", "batch", "heads", "seqlen", "hdim"], columns=["engine", "provider"],
                           values="host_ms", aggfunc="median")
-
-    def ms(x):
-        return "n/a" if pd.isna(x) else f"{x:.3f}"
+    ms = _host_ms
+    faster = dict.fromkeys((OURS, OFFICIAL), 0)  # cells where the calling thread was the faster engine
 
     lines = [("| mode | batch, heads, seqlen, hdim | ours: device thread | ours: calling thread | SDPA flash: device "
               "thread | SDPA flash: calling thread | ours / SDPA flash, calling thread |"), "|---|---|---|---|---|---|---|"]
     for (mode, batch, heads, seqlen, hdim), r in wide.iterrows():
         cells = [float(r.get((engine, provider), float("nan"))) for provider in (OURS, OFFICIAL)
                  for engine in ("threaded", "calling-thread")]
+        faster[OURS] += cells[1] < cells[0]
+        faster[OFFICIAL] += cells[3] < cells[2]
         lines.append(f"| {mode} | {batch}, {heads}, {seqlen}, {hdim} | {' | '.join(ms(c) for c in cells)} | "
                      f"{_ratio(cells[1], cells[3])} |")
     env = rows.iloc[0]
-    lines += ["", (f"Host ms per eager call, causal, {env['dtype']}, the GPU kept ahead by a sleep ({env['gpu']}, "
+    lines += ["", (f"The calling thread issued faster than the device thread in {faster[OURS]} of {len(wide)} "
+                   f"cells for ours, {faster[OFFICIAL]} of {len(wide)} for SDPA flash."),
+              "", (f"Host ms per eager call, causal, {env['dtype']}, the GPU kept ahead by a sleep ({env['gpu']}, "
                    f"torch {env['torch']}, commit {env['git_commit']}; rows: `reports/h200/{HOST_ENGINE_CSV.name}`).")]
     return "\n".join(lines)
 
 
-def _checked_times(path: Path) -> tuple[pd.DataFrame, str, str]:
-    """An experiment's 'ms' rows as floats, its float64 checks as a sentence, and its source line
-    (the tool without the per-row notes, the commits)."""
+def _experiment_rows(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
+    """An experiment's rows in the decisions format: its 'ms' rows (values as floats), its float64
+    check rows (unit 'ok' or 'wrong'), and its source (the tool without the per-row notes an
+    experiment appends after '; ', and the commits)."""
     rows = pd.read_csv(path, keep_default_na=False)
-    checks = rows[rows["column"] == "check against float64"]
+    times = rows[rows["unit"] == "ms"].copy()
+    times["value"] = times["value"].astype(float)
+    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
+    return (times, rows[rows["column"] == "check against float64"],
+            f"{rows['tool'].iloc[0].split('; ', 1)[0]}, at {', '.join(commits)}")
+
+
+def _checked_times(path: Path) -> tuple[pd.DataFrame, str, str]:
+    """_experiment_rows' times, its checks as a sentence, and its source line with the rows' path."""
+    times, checks, source = _experiment_rows(path)
     failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
     if checks.empty:
         check_note = "no float64 check in the rows"
@@ -595,11 +606,7 @@ def _checked_times(path: Path) -> tuple[pd.DataFrame, str, str]:
         check_note = "failed the float64 check (not timed): " + "; ".join(failed)
     else:
         check_note = f"{', '.join(checks['row'])}: each matched float64 within 2x the Triton kernels' error"
-    times = rows[rows["unit"] == "ms"].copy()
-    times["value"] = times["value"].astype(float)
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    source = f"{rows['tool'].iloc[0].split('; ', 1)[0]}, at {', '.join(commits)}; rows: `{_decision_rows_path(path)}`"
-    return times, check_note, source
+    return times, check_note, f"{source}; rows: `{_decision_rows_path(path)}`"
 
 
 def launch_order_table(path: Path) -> str:

@@ -257,6 +257,7 @@ def test_the_host_table_reads_the_default_engine_and_the_engine_table_both():
     engines = embed.host_engine_table(rows)
     assert "| fwd_bwd | 1, 16, 1024, 128 | 0.600 | 0.400 | 0.300 | 0.200 | 2.00x |" in engines
     assert "| fwd |" not in engines  # no backward, no engine
+    assert "faster than the device thread in 1 of 1 cells for ours, 1 of 1 for SDPA flash" in engines
     with pytest.raises(ValueError, match="calling thread"):
         embed.host_engine_table(rows[rows.engine == "threaded"])
 

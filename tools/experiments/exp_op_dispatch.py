@@ -38,7 +38,7 @@ def register(namespace: str, how: str):
     what keeps the registrations alive."""
     import torch
 
-    from kernels import ops
+    import kernels.ops  # noqa: F401 -- registers fa2::fwd and fa2::bwd, whose schemas the stand-ins copy
 
     def fwd_body(q, *args):
         return torch.empty_like(q), torch.empty_like(q)
@@ -79,7 +79,6 @@ def register(namespace: str, how: str):
             torch.library.register_fake(f"{namespace}::{name}", fake, lib=lib)
         torch.library.register_autograd(f"{namespace}::fwd", backward, setup_context=setup_context, lib=lib)
         keep = (lib,)
-    assert ops  # fa2's schemas are read from the registered ops
     return keep
 
 
