@@ -641,6 +641,28 @@ def softcap_backward_table(path: Path) -> str:
     return "\n".join(lines + ["", f"{source}; {check_note}."])
 
 
+def alibi_column_term_table(path: Path) -> str:
+    """tools/experiments/exp_alibi_column_term.py's rows: the dense causal forward and ALiBi's key term
+    added each way (ms, the median of the rounds), and each way's time over the dense one's (the
+    features bar: at most 1.1x)."""
+    times, checks, source = _experiment_rows(path)
+    wide = times.pivot_table(index="column", columns="row", values="value", aggfunc="median", sort=False)
+    dense = "no ALiBi (the dense forward)"
+    ways = [r for r in dict.fromkeys(times["row"]) if r != dense]
+    lines = ["| case | no ALiBi ms | " + " | ".join(f"{w} ms" for w in ways) + " | "
+             + " | ".join(f"{w} / no ALiBi" for w in ways) + " |", "|---|---|" + "---|" * (2 * len(ways))]
+    for case, r in wide.iterrows():
+        lines.append(f"| {case} | {r[dense]:.3f} | " + " | ".join(f"{r[w]:.3f}" for w in ways) + " | "
+                     + " | ".join(_ratio(r[w], r[dense]) for w in ways) + " |")
+    failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
+    if failed:
+        check_note = "failed the float64 check (not timed): " + "; ".join(failed)
+    else:
+        check_note = (f"{', '.join(checks['row'])}: each matched float64 within 2x the same-dtype PyTorch "
+                      "error (bf16 and fp16), its logsumexp within 1e-3")
+    return "\n".join(lines + ["", f"{source}; rows: `{_decision_rows_path(path)}`; {check_note}."])
+
+
 HOST_PLANS_LOGS = (("before", DECISIONS / "host_plans_before.log"), ("after", DECISIONS / "host_plans_after.log"))
 _HOST_LINE = re.compile(r"^\((?P<shape>[0-9, ]+)\) (?P<mode>fwd|bwd) ours (?P<ours>[0-9.]+) us, "
                         r"sdpa-flash (?P<sdpa>[0-9.]+) us$", re.MULTILINE)
@@ -673,6 +695,7 @@ SECTIONS = {
     "host_engine": lambda: host_engine_table(pd.read_csv(HOST_ENGINE_CSV)),
     "launch_order": lambda: launch_order_table(DECISIONS / "launch_order.csv"),
     "softcap_backward": lambda: softcap_backward_table(DECISIONS / "softcap_backward.csv"),
+    "alibi_column_term": lambda: alibi_column_term_table(DECISIONS / "alibi_column_term.csv"),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
     "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
     "bwd_schedule": lambda: bwd_schedule_table(DECISIONS / "bwd_schedule.csv"),

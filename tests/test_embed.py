@@ -274,6 +274,17 @@ def _experiment_rows(tmp_path, name, values):
     return path
 
 
+def test_the_alibi_table_gives_each_way_s_time_over_the_dense_forward(tmp_path):
+    path = _experiment_rows(tmp_path, "alibi_column_term", [
+        ("no ALiBi (the dense forward)", "2x8k", 1.0), ("ALiBi, registers", "2x8k", 1.2),
+        ("ALiBi, matmul", "2x8k", 1.1), ("ALiBi, matmul", "2x8k", 1.3)])
+    lines = embed.alibi_column_term_table(path).splitlines()
+    assert lines[0] == ("| case | no ALiBi ms | ALiBi, registers ms | ALiBi, matmul ms | ALiBi, registers / no ALiBi "
+                        "| ALiBi, matmul / no ALiBi |")
+    assert "| 2x8k | 1.000 | 1.200 | 1.200 | 1.20x | 1.20x |" in lines  # the matmul's median of 1.1 and 1.3
+    assert "each matched float64" in lines[-1] and "at abc" in lines[-1]
+
+
 def test_the_launch_order_table_gives_each_order_s_speed_over_the_grid_order(tmp_path):
     path = _experiment_rows(tmp_path, "launch_order", [
         ("grid order", "bwd gqa 2x8k", 2.0), ("groups of 4 heads", "bwd gqa 2x8k", 1.6),
