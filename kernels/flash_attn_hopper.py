@@ -71,6 +71,11 @@ BLOCK_N = 128  # keys per block
 STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 x 64 KiB of K and V; half at 64)
 HEAD_DIMS = (64, 128)  # the head dims the kernels serve (flash_attn.hopper_gluon_applies)
 LOG2E = 1.4426950408889634
+# How the forward adds ALiBi's key term under a causal mask (the ALIBI constexpr's value, 1 + the
+# index): per element in registers, or by the tensor cores from two 64-key wgmmas that start each
+# S accumulator, or with S itself computed as two 64-key halves chained on them.
+ALIBI_COLUMN_TERMS = ("registers", "matmul", "matmul-halves")
+ALIBI_COLUMN_TERM = "registers"
 
 
 @gluon.jit
@@ -89,6 +94,74 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr):
+    """_softmax_step (causal) on scores whose matmul added ALiBi's column term (`_alibi_bias`):
+    S * scale holds scale * q.k + slope * log2(e) * (key offset in the block), and `block_bias`
+    (slope * log2(e) * (the block's first key - the reference row)) completes the key term in the
+    per-row math, so each element costs what the dense step's does."""
+    if block == n_blocks - 1:
+        visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale + block_bias)
+    p = gl.exp2(s * qk_scale - (m_new - block_bias)[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _alibi_key_tile(kx_smem):
+    """Fill the [64, 16] B operand of `_alibi_bias`: row j (a key offset) holds j in columns 0-2 and
+    1 in columns 3-5, zeros after. Written once per program, before the partitions start."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
+    rows = gl.arange(0, kx_smem.type.shape[0], layout=gl.SliceLayout(1, layout)).to(gl.float32)[:, None]
+    cols = gl.arange(0, kx_smem.type.shape[1], layout=gl.SliceLayout(0, layout))[None, :]
+    tile = gl.where(cols < 3, rows, gl.where(cols < 6, 1.0, 0.0))
+    kx_smem.store(tile.to(kx_smem.dtype))
+    fence_async_shared()
+
+
+@gluon.jit
+def _alibi_query_tiles(alibi_log2, qk_scale, dtype: gl.constexpr, a_layout: gl.constexpr):
+    """The A operands of `_alibi_bias` for the block's two 64-key halves, built in their register
+    layout: a = slope * log2(e) / scale split into three terms of `dtype` (their sum is a to fp32
+    precision) in columns 0-2, and for the upper half 64 * a's terms in columns 3-5 (the half's
+    first key)."""
+    a = alibi_log2 / qk_scale
+    a1 = a.to(dtype).to(gl.float32)
+    a2 = (a - a1).to(dtype).to(gl.float32)
+    a3 = a - a1 - a2
+    cols = gl.arange(0, 16, layout=gl.SliceLayout(0, a_layout))[None, :]
+    zero = gl.zeros([64, 16], gl.float32, a_layout)
+    lo = zero + gl.where(cols == 0, a1, gl.where(cols == 1, a2, gl.where(cols == 2, a3, 0.0)))
+    hi = lo + gl.where(cols == 3, 64.0 * a1, gl.where(cols == 4, 64.0 * a2, gl.where(cols == 5, 64.0 * a3, 0.0)))
+    return lo.to(dtype), hi.to(dtype)
+
+
+@gluon.jit
+def _alibi_bias_issue(a_lo, a_hi, kx_smem, s_init_half):
+    """Issue ALiBi's column term for one 128-key block: a * j for key offsets j = 0..127 (unscaled
+    score units) as two 64-key wgmmas of depth 16 (a full-width one would need a 128-row B tile, 4
+    KiB the 3-stage ring leaves no room for). `_alibi_bias` waits for them."""
+    keys = kx_smem.permute((1, 0))
+    lo_tok = warpgroup_mma(a_lo, keys, s_init_half, use_acc=False, is_async=True)
+    hi_tok = warpgroup_mma(a_hi, keys, s_init_half, use_acc=False, is_async=True)
+    return lo_tok, hi_tok
+
+
+@gluon.jit
+def _alibi_bias(lo_tok, hi_tok, s_layout: gl.constexpr):
+    """The two halves of `_alibi_bias_issue`, waited for (nothing else of this warpgroup is in flight
+    then) and joined into S's layout, the accumulator the S matmul starts from (the halves'
+    registers are S's two column halves: the join moves no data)."""
+    lo, hi = warpgroup_mma_wait(0, deps=[lo_tok, hi_tok])
+    ROWS: gl.constexpr = lo.type.shape[0]
+    HALF_N: gl.constexpr = lo.type.shape[1]
+    bias = gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), [ROWS, 2 * HALF_N])
+    return gl.convert_layout(bias, s_layout)
 
 
 @gluon.jit
@@ -154,6 +227,20 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
     alpha = gl.exp2(m_i - m_ref)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, l_i, m_new
+
+
+@gluon.constexpr_function
+def _alibi_by_matmul(causal, window, softcap, alibi):
+    """Whether the forward adds ALiBi's column term in the S matmul (`_alibi_bias`): asked for
+    (ALIBI_COLUMN_TERM), causal, without a window or softcap (the bias is linear in the key index
+    only where every visible key is at or before the query, and a softcap comes before it)."""
+    return int(alibi) >= 2 and bool(causal) and not window and not softcap
+
+
+@gluon.constexpr_function
+def _alibi_halves(alibi):
+    """ALIBI_COLUMN_TERM 'matmul-halves': S as two 64-key wgmmas chained on the bias ones."""
+    return int(alibi) == 3
 
 
 @gluon.constexpr_function
@@ -224,9 +311,10 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
 
 @gluon.jit
 def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                     HALF: gl.constexpr):
+                     HALF: gl.constexpr, s_start=None, USE_START: gl.constexpr = False):
     """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
-    unscaled, waited for): (m, l, O, the zero accumulator every S matmul starts from, S)."""
+    unscaled, waited for; with USE_START, S = s_start + Q K^T): (m, l, O, the zero accumulator every
+    S matmul starts from, S)."""
     ROWS: gl.constexpr = q_buf.type.shape[0]
     HEAD_DIM: gl.constexpr = q_buf.type.shape[1]
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
@@ -237,20 +325,25 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout: gl.constexpr, o_layo
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(q_bar.index(HALF), 0)
     mbarrier.wait(k_bar.index(0), 0)
-    s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    if USE_START:
+        s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_start, use_acc=True, is_async=True)
+    else:
+        s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
     return m_i, l_i, acc, s_init, warpgroup_mma_wait(0, deps=[s_tok])
 
 
 @gluon.jit
-def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout: gl.constexpr):
+def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout: gl.constexpr,
+                       USE_START: gl.constexpr = False):
     """Line 8 for the loop's i-th key block j and line 10's P~ V for block j - 1, both in flight;
     waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for block j runs
-    under P~ V. Returns S_j, P~ V's accumulator and A operand, and block j - 1's stage."""
+    under P~ V. With USE_START, S_j = s_init + Q K_j^T. Returns S_j, P~ V's accumulator and A
+    operand, and block j - 1's stage."""
     STAGES: gl.constexpr = k_smem.type.shape[0]
     stage = i % STAGES
     prev = (i - 1) % STAGES
     mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
-    s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
+    s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=USE_START, is_async=True)
     mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
     p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
     acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
@@ -285,7 +378,7 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi) = args
+     full_lo, full_hi, kx_smem) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, first_block, n_blocks)
 
@@ -298,11 +391,11 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     n_blocks - 1. With a window, softcap or ALiBi (MODS) the scores go through _softmax_step_mods."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi) = args
+     full_lo, full_hi, kx_smem) = args
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
+    ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     dtype: gl.constexpr = q_desc.dtype
     # wgmma accumulators of one warpgroup, and P as the register-held A operand of P V
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
@@ -318,6 +411,79 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
+    if ALIBI_MMA:  # ALiBi's column term from the matmul (_alibi_bias), the rest per row
+        half_layout: gl.constexpr = _wgmma_layout(BLOCK_N // 2)
+        STAGES: gl.constexpr = k_smem.type.shape[0]
+        a_lo, a_hi = _alibi_query_tiles(alibi_log2, qk_scale, dtype,
+                                        gl.DotOperandLayout(operand_index=0, parent=half_layout, k_width=2))
+        s_init_half = gl.zeros([ROWS, BLOCK_N // 2], gl.float32, layout=half_layout)
+        lo_tok, hi_tok = _alibi_bias_issue(a_lo, a_hi, kx_smem, s_init_half)
+        bias = _alibi_bias(lo_tok, hi_tok, s_layout)
+        m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF, bias, True)
+        block_bias = alibi_log2 * (-mods[2]).to(gl.float32)
+        p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, 0, n_blocks,
+                                                 BLOCK_N)
+        if not _alibi_halves(ALIBI):
+            lo_tok, hi_tok = _alibi_bias_issue(a_lo, a_hi, kx_smem, s_init_half)  # block 1's, under P's conversion
+        for i in range(1, n_blocks):
+            stage = i % STAGES
+            prev = (i - 1) % STAGES
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            if _alibi_halves(ALIBI):
+                lo_tok, hi_tok = _alibi_bias_issue(a_lo, a_hi, kx_smem, s_init_half)
+                mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
+                keys = k_smem.index(stage)
+                lo_tok = warpgroup_mma(q_buf, keys.slice(0, BLOCK_N // 2).permute((1, 0)), lo_tok, is_async=True)
+                hi_tok = warpgroup_mma(q_buf, keys.slice(BLOCK_N // 2, BLOCK_N // 2).permute((1, 0)), hi_tok,
+                                       is_async=True)
+                mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
+                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                lo, hi = warpgroup_mma_wait(1, deps=[lo_tok, hi_tok])
+                s = gl.convert_layout(gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), [ROWS, BLOCK_N]), s_layout)
+            else:
+                bias = _alibi_bias(lo_tok, hi_tok, s_layout)
+                # line 8 for block j from the bias, line 10's P~ V for block j - 1, then line 9 under P~ V
+                mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
+                s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), bias, use_acc=True, is_async=True)
+                mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
+                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                s = warpgroup_mma_wait(1, deps=[s_tok])
+            block_bias = alibi_log2 * (i * BLOCK_N - mods[2]).to(gl.float32)
+            p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, i, n_blocks,
+                                                     BLOCK_N)
+            acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+            mbarrier.arrive(empty_bar.index(prev), count=1)
+            if not _alibi_halves(ALIBI):
+                lo_tok, hi_tok = _alibi_bias_issue(a_lo, a_hi, kx_smem, s_init_half)  # the next block's, under the rescale
+            acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+        if not _alibi_halves(ALIBI):
+            lo, hi = warpgroup_mma_wait(0, deps=[lo_tok, hi_tok])  # the one issued past the last block
+        acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
+    else:
+        acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window,
+                                      offs_m, offs_n, offs_n_f, first_block, n_blocks, s_layout, o_layout, p_layout,
+                                      o_row_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, HALF)
+    # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
+    out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
+    lse2 = m_i + gl.log2(l_i)
+    if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
+        lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
+    gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
+    q_buf.store(out.to(dtype))  # this half's Q buffer stages its O (only this warpgroup read it)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window, offs_m, offs_n,
+                  offs_n_f, first_block, n_blocks, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                  p_layout: gl.constexpr, o_row_layout: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, HALF: gl.constexpr):
+    """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense) or
+    _softmax_step_mods: the unnormalised O, l and m."""
+    MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
+    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
     # lines 5 and 8 for key block 0, then line 9
     m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF)
     if MODS:
@@ -335,17 +501,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, n_blocks, BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
     acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
-
-    # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
-    out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
-    lse2 = m_i + gl.log2(l_i)
-    if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
-        lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
-    gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
-    q_buf.store(out.to(dtype))  # this half's Q buffer stages its O (only this warpgroup read it)
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
-    tma.store_wait(pendings=0)
+    return acc, l_i, m_i
 
 
 @gluon.jit
@@ -401,10 +557,16 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
         alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
 
     q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES)
+    if _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI):
+        kx_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N // 2, 16],
+                                            gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
+        _alibi_key_tile(kx_smem)
+    else:
+        kx_smem = q_smem  # not read
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
             col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-            window_right, full_lo, full_hi)
+            window_right, full_lo, full_hi, kx_smem)
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one worker (4 warps) consume, one function HALF apart; one warp
@@ -458,6 +620,8 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
     templates = (_row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
                  _row_descriptor(out, BLOCK_M // 2))
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
+    if flags["ALIBI"]:
+        flags["ALIBI"] = 1 + ALIBI_COLUMN_TERMS.index(ALIBI_COLUMN_TERM)
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),

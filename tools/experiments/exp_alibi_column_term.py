@@ -1,0 +1,114 @@
+"""ALiBi's key term in the Gluon forward: per element in registers, or by the tensor cores, on the H200.
+
+Under a causal mask the forward splits ALiBi's bias -slope * (i - j) into a key term slope * j
+and a query term that cancels in the softmax (kernels/flash_attn_hopper.py, `_scores_log2`). In
+registers the key term costs an add per score plus its share of the per-key offsets; that is
+what keeps ALiBi above the features bar (at most 1.1x the dense time). The tensor cores can add
+it instead: an S accumulator that starts from a * j (a = slope * log2(e) / scale) costs the
+softmax nothing per element. A 128-key B tile for that matmul (4 KiB) does not fit beside the
+3-stage K/V ring, a 64-key one (2 KiB) does, so `flash_attn_hopper.ALIBI_COLUMN_TERM` chooses:
+
+* 'registers': the key term per element (as committed);
+* 'matmul': two 64-key wgmmas of depth 16 (A: a in three bf16/fp16 terms, B: the key offsets)
+  write the two column halves of the accumulator the 128-key S matmul starts from; they are
+  waited for before it is issued (issued under the previous block's rescale);
+* 'matmul-halves': S itself as two 64-key wgmmas chained on those, with no wait before them.
+
+    python tools/experiments/exp_alibi_column_term.py --out DIR      # DIR/alibi_column_term.csv
+
+First each variant's output and logsumexp against the float64 reference (bf16 and fp16, slopes
+in [0, 0.25], [0.5, 1] and 2^-8, batch 2 x 2k, 8 heads, causal): within 2x the same-dtype
+PyTorch error (the output) and 1e-3 (the logsumexp, natural log); then per shape
+`harness.features.measure`'s `do_bench` of the dense causal forward and of each variant, rounds
+interleaved. Rows in the decisions format, written as they are measured; a variant that fails
+the check is a row 'wrong' and is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
+
+TOOL = "tools/experiments/exp_alibi_column_term.py, bf16, head dim 128, causal, do_bench of the forward"
+SHAPES = ((2, 8192, 16), (1, 16384, 16), (8, 2048, 16))
+SLOPES = {"slopes 0-0.25": (0.0, 0.25), "slopes 0.5-1": (0.5, 1.0), "slopes 2^-8": (2.0 ** -8, 2.0 ** -8)}
+LSE_TOLERANCE = 1e-3
+
+
+def set_variant(name: str) -> None:
+    from kernels import flash_attn_hopper, forward
+
+    flash_attn_hopper.ALIBI_COLUMN_TERM = name
+    forward._PLANS.clear()
+
+
+def check(variant: str, device) -> tuple[bool, str]:
+    import torch
+
+    import kernels
+    from baselines.reference import attention_reference, attention_same_dtype
+
+    ok, notes = True, []
+    set_variant(variant)
+    for dtype in (torch.bfloat16, torch.float16):
+        for label, (lo, hi) in SLOPES.items():
+            gen = torch.Generator(device=device).manual_seed(11)
+            q, k, v = (torch.randn(2, 2048, 8, 128, device=device, dtype=dtype, generator=gen) for _ in range(3))
+            slopes = torch.rand(8, device=device, generator=gen) * (hi - lo) + lo
+            out, lse, _ = kernels.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, return_attn_probs=True)
+            ref, ref_lse = attention_reference(q, k, v, causal=True, alibi_slopes=slopes)
+            yardstick = (attention_same_dtype(q, k, v, causal=True, alibi_slopes=slopes).double() - ref).abs().max()
+            err = (out.double() - ref).abs().max().item()
+            lse_err = (lse.double() - ref_lse).abs().max().item()
+            good = bool(torch.isfinite(out).all()) and err <= 2 * yardstick.item() + 1e-5 and lse_err <= LSE_TOLERANCE
+            ok &= good
+            notes.append(f"{str(dtype)[6:]} {label}: out {err:.1e} (PyTorch {yardstick.item():.1e}) lse {lse_err:.1e}")
+    return ok, "; ".join(notes)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds over the variants (interleaved)")
+    args = parser.parse_args()
+    import torch
+
+    from harness.features import Case, measure
+    from kernels import flash_attn_hopper
+    from reports.decisions import DecisionWriter
+
+    device = torch.device("cuda")
+    production = flash_attn_hopper.ALIBI_COLUMN_TERM
+    args.out.mkdir(parents=True, exist_ok=True)
+    with DecisionWriter(args.out / "alibi_column_term.csv", TOOL) as writer:
+        variants = []
+        for variant in flash_attn_hopper.ALIBI_COLUMN_TERMS:
+            ok, notes = check(variant, device)
+            writer.write(f"ALiBi, {variant}", "check against float64", "ok" if ok else "wrong", float(ok),
+                         tool=f"{TOOL}; {notes}"[:600])
+            print(f"{variant:14s} {'ok' if ok else 'WRONG'}: {notes}", flush=True)
+            variants += [variant] if ok else []
+        for _ in range(args.repeats):
+            for batch, seqlen, heads in SHAPES:
+                column = f"{batch}x{seqlen // 1024}k {heads}h"
+                dense = Case("score", "dense", batch, seqlen, heads, heads)
+                row = measure(dense, "ours", "fwd", device, torch.bfloat16)
+                writer.write("no ALiBi (the dense forward)", column, "ms", row.get("ms", float("nan")))
+                print(f"{column:10s} {'no ALiBi':22s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
+                      flush=True)
+                for variant in variants:
+                    set_variant(variant)
+                    case = Case("score", "alibi", batch, seqlen, heads, heads, alibi=True)
+                    row = measure(case, "ours", "fwd", device, torch.bfloat16)
+                    writer.write(f"ALiBi, {variant}", column, "ms", row.get("ms", float("nan")))
+                    print(f"{column:10s} ALiBi, {variant:15s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
+                          flush=True)
+    set_variant(production)
+
+
+if __name__ == "__main__":
+    main()
