@@ -596,8 +596,9 @@ def _experiment_rows(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
             f"{rows['tool'].iloc[0].split('; ', 1)[0]}, at {', '.join(commits)}")
 
 
-def _checked_times(path: Path) -> tuple[pd.DataFrame, str, str]:
-    """_experiment_rows' times, its checks as a sentence, and its source line with the rows' path."""
+def _checked_times(path: Path, yardstick: str = "the Triton kernels'") -> tuple[pd.DataFrame, str, str]:
+    """_experiment_rows' times, its checks as a sentence (each within 2x `yardstick` error), and its
+    source line with the rows' path."""
     times, checks, source = _experiment_rows(path)
     failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
     if checks.empty:
@@ -605,15 +606,15 @@ def _checked_times(path: Path) -> tuple[pd.DataFrame, str, str]:
     elif failed:
         check_note = "failed the float64 check (not timed): " + "; ".join(failed)
     else:
-        check_note = f"{', '.join(checks['row'])}: each matched float64 within 2x the Triton kernels' error"
+        check_note = f"{', '.join(checks['row'])}: each matched float64 within 2x {yardstick} error"
     return times, check_note, f"{source}; rows: `{_decision_rows_path(path)}`"
 
 
-def launch_order_table(path: Path) -> str:
-    """tools/experiments/exp_launch_order.py's rows (one process, the median of its rounds): per
-    causal case the grid order's ms, each other order's speed-up over it (grid-order time / its
-    time) and cuDNN's."""
-    times, check_note, source = _checked_times(path)
+def launch_order_table(path: Path, yardstick: str = "the Triton kernels'") -> str:
+    """tools/experiments/exp_launch_order.py's rows (one process, the median of its rounds), or
+    another experiment's with a 'grid order' row: per case the grid order's ms, each other order's
+    speed-up over it (grid-order time / its time) and, where measured, cuDNN's."""
+    times, check_note, source = _checked_times(path, yardstick)
     wide = times.pivot_table(index="column", columns="row", values="value", aggfunc="median", sort=False)
     orders = [r for r in dict.fromkeys(times["row"]) if r not in ("grid order",)]
     lines = ["| case | grid order, ms | " + " | ".join(f"{o}: speed over it" for o in orders) + " |",
@@ -696,6 +697,7 @@ SECTIONS = {
     "launch_order": lambda: launch_order_table(DECISIONS / "launch_order.csv"),
     "softcap_backward": lambda: softcap_backward_table(DECISIONS / "softcap_backward.csv"),
     "alibi_column_term": lambda: alibi_column_term_table(DECISIONS / "alibi_column_term.csv"),
+    "varlen_bwd_order": lambda: launch_order_table(DECISIONS / "varlen_bwd_order.csv", "the grid order's"),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
     "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
     "bwd_schedule": lambda: bwd_schedule_table(DECISIONS / "bwd_schedule.csv"),

@@ -293,6 +293,8 @@ def test_the_launch_order_table_gives_each_order_s_speed_over_the_grid_order(tmp
     # the grid order's median 2.1 ms: groups of 4 at 1.6 ms run 1.31x, the whole grid at 2.5 ms 0.84x
     assert "| bwd gqa 2x8k | 2.100 | 1.31x | 0.84x |" in lines
     assert "each matched float64" in lines[-1] and "at abc" in lines[-1]
+    assert "the Triton kernels' error" in lines[-1]
+    assert "within 2x the grid order's error" in embed.launch_order_table(path, "the grid order's").splitlines()[-1]
 
 
 def test_the_softcap_table_compares_the_kernels_and_the_dense_backward(tmp_path):
