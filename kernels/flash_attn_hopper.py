@@ -1150,10 +1150,23 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 
 
 @gluon.jit
+def _varlen_bwd_program(SeqOrder, num_heads, kv_group, group_shift, BLOCK_N: gl.constexpr):
+    """The program's (sequence, kv head, first key) of its (key block, sequence x kv head): rows y
+    of the grid take the sequences in the order SeqOrder lists them (longest queries first: their
+    programs are the longest), and each group of 2**group_shift rows (kv heads of one sequence)
+    runs x-major: key block 0 of each (the most query steps), then block 1, and so on."""
+    kv_heads = num_heads // kv_group
+    rows_mask = (1 << group_shift) - 1
+    within = (gl.program_id(1) & rows_mask) * gl.num_programs(0) + gl.program_id(0)
+    row = (gl.program_id(1) & ~rows_mask) | (within & rows_mask)
+    return gl.load(SeqOrder + row // kv_heads), row % kv_heads, (within >> group_shift) * BLOCK_N
+
+
+@gluon.jit
 def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
-                                         Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
-                                         softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
-                                         CAUSAL: gl.constexpr):
+                                         Delta, CuSeqQ, CuSeqK, SeqOrder, num_heads, total_q, stride_dk, stride_dv,
+                                         softmax_scale, qk_scale, kv_group, group_shift, STAGES: gl.constexpr,
+                                         CAUSAL: gl.constexpr, ORDERED: gl.constexpr = False):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (key block, sequence x
     kv head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
@@ -1164,7 +1177,10 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = 2 * ROWS
-    b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
+    if ORDERED:  # VARLEN_BWD_ORDER
+        b, kv_head, start_n = _varlen_bwd_program(SeqOrder, num_heads, kv_group, group_shift, BLOCK_N)
+    else:
+        b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
     q_start = gl.load(CuSeqQ + b)
     seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
     kv_row0 = gl.load(CuSeqK + b)
@@ -1289,6 +1305,30 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
 
 _bwd_dkdv_varlen_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_varlen_kernel)
 
+# The varlen dK/dV kernel's program order: None for the grid's own (sequence-major, key block 0
+# first within a kv head), else (sorted, group): the kernel reads each row's sequence from a table
+# (_varlen_bwd_program), longest query sequence first when sorted, and runs up to `group` kv heads
+# of a sequence x-major. Module-level so that an experiment can compare the orders
+# (tools/experiments/exp_varlen_bwd_order.py).
+VARLEN_BWD_ORDER: tuple[bool, int] | None = None
+
+
+def _varlen_bwd_order(cu_seqlens_q: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, int]:
+    """(the sequences in the order the kernel's rows take them, int32; group_shift) for
+    VARLEN_BWD_ORDER: a stable sort by query length on the device (no host synchronisation) or the
+    batch's order, and log2 of the largest power of two <= its group dividing kv_heads."""
+    batch = cu_seqlens_q.shape[0] - 1
+    sort, group = VARLEN_BWD_ORDER or (False, 1)
+    if sort:
+        lengths = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+        order = torch.sort(lengths, descending=True, stable=True).indices.to(torch.int32)
+    else:
+        order = torch.arange(batch, dtype=torch.int32, device=cu_seqlens_q.device)
+    shift = 0
+    while kv_heads % (2 << shift) == 0 and (2 << shift) <= group:
+        shift += 1
+    return order, shift
+
 
 def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_accum, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_k: int, softmax_scale: float, causal: bool,
@@ -1302,12 +1342,13 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
                                [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     grid = (triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1])
+    order, group_shift = _varlen_bwd_order(cu_seqlens_q, k.shape[1]) if VARLEN_BWD_ORDER else (cu_seqlens_q, 0)
     _bwd_dkdv_varlen_launcher[grid](
         _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
-        dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
-        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal, num_warps=4,
-        maxnreg=168)
+        dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, order, heads, total_q, dk.stride(0), dv.stride(0),
+        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], group_shift, STAGES=stages, CAUSAL=causal,
+        ORDERED=VARLEN_BWD_ORDER is not None, num_warps=4, maxnreg=168)
 
 
 # The entry points as defined here: forward.py and backward.py run their plans while the module's
