@@ -199,8 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(one without a GPU), shorter timing")
     timing = parser.add_argument_group("timing and output")
     timing.add_argument("--repeats", type=_positive_int("--repeats"), default=1,
-                        help="independent measurements per configuration, each a do_bench median "
-                             "(default: %(default)s)")
+                        help="independent measurements per configuration, each a do_bench median; "
+                             "--suite features: rounds over the whole suite, the bar's ratios taken within "
+                             "each round (default: %(default)s)")
     timing.add_argument("--warmup-ms", type=_number("--warmup-ms", lambda x: x > 0, "a number > 0"),
                         help=f"do_bench warm-up time per measurement in ms (default: {DEFAULT_WARMUP_MS}; "
                              f"--quick: {QUICK_WARMUP_MS})")

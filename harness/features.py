@@ -53,7 +53,7 @@ PROVIDER_BUDGET_S = {"flex-attention": 75.0}
 COLUMNS = ("group", "variant", "provider", "label", "mode", "causal", "batch", "seqlen_q", "seqlen_k", "heads",
            "kv_heads", "hdim", "dtype", "window_left", "window_right", "softcap", "alibi", "lengths",
            "visible_pairs", "status", "reason", "ms", "ms_p20", "ms_p80", "tflops", "peak_mem_mb", "rel_err",
-           "config", "interpreter", *ROW_ENV_COLUMNS)
+           "config", "repeat", "interpreter", *ROW_ENV_COLUMNS)
 
 
 class Unsupported(Exception):
@@ -408,8 +408,10 @@ def _row(env, case: Case, dtype, **fields) -> dict:
 
 
 def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None,
-                  case_list: list[Case] | None = None) -> Path:
-    """Every case x provider x mode into out_dir/features.csv (a new file) and notes.txt.
+                  case_list: list[Case] | None = None, repeats: int = 1) -> Path:
+    """Every case x provider x mode into out_dir/features.csv (a new file) and notes.txt, in
+    `repeats` rounds over the whole suite (a row's `repeat`; the budget grows with them), so that
+    each round's same-run ratios see the same clocks and the rounds show their spread.
     `device` cpu (tests only) runs in Triton's interpreter, in float32 (its bf16 dots are wrong):
     times are not performance."""
     device = device or torch.device("cuda")
@@ -418,16 +420,21 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
         raise SystemExit("the features suite times GPU kernels: it needs CUDA (tests/test_features.py checks "
                          "correctness in the CPU interpreter)")
     env = capture_environment()
-    budget = BUDGET_S["quick" if quick else "full"]
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    budget = BUDGET_S["quick" if quick else "full"] * repeats
     start, skipped = time.monotonic(), []
     spent = dict.fromkeys(PROVIDER_BUDGET_S, 0.0)
     path = Path(out_dir) / FEATURES_CSV
+    rounds = [(repeat, case) for repeat in range(repeats) for case in (case_list if case_list is not None
+                                                                       else cases(quick))]
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
-        for case in case_list if case_list is not None else cases(quick):
+        for repeat, case in rounds:
+            where = f" (round {repeat + 1})" if repeats > 1 else ""
             if time.monotonic() - start > budget:
-                skipped.append(f"{case.group}/{case.variant} at {case.seqlen}")
+                skipped.append(f"{case.group}/{case.variant} at {case.seqlen}{where}")
                 continue
             for provider, (label, _) in PROVIDERS.items():
                 ours = provider.startswith("ours")
@@ -435,16 +442,16 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                 if device.type != "cuda" and not ours:
                     for mode in modes:
                         writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode,
-                                             status="unavailable", reason="needs CUDA"))
+                                             repeat=repeat, status="unavailable", reason="needs CUDA"))
                     continue
                 config = _our_config(case, device, provider) if ours else ""
                 for mode in modes:
-                    if spent.get(provider, 0.0) > PROVIDER_BUDGET_S.get(provider, math.inf):
-                        skipped.append(f"{provider} {mode} on {case.group}/{case.variant} at {case.seqlen}")
+                    if spent.get(provider, 0.0) > PROVIDER_BUDGET_S.get(provider, math.inf) * repeats:
+                        skipped.append(f"{provider} {mode} on {case.group}/{case.variant} at {case.seqlen}{where}")
                         continue
                     began = time.monotonic()
                     writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode, config=config,
-                                         **measure(case, provider, mode, device, dtype)))
+                                         repeat=repeat, **measure(case, provider, mode, device, dtype)))
                     f.flush()
                     if provider in spent:
                         spent[provider] += time.monotonic() - began
@@ -458,12 +465,13 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
 
 
 def run_suite(args, out_dir) -> int:
-    """Measure the features suite (args.quick: fewer lengths) into out_dir/features.csv, then write
-    out_dir/features.md from those rows and print it (args.report_only: only the report)."""
+    """Measure the features suite (args.quick: fewer lengths; args.repeats: rounds) into
+    out_dir/features.csv, then write out_dir/features.md from those rows and print it
+    (args.report_only: only the report)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not getattr(args, "report_only", False):
-        measure_suite(bool(getattr(args, "quick", False)), out_dir)
+        measure_suite(bool(getattr(args, "quick", False)), out_dir, repeats=int(getattr(args, "repeats", 1) or 1))
     print(write_features_report(out_dir).read_text())
     return 0
 
@@ -472,16 +480,48 @@ def run_suite(args, out_dir) -> int:
 # The report, from the rows alone
 # --------------------------------------------------------------------------------------
 def load_rows(out_dir) -> pd.DataFrame:
-    return pd.read_csv(Path(out_dir) / FEATURES_CSV, keep_default_na=False,
-                       na_values={c: [""] for c in ("ms", "tflops", "rel_err", "ms_p20", "ms_p80")})
+    """The suite's rows; rows from before rounds were counted are round 0."""
+    df = pd.read_csv(Path(out_dir) / FEATURES_CSV, keep_default_na=False,
+                     na_values={c: [""] for c in ("ms", "tflops", "rel_err", "ms_p20", "ms_p80", "repeat")})
+    df["repeat"] = df["repeat"].fillna(0).astype(int) if "repeat" in df else 0
+    return df
 
 
-def _ms(df, group, variant, provider, mode, seqlen=None) -> float:
+def _ms_rounds(df, group, variant, provider, mode, seqlen=None) -> pd.Series:
+    """The ok rows' times by round (index: repeat)."""
     sel = df[(df.group == group) & (df.variant == variant) & (df.provider == provider) & (df["mode"] == mode)
              & (df.status == "ok")]
     if seqlen is not None:
         sel = sel[sel.seqlen_q == seqlen]
-    return float(sel.ms.iloc[0]) if len(sel) else math.nan
+    return sel.groupby("repeat").ms.median().astype(float)
+
+
+def _ms(df, group, variant, provider, mode, seqlen=None) -> float:
+    """The median over the rounds of _ms_rounds (NaN without an ok row)."""
+    times = _ms_rounds(df, group, variant, provider, mode, seqlen)
+    return float(times.median()) if len(times) else math.nan
+
+
+def _ratio_rounds(numerator: pd.Series, denominator: pd.Series) -> pd.Series:
+    """numerator / denominator within each round both measured (a same-run ratio per round)."""
+    return (numerator / denominator).dropna()
+
+
+def _check(name: str, ratios: pd.Series, fmt: str, passes) -> tuple[str, str, str]:
+    """A bar check from per-round ratios: their median (with their range when there are several
+    rounds) and the verdict on the median, noting the rounds that disagree with it."""
+    if not len(ratios):
+        return name, _cell(math.nan), "n/a"
+    value = float(ratios.median())
+    cell = _cell(value, fmt)
+    if len(ratios) > 1:
+        cell += f" ({_cell(float(ratios.min()), fmt)}-{_cell(float(ratios.max()), fmt)} over {len(ratios)} rounds)"
+    ok = bool(passes(value))
+    dissent = sum(bool(passes(r)) != ok for r in ratios)
+    verdict = "met" if ok else "not met"
+    if dissent:
+        verdict += f" ({'not met' if ok else 'met'} in {dissent} of {len(ratios)} rounds)"
+    return name, cell, verdict
 
 
 def _cell(value: float, fmt: str = "{:.0f}") -> str:
@@ -489,8 +529,8 @@ def _cell(value: float, fmt: str = "{:.0f}") -> str:
 
 
 def _tflops_table(df: pd.DataFrame, group: str) -> list[str]:
-    """TFLOPs/s by (variant, provider, mode) and sequence length; providers that measured
-    nothing in the group are listed below the table with their reasons."""
+    """TFLOPs/s by (variant, provider, mode) and sequence length (the median over the rounds);
+    providers that measured nothing in the group are listed below the table with their reasons."""
     sub = df[df.group == group]
     measured = sub[~sub.status.isin(["unsupported", "unavailable"])]
     lengths = sorted(set(sub.seqlen_q))
@@ -500,10 +540,11 @@ def _tflops_table(df: pd.DataFrame, group: str) -> list[str]:
         cells = []
         for n in lengths:
             row = rows[rows.seqlen_q == n]
+            ok = row[row.status == "ok"]
             if not len(row):
                 cells.append("")
-            elif row.status.iloc[0] == "ok":
-                cells.append(_cell(float(row.tflops.iloc[0]), "{:.3g}"))
+            elif len(ok):
+                cells.append(_cell(float(ok.tflops.astype(float).median()), "{:.3g}"))
             else:
                 cells.append(row.status.iloc[0])
         lines.append(f"| {variant} | {provider} | {mode} | " + " | ".join(cells) + " |")
@@ -516,19 +557,22 @@ def _tflops_table(df: pd.DataFrame, group: str) -> list[str]:
 def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
     """(check, value, verdict) for the bar: GQA >= 0.9x FA4 and >= 1.2x SDPA flash; windows and
     packed variable lengths >= 0.9x FA4 (SDPA has neither); the window's time within 10% of its
-    visible-FLOP ratio; ALiBi <= 1.1x and softcap <= 1.5x the dense time."""
+    visible-FLOP ratio; ALiBi <= 1.1x and softcap <= 1.5x the dense time. Each ratio is taken within
+    a round (_check: the median over the rounds)."""
     checks = []
 
-    def verdict(ok):
-        return "n/a" if ok is None else ("met" if ok else "not met")
+    def at_least(bar):
+        return lambda x: x >= bar
+
+    def at_most(bar):
+        return lambda x: x <= bar
 
     for n in sorted(set(df[df.group == "gqa"].seqlen_q)):
         for mode in ("fwd", "bwd"):
-            ours = _ms(df, "gqa", "gqa", "ours", mode, n)
+            ours = _ms_rounds(df, "gqa", "gqa", "ours", mode, n)
             for peer, bar in (("fa4", 0.9), ("sdpa-flash", 1.2)):
-                speed = _ms(df, "gqa", "gqa", peer, mode, n) / ours
-                checks.append((f"GQA {n} {mode}: speed over {peer} >= {bar}", _cell(speed, "{:.2f}x"),
-                               verdict(None if math.isnan(speed) else speed >= bar)))
+                speed = _ratio_rounds(_ms_rounds(df, "gqa", "gqa", peer, mode, n), ours)
+                checks.append(_check(f"GQA {n} {mode}: speed over {peer} >= {bar}", speed, "{:.2f}x", at_least(bar)))
     window = df[(df.group == "window") & (df.variant == "window")]
     for n in sorted(set(window.seqlen_q)):
         row = window[window.seqlen_q == n].iloc[0]
@@ -536,24 +580,24 @@ def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
         visible = float(row.visible_pairs) / float(full.visible_pairs)
         sides = (int(row.window_left), int(row.window_right))
         for mode in ("fwd", "bwd"):
-            ratio = _ms(df, "window", "window", "ours", mode, n) / _ms(df, "window", "full-causal", "ours", mode, n)
-            checks.append((f"window {sides} at {n} {mode}: time / full causal within 10% of visible {visible:.2f}",
-                           _cell(ratio, "{:.2f}"), verdict(None if math.isnan(ratio) else ratio <= 1.1 * visible)))
-            speed = _ms(df, "window", "window", "fa4", mode, n) / _ms(df, "window", "window", "ours", mode, n)
-            checks.append((f"window {sides} at {n} {mode}: speed over fa4 >= 0.9", _cell(speed, "{:.2f}x"),
-                           verdict(None if math.isnan(speed) else speed >= 0.9)))
+            ours = _ms_rounds(df, "window", "window", "ours", mode, n)
+            ratio = _ratio_rounds(ours, _ms_rounds(df, "window", "full-causal", "ours", mode, n))
+            checks.append(_check(f"window {sides} at {n} {mode}: time / full causal within 10% of visible "
+                                 f"{visible:.2f}", ratio, "{:.2f}", at_most(1.1 * visible)))
+            speed = _ratio_rounds(_ms_rounds(df, "window", "window", "fa4", mode, n), ours)
+            checks.append(_check(f"window {sides} at {n} {mode}: speed over fa4 >= 0.9", speed, "{:.2f}x",
+                                 at_least(0.9)))
     for mode in ("fwd", "bwd"):
-        ratio = _ms(df, "varlen", "padded", "ours", mode) / _ms(df, "varlen", "varlen", "ours", mode)
-        checks.append((f"varlen {mode}: padding to the longest costs (x the varlen time)", _cell(ratio, "{:.2f}x"),
-                       "info"))
-        speed = _ms(df, "varlen", "varlen", "fa4", mode) / _ms(df, "varlen", "varlen", "ours", mode)
-        checks.append((f"varlen {mode}: speed over fa4 >= 0.9", _cell(speed, "{:.2f}x"),
-                       verdict(None if math.isnan(speed) else speed >= 0.9)))
-        dense = _ms(df, "score", "dense", "ours", mode)
+        varlen = _ms_rounds(df, "varlen", "varlen", "ours", mode)
+        _, cell, _ = _check("", _ratio_rounds(_ms_rounds(df, "varlen", "padded", "ours", mode), varlen),
+                               "{:.2f}x", at_least(0.0))
+        checks.append((f"varlen {mode}: padding to the longest costs (x the varlen time)", cell, "info"))
+        speed = _ratio_rounds(_ms_rounds(df, "varlen", "varlen", "fa4", mode), varlen)
+        checks.append(_check(f"varlen {mode}: speed over fa4 >= 0.9", speed, "{:.2f}x", at_least(0.9)))
+        dense = _ms_rounds(df, "score", "dense", "ours", mode)
         for variant, bar in (("alibi", 1.1), ("softcap", 1.5)):
-            ratio = _ms(df, "score", variant, "ours", mode) / dense
-            checks.append((f"{variant} {mode}: time over dense <= {bar}", _cell(ratio, "{:.2f}x"),
-                           verdict(None if math.isnan(ratio) else ratio <= bar)))
+            ratio = _ratio_rounds(_ms_rounds(df, "score", variant, "ours", mode), dense)
+            checks.append(_check(f"{variant} {mode}: time over dense <= {bar}", ratio, "{:.2f}x", at_most(bar)))
     return checks
 
 
@@ -565,6 +609,10 @@ def write_features_report(out_dir) -> Path:
               f"{env.get('dtype', '')}, head dim {env.get('hdim', '')}; {env.get('gpu', '')}, torch "
               f"{env.get('torch', '')}, triton {env.get('triton', '')}, commit {env.get('git_commit', '')}. "
               f"Rows: `{FEATURES_CSV}`."), ""]
+    rounds = int(df["repeat"].max()) + 1 if len(df) else 1
+    if rounds > 1:
+        lines += [(f"{rounds} rounds over the suite: each cell is the median over the rounds; each ratio of the "
+                   "bar is taken within a round (the same clocks), then its median and range over the rounds."), ""]
     titles = {"gqa": "GQA", "window": "Sliding window against the full causal call",
               "varlen": "Packed variable lengths against padding to the longest (columns: the longest)",
               "score": "ALiBi and softcap against the dense call"}

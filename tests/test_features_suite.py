@@ -42,3 +42,33 @@ def test_suite_writes_rows_and_a_report_from_them(tmp_path):
     for heading in ("## GQA", "## Sliding window", "## Packed variable lengths", "## ALiBi and softcap", "## The bar"):
         assert heading in report
     assert "window (8, 0) at 64 fwd" in report and "needs CUDA" in report
+
+
+def test_rounds_repeat_the_suite_and_the_report_takes_their_medians(tmp_path):
+    features.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY[5:7], repeats=2)
+    rows = pd.read_csv(tmp_path / features.FEATURES_CSV, keep_default_na=False)
+    ours = rows[rows.provider == "ours"]
+    assert sorted(ours.repeat.astype(int)) == [0] * 4 + [1] * 4 and set(ours.status) == {"ok"}
+    report = features.write_features_report(tmp_path).read_text()
+    assert "2 rounds over the suite" in report and "over 2 rounds)" in report
+
+
+def _score_rows(alibi_ms_by_round, dense_ms=1.0):
+    """Rows of the score group: ours' dense and ALiBi forward, one pair per round."""
+    base = {"group": "score", "provider": "ours", "mode": "fwd", "status": "ok", "seqlen_q": 8192}
+    rows = [{**base, "variant": "dense", "ms": dense_ms, "repeat": r} for r in range(len(alibi_ms_by_round))]
+    rows += [{**base, "variant": "alibi", "ms": ms, "repeat": r} for r, ms in enumerate(alibi_ms_by_round)]
+    return pd.DataFrame(rows)
+
+
+def test_a_bar_ratio_is_taken_within_each_round_and_reports_the_rounds_that_disagree():
+    checks = {name: (value, verdict) for name, value, verdict in features.bar_checks(_score_rows([1.05, 1.12, 1.08]))}
+    value, verdict = checks["alibi fwd: time over dense <= 1.1"]
+    assert value == "1.08x (1.05x-1.12x over 3 rounds)"
+    assert verdict == "met (not met in 1 of 3 rounds)"
+    one_round = {name: (value, verdict) for name, value, verdict in features.bar_checks(_score_rows([1.2]))}
+    assert one_round["alibi fwd: time over dense <= 1.1"] == ("1.20x", "not met")  # no range, no dissent
+    # a round whose dense row failed is left out of the ratio, not paired with another round's
+    rows = _score_rows([1.05, 1.3])
+    rows.loc[(rows.variant == "dense") & (rows.repeat == 1), "status"] = "error"
+    assert {n: v for n, v, _ in features.bar_checks(rows)}["alibi fwd: time over dense <= 1.1"] == "1.05x"
