@@ -72,10 +72,13 @@ STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 
 HEAD_DIMS = (64, 128)  # the head dims the kernels serve (flash_attn.hopper_gluon_applies)
 LOG2E = 1.4426950408889634
 # How the forward adds ALiBi's key term under a causal mask (the ALIBI constexpr's value, 1 + the
-# index): per element in registers, or by the tensor cores from two 64-key wgmmas that start each
-# S accumulator, or with S itself computed as two 64-key halves chained on them.
-ALIBI_COLUMN_TERMS = ("registers", "matmul", "matmul-halves")
+# index): per element in registers, or by the tensor cores: a 128-key wgmma of depth 16 that each
+# S matmul chains on (its 4 KiB B tile fits beside K's 3-stage ring with V's ring at V_STAGES).
+# V_STAGES: V blocks in flight (None: STAGES); K and V stages are released separately, K's once
+# its S matmul has finished, V's once its P~ V matmul has.
+ALIBI_COLUMN_TERMS = ("registers", "matmul-wide")
 ALIBI_COLUMN_TERM = "registers"
+V_STAGES: int | None = None
 
 
 @gluon.jit
@@ -139,29 +142,6 @@ def _alibi_query_tiles(alibi_log2, qk_scale, dtype: gl.constexpr, a_layout: gl.c
     lo = zero + gl.where(cols == 0, a1, gl.where(cols == 1, a2, gl.where(cols == 2, a3, 0.0)))
     hi = lo + gl.where(cols == 3, 64.0 * a1, gl.where(cols == 4, 64.0 * a2, gl.where(cols == 5, 64.0 * a3, 0.0)))
     return lo.to(dtype), hi.to(dtype)
-
-
-@gluon.jit
-def _alibi_bias_issue(a_lo, a_hi, kx_smem, s_init_half):
-    """Issue ALiBi's column term for one 128-key block: a * j for key offsets j = 0..127 (unscaled
-    score units) as two 64-key wgmmas of depth 16 (a full-width one would need a 128-row B tile, 4
-    KiB the 3-stage ring leaves no room for). `_alibi_bias` waits for them."""
-    keys = kx_smem.permute((1, 0))
-    lo_tok = warpgroup_mma(a_lo, keys, s_init_half, use_acc=False, is_async=True)
-    hi_tok = warpgroup_mma(a_hi, keys, s_init_half, use_acc=False, is_async=True)
-    return lo_tok, hi_tok
-
-
-@gluon.jit
-def _alibi_bias(lo_tok, hi_tok, s_layout: gl.constexpr):
-    """The two halves of `_alibi_bias_issue`, waited for (nothing else of this warpgroup is in flight
-    then) and joined into S's layout, the accumulator the S matmul starts from (the halves'
-    registers are S's two column halves: the join moves no data)."""
-    lo, hi = warpgroup_mma_wait(0, deps=[lo_tok, hi_tok])
-    ROWS: gl.constexpr = lo.type.shape[0]
-    HALF_N: gl.constexpr = lo.type.shape[1]
-    bias = gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), [ROWS, 2 * HALF_N])
-    return gl.convert_layout(bias, s_layout)
 
 
 @gluon.jit
@@ -238,12 +218,6 @@ def _alibi_by_matmul(causal, window, softcap, alibi):
 
 
 @gluon.constexpr_function
-def _alibi_halves(alibi):
-    """ALIBI_COLUMN_TERM 'matmul-halves': S as two 64-key wgmmas chained on the bias ones."""
-    return int(alibi) == 3
-
-
-@gluon.constexpr_function
 def _wgmma_layout(cols):
     """The layout of a wgmma accumulator `cols` wide held by one warpgroup (its 4 warps split the rows)."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 16])
@@ -262,25 +236,28 @@ def _fwd_program(num_heads, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr):
-    """The forward's shared memory: Q_i as two 64-row halves, a ring of STAGES K_j and V_j blocks, and
-    their mbarriers (q_bar, k_bar, v_bar: a TMA load has landed; empty_bar: a stage is free)."""
+def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+    """The forward's shared memory: Q_i as two 64-row halves, rings of STAGES K_j and V_STAGES V_j
+    blocks, and their mbarriers (q_bar, k_bar, v_bar: a TMA load has landed; empty_bar: K's stages
+    then V's, a stage is free)."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES + V_STAGES, 1], mbarrier.MBarrierLayout())
     for half in gl.static_range(2):
         mbarrier.init(q_bar.index(half), count=1)
     for stage in gl.static_range(STAGES):
         mbarrier.init(k_bar.index(stage), count=1)
+    for stage in gl.static_range(V_STAGES):
         mbarrier.init(v_bar.index(stage), count=1)
+    for stage in gl.static_range(STAGES + V_STAGES):
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
     return q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar
 
@@ -290,9 +267,10 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
                kv_col0, first_block, n_blocks):
     """FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j of key blocks first_block ..
     first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
-    both consumers have released (empty_bar counts two)."""
+    both consumers have released (empty_bar counts two; K's stages first, then V's)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
+    V_STAGES: gl.constexpr = v_smem.type.shape[0]
     for half in gl.static_range(2):
         mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
@@ -305,12 +283,14 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
         row = kv_row0 + (first_block + i) * BLOCK_N
         mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, kv_col0], k_bar.index(stage), k_smem.index(stage))
-        mbarrier.expect(v_bar.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(stage), v_smem.index(stage))
+        v_stage = i % V_STAGES
+        mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
+        mbarrier.expect(v_bar.index(v_stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(v_stage), v_smem.index(v_stage))
 
 
 @gluon.jit
-def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout: gl.constexpr, o_layout: gl.constexpr,
+def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.constexpr, o_layout: gl.constexpr,
                      HALF: gl.constexpr, s_start=None, USE_START: gl.constexpr = False):
     """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
     unscaled, waited for; with USE_START, S = s_start + Q K^T): (m, l, O, the zero accumulator every
@@ -329,29 +309,35 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout: gl.constexpr, o_layo
         s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_start, use_acc=True, is_async=True)
     else:
         s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
-    return m_i, l_i, acc, s_init, warpgroup_mma_wait(0, deps=[s_tok])
+    s = warpgroup_mma_wait(0, deps=[s_tok])
+    mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
+    return m_i, l_i, acc, s_init, s
 
 
 @gluon.jit
-def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout: gl.constexpr,
+def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init, p_layout: gl.constexpr,
                        USE_START: gl.constexpr = False):
     """Line 8 for the loop's i-th key block j and line 10's P~ V for block j - 1, both in flight;
     waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for block j runs
     under P~ V. With USE_START, S_j = s_init + Q K_j^T. Returns S_j, P~ V's accumulator and A
-    operand, and block j - 1's stage."""
+    operand, and the empty barrier of block j - 1's V stage (K_j's is released here, S_j done)."""
     STAGES: gl.constexpr = k_smem.type.shape[0]
+    V_STAGES: gl.constexpr = v_smem.type.shape[0]
     stage = i % STAGES
-    prev = (i - 1) % STAGES
+    prev = (i - 1) % V_STAGES
     mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
     s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=USE_START, is_async=True)
-    mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
+    mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
     p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
     acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-    return warpgroup_mma_wait(1, deps=[s_tok]), acc_tok, p_op, prev
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+    mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
+    return s, acc_tok, p_op, STAGES + prev
 
 
 @gluon.jit
 def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout: gl.constexpr):
+    # prev: the empty barrier of block j - 1's V stage (_fwd_block_matmuls)
     """Block j - 1's P~ V waited for and its stage released (this warpgroup is done with it), then
     line 10's rescale: O = diag(exp(m_old - m_new)) O, before P~_j V_j is added."""
     acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
@@ -362,13 +348,14 @@ def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout: gl.constex
 @gluon.jit
 def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout: gl.constexpr):
     """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
-    STAGES: gl.constexpr = v_smem.type.shape[0]
-    last = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
+    V_STAGES: gl.constexpr = v_smem.type.shape[0]
+    STAGES: gl.constexpr = empty_bar.type.shape[0] - V_STAGES
+    last = (n_blocks - 1) % V_STAGES
+    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // V_STAGES) & 1)
     p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
     acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
     acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-    mbarrier.arrive(empty_bar.index(last), count=1)
+    mbarrier.arrive(empty_bar.index(STAGES + last), count=1)
     return acc
 
 
@@ -411,53 +398,40 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
-    if ALIBI_MMA:  # ALiBi's column term from the matmul (_alibi_bias), the rest per row
-        half_layout: gl.constexpr = _wgmma_layout(BLOCK_N // 2)
+    if ALIBI_MMA:  # S = A B (ALiBi's key term, _alibi_key_tile) + Q K^T, chained: no wait, no work per element
         STAGES: gl.constexpr = k_smem.type.shape[0]
-        a_lo, a_hi = _alibi_query_tiles(alibi_log2, qk_scale, dtype,
-                                        gl.DotOperandLayout(operand_index=0, parent=half_layout, k_width=2))
-        s_init_half = gl.zeros([ROWS, BLOCK_N // 2], gl.float32, layout=half_layout)
-        lo_tok, hi_tok = _alibi_bias_issue(a_lo, a_hi, kx_smem, s_init_half)
-        bias = _alibi_bias(lo_tok, hi_tok, s_layout)
-        m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF, bias, True)
+        V_STAGES: gl.constexpr = v_smem.type.shape[0]
+        a_bias, _ = _alibi_query_tiles(alibi_log2, qk_scale, dtype,
+                                       gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2))
+        keys = kx_smem.permute((1, 0))
+        m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
+        acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+        s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+        mbarrier.wait(q_bar.index(HALF), 0)
+        mbarrier.wait(k_bar.index(0), 0)
+        s_tok = warpgroup_mma(a_bias, keys, s_init, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_tok, is_async=True)
+        s = warpgroup_mma_wait(0, deps=[s_tok])
+        mbarrier.arrive(empty_bar.index(0), count=1)
         block_bias = alibi_log2 * (-mods[2]).to(gl.float32)
         p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, 0, n_blocks,
                                                  BLOCK_N)
-        if not _alibi_halves(ALIBI):
-            lo_tok, hi_tok = _alibi_bias_issue(a_lo, a_hi, kx_smem, s_init_half)  # block 1's, under P's conversion
         for i in range(1, n_blocks):
             stage = i % STAGES
-            prev = (i - 1) % STAGES
+            prev = (i - 1) % V_STAGES
+            mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
+            s_tok = warpgroup_mma(a_bias, keys, s_init, use_acc=False, is_async=True)
+            s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_tok, is_async=True)
+            mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            if _alibi_halves(ALIBI):
-                lo_tok, hi_tok = _alibi_bias_issue(a_lo, a_hi, kx_smem, s_init_half)
-                mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
-                keys = k_smem.index(stage)
-                lo_tok = warpgroup_mma(q_buf, keys.slice(0, BLOCK_N // 2).permute((1, 0)), lo_tok, is_async=True)
-                hi_tok = warpgroup_mma(q_buf, keys.slice(BLOCK_N // 2, BLOCK_N // 2).permute((1, 0)), hi_tok,
-                                       is_async=True)
-                mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
-                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                lo, hi = warpgroup_mma_wait(1, deps=[lo_tok, hi_tok])
-                s = gl.convert_layout(gl.reshape(gl.permute(gl.join(lo, hi), (0, 2, 1)), [ROWS, BLOCK_N]), s_layout)
-            else:
-                bias = _alibi_bias(lo_tok, hi_tok, s_layout)
-                # line 8 for block j from the bias, line 10's P~ V for block j - 1, then line 9 under P~ V
-                mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
-                s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), bias, use_acc=True, is_async=True)
-                mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
-                acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-                s = warpgroup_mma_wait(1, deps=[s_tok])
+            acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(1, deps=[s_tok])
+            mbarrier.arrive(empty_bar.index(stage), count=1)
             block_bias = alibi_log2 * (i * BLOCK_N - mods[2]).to(gl.float32)
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, i, n_blocks,
                                                      BLOCK_N)
-            acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-            mbarrier.arrive(empty_bar.index(prev), count=1)
-            if not _alibi_halves(ALIBI):
-                lo_tok, hi_tok = _alibi_bias_issue(a_lo, a_hi, kx_smem, s_init_half)  # the next block's, under the rescale
-            acc = acc * gl.convert_layout(alpha, o_row_layout)[:, None]
-        if not _alibi_halves(ALIBI):
-            lo, hi = warpgroup_mma_wait(0, deps=[lo_tok, hi_tok])  # the one issued past the last block
+            acc = _fwd_rescale(acc_tok, p_op, alpha, STAGES + prev, empty_bar, o_row_layout)
         acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
     else:
         acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window,
@@ -485,7 +459,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
     # lines 5 and 8 for key block 0, then line 9
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF)
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, o_layout, HALF)
     if MODS:
         p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
                                                 CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
@@ -493,7 +467,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init, p_layout)
         if MODS:
             p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
                                                     offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
@@ -520,7 +494,7 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
                              kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False,
-                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
+                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, V_STAGES: gl.constexpr = 0):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does. The descriptors view (batch * seqlen, heads * head dim); K and V have
     num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
@@ -556,9 +530,10 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     if ALIBI:
         alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
 
-    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES)
+    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(
+        q_desc, k_desc, v_desc, STAGES, V_STAGES if V_STAGES else STAGES)
     if _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI):
-        kx_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N // 2, 16],
+        kx_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, 16],
                                             gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
         _alibi_key_tile(kx_smem)
     else:
@@ -622,6 +597,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     if flags["ALIBI"]:
         flags["ALIBI"] = 1 + ALIBI_COLUMN_TERMS.index(ALIBI_COLUMN_TERM)
+    flags["V_STAGES"] = V_STAGES or stages
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),
@@ -696,11 +672,11 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     first_row = start_m + HALF * ROWS  # this half's first query row in its sequence
     offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF)
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, o_layout, HALF)
     p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
                                               BLOCK_N, CAUSAL)
     for i in range(1, n_blocks):
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init, p_layout)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
@@ -755,7 +731,8 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, Cu
         col0 = h * HEAD_DIM
         kv_col0 = (h // kv_group) * HEAD_DIM
         lse_row0 = h.to(gl.int64) * total_q + q_start
-        q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES)
+        q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
+                                                                                     STAGES)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                 q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
                 stride_o, qk_scale)

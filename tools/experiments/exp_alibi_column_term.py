@@ -4,24 +4,21 @@ Under a causal mask the forward splits ALiBi's bias -slope * (i - j) into a key 
 and a query term that cancels in the softmax (kernels/flash_attn_hopper.py, `_scores_log2`). In
 registers the key term costs an add per score plus its share of the per-key offsets; that is
 what keeps ALiBi above the features bar (at most 1.1x the dense time). The tensor cores can add
-it instead: an S accumulator that starts from a * j (a = slope * log2(e) / scale) costs the
-softmax nothing per element. A 128-key B tile for that matmul (4 KiB) does not fit beside the
-3-stage K/V ring, a 64-key one (2 KiB) does, so `flash_attn_hopper.ALIBI_COLUMN_TERM` chooses:
-
-* 'registers': the key term per element (as committed);
-* 'matmul': two 64-key wgmmas of depth 16 (A: a in three bf16/fp16 terms, B: the key offsets)
-  write the two column halves of the accumulator the 128-key S matmul starts from; they are
-  waited for before it is issued (issued under the previous block's rescale);
-* 'matmul-halves': S itself as two 64-key wgmmas chained on those, with no wait before them.
+it instead: each S matmul chains on a wgmma of depth 16 (A: a = slope * log2(e) / scale in three
+bf16/fp16 terms, B: the 128 key offsets), which costs the softmax nothing per element. Its 4 KiB
+B tile does not fit beside 3-stage K and V rings; with K's and V's stages released separately
+(K's after its S matmul, V's after its P~ V matmul) V's ring can hold 2 blocks
+(`flash_attn_hopper.V_STAGES`). `flash_attn_hopper.ALIBI_COLUMN_TERM` chooses 'registers' or
+'matmul-wide'.
 
     python tools/experiments/exp_alibi_column_term.py --out DIR      # DIR/alibi_column_term.csv
 
 First each variant's output and logsumexp against the float64 reference (bf16 and fp16, slopes
 in [0, 0.25], [0.5, 1] and 2^-8, batch 2 x 2k, 8 heads, causal): within 2x the same-dtype
 PyTorch error (the output) and 1e-3 (the logsumexp, natural log); then per shape
-`harness.features.measure`'s `do_bench` of the dense causal forward and of each variant, rounds
-interleaved. Rows in the decisions format, written as they are measured; a variant that fails
-the check is a row 'wrong' and is not timed.
+`harness.features.measure`'s `do_bench` of the dense causal forward (3 and 2 V stages) and of
+each variant, rounds interleaved. Rows in the decisions format, written as they are measured; a
+variant that fails the check is a row 'wrong' and is not timed.
 """
 
 from __future__ import annotations
@@ -39,21 +36,28 @@ SLOPES = {"slopes 0-0.25": (0.0, 0.25), "slopes 0.5-1": (0.5, 1.0), "slopes 2^-8
 LSE_TOLERANCE = 1e-3
 
 
-def set_variant(name: str) -> None:
+# row -> (ALIBI_COLUMN_TERM, V_STAGES)
+VARIANTS = {"ALiBi, registers": ("registers", None), "ALiBi, registers, 2 V stages": ("registers", 2),
+            "ALiBi, matmul, 2 V stages": ("matmul-wide", 2)}
+DENSE = {"no ALiBi (the dense forward)": None, "no ALiBi, 2 V stages": 2}
+
+
+def set_variant(term: str, v_stages: int | None) -> None:
     from kernels import flash_attn_hopper, forward
 
-    flash_attn_hopper.ALIBI_COLUMN_TERM = name
+    flash_attn_hopper.ALIBI_COLUMN_TERM = term
+    flash_attn_hopper.V_STAGES = v_stages
     forward._PLANS.clear()
 
 
-def check(variant: str, device) -> tuple[bool, str]:
+def check(variant: tuple[str, int | None], device) -> tuple[bool, str]:
     import torch
 
     import kernels
     from baselines.reference import attention_reference, attention_same_dtype
 
     ok, notes = True, []
-    set_variant(variant)
+    set_variant(*variant)
     for dtype in (torch.bfloat16, torch.float16):
         for label, (lo, hi) in SLOPES.items():
             gen = torch.Generator(device=device).manual_seed(11)
@@ -82,32 +86,35 @@ def main() -> None:
     from reports.decisions import DecisionWriter
 
     device = torch.device("cuda")
-    production = flash_attn_hopper.ALIBI_COLUMN_TERM
+    production = flash_attn_hopper.ALIBI_COLUMN_TERM, flash_attn_hopper.V_STAGES
     args.out.mkdir(parents=True, exist_ok=True)
     with DecisionWriter(args.out / "alibi_column_term.csv", TOOL) as writer:
-        variants = []
-        for variant in flash_attn_hopper.ALIBI_COLUMN_TERMS:
+        variants = {}
+        for name, variant in VARIANTS.items():
             ok, notes = check(variant, device)
-            writer.write(f"ALiBi, {variant}", "check against float64", "ok" if ok else "wrong", float(ok),
+            writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
                          tool=f"{TOOL}; {notes}"[:600])
-            print(f"{variant:14s} {'ok' if ok else 'WRONG'}: {notes}", flush=True)
-            variants += [variant] if ok else []
+            print(f"{name:30s} {'ok' if ok else 'WRONG'}: {notes}", flush=True)
+            if ok:
+                variants[name] = variant
         for _ in range(args.repeats):
             for batch, seqlen, heads in SHAPES:
                 column = f"{batch}x{seqlen // 1024}k {heads}h"
-                dense = Case("score", "dense", batch, seqlen, heads, heads)
-                row = measure(dense, "ours", "fwd", device, torch.bfloat16)
-                writer.write("no ALiBi (the dense forward)", column, "ms", row.get("ms", float("nan")))
-                print(f"{column:10s} {'no ALiBi':22s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
-                      flush=True)
-                for variant in variants:
-                    set_variant(variant)
+                for name, v_stages in DENSE.items():
+                    set_variant("registers", v_stages)
+                    row = measure(Case("score", "dense", batch, seqlen, heads, heads), "ours", "fwd", device,
+                                  torch.bfloat16)
+                    writer.write(name, column, "ms", row.get("ms", float("nan")))
+                    print(f"{column:10s} {name:30s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
+                          flush=True)
+                for name, variant in variants.items():
+                    set_variant(*variant)
                     case = Case("score", "alibi", batch, seqlen, heads, heads, alibi=True)
                     row = measure(case, "ours", "fwd", device, torch.bfloat16)
-                    writer.write(f"ALiBi, {variant}", column, "ms", row.get("ms", float("nan")))
-                    print(f"{column:10s} ALiBi, {variant:15s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
+                    writer.write(name, column, "ms", row.get("ms", float("nan")))
+                    print(f"{column:10s} {name:30s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
                           flush=True)
-    set_variant(production)
+    set_variant(*production)
 
 
 if __name__ == "__main__":
