@@ -71,6 +71,9 @@ BLOCK_N = 128  # keys per block
 STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 x 64 KiB of K and V; half at 64)
 HEAD_DIMS = (64, 128)  # the head dims the kernels serve (flash_attn.hopper_gluon_applies)
 LOG2E = 1.4426950408889634
+# The forward's consumers take turns to issue their matmuls (FA3's warp-scheduler barrier,
+# `_pingpong_wait`); module-level so that an experiment can compare (tools/experiments/exp_fwd_pingpong.py).
+FWD_PINGPONG = False
 
 
 @gluon.jit
@@ -242,19 +245,34 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout: gl.constexpr, o_layo
 
 
 @gluon.jit
-def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout: gl.constexpr):
+def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout: gl.constexpr,
+                       turn_bar=None, HALF: gl.constexpr = 0, PINGPONG: gl.constexpr = False):
     """Line 8 for the loop's i-th key block j and line 10's P~ V for block j - 1, both in flight;
     waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for block j runs
-    under P~ V. Returns S_j, P~ V's accumulator and A operand, and block j - 1's stage."""
+    under P~ V. PINGPONG: the two consumers take turns to issue their matmuls (_pingpong_wait).
+    Returns S_j, P~ V's accumulator and A operand, and block j - 1's stage."""
     STAGES: gl.constexpr = k_smem.type.shape[0]
     stage = i % STAGES
     prev = (i - 1) % STAGES
     mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
+    if PINGPONG:
+        _pingpong_wait(turn_bar, i, HALF)
     s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
     mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
     p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
     acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+    if PINGPONG:
+        mbarrier.arrive(turn_bar.index(1 - HALF), count=1)  # the other consumer's turn
     return warpgroup_mma_wait(1, deps=[s_tok]), acc_tok, p_op, prev
+
+
+@gluon.jit
+def _pingpong_wait(turn_bar, k, HALF: gl.constexpr):
+    """FA3's warp-scheduler barrier with mbarriers: consumer HALF's k-th turn to issue its key block's
+    matmuls comes once the other consumer has issued its own (it arrives on turn_bar[HALF] after
+    them), so one consumer's softmax runs while the other's matmuls do, in strict alternation.
+    Consumer 0 goes first: its first wait is on the phase a fresh mbarrier counts as completed."""
+    mbarrier.wait(turn_bar.index(HALF), (k & 1) ^ (1 - HALF))
 
 
 @gluon.jit
@@ -281,24 +299,24 @@ def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout: gl.con
 
 @gluon.jit
 def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                    HALF: gl.constexpr):
+                    PINGPONG: gl.constexpr, HALF: gl.constexpr):
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi) = args
+     full_lo, full_hi, turn_bar) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, first_block, n_blocks)
 
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       HALF: gl.constexpr):
+                       PINGPONG: gl.constexpr, HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1. With a window, softcap or ALiBi (MODS) the scores go through _softmax_step_mods."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi) = args
+     full_lo, full_hi, turn_bar) = args
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -319,7 +337,11 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
     # lines 5 and 8 for key block 0, then line 9
+    if PINGPONG:
+        _pingpong_wait(turn_bar, 0, HALF)
     m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF)
+    if PINGPONG:
+        mbarrier.arrive(turn_bar.index(1 - HALF), count=1)
     if MODS:
         p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
                                                 CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
@@ -327,7 +349,8 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout,
+                                                    turn_bar, HALF, PINGPONG)
         if MODS:
             p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
                                                     offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
@@ -364,7 +387,8 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
                              kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False,
-                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
+                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
+                             PINGPONG: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does. The descriptors view (batch * seqlen, heads * head dim); K and V have
     num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
@@ -401,18 +425,21 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
         alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
 
     q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES)
+    turn_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # PINGPONG's turns
+    for half in gl.static_range(2):
+        mbarrier.init(turn_bar.index(half), count=1)
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
             col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-            window_right, full_lo, full_hi)
+            window_right, full_lo, full_hi, turn_bar)
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one worker (4 warps) consume, one function HALF apart; one warp
     # loads. Registers: 240 per consumer thread, 24 for the loader.
     gl.warp_specialize([
-        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
-        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)),
-        (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, PINGPONG, 0)),
+        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, PINGPONG, 1)),
+        (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, PINGPONG, 0)),
     ], [4, 1], [240, 24])
 
 
@@ -458,6 +485,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
     templates = (_row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
                  _row_descriptor(out, BLOCK_M // 2))
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
+    flags["PINGPONG"] = FWD_PINGPONG
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),
