@@ -71,9 +71,12 @@ BLOCK_N = 128  # keys per block
 STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 x 64 KiB of K and V; half at 64)
 HEAD_DIMS = (64, 128)  # the head dims the kernels serve (flash_attn.hopper_gluon_applies)
 LOG2E = 1.4426950408889634
-# The forward's consumers take turns to issue their matmuls (FA3's warp-scheduler barrier,
-# `_pingpong_wait`); module-level so that an experiment can compare (tools/experiments/exp_fwd_pingpong.py).
+# The forward's schedule options (the kernel's SCHEDULE constexpr, bit 0 and bit 1): the consumers
+# take turns to issue their matmuls (FA3's warp-scheduler barrier, `_pingpong_wait`), and row sums
+# kept per lane until the end of the tile (`_row_sum_update`); module-level so that an experiment
+# can compare them (tools/experiments/exp_fwd_schedule.py).
 FWD_PINGPONG = False
+FWD_DEFERRED_ROW_SUM = False
 
 
 @gluon.jit
@@ -90,8 +93,30 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     p = gl.exp2(s * qk_scale - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    l_i = _row_sum_update(l_i, alpha, p)
     return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _row_partial_sums(p):
+    """P~'s row sums within each thread only: [rows, 4], one partial sum per row and lane of the
+    four that share a row in the wgmma layout (columns 8c + 2q + r: the sum runs over c and r, the
+    thread's registers, and keeps q, the lane); no shuffle."""
+    ROWS: gl.constexpr = p.type.shape[0]
+    N: gl.constexpr = p.type.shape[1]
+    return gl.sum(gl.sum(gl.reshape(p, [ROWS, N // 8, 4, 2]), axis=3), axis=1)
+
+
+@gluon.jit
+def _row_sum_update(l_i, alpha, p):
+    """Line 9's l = exp2(m_old - m_new) l + rowsum(P~): with l of shape [rows] the full row sums
+    (two 4-lane shuffle reductions per row and block), with l [rows, 4] (_row_partial_sums) the
+    partial sums, reduced across lanes once at the end of the tile, as FA4's sm90 forward does."""
+    if len(l_i.shape) == 2:
+        partial = _row_partial_sums(p)
+        return l_i * gl.convert_layout(alpha, gl.SliceLayout(1, partial.type.layout))[:, None] + partial
+    else:
+        return l_i * alpha + gl.sum(p, axis=1)
 
 
 @gluon.jit
@@ -155,7 +180,7 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
         m_ref = m_new
     p = gl.exp2(s * scale - m_ref[:, None])
     alpha = gl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    l_i = _row_sum_update(l_i, alpha, p)
     return p, alpha, l_i, m_new
 
 
@@ -266,6 +291,16 @@ def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p
     return warpgroup_mma_wait(1, deps=[s_tok]), acc_tok, p_op, prev
 
 
+@gluon.constexpr_function
+def _pingpong(schedule):
+    return bool(int(schedule or 0) & 1)
+
+
+@gluon.constexpr_function
+def _deferred_row_sum(schedule):
+    return bool(int(schedule or 0) & 2)
+
+
 @gluon.jit
 def _pingpong_wait(turn_bar, k, HALF: gl.constexpr):
     """FA3's warp-scheduler barrier with mbarriers: consumer HALF's k-th turn to issue its key block's
@@ -299,7 +334,7 @@ def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout: gl.con
 
 @gluon.jit
 def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                    PINGPONG: gl.constexpr, HALF: gl.constexpr):
+                    SCHEDULE: gl.constexpr, HALF: gl.constexpr):
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
@@ -310,7 +345,7 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PINGPONG: gl.constexpr, HALF: gl.constexpr):
+                       SCHEDULE: gl.constexpr, HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1. With a window, softcap or ALiBi (MODS) the scores go through _softmax_step_mods."""
@@ -337,11 +372,14 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
     # lines 5 and 8 for key block 0, then line 9
+    PINGPONG: gl.constexpr = _pingpong(SCHEDULE)
     if PINGPONG:
         _pingpong_wait(turn_bar, 0, HALF)
     m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF)
     if PINGPONG:
         mbarrier.arrive(turn_bar.index(1 - HALF), count=1)
+    if _deferred_row_sum(SCHEDULE):  # partial row sums, reduced across lanes after the last block
+        l_i = _row_partial_sums(s_init)
     if MODS:
         p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
                                                 CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
@@ -359,6 +397,8 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
     acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
 
+    if _deferred_row_sum(SCHEDULE):
+        l_i = gl.convert_layout(gl.sum(l_i, axis=1), row_layout)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
     lse2 = m_i + gl.log2(l_i)
@@ -388,7 +428,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
                              kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False,
                              SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
-                             PINGPONG: gl.constexpr = False):
+                             SCHEDULE: gl.constexpr = 0):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does. The descriptors view (batch * seqlen, heads * head dim); K and V have
     num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
@@ -437,9 +477,9 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     # partition (4 warps) and one worker (4 warps) consume, one function HALF apart; one warp
     # loads. Registers: 240 per consumer thread, 24 for the loader.
     gl.warp_specialize([
-        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, PINGPONG, 0)),
-        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, PINGPONG, 1)),
-        (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, PINGPONG, 0)),
+        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, SCHEDULE, 0)),
+        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, SCHEDULE, 1)),
+        (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, SCHEDULE, 0)),
     ], [4, 1], [240, 24])
 
 
@@ -485,7 +525,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
     templates = (_row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
                  _row_descriptor(out, BLOCK_M // 2))
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
-    flags["PINGPONG"] = FWD_PINGPONG
+    flags["SCHEDULE"] = int(FWD_PINGPONG) | int(FWD_DEFERRED_ROW_SUM) << 1
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),

@@ -1,19 +1,23 @@
-"""The Gluon forward's two consumer warpgroups taking turns to issue their matmuls (FA3's
-warp-scheduler barrier), against leaving their order to the warp schedulers, on the H200.
+"""Two schedule options of the Gluon forward against the committed kernel, on the H200: the two
+consumer warpgroups taking turns to issue their matmuls (FA3's warp-scheduler barrier), and row
+sums kept per lane until the end of the tile (FA4's sm90 forward).
 
 Each consumer issues S_j = Q K_j^T and P~_{j-1} V_{j-1}, then runs the softmax of S_j under P~ V.
 Nothing orders the two consumers in the committed kernel: both may run their softmax at once
 while the tensor cores idle. With `flash_attn_hopper.FWD_PINGPONG` a consumer waits for its turn
 (an mbarrier the other arrives on once it has issued its own matmuls) before issuing, so the two
 alternate: one's softmax under the other's matmuls. FA3 and FA4's sm90 forward do this at head
-dim <= 128; the longer a call's softmax (ALiBi, softcap), the more it should matter.
+dim <= 128; the longer a call's softmax (ALiBi, softcap), the more it should matter. Line 9's
+row sum of P~ reduces each row across the four lanes that hold it (two shuffles and adds per row
+and block); with `FWD_DEFERRED_ROW_SUM` each lane keeps its partial sum and the lanes are summed
+once after the last block (non-matmul work FA2's first technique would also cut).
 
-    python tools/experiments/exp_fwd_pingpong.py --out DIR      # DIR/fwd_pingpong.csv
+    python tools/experiments/exp_fwd_schedule.py --out DIR      # DIR/fwd_schedule.csv
 
-First the forward with turns against the float64 reference on each case's small form (batch 2 x
-1k, bf16): within 2x the same-dtype PyTorch error; then per case `harness.features.measure`'s
-`do_bench` of the forward without and with turns, rounds interleaved. Rows in the decisions
-format, written as they are measured; if a check fails, turns are a row 'wrong' and not timed.
+First each option against the float64 reference on each case's small form (batch 2 x 1k, bf16):
+within 2x the same-dtype PyTorch error; then per case `harness.features.measure`'s `do_bench` of
+the forward with each schedule, rounds interleaved. Rows in the decisions format, written as they
+are measured; a schedule that fails its check is a row 'wrong' and is not timed.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
 
-TOOL = "tools/experiments/exp_fwd_pingpong.py, bf16, head dim 128, do_bench of the forward"
-ORDERS = {"no turns (as committed)": False, "turns (FA3's warp-scheduler barrier)": True}
+TOOL = "tools/experiments/exp_fwd_schedule.py, bf16, head dim 128, do_bench of the forward"
+# row -> (FWD_PINGPONG, FWD_DEFERRED_ROW_SUM)
+SCHEDULES = {"as committed": (False, False), "turns": (True, False), "row sums per lane": (False, True),
+             "turns, row sums per lane": (True, True)}
 
 
 def cases():
@@ -41,21 +47,21 @@ def cases():
             "window causal 1x16k 16h": Case("window", "window", 1, 16384, 16, 16, window=WINDOW)}
 
 
-def set_turns(on: bool) -> None:
+def set_schedule(schedule: tuple[bool, bool]) -> None:
     from kernels import flash_attn_hopper, forward
 
-    flash_attn_hopper.FWD_PINGPONG = on
+    flash_attn_hopper.FWD_PINGPONG, flash_attn_hopper.FWD_DEFERRED_ROW_SUM = schedule
     forward._PLANS.clear()
 
 
-def check(device) -> tuple[bool, str]:
+def check(schedule, device) -> tuple[bool, str]:
     import torch
 
     import kernels
     from baselines.reference import attention_reference, attention_same_dtype
 
     ok, notes = True, []
-    set_turns(True)
+    set_schedule(schedule)
     for name, case in cases().items():
         gen = torch.Generator(device=device).manual_seed(7)
         q = torch.randn(2, 1024, case.heads, 128, device=device, dtype=torch.bfloat16, generator=gen)
@@ -73,7 +79,7 @@ def check(device) -> tuple[bool, str]:
         good = bool(torch.isfinite(out).all()) and err <= 2 * yardstick + 1e-5
         ok &= good
         notes.append(f"{name}: {err:.1e} (PyTorch {yardstick:.1e})")
-    set_turns(False)
+    set_schedule((False, False))
     return ok, "; ".join(notes)
 
 
@@ -89,23 +95,26 @@ def main() -> None:
     from reports.decisions import DecisionWriter
 
     device = torch.device("cuda")
-    production = flash_attn_hopper.FWD_PINGPONG
+    production = flash_attn_hopper.FWD_PINGPONG, flash_attn_hopper.FWD_DEFERRED_ROW_SUM
     args.out.mkdir(parents=True, exist_ok=True)
-    with DecisionWriter(args.out / "fwd_pingpong.csv", TOOL) as writer:
-        ok, notes = check(device)
-        writer.write("turns (FA3's warp-scheduler barrier)", "check against float64", "ok" if ok else "wrong",
-                     float(ok), tool=f"{TOOL}; {notes}"[:600])
-        print(f"turns {'ok' if ok else 'WRONG'}: {notes}", flush=True)
-        orders = ORDERS if ok else {"no turns (as committed)": False}
+    with DecisionWriter(args.out / "fwd_schedule.csv", TOOL) as writer:
+        schedules = {}
+        for name, schedule in SCHEDULES.items():
+            ok, notes = check(schedule, device)
+            writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
+                         tool=f"{TOOL}; {notes}"[:600])
+            print(f"{name:26s} {'ok' if ok else 'WRONG'}: {notes}", flush=True)
+            if ok:
+                schedules[name] = schedule
         for _ in range(args.repeats):
             for column, case in cases().items():
-                for name, on in orders.items():
-                    set_turns(on)
+                for name, schedule in schedules.items():
+                    set_schedule(schedule)
                     row = measure(case, "ours", "fwd", device, torch.bfloat16)
                     writer.write(name, column, "ms", row.get("ms", float("nan")))
-                    print(f"{column:26s} {name:38s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
+                    print(f"{column:26s} {name:26s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
                           flush=True)
-    set_turns(production)
+    set_schedule(production)
 
 
 if __name__ == "__main__":
