@@ -495,7 +495,6 @@ def peers_table(rows: pd.DataFrame, folder: Path = PAPER_PEERS_DIR) -> str:
 
 
 HOST_OVERHEAD_CSV = H200 / "host_overhead.csv"
-HOST_ENGINE_CSV = H200 / "host_engine.csv"  # eager rows with both engines
 
 
 def host_overhead_table(rows: pd.DataFrame) -> str:
@@ -580,7 +579,7 @@ def host_engine_table(rows: pd.DataFrame) -> str:
     lines += ["", (f"The calling thread issued faster than the device thread in {faster[OURS]} of {len(wide)} "
                    f"cells for ours, {faster[OFFICIAL]} of {len(wide)} for SDPA flash."),
               "", (f"Host ms per eager call, causal, {env['dtype']}, the GPU kept ahead by a sleep ({env['gpu']}, "
-                   f"torch {env['torch']}, commit {env['git_commit']}; rows: `reports/h200/{HOST_ENGINE_CSV.name}`).")]
+                   f"torch {env['torch']}, commit {env['git_commit']}; rows: `reports/h200/{HOST_OVERHEAD_CSV.name}`).")]
     return "\n".join(lines)
 
 
@@ -596,8 +595,8 @@ def _experiment_rows(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
             f"{rows['tool'].iloc[0].split('; ', 1)[0]}, at {', '.join(commits)}")
 
 
-def _checked_times(path: Path, yardstick: str = "the Triton kernels'") -> tuple[pd.DataFrame, str, str]:
-    """_experiment_rows' times, its checks as a sentence (each within 2x `yardstick` error), and its
+def _checked_times(path: Path, yardstick: str = "the Triton kernels' error") -> tuple[pd.DataFrame, str, str]:
+    """_experiment_rows' times, its checks as a sentence (each within 2x `yardstick`), and its
     source line with the rows' path."""
     times, checks, source = _experiment_rows(path)
     failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
@@ -606,11 +605,11 @@ def _checked_times(path: Path, yardstick: str = "the Triton kernels'") -> tuple[
     elif failed:
         check_note = "failed the float64 check (not timed): " + "; ".join(failed)
     else:
-        check_note = f"{', '.join(checks['row'])}: each matched float64 within 2x {yardstick} error"
+        check_note = f"{', '.join(checks['row'])}: each matched float64 within 2x {yardstick}"
     return times, check_note, f"{source}; rows: `{_decision_rows_path(path)}`"
 
 
-def launch_order_table(path: Path, yardstick: str = "the Triton kernels'") -> str:
+def launch_order_table(path: Path, yardstick: str = "the Triton kernels' error") -> str:
     """tools/experiments/exp_launch_order.py's rows (one process, the median of its rounds), or
     another experiment's with a 'grid order' row: per case the grid order's ms, each other order's
     speed-up over it (grid-order time / its time) and, where measured, cuDNN's."""
@@ -646,7 +645,8 @@ def alibi_column_term_table(path: Path) -> str:
     """tools/experiments/exp_alibi_column_term.py's rows: the dense causal forward and ALiBi's key term
     added each way (ms, the median of the rounds), and each way's time over the dense one's (the
     features bar: at most 1.1x)."""
-    times, checks, source = _experiment_rows(path)
+    times, check_note, source = _checked_times(
+        path, "the same-dtype PyTorch error (bf16 and fp16), its logsumexp within 1e-3")
     wide = times.pivot_table(index="column", columns="row", values="value", aggfunc="median", sort=False)
     dense = "no ALiBi (the dense forward)"
     ways = [r for r in dict.fromkeys(times["row"]) if r != dense]
@@ -655,13 +655,7 @@ def alibi_column_term_table(path: Path) -> str:
     for case, r in wide.iterrows():
         lines.append(f"| {case} | {r[dense]:.3f} | " + " | ".join(f"{r[w]:.3f}" for w in ways) + " | "
                      + " | ".join(_ratio(r[w], r[dense]) for w in ways) + " |")
-    failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
-    if failed:
-        check_note = "failed the float64 check (not timed): " + "; ".join(failed)
-    else:
-        check_note = (f"{', '.join(checks['row'])}: each matched float64 within 2x the same-dtype PyTorch "
-                      "error (bf16 and fp16), its logsumexp within 1e-3")
-    return "\n".join(lines + ["", f"{source}; rows: `{_decision_rows_path(path)}`; {check_note}."])
+    return "\n".join(lines + ["", f"{source}; {check_note}."])
 
 
 HOST_PLANS_LOGS = (("before", DECISIONS / "host_plans_before.log"), ("after", DECISIONS / "host_plans_after.log"))
@@ -693,11 +687,11 @@ SECTIONS = {
     "peers": lambda: peers_table(load_results(PAPER_PEERS_DIR)),
     "peers_fp16": lambda: peers_table(load_results(PAPER_PEERS_FP16_DIR), PAPER_PEERS_FP16_DIR),
     "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
-    "host_engine": lambda: host_engine_table(pd.read_csv(HOST_ENGINE_CSV)),
+    "host_engine": lambda: host_engine_table(pd.read_csv(HOST_OVERHEAD_CSV)),
     "launch_order": lambda: launch_order_table(DECISIONS / "launch_order.csv"),
     "softcap_backward": lambda: softcap_backward_table(DECISIONS / "softcap_backward.csv"),
     "alibi_column_term": lambda: alibi_column_term_table(DECISIONS / "alibi_column_term.csv"),
-    "varlen_bwd_order": lambda: launch_order_table(DECISIONS / "varlen_bwd_order.csv", "the grid order's"),
+    "varlen_bwd_order": lambda: launch_order_table(DECISIONS / "varlen_bwd_order.csv", "the grid order's error"),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
     "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
     "bwd_schedule": lambda: bwd_schedule_table(DECISIONS / "bwd_schedule.csv"),

@@ -294,7 +294,8 @@ def test_the_launch_order_table_gives_each_order_s_speed_over_the_grid_order(tmp
     assert "| bwd gqa 2x8k | 2.100 | 1.31x | 0.84x |" in lines
     assert "each matched float64" in lines[-1] and "at abc" in lines[-1]
     assert "the Triton kernels' error" in lines[-1]
-    assert "within 2x the grid order's error" in embed.launch_order_table(path, "the grid order's").splitlines()[-1]
+    assert "within 2x the grid order's error" in embed.launch_order_table(
+        path, "the grid order's error").splitlines()[-1]
 
 
 def test_the_softcap_table_compares_the_kernels_and_the_dense_backward(tmp_path):
