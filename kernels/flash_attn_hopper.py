@@ -71,6 +71,15 @@ BLOCK_N = 128  # keys per block
 STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 x 64 KiB of K and V; half at 64)
 HEAD_DIMS = (64, 128)  # the head dims the kernels serve (flash_attn.hopper_gluon_applies)
 LOG2E = 1.4426950408889634
+# How the forward adds ALiBi's key term under a causal mask (the ALIBI constexpr's value, 1 + the
+# index): per element in registers, or by the tensor cores: a 128-key wgmma of depth 16 that each
+# S matmul chains on ('matmul-wide'; docs/performance.md, "ALiBi's key term", has the timings).
+# Its 4 KiB B tile fits beside K's 3-stage ring at head dim 128 once V's ring holds 2 blocks.
+# V_STAGES: V blocks in flight (None: STAGES, or 2 where that tile needs the room); K and V
+# stages are released separately, K's once its S matmul has finished, V's once its P~ V has.
+ALIBI_COLUMN_TERMS = ("registers", "matmul-wide")
+ALIBI_COLUMN_TERM = "matmul-wide"
+V_STAGES: int | None = None
 
 
 @gluon.jit
@@ -89,6 +98,50 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr):
+    """_softmax_step (causal) on scores whose matmul added ALiBi's key term (`_alibi_query_tile`):
+    S * scale holds scale * q.k + slope * log2(e) * (key offset in the block), and `block_bias`
+    (slope * log2(e) * (the block's first key - the reference row)) completes the key term in the
+    per-row math, so each element costs what the dense step's does."""
+    if block == n_blocks - 1:
+        visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale + block_bias)
+    p = gl.exp2(s * qk_scale - (m_new - block_bias)[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _alibi_key_tile(kx_smem):
+    """Fill the [BLOCK_N, 16] B operand of ALiBi's key term: row j (a key offset in the block) holds
+    j in columns 0-2, zeros after (j < 256 is exact in bf16 and fp16). Written once per program,
+    before the partitions start."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
+    rows = gl.arange(0, kx_smem.type.shape[0], layout=gl.SliceLayout(1, layout)).to(gl.float32)[:, None]
+    cols = gl.arange(0, kx_smem.type.shape[1], layout=gl.SliceLayout(0, layout))[None, :]
+    tile = gl.where(cols < 3, rows, 0.0)
+    kx_smem.store(tile.to(kx_smem.dtype))
+    fence_async_shared()
+
+
+@gluon.jit
+def _alibi_query_tile(alibi_log2, qk_scale, dtype: gl.constexpr, a_layout: gl.constexpr):
+    """The [64, 16] A operand of ALiBi's key term, in its register layout: every row holds
+    a = slope * log2(e) / scale split into three terms of `dtype` (their sum is a to fp32
+    precision) in columns 0-2, zeros after. A times `_alibi_key_tile`'s B adds a * (key offset)
+    to each unscaled score, which the scale turns into slope * log2(e) * (key offset)."""
+    a = alibi_log2 / qk_scale
+    a1 = a.to(dtype).to(gl.float32)
+    a2 = (a - a1).to(dtype).to(gl.float32)
+    a3 = a - a1 - a2
+    cols = gl.arange(0, 16, layout=gl.SliceLayout(0, a_layout))[None, :]
+    zero = gl.zeros([64, 16], gl.float32, a_layout)
+    return (zero + gl.where(cols == 0, a1, gl.where(cols == 1, a2, gl.where(cols == 2, a3, 0.0)))).to(dtype)
 
 
 @gluon.jit
@@ -157,6 +210,14 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
 
 
 @gluon.constexpr_function
+def _alibi_by_matmul(causal, window, softcap, alibi):
+    """Whether the forward adds ALiBi's key term in the S matmul (`_alibi_query_tile`): asked for
+    (ALIBI_COLUMN_TERM), causal, without a window or softcap (the bias is linear in the key index
+    only where every visible key is at or before the query, and a softcap comes before it)."""
+    return int(alibi) >= 2 and bool(causal) and not window and not softcap
+
+
+@gluon.constexpr_function
 def _wgmma_layout(cols):
     """The layout of a wgmma accumulator `cols` wide held by one warpgroup (its 4 warps split the rows)."""
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, cols, 16])
@@ -175,25 +236,28 @@ def _fwd_program(num_heads, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr):
-    """The forward's shared memory: Q_i as two 64-row halves, a ring of STAGES K_j and V_j blocks, and
-    their mbarriers (q_bar, k_bar, v_bar: a TMA load has landed; empty_bar: a stage is free)."""
+def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+    """The forward's shared memory: Q_i as two 64-row halves, rings of STAGES K_j and V_STAGES V_j
+    blocks, and their mbarriers (q_bar, k_bar, v_bar: a TMA load has landed; empty_bar: K's stages
+    then V's, a stage is free)."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES + V_STAGES, 1], mbarrier.MBarrierLayout())
     for half in gl.static_range(2):
         mbarrier.init(q_bar.index(half), count=1)
     for stage in gl.static_range(STAGES):
         mbarrier.init(k_bar.index(stage), count=1)
+    for stage in gl.static_range(V_STAGES):
         mbarrier.init(v_bar.index(stage), count=1)
+    for stage in gl.static_range(STAGES + V_STAGES):
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
     return q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar
 
@@ -203,9 +267,10 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
                kv_col0, first_block, n_blocks):
     """FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j of key blocks first_block ..
     first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
-    both consumers have released (empty_bar counts two)."""
+    both consumers have released (empty_bar counts two; K's stages first, then V's)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
+    V_STAGES: gl.constexpr = v_smem.type.shape[0]
     for half in gl.static_range(2):
         mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
@@ -218,15 +283,30 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
         row = kv_row0 + (first_block + i) * BLOCK_N
         mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, kv_col0], k_bar.index(stage), k_smem.index(stage))
-        mbarrier.expect(v_bar.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(stage), v_smem.index(stage))
+        v_stage = i % V_STAGES
+        mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
+        mbarrier.expect(v_bar.index(v_stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(v_stage), v_smem.index(v_stage))
 
 
 @gluon.jit
-def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                     HALF: gl.constexpr):
+def _s_matmul(q_buf, k_tile, s_init, bias=None):
+    """Line 8's S = Q K_j^T (unscaled), issued asynchronously; with `bias` (ALiBi's (A, B) tiles,
+    `_alibi_by_matmul`) chained on A B, so S holds ALiBi's key term with no work per element."""
+    if bias is None:
+        s_tok = warpgroup_mma(q_buf, k_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    else:
+        s_tok = warpgroup_mma(bias[0], bias[1], s_init, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_buf, k_tile.permute((1, 0)), s_tok, is_async=True)
+    return s_tok
+
+
+@gluon.jit
+def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                     HALF: gl.constexpr, bias=None):
     """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
-    unscaled, waited for): (m, l, O, the zero accumulator every S matmul starts from, S)."""
+    unscaled, waited for, through `_s_matmul`), then K_0's stage released: (m, l, O, the zero
+    accumulator every S matmul starts from, S)."""
     ROWS: gl.constexpr = q_buf.type.shape[0]
     HEAD_DIM: gl.constexpr = q_buf.type.shape[1]
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
@@ -237,29 +317,36 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout: gl.constexpr, o_layo
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(q_bar.index(HALF), 0)
     mbarrier.wait(k_bar.index(0), 0)
-    s_tok = warpgroup_mma(q_buf, k_smem.index(0).permute((1, 0)), s_init, use_acc=False, is_async=True)
-    return m_i, l_i, acc, s_init, warpgroup_mma_wait(0, deps=[s_tok])
+    s = warpgroup_mma_wait(0, deps=[_s_matmul(q_buf, k_smem.index(0), s_init, bias)])
+    mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
+    return m_i, l_i, acc, s_init, s
 
 
 @gluon.jit
-def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout: gl.constexpr):
-    """Line 8 for the loop's i-th key block j and line 10's P~ V for block j - 1, both in flight;
-    waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for block j runs
-    under P~ V. Returns S_j, P~ V's accumulator and A operand, and block j - 1's stage."""
+def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init, p_layout: gl.constexpr,
+                       bias=None):
+    """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
+    in flight; waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for
+    block j runs under P~ V. Returns S_j, P~ V's accumulator and A operand, and the empty barrier
+    of block j - 1's V stage (K_j's is released here, S_j done)."""
     STAGES: gl.constexpr = k_smem.type.shape[0]
+    V_STAGES: gl.constexpr = v_smem.type.shape[0]
     stage = i % STAGES
-    prev = (i - 1) % STAGES
+    prev = (i - 1) % V_STAGES
     mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
-    s_tok = warpgroup_mma(q_buf, k_smem.index(stage).permute((1, 0)), s_init, use_acc=False, is_async=True)
-    mbarrier.wait(v_bar.index(prev), ((i - 1) // STAGES) & 1)
+    s_tok = _s_matmul(q_buf, k_smem.index(stage), s_init, bias)
+    mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
     p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
     acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-    return warpgroup_mma_wait(1, deps=[s_tok]), acc_tok, p_op, prev
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+    mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
+    return s, acc_tok, p_op, STAGES + prev
 
 
 @gluon.jit
 def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout: gl.constexpr):
-    """Block j - 1's P~ V waited for and its stage released (this warpgroup is done with it), then
+    """Block j - 1's P~ V waited for and its V stage released (`prev`, the empty barrier
+    _fwd_block_matmuls returned: this warpgroup is done with it), then
     line 10's rescale: O = diag(exp(m_old - m_new)) O, before P~_j V_j is added."""
     acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
     mbarrier.arrive(empty_bar.index(prev), count=1)
@@ -269,13 +356,14 @@ def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout: gl.constex
 @gluon.jit
 def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout: gl.constexpr):
     """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
-    STAGES: gl.constexpr = v_smem.type.shape[0]
-    last = (n_blocks - 1) % STAGES
-    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // STAGES) & 1)
+    V_STAGES: gl.constexpr = v_smem.type.shape[0]
+    STAGES: gl.constexpr = empty_bar.type.shape[0] - V_STAGES
+    last = (n_blocks - 1) % V_STAGES
+    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // V_STAGES) & 1)
     p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
     acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
     acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-    mbarrier.arrive(empty_bar.index(last), count=1)
+    mbarrier.arrive(empty_bar.index(STAGES + last), count=1)
     return acc
 
 
@@ -285,7 +373,7 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi) = args
+     full_lo, full_hi, kx_smem) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, first_block, n_blocks)
 
@@ -298,11 +386,10 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     n_blocks - 1. With a window, softcap or ALiBi (MODS) the scores go through _softmax_step_mods."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi) = args
+     full_lo, full_hi, kx_smem) = args
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     dtype: gl.constexpr = q_desc.dtype
     # wgmma accumulators of one warpgroup, and P as the register-held A operand of P V
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
@@ -318,24 +405,9 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
-    # lines 5 and 8 for key block 0, then line 9
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF)
-    if MODS:
-        p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
-                                                CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
-    else:
-        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
-    for i in range(1, n_blocks):
-        # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout)
-        if MODS:
-            p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
-                                                    offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
-        else:
-            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, n_blocks, BLOCK_N, CAUSAL)
-        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
-    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
-
+    acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window,
+                                  offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout, o_layout,
+                                  p_layout, o_row_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, HALF)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
     lse2 = m_i + gl.log2(l_i)
@@ -346,6 +418,51 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
     tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window, offs_m, offs_n,
+                  offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                  p_layout: gl.constexpr, o_row_layout: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, HALF: gl.constexpr):
+    """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
+    _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods: the
+    unnormalised O, l and m."""
+    ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
+    MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
+    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
+    if ALIBI_MMA:  # ALiBi's (A, B) tiles, and its key term's per-block part: slope * log2(e) * (j0 - row0)
+        bias = (_alibi_query_tile(mods[1], qk_scale, k_smem.dtype,
+                                  gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)),
+                kx_smem.permute((1, 0)))
+    else:
+        bias = None
+    # lines 5 and 8 for key block 0, then line 9
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, o_layout, HALF,
+                                                bias)
+    if ALIBI_MMA:
+        p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (-mods[2]).to(gl.float32), offs_m,
+                                                 offs_n, 0, n_blocks, BLOCK_N)
+    elif MODS:
+        p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
+                                                CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+    else:
+        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
+    for i in range(1, n_blocks):
+        # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init,
+                                                    p_layout, bias)
+        if ALIBI_MMA:
+            p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
+                                                     offs_m, offs_n, i, n_blocks, BLOCK_N)
+        elif MODS:
+            p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
+                                                    offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+        else:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, n_blocks, BLOCK_N, CAUSAL)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
+    return acc, l_i, m_i
 
 
 @gluon.jit
@@ -364,7 +481,7 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
                              kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False,
-                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
+                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, V_STAGES: gl.constexpr = 0):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does. The descriptors view (batch * seqlen, heads * head dim); K and V have
     num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
@@ -400,11 +517,18 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     if ALIBI:
         alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
 
-    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES)
+    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(
+        q_desc, k_desc, v_desc, STAGES, V_STAGES if V_STAGES else STAGES)
+    if _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI):
+        kx_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, 16],
+                                            gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
+        _alibi_key_tile(kx_smem)
+    else:
+        kx_smem = q_smem  # not read
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
             col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-            window_right, full_lo, full_hi)
+            window_right, full_lo, full_hi, kx_smem)
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one worker (4 warps) consume, one function HALF apart; one warp
@@ -447,6 +571,18 @@ def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: b
     forward_hopper_plan(q, k, v, out, causal, stages)(q, k, v, out, lse, softmax_scale)
 
 
+def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, stages: int = STAGES) -> dict:
+    """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`: ALIBI as 1 + the
+    index of ALIBI_COLUMN_TERM, and V_STAGES. ALiBi's B tile by matmul (4 KiB) beside 3 K and 3 V
+    stages of 32 KiB and Q's 32 KiB passes the 227 KiB limit at head dim 128: V's ring holds 2
+    blocks there."""
+    flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
+    if flags["ALIBI"]:
+        flags["ALIBI"] = 1 + ALIBI_COLUMN_TERMS.index(ALIBI_COLUMN_TERM)
+    by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
+    return {**flags, "V_STAGES": V_STAGES or (2 if by_matmul and head_dim > 64 else stages)}
+
+
 def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags: dict | None = None):
     """The launch for tensors shaped, strided and aligned like these, as a function of (q, k, v,
     out, lse, softmax_scale, features=()): descriptors are copied from ones made (and validated)
@@ -457,7 +593,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
     batch, seqlen, heads, _ = q.shape
     templates = (_row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
                  _row_descriptor(out, BLOCK_M // 2))
-    flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
+    flags = forward_constexprs(causal, q.shape[-1], flags, stages)
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),
@@ -532,11 +668,12 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     first_row = start_m + HALF * ROWS  # this half's first query row in its sequence
     offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, s_layout, o_layout, HALF)
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, o_layout, HALF)
     p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
                                               BLOCK_N, CAUSAL)
     for i in range(1, n_blocks):
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, p, acc, s_init, p_layout)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init,
+                                                    p_layout)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
@@ -591,7 +728,8 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, Cu
         col0 = h * HEAD_DIM
         kv_col0 = (h // kv_group) * HEAD_DIM
         lse_row0 = h.to(gl.int64) * total_q + q_start
-        q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES)
+        q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
+                                                                                     STAGES)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                 q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
                 stride_o, qk_scale)

@@ -149,12 +149,13 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, *
     def desc(rows):
         return gluon_descriptor_type(rows, headdim, dtype)
 
-    flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
+    label = feature_label({name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS})
+    flags = hopper.forward_constexprs(causal, headdim, flags)  # what forward_hopper_plan launches
     signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
                  "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
                  "qk_scale": "fp32", **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr",
                  **{name: "constexpr" for name in flags}}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{feature_label(flags)}",
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}",
                         hopper._flash_fwd_hopper_kernel, signature, {"STAGES": hopper.STAGES, "CAUSAL": causal, **flags})
 
 
