@@ -238,8 +238,10 @@ def _fwd_program(num_heads, CAUSAL: gl.constexpr):
 @gluon.jit
 def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr, V_STAGES: gl.constexpr):
     """The forward's shared memory: Q_i as two 64-row halves, rings of STAGES K_j and V_STAGES V_j
-    blocks, and their mbarriers (q_bar, k_bar, v_bar: a TMA load has landed; empty_bar: K's stages
-    then V's, a stage is free)."""
+    blocks, and their mbarriers (q_bar, k_bar, v_bar: a TMA load has landed; empty_bar: a stage is
+    free). With rings of one size a key block's K and V share a stage, released once P~ V is done;
+    with V's ring shorter (`_split_release`) empty_bar holds K's stages then V's, each released
+    once its matmul is done."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -250,15 +252,19 @@ def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr, V_STAGES: 
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
-    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES + V_STAGES, 1], mbarrier.MBarrierLayout())
+    RELEASES: gl.constexpr = STAGES + V_STAGES if V_STAGES != STAGES else STAGES
+    empty_bar = gl.allocate_shared_memory(gl.int64, [RELEASES, 1], mbarrier.MBarrierLayout())
     for half in gl.static_range(2):
         mbarrier.init(q_bar.index(half), count=1)
     for stage in gl.static_range(STAGES):
         mbarrier.init(k_bar.index(stage), count=1)
-    for stage in gl.static_range(V_STAGES):
-        mbarrier.init(v_bar.index(stage), count=1)
-    for stage in gl.static_range(STAGES + V_STAGES):
+        if V_STAGES == STAGES:
+            mbarrier.init(v_bar.index(stage), count=1)
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
+    if V_STAGES != STAGES:
+        for stage in gl.static_range(V_STAGES):
+            mbarrier.init(v_bar.index(stage), count=1)
+            mbarrier.init(empty_bar.index(STAGES + stage), count=2)
     return q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar
 
 
@@ -267,7 +273,7 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
                kv_col0, first_block, n_blocks):
     """FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j of key blocks first_block ..
     first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
-    both consumers have released (empty_bar counts two; K's stages first, then V's)."""
+    both consumers have released (empty_bar counts two; with `_split_release`, K's and V's apart)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     V_STAGES: gl.constexpr = v_smem.type.shape[0]
@@ -284,9 +290,16 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
         mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, kv_col0], k_bar.index(stage), k_smem.index(stage))
         v_stage = i % V_STAGES
-        mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
+        if _split_release(empty_bar, k_smem):
+            mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
         mbarrier.expect(v_bar.index(v_stage), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(v_stage), v_smem.index(v_stage))
+
+
+@gluon.constexpr_function
+def _split_release(empty_bar, k_smem):
+    """Whether K's and V's stages are released apart (`_fwd_shared_buffers`: V's ring is shorter)."""
+    return empty_bar.type.shape[0] > k_smem.type.shape[0]
 
 
 @gluon.jit
@@ -318,7 +331,8 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.conste
     mbarrier.wait(q_bar.index(HALF), 0)
     mbarrier.wait(k_bar.index(0), 0)
     s = warpgroup_mma_wait(0, deps=[_s_matmul(q_buf, k_smem.index(0), s_init, bias)])
-    mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
+    if _split_release(empty_bar, k_smem):
+        mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
     return m_i, l_i, acc, s_init, s
 
 
@@ -328,7 +342,7 @@ def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc
     """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
     in flight; waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for
     block j runs under P~ V. Returns S_j, P~ V's accumulator and A operand, and the empty barrier
-    of block j - 1's V stage (K_j's is released here, S_j done)."""
+    of block j - 1's V stage (with `_split_release`, K_j's is released here, S_j done)."""
     STAGES: gl.constexpr = k_smem.type.shape[0]
     V_STAGES: gl.constexpr = v_smem.type.shape[0]
     stage = i % STAGES
@@ -339,8 +353,10 @@ def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc
     p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
     acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
     s = warpgroup_mma_wait(1, deps=[s_tok])
-    mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
-    return s, acc_tok, p_op, STAGES + prev
+    if _split_release(empty_bar, k_smem):
+        mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
+        prev = STAGES + prev
+    return s, acc_tok, p_op, prev
 
 
 @gluon.jit
@@ -357,13 +373,13 @@ def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout: gl.constex
 def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout: gl.constexpr):
     """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
     V_STAGES: gl.constexpr = v_smem.type.shape[0]
-    STAGES: gl.constexpr = empty_bar.type.shape[0] - V_STAGES
+    V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
     last = (n_blocks - 1) % V_STAGES
     mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // V_STAGES) & 1)
     p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
     acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
     acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-    mbarrier.arrive(empty_bar.index(STAGES + last), count=1)
+    mbarrier.arrive(empty_bar.index(V_FIRST + last), count=1)
     return acc
 
 
