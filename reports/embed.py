@@ -609,18 +609,18 @@ def _checked_times(path: Path, yardstick: str = "the Triton kernels' error") -> 
     return times, check_note, f"{source}; rows: `{_decision_rows_path(path)}`"
 
 
-def launch_order_table(path: Path, yardstick: str = "the Triton kernels' error") -> str:
+def launch_order_table(path: Path, yardstick: str = "the Triton kernels' error", base: str = "grid order") -> str:
     """tools/experiments/exp_launch_order.py's rows (one process, the median of its rounds), or
-    another experiment's with a 'grid order' row: per case the grid order's ms, each other order's
-    speed-up over it (grid-order time / its time) and, where measured, cuDNN's."""
+    another experiment's with a `base` row (the order or schedule the code keeps): per case the
+    base's ms, each other row's speed-up over it (base time / its time) and, where measured,
+    cuDNN's."""
     times, check_note, source = _checked_times(path, yardstick)
     wide = times.pivot_table(index="column", columns="row", values="value", aggfunc="median", sort=False)
-    orders = [r for r in dict.fromkeys(times["row"]) if r not in ("grid order",)]
-    lines = ["| case | grid order, ms | " + " | ".join(f"{o}: speed over it" for o in orders) + " |",
+    orders = [r for r in dict.fromkeys(times["row"]) if r != base]
+    lines = [f"| case | {base}, ms | " + " | ".join(f"{o}: speed over it" for o in orders) + " |",
              "|---|---|" + "---|" * len(orders)]
     for case, r in wide.iterrows():
-        base = r["grid order"]
-        lines.append(f"| {case} | {base:.3f} | " + " | ".join(_ratio(base, r.get(o, float("nan"))) for o in orders)
+        lines.append(f"| {case} | {r[base]:.3f} | " + " | ".join(_ratio(r[base], r.get(o, float("nan"))) for o in orders)
                      + " |")
     return "\n".join(lines + ["", f"{source}; {check_note}."])
 
@@ -692,6 +692,9 @@ SECTIONS = {
     "softcap_backward": lambda: softcap_backward_table(DECISIONS / "softcap_backward.csv"),
     "alibi_column_term": lambda: alibi_column_term_table(DECISIONS / "alibi_column_term.csv"),
     "varlen_bwd_order": lambda: launch_order_table(DECISIONS / "varlen_bwd_order.csv", "the grid order's error"),
+    "alibi_matmul_wide": lambda: alibi_column_term_table(DECISIONS / "alibi_matmul_wide.csv"),
+    "fwd_schedule": lambda: launch_order_table(DECISIONS / "fwd_schedule.csv", "the same-dtype PyTorch error",
+                                               base="as committed"),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
     "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
     "bwd_schedule": lambda: bwd_schedule_table(DECISIONS / "bwd_schedule.csv"),
