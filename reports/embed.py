@@ -693,6 +693,8 @@ SECTIONS = {
     "alibi_column_term": lambda: alibi_column_term_table(DECISIONS / "alibi_column_term.csv"),
     "varlen_bwd_order": lambda: launch_order_table(DECISIONS / "varlen_bwd_order.csv", "the grid order's error"),
     "alibi_matmul_wide": lambda: alibi_column_term_table(DECISIONS / "alibi_matmul_wide.csv"),
+    "fwd_v_stages": lambda: launch_order_table(DECISIONS / "fwd_v_stages.csv", "the same-dtype PyTorch error",
+                                               base="3 V stages, released with K's"),
     "fwd_schedule": lambda: launch_order_table(DECISIONS / "fwd_schedule.csv", "the same-dtype PyTorch error",
                                                base="as committed"),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
