@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from pathlib import Path
 
 from reports.environment import git_commit
@@ -30,6 +31,29 @@ class DecisionWriter:
     def write(self, row: str, column: str, unit: str, value: float, tool: str | None = None) -> None:
         self._writer.writerow((row, column, unit, value, self.tool if tool is None else tool, self.commit))
         self._file.flush()
+
+    def write_checks(self, checks: dict[str, tuple[bool, str]], width: int = 32) -> list[str]:
+        """One 'check against float64' row per variant (its notes in the tool column) and a line
+        printed for each; returns the names that passed, the ones an experiment goes on to time."""
+        for name, (ok, notes) in checks.items():
+            self.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
+                       tool=f"{self.tool}; {notes}"[:600] if notes else self.tool)
+            print(f"{name:{width}s} {'ok' if ok else 'WRONG'}: {notes}", flush=True)
+        return [name for name, (ok, _) in checks.items() if ok]
+
+    def time_interleaved(self, variants: dict, cases: dict, select: Callable, time_one: Callable, repeats: int,
+                         width: int = 32) -> None:
+        """`repeats` rounds; in each, per case (column -> case) each variant (row -> value) in turn:
+        `select(value)`, then `time_one(case, value)`'s row (harness.features.measure's dict)
+        written in ms (NaN where it has none) and printed with its status."""
+        for _ in range(repeats):
+            for column, case in cases.items():
+                for name, value in variants.items():
+                    select(value)
+                    row = time_one(case, value)
+                    self.write(name, column, "ms", row.get("ms", float("nan")))
+                    print(f"{column:28s} {name:{width}s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
+                          flush=True)
 
     def close(self) -> None:
         self._file.close()

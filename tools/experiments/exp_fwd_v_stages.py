@@ -91,22 +91,9 @@ def main() -> None:
     production = flash_attn_hopper.V_STAGES
     args.out.mkdir(parents=True, exist_ok=True)
     with DecisionWriter(args.out / "fwd_v_stages.csv", TOOL) as writer:
-        variants = {}
-        for name, v_stages in VARIANTS.items():
-            ok, notes = check(v_stages, device)
-            writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
-                         tool=f"{TOOL}; {notes}"[:600])
-            print(f"{name:32s} {'ok' if ok else 'WRONG'}: {notes}", flush=True)
-            if ok:
-                variants[name] = v_stages
-        for _ in range(args.repeats):
-            for column, case in cases().items():
-                for name, v_stages in variants.items():
-                    set_variant(v_stages)
-                    row = measure(case, "ours", "fwd", device, torch.bfloat16)
-                    writer.write(name, column, "ms", row.get("ms", float("nan")))
-                    print(f"{column:26s} {name:32s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
-                          flush=True)
+        passed = writer.write_checks({name: check(v_stages, device) for name, v_stages in VARIANTS.items()})
+        writer.time_interleaved({name: VARIANTS[name] for name in passed}, cases(), set_variant,
+                                lambda case, _: measure(case, "ours", "fwd", device, torch.bfloat16), args.repeats)
     set_variant(production)
 
 

@@ -108,32 +108,20 @@ def main() -> None:
 
     device = torch.device("cuda")
     candidates = configs()
-    cases = [Case("score", "softcap", 2, 8192, 16, 16, softcap=SOFTCAP),
-             Case("score", "softcap", 2, 8192, 32, 8, softcap=SOFTCAP)]
+    softcap_cases = [Case("score", "softcap", 2, 8192, 16, 16, softcap=SOFTCAP),
+                     Case("score", "softcap", 2, 8192, 32, 8, softcap=SOFTCAP)]
     args.out.mkdir(parents=True, exist_ok=True)
     with DecisionWriter(args.out / "softcap_bwd_tiles.csv", TOOL) as writer:
-        timed = {}
-        for name, (ok, notes) in check(candidates, device).items():
-            writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
-                         tool=TOOL if ok else f"{TOOL}; {notes}"[:400])
-            print(f"{name:36s} {'ok' if ok else 'WRONG'} {notes}", flush=True)
-            if ok:
-                timed[name] = candidates[name]
-        for _ in range(args.repeats):
-            for case in cases:
-                column = f"{case.batch}x{case.seqlen // 1024}k {case.heads}/{case.kv_heads}h"
-                for name, cfg in timed.items():
-                    set_config(cfg)
-                    row = measure(case, "ours", "bwd", device, torch.bfloat16)
-                    writer.write(name, column, "ms", row.get("ms", float("nan")))
-                    print(f"{column:14s} {name:36s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
-                          flush=True)
-                set_config(None)
-                dense = Case("score", "dense", case.batch, case.seqlen, case.heads, case.kv_heads)
-                row = measure(dense, "ours", "bwd", device, torch.bfloat16)
-                writer.write("no softcap (the dense backward)", column, "ms", row.get("ms", float("nan")))
-                print(f"{column:14s} {'no softcap (the dense backward)':36s} {row.get('ms', float('nan')):.3f} ms",
-                      flush=True)
+        passed = writer.write_checks(check(candidates, device), width=36)
+        variants = {**{name: candidates[name] for name in passed}, "no softcap (the dense backward)": None}
+        cases = {f"{c.batch}x{c.seqlen // 1024}k {c.heads}/{c.kv_heads}h": c for c in softcap_cases}
+
+        def time_one(case, cfg):  # the dense backward: the case without its softcap, at the default tiles
+            if cfg is None:
+                case = Case("score", "dense", case.batch, case.seqlen, case.heads, case.kv_heads)
+            return measure(case, "ours", "bwd", device, torch.bfloat16)
+
+        writer.time_interleaved(variants, cases, set_config, time_one, args.repeats, width=36)
     set_config(None)
 
 
