@@ -34,10 +34,7 @@ def configs() -> dict:
             "2 stages": BwdConfig(64, 128, 128, 32, 8, 2),
             "dQ 64-key steps": BwdConfig(64, 128, 128, 64, 8, 3),
             "dQ at 4 warps": BwdConfig(64, 128, 128, 32, 8, 3, dq_num_warps=4),
-            "dQ 64 rows, 64-key steps, 4 warps": BwdConfig(64, 128, 64, 64, 8, 3, dq_num_warps=4),
             "dK/dV 32-row steps, 4 warps": BwdConfig(32, 128, 128, 32, 4, 3),
-            "dK/dV 64-key blocks, 4 warps": BwdConfig(64, 64, 128, 32, 4, 3),
-            "descriptor loads": BwdConfig(64, 128, 128, 32, 8, 3, tma=True),
             "dQ 2 stages": BwdConfig(64, 128, 128, 32, 8, 3, dq_num_stages=2)}
 
 
