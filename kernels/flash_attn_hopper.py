@@ -399,7 +399,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
                        HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
-    n_blocks - 1. With a window, softcap or ALiBi (MODS) the scores go through _softmax_step_mods."""
+    n_blocks - 1 (_softmax_loop), then lines 12-15."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
      full_lo, full_hi, kx_smem) = args
