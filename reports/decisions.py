@@ -45,13 +45,15 @@ class DecisionWriter:
                          width: int = 32) -> None:
         """`repeats` rounds; in each, per case (column -> case) each variant (row -> value) in turn:
         `select(value)`, then `time_one(case, value)`'s row (harness.features.measure's dict)
-        written in ms (NaN where it has none) and printed with its status."""
+        written in ms and printed with its status; a row without a time is NaN, its status and
+        reason in the tool column."""
         for _ in range(repeats):
             for column, case in cases.items():
                 for name, value in variants.items():
                     select(value)
                     row = time_one(case, value)
-                    self.write(name, column, "ms", row.get("ms", float("nan")))
+                    missing = f"{self.tool}; {row.get('status')}: {row.get('reason', '')}"[:600]
+                    self.write(name, column, "ms", row.get("ms", float("nan")), tool=None if "ms" in row else missing)
                     print(f"{column:28s} {name:{width}s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
                           flush=True)
 

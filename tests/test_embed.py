@@ -118,7 +118,7 @@ def test_decision_writer_rows_render_and_survive_before_close(tmp_path):
 def test_experiment_checks_gate_what_is_timed_and_rounds_interleave_the_variants(tmp_path):
     """DecisionWriter.write_checks returns only the variants that matched float64 (each check a
     row, a failure's notes kept); time_interleaved selects each variant before each case's call,
-    round after round, and a call without a time is a NaN row, not a missing one."""
+    round after round, and a call without a time is a NaN row with its reason, not a missing one."""
     from reports.decisions import DecisionWriter
 
     path = tmp_path / "exp.csv"
@@ -127,7 +127,8 @@ def test_experiment_checks_gate_what_is_timed_and_rounds_interleave_the_variants
         passed = writer.write_checks({"a": (True, ""), "b": (False, "dq 3e-1 (table 1e-2)"), "c": (True, "fine")})
         assert passed == ["a", "c"]
         writer.time_interleaved({name: name.upper() for name in passed}, {"2x8k": 2, "8x2k": 8}, calls.append,
-                                lambda case, value: {"ms": case * 0.5} if value == "A" else {"status": "error"},
+                                lambda case, value: ({"ms": case * 0.5} if value == "A" else
+                                                     {"status": "error", "reason": "out of shared memory"}),
                                 repeats=2)
     assert calls == ["A", "C"] * 4
     rows = pd.read_csv(path)
@@ -138,6 +139,8 @@ def test_experiment_checks_gate_what_is_timed_and_rounds_interleave_the_variants
     assert list(times.row) == ["a", "c", "a", "c"] * 2
     assert times[times.row == "a"].value.tolist() == [1.0, 4.0, 1.0, 4.0]
     assert times[times.row == "c"].value.isna().all()
+    assert times[times.row == "c"].tool.str.endswith("error: out of shared memory").all()
+    assert (times[times.row == "a"].tool == "tools/x.py, bf16").all()
 
 
 def test_a_failed_tile_is_a_cell_not_measured_with_its_reason(tmp_path, monkeypatch):

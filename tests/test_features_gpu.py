@@ -69,6 +69,10 @@ GLUON_FEATURE_CASES = {
     "alibi-causal": {"causal": True, "alibi": "heads"},
     "alibi-per-batch": {"causal": False, "alibi": "batch"},
     "alibi-window-causal": {"causal": True, "window": (256, 0), "alibi": "heads"},
+    # causal ALiBi without a window or softcap: its key term by the S matmul (ALIBI_COLUMN_TERM),
+    # with V's 2-stage ring at head dim 128 and the shared 3-stage release at 64 (from 4096 keys)
+    "alibi-causal-gqa-per-batch": {"heads": 8, "kv_heads": 2, "causal": True, "alibi": "batch"},
+    "alibi-causal-d64": {"causal": True, "alibi": "heads", "headdim": 64, "batch": 1, "seqlen": 4096},
     "softcap-window-gqa": {"heads": 8, "kv_heads": 4, "causal": True, "window": (512, 0), "softcap": 1.0},
 }
 
@@ -77,13 +81,13 @@ GLUON_FEATURE_CASES = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(GLUON_FEATURE_CASES))
 def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
-    """Head dim 128, equal lengths of whole 128-row blocks from 1k keys: on an H100/H200 these
-    calls take the Gluon forward and (but with a softcap) the Gluon dK/dV kernel with dQ fused
-    (asserted, so a change of rule cannot quietly test the Triton kernels instead), and match the
-    float64 reference."""
+    """Head dim 128 (64 from 4096 keys), equal lengths of whole 128-row blocks from 1k keys: on an
+    H100/H200 these calls take the Gluon forward and (but with a softcap, or at head dim 64) the
+    Gluon dK/dV kernel with dQ fused (asserted, so a change of rule cannot quietly test the
+    Triton kernels instead), and match the float64 reference."""
     spec = dict(GLUON_FEATURE_CASES[case])
     heads, kv_heads = spec.pop("heads", 4), spec.pop("kv_heads", 4)
-    batch, seqlen, headdim = 2, 1024, 128
+    batch, seqlen, headdim = spec.pop("batch", 2), spec.pop("seqlen", 1024), spec.pop("headdim", 128)
     alibi = spec.pop("alibi", None)
     if alibi is not None:  # BLOOM's slopes for 8 heads are 2^-1 .. 2^-8; a few of that size
         shape = (batch, heads) if alibi == "batch" else (heads,)
@@ -98,8 +102,9 @@ def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
     fwd_cfg = default_fwd_config(headdim, spec["causal"], like_q.device)
     assert dispatch.fwd_memory_path(fwd_cfg, like_q, like_k, like_k, like_q, spec["causal"],
                                     features) == dispatch.HOPPER_GLUON_PATH
-    # the softcap's backward stays on the Triton feature kernels (faster, docs/performance.md)
-    bwd_path = "triton" if features.softcap else dispatch.HOPPER_GLUON_PATH
+    # the softcap's backward stays on the Triton feature kernels (faster, docs/performance.md), as
+    # does head dim 64's (the Gluon dK/dV kernel serves 128: kernels/configs.py)
+    bwd_path = "triton" if features.softcap or headdim != 128 else dispatch.HOPPER_GLUON_PATH
     assert dispatch.bwd_dkdv_path(default_bwd_config(headdim, like_q.device), like_q, like_k, like_k, like_q,
                                   features) == bwd_path
     check_dense(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, device="cuda", **spec)

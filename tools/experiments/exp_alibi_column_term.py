@@ -88,31 +88,19 @@ def main() -> None:
     production = flash_attn_hopper.ALIBI_COLUMN_TERM, flash_attn_hopper.V_STAGES
     args.out.mkdir(parents=True, exist_ok=True)
     with DecisionWriter(args.out / "alibi_matmul_wide.csv", TOOL) as writer:
-        variants = {}
-        for name, variant in VARIANTS.items():
-            ok, notes = check(variant, device)
-            writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
-                         tool=f"{TOOL}; {notes}"[:600])
-            print(f"{name:30s} {'ok' if ok else 'WRONG'}: {notes}", flush=True)
-            if ok:
-                variants[name] = variant
-        for _ in range(args.repeats):
-            for batch, seqlen, heads in SHAPES:
-                column = f"{batch}x{seqlen // 1024}k {heads}h"
-                for name, v_stages in DENSE.items():
-                    set_variant("registers", v_stages)
-                    row = measure(Case("score", "dense", batch, seqlen, heads, heads), "ours", "fwd", device,
-                                  torch.bfloat16)
-                    writer.write(name, column, "ms", row.get("ms", float("nan")))
-                    print(f"{column:10s} {name:30s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
-                          flush=True)
-                for name, variant in variants.items():
-                    set_variant(*variant)
-                    case = Case("score", "alibi", batch, seqlen, heads, heads, alibi=True)
-                    row = measure(case, "ours", "fwd", device, torch.bfloat16)
-                    writer.write(name, column, "ms", row.get("ms", float("nan")))
-                    print(f"{column:10s} {name:30s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
-                          flush=True)
+        passed = writer.write_checks({name: check(variant, device) for name, variant in VARIANTS.items()}, width=30)
+        # row -> (ALIBI_COLUMN_TERM, V_STAGES, ALiBi on): the dense forwards first, then each checked way
+        timed = {**{name: ("registers", v_stages, False) for name, v_stages in DENSE.items()},
+                 **{name: (*VARIANTS[name], True) for name in passed}}
+        shapes = {f"{batch}x{seqlen // 1024}k {heads}h": (batch, seqlen, heads) for batch, seqlen, heads in SHAPES}
+
+        def time_one(shape, value):
+            batch, seqlen, heads = shape
+            case = Case("score", "alibi" if value[2] else "dense", batch, seqlen, heads, heads, alibi=value[2])
+            return measure(case, "ours", "fwd", device, torch.bfloat16)
+
+        writer.time_interleaved(timed, shapes, lambda value: set_variant(value[0], value[1]), time_one, args.repeats,
+                                width=30)
     set_variant(*production)
 
 
