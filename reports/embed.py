@@ -695,6 +695,8 @@ SECTIONS = {
     "alibi_matmul_wide": lambda: alibi_column_term_table(DECISIONS / "alibi_matmul_wide.csv"),
     "fwd_v_stages": lambda: launch_order_table(DECISIONS / "fwd_v_stages.csv", "the same-dtype PyTorch error",
                                                base="3 V stages, released with K's"),
+    "softcap_bwd_tiles": lambda: launch_order_table(DECISIONS / "softcap_bwd_tiles.csv", "the table entry's error",
+                                                    base="the table's (64, 128 / 128, 32), 8 warps, 3 stages"),
     "fwd_schedule": lambda: launch_order_table(DECISIONS / "fwd_schedule.csv", "the same-dtype PyTorch error",
                                                base="as committed"),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
