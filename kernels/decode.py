@@ -54,6 +54,9 @@ TILE_OVERRIDE = None  # a (block_n, num_warps, num_stages) every GPU call takes 
 # A paged cache's block-table entries for the next key block are read while the current one is
 # processed (the split kernel's PREFETCH_PAGES); docs/performance.md has the measured effect.
 PAGED_PREFETCH = True
+# The splits share a sequence's key blocks round robin rather than one run each (the split
+# kernel's INTERLEAVE_SPLITS); docs/performance.md has the measured effect.
+INTERLEAVED_SPLITS = True
 INTERPRETER_CONFIG = (16, 4, 1)  # small key blocks: tiny test caches still span several blocks
 
 _split_launcher = CachedLauncher(_fwd_kvcache_split_kernel)
@@ -289,13 +292,14 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         *q.stride()[:3], *(k_cache.stride()[:3]), *(v_cache.stride()[:3]),
         o_split_stride, *o_strides, l_split_stride, *l_strides,
         block_table.stride(0) if paged else 0, slope_batch_stride,
+        block_table.shape[1] * k_cache.shape[1] if paged else 0,
         seqlen_q, kv_heads, softmax_scale, softcap, window_left, window_right,
         GROUP=group, HEAD_DIM=headdim, BLOCK_D=triton.next_power_of_2(headdim),
         BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=k_cache.shape[1] if paged else 0,
         HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_LEFTPAD=cache_leftpad is not None,
-        PREFETCH_PAGES=paged and PAGED_PREFETCH, num_warps=num_warps, num_stages=num_stages)
+        PREFETCH_PAGES=paged and PAGED_PREFETCH, INTERLEAVE_SPLITS=INTERLEAVED_SPLITS, num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _combine_launcher[(batch * seqlen_q * heads,)](
             o_dst, l_dst, out, lse, o_split_stride, l_split_stride, num_splits, heads, seqlen_q,

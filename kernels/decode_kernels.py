@@ -17,9 +17,11 @@ the partial results with their logsumexps. Two kernels do that here:
 The cache is contiguous (batch_cache, seqlen_cache, kv_heads, headdim), rows picked through
 `cache_batch_idx` and each sequence's keys optionally starting at `cache_leftpad[b]`, or paged (num_pages, PAGE_SIZE, kv_heads, headdim) through a block table:
 key n of sequence b is row n % PAGE_SIZE of page block_table[b, n // PAGE_SIZE], gathered
-row by row, so a key block may span several pages. Each sequence's keys are split evenly
-into the launch's splits in whole key blocks; splits past a short sequence's end write an
-empty result (O_s = 0, L_s = -inf) that the combine weighs by zero.
+row by row, so a key block may span several pages. The launch's splits share each sequence's
+key blocks round robin (INTERLEAVE_SPLITS: split s reads blocks s, s + num_splits, ...; else
+each split one run of consecutive blocks); a split with no visible key (past a short
+sequence's end, or outside its window) writes an empty result (O_s = 0, L_s = -inf) that the
+combine weighs by zero.
 
 Conventions as flash-attn's: masks aligned to the end of each sequence's keys (query token i
 of seqlen_q sits at key position i + seqlen_k - seqlen_q); score order scale, softcap, ALiBi
@@ -43,13 +45,14 @@ def _fwd_kvcache_split_kernel(
     stride_vb, stride_vn, stride_vh,
     stride_osplit, stride_ob, stride_os, stride_oh,
     stride_lsplit, stride_lb, stride_lh,
-    stride_btb, stride_slb,
+    stride_btb, stride_slb, table_keys,
     seqlen_q, kv_heads, sm_scale, softcap, window_left, window_right,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_BATCH_IDX: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HAS_LEFTPAD: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False,
+    INTERLEAVE_SPLITS: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -70,23 +73,33 @@ def _fwd_kvcache_split_kernel(
                 mask=m_ok[:, None] & d_ok[None, :], other=0.0)
     position = token + seqlen_k - seqlen_q  # the query's own key position (bottom-right alignment)
 
-    # this split's keys: whole key blocks, the sequence's blocks shared evenly among the splits;
-    # a left-padded sequence's keys start at LeftPad[b] (positions keep their cache index: the
-    # bottom-right alignment and ALiBi's distances are the same counted from the pad)
+    # this split's keys: whole key blocks of the sequence's, from `lo` in steps of `step` up to
+    # `hi`; a left-padded sequence's keys start at LeftPad[b] (positions keep their cache index:
+    # the bottom-right alignment and ALiBi's distances are the same counted from the pad)
     if HAS_LEFTPAD:
         pad = tl.load(LeftPad + batch)
     else:
         pad = 0
     first_block = pad // BLOCK_N * BLOCK_N
-    per_split = tl.cdiv(tl.cdiv(seqlen_k - first_block, BLOCK_N), num_splits) * BLOCK_N
-    lo = first_block + split * per_split
-    hi = tl.minimum(lo + per_split, seqlen_k)
+    if INTERLEAVE_SPLITS:
+        # round robin: the first block depends on the split alone (without a pad), so a paged
+        # cache's first block-table read need not wait for SeqlensK, and a window's blocks are
+        # shared by all splits instead of falling to the one or two whose run holds them
+        step = BLOCK_N * num_splits
+        lo = first_block + split * BLOCK_N
+        hi = seqlen_k
+    else:  # one run of consecutive blocks per split, the blocks shared evenly
+        step = BLOCK_N
+        per_split = tl.cdiv(tl.cdiv(seqlen_k - first_block, BLOCK_N), num_splits) * BLOCK_N
+        lo = first_block + split * per_split
+        hi = tl.minimum(lo + per_split, seqlen_k)
     first_position = (pid_m * BLOCK_M) // GROUP + seqlen_k - seqlen_q
     last_position = (tl.minimum(pid_m * BLOCK_M + BLOCK_M, rows) - 1) // GROUP + seqlen_k - seqlen_q
     if HAS_RIGHT:  # no key past the window's right edge (causal: past the diagonal)
         hi = tl.minimum(hi, last_position + window_right + 1)
-    if HAS_LEFT:  # start at the block holding the window's left edge
-        lo = tl.maximum(lo, tl.maximum(first_position - window_left, 0) // BLOCK_N * BLOCK_N)
+    if HAS_LEFT:  # start at the split's first block from the one holding the window's left edge
+        edge = tl.maximum(first_position - window_left, 0) // BLOCK_N * BLOCK_N
+        lo += tl.cdiv(tl.maximum(edge - lo, 0), step) * step
 
     if HAS_BATCH_IDX:
         cache_row = tl.load(BatchIdx + batch).to(tl.int64)
@@ -101,14 +114,16 @@ def _fwd_kvcache_split_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # paged: each key row's page number, read one key block ahead (PREFETCH_PAGES) so that the
-    # block table's latency overlaps the block before instead of preceding every K load
+    # block table's latency overlaps the block before instead of preceding every K load; the
+    # first read is bounded by the table's width only (`table_keys`: its columns x PAGE_SIZE; a
+    # page past the sequence's end is never dereferenced, its rows masked below)
     page_rows = BlockTable + batch * stride_btb
     if PREFETCH_PAGES and PAGE_SIZE > 0:
         offs_first = lo + tl.arange(0, BLOCK_N)
-        next_page = tl.load(page_rows + offs_first // PAGE_SIZE, mask=offs_first < hi, other=0)
+        next_page = tl.load(page_rows + offs_first // PAGE_SIZE, mask=offs_first < table_keys, other=0)
     else:
         next_page = tl.zeros([BLOCK_N], dtype=tl.int32)
-    for start_n in range(lo, hi, BLOCK_N):
+    for start_n in range(lo, hi, step):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
         if HAS_LEFTPAD:  # the padding before a sequence's first key is neither read nor seen
@@ -116,7 +131,7 @@ def _fwd_kvcache_split_kernel(
         if PAGE_SIZE > 0:
             if PREFETCH_PAGES:  # the pages read one block ahead (above, or in the previous iteration)
                 page = next_page.to(tl.int64)
-                offs_next = offs_n + BLOCK_N
+                offs_next = offs_n + step
                 next_page = tl.load(page_rows + offs_next // PAGE_SIZE, mask=offs_next < hi, other=0)
             else:
                 page = tl.load(page_rows + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)

@@ -146,6 +146,21 @@ def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, m
     check_decode(3, 1, 4, 2, 32, 192, [192, 0, 77], torch.float16, "cpu", page_size=16, num_splits=2)
 
 
+@pytest.mark.parametrize("page_size", [0, 16], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("interleaved", [True, False], ids=["splits round robin", "one run per split"])
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_a_window_split_many_ways_matches_the_reference(interleaved, page_size, monkeypatch):
+    """A 20-key window at the end of ragged caches of up to 10 key blocks, causal, two query
+    tokens, split 3 and 16 ways (most splits hold no key of the window; 16 leave some without
+    any block) with the splits' blocks round robin or one run each, paged and contiguous."""
+    from kernels import decode
+
+    monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
+    for splits in (3, 16):
+        check_decode(3, 2, 4, 2, 32, 160, [160, 0, 57], torch.float16, "cpu", page_size=page_size,
+                     num_splits=splits, causal=True, window_size=(20, 0))
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_several_query_tokens_causal_aligned_to_each_sequence_end(causal, device):
