@@ -54,9 +54,9 @@ TILE_OVERRIDE = None  # a (block_n, num_warps, num_stages) every GPU call takes 
 # A paged cache's block-table entries for the next key block are read while the current one is
 # processed (the split kernel's PREFETCH_PAGES); docs/performance.md has the measured effect.
 PAGED_PREFETCH = True
-# The splits share a sequence's key blocks round robin rather than one run each (the split
-# kernel's INTERLEAVE_SPLITS); docs/performance.md has the measured effect.
-INTERLEAVED_SPLITS = True
+# How the splits share a sequence's key blocks (the split kernel's INTERLEAVE_SPLITS):
+# `interleave_splits`' rule when None, True or False forcing round robin or one run (experiments).
+INTERLEAVED_SPLITS = None
 INTERPRETER_CONFIG = (16, 4, 1)  # small key blocks: tiny test caches still span several blocks
 
 _split_launcher = CachedLauncher(_fwd_kvcache_split_kernel)
@@ -83,6 +83,21 @@ def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, 
     wanted = PROGRAMS_PER_SM * num_sms // programs
     most = max(1, triton.cdiv(cache_len, block_n) // MIN_BLOCKS_PER_SPLIT)
     return max(1, min(wanted, most, MAX_SPLITS))
+
+
+def interleave_splits(paged: bool, window_left: int) -> bool:
+    """Whether the splits share a sequence's key blocks round robin (else one run of consecutive
+    blocks per split): round robin for a contiguous cache and under a left window, whose blocks it
+    shares among all splits; one run for a paged cache without a window (likely because its
+    block-table reads then stay in the lines the previous block read and its loop keeps a
+    constant step; the two were not measured apart).
+    tools/experiments/exp_decode_interleave.py (reports/h200/decisions/decode_interleave.csv):
+    round robin a little faster on contiguous caches, slower on paged ones, and several times
+    faster under a 4096-key window at the end of a 64k cache, where one run gives the window's
+    blocks to one or two splits."""
+    if INTERLEAVED_SPLITS is not None:
+        return INTERLEAVED_SPLITS
+    return not paged or window_left >= 0
 
 
 def choose_tile(programs: int, num_sms: int, block_d: int = 128) -> tuple[int, int, int]:
@@ -299,7 +314,8 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_LEFTPAD=cache_leftpad is not None,
-        PREFETCH_PAGES=paged and PAGED_PREFETCH, INTERLEAVE_SPLITS=INTERLEAVED_SPLITS, num_warps=num_warps, num_stages=num_stages)
+        PREFETCH_PAGES=paged and PAGED_PREFETCH, INTERLEAVE_SPLITS=interleave_splits(paged, window_left),
+        num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _combine_launcher[(batch * seqlen_q * heads,)](
             o_dst, l_dst, out, lse, o_split_stride, l_split_stride, num_splits, heads, seqlen_q,

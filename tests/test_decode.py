@@ -176,6 +176,14 @@ def test_mqa_tokens_spanning_two_query_tiles_with_a_window(device):
     check_decode(2, 5, 16, 1, 16, 48, [48, 30], torch.float16, device, num_splits=2, window_size=(7, 2))
 
 
+def test_splits_round_robin_except_on_a_paged_cache_without_a_window():
+    from kernels import decode
+
+    assert decode.interleave_splits(paged=False, window_left=-1)
+    assert not decode.interleave_splits(paged=True, window_left=-1)
+    assert decode.interleave_splits(paged=True, window_left=4096)
+
+
 def test_splits_agree_with_one_split_to_fp32_rounding(device):
     batch, heads, kv_heads, headdim, capacity = 2, 4, 2, 32, 112
     k_cache, v_cache, _ = make_cache(batch, capacity, kv_heads, headdim, torch.float32, device, [112, 45])

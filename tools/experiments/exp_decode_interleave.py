@@ -1,6 +1,6 @@
 """The split-KV kernel's splits sharing a sequence's key blocks round robin (`INTERLEAVE_SPLITS` of
 kernels/decode_kernels.py) against one run of consecutive blocks per split, paged and
-contiguous, on the decode suite's inputs: the measurement behind `kernels.decode.INTERLEAVED_SPLITS`.
+contiguous, on the decode suite's inputs: the measurement behind `kernels.decode.interleave_splits`.
 
     python tools/experiments/exp_decode_interleave.py --out DIR      # DIR/decode_interleave.csv
 
@@ -78,7 +78,7 @@ def main() -> None:
                                  tool=None if ok else f"{TOOL}; {row.get('status')}: {row.get('reason', '')}"[:600])
                     print(f"{column:30s} {name:32s} {row.get('ms', float('nan')) * 1e3:9.1f} us "
                           f"{row.get('status')} {row.get('reason', '')}", flush=True)
-            decode.INTERLEAVED_SPLITS = True
+            decode.INTERLEAVED_SPLITS = None  # the rule again
             del inputs
             if device.type == "cuda":
                 torch.cuda.empty_cache()
