@@ -357,13 +357,13 @@ def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
     if len(common):
         ratios = ours[common] / flash[common]
         worst = ratios.idxmin()
-        checks.append(("every shape: ours / SDPA flash >= 1", (f"min {ratios.min():.2f}x at {worst[1]} x {worst[2]} "
+        checks.append(("every shape: ours / SDPA flash >= 1", (f"min {ratios.min():.3f}x at {worst[1]} x {worst[2]} "
                        f"({worst[0]} kv heads)"), "met" if ratios.min() >= 1 else "not met"))
     common = ours.index.intersection(paged.index)
     if len(common):
         ratios = paged[common] / ours[common]
         worst = ratios.idxmin()
-        checks.append(("every shape: paged / contiguous >= 0.9", (f"min {ratios.min():.2f}x at {worst[1]} x {worst[2]} "
+        checks.append(("every shape: paged / contiguous >= 0.9", (f"min {ratios.min():.3f}x at {worst[1]} x {worst[2]} "
                        f"({worst[0]} kv heads)"), "met" if ratios.min() >= 0.9 else "not met"))
     return checks
 

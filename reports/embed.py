@@ -127,7 +127,10 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
     if len(units) != 1 or units[0] not in UNITS:
         raise ValueError(f"{path}: expected one unit of {sorted(UNITS)}, found {list(units)}")
     unit, fmt = UNITS[units[0]]
-    wide = rows.pivot(index="row", columns="column", values="value")
+    rounds = int(rows.groupby(["row", "column"]).size().max())  # an experiment's interleaved rounds
+    values = pd.to_numeric(rows["value"], errors="coerce")
+    wide = rows.assign(value=values).pivot_table(index="row", columns="column", values="value", aggfunc="median",
+                                                 dropna=False)
     wide = wide.reindex(index=list(dict.fromkeys(rows["row"])), columns=list(dict.fromkeys(rows["column"])))
     lines = [f"| {unit} | " + " | ".join(wide.columns) + " |", "|---|" + "---|" * len(wide.columns)]
     for label, values in wide.iterrows():
@@ -140,7 +143,8 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
         lines.append(f"| **{label}** | " + " | ".join("" if pd.isna(v) else f"{v:.2f}x" for v in quotient) + " |")
     commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
     source = f"{rows['tool'].iloc[0]}{', at ' + ', '.join(commits) if commits else ''}"
-    lines += ["", f"{source}; rows: `{_decision_rows_path(path)}`."]
+    medians = f"; each cell the median of {rounds} rounds" if rounds > 1 else ""
+    lines += ["", f"{source}{medians}; rows: `{_decision_rows_path(path)}`."]
     return "\n".join(lines)
 
 
@@ -185,6 +189,9 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "gluon_features": (("forward: Triton / Gluon time", "Triton forward", "Gluon forward"),
                        ("backward: Triton / Gluon time", "Triton backward", "Gluon backward")),
     "op_dispatch": (("custom_op / schema API", "torch.library.custom_op", "torch.library schema API (kernels/ops.py)"),),
+    "decode_interleave": (("contiguous: one run / round robin, time", "contiguous, one run per split",
+                           "contiguous, round robin"),
+                          ("paged: one run / round robin, time", "paged, one run per split", "paged, round robin")),
 }
 
 
