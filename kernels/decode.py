@@ -51,9 +51,9 @@ GPU_CONFIG = (64, 4, 3)  # (block_n, num_warps, num_stages)
 SHALLOW_CONFIG = (64, 4, 2)
 DEEP_PROGRAMS_PER_SM = 3  # GPU_CONFIG's programs resident on an H100/H200 SM at head dim 128
 TILE_OVERRIDE = None  # a (block_n, num_warps, num_stages) every GPU call takes instead (experiments)
-# A paged cache's block-table entries are read this many key blocks ahead (0: at each block; the
-# split kernel's PREFETCH_PAGES); docs/performance.md has the measured effect.
-PAGED_PREFETCH = 1
+# A paged cache's block-table entries for the next key block are read while the current one is
+# processed (the split kernel's PREFETCH_PAGES); docs/performance.md has the measured effect.
+PAGED_PREFETCH = True
 # How the splits share a sequence's key blocks (the split kernel's INTERLEAVE_SPLITS):
 # `interleave_splits`' rule when None, True or False forcing round robin or one run (experiments).
 INTERLEAVED_SPLITS = None
@@ -314,7 +314,7 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_LEFTPAD=cache_leftpad is not None,
-        PREFETCH_PAGES=int(PAGED_PREFETCH) if paged else 0, INTERLEAVE_SPLITS=interleave_splits(paged, window_left),
+        PREFETCH_PAGES=paged and PAGED_PREFETCH, INTERLEAVE_SPLITS=interleave_splits(paged, window_left),
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _combine_launcher[(batch * seqlen_q * heads,)](

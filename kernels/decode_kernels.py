@@ -51,7 +51,7 @@ def _fwd_kvcache_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_BATCH_IDX: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HAS_LEFTPAD: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = 0,
+    DOT_PRECISION: tl.constexpr, HAS_LEFTPAD: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False,
     INTERLEAVE_SPLITS: tl.constexpr = False,
 ):
     split = tl.program_id(0)
@@ -113,34 +113,23 @@ def _fwd_kvcache_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # paged: each key row's page number, read PREFETCH_PAGES key blocks ahead (1 or 2; 0: at each
-    # block) so that the block table's latency overlaps the blocks before instead of preceding
-    # every K load; the first reads are bounded by the table's width only (`table_keys`: its
-    # columns x PAGE_SIZE; a page past the sequence's end is never dereferenced, its rows masked)
+    # paged: each key row's page number, read one key block ahead (PREFETCH_PAGES) so that the
+    # block table's latency overlaps the block before instead of preceding every K load; the
+    # first read is bounded by the table's width only (`table_keys`: its columns x PAGE_SIZE; a
+    # page past the sequence's end is never dereferenced, its rows masked below)
     page_rows = BlockTable + batch * stride_btb
-    if PREFETCH_PAGES > 0 and PAGE_SIZE > 0:
+    if PREFETCH_PAGES and PAGE_SIZE > 0:
         offs_first = lo + tl.arange(0, BLOCK_N)
         next_page = tl.load(page_rows + offs_first // PAGE_SIZE, mask=offs_first < table_keys, other=0)
-        if PREFETCH_PAGES > 1:
-            offs_second = offs_first + step
-            after_page = tl.load(page_rows + offs_second // PAGE_SIZE, mask=offs_second < table_keys, other=0)
-        else:
-            after_page = next_page
     else:
         next_page = tl.zeros([BLOCK_N], dtype=tl.int32)
-        after_page = next_page
     for start_n in range(lo, hi, step):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi
         if HAS_LEFTPAD:  # the padding before a sequence's first key is neither read nor seen
             n_ok &= offs_n >= pad
         if PAGE_SIZE > 0:
-            if PREFETCH_PAGES > 1:  # read two blocks ahead (above, or in the iterations before)
-                page = next_page.to(tl.int64)
-                next_page = after_page
-                offs_ahead = offs_n + 2 * step
-                after_page = tl.load(page_rows + offs_ahead // PAGE_SIZE, mask=offs_ahead < hi, other=0)
-            elif PREFETCH_PAGES > 0:  # read one block ahead (above, or in the previous iteration)
+            if PREFETCH_PAGES:  # the pages read one block ahead (above, or in the previous iteration)
                 page = next_page.to(tl.int64)
                 offs_next = offs_n + step
                 next_page = tl.load(page_rows + offs_next // PAGE_SIZE, mask=offs_next < hi, other=0)

@@ -134,11 +134,11 @@ def test_paged_cache_matches_reference(page_size, device):
     check_decode(3, 1, 4, 2, 32, 64, [64, 0, 29], torch.float16, device, page_size=page_size, num_splits=2)
 
 
-@pytest.mark.parametrize("prefetch", [2, 1, 0], ids=["block table read two ahead", "read ahead", "read per block"])
+@pytest.mark.parametrize("prefetch", [True, False], ids=["block table read ahead", "read per block"])
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, monkeypatch):
     """64-key blocks over 16-token pages (each key block gathers four pages, as on the GPU), the
-    block table read two or one blocks ahead or at each block, ragged lengths, one split (a
+    block table read one block ahead or at each block, ragged lengths, one split (a
     program walks all three blocks of the longest sequence) and two."""
     from kernels import decode
 
@@ -148,18 +148,16 @@ def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, m
         check_decode(3, 1, 4, 2, 32, 192, [192, 0, 77], torch.float16, "cpu", page_size=16, num_splits=num_splits)
 
 
-@pytest.mark.parametrize("page_size,prefetch", [(0, 1), (16, 1), (16, 2)],
-                         ids=["contiguous", "paged", "paged, block table read two ahead"])
+@pytest.mark.parametrize("page_size", [0, 16], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("interleaved", [True, False], ids=["splits round robin", "one run per split"])
 @pytest.mark.usefixtures("poisoned_allocations")
-def test_a_window_split_many_ways_matches_the_reference(interleaved, page_size, prefetch, monkeypatch):
+def test_a_window_split_many_ways_matches_the_reference(interleaved, page_size, monkeypatch):
     """A 20-key window at the end of ragged caches of up to 10 key blocks, causal, two query
     tokens, split 3 and 16 ways (most splits hold no key of the window; 16 leave some without
     any block) with the splits' blocks round robin or one run each, paged and contiguous."""
     from kernels import decode
 
     monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
-    monkeypatch.setattr(decode, "PAGED_PREFETCH", prefetch)
     for splits in (3, 16):
         check_decode(3, 2, 4, 2, 32, 160, [160, 0, 57], torch.float16, "cpu", page_size=page_size,
                      num_splits=splits, causal=True, window_size=(20, 0))
