@@ -42,20 +42,24 @@ class DecisionWriter:
         return [name for name, (ok, _) in checks.items() if ok]
 
     def time_interleaved(self, variants: dict, cases: dict, select: Callable, time_one: Callable, repeats: int,
-                         width: int = 32) -> None:
+                         width: int = 32, unit: str = "ms") -> None:
         """`repeats` rounds; in each, per case (column -> case) each variant (row -> value) in turn:
-        `select(value)`, then `time_one(case, value)`'s row (harness.features.measure's dict)
-        written in ms and printed with its status; a row without a time is NaN, its status and
-        reason in the tool column."""
+        `select(value)`, then `time_one(case, value)`'s row (harness.features.measure's or
+        harness.decode's dict: `ms` where it is timed and its status is ok) written in `unit`
+        (ms or us) and printed with its status; a row without a time, or not ok, is NaN, its status
+        and reason in the tool column."""
+        scale = {"ms": 1.0, "us": 1e3}[unit]
         for _ in range(repeats):
             for column, case in cases.items():
                 for name, value in variants.items():
                     select(value)
                     row = time_one(case, value)
+                    timed = "ms" in row and row.get("status", "ok") == "ok"
+                    value_out = row["ms"] * scale if timed else float("nan")
                     missing = f"{self.tool}; {row.get('status')}: {row.get('reason', '')}"[:600]
-                    self.write(name, column, "ms", row.get("ms", float("nan")), tool=None if "ms" in row else missing)
-                    print(f"{column:28s} {name:{width}s} {row.get('ms', float('nan')):.3f} ms {row.get('status')}",
-                          flush=True)
+                    self.write(name, column, unit, value_out, tool=None if timed else missing)
+                    print(f"{column:28s} {name:{width}s} {value_out:.3f} {unit} {row.get('status')} "
+                          f"{row.get('reason', '')}", flush=True)
 
     def close(self) -> None:
         self._file.close()

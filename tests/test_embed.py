@@ -142,6 +142,17 @@ def test_experiment_checks_gate_what_is_timed_and_rounds_interleave_the_variants
     assert times[times.row == "c"].tool.str.endswith("error: out of shared memory").all()
     assert (times[times.row == "a"].tool == "tools/x.py, bf16").all()
 
+    # in microseconds; a call timed but not ok (its output wrong) is NaN with its reason too
+    path = tmp_path / "exp_us.csv"
+    with DecisionWriter(path, "tools/x.py, bf16", commit="abc1234") as writer:
+        writer.time_interleaved({"ok": 0, "wrong": 1}, {"1 x 1k": None}, lambda value: None,
+                                lambda case, value: ({"ms": 0.01, "status": "ok"} if value == 0 else
+                                                     {"ms": 0.02, "status": "wrong", "reason": "relative error 0.5"}),
+                                repeats=1, unit="us")
+    rows = pd.read_csv(path).set_index("row")
+    assert (rows.unit == "us").all() and rows.loc["ok", "value"] == 10.0
+    assert pd.isna(rows.loc["wrong", "value"]) and rows.loc["wrong", "tool"].endswith("wrong: relative error 0.5")
+
 
 def test_a_failed_tile_is_a_cell_not_measured_with_its_reason(tmp_path, monkeypatch):
     """decode_tiles_table: a tile the experiment could not run (a NaN row, its reason in `tool`)

@@ -69,15 +69,14 @@ def main() -> None:
             nbytes = kv_bytes(batch, min(cache_len, window + 1) if window >= 0 else cache_len, kv_heads)
             variants = {f"{layout}, {scheme}": (paged, interleaved) for layout, paged in (("contiguous", False),
                         ("paged", True)) for scheme, interleaved in SCHEMES}
-            for _ in range(args.repeats):
-                for name, (paged, interleaved) in variants.items():
-                    decode.INTERLEAVED_SPLITS = interleaved
-                    row = _measure(call_for(paged, window), inputs, reference, device, nbytes)
-                    ok = row.get("status") == "ok"
-                    writer.write(name, column, "us", row["ms"] * 1e3 if ok else float("nan"),
-                                 tool=None if ok else f"{TOOL}; {row.get('status')}: {row.get('reason', '')}"[:600])
-                    print(f"{column:30s} {name:32s} {row.get('ms', float('nan')) * 1e3:9.1f} us "
-                          f"{row.get('status')} {row.get('reason', '')}", flush=True)
+
+            def select(value):
+                decode.INTERLEAVED_SPLITS = value[1]
+
+            def time_one(case, value, window=window, reference=reference, nbytes=nbytes):
+                return _measure(call_for(value[0], window), case, reference, device, nbytes)
+
+            writer.time_interleaved(variants, {column: inputs}, select, time_one, args.repeats, unit="us")
             decode.INTERLEAVED_SPLITS = None  # the rule again
             del inputs
             if device.type == "cuda":
