@@ -76,12 +76,16 @@ def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, 
     one program per SM on, no split: at batch 32 x 4k with 8 kv heads, 2 splits measured slower
     than none), keeping at least MIN_BLOCKS_PER_SPLIT key blocks
     of the cache's capacity (`cache_len`, known from shapes alone, so a CUDA graph keeps one
-    split count) in each split, and at most MAX_SPLITS."""
+    split count) in each split, and at most MAX_SPLITS; but never fewer splits than give every SM
+    one program with at least one block (a cache too short for the floor: at batch 1 x 1k with 8
+    kv heads 16 one-block splits instead of 4, measured faster by
+    tools/experiments/exp_decode_split_floor.py, reports/h200/decisions/decode_split_floor.csv)."""
     programs = batch * kv_heads * m_blocks
     if programs >= num_sms:  # every SM has a program: a split would only add the combine's pass
         return 1
     wanted = PROGRAMS_PER_SM * num_sms // programs
-    most = max(1, triton.cdiv(cache_len, block_n) // MIN_BLOCKS_PER_SPLIT)
+    blocks = triton.cdiv(cache_len, block_n)
+    most = max(blocks // MIN_BLOCKS_PER_SPLIT, min(blocks, num_sms // programs), 1)
     return max(1, min(wanted, most, MAX_SPLITS))
 
 

@@ -323,7 +323,9 @@ def test_heuristic_fills_the_gpu_at_batch_one():
     assert choose_num_splits(8, 8, 1, 8192, 64, 132) * 64 <= decode.PROGRAMS_PER_SM * 132
     assert choose_num_splits(64, 32, 1, 4096, 64, 132) == 1  # 2048 programs already
     assert choose_num_splits(32, 8, 1, 4096, 64, 132) == 1  # 256 programs: every SM has one
-    assert choose_num_splits(1, 8, 1, 256, 64, 132) == 1  # 4 key blocks: too few to split
+    assert choose_num_splits(1, 8, 1, 1024, 64, 132) == 16  # below the floor: one program per SM, a block each
+    assert choose_num_splits(1, 32, 1, 1024, 64, 132) == 4  # 4 programs per SM at the floor already
+    assert choose_num_splits(1, 8, 1, 4096, 64, 132) == 16  # the floor: 4 blocks each
     assert choose_num_splits(1, 1, 1, 1 << 20, 64, 132) == decode.MAX_SPLITS
 
 

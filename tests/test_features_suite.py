@@ -29,7 +29,9 @@ def test_visible_pairs_count_the_mask():
     assert features.Case("g", "v", 1, 0, 1, 1, lengths=(3, 4)).visible_pairs() == 6 + 10
 
 
-def test_suite_writes_rows_and_a_report_from_them(tmp_path):
+def test_suite_writes_rows_and_a_report_from_them(tmp_path, monkeypatch):
+    # every case measured however slow the interpreter runs here (the budget's own test is below)
+    monkeypatch.setitem(features.BUDGET_S, "quick", 1e9)
     features.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY)
     rows = pd.read_csv(tmp_path / features.FEATURES_CSV, keep_default_na=False)
     ours = rows[rows.provider == "ours"]
@@ -72,3 +74,12 @@ def test_a_bar_ratio_is_taken_within_each_round_and_reports_the_rounds_that_disa
     rows = _score_rows([1.05, 1.3])
     rows.loc[(rows.variant == "dense") & (rows.repeat == 1), "status"] = "error"
     assert {n: v for n, v, _ in features.bar_checks(rows)}["alibi fwd: time over dense <= 1.1"] == "1.05x"
+
+
+def test_cases_past_the_budget_are_listed_not_measured(tmp_path, monkeypatch):
+    monkeypatch.setitem(features.BUDGET_S, "quick", -1.0)  # spent before the first case
+    features.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY[:2])
+    rows = pd.read_csv(tmp_path / features.FEATURES_CSV, keep_default_na=False)
+    assert rows.empty
+    notes = (tmp_path / "notes.txt").read_text()
+    assert "budget ran out" in notes and f"{TINY[0].group}/{TINY[0].variant} at {TINY[0].seqlen}" in notes
