@@ -66,7 +66,7 @@ _rotary_launcher = CachedLauncher(_rotary_kernel)
 
 
 def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, block_n: int,
-                      num_sms: int) -> int:
+                      num_sms: int, fill_sms: bool = True) -> int:
     """Splits of the KV sequence for `num_splits=0`.
 
     Without splitting, batch x kv_heads x m_blocks programs run (m_blocks: query tiles of
@@ -76,16 +76,21 @@ def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, 
     one program per SM on, no split: at batch 32 x 4k with 8 kv heads, 2 splits measured slower
     than none), keeping at least MIN_BLOCKS_PER_SPLIT key blocks
     of the cache's capacity (`cache_len`, known from shapes alone, so a CUDA graph keeps one
-    split count) in each split, and at most MAX_SPLITS; but never fewer splits than give every SM
-    one program with at least one block (a cache too short for the floor: at batch 1 x 1k with 8
-    kv heads 16 one-block splits instead of 4, measured faster by
-    tools/experiments/exp_decode_split_floor.py, reports/h200/decisions/decode_split_floor.csv)."""
+    split count) in each split, and at most MAX_SPLITS. With `fill_sms`, where the floor splits
+    (into two or more) but leaves SMs without a program, as many more splits as give at most
+    one program per SM with at least one block each (at batch 1 x 1k with 8 kv heads: 16
+    one-block splits, 128 programs, instead of 4; measured faster by
+    tools/experiments/exp_decode_split_floor.py, reports/h200/decisions/decode_split_floor.csv,
+    whose shortest cache was 1k: shorter caches the floor does not split stay unsplit);
+    `fill_sms=False` is the heuristic before that term (the rows measured with it)."""
     programs = batch * kv_heads * m_blocks
     if programs >= num_sms:  # every SM has a program: a split would only add the combine's pass
         return 1
     wanted = PROGRAMS_PER_SM * num_sms // programs
     blocks = triton.cdiv(cache_len, block_n)
-    most = max(blocks // MIN_BLOCKS_PER_SPLIT, min(blocks, num_sms // programs), 1)
+    most = max(1, blocks // MIN_BLOCKS_PER_SPLIT)
+    if fill_sms and most > 1:
+        most = max(most, min(blocks, num_sms // programs))
     return max(1, min(wanted, most, MAX_SPLITS))
 
 
@@ -96,7 +101,7 @@ def interleave_splits(paged: bool, window_left: int) -> bool:
     block-table reads then stay in the lines the previous block read and its loop keeps a
     constant step; the two were not measured apart).
     tools/experiments/exp_decode_interleave.py (reports/h200/decisions/decode_interleave.csv):
-    round robin a little faster on contiguous caches, slower on paged ones, and several times
+    round robin level or a little faster on contiguous caches, slower on paged ones, and several times
     faster under a 4096-key window at the end of a 64k cache, where one run gives the window's
     blocks to one or two splits."""
     if INTERLEAVED_SPLITS is not None:

@@ -82,9 +82,8 @@ def _fwd_kvcache_split_kernel(
         pad = 0
     first_block = pad // BLOCK_N * BLOCK_N
     if INTERLEAVE_SPLITS:
-        # round robin: the first block depends on the split alone (without a pad), so a paged
-        # cache's first block-table read need not wait for SeqlensK, and a window's blocks are
-        # shared by all splits instead of falling to the one or two whose run holds them
+        # round robin: a window's blocks are shared by all splits instead of falling to the one
+        # or two whose run holds them (kernels.decode.interleave_splits says where it is used)
         step = BLOCK_N * num_splits
         lo = first_block + split * BLOCK_N
         hi = seqlen_k
@@ -115,8 +114,9 @@ def _fwd_kvcache_split_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # paged: each key row's page number, read one key block ahead (PREFETCH_PAGES) so that the
     # block table's latency overlaps the block before instead of preceding every K load; the
-    # first read is bounded by the table's width only (`table_keys`: its columns x PAGE_SIZE; a
-    # page past the sequence's end is never dereferenced, its rows masked below)
+    # first read is bounded by the table's width (`table_keys`: its columns x PAGE_SIZE), so it
+    # stays inside the sequence's row of the table; a page read past the sequence's end is never
+    # dereferenced, its rows masked below
     page_rows = BlockTable + batch * stride_btb
     if PREFETCH_PAGES and PAGE_SIZE > 0:
         offs_first = lo + tl.arange(0, BLOCK_N)

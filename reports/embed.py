@@ -143,7 +143,7 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
         lines.append(f"| **{label}** | " + " | ".join("" if pd.isna(v) else f"{v:.2f}x" for v in quotient) + " |")
     commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
     source = f"{rows['tool'].iloc[0]}{', at ' + ', '.join(commits) if commits else ''}"
-    medians = f"; each cell the median of {rounds} rounds" if rounds > 1 else ""
+    medians = f"; each cell the median of up to {rounds} rounds (those timed)" if rounds > 1 else ""
     lines += ["", f"{source}{medians}; rows: `{_decision_rows_path(path)}`."]
     return "\n".join(lines)
 
@@ -304,7 +304,8 @@ _SHAPE_COLUMN = re.compile(r"^(?P<batch>\d+) x (?P<kib>\d+)k, (?P<kv>\d+) kv$")
 
 def decode_tiles_table(path: Path, num_sms: int = H200_SMS) -> str:
     """tools/experiments/exp_decode_tiles.py's rows (microseconds, one process): per shape, the
-    programs the launch has (kernels.decode's split heuristic on num_sms SMs), our kernel at the
+    programs the launch had (kernels.decode's split heuristic on num_sms SMs as the rows were
+    measured, before its fill_sms term), our kernel at the
     3-stage and the 2-stage tile for both layouts, the tile kernels.decode.choose_tile takes, and
     the paged / contiguous time under that choice."""
     from kernels import decode
@@ -324,7 +325,7 @@ def decode_tiles_table(path: Path, num_sms: int = H200_SMS) -> str:
     for column, r in wide.iterrows():
         m = _SHAPE_COLUMN.match(column)
         batch, cache_len, kv = int(m["batch"]), int(m["kib"]) * 1024, int(m["kv"])
-        splits = decode.choose_num_splits(batch, kv, 1, cache_len, decode.GPU_CONFIG[0], num_sms)
+        splits = decode.choose_num_splits(batch, kv, 1, cache_len, decode.GPU_CONFIG[0], num_sms, fill_sms=False)
         programs = splits * batch * kv
         chosen = str(decode.choose_tile(programs, num_sms))
         cd, cs, pd_, ps = (r.get(f"{layout} {tile}", float("nan"))
@@ -334,7 +335,7 @@ def decode_tiles_table(path: Path, num_sms: int = H200_SMS) -> str:
         lines.append(f"| {column} | {programs} | {us(cd)} | {us(cs)} | {_ratio(cd, cs)} | {us(pd_)} | {us(ps)} | "
                      f"{stages} stages | {'n/a' if pd.isna(paged_over) else f'{paged_over:.2f}x'} |")
     commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    lines += ["", (f"{tool}, at {', '.join(commits)}; programs on the H200's {num_sms} SMs; "
+    lines += ["", (f"{tool}, at {', '.join(commits)}; programs on the H200's {num_sms} SMs, as split then; "
               f"rows (the 32-key tiles too): `{path.relative_to(H200.parents[1])}`.")]
     lines += [f"- not measured: {r['row']} at {r['column']}: {r['tool'].split('; failed: ', 1)[1]}"
               for _, r in failed.iterrows()]

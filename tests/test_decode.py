@@ -134,13 +134,17 @@ def test_paged_cache_matches_reference(page_size, device):
     check_decode(3, 1, 4, 2, 32, 64, [64, 0, 29], torch.float16, device, page_size=page_size, num_splits=2)
 
 
+@pytest.mark.parametrize("interleaved", [None, True], ids=["the rule (one run)", "splits round robin"])
 @pytest.mark.parametrize("prefetch", [True, False], ids=["block table read ahead", "read per block"])
 @pytest.mark.usefixtures("poisoned_allocations")
-def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, monkeypatch):
+def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, interleaved, monkeypatch):
     """64-key blocks over 16-token pages (each key block gathers four pages, as on the GPU), the
     block table read one block ahead or at each block, ragged lengths, one split (a
-    program walks all three blocks of the longest sequence) and two."""
+    program walks all three blocks of the longest sequence) and two, the splits' blocks as the
+    rule has them or round robin (a split's second block read one step of num_splits ahead)."""
     from kernels import decode
+
+    monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
 
     monkeypatch.setattr(decode, "INTERPRETER_CONFIG", (64, 4, 1))
     monkeypatch.setattr(decode, "PAGED_PREFETCH", prefetch)
@@ -153,8 +157,9 @@ def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, m
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_a_window_split_many_ways_matches_the_reference(interleaved, page_size, monkeypatch):
     """A 20-key window at the end of ragged caches of up to 10 key blocks, causal, two query
-    tokens, split 3 and 16 ways (most splits hold no key of the window; 16 leave some without
-    any block) with the splits' blocks round robin or one run each, paged and contiguous."""
+    tokens, split 3 and 16 ways (one run each: most splits hold no key of the window; 16 leave
+    some splits without any block either way) with the splits' blocks round robin or one run
+    each, paged and contiguous."""
     from kernels import decode
 
     monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
@@ -323,9 +328,11 @@ def test_heuristic_fills_the_gpu_at_batch_one():
     assert choose_num_splits(8, 8, 1, 8192, 64, 132) * 64 <= decode.PROGRAMS_PER_SM * 132
     assert choose_num_splits(64, 32, 1, 4096, 64, 132) == 1  # 2048 programs already
     assert choose_num_splits(32, 8, 1, 4096, 64, 132) == 1  # 256 programs: every SM has one
-    assert choose_num_splits(1, 8, 1, 1024, 64, 132) == 16  # below the floor: one program per SM, a block each
-    assert choose_num_splits(1, 32, 1, 1024, 64, 132) == 4  # 4 programs per SM at the floor already
+    assert choose_num_splits(1, 8, 1, 1024, 64, 132) == 16  # SMs the floor leaves idle: one block a split
+    assert choose_num_splits(1, 8, 1, 1024, 64, 132, fill_sms=False) == 4  # the floor alone
+    assert choose_num_splits(1, 32, 1, 1024, 64, 132) == 4  # the floor's 4 splits already give each SM a program
     assert choose_num_splits(1, 8, 1, 4096, 64, 132) == 16  # the floor: 4 blocks each
+    assert choose_num_splits(1, 8, 1, 256, 64, 132) == 1  # 4 key blocks: the floor does not split them
     assert choose_num_splits(1, 1, 1, 1 << 20, 64, 132) == decode.MAX_SPLITS
 
 
