@@ -83,6 +83,19 @@ def _relative_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return ((x.double() - ref).norm() / ref.norm()).item()
 
 
+def _max_abs_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return (x.double() - ref).abs().max().item()
+
+
+def within_twice_the_error(actual: torch.Tensor, reference: torch.Tensor, yardstick: torch.Tensor, eps: float,
+                           error=_max_abs_error) -> tuple[bool, float, float]:
+    """flash-attn's criterion: `actual` is finite and no further from the float64 `reference` than
+    twice `yardstick`'s distance (PyTorch's same-dtype result, or a kept kernel's) plus `eps`.
+    Returns (whether it holds, actual's error, yardstick's error), `error` max |x - ref| unless given."""
+    got, bound = error(actual, reference), error(yardstick, reference)
+    return bool(torch.isfinite(actual).all()) and got <= 2 * bound + eps, got, bound
+
+
 def _nonfinite(name: str, t: torch.Tensor) -> str:
     bad = (~torch.isfinite(t)).nonzero()
     if bad.numel() == 0:

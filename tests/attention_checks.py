@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from baselines.reference import attention_reference, attention_same_dtype
+from harness.accuracy import within_twice_the_error
 from kernels import backward, flash_attn_func
 
 ABS_EPS = {torch.float16: 1e-3, torch.bfloat16: 4e-3, torch.float32: 1e-5}
@@ -83,10 +84,8 @@ def make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, dtype, device, requires_
 def assert_close_to_reference(name, actual, reference64, same_dtype):
     """`actual` is no further from float64 than twice PyTorch's same-dtype result."""
     assert not torch.isnan(actual).any(), f"{name} has NaN"
-    err = (actual.double() - reference64).abs().max().item()
-    yardstick = (same_dtype.double() - reference64).abs().max().item()
-    bound = 2 * yardstick + ABS_EPS[actual.dtype]
-    assert err <= bound, f"{name}: max error {err:.3e} > 2 x same-dtype error {yardstick:.3e} + eps"
+    ok, err, yardstick = within_twice_the_error(actual, reference64, same_dtype, ABS_EPS[actual.dtype])
+    assert ok, f"{name}: max error {err:.3e} > 2 x same-dtype error {yardstick:.3e} + eps"
 
 
 def check_forward(batch, seqlen_q, seqlen_k, heads, headdim, causal, dtype, device):

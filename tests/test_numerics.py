@@ -396,3 +396,17 @@ def test_gpu_backward_is_deterministic_at_real_size(fusing):
 @pytest.mark.gpu
 def test_gpu_compiled_call_equals_eager():
     check_compiled_equals_eager("cuda", "inductor")
+
+
+def test_within_twice_the_error_is_flash_attns_criterion():
+    from harness.accuracy import within_twice_the_error
+
+    def vec(*values):
+        return torch.tensor(values, dtype=torch.float64)
+
+    ref, yardstick = vec(0, 0, 0, 0), vec(0, 0.1, 0, 0)  # the yardstick's max error: 0.1
+    assert within_twice_the_error(vec(0.19, 0, 0, 0), ref, yardstick, 0.0) == (True, 0.19, 0.1)
+    assert not within_twice_the_error(vec(0, 0, 0, 0.21), ref, yardstick, 0.0)[0]
+    assert within_twice_the_error(vec(0, 0, 0, 0.21), ref, yardstick, 0.02)[0]  # eps
+    assert not within_twice_the_error(vec(float("nan"), 0, 0, 0), ref, yardstick, 1.0)[0]
+    assert not within_twice_the_error(vec(float("inf"), 0, 0, 0), ref, yardstick, 1.0)[0]

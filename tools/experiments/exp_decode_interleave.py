@@ -42,7 +42,7 @@ def main() -> None:
     import torch
 
     from baselines.reference import attention_reference
-    from harness.decode import Inputs, _measure, kv_bytes, timing_copies
+    from harness.decode import _measure, kv_bytes, measure_each
     from kernels import decode
     from reports.decisions import DecisionWriter
 
@@ -57,30 +57,31 @@ def main() -> None:
                                                   block_table=table, window_size=(window, -1), num_splits=0)
         return call
 
+    variants = {f"{layout}, {scheme}": (paged, interleaved) for layout, paged in (("contiguous", False),
+                ("paged", True)) for scheme, interleaved in SCHEMES}
+
+    def select(value):
+        decode.INTERLEAVED_SPLITS = value[1]
+
     with DecisionWriter(args.out / "decode_interleave.csv", TOOL) as writer:
         for batch, cache_len, kv_heads, window in SHAPES:
-            column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv" + (f", window {window}" if window >= 0 else "")
-            inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
-            if window >= 0:  # the one query token sees its own key and the `window` before it
-                k, v = inputs.contiguous[0]
-                reference = attention_reference(inputs.q[:1], k[:1, -window - 1:], v[:1, -window - 1:])[0][0, 0]
-            else:
-                reference = inputs.reference()
-            nbytes = kv_bytes(batch, min(cache_len, window + 1) if window >= 0 else cache_len, kv_heads)
-            variants = {f"{layout}, {scheme}": (paged, interleaved) for layout, paged in (("contiguous", False),
-                        ("paged", True)) for scheme, interleaved in SCHEMES}
 
-            def select(value):
-                decode.INTERLEAVED_SPLITS = value[1]
+            def measure(batch, cache_len, kv_heads, inputs, window=window):
+                if window >= 0:  # the one query token sees its own key and the `window` before it
+                    k, v = inputs.contiguous[0]
+                    reference = attention_reference(inputs.q[:1], k[:1, -window - 1:], v[:1, -window - 1:])[0][0, 0]
+                else:
+                    reference = inputs.reference()
+                nbytes = kv_bytes(batch, min(cache_len, window + 1) if window >= 0 else cache_len, kv_heads)
+                column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv" + (f", window {window}" if window >= 0 else "")
 
-            def time_one(case, value, window=window, reference=reference, nbytes=nbytes):
-                return _measure(call_for(value[0], window), case, reference, device, nbytes)
+                def time_one(case, value):
+                    return _measure(call_for(value[0], window), case, reference, device, nbytes)
 
-            writer.time_interleaved(variants, {column: inputs}, select, time_one, args.repeats, unit="us")
-            decode.INTERLEAVED_SPLITS = None  # the rule again
-            del inputs
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+                writer.time_interleaved(variants, {column: inputs}, select, time_one, args.repeats, unit="us")
+                decode.INTERLEAVED_SPLITS = None  # the rule again
+
+            measure_each([(batch, cache_len, kv_heads)], device, measure)
 
 
 if __name__ == "__main__":

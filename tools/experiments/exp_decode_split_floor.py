@@ -39,7 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from harness.decode import Inputs, _measure, _ours, kv_bytes, timing_copies
+    from harness.decode import _measure, _ours, kv_bytes, measure_each
     from kernels import decode
     from reports.decisions import DecisionWriter
 
@@ -53,19 +53,18 @@ def main() -> None:
         decode.MIN_BLOCKS_PER_SPLIT = value[1]
 
     with DecisionWriter(args.out / "decode_split_floor.csv", TOOL) as writer:
-        for batch, cache_len, kv_heads in SHAPES:
-            column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv"
-            inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
+
+        def measure(batch, cache_len, kv_heads, inputs):
             reference, nbytes = inputs.reference(), kv_bytes(batch, cache_len, kv_heads)
 
-            def time_one(case, value, reference=reference, nbytes=nbytes):
+            def time_one(case, value):
                 return _measure(_ours(0, value[0]), case, reference, device, nbytes)
 
-            writer.time_interleaved(variants, {column: inputs}, select, time_one, args.repeats, width=40, unit="us")
+            writer.time_interleaved(variants, {f"{batch} x {cache_len // 1024}k, {kv_heads} kv": inputs}, select,
+                                    time_one, args.repeats, width=40, unit="us")
             decode.MIN_BLOCKS_PER_SPLIT = code_floor
-            del inputs
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+
+        measure_each(SHAPES, device, measure)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ def check(v_stages, device) -> tuple[bool, str]:
 
     import kernels
     from baselines.reference import attention_reference, attention_same_dtype
+    from harness.accuracy import within_twice_the_error
 
     ok, notes = True, []
     set_variant(v_stages)
@@ -66,9 +67,7 @@ def check(v_stages, device) -> tuple[bool, str]:
         kw = {"causal": case.causal, "window_size": window, "softcap": case.softcap}
         out = kernels.flash_attn_func(q, k, v, **kw)
         ref, _ = attention_reference(q, k, v, **kw)  # both references repeat kv heads for GQA themselves
-        yardstick = (attention_same_dtype(q, k, v, **kw).double() - ref).abs().max().item()
-        err = (out.double() - ref).abs().max().item()
-        good = bool(torch.isfinite(out).all()) and err <= 2 * yardstick + 1e-5
+        good, err, yardstick = within_twice_the_error(out, ref, attention_same_dtype(q, k, v, **kw), 1e-5)
         ok &= good
         notes.append(f"{name}: {err:.1e} (PyTorch {yardstick:.1e})")
     return ok, "; ".join(notes)
