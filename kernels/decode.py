@@ -57,6 +57,11 @@ PAGED_PREFETCH = True
 # How the splits share a sequence's key blocks (the split kernel's INTERLEAVE_SPLITS):
 # `interleave_splits`' rule when None, True or False forcing round robin or one run (experiments).
 INTERLEAVED_SPLITS = None
+# The key rows' addresses (the split kernel's PAGE_LAYOUT and SAME_KV_STRIDES): worked out once per
+# launch where pages and key blocks divide each other, V's taken from K's where their strides
+# agree (`kv_addressing`); False works out each paged row's page and offset at every block, and
+# V's apart from K's (experiments). docs/performance.md has the measured effect.
+HOISTED_ADDRESSES = True
 INTERPRETER_CONFIG = (16, 4, 1)  # small key blocks: tiny test caches still span several blocks
 
 _split_launcher = CachedLauncher(_fwd_kvcache_split_kernel)
@@ -107,6 +112,18 @@ def interleave_splits(paged: bool, window_left: int) -> bool:
     if INTERLEAVED_SPLITS is not None:
         return INTERLEAVED_SPLITS
     return not paged or window_left >= 0
+
+
+def kv_addressing(page_size: int, block_n: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> dict:
+    """The split kernel's PAGE_LAYOUT (0: each row's page and offset per block; 1: a key block holds
+    whole pages; 2: a page holds whole key blocks; 0 too for a contiguous cache, page_size 0) and
+    SAME_KV_STRIDES (K and V caches strided alike), as HOISTED_ADDRESSES allows."""
+    if not HOISTED_ADDRESSES:
+        return {"PAGE_LAYOUT": 0, "SAME_KV_STRIDES": False}
+    layout = 0
+    if page_size > 0:
+        layout = 2 if page_size % block_n == 0 else 1 if block_n % page_size == 0 else 0
+    return {"PAGE_LAYOUT": layout, "SAME_KV_STRIDES": k_cache.stride() == v_cache.stride()}
 
 
 def choose_tile(programs: int, num_sms: int, block_d: int = 128) -> tuple[int, int, int]:
@@ -324,6 +341,7 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_LEFTPAD=cache_leftpad is not None,
         PREFETCH_PAGES=paged and PAGED_PREFETCH, INTERLEAVE_SPLITS=interleave_splits(paged, window_left),
+        **kv_addressing(k_cache.shape[1] if paged else 0, block_n, k_cache, v_cache),
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _combine_launcher[(batch * seqlen_q * heads,)](

@@ -52,7 +52,7 @@ def _fwd_kvcache_split_kernel(
     HAS_BATCH_IDX: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, HAS_LEFTPAD: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False,
-    INTERLEAVE_SPLITS: tl.constexpr = False,
+    INTERLEAVE_SPLITS: tl.constexpr = False, PAGE_LAYOUT: tl.constexpr = 0, SAME_KV_STRIDES: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -116,30 +116,48 @@ def _fwd_kvcache_split_kernel(
     # block table's latency overlaps the block before instead of preceding every K load; the
     # first read is bounded by the table's width (`table_keys`: its columns x PAGE_SIZE), so it
     # stays inside the sequence's row of the table; a page read past the sequence's end is never
-    # dereferenced, its rows masked below
+    # dereferenced, its rows masked below. Blocks start at multiples of BLOCK_N, so with
+    # PAGE_LAYOUT 1 (a block holds whole pages) each row's column in the block and its offset in
+    # its page are the same at every block, worked out once here; with PAGE_LAYOUT 2 (a page holds
+    # whole blocks) a block is one run of rows of one page, one table entry; PAGE_LAYOUT 0 works
+    # out each row's page and offset at every block.
     page_rows = BlockTable + batch * stride_btb
+    offs_b = tl.arange(0, BLOCK_N)
+    if PAGE_LAYOUT == 2:
+        k_in_block = offs_b * stride_kn
+        v_in_block = offs_b * stride_vn
+    else:
+        k_in_block = (offs_b % PAGE_SIZE) * stride_kn if PAGE_LAYOUT == 1 else offs_b
+        v_in_block = (offs_b % PAGE_SIZE) * stride_vn if PAGE_LAYOUT == 1 else offs_b
     if PREFETCH_PAGES and PAGE_SIZE > 0:
-        offs_first = lo + tl.arange(0, BLOCK_N)
-        next_page = tl.load(page_rows + offs_first // PAGE_SIZE, mask=offs_first < table_keys, other=0)
+        next_page = _page_numbers(page_rows, lo, offs_b, table_keys, PAGE_SIZE, PAGE_LAYOUT)
     else:
         next_page = tl.zeros([BLOCK_N], dtype=tl.int32)
     for start_n in range(lo, hi, step):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_n = start_n + offs_b
         n_ok = offs_n < hi
         if HAS_LEFTPAD:  # the padding before a sequence's first key is neither read nor seen
             n_ok &= offs_n >= pad
         if PAGE_SIZE > 0:
             if PREFETCH_PAGES:  # the pages read one block ahead (above, or in the previous iteration)
                 page = next_page.to(tl.int64)
-                offs_next = offs_n + step
-                next_page = tl.load(page_rows + offs_next // PAGE_SIZE, mask=offs_next < hi, other=0)
+                next_page = _page_numbers(page_rows, start_n + step, offs_b, hi, PAGE_SIZE, PAGE_LAYOUT)
             else:
-                page = tl.load(page_rows + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
-            k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_kn
-            v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vn
+                page = _page_numbers(page_rows, start_n, offs_b, hi, PAGE_SIZE, PAGE_LAYOUT).to(tl.int64)
+            if PAGE_LAYOUT == 0:
+                k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_kn
+                v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vn
+            elif PAGE_LAYOUT == 1:
+                k_rows = page * stride_kb + k_in_block
+                v_rows = page * stride_vb + v_in_block
+            else:  # one page: its base and the block's first row in it, then the rows in order
+                k_rows = (page * stride_kb + (start_n % PAGE_SIZE) * stride_kn) + k_in_block
+                v_rows = (page * stride_vb + (start_n % PAGE_SIZE) * stride_vn) + v_in_block
         else:
             k_rows = cache_row * stride_kb + offs_n.to(tl.int64) * stride_kn
             v_rows = cache_row * stride_vb + offs_n.to(tl.int64) * stride_vn
+        if SAME_KV_STRIDES:  # V's rows at K's offsets: one address computation for both
+            v_rows = k_rows
         kv_ok = n_ok[:, None] & d_ok[None, :]
         k = tl.load(K + k_rows[:, None] + offs_d[None, :], mask=kv_ok, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * sm_scale
@@ -176,6 +194,20 @@ def _fwd_kvcache_split_kernel(
               + head[:, None] * stride_oh + offs_d[None, :])
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
     tl.store(LSE + split * stride_lsplit + batch * stride_lb + head * stride_lh + token, lse, mask=m_ok)
+
+
+@triton.jit
+def _page_numbers(page_rows, first, offs_b, limit, PAGE_SIZE: tl.constexpr, PAGE_LAYOUT: tl.constexpr):
+    """The page of each key row first + offs_b (a block; `first` a multiple of its length) from the
+    sequence's row of the block table, rows from `limit` on reading none (0): per row (PAGE_LAYOUT
+    0), per row from the block's first column (1: the block holds whole pages), or one entry for
+    the block (2: a page holds whole blocks)."""
+    if PAGE_LAYOUT == 2:
+        return tl.load(page_rows + first // PAGE_SIZE, mask=first < limit, other=0)
+    elif PAGE_LAYOUT == 1:
+        return tl.load(page_rows + first // PAGE_SIZE + offs_b // PAGE_SIZE, mask=first + offs_b < limit, other=0)
+    else:
+        return tl.load(page_rows + (first + offs_b) // PAGE_SIZE, mask=first + offs_b < limit, other=0)
 
 
 @triton.jit

@@ -199,6 +199,14 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "decode_interleave": (("contiguous: one run / round robin, time", "contiguous, one run per split",
                            "contiguous, round robin"),
                           ("paged: one run / round robin, time", "paged, one run per split", "paged, round robin")),
+    "paged_addressing": (("paged: per block / per launch, time", "paged, addresses per block",
+                          "paged, addresses per launch"),
+                         ("contiguous: per block / per launch, time", "contiguous, addresses per block",
+                          "contiguous, addresses per launch"),
+                         ("paged / contiguous, addresses per launch, time", "paged, addresses per launch",
+                          "contiguous, addresses per launch"),
+                         ("paged / contiguous, addresses per block, time", "paged, addresses per block",
+                          "contiguous, addresses per block")),
 }
 
 

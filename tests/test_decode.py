@@ -24,11 +24,13 @@ from tests.attention_checks import ABS_EPS, poisoned_allocations  # noqa: F401 (
 INTERPRETER_TESTS = True  # unmarked tests run in Triton's interpreter (tests/conftest.py)
 
 
-def make_cache(batch, capacity, kv_heads, headdim, dtype, device, seqlens, page_size=0, spare_pages=2):
+def make_cache(batch, capacity, kv_heads, headdim, dtype, device, seqlens, page_size=0, spare_pages=2,
+               v_apart=False):
     """Random caches holding `seqlens` (a list) keys per sequence, NaN everywhere else.
 
     page_size 0: contiguous (batch, capacity, ...); else a pool of shuffled pages (plus
-    `spare_pages` unused, NaN) and the int32 block table."""
+    `spare_pages` unused, NaN) and the int32 block table. `v_apart`: V is the first half of a
+    pool twice as wide (NaN in the other half), so its strides are not K's."""
     if page_size:
         pages_per_seq = capacity // page_size
         num_pages = batch * pages_per_seq + spare_pages
@@ -39,6 +41,8 @@ def make_cache(batch, capacity, kv_heads, headdim, dtype, device, seqlens, page_
         shape, block_table = (batch, capacity, kv_heads, headdim), None
     k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
     v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    if v_apart:
+        v_cache = torch.full((*shape[:-1], 2 * headdim), float("nan"), dtype=dtype, device=device)[..., :headdim]
     for b, length in enumerate(seqlens):
         for cache in (k_cache, v_cache):
             fill_slots(cache, block_table, b, 0, torch.randn(length, kv_heads, headdim, dtype=dtype, device=device))
@@ -107,9 +111,9 @@ def rotary_tables(seqlen_ro, rotary_dim, dtype, device):
 
 
 def check_decode(batch, seqlen_q, heads, kv_heads, headdim, capacity, seqlens, dtype, device, page_size=0,
-                 num_splits=0, causal=False, **features):
+                 num_splits=0, causal=False, v_apart=False, **features):
     k_cache, v_cache, block_table = make_cache(batch, capacity, kv_heads, headdim, dtype, device, seqlens,
-                                               page_size)
+                                               page_size, v_apart=v_apart)
     q = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype, device=device)
     lengths = torch.tensor(seqlens, dtype=torch.int32, device=device)
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, block_table=block_table,
@@ -135,20 +139,52 @@ def test_paged_cache_matches_reference(page_size, device):
 
 @pytest.mark.parametrize("interleaved", [None, True], ids=["the rule (one run)", "splits round robin"])
 @pytest.mark.parametrize("prefetch", [True, False], ids=["block table read ahead", "read per block"])
+@pytest.mark.parametrize("hoisted", [True, False], ids=["addresses per launch", "addresses per block"])
 @pytest.mark.usefixtures("poisoned_allocations")
-def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, interleaved, monkeypatch):
+def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, interleaved, hoisted, monkeypatch):
     """64-key blocks over 16-token pages (each key block gathers four pages, as on the GPU), the
     block table read one block ahead or at each block, ragged lengths, one split (a
     program walks all three blocks of the longest sequence) and two, the splits' blocks as the
-    rule has them or round robin (a split's second block read one step of num_splits ahead)."""
+    rule has them or round robin (a split's second block read one step of num_splits ahead), the
+    rows' in-page offsets worked out once per launch or at every block."""
     from kernels import decode
 
     monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
 
     monkeypatch.setattr(decode, "INTERPRETER_CONFIG", (64, 4, 1))
     monkeypatch.setattr(decode, "PAGED_PREFETCH", prefetch)
+    monkeypatch.setattr(decode, "HOISTED_ADDRESSES", hoisted)
     for num_splits in (1, 2):
         check_decode(3, 1, 4, 2, 32, 192, [192, 0, 77], torch.float16, "cpu", page_size=16, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("page_size,layout", [(16, 1), (48, 0), (64, 2), (128, 2)],
+                         ids=["pages in a block", "neither divides", "a page per block", "blocks in a page"])
+@pytest.mark.parametrize("v_apart", [False, True], ids=["K and V strided alike", "V strided apart"])
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_each_page_layout_matches_the_reference(page_size, layout, v_apart, monkeypatch):
+    """64-key blocks over pages that a block holds several of, that neither divides the other, that
+    are one block, or that hold two blocks (the split kernel's PAGE_LAYOUT by kv_addressing), with
+    V's rows at K's offsets or (V a view of a wider pool) at its own; ragged lengths, one and
+    three splits round robin and one run each."""
+    from kernels import decode
+
+    monkeypatch.setattr(decode, "INTERPRETER_CONFIG", (64, 4, 1))
+    k_cache, v_cache, _ = make_cache(1, 384, 2, 32, torch.float16, "cpu", [1], page_size=page_size, v_apart=v_apart)
+    assert decode.kv_addressing(page_size, 64, k_cache, v_cache) == {"PAGE_LAYOUT": layout,
+                                                                      "SAME_KV_STRIDES": not v_apart}
+    for interleaved in (True, False):
+        monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
+        for num_splits in (1, 3):
+            check_decode(3, 1, 4, 2, 32, 384, [384, 0, 141], torch.float16, "cpu", page_size=page_size,
+                         num_splits=num_splits, v_apart=v_apart)
+
+
+def test_contiguous_caches_take_per_row_addresses_and_v_at_ks_offsets_when_strided_alike():
+    k_cache = torch.empty(2, 64, 2, 32)
+    assert decode.kv_addressing(0, 64, k_cache, k_cache.clone()) == {"PAGE_LAYOUT": 0, "SAME_KV_STRIDES": True}
+    assert decode.kv_addressing(0, 64, k_cache, k_cache.transpose(1, 2).contiguous().transpose(1, 2)) == {
+        "PAGE_LAYOUT": 0, "SAME_KV_STRIDES": False}
 
 
 @pytest.mark.parametrize("page_size", [0, 16], ids=["contiguous", "paged"])

@@ -1,0 +1,86 @@
+"""Key rows' addresses worked out once per launch (`kernels.decode.HOISTED_ADDRESSES`: the split
+kernel's PAGE_LAYOUT and SAME_KV_STRIDES) against worked out at every key block, paged and
+contiguous, on the decode suite's inputs.
+
+    python tools/experiments/exp_paged_addressing.py --out DIR      # DIR/paged_addressing.csv
+
+The floor: a paged call reads the same K and V bytes as a contiguous one. Compiled for sm_90
+(16-token pages, 64-key blocks), the paged kernel's key loop had about 45% more instructions than
+the contiguous one's, most of them each row's page number, offset in its page and 64-bit row
+address, for K and again for V; with a block holding whole pages the offsets are the same at
+every block, and with K and V strided alike V's rows are K's. One process, bf16, one query token,
+32 q heads, head dim 128, 16-token pages in a shuffled pool (harness.decode.Inputs); per shape
+each variant's output checked against float64 first (harness.decode's relative-error bound),
+then rounds interleaved, each cell the median latency in microseconds by CUDA-graph replay (each
+captured call reading another copy of the cache). Rows in the decisions format, written as they
+are measured; a variant that fails its check is a row with its reason and is not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
+
+TOOL = "tools/experiments/exp_paged_addressing.py, bf16, 32 q heads, head dim 128, CUDA-graph replay"
+# (batch, cache length, kv heads, num_splits): the suite's short caches where paged trails
+# contiguous most, one program walking a long cache alone (num_splits=1: the loop's own cost),
+# long caches split by the heuristic, and batches whose programs fill the GPU (more registers
+# per program could leave fewer of them resident)
+SHAPES = ((1, 1024, 8, 0), (1, 1024, 32, 0), (1, 4096, 8, 0), (1, 4096, 32, 0), (1, 16384, 8, 0),
+          (1, 16384, 8, 1), (1, 65536, 8, 0), (1, 65536, 32, 0), (8, 8192, 8, 0), (32, 4096, 8, 0),
+          (64, 4096, 32, 0), (32, 16384, 32, 0))
+SCHEMES = (("per block", False), ("per launch", True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds over the variants (interleaved)")
+    parser.add_argument("--device", default="cuda", help="cpu: Triton's interpreter (a smoke run, not timing)")
+    args = parser.parse_args()
+    import torch
+
+    from harness.decode import _measure, kv_bytes, measure_each
+    from kernels import decode
+    from reports.decisions import DecisionWriter
+
+    device = torch.device(args.device)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def call_for(paged: bool, num_splits: int):
+        def call(inputs, i):
+            k_cache, v_cache = inputs.paged[i] if paged else inputs.contiguous[i]
+            table = inputs.block_tables[i] if paged else None
+            return decode.flash_attn_with_kvcache(inputs.q, k_cache, v_cache, cache_seqlens=inputs.seqlens,
+                                                  block_table=table, num_splits=num_splits)
+        return call
+
+    variants = {f"{layout}, addresses {scheme}": (paged, hoisted) for layout, paged in (("contiguous", False),
+                ("paged", True)) for scheme, hoisted in SCHEMES}
+
+    def select(value):
+        decode.HOISTED_ADDRESSES = value[1]
+
+    with DecisionWriter(args.out / "paged_addressing.csv", TOOL) as writer:
+        for batch, cache_len, kv_heads, num_splits in SHAPES:
+
+            def measure(batch, cache_len, kv_heads, inputs, num_splits=num_splits):
+                reference = inputs.reference()
+                nbytes = kv_bytes(batch, cache_len, kv_heads)
+                column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv, splits {num_splits or 'auto'}"
+
+                def time_one(case, value):
+                    return _measure(call_for(value[0], num_splits), case, reference, device, nbytes)
+
+                writer.time_interleaved(variants, {column: inputs}, select, time_one, args.repeats, unit="us")
+                decode.HOISTED_ADDRESSES = True  # the rule again
+
+            measure_each([(batch, cache_len, kv_heads)], device, measure)
+
+
+if __name__ == "__main__":
+    main()
