@@ -5,9 +5,9 @@ contiguous, on the decode suite's inputs.
     python tools/experiments/exp_paged_addressing.py --out DIR      # DIR/paged_addressing.csv
 
 The floor: a paged call reads the same K and V bytes as a contiguous one. Compiled for sm_90
-(16-token pages, 64-key blocks), the paged kernel's key loop had about 45% more instructions than
-the contiguous one's, most of them each row's page number, offset in its page and 64-bit row
-address, for K and again for V; with a block holding whole pages the offsets are the same at
+(16-token pages, 64-key blocks), the paged kernel's key loop had many more instructions than the
+contiguous one's (the SASS of both), most of them each row's page number, offset in its page and
+64-bit row address, for K and again for V; with a block holding whole pages the offsets are the same at
 every block, and with K and V strided alike V's rows are K's. One process, bf16, one query token,
 32 q heads, head dim 128, 16-token pages in a shuffled pool (harness.decode.Inputs); per shape
 each variant's output checked against float64 first (harness.decode's relative-error bound),
