@@ -1381,7 +1381,7 @@ _bwd_dkdv_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_kernel)  # kernels/la
 
 
 def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale: float, causal: bool,
-                                    dq_accum: torch.Tensor | None = None, stages: int = BWD_STAGES) -> None:
+                                    dq_accum: torch.Tensor | None = None, stages: int | None = None) -> None:
     """Write dK and dV (FA2 Alg. 2) given the forward's logsumexp `lse` and D = rowsum(dO * O) in
     `delta` (both (batch, heads, seqlen) float32); with `dq_accum` (a zeroed float32 tensor shaped
     like q, head dim 128), also add dQ into it. The caller (backward.flash_attn_backward) has
@@ -1390,7 +1390,7 @@ def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_sca
     plan(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale)
 
 
-def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stages: int = BWD_STAGES,
+def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stages: int | None = None,
                               flags: dict | None = None):
     """The dK/dV launch for tensors shaped, strided and aligned like these, as a function of (q, k,
     v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()) (see forward_hopper_plan;
@@ -1400,6 +1400,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
     rows = BWD_BLOCK_N // 2
+    stages = BWD_STAGES if stages is None else stages  # the module's, read at each plan (experiments set it)
     fused = dq_accum is not None
     if fused and headdim != 128:
         raise ValueError(f"the fused dQ splits head dim 128 between the two consumers, got {headdim}")
@@ -1446,10 +1447,11 @@ _bwd_dkdv_varlen_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_varlen_kernel)
 
 def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_accum, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_k: int, softmax_scale: float, causal: bool,
-                                           stages: int = BWD_STAGES) -> None:
+                                           stages: int | None = None) -> None:
     """dK and dV of packed sequences (q, do (total_q, heads, 128), k, v, dk, dv (total_k, kv_heads,
     128), as flash_attn_varlen_forward_hopper takes them), and dQ added into `dq_accum` (a zeroed
     float32 tensor shaped like q); `lse` and `delta` (heads, total_q) float32."""
+    stages = BWD_STAGES if stages is None else stages
     total_q, heads, headdim = q.shape
     rows = BWD_BLOCK_N // 2
     batch = cu_seqlens_q.shape[0] - 1

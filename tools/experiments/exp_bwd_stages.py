@@ -1,0 +1,93 @@
+"""The Gluon dK/dV kernels' Q/dO ring (kernels/flash_attn_hopper.py, BWD_STAGES): two query steps
+in flight against three, in one process on the H200, FA4 beside where it is installed.
+
+    python tools/experiments/exp_bwd_stages.py --out DIR      # DIR/bwd_stages.csv
+
+The floor: the kernel's five matmuls per query step. With two stages the loader can bring step
+i + 2's Q_i and dO_i only once both consumers have released step i's; a consumer that runs ahead
+of the other, or a load that lands late, leaves the tensor pipe waiting. A third stage fits in
+sm_90's 227 KiB beside the fused dQ's buffers (tools/compile_check_sm90.py --hopper-gluon reads
+the shared memory). Per ring depth: the whole backward through kernels.flash_attn_func (the
+plans rebuilt for it), first checked against the float64 reference (exp_bwd_schedule's check:
+dQ, dK, dV within 2x the Triton deterministic backward's error, both causal modes), then timed by
+harness.features (`do_bench` of `out.backward`, bf16, head dim 128) on the features suite's
+dense, GQA, window and packed variable-length cases, rounds interleaved. Rows in the decisions
+format, written as they are measured; a depth that fails its check is a row 'wrong' and is not
+timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TOOL = "tools/experiments/exp_bwd_stages.py, bf16, head dim 128, do_bench of the whole backward"
+DEPTHS = (2, 3)
+
+
+def set_stages(stages: int) -> None:
+    from kernels import backward
+    from kernels import flash_attn_hopper as hopper
+
+    hopper.BWD_STAGES = stages
+    backward._PLANS.clear()  # plans hold the depth they were made with
+
+
+def depth_name(stages: int) -> str:
+    return f"Q/dO ring of {stages}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=2, help="rounds over the depths (interleaved)")
+    args = parser.parse_args()
+    import torch
+    from exp_bwd_schedule import _tool, check
+
+    from harness.features import WINDOW, Case, measure
+    from harness.features import cases as feature_cases
+    from kernels import flash_attn_hopper as hopper
+    from reports.decisions import DecisionWriter
+
+    device = torch.device("cuda")
+    cases = [Case("score", "dense", 2, 8192, 16, 16), Case("score", "dense", 8, 2048, 16, 16),
+             Case("gqa", "gqa", 2, 8192, 32, 8), Case("gqa", "gqa", 1, 16384, 32, 8),
+             Case("window", "window", 1, 16384, 16, 16, window=WINDOW),
+             Case("window", "full-causal", 1, 16384, 16, 16),
+             next(c for c in feature_cases(quick=False) if c.variant == "varlen")]
+    production = hopper.BWD_STAGES
+    args.out.mkdir(parents=True, exist_ok=True)
+    with DecisionWriter(args.out / "bwd_stages.csv", TOOL) as writer:
+        good = []
+        for stages in DEPTHS:
+            set_stages(stages)
+            ok, notes = check(device)
+            writer.write(depth_name(stages), "check against float64", "ok" if ok else "wrong", float(ok),
+                         tool=TOOL if ok else f"{TOOL}; wrong: {notes}"[:400])
+            print(f"{depth_name(stages):24s} {'ok' if ok else 'WRONG'}  {notes}", flush=True)
+            if ok:
+                good.append(stages)
+        for _ in range(args.repeats):
+            for case in cases:
+                column = f"{case.variant} {case.batch}x{case.seqlen // 1024}k {case.heads}/{case.kv_heads}h"
+                for stages in good:
+                    set_stages(stages)
+                    row = measure(case, "ours", "bwd", device, torch.bfloat16)
+                    writer.write(depth_name(stages), column, "ms", row.get("ms", float("nan")), tool=_tool(row))
+                    print(f"{column:28s} {depth_name(stages):24s} {row.get('ms', float('nan')):.3f} ms "
+                          f"{row.get('tflops', float('nan')):6.1f} TF/s {row.get('status')}", flush=True)
+                row = measure(case, "fa4", "bwd", device, torch.bfloat16)
+                writer.write("fa4", column, "ms", row.get("ms", float("nan")), tool=_tool(row))
+                print(f"{column:28s} {'fa4':24s} {row.get('ms', float('nan')):.3f} ms {row.get('status')} "
+                      f"{row.get('reason', '')}"[:160], flush=True)
+    set_stages(production)
+
+
+if __name__ == "__main__":
+    main()
