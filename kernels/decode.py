@@ -114,11 +114,18 @@ def interleave_splits(paged: bool, window_left: int) -> bool:
     return not paged or window_left >= 0
 
 
-def kv_addressing(page_size: int, block_n: int, k_cache: torch.Tensor, v_cache: torch.Tensor) -> dict:
+def kv_addressing(page_size: int, block_n: int, shallow: bool, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor) -> dict:
     """The split kernel's PAGE_LAYOUT (0: each row's page and offset per block; 1: a key block holds
     whole pages; 2: a page holds whole key blocks; 0 too for a contiguous cache, page_size 0) and
-    SAME_KV_STRIDES (K and V caches strided alike), as HOISTED_ADDRESSES allows."""
+    SAME_KV_STRIDES (K and V caches strided alike), as HOISTED_ADDRESSES allows. A paged cache
+    under the shallow pipeline (`shallow`: the tile is SHALLOW_CONFIG, chosen so that more programs
+    share an SM) keeps the per-block addresses: the hoisted ones hold more registers per thread, and a
+    decode suite run with them there was slower than the contiguous cache at batch 64 with 8 kv
+    heads (likely fewer programs resident; docs/performance.md)."""
     if not HOISTED_ADDRESSES:
+        return {"PAGE_LAYOUT": 0, "SAME_KV_STRIDES": False}
+    if page_size > 0 and shallow:
         return {"PAGE_LAYOUT": 0, "SAME_KV_STRIDES": False}
     layout = 0
     if page_size > 0:
@@ -341,7 +348,8 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_LEFTPAD=cache_leftpad is not None,
         PREFETCH_PAGES=paged and PAGED_PREFETCH, INTERLEAVE_SPLITS=interleave_splits(paged, window_left),
-        **kv_addressing(k_cache.shape[1] if paged else 0, block_n, k_cache, v_cache),
+        **kv_addressing(k_cache.shape[1] if paged else 0, block_n,
+                        not interpreted and (block_n, num_warps, num_stages) == SHALLOW_CONFIG, k_cache, v_cache),
         num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _combine_launcher[(batch * seqlen_q * heads,)](

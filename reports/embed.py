@@ -121,8 +121,11 @@ UNITS = {"tflops": ("TFLOPs/s", "{:.0f}"), "ms": ("ms", "{:.3f}"), "us": ("us", 
 def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) -> str:
     """A design decision's rows (columns row, column, unit, value, tool, git_commit): one line per
     row label and one column per column label, both in file order, then one line per ratio
-    (label, numerator row, denominator row) computed from those values, column by column."""
+    (label, numerator row, denominator row) computed from those values, column by column. An
+    experiment's float64 check rows (column 'check against float64') become the footer's note."""
     rows = pd.read_csv(path, keep_default_na=False)
+    checks = rows[rows["column"] == "check against float64"]
+    rows = rows[rows["column"] != "check against float64"]
     units = rows["unit"].unique()
     if len(units) != 1 or units[0] not in UNITS:
         raise ValueError(f"{path}: expected one unit of {sorted(UNITS)}, found {list(units)}")
@@ -144,7 +147,10 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
     commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
     source = f"{rows['tool'].iloc[0]}{', at ' + ', '.join(commits) if commits else ''}"
     medians = f"; each cell the median of up to {rounds} rounds (those timed)" if rounds > 1 else ""
-    lines += ["", f"{source}{medians}; rows: `{_decision_rows_path(path)}`."]
+    failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
+    checked = ("" if checks.empty else "; each variant matched float64 first" if not failed
+               else "; failed the float64 check (not timed): " + ", ".join(failed))
+    lines += ["", f"{source}{medians}{checked}; rows: `{_decision_rows_path(path)}`."]
     return "\n".join(lines)
 
 
@@ -199,6 +205,8 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "decode_interleave": (("contiguous: one run / round robin, time", "contiguous, one run per split",
                            "contiguous, round robin"),
                           ("paged: one run / round robin, time", "paged, one run per split", "paged, round robin")),
+    "bwd_stages": (("ring of 3 / ring of 2, time", "Q/dO ring of 3", "Q/dO ring of 2"),
+                   ("ring of 2 / FA4, time", "Q/dO ring of 2", "fa4")),
     "paged_addressing": (("paged: per block / per launch, time", "paged, addresses per block",
                           "paged, addresses per launch"),
                          ("contiguous: per block / per launch, time", "contiguous, addresses per block",

@@ -171,8 +171,8 @@ def test_each_page_layout_matches_the_reference(page_size, layout, v_apart, monk
 
     monkeypatch.setattr(decode, "INTERPRETER_CONFIG", (64, 4, 1))
     k_cache, v_cache, _ = make_cache(1, 384, 2, 32, torch.float16, "cpu", [1], page_size=page_size, v_apart=v_apart)
-    assert decode.kv_addressing(page_size, 64, k_cache, v_cache) == {"PAGE_LAYOUT": layout,
-                                                                      "SAME_KV_STRIDES": not v_apart}
+    assert decode.kv_addressing(page_size, 64, False, k_cache, v_cache) == {"PAGE_LAYOUT": layout,
+                                                                         "SAME_KV_STRIDES": not v_apart}
     for interleaved in (True, False):
         monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
         for num_splits in (1, 3):
@@ -182,9 +182,18 @@ def test_each_page_layout_matches_the_reference(page_size, layout, v_apart, monk
 
 def test_contiguous_caches_take_per_row_addresses_and_v_at_ks_offsets_when_strided_alike():
     k_cache = torch.empty(2, 64, 2, 32)
-    assert decode.kv_addressing(0, 64, k_cache, k_cache.clone()) == {"PAGE_LAYOUT": 0, "SAME_KV_STRIDES": True}
-    assert decode.kv_addressing(0, 64, k_cache, k_cache.transpose(1, 2).contiguous().transpose(1, 2)) == {
-        "PAGE_LAYOUT": 0, "SAME_KV_STRIDES": False}
+    for shallow in (False, True):
+        assert decode.kv_addressing(0, 64, shallow, k_cache, k_cache.clone()) == {"PAGE_LAYOUT": 0,
+                                                                                 "SAME_KV_STRIDES": True}
+        assert decode.kv_addressing(0, 64, shallow, k_cache, k_cache.transpose(1, 2).contiguous().transpose(1, 2)) \
+            == {"PAGE_LAYOUT": 0, "SAME_KV_STRIDES": False}
+
+
+def test_paged_caches_keep_per_block_addresses_under_the_shallow_pipeline():
+    pages = torch.empty(8, 16, 2, 32)
+    assert decode.kv_addressing(16, 64, False, pages, pages.clone()) == {"PAGE_LAYOUT": 1, "SAME_KV_STRIDES": True}
+    assert decode.kv_addressing(16, 64, True, pages, pages.clone()) == {"PAGE_LAYOUT": 0,
+                                                                           "SAME_KV_STRIDES": False}
 
 
 @pytest.mark.parametrize("page_size", [0, 16], ids=["contiguous", "paged"])

@@ -38,6 +38,13 @@ def set_stages(stages: int) -> None:
     backward._PLANS.clear()  # plans hold the depth they were made with
 
 
+def _tool(row: dict) -> str:
+    """The rows' tool column, with the measurement's status and reason where it is not 'ok'."""
+    if row.get("status") == "ok":
+        return TOOL
+    return f"{TOOL}; {row.get('status')}: {' '.join(str(row.get('reason', '')).split())}"[:400]
+
+
 def depth_name(stages: int) -> str:
     return f"Q/dO ring of {stages}"
 
@@ -48,7 +55,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the depths (interleaved)")
     args = parser.parse_args()
     import torch
-    from exp_bwd_schedule import _tool, check
+    from exp_bwd_schedule import check
 
     from harness.features import WINDOW, Case, measure
     from harness.features import cases as feature_cases
