@@ -76,12 +76,12 @@ def check(device) -> tuple[bool, str]:
     return ok, "; ".join(notes)
 
 
-def _tool(row: dict) -> str:
-    """The rows' tool column, with the measurement's status and reason where it is not 'ok' (the
-    table lists those cells)."""
+def _tool(row: dict, tool: str = TOOL) -> str:
+    """The rows' tool column (`tool`), with the measurement's status and reason where it is not
+    'ok' (the table lists those cells)."""
     if row.get("status") == "ok":
-        return TOOL
-    return f"{TOOL}; {row.get('status')}: {' '.join(str(row.get('reason', '')).split())}"[:400]
+        return tool
+    return f"{tool}; {row.get('status')}: {' '.join(str(row.get('reason', '')).split())}"[:400]
 
 
 def main() -> None:

@@ -38,13 +38,6 @@ def set_stages(stages: int) -> None:
     backward._PLANS.clear()  # plans hold the depth they were made with
 
 
-def _tool(row: dict) -> str:
-    """The rows' tool column, with the measurement's status and reason where it is not 'ok'."""
-    if row.get("status") == "ok":
-        return TOOL
-    return f"{TOOL}; {row.get('status')}: {' '.join(str(row.get('reason', '')).split())}"[:400]
-
-
 def depth_name(stages: int) -> str:
     return f"Q/dO ring of {stages}"
 
@@ -55,7 +48,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the depths (interleaved)")
     args = parser.parse_args()
     import torch
-    from exp_bwd_schedule import check
+    from exp_bwd_schedule import _tool, check
 
     from harness.features import WINDOW, Case, measure
     from harness.features import cases as feature_cases
@@ -86,11 +79,11 @@ def main() -> None:
                 for stages in good:
                     set_stages(stages)
                     row = measure(case, "ours", "bwd", device, torch.bfloat16)
-                    writer.write(depth_name(stages), column, "ms", row.get("ms", float("nan")), tool=_tool(row))
+                    writer.write(depth_name(stages), column, "ms", row.get("ms", float("nan")), tool=_tool(row, TOOL))
                     print(f"{column:28s} {depth_name(stages):24s} {row.get('ms', float('nan')):.3f} ms "
                           f"{row.get('tflops', float('nan')):6.1f} TF/s {row.get('status')}", flush=True)
                 row = measure(case, "fa4", "bwd", device, torch.bfloat16)
-                writer.write("fa4", column, "ms", row.get("ms", float("nan")), tool=_tool(row))
+                writer.write("fa4", column, "ms", row.get("ms", float("nan")), tool=_tool(row, TOOL))
                 print(f"{column:28s} {'fa4':24s} {row.get('ms', float('nan')):.3f} ms {row.get('status')} "
                       f"{row.get('reason', '')}"[:160], flush=True)
     set_stages(production)

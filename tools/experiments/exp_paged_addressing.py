@@ -44,20 +44,12 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from harness.decode import _measure, kv_bytes, measure_each
+    from harness.decode import _measure, _ours, kv_bytes, measure_each
     from kernels import decode
     from reports.decisions import DecisionWriter
 
     device = torch.device(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
-
-    def call_for(paged: bool, num_splits: int):
-        def call(inputs, i):
-            k_cache, v_cache = inputs.paged[i] if paged else inputs.contiguous[i]
-            table = inputs.block_tables[i] if paged else None
-            return decode.flash_attn_with_kvcache(inputs.q, k_cache, v_cache, cache_seqlens=inputs.seqlens,
-                                                  block_table=table, num_splits=num_splits)
-        return call
 
     variants = {f"{layout}, addresses {scheme}": (paged, hoisted) for layout, paged in (("contiguous", False),
                 ("paged", True)) for scheme, hoisted in SCHEMES}
@@ -74,7 +66,7 @@ def main() -> None:
                 column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv, splits {num_splits or 'auto'}"
 
                 def time_one(case, value):
-                    return _measure(call_for(value[0], num_splits), case, reference, device, nbytes)
+                    return _measure(_ours(num_splits, value[0]), case, reference, device, nbytes)
 
                 writer.time_interleaved(variants, {column: inputs}, select, time_one, args.repeats, unit="us")
                 decode.HOISTED_ADDRESSES = True  # the rule again
