@@ -42,50 +42,65 @@ def depth_name(stages: int) -> str:
     return f"Q/dO ring of {stages}"
 
 
+def default_cases():
+    """The features suite's dense, GQA, window and packed variable-length backward cases."""
+    from harness.features import WINDOW, Case
+    from harness.features import cases as feature_cases
+
+    return [Case("score", "dense", 2, 8192, 16, 16), Case("score", "dense", 8, 2048, 16, 16),
+            Case("gqa", "gqa", 2, 8192, 32, 8), Case("gqa", "gqa", 1, 16384, 32, 8),
+            Case("window", "window", 1, 16384, 16, 16, window=WINDOW),
+            Case("window", "full-causal", 1, 16384, 16, 16),
+            next(c for c in feature_cases(quick=False) if c.variant == "varlen")]
+
+
+def compare_variants(path: Path, tool: str, variants: dict, select, cases, repeats: int) -> None:
+    """Each variant (name -> value; `select(value)` puts it in place) checked against float64
+    (exp_bwd_schedule's check), then the whole backward of each case timed, rounds interleaved, FA4
+    beside; rows to `path` as they are measured."""
+    import torch
+    from exp_bwd_schedule import _tool, check
+
+    from harness.features import measure
+    from reports.decisions import DecisionWriter
+
+    device = torch.device("cuda")
+    with DecisionWriter(path, tool) as writer:
+        good = []
+        for name, value in variants.items():
+            select(value)
+            ok, notes = check(device)
+            writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
+                         tool=tool if ok else f"{tool}; wrong: {notes}"[:400])
+            print(f"{name:40s} {'ok' if ok else 'WRONG'}  {notes}", flush=True)
+            if ok:
+                good.append(name)
+        for _ in range(repeats):
+            for case in cases:
+                column = f"{case.variant} {case.batch}x{case.seqlen // 1024}k {case.heads}/{case.kv_heads}h"
+                for name in good:
+                    select(variants[name])
+                    row = measure(case, "ours", "bwd", device, torch.bfloat16)
+                    writer.write(name, column, "ms", row.get("ms", float("nan")), tool=_tool(row, tool))
+                    print(f"{column:28s} {name:40s} {row.get('ms', float('nan')):.3f} ms "
+                          f"{row.get('tflops', float('nan')):6.1f} TF/s {row.get('status')}", flush=True)
+                row = measure(case, "fa4", "bwd", device, torch.bfloat16)
+                writer.write("fa4", column, "ms", row.get("ms", float("nan")), tool=_tool(row, tool))
+                print(f"{column:28s} {'fa4':40s} {row.get('ms', float('nan')):.3f} ms {row.get('status')} "
+                      f"{row.get('reason', '')}"[:160], flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the depths (interleaved)")
     args = parser.parse_args()
-    import torch
-    from exp_bwd_schedule import _tool, check
-
-    from harness.features import WINDOW, Case, measure
-    from harness.features import cases as feature_cases
     from kernels import flash_attn_hopper as hopper
-    from reports.decisions import DecisionWriter
 
-    device = torch.device("cuda")
-    cases = [Case("score", "dense", 2, 8192, 16, 16), Case("score", "dense", 8, 2048, 16, 16),
-             Case("gqa", "gqa", 2, 8192, 32, 8), Case("gqa", "gqa", 1, 16384, 32, 8),
-             Case("window", "window", 1, 16384, 16, 16, window=WINDOW),
-             Case("window", "full-causal", 1, 16384, 16, 16),
-             next(c for c in feature_cases(quick=False) if c.variant == "varlen")]
     production = hopper.BWD_STAGES
     args.out.mkdir(parents=True, exist_ok=True)
-    with DecisionWriter(args.out / "bwd_stages.csv", TOOL) as writer:
-        good = []
-        for stages in DEPTHS:
-            set_stages(stages)
-            ok, notes = check(device)
-            writer.write(depth_name(stages), "check against float64", "ok" if ok else "wrong", float(ok),
-                         tool=TOOL if ok else f"{TOOL}; wrong: {notes}"[:400])
-            print(f"{depth_name(stages):24s} {'ok' if ok else 'WRONG'}  {notes}", flush=True)
-            if ok:
-                good.append(stages)
-        for _ in range(args.repeats):
-            for case in cases:
-                column = f"{case.variant} {case.batch}x{case.seqlen // 1024}k {case.heads}/{case.kv_heads}h"
-                for stages in good:
-                    set_stages(stages)
-                    row = measure(case, "ours", "bwd", device, torch.bfloat16)
-                    writer.write(depth_name(stages), column, "ms", row.get("ms", float("nan")), tool=_tool(row, TOOL))
-                    print(f"{column:28s} {depth_name(stages):24s} {row.get('ms', float('nan')):.3f} ms "
-                          f"{row.get('tflops', float('nan')):6.1f} TF/s {row.get('status')}", flush=True)
-                row = measure(case, "fa4", "bwd", device, torch.bfloat16)
-                writer.write("fa4", column, "ms", row.get("ms", float("nan")), tool=_tool(row, TOOL))
-                print(f"{column:28s} {'fa4':24s} {row.get('ms', float('nan')):.3f} ms {row.get('status')} "
-                      f"{row.get('reason', '')}"[:160], flush=True)
+    compare_variants(args.out / "bwd_stages.csv", TOOL, {depth_name(stages): stages for stages in DEPTHS},
+                     set_stages, default_cases(), args.repeats)
     set_stages(production)
 
 
