@@ -46,19 +46,15 @@ from .launch import CachedLauncher, DirectLaunch, PlanCache
 
 @triton.jit
 def _bwd_preprocess_kernel(
-    Out, DO, Delta, DQAccum, LSE, LSE2,
+    Out, DO, Delta, DQAccum,
     stride_ob, stride_os, stride_oh,
     stride_dob, stride_dos, stride_doh,
     num_heads, seqlen_q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, ZERO_DQ: tl.constexpr = False,
-    LSE_LOG2: tl.constexpr = False,
 ):
     """FA2 Alg. 2 line 4: D = rowsum(dO * O), one float32 per query row. With ZERO_DQ, also
     line 3's dQ = 0 for the same rows of DQAccum, the fused dQ's float32 accumulator (fresh and
-    contiguous, (batch, seqlen, heads, head dim)): one launch fewer than a separate memset. With
-    LSE_LOG2, also L * log2(e) of the same rows into LSE2 (LSE and LSE2 contiguous (batch, heads,
-    seqlen) float32; without it neither is read), the units the Gluon backward's exponent takes,
-    so that it does not convert L at every query step."""
+    contiguous, (batch, seqlen, heads, head dim)): one launch fewer than a separate memset."""
     start_m = tl.program_id(0) * BLOCK_M
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
@@ -71,9 +67,6 @@ def _bwd_preprocess_kernel(
                  mask=mask, other=0.0).to(tl.float32)
     tl.store(Delta + pid_bh.to(tl.int64) * seqlen_q + offs_m, tl.sum(o * do, 1),
              mask=offs_m < seqlen_q)
-    if LSE_LOG2:
-        rows = pid_bh.to(tl.int64) * seqlen_q + offs_m
-        tl.store(LSE2 + rows, tl.load(LSE + rows, mask=offs_m < seqlen_q) * LOG2E, mask=offs_m < seqlen_q)
     if ZERO_DQ:
         row = (b.to(tl.int64) * seqlen_q + offs_m) * num_heads + h
         tl.store(DQAccum + row[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
@@ -466,8 +459,9 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
            cfg, deterministic, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16,
            out.data_ptr() % 16, on_hopper(q.device), dispatch.gluon_unavailable)
     plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, do, out, dq, dk, dv, causal, cfg, deterministic))
+    delta = torch.empty_like(lse)
     try:
-        return plan(do, q, k, v, out, lse, dq, dk, dv, softmax_scale)
+        return plan(do, q, k, v, out, lse, delta, dq, dk, dv, softmax_scale)
     except dispatch.GLUON_BUILD_ERRORS as exc:
         if not plan.gluon:
             raise
@@ -477,24 +471,6 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
 
 
 _PLANS = PlanCache()
-# The Gluon backward with dQ fused takes L * log2(e) from the preprocess kernel and adds dQ without
-# the softmax scale, applied once to the accumulator (the kernel's STATS_LOG2): no multiply per
-# query step for either. False converts L and scales dQ at every step (experiments;
-# docs/performance.md has the measured effect).
-GLUON_STATS_LOG2 = True
-
-
-def _stats(lse: torch.Tensor, log2: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """D's buffer shaped like `lse` and, with `log2`, L * log2(e)'s beside it (one allocation)."""
-    if not log2:
-        return torch.empty_like(lse, memory_format=torch.contiguous_format), None
-    both = torch.empty((2, *lse.shape), device=lse.device, dtype=torch.float32)
-    return both[0], both[1]
-
-
-def _scaled_dq(dq_acc: torch.Tensor, softmax_scale: float, dq: torch.Tensor) -> torch.Tensor:
-    """dQ = softmax_scale * the float32 accumulator, cast into `dq` in the same pass."""
-    return torch.mul(dq_acc, softmax_scale, out=dq)
 
 
 def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features):
@@ -505,25 +481,21 @@ def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal
     batch, seqlen, heads, headdim = q.shape
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
-    log2 = GLUON_STATS_LOG2
-    lse = lse.contiguous()
-    delta, lse2 = _stats(lse, log2)
+    delta = torch.empty_like(lse)
     dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
     _bwd_preprocess_launcher[(cdiv(seqlen, 64), batch * heads)](
-        out, do, delta, dq_acc, lse, delta if lse2 is None else lse2, *strides(out), *strides(do), heads, seqlen,
-        HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=True, LSE_LOG2=log2)
+        out, do, delta, dq_acc, *strides(out), *strides(do), heads, seqlen, HEAD_DIM=headdim,
+        BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=True)
     flags = dispatch.gluon_feature_flags(features, causal)
     key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device, causal,
-           tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16, log2)
+           tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16)
     hopper = dispatch.flash_attn_hopper
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal,
-                                                                              flags=flags, stats_log2=log2))
+                                                                              flags=flags))
     qk_scale, values, _ = feature_args(q, k, softmax_scale, causal, features)
     _, window_left, window_right, softcap_log2, _, alibi, stride_alibi_b = values[:7]
-    plan(q, k, v, do, lse if lse2 is None else lse2, delta, dk, dv, dq_acc, softmax_scale,
+    plan(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale,
          (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b))
-    if log2:
-        return _scaled_dq(dq_acc, softmax_scale, torch.empty_like(q, memory_format=torch.contiguous_format)), dk, dv
     return dq_acc.to(q.dtype), dk, dv
 
 
@@ -540,8 +512,8 @@ def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: 
     delta = torch.empty_like(lse)
     dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
     _bwd_preprocess_launcher[(cdiv(total_q, 64), heads)](
-        out, do, delta, dq_acc, delta, delta, *varlen_strides(out), *varlen_strides(do), heads, total_q,
-        HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=True)
+        out, do, delta, dq_acc, *varlen_strides(out), *varlen_strides(do), heads, total_q, HEAD_DIM=headdim,
+        BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=True)
     dispatch.flash_attn_hopper.flash_attn_varlen_backward_dkdv_hopper(
         q, k, v, do, lse, delta, dk, dv, dq_acc, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_k,
         softmax_scale, causal)
@@ -549,26 +521,21 @@ def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: 
 
 
 class _DensePlan:
-    """The dense backward's launches for tensors like these: D = rowsum(dO * O) (with `log2`, also
-    L * log2(e)), then dK/dV (the Gluon kernel or the Triton one, adding dQ into a float32
-    accumulator where fused; with `log2` unscaled, from L * log2(e)), then dQ (its own kernel, or
-    the accumulator copied, or scaled and cast in one pass)."""
+    """The dense backward's launches for tensors like these: D = rowsum(dO * O), then dK/dV (the
+    Gluon kernel or the Triton one, adding dQ into a float32 accumulator where fused), then dQ
+    (its own kernel, or a copy of the accumulator)."""
 
-    def __init__(self, preprocess, dkdv, dq, gluon: bool, fused_dq: bool, zeros_shape, log2=None):
+    def __init__(self, preprocess, dkdv, dq, gluon: bool, fused_dq: bool, zeros_shape):
         self.preprocess, self.dkdv, self.dq = preprocess, dkdv, dq
-        self.gluon, self.fused_dq, self.zeros_shape, self.log2 = gluon, fused_dq, zeros_shape, log2
+        self.gluon, self.fused_dq, self.zeros_shape = gluon, fused_dq, zeros_shape
 
-    def __call__(self, do, q, k, v, out, lse, dq, dk, dv, softmax_scale):
+    def __call__(self, do, q, k, v, out, lse, delta, dq, dk, dv, softmax_scale):
         # the fused dQ's float32 accumulator, zeroed by the preprocess kernel
         dq_acc = torch.empty(self.zeros_shape, device=q.device, dtype=torch.float32) if self.fused_dq else None
-        log2 = self.log2 is not None and self.log2()  # decided per call: see _dense_plan
-        if log2:
-            lse = lse.contiguous()
-        delta, lse2 = _stats(lse, log2)
-        self.preprocess(out, do, delta, dq_acc, lse, lse2)
-        self.dkdv(q, k, v, do, lse if lse2 is None else lse2, delta, dk, dv, dq_acc, softmax_scale)
+        self.preprocess(out, do, delta, dq_acc)
+        self.dkdv(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
         if dq_acc is not None:  # dQ was added into a float32 accumulator
-            return (_scaled_dq(dq_acc, softmax_scale, dq) if log2 else dq.copy_(dq_acc)), dk, dv
+            return dq.copy_(dq_acc), dk, dv
         self.dq(q, k, v, do, lse, delta, dq, softmax_scale)
         return dq, dk, dv
 
@@ -582,20 +549,16 @@ def _dense_plan(q, k, v, do, out, dq, dk, dv, causal: bool, cfg: BwdConfig, dete
     block_d = padded_headdim(headdim)
     pre_constexprs = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "BLOCK_M": 64}
     pre_launch = DirectLaunch(module, "_bwd_preprocess_launcher", (cdiv(seqlen_q, 64), batch * heads),
-                              {**pre_constexprs, "ZERO_DQ": False, "LSE_LOG2": False})
+                              {**pre_constexprs, "ZERO_DQ": False})
     pre_zero_launch = DirectLaunch(module, "_bwd_preprocess_launcher", (cdiv(seqlen_q, 64), batch * heads),
-                                   {**pre_constexprs, "ZERO_DQ": True, "LSE_LOG2": False})
-    pre_zero_log2_launch = DirectLaunch(module, "_bwd_preprocess_launcher", (cdiv(seqlen_q, 64), batch * heads),
-                                        {**pre_constexprs, "ZERO_DQ": True, "LSE_LOG2": True})
+                                   {**pre_constexprs, "ZERO_DQ": True})
     pre_ints = (*strides(out), *strides(do), heads, seqlen_q)
 
-    def preprocess(out, do, delta, dq_acc=None, lse=None, lse2=None):
+    def preprocess(out, do, delta, dq_acc=None):
         if dq_acc is None:
-            pre_launch(out, do, delta, delta, delta, delta, *pre_ints)
-        elif lse2 is None:  # also zeroes the fused dQ's accumulator
-            pre_zero_launch(out, do, delta, dq_acc, delta, delta, *pre_ints)
-        else:  # and writes L * log2(e)
-            pre_zero_log2_launch(out, do, delta, dq_acc, lse, lse2, *pre_ints)
+            pre_launch(out, do, delta, delta, *pre_ints)
+        else:  # also zeroes the fused dQ's accumulator
+            pre_zero_launch(out, do, delta, dq_acc, *pre_ints)
 
     tma = bwd_uses_tma(cfg, q, k, v, do)
     common = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "CAUSAL": causal, "TMA": tma}
@@ -613,14 +576,6 @@ def _dense_plan(q, k, v, do, out, dq, dk, dv, causal: bool, cfg: BwdConfig, dete
         # the Gluon kernel (compiled for sm_90 only), adding dQ itself where the config says so
         hopper = dispatch.flash_attn_hopper
         fused = bwd_gluon_fuses_dq(cfg, headdim, deterministic)
-        # L * log2(e) and dQ scaled once while the genuine entry point runs (a replaced one, which
-        # a test may put there after the plan was made, takes the natural-log L and scales dQ
-        # itself, as flash_attn_backward_dkdv_hopper's callers do)
-        log2 = fused and GLUON_STATS_LOG2
-
-        def stats_log2() -> bool:
-            return log2 and hopper.flash_attn_backward_dkdv_hopper is hopper.GENUINE_ENTRY_POINTS[1]
-
         gluon_runs = []  # made by the first call through the genuine entry point
 
         def dkdv_gluon(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale):
@@ -629,11 +584,10 @@ def _dense_plan(q, k, v, do, out, dq, dk, dv, causal: bool, cfg: BwdConfig, dete
                 return hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale,
                                                               causal, dq_accum=dq_acc)
             if not gluon_runs:
-                gluon_runs.append(hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal,
-                                                                  stats_log2=log2))
+                gluon_runs.append(hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal))
             gluon_runs[0](q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
 
-        return _DensePlan(preprocess, dkdv_gluon, dq_pass, True, fused, q.shape, stats_log2)
+        return _DensePlan(preprocess, dkdv_gluon, dq_pass, True, fused, q.shape)
     fused = bwd_fuses_dq(cfg, seqlen_q, deterministic)
     fused_mode = 0
     if fused:  # TMA reduce-adds on Hopper, else element-wise atomics (also in Triton's CPU interpreter,

@@ -299,7 +299,7 @@ def flash_attn_backward_features(do, q, k, v, out, lse, softmax_scale: float, ca
     block_d = padded_headdim(headdim)
     delta = torch.empty_like(lse)
     _bwd_preprocess_launcher[(cdiv(seqlen_q, 64), pre_batch * heads)](
-        out, do, delta, delta, delta, delta, *stride_of(out), *stride_of(do), heads, seqlen_q,
+        out, do, delta, delta, *stride_of(out), *stride_of(do), heads, seqlen_q,
         HEAD_DIM=headdim, BLOCK_D=block_d, BLOCK_M=64,
     )
     tma = bwd_uses_tma(cfg, q, k, v, do)

@@ -955,13 +955,13 @@ def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr):
 
 @gluon.jit
 def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
-                HALF: gl.constexpr, SCALE: gl.constexpr = True):
+                HALF: gl.constexpr):
     """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
     columns] = dS K_j[:, columns] over both halves' keys, scaled and added into the float32
     accumulator behind dq_desc (rows from q_row0) by one TMA reduce-add."""
     dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
     dq = warpgroup_mma_wait(0, deps=[dq_tok])
-    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF, SCALE)
+    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
 
 
 @gluon.jit
@@ -978,15 +978,11 @@ def _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF:
 
 
 @gluon.jit
-def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF: gl.constexpr,
-                   SCALE: gl.constexpr = True):
-    """dQ_i's columns, scaled (SCALE; else left for the caller to scale once, after the last
-    step), added into the float32 accumulator by one TMA reduce-add."""
+def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF: gl.constexpr):
+    """dQ_i's columns, scaled, added into the float32 accumulator by one TMA reduce-add."""
     DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]
     tma.store_wait(pendings=0)  # the previous step's reduce-add has read dq_buf
-    if SCALE:
-        dq = dq * softmax_scale
-    dq_buf.store(dq)
+    dq_buf.store(dq * softmax_scale)
     fence_async_shared()
     gl.thread_barrier()
     _tma_reduce_add(dq_desc, [q_row0 + m, q_col + HALF * DQ_COLS], dq_buf)
@@ -994,8 +990,7 @@ def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF: g
 
 @gluon.jit
 def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr,
-                        STATS_LOG2: gl.constexpr, HALF: gl.constexpr):
+                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
     """One warp: _bwd_load_tiles for the program's key block and the query steps that see it."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
@@ -1008,8 +1003,7 @@ def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
 
 @gluon.jit
 def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr,
-                        STATS_LOG2: gl.constexpr, HALF: gl.constexpr):
+                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
     block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
     shared-memory operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
@@ -1022,9 +1016,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     DQ_FIRST (FA3's order): the dQ matmul is issued before dK's, and dQ goes to shared memory and
     its reduce-add while the dK matmul runs; else after dK and dV have finished.
     STATS: L_i and D_i come from shared memory (the loader's, with Q_i and dO_i), else from global
-    memory at each step. STATS_LOG2: L arrives in log2 units (L * log2(e), the preprocess kernel's)
-    and dQ_i is added unscaled (the caller scales the accumulator once): no multiply per step for
-    either.
+    memory at each step.
     WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
     transposed tile; the softcap's derivative 1 - tanh^2 scales dS), the window's query steps
     outside [full_lo, full_hi] masked."""
@@ -1037,7 +1029,6 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     STAGES: gl.constexpr = q_smem.type.shape[0]
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
-    SCALE_DQ: gl.constexpr = not STATS_LOG2
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
@@ -1070,13 +1061,11 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
         # L_i (natural log -> log2) and D_i as [1, BLOCK_M] rows of the transposed tiles
         if STATS:  # landed with Q_i and dO_i (the score matmuls waited for both)
-            lse = lse_smem.index(stage).load(s_layout)
+            lse = lse_smem.index(stage).load(s_layout) * 1.4426950408889634
             delta = delta_smem.index(stage).load(s_layout)
         else:
-            lse = gl.load(LSE + lse_row.to(gl.int64) * seqlen + offs_m)[None, :]
+            lse = gl.load(LSE + lse_row.to(gl.int64) * seqlen + offs_m)[None, :] * 1.4426950408889634
             delta = gl.load(Delta + lse_row.to(gl.int64) * seqlen + offs_m)[None, :]
-        if not STATS_LOG2:  # natural log -> log2
-            lse = lse * 1.4426950408889634
         # line 11: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
         s = warpgroup_mma_wait(1, deps=[s_tok])
         if MODS:
@@ -1111,7 +1100,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
             dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
             dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
             dq = warpgroup_mma_wait(1, deps=[dq_tok])  # dV's and dQ's matmuls have finished
-            _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, HALF, SCALE_DQ)
+            _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
             dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
             mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
         else:
@@ -1123,7 +1112,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
             mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
             if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
                 _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                            softmax_scale, HALF, SCALE_DQ)
+                            softmax_scale, HALF)
 
     if FUSED_DQ:  # the other consumer's last dQ matmul reads this half of K: wait for it
         mbarrier.arrive(done_bar, count=1)
@@ -1154,7 +1143,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   Alibi, stride_alibi_b, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                   FUSED_DQ: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
                                   ALIBI: gl.constexpr = False, STATS: gl.constexpr = False,
-                                  DQ_FIRST: gl.constexpr = False, STATS_LOG2: gl.constexpr = False):
+                                  DQ_FIRST: gl.constexpr = False):
     """One program per (key block, batch x kv head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks), partitioned as FA3's backward: a loader warp and two consumer
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
@@ -1163,8 +1152,8 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     (flash_attn._flash_bwd_dq_kernel); with it, dq_desc is a float32 accumulator's, with tiles of
     64 rows by half the head dim. WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only:
     the dQ kernel has none of them). LSE and Delta: (batch, heads, seqlen) float32 pointers, or
-    with STATS descriptors of their (batch x heads, seqlen) views, [1, BLOCK_M] tiles; DQ_FIRST and
-    STATS_LOG2: _bwd_dkdv_partition's."""
+    with STATS descriptors of their (batch x heads, seqlen) views, [1, BLOCK_M] tiles; DQ_FIRST:
+    _bwd_dkdv_partition's."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1203,9 +1192,9 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     # fused branch left in the non-fused kernel Triton 3.6's lowering fails, an assertion in
     # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart.
     gl.warp_specialize([
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, STATS_LOG2, 0)),
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, STATS_LOG2, 1)),
-        (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, STATS_LOG2, 0)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 1)),
+        (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0)),
     ], [4, 1], [240, 24])
 
 
@@ -1402,14 +1391,12 @@ def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_sca
 
 
 def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stages: int | None = None,
-                              flags: dict | None = None, stats_log2: bool = False):
+                              flags: dict | None = None):
     """The dK/dV launch for tensors shaped, strided and aligned like these, as a function of (q, k,
     v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()) (see forward_hopper_plan;
     `features` = (qk_scale, window sides, softcap * log2(e), slopes, their batch stride) from
     kernels/features.py's feature_args; with `flags` or GQA/MQA, dQ must be fused: the dQ kernel
-    has neither). `stats_log2`: the run's `lse` holds L * log2(e) (the preprocess kernel's
-    LSE_LOG2) and dQ is added into `dq_accum` without the softmax scale, which the caller applies
-    once (the kernel's STATS_LOG2)."""
+    has neither)."""
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
     rows = BWD_BLOCK_N // 2
@@ -1430,8 +1417,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     kv_group = heads // kv_heads
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
-                           "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags),
-                           "STATS_LOG2": stats_log2, **flags})
+                           "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), **flags})
     q_t, k_t, v_t, do_t, dk_t, dv_t = map(descriptor_template, templates)
     if fused:
         dq_template = descriptor_template(dq_template)

@@ -49,7 +49,7 @@ def backward(cfg, do, q, k, v, out, lse, scale, causal, parts=("pre", "dkdv", "d
     dq, dk, dv, delta = bufs
     if "pre" in parts:
         _bwd_preprocess_kernel[(triton.cdiv(seqlen_q, 64), batch * heads)](
-            out, do, delta, delta, delta, delta, *strides(out), *strides(do), heads, seqlen_q,
+            out, do, delta, delta, *strides(out), *strides(do), heads, seqlen_q,
             HEAD_DIM=headdim, BLOCK_D=padded_headdim(headdim), BLOCK_M=64)
     tma = bwd_uses_tma(cfg, q, k, v, do)
     if tma:
