@@ -7,6 +7,7 @@ registers, any spills) are answered here:
     python tools/compile_check_sm90.py                  # the production table, hdim 64/128/256
     python tools/compile_check_sm90.py --hdim 256 --bwd 64,32,128,32,8,2
     python tools/compile_check_sm90.py --hopper-gluon     # the Gluon kernels (flash_attn_hopper.py)
+    python tools/compile_check_sm90.py --bank-conflicts   # the Gluon backward's shared-memory accesses
 
 Prints one line per kernel (and per memory path the forward config can take): the block config,
 shared memory, registers and spill bytes; `--out FILE` writes the same lines to FILE, and
@@ -226,6 +227,8 @@ def main() -> None:
     parser.add_argument("--hopper-gluon", action="store_true",
                         help="compile the Gluon kernels (kernels/flash_attn_hopper.py: the forward, the "
                              "dK/dV kernel) instead")
+    parser.add_argument("--bank-conflicts", action="store_true",
+                        help="Triton's bank-conflict count of the Gluon backward's shared-memory accesses")
     parser.add_argument("--out", type=Path, metavar="FILE", help="also write the report to this file")
     parser.add_argument("--dump-ptx", type=Path, metavar="DIR", help="write each compiled kernel's PTX to DIR")
     args = parser.parse_args()
@@ -239,7 +242,9 @@ def main() -> None:
         print(line, flush=True)
         lines.append(line)
 
-    if args.hopper_gluon:
+    if args.bank_conflicts:
+        bank_conflict_report(emit)
+    elif args.hopper_gluon:
         from kernels import flash_attn_hopper as hopper
 
         for report_fn in (hopper_gluon_report, hopper_gluon_bwd_report, hopper_gluon_varlen_report):
@@ -258,6 +263,44 @@ def main() -> None:
         production_report(args, emit)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
+
+
+def bank_conflict_report(emit) -> None:
+    """Triton's own count (gl.bank_conflicts: excess shared-memory accesses per wavefront of the
+    ld.shared/st.shared instructions it generates) for each register-to-shared access of the Gluon
+    dK/dV kernel's query step at head dim 128, with the kernel's layouts, and for the fused dQ's
+    float32 tile under each swizzle a TMA descriptor can take."""
+    import torch
+    from triton._C.libtriton import gluon_ir, ir
+    from triton.experimental.gluon import language as gl
+
+    from kernels import flash_attn_hopper as hopper
+
+    context = ir.context()
+    ir.load_dialects(context)
+    builder = gluon_ir.GluonOpBuilder(context)
+    rows, block_m, headdim = hopper.BWD_BLOCK_N // 2, hopper.BWD_BLOCK_M, 128
+
+    def conflicts(register, shared, shape, bits) -> int:
+        return builder.get_shared_bank_conflicts(register._to_ir(builder), shared._to_ir(builder), shape, bits)
+
+    s_layout, acc_layout = hopper._wgmma_layout(block_m), hopper._wgmma_layout(headdim)
+    dq_layout = hopper._wgmma_layout(headdim // 2)
+    accesses = [
+        ("dS^T store (bf16, into the Q tiles' layout)", s_layout, hopper._tile_layout(block_m, headdim, torch.bfloat16),
+         [rows, block_m], 16),
+        ("L_i, D_i row loads (float32)", s_layout, hopper._stats_layout(), [1, block_m], 32),
+        ("dQ_i tile store (float32, the kernel's layout)", dq_layout, hopper._fp32_tile_layout(block_m, headdim // 2),
+         [block_m, headdim // 2], 32),
+        *((f"dQ_i tile store (float32, {f'{width}-byte swizzle' if width else 'no swizzle'})", dq_layout,
+           gl.NVMMASharedLayout(swizzle_byte_width=width, element_bitwidth=32, rank=2), [block_m, headdim // 2], 32)
+          for width in (0, 32, 64, 128)),
+        ("dK_j, dV_j epilogue stores (bf16)", acc_layout, hopper._tile_layout(rows, headdim, torch.bfloat16),
+         [rows, headdim], 16),
+    ]
+    emit("Gluon dK/dV kernel, head dim 128: excess shared-memory accesses per wavefront (Triton's count)")
+    for name, register, shared, shape, bits in accesses:
+        emit(f"  {name:58s} {conflicts(register, shared, shape, bits)}")
 
 
 def production_report(args, emit) -> None:
