@@ -290,7 +290,8 @@ def bank_conflict_report(emit) -> None:
         ("dS^T store (bf16, into the Q tiles' layout)", s_layout, hopper._tile_layout(block_m, headdim, torch.bfloat16),
          [rows, block_m], 16),
         ("L_i, D_i row loads (float32)", s_layout, hopper._stats_layout(), [1, block_m], 32),
-        ("dQ_i tile store (float32, the kernel's layout)", dq_layout, hopper._fp32_tile_layout(block_m, headdim // 2),
+        ("dQ_i tile store (float32, the kernel's layout)", dq_layout,
+         hopper._fp32_tile_layout(block_m, headdim // 2, hopper.BWD_DQ_SWIZZLE),
          [block_m, headdim // 2], 32),
         *((f"dQ_i tile store (float32, {f'{width}-byte swizzle' if width else 'no swizzle'})", dq_layout,
            gl.NVMMASharedLayout(swizzle_byte_width=width, element_bitwidth=32, rank=2), [block_m, headdim // 2], 32)
