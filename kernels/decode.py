@@ -37,6 +37,7 @@ from .decode_kernels import (
 from .launch import CachedLauncher
 
 PAGE_MULTIPLE = 16  # page sizes the paged cache takes: multiples of this many tokens
+PAGE_SPAN_LIMIT = 2 ** 31  # elements one page may span: the split kernel's in-page row offsets are int32
 MAX_HEADDIM = 256  # the tile holds the whole head dim (padded to a power of two)
 MAX_SPLITS = 128  # the combine kernel holds all splits of a row in one tile
 # The split heuristic's and the tile's constants are design choices (two resident programs per
@@ -432,6 +433,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if k_cache.shape[1] % PAGE_MULTIPLE or k_cache.shape[1] == 0:
             raise ValueError(f"page size (k_cache.shape[1] with a block_table) must be a positive multiple of "
                              f"{PAGE_MULTIPLE}, got {k_cache.shape[1]}")
+        page_span = k_cache.shape[1] * max(k_cache.stride(1), v_cache.stride(1))
+        if page_span >= PAGE_SPAN_LIMIT:  # the kernel works out a row's offset within its page in int32
+            raise ValueError(f"a page of k_cache/v_cache must span fewer than {PAGE_SPAN_LIMIT} elements (page "
+                             f"size x row stride), got {page_span}")
         if cache_batch_idx is not None:
             raise ValueError("cache_batch_idx cannot be used with a block_table (the table picks the pages)")
         block_table = block_table.contiguous()

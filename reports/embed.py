@@ -148,7 +148,7 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
     source = f"{rows['tool'].iloc[0]}{', at ' + ', '.join(commits) if commits else ''}"
     medians = f"; each cell the median of up to {rounds} rounds (those timed)" if rounds > 1 else ""
     failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
-    checked = ("" if checks.empty else "; each variant matched float64 first" if not failed
+    checked = ("" if checks.empty else "; each variant passed the experiment's float64 check first" if not failed
                else "; failed the float64 check (not timed): " + ", ".join(failed))
     lines += ["", f"{source}{medians}{checked}; rows: `{_decision_rows_path(path)}`."]
     return "\n".join(lines)

@@ -137,6 +137,22 @@ def test_paged_cache_matches_reference(page_size, device):
     check_decode(3, 1, 4, 2, 32, 64, [64, 0, 29], torch.float16, device, page_size=page_size, num_splits=2)
 
 
+def record_address_layouts(monkeypatch) -> list[dict]:
+    """The (PAGE_LAYOUT, SAME_KV_STRIDES) each split-kernel launch takes from here on."""
+    launches = []
+    real = decode._split_launcher
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append({name: kwargs[name] for name in ("PAGE_LAYOUT", "SAME_KV_STRIDES")})
+                return real[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(decode, "_split_launcher", Recording())
+    return launches
+
+
 @pytest.mark.parametrize("interleaved", [None, True], ids=["the rule (one run)", "splits round robin"])
 @pytest.mark.parametrize("prefetch", [True, False], ids=["block table read ahead", "read per block"])
 @pytest.mark.parametrize("hoisted", [True, False], ids=["addresses per launch", "addresses per block"])
@@ -154,8 +170,10 @@ def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, i
     monkeypatch.setattr(decode, "INTERPRETER_CONFIG", (64, 4, 1))
     monkeypatch.setattr(decode, "PAGED_PREFETCH", prefetch)
     monkeypatch.setattr(decode, "HOISTED_ADDRESSES", hoisted)
+    launches = record_address_layouts(monkeypatch)
     for num_splits in (1, 2):
         check_decode(3, 1, 4, 2, 32, 192, [192, 0, 77], torch.float16, "cpu", page_size=16, num_splits=num_splits)
+    assert launches == [{"PAGE_LAYOUT": 1 if hoisted else 0, "SAME_KV_STRIDES": hoisted}] * 2
 
 
 @pytest.mark.parametrize("page_size,layout", [(16, 1), (48, 0), (64, 2), (128, 2)],
@@ -173,11 +191,13 @@ def test_each_page_layout_matches_the_reference(page_size, layout, v_apart, monk
     k_cache, v_cache, _ = make_cache(1, 384, 2, 32, torch.float16, "cpu", [1], page_size=page_size, v_apart=v_apart)
     assert decode.kv_addressing(page_size, 64, False, k_cache, v_cache) == {"PAGE_LAYOUT": layout,
                                                                          "SAME_KV_STRIDES": not v_apart}
+    launches = record_address_layouts(monkeypatch)
     for interleaved in (True, False):
         monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
         for num_splits in (1, 3):
             check_decode(3, 1, 4, 2, 32, 384, [384, 0, 141], torch.float16, "cpu", page_size=page_size,
                          num_splits=num_splits, v_apart=v_apart)
+    assert launches == [{"PAGE_LAYOUT": layout, "SAME_KV_STRIDES": not v_apart}] * 4  # the kernel ran that layout
 
 
 def test_contiguous_caches_take_per_row_addresses_and_v_at_ks_offsets_when_strided_alike():
@@ -456,6 +476,19 @@ def test_bad_block_tables_and_page_sizes_are_refused():
     odd = torch.randn(8, 24, 2, 16, dtype=torch.float16)
     with pytest.raises(ValueError, match="page size"):
         flash_attn_with_kvcache(q, odd, odd.clone(), cache_seqlens=seqlens, block_table=table)
+
+def test_pages_spanning_more_than_int32_offsets_are_refused(monkeypatch):
+    """The split kernel works out a row's offset in its page in int32: a page spanning
+    PAGE_SPAN_LIMIT elements or more (page size x row stride, of K or V) is refused (the limit
+    lowered here to this test's page: 16 rows of 2 heads x 16 elements)."""
+    q = torch.randn(2, 1, 4, 16, dtype=torch.float16)
+    k_cache, v_cache, table = make_cache(2, 32, 2, 16, torch.float16, "cpu", [20, 32], page_size=16)
+    seqlens = torch.tensor([20, 32], dtype=torch.int32)
+    monkeypatch.setattr(decode, "PAGE_SPAN_LIMIT", 16 * 32)
+    with pytest.raises(ValueError, match="must span fewer than 512 elements"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)
+    monkeypatch.setattr(decode, "PAGE_SPAN_LIMIT", 16 * 32 + 1)  # one more: taken
+    flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)
 
 
 @pytest.mark.parametrize("page_size", [0, 16])

@@ -109,6 +109,15 @@ def gluon_descriptor_type(rows: int, headdim: int, dtype: str = "bf16") -> str:
     return f"tensordesc<{dtype}[{rows},{headdim}],{layout!r}>"
 
 
+def dq_descriptor_type(headdim: int) -> str:
+    """The signature type of the fused dQ's float32 accumulator descriptor, with the layout the
+    backward's plans give it (flash_attn_hopper._fp32_tile_layout, BWD_DQ_SWIZZLE)."""
+    from kernels import flash_attn_hopper as hopper
+
+    rows, cols = hopper.BWD_BLOCK_M, headdim // 2
+    return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout(rows, cols, hopper.BWD_DQ_SWIZZLE)!r}>"
+
+
 def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
     """A Gluon kernel of kernels/flash_attn_hopper.py compiled for sm_90: shared memory, spills
     (ptxas), and what makes it fast: warp specialisation (setmaxnreg), a wgmma left in flight
@@ -183,7 +192,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
 
     query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
-    dq_tile = (gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim // 2, "fp32") if fused_dq else key_tile)
+    dq_tile = dq_descriptor_type(headdim) if fused_dq else key_tile
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
     # the schedule the launcher picks (flash_attn_hopper.BWD_STATS_IN_SHARED, BWD_DQ_FIRST)
     schedule = {"STATS": hopper.BWD_STATS_IN_SHARED, "DQ_FIRST": hopper._dq_first(fused_dq, 1, flags)}
@@ -204,7 +213,7 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
 
     query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
-    dq_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim // 2, "fp32")
+    dq_tile = dq_descriptor_type(headdim)
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "DK": f"*{dtype}", "DV": f"*{dtype}",
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
