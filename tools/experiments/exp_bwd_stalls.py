@@ -7,9 +7,9 @@ docs/performance.md, "The Gluon backward's schedule").
 
 Each mode runs in its own process under `ncu` with the SECTIONS below (SourceCounters is the
 PC sampling): kernels.flash_attn_func forward and backward twice at batch 2 x 8k, 16 heads, head
-dim 128, bf16; the second `_flash_bwd_dkdv_hopper` launch is profiled. Kept in DIR: the raw page
-of each report (raw_<mode>.csv) and its source page (source_<mode>.csv, per SASS instruction;
-large, so not committed). Rows in the decisions format:
+dim 128, bf16; the second `_flash_bwd_dkdv_hopper` launch is profiled. Kept in DIR (neither is
+committed; the rows below are): the raw page of each report (raw_<mode>.csv) and its source page
+(source_<mode>.csv, per SASS instruction). Rows in the decisions format:
 - DIR/bwd_stalls.csv: each stall reason's share of all PC samples (every warp of the program:
   the consumers, the loader warp, and the three warps that pad the loader's warpgroup and wait
   at a barrier for the whole kernel, so 'barrier' counts them too);
