@@ -206,6 +206,56 @@ def measure_each(shapes, device, measure: Callable) -> None:
             torch.cuda.empty_cache()
 
 
+class ExperimentCase:
+    """One configuration of a decode experiment: its shape, its column label, the call of a
+    variant's layout (`call(paged)` -> call(inputs, i)), the bytes of K and V it reads and its
+    float64 reference (`reference(inputs)`; the whole cache's by default)."""
+
+    def __init__(self, batch: int, cache_len: int, kv_heads: int, column: str, call: Callable,
+                 nbytes: int | None = None, reference: Callable | None = None):
+        self.batch, self.cache_len, self.kv_heads, self.column, self.call = batch, cache_len, kv_heads, column, call
+        self.nbytes = kv_bytes(batch, cache_len, kv_heads) if nbytes is None else nbytes
+        self.reference = reference or Inputs.reference
+
+
+def layout_variants(settings, name: str = "{layout}, {setting}") -> dict:
+    """A decode experiment's variants: each (label, value) of `settings` on a contiguous and on a
+    paged cache, named by `name`; each variant's value is (paged, value)."""
+    return {name.format(layout=layout, setting=label): (paged, value)
+            for layout, paged in (("contiguous", False), ("paged", True)) for label, value in settings}
+
+
+def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select: Callable, restore: Callable,
+                   cases, width: int = 32) -> None:
+    """The decode experiments' command line (--out DIR, --repeats, --device) and loop: per case,
+    its Inputs made (measure_each), then each variant (`select(value)`) checked against float64 and
+    timed, rounds interleaved, in microseconds, rows to DIR/csv_name as they are measured
+    (reports.decisions.DecisionWriter.time_interleaved); `restore()` after each case."""
+    from reports.decisions import DecisionWriter
+
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds over the variants (interleaved)")
+    parser.add_argument("--device", default="cuda", help="cpu: Triton's interpreter (a smoke run, not timing)")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with DecisionWriter(args.out / csv_name, tool) as writer:
+        for case in cases:
+
+            def measure(batch, cache_len, kv_heads, inputs, case=case):
+                reference = case.reference(inputs)
+
+                def time_one(inputs, value):
+                    return _measure(case.call(value[0]), inputs, reference, device, case.nbytes)
+
+                writer.time_interleaved(variants, {case.column: inputs}, select, time_one, args.repeats, width=width,
+                                        unit="us")
+                restore()
+
+            measure_each([(case.batch, case.cache_len, case.kv_heads)], device, measure)
+
+
 def _time_call(call: Callable, inputs: Inputs, device) -> tuple[object, str]:
     """Timing of call(inputs, copy), copies cycling, by CUDA-graph replay or else do_bench."""
     counter = itertools.count()

@@ -19,7 +19,6 @@ timed by harness.features (`do_bench` of `out.backward`, bf16, head dim 128), ro
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -40,19 +39,11 @@ def select(swizzle: int | None) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=2, help="rounds over the variants (interleaved)")
-    args = parser.parse_args()
-    from exp_bwd_stages import compare_variants, default_cases
+    from exp_bwd_stages import run_experiment
 
     from kernels import flash_attn_hopper as hopper
 
-    production = hopper.BWD_DQ_SWIZZLE
-    args.out.mkdir(parents=True, exist_ok=True)
-    compare_variants(args.out / "bwd_dq_swizzle.csv", TOOL, VARIANTS, select, default_cases(), args.repeats)
-    select(production)
-
+    run_experiment(__doc__, "bwd_dq_swizzle.csv", TOOL, VARIANTS, select, hopper.BWD_DQ_SWIZZLE)
 
 if __name__ == "__main__":
     main()

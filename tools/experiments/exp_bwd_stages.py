@@ -90,19 +90,25 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
                       f"{row.get('reason', '')}"[:160], flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select, production) -> None:
+    """A backward experiment's command line (--out DIR, --repeats) and run: compare_variants over
+    default_cases() into DIR/csv_name, then `select(production)` (the code's setting again)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=2, help="rounds over the depths (interleaved)")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds over the variants (interleaved)")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        compare_variants(args.out / csv_name, tool, variants, select, default_cases(), args.repeats)
+    finally:
+        select(production)
+
+
+def main() -> None:
     from kernels import flash_attn_hopper as hopper
 
-    production = hopper.BWD_STAGES
-    args.out.mkdir(parents=True, exist_ok=True)
-    compare_variants(args.out / "bwd_stages.csv", TOOL, {depth_name(stages): stages for stages in DEPTHS},
-                     set_stages, default_cases(), args.repeats)
-    set_stages(production)
-
+    run_experiment(__doc__, "bwd_stages.csv", TOOL, {depth_name(stages): stages for stages in DEPTHS}, set_stages,
+                   hopper.BWD_STAGES)
 
 if __name__ == "__main__":
     main()

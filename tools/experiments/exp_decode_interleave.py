@@ -17,7 +17,6 @@ variant that fails its check is a row with its reason and is not timed.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -34,54 +33,40 @@ SCHEMES = (("one run per split", False), ("round robin", True))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=3, help="rounds over the variants (interleaved)")
-    parser.add_argument("--device", default="cuda", help="cpu: Triton's interpreter (a smoke run, not timing)")
-    args = parser.parse_args()
-    import torch
-
     from baselines.reference import attention_reference
-    from harness.decode import _measure, kv_bytes, measure_each
+    from harness.decode import ExperimentCase, kv_bytes, layout_variants, run_experiment
     from kernels import decode
-    from reports.decisions import DecisionWriter
 
-    device = torch.device(args.device)
-    args.out.mkdir(parents=True, exist_ok=True)
+    def call_for(window: int):
+        def for_layout(paged: bool):
+            def call(inputs, i):
+                k_cache, v_cache = inputs.paged[i] if paged else inputs.contiguous[i]
+                table = inputs.block_tables[i] if paged else None
+                return decode.flash_attn_with_kvcache(inputs.q, k_cache, v_cache, cache_seqlens=inputs.seqlens,
+                                                      block_table=table, window_size=(window, -1), num_splits=0)
+            return call
+        return for_layout
 
-    def call_for(paged: bool, window: int):
-        def call(inputs, i):
-            k_cache, v_cache = inputs.paged[i] if paged else inputs.contiguous[i]
-            table = inputs.block_tables[i] if paged else None
-            return decode.flash_attn_with_kvcache(inputs.q, k_cache, v_cache, cache_seqlens=inputs.seqlens,
-                                                  block_table=table, window_size=(window, -1), num_splits=0)
-        return call
+    def window_reference(window: int):
+        def reference(inputs):  # the one query token sees its own key and the `window` before it
+            k, v = inputs.contiguous[0]
+            return attention_reference(inputs.q[:1], k[:1, -window - 1:], v[:1, -window - 1:])[0][0, 0]
+        return reference
 
-    variants = {f"{layout}, {scheme}": (paged, interleaved) for layout, paged in (("contiguous", False),
-                ("paged", True)) for scheme, interleaved in SCHEMES}
+    cases = [ExperimentCase(batch, cache_len, kv_heads,
+                            f"{batch} x {cache_len // 1024}k, {kv_heads} kv" + (f", window {window}" if window >= 0 else ""),
+                            call_for(window),
+                            kv_bytes(batch, min(cache_len, window + 1) if window >= 0 else cache_len, kv_heads),
+                            window_reference(window) if window >= 0 else None)
+             for batch, cache_len, kv_heads, window in SHAPES]
 
     def select(value):
         decode.INTERLEAVED_SPLITS = value[1]
 
-    with DecisionWriter(args.out / "decode_interleave.csv", TOOL) as writer:
-        for batch, cache_len, kv_heads, window in SHAPES:
+    def restore():
+        decode.INTERLEAVED_SPLITS = None  # the rule again
 
-            def measure(batch, cache_len, kv_heads, inputs, window=window):
-                if window >= 0:  # the one query token sees its own key and the `window` before it
-                    k, v = inputs.contiguous[0]
-                    reference = attention_reference(inputs.q[:1], k[:1, -window - 1:], v[:1, -window - 1:])[0][0, 0]
-                else:
-                    reference = inputs.reference()
-                nbytes = kv_bytes(batch, min(cache_len, window + 1) if window >= 0 else cache_len, kv_heads)
-                column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv" + (f", window {window}" if window >= 0 else "")
-
-                def time_one(case, value):
-                    return _measure(call_for(value[0], window), case, reference, device, nbytes)
-
-                writer.time_interleaved(variants, {column: inputs}, select, time_one, args.repeats, unit="us")
-                decode.INTERLEAVED_SPLITS = None  # the rule again
-
-            measure_each([(batch, cache_len, kv_heads)], device, measure)
+    run_experiment(__doc__, "decode_interleave.csv", TOOL, layout_variants(SCHEMES), select, restore, cases)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ replay. Rows in the decisions format, written as they are measured.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -32,39 +31,21 @@ FLOORS = (4, 2, 1)  # the code's first
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=3, help="rounds over the variants (interleaved)")
-    parser.add_argument("--device", default="cuda", help="cpu: Triton's interpreter (a smoke run, not timing)")
-    args = parser.parse_args()
-    import torch
-
-    from harness.decode import _measure, _ours, kv_bytes, measure_each
+    from harness.decode import ExperimentCase, _ours, layout_variants, run_experiment
     from kernels import decode
-    from reports.decisions import DecisionWriter
 
-    device = torch.device(args.device)
-    args.out.mkdir(parents=True, exist_ok=True)
     code_floor = decode.MIN_BLOCKS_PER_SPLIT
-    variants = {f"{layout}, at least {floor} blocks per split": (paged, floor)
-                for layout, paged in (("contiguous", False), ("paged", True)) for floor in FLOORS}
+    variants = layout_variants([(floor, floor) for floor in FLOORS], "{layout}, at least {setting} blocks per split")
+    cases = [ExperimentCase(batch, cache_len, kv_heads, f"{batch} x {cache_len // 1024}k, {kv_heads} kv",
+                            lambda paged: _ours(0, paged)) for batch, cache_len, kv_heads in SHAPES]
 
     def select(value):
         decode.MIN_BLOCKS_PER_SPLIT = value[1]
 
-    with DecisionWriter(args.out / "decode_split_floor.csv", TOOL) as writer:
+    def restore():
+        decode.MIN_BLOCKS_PER_SPLIT = code_floor
 
-        def measure(batch, cache_len, kv_heads, inputs):
-            reference, nbytes = inputs.reference(), kv_bytes(batch, cache_len, kv_heads)
-
-            def time_one(case, value):
-                return _measure(_ours(0, value[0]), case, reference, device, nbytes)
-
-            writer.time_interleaved(variants, {f"{batch} x {cache_len // 1024}k, {kv_heads} kv": inputs}, select,
-                                    time_one, args.repeats, width=40, unit="us")
-            decode.MIN_BLOCKS_PER_SPLIT = code_floor
-
-        measure_each(SHAPES, device, measure)
+    run_experiment(__doc__, "decode_split_floor.csv", TOOL, variants, select, restore, cases, width=40)
 
 
 if __name__ == "__main__":

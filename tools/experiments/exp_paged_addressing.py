@@ -18,7 +18,6 @@ are measured; a variant that fails its check is a row with its reason and no tim
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -37,43 +36,23 @@ SCHEMES = (("per block", False), ("per launch", True))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=3, help="rounds over the variants (interleaved)")
-    parser.add_argument("--device", default="cuda", help="cpu: Triton's interpreter (a smoke run, not timing)")
-    args = parser.parse_args()
-    import torch
-
-    from harness.decode import _measure, _ours, kv_bytes, measure_each
+    from harness.decode import ExperimentCase, _ours, layout_variants, run_experiment
     from kernels import decode
-    from reports.decisions import DecisionWriter
-
-    device = torch.device(args.device)
-    args.out.mkdir(parents=True, exist_ok=True)
-
-    variants = {f"{layout}, addresses {scheme}": (paged, hoisted) for layout, paged in (("contiguous", False),
-                ("paged", True)) for scheme, hoisted in SCHEMES}
 
     production = decode.HOISTED_ADDRESSES
+    cases = [ExperimentCase(batch, cache_len, kv_heads,
+                            f"{batch} x {cache_len // 1024}k, {kv_heads} kv, splits {num_splits or 'auto'}",
+                            lambda paged, num_splits=num_splits: _ours(num_splits, paged))
+             for batch, cache_len, kv_heads, num_splits in SHAPES]
 
     def select(value):
         decode.HOISTED_ADDRESSES = value[1]
 
-    with DecisionWriter(args.out / "paged_addressing.csv", TOOL) as writer:
-        for batch, cache_len, kv_heads, num_splits in SHAPES:
+    def restore():
+        decode.HOISTED_ADDRESSES = production  # the rule again
 
-            def measure(batch, cache_len, kv_heads, inputs, num_splits=num_splits):
-                reference = inputs.reference()
-                nbytes = kv_bytes(batch, cache_len, kv_heads)
-                column = f"{batch} x {cache_len // 1024}k, {kv_heads} kv, splits {num_splits or 'auto'}"
-
-                def time_one(case, value):
-                    return _measure(_ours(num_splits, value[0]), case, reference, device, nbytes)
-
-                writer.time_interleaved(variants, {column: inputs}, select, time_one, args.repeats, unit="us")
-                decode.HOISTED_ADDRESSES = production  # the rule again
-
-            measure_each([(batch, cache_len, kv_heads)], device, measure)
+    run_experiment(__doc__, "paged_addressing.csv", TOOL, layout_variants(SCHEMES, "{layout}, addresses {setting}"),
+                   select, restore, cases)
 
 
 if __name__ == "__main__":
