@@ -795,9 +795,6 @@ BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 BWD_STATS_IN_SHARED = True
 BWD_DQ_FIRST: bool | None = None
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
-# The fused dQ tile's swizzle in shared memory, in bytes (None: NVMMASharedLayout's default for a
-# float32 tile, 128); tools/compile_check_sm90.py --bank-conflicts counts each one's store conflicts
-BWD_DQ_SWIZZLE: int | None = None
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
 
@@ -1375,12 +1372,9 @@ def _stats_template(rows: int, seqlen: int) -> TensorDescriptor:
 
 
 @functools.cache
-def _fp32_tile_layout(rows: int, cols: int, swizzle: int | None = None) -> gl.NVMMASharedLayout:
-    """The shared-memory layout of a float32 [rows, cols] tile (the fused dQ's reduce-adds), with
-    `swizzle` bytes (None: the default for the shape)."""
-    if swizzle is None:
-        return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float32)
-    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=32, rank=2)
+def _fp32_tile_layout(rows: int, cols: int) -> gl.NVMMASharedLayout:
+    """The shared-memory layout of a float32 [rows, cols] tile (the fused dQ's reduce-adds)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float32)
 
 
 _bwd_dkdv_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_kernel)  # kernels/launch.py
@@ -1418,8 +1412,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     dq_template = None
     if fused:
         dq_template = TensorDescriptor(dq_accum, [batch * seqlen, heads * headdim], [dq_accum.stride(1), 1],
-                                       [BWD_BLOCK_M, headdim // 2],
-                                       _fp32_tile_layout(BWD_BLOCK_M, headdim // 2, BWD_DQ_SWIZZLE))
+                                       [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     stats = BWD_STATS_IN_SHARED  # seqlen is a multiple of BWD_BLOCK_N: the rows of L and D are aligned
     kv_group = heads // kv_heads
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
@@ -1463,7 +1456,7 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     rows = BWD_BLOCK_N // 2
     batch = cu_seqlens_q.shape[0] - 1
     dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
-                               [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2, BWD_DQ_SWIZZLE))
+                               [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     grid = (triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1])
     _bwd_dkdv_varlen_launcher[grid](
         _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),

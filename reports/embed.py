@@ -208,6 +208,8 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "bwd_stats_log2": (("scaled once / at every step, time", "L * log2(e) given, dQ scaled once",
                         "L converted, dQ scaled at every step"),
                        ("at every step / FA4, time", "L converted, dQ scaled at every step", "fa4")),
+    "bwd_dq_swizzle": (("32-byte / 128-byte swizzle, time", "dQ tile, 32-byte swizzle", "dQ tile, 128-byte swizzle"),
+                       ("128-byte swizzle / FA4, time", "dQ tile, 128-byte swizzle", "fa4")),
     "bwd_stages": (("ring of 3 / ring of 2, time", "Q/dO ring of 3", "Q/dO ring of 2"),
                    ("ring of 2 / FA4, time", "Q/dO ring of 2", "fa4")),
     "paged_addressing": (("paged: per block / per launch, time", "paged, addresses per block",

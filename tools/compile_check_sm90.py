@@ -111,11 +111,11 @@ def gluon_descriptor_type(rows: int, headdim: int, dtype: str = "bf16") -> str:
 
 def dq_descriptor_type(headdim: int) -> str:
     """The signature type of the fused dQ's float32 accumulator descriptor, with the layout the
-    backward's plans give it (flash_attn_hopper._fp32_tile_layout, BWD_DQ_SWIZZLE)."""
+    backward's plans give it (flash_attn_hopper._fp32_tile_layout)."""
     from kernels import flash_attn_hopper as hopper
 
     rows, cols = hopper.BWD_BLOCK_M, headdim // 2
-    return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout(rows, cols, hopper.BWD_DQ_SWIZZLE)!r}>"
+    return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout(rows, cols)!r}>"
 
 
 def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
@@ -299,8 +299,7 @@ def bank_conflict_report(emit) -> None:
         ("dS^T store (bf16, into the Q tiles' layout)", s_layout, hopper._tile_layout(block_m, headdim, torch.bfloat16),
          [rows, block_m], 16),
         ("L_i, D_i row loads (float32)", s_layout, hopper._stats_layout(), [1, block_m], 32),
-        ("dQ_i tile store (float32, the kernel's layout)", dq_layout,
-         hopper._fp32_tile_layout(block_m, headdim // 2, hopper.BWD_DQ_SWIZZLE),
+        ("dQ_i tile store (float32, the kernel's layout)", dq_layout, hopper._fp32_tile_layout(block_m, headdim // 2),
          [block_m, headdim // 2], 32),
         *((f"dQ_i tile store (float32, {f'{width}-byte swizzle' if width else 'no swizzle'})", dq_layout,
            gl.NVMMASharedLayout(swizzle_byte_width=width, element_bitwidth=32, rank=2), [block_m, headdim // 2], 32)
