@@ -40,9 +40,14 @@ def set_schedule(stats: bool, dq_first: bool) -> None:
     backward._PLANS.clear()  # plans hold the schedule they were made with
 
 
-def check(device) -> tuple[bool, str]:
+DENSE_CHECKS = ((False, 4, (-1, -1)), (True, 4, (-1, -1)))  # (causal, kv heads of 4 q heads, window)
+FEATURE_CHECKS = (*DENSE_CHECKS, (True, 2, (-1, -1)), (True, 4, (256, 0)))
+
+
+def check(device, cases=DENSE_CHECKS) -> tuple[bool, str]:
     """The schedule's gradients against float64 (flash-attn's criterion, the Triton deterministic
-    backward as the same-dtype yardstick)."""
+    backward as the same-dtype yardstick) on `cases`: the dense backward both causal modes, and
+    with FEATURE_CHECKS GQA and a window too."""
     import torch
 
     import kernels
@@ -54,25 +59,29 @@ def check(device) -> tuple[bool, str]:
     triton_cfg = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_min_keys=0)  # the Triton kernels
     notes = []
     ok = True
-    for causal in (False, True):
-        gen = torch.Generator(device=device).manual_seed(1 + causal)
-        q, k, v, do = (torch.randn(2, 1024, 4, 128, device=device, dtype=torch.bfloat16, generator=gen)
-                       for _ in range(4))
+    for causal, kv_heads, window in cases:
+        gen = torch.Generator(device=device).manual_seed(1 + causal + 2 * kv_heads)
+        q, do = (torch.randn(2, 1024, 4, 128, device=device, dtype=torch.bfloat16, generator=gen) for _ in range(2))
+        k, v = (torch.randn(2, 1024, kv_heads, 128, device=device, dtype=torch.bfloat16, generator=gen)
+                for _ in range(2))
         grads = {}
         for name, cfg in (("gluon", None), ("triton", triton_cfg)):
             x = [t.clone().requires_grad_() for t in (q, k, v)]
-            out = kernels.flash_attn_func(*x, causal=causal, bwd_config=cfg, deterministic=name == "triton")
+            out = kernels.flash_attn_func(*x, causal=causal, window_size=window, bwd_config=cfg,
+                                          deterministic=name == "triton")
             out.backward(do)
             grads[name] = [t.grad for t in x]
         x64 = [t.double().requires_grad_() for t in (q, k, v)]
-        ref, _ = attention_reference(*x64, 128 ** -0.5, causal)
+        ref, _ = attention_reference(*x64, 128 ** -0.5, causal, window_size=window)
         ref.backward(do.double())
+        label = f"causal={causal}" + (f" kv_heads={kv_heads}" if kv_heads != 4 else "") + (
+            f" window={window}" if window != (-1, -1) else "")
         for i, grad in enumerate(["dq", "dk", "dv"]):
             want = x64[i].grad
             good, got, yardstick = within_twice_the_error(grads["gluon"][i], want, grads["triton"][i], 1e-4,
                                                           error=relative_error)
             ok &= good
-            notes.append(f"{grad} causal={causal} {got:.2e} (triton {yardstick:.2e})")
+            notes.append(f"{grad} {label} {got:.2e} (triton {yardstick:.2e})")
     return ok, "; ".join(notes)
 
 

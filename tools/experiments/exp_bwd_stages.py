@@ -54,7 +54,8 @@ def default_cases():
             next(c for c in feature_cases(quick=False) if c.variant == "varlen")]
 
 
-def compare_variants(path: Path, tool: str, variants: dict, select, cases, repeats: int) -> None:
+def compare_variants(path: Path, tool: str, variants: dict, select, cases, repeats: int,
+                     checks=None) -> None:
     """Each variant (name -> value; `select(value)` puts it in place) checked against float64
     (exp_bwd_schedule's check), then the whole backward of each case timed, rounds interleaved, FA4
     beside; rows to `path` as they are measured."""
@@ -69,7 +70,7 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
         good = []
         for name, value in variants.items():
             select(value)
-            ok, notes = check(device)
+            ok, notes = check(device) if checks is None else check(device, checks)
             writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
                          tool=tool if ok else f"{tool}; wrong: {notes}"[:400])
             print(f"{name:40s} {'ok' if ok else 'WRONG'}  {notes}", flush=True)
@@ -90,7 +91,8 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
                       f"{row.get('reason', '')}"[:160], flush=True)
 
 
-def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select, production) -> None:
+def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select, production,
+                   checks=None) -> None:
     """A backward experiment's command line (--out DIR, --repeats) and run: compare_variants over
     default_cases() into DIR/csv_name, then `select(production)` (the code's setting again)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,7 +101,7 @@ def run_experiment(description: str, csv_name: str, tool: str, variants: dict, s
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        compare_variants(args.out / csv_name, tool, variants, select, default_cases(), args.repeats)
+        compare_variants(args.out / csv_name, tool, variants, select, default_cases(), args.repeats, checks)
     finally:
         select(production)
 
