@@ -59,7 +59,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -795,9 +794,6 @@ BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 # (tools/experiments/exp_bwd_schedule.py, docs/performance.md).
 BWD_STATS_IN_SHARED = True
 BWD_DQ_FIRST: bool | None = None
-# AHEAD (fused dQ after dK only): the next query step's S^T and dP^T matmuls issued right after this
-# step's dQ matmul, so that they run while dQ_i is scaled, written to shared memory and reduce-added.
-BWD_SCORES_AHEAD = False
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
@@ -916,20 +912,6 @@ def _load_tile_and_stats(desc, coord, buf, stats_desc, stats_coord, stats_buf, b
 
 
 @gluon.jit
-def _bwd_s_matmul(k_buf, q_buf, q_bar, stage, phase, s_init):
-    """Line 10: S^T = K_j Q_i^T (unscaled), issued once Q_i has landed; left in flight."""
-    mbarrier.wait(q_bar.index(stage), phase)
-    return warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
-
-
-@gluon.jit
-def _bwd_dp_matmul(v_buf, do_buf, do_bar, stage, phase, s_init):
-    """Line 13: dP^T = V_j dO_i^T, issued once dO_i has landed; left in flight."""
-    mbarrier.wait(do_bar.index(stage), phase)
-    return warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
-
-
-@gluon.jit
 def _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init):
     """Line 10: S^T = K_j Q_i^T (unscaled) and line 13: dP^T = V_j dO_i^T, each issued once its
     tile has landed; both left in flight."""
@@ -1008,8 +990,7 @@ def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF: g
 
 @gluon.jit
 def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, AHEAD: gl.constexpr,
-                        HALF: gl.constexpr):
+                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
     """One warp: _bwd_load_tiles for the program's key block and the query steps that see it."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
@@ -1022,8 +1003,7 @@ def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
 
 @gluon.jit
 def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, AHEAD: gl.constexpr,
-                        HALF: gl.constexpr):
+                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
     block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
     shared-memory operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
@@ -1069,10 +1049,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
         dq_buf = dq_smem.index(HALF)
     mbarrier.wait(kv_bar, 0)
-    total_steps = n_steps * kv_group
-    if AHEAD:  # the first step's S^T matmul; each later step's is issued by the step before
-        s_tok = _bwd_s_matmul(k_buf, q_smem.index(0), q_bar, 0, 0, s_init)
-    for step in range(total_steps):
+    for step in range(n_steps * kv_group):
         stage = step % STAGES
         phase = (step // STAGES) & 1
         m, q_col, lse_row, group = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group,
@@ -1080,11 +1057,8 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         offs_m = m + offs_m_base
         q_buf = q_smem.index(stage)
         do_buf = do_smem.index(stage)
-        if AHEAD:  # line 13: dP^T = V_j dO_i^T, behind S^T (issued by the step before)
-            dp_tok = _bwd_dp_matmul(v_buf, do_buf, do_bar, stage, phase, s_init)
-        else:
-            # line 10: S^T = K_j Q_i^T (unscaled); line 13: dP^T = V_j dO_i^T; both in flight
-            s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
+        # line 10: S^T = K_j Q_i^T (unscaled); line 13: dP^T = V_j dO_i^T; both in flight
+        s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
         # L_i (natural log -> log2) and D_i as [1, BLOCK_M] rows of the transposed tiles
         if STATS:  # landed with Q_i and dO_i (the score matmuls waited for both)
             lse = lse_smem.index(stage).load(s_layout) * 1.4426950408889634
@@ -1136,18 +1110,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
                 parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
             dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
             mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
-            if AHEAD:  # line 15, then the next step's line 10 in flight while dQ_i is added
-                dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
-                if step + 1 < total_steps:
-                    next_stage = (step + 1) % STAGES
-                    s_tok = _bwd_s_matmul(k_buf, q_smem.index(next_stage), q_bar, next_stage,
-                                          ((step + 1) // STAGES) & 1, s_init)
-                    dq = warpgroup_mma_wait(1, deps=[dq_tok])  # groups complete in order: S^T may run on
-                else:
-                    dq = warpgroup_mma_wait(0, deps=[dq_tok])
-                    s_tok = warpgroup_mma_init(s_init)  # the loop's carried value keeps its kind
-                _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
-            elif FUSED_DQ:  # line 15: this consumer's columns of dQ_i
+            if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
                 _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
                             softmax_scale, HALF)
 
@@ -1180,7 +1143,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   Alibi, stride_alibi_b, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                   FUSED_DQ: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
                                   ALIBI: gl.constexpr = False, STATS: gl.constexpr = False,
-                                  DQ_FIRST: gl.constexpr = False, AHEAD: gl.constexpr = False):
+                                  DQ_FIRST: gl.constexpr = False):
     """One program per (key block, batch x kv head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks), partitioned as FA3's backward: a loader warp and two consumer
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
@@ -1229,9 +1192,9 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     # fused branch left in the non-fused kernel Triton 3.6's lowering fails, an assertion in
     # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart.
     gl.warp_specialize([
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, AHEAD, 0)),
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, AHEAD, 1)),
-        (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, AHEAD, 0)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 1)),
+        (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0)),
     ], [4, 1], [240, 24])
 
 
@@ -1399,12 +1362,6 @@ def _dq_first(fused: bool, kv_group: int, flags: dict) -> bool:
     return kv_group > 1 or flags["WINDOW"] or flags["ALIBI"]
 
 
-def _scores_ahead(fused: bool, dq_first: bool) -> bool:
-    """Whether the next step's score matmuls are issued before this step's dQ is added
-    (BWD_SCORES_AHEAD): with dQ fused and issued after dK only."""
-    return BWD_SCORES_AHEAD and fused and not dq_first
-
-
 def _stats_template(rows: int, seqlen: int) -> TensorDescriptor:
     """A descriptor template (descriptor_like gives it its tensor) of the (batch x heads, seqlen)
     view of a contiguous (batch, heads, seqlen) float32 L or D, one BWD_BLOCK_M-query row per tile."""
@@ -1458,11 +1415,9 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
                                        [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     stats = BWD_STATS_IN_SHARED  # seqlen is a multiple of BWD_BLOCK_N: the rows of L and D are aligned
     kv_group = heads // kv_heads
-    dq_first = _dq_first(fused, kv_group, flags)
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
-                           "STATS": stats, "DQ_FIRST": dq_first, "AHEAD": _scores_ahead(fused, dq_first),
-                           **flags})
+                           "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), **flags})
     q_t, k_t, v_t, do_t, dk_t, dv_t = map(descriptor_template, templates)
     if fused:
         dq_template = descriptor_template(dq_template)

@@ -9,7 +9,8 @@ of the other, or a load that lands late, leaves the tensor pipe waiting. A third
 sm_90's 227 KiB beside the fused dQ's buffers (tools/compile_check_sm90.py --hopper-gluon reads
 the shared memory). Per ring depth: the whole backward through kernels.flash_attn_func (the
 plans rebuilt for it), first checked against the float64 reference (exp_bwd_schedule's check:
-dQ, dK, dV within 2x the Triton deterministic backward's error, both causal modes), then timed by
+dQ, dK, dV within 2x the Triton deterministic backward's error, both causal modes, GQA and a
+window beside the dense backward), then timed by
 harness.features (`do_bench` of `out.backward`, bf16, head dim 128) on the features suite's
 dense, GQA, window and packed variable-length cases, rounds interleaved. Rows in the decisions
 format, written as they are measured; a depth that fails its check is a row 'wrong' and is not
@@ -54,13 +55,12 @@ def default_cases():
             next(c for c in feature_cases(quick=False) if c.variant == "varlen")]
 
 
-def compare_variants(path: Path, tool: str, variants: dict, select, cases, repeats: int,
-                     checks=None) -> None:
+def compare_variants(path: Path, tool: str, variants: dict, select, cases, repeats: int) -> None:
     """Each variant (name -> value; `select(value)` puts it in place) checked against float64
-    (exp_bwd_schedule's check), then the whole backward of each case timed, rounds interleaved, FA4
+    (exp_bwd_schedule's check on FEATURE_CHECKS: dense, GQA and window backwards), then the whole backward of each case timed, rounds interleaved, FA4
     beside; rows to `path` as they are measured."""
     import torch
-    from exp_bwd_schedule import _tool, check
+    from exp_bwd_schedule import FEATURE_CHECKS, _tool, check
 
     from harness.features import measure
     from reports.decisions import DecisionWriter
@@ -70,7 +70,7 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
         good = []
         for name, value in variants.items():
             select(value)
-            ok, notes = check(device) if checks is None else check(device, checks)
+            ok, notes = check(device, FEATURE_CHECKS)
             writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
                          tool=tool if ok else f"{tool}; wrong: {notes}"[:400])
             print(f"{name:40s} {'ok' if ok else 'WRONG'}  {notes}", flush=True)
@@ -91,8 +91,7 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
                       f"{row.get('reason', '')}"[:160], flush=True)
 
 
-def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select, production,
-                   checks=None) -> None:
+def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select, production) -> None:
     """A backward experiment's command line (--out DIR, --repeats) and run: compare_variants over
     default_cases() into DIR/csv_name, then `select(production)` (the code's setting again)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,7 +100,7 @@ def run_experiment(description: str, csv_name: str, tool: str, variants: dict, s
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        compare_variants(args.out / csv_name, tool, variants, select, default_cases(), args.repeats, checks)
+        compare_variants(args.out / csv_name, tool, variants, select, default_cases(), args.repeats)
     finally:
         select(production)
 
