@@ -80,10 +80,11 @@ LOG2E = 1.4426950408889634
 ALIBI_COLUMN_TERMS = ("registers", "matmul-wide")
 ALIBI_COLUMN_TERM = "matmul-wide"
 V_STAGES: int | None = None
-# PERSISTENT: one program per SM walks query tiles (every head's, the last query block first), so
-# that the loader brings the next tile's first K/V blocks while the consumers finish a tile; else
-# one program per tile (FA2 Section 3.2's grid).
-FWD_PERSISTENT = False
+# PERSISTENT: one program per SM walks query tiles, so that the loader brings the next tile's first
+# K/V blocks while the consumers finish a tile, in one of PERSISTENT_ORDERS (`_persistent_tile`);
+# None: one program per tile (FA2 Section 3.2's grid).
+PERSISTENT_ORDERS = ("head-major", "query-block-major")
+FWD_PERSISTENT: str | None = None
 
 
 @gluon.jit
@@ -441,15 +442,22 @@ def _fwd_tile(pid_m, pid_bh, num_heads, seqlen, kv_group, window_left, window_ri
 
 
 @gluon.jit
-def _persistent_tile(tile, n_bh, n_m, CAUSAL: gl.constexpr):
-    """A persistent program's tile `tile` as (query block, batch x head): every head's tile of one
-    query block before the next, causal from the last query block (the most key blocks) down."""
-    m_index = tile // n_bh
+def _persistent_tile(tile, n_bh, n_m, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
+    """A persistent program's tile `tile` as (query block, batch x head), causal from the last
+    query block (the most key blocks) down: PERSISTENT 1, head-major (the grid's own order: the
+    tiles running at once share a head's K and V in L2), or 2, every head's tile of one query
+    block before the next."""
+    if PERSISTENT == 1:
+        pid_bh = tile // n_m
+        m_index = tile - pid_bh * n_m
+    else:
+        m_index = tile // n_bh
+        pid_bh = tile - m_index * n_bh
     if CAUSAL:
         pid_m = n_m - 1 - m_index
     else:
         pid_m = m_index
-    return pid_m, tile - m_index * n_bh
+    return pid_m, pid_bh
 
 
 @gluon.jit
@@ -468,7 +476,7 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
         base = 0
         local = 0
         for tile in range(gl.program_id(0), n_m * n_bh, gl.num_programs(0)):
-            pid_m, pid_bh = _persistent_tile(tile, n_bh, n_m, CAUSAL)
+            pid_m, pid_bh = _persistent_tile(tile, n_bh, n_m, CAUSAL, PERSISTENT)
             q_row, kv_row0, col0, kv_col0, first_block, n_blocks, _, _, _ = _fwd_tile(
                 pid_m, pid_bh, num_heads, seqlen, kv_group, window_left, window_right, Alibi, stride_alibi_b, CAUSAL,
                 WINDOW, False, 2 * ROWS, BLOCK_N, HEAD_DIM)
@@ -547,7 +555,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
         base = 0
         local = 0
         for tile in range(gl.program_id(0), n_m * n_bh, gl.num_programs(0)):
-            pid_m, pid_bh = _persistent_tile(tile, n_bh, n_m, CAUSAL)
+            pid_m, pid_bh = _persistent_tile(tile, n_bh, n_m, CAUSAL, PERSISTENT)
             base += _softmax_tile(args, pid_m, pid_bh, base, local & 1, CAUSAL, WINDOW, SOFTCAP, ALIBI, PERSISTENT,
                                   HALF)
             local += 1  # noqa: SIM113 -- a Gluon loop
@@ -619,11 +627,11 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
                              kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b, n_bh,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False,
                              SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, V_STAGES: gl.constexpr = 0,
-                             PERSISTENT: gl.constexpr = False):
+                             PERSISTENT: gl.constexpr = 0):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
-    FA3 does; with PERSISTENT, a grid of at most one program per SM, each walking the
-    (query block, batch x head) tiles pid, pid + grid, ... (`_persistent_tile`; n_bh = batch x
-    heads). The descriptors view (batch * seqlen, heads * head dim); K and V have
+    FA3 does; with PERSISTENT (1 + the index of an order in PERSISTENT_ORDERS), a grid of at most
+    one program per SM, each walking the (query block, batch x head) tiles pid, pid + grid, ...
+    (`_persistent_tile`; n_bh = batch x heads). The descriptors view (batch * seqlen, heads * head dim); K and V have
     num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
@@ -698,7 +706,7 @@ def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, stages: 
         flags["ALIBI"] = 1 + ALIBI_COLUMN_TERMS.index(ALIBI_COLUMN_TERM)
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
     return {**flags, "V_STAGES": V_STAGES or (2 if by_matmul and head_dim > 64 else stages),
-            "PERSISTENT": bool(FWD_PERSISTENT)}
+            "PERSISTENT": PERSISTENT_ORDERS.index(FWD_PERSISTENT) + 1 if FWD_PERSISTENT else 0}
 
 
 @functools.cache

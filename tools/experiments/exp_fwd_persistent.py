@@ -10,9 +10,11 @@ normalised, staged and stored) leave the tensor cores idle, and a sliding window
 few key blocks each (33 at a window of 4096), so that time weighs more there: our window's
 TFLOPs/s stayed below the full causal call's at every length (reports/h200/features/). A
 persistent program's loader brings the next tile's first K/V blocks while its consumers finish
-a tile (Q_i once they have stored their O from its buffers). Prediction: a few percent on the
-window, less on long causal tiles, level or worse on short full-attention calls, whose grid
-order and balance change.
+a tile (Q_i once they have stored their O from its buffers). Two orders of the tiles: head-major,
+the one-per-tile grid's own (the tiles running at once share a head's K and V in L2), and every
+head's tile of a query block before the next. Prediction: a few percent on the window, less on
+long causal tiles, level or worse on short full-attention calls, whose balance changes (a static
+assignment instead of the hardware's); the query-block-major order worse than head-major.
 
 First each variant against the float64 reference on each case's small form (batch 2 x 1k, bf16:
 more tiles than SMs, so a persistent program walks several), within 2x the same-dtype PyTorch
@@ -31,7 +33,8 @@ sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TOOL = "tools/experiments/exp_fwd_persistent.py, bf16, do_bench of the forward"
-VARIANTS = {"one program per tile": False, "persistent, one program per SM": True}
+VARIANTS = {"one program per tile": None, "persistent, head-major": "head-major",
+            "persistent, query-block-major": "query-block-major"}
 
 
 def cases():
@@ -53,7 +56,7 @@ def cases():
 def set_variant(persistent) -> None:
     from kernels import flash_attn_hopper, forward
 
-    flash_attn_hopper.FWD_PERSISTENT = bool(persistent) and persistent != "fa4"
+    flash_attn_hopper.FWD_PERSISTENT = None if persistent == "fa4" else persistent
     forward._PLANS.clear()  # plans hold the grid and constexprs they were made with
 
 
