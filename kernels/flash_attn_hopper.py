@@ -80,11 +80,6 @@ LOG2E = 1.4426950408889634
 ALIBI_COLUMN_TERMS = ("registers", "matmul-wide")
 ALIBI_COLUMN_TERM = "matmul-wide"
 V_STAGES: int | None = None
-# PERSISTENT: one program per SM walks query tiles, so that the loader brings the next tile's first
-# K/V blocks while the consumers finish a tile, in one of PERSISTENT_ORDERS (`_persistent_tile`);
-# None: one program per tile (FA2 Section 3.2's grid).
-PERSISTENT_ORDERS = ("head-major", "query-block-major")
-FWD_PERSISTENT: str | None = None
 
 
 @gluon.jit
@@ -255,14 +250,12 @@ def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr, V_STAGES: 
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     RELEASES: gl.constexpr = STAGES + V_STAGES if V_STAGES != STAGES else STAGES
     empty_bar = gl.allocate_shared_memory(gl.int64, [RELEASES, 1], mbarrier.MBarrierLayout())
     for half in gl.static_range(2):
         mbarrier.init(q_bar.index(half), count=1)
-        mbarrier.init(q_empty.index(half), count=1)  # its consumer has stored the tile's O
     for stage in gl.static_range(STAGES):
         mbarrier.init(k_bar.index(stage), count=1)
         if V_STAGES == STAGES:
@@ -272,40 +265,28 @@ def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr, V_STAGES: 
         for stage in gl.static_range(V_STAGES):
             mbarrier.init(v_bar.index(stage), count=1)
             mbarrier.init(empty_bar.index(STAGES + stage), count=2)
-    return q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_empty
-
-
-@gluon.jit
-def _load_q(q_desc, q_smem, q_bar, q_row, col0):
-    """FA2 Alg. 1 line 4: Q_i as two 64-row halves, by TMA."""
-    for half in gl.static_range(2):
-        mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
-                                        q_smem.index(half))
+    return q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar
 
 
 @gluon.jit
 def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, first_block, n_blocks, base=0, q_empty=None, q_phase=0, Q_AFTER_RING: gl.constexpr = False):
+               kv_col0, first_block, n_blocks):
     """FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j of key blocks first_block ..
     first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
-    both consumers have released (empty_bar counts two; with `_split_release`, K's and V's apart).
-    `base`: the key blocks this program loaded before (a persistent program's earlier tiles: the
-    ring's stages and phases run on); with Q_AFTER_RING, Q_i is loaded after the key blocks the
-    rings hold at once (they can land while the consumers finish the tile before), once both
-    consumers have released the Q buffers (q_empty, phase q_phase) of that tile."""
+    both consumers have released (empty_bar counts two; with `_split_release`, K's and V's apart)."""
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     V_STAGES: gl.constexpr = v_smem.type.shape[0]
-    if not Q_AFTER_RING:
-        _load_q(q_desc, q_smem, q_bar, q_row, col0)
-    for j in range(n_blocks):
-        i = base + j
+    for half in gl.static_range(2):
+        mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
+                                        q_smem.index(half))
+    for i in range(n_blocks):
         stage = i % STAGES
         # a fresh mbarrier counts as having completed the phase before its first, so the first
         # STAGES waits pass at once
         mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
-        row = kv_row0 + (first_block + j) * BLOCK_N
+        row = kv_row0 + (first_block + i) * BLOCK_N
         mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [row, kv_col0], k_bar.index(stage), k_smem.index(stage))
         v_stage = i % V_STAGES
@@ -313,11 +294,6 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
             mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
         mbarrier.expect(v_bar.index(v_stage), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(v_stage), v_smem.index(v_stage))
-        if Q_AFTER_RING:  # noqa: SIM102 -- a compile-time branch around a run-time one
-            if j == gl.minimum(n_blocks, V_STAGES) - 1:
-                for half in gl.static_range(2):
-                    mbarrier.wait(q_empty.index(half), q_phase ^ 1)  # a fresh barrier: passes at once
-                _load_q(q_desc, q_smem, q_bar, q_row, col0)
 
 
 @gluon.constexpr_function
@@ -340,12 +316,10 @@ def _s_matmul(q_buf, k_tile, s_init, bias=None):
 
 @gluon.jit
 def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                     HALF: gl.constexpr, bias=None, base=0, q_phase=0):
+                     HALF: gl.constexpr, bias=None):
     """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
     unscaled, waited for, through `_s_matmul`), then K_0's stage released: (m, l, O, the zero
-    accumulator every S matmul starts from, S). `base`: the ring's key blocks consumed before this
-    tile; `q_phase`: the tile's phase of the Q barrier (persistent programs)."""
-    STAGES: gl.constexpr = k_smem.type.shape[0]
+    accumulator every S matmul starts from, S)."""
     ROWS: gl.constexpr = q_buf.type.shape[0]
     HEAD_DIM: gl.constexpr = q_buf.type.shape[1]
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
@@ -354,19 +328,18 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.conste
     l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
     acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    stage = base % STAGES
-    mbarrier.wait(q_bar.index(HALF), q_phase)
-    mbarrier.wait(k_bar.index(stage), (base // STAGES) & 1)
-    s = warpgroup_mma_wait(0, deps=[_s_matmul(q_buf, k_smem.index(stage), s_init, bias)])
+    mbarrier.wait(q_bar.index(HALF), 0)
+    mbarrier.wait(k_bar.index(0), 0)
+    s = warpgroup_mma_wait(0, deps=[_s_matmul(q_buf, k_smem.index(0), s_init, bias)])
     if _split_release(empty_bar, k_smem):
-        mbarrier.arrive(empty_bar.index(stage), count=1)  # K_0 read
+        mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
     return m_i, l_i, acc, s_init, s
 
 
 @gluon.jit
 def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init, p_layout: gl.constexpr,
                        bias=None):
-    """Line 8 for the ring's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
+    """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
     in flight; waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for
     block j runs under P~ V. Returns S_j, P~ V's accumulator and A operand, and the empty barrier
     of block j - 1's V stage (with `_split_release`, K_j's is released here, S_j done)."""
@@ -398,8 +371,7 @@ def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout: gl.constex
 
 @gluon.jit
 def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout: gl.constexpr):
-    """Line 10 for the last key block: O += P~ V, waited for, and its stage released (`n_blocks`:
-    the ring's key blocks up to this one's end)."""
+    """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
     V_STAGES: gl.constexpr = v_smem.type.shape[0]
     V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
     last = (n_blocks - 1) % V_STAGES
@@ -412,96 +384,25 @@ def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout: gl.con
 
 
 @gluon.jit
-def _fwd_tile(pid_m, pid_bh, num_heads, seqlen, kv_group, window_left, window_right, Alibi, stride_alibi_b,
-              CAUSAL: gl.constexpr, WINDOW: gl.constexpr, ALIBI: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Query tile (pid_m, batch x head pid_bh): its first row and its K/V rows in the descriptors,
-    their columns, the key blocks it visits (first, count; with a window, [full_lo, full_hi) the
-    blocks every row sees whole; causal: full_hi the diagonal one) and its head's ALiBi slope in
-    log2 units."""
-    b = pid_bh // num_heads
-    h = pid_bh % num_heads
-    start_m = pid_m * BLOCK_M
-    full_lo = 0
-    full_hi = 0
-    if WINDOW:
-        first_block, n_blocks, full_lo, full_hi = _window_key_blocks(start_m, seqlen, window_left, window_right,
-                                                                     BLOCK_M, BLOCK_N)
-    elif CAUSAL:  # key blocks up to the diagonal, the last one masked
-        first_block = 0
-        n_blocks = (start_m + BLOCK_M) // BLOCK_N
-        full_hi = n_blocks - 1
-    else:
-        first_block = 0
-        n_blocks = seqlen // BLOCK_N
-    alibi_log2 = 0.0
-    if ALIBI:
-        alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
-    return (b * seqlen + start_m, b * seqlen, h * HEAD_DIM, (h // kv_group) * HEAD_DIM, first_block, n_blocks,
-            full_lo, full_hi, alibi_log2)
-
-
-@gluon.jit
-def _persistent_tile(tile, n_bh, n_m, CAUSAL: gl.constexpr, PERSISTENT: gl.constexpr):
-    """A persistent program's tile `tile` as (query block, batch x head), causal from the last
-    query block (the most key blocks) down: PERSISTENT 1, head-major (the grid's own order: the
-    tiles running at once share a head's K and V in L2), or 2, every head's tile of one query
-    block before the next."""
-    if PERSISTENT == 1:
-        pid_bh = tile // n_m
-        m_index = tile - pid_bh * n_m
-    else:
-        m_index = tile // n_bh
-        pid_bh = tile - m_index * n_bh
-    if CAUSAL:
-        pid_m = n_m - 1 - m_index
-    else:
-        pid_m = m_index
-    return pid_m, pid_bh
-
-
-@gluon.jit
 def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                    PERSISTENT: gl.constexpr, HALF: gl.constexpr):
-    """One warp: _load_q_kv for the program's query block and the key blocks it visits; a
-    persistent program's for each of its tiles in turn, the ring running on from tile to tile and
-    each Q_i loaded once the consumers have stored the tile before's O from its buffers."""
-    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_empty, num_heads,
-     seqlen, n_bh, qk_scale, kv_group, softcap_log2, window_left, window_right, Alibi, stride_alibi_b, kx_smem) = args
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    if PERSISTENT:
-        n_m = seqlen // (2 * ROWS)
-        base = 0
-        local = 0
-        for tile in range(gl.program_id(0), n_m * n_bh, gl.num_programs(0)):
-            pid_m, pid_bh = _persistent_tile(tile, n_bh, n_m, CAUSAL, PERSISTENT)
-            q_row, kv_row0, col0, kv_col0, first_block, n_blocks, _, _, _ = _fwd_tile(
-                pid_m, pid_bh, num_heads, seqlen, kv_group, window_left, window_right, Alibi, stride_alibi_b, CAUSAL,
-                WINDOW, False, 2 * ROWS, BLOCK_N, HEAD_DIM)
-            _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0,
-                       kv_row0, kv_col0, first_block, n_blocks, base, q_empty, local & 1, True)
-            base += n_blocks
-            local += 1  # noqa: SIM113 -- a Gluon loop
-    else:
-        pid_m, pid_bh, _, _ = _fwd_program(num_heads, CAUSAL)
-        q_row, kv_row0, col0, kv_col0, first_block, n_blocks, _, _, _ = _fwd_tile(
-            pid_m, pid_bh, num_heads, seqlen, kv_group, window_left, window_right, Alibi, stride_alibi_b, CAUSAL,
-            WINDOW, False, 2 * ROWS, BLOCK_N, HEAD_DIM)
-        _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0,
-                   kv_row0, kv_col0, first_block, n_blocks)
+                    HALF: gl.constexpr):
+    """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
+    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
+     kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+     full_lo, full_hi, kx_smem) = args
+    _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
+               kv_col0, first_block, n_blocks)
 
 
 @gluon.jit
-def _softmax_tile(args, pid_m, pid_bh, base, q_phase, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, PERSISTENT: gl.constexpr, HALF: gl.constexpr):
-    """One consumer warpgroup on one query tile: FA2 Alg. 1 lines 5-15 for query rows
-    [HALF * 64, HALF * 64 + 64) of the block, in FA3's Algorithm 2 order, over its key blocks
-    (_softmax_loop), then lines 12-15; a persistent program then releases its Q buffer (q_empty).
-    Returns the tile's key block count (the ring's stages run on by it)."""
-    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_empty, num_heads,
-     seqlen, n_bh, qk_scale, kv_group, softcap_log2, window_left, window_right, Alibi, stride_alibi_b, kx_smem) = args
+def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                       HALF: gl.constexpr):
+    """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
+    of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
+    n_blocks - 1 (_softmax_loop), then lines 12-15."""
+    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
+     kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+     full_lo, full_hi, kx_smem) = args
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -512,9 +413,6 @@ def _softmax_tile(args, pid_m, pid_bh, base, q_phase, CAUSAL: gl.constexpr, WIND
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    q_row, kv_row0, col0, kv_col0, first_block, n_blocks, full_lo, full_hi, alibi_log2 = _fwd_tile(
-        pid_m, pid_bh, num_heads, seqlen, kv_group, window_left, window_right, Alibi, stride_alibi_b, CAUSAL, WINDOW,
-        ALIBI, 2 * ROWS, BLOCK_N, HEAD_DIM)
     q_buf = q_smem.index(HALF)
     mods = (softcap_log2, alibi_log2, q_row - kv_row0)  # ALiBi's reference row: the block's first
     window = (window_left, window_right, full_lo, full_hi)
@@ -525,7 +423,7 @@ def _softmax_tile(args, pid_m, pid_bh, base, q_phase, CAUSAL: gl.constexpr, WIND
     offs_n_f = offs_n.to(gl.float32)
     acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window,
                                   offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout, o_layout,
-                                  p_layout, o_row_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, HALF, base, q_phase)
+                                  p_layout, o_row_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, HALF)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
     lse2 = m_i + gl.log2(l_i)
@@ -536,43 +434,16 @@ def _softmax_tile(args, pid_m, pid_bh, base, q_phase, CAUSAL: gl.constexpr, WIND
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
     tma.store_wait(pendings=0)
-    if PERSISTENT:
-        mbarrier.arrive(q_empty.index(HALF), count=1)  # the buffer may take the next tile's Q
-    return n_blocks
-
-
-@gluon.jit
-def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PERSISTENT: gl.constexpr, HALF: gl.constexpr):
-    """One consumer warpgroup: _softmax_tile for the program's query block, or for each tile of a
-    persistent program in turn (the tiles _load_partition loads, in its order)."""
-    q_desc = args[0]
-    seqlen = args[14]
-    n_bh = args[15]
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    if PERSISTENT:
-        n_m = seqlen // (2 * ROWS)
-        base = 0
-        local = 0
-        for tile in range(gl.program_id(0), n_m * n_bh, gl.num_programs(0)):
-            pid_m, pid_bh = _persistent_tile(tile, n_bh, n_m, CAUSAL, PERSISTENT)
-            base += _softmax_tile(args, pid_m, pid_bh, base, local & 1, CAUSAL, WINDOW, SOFTCAP, ALIBI, PERSISTENT,
-                                  HALF)
-            local += 1  # noqa: SIM113 -- a Gluon loop
-    else:
-        pid_m, pid_bh, _, _ = _fwd_program(args[13], CAUSAL)
-        _softmax_tile(args, pid_m, pid_bh, 0, 0, CAUSAL, WINDOW, SOFTCAP, ALIBI, PERSISTENT, HALF)
 
 
 @gluon.jit
 def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window, offs_m, offs_n,
                   offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, o_layout: gl.constexpr,
                   p_layout: gl.constexpr, o_row_layout: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, HALF: gl.constexpr, base=0, q_phase=0):
+                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, HALF: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods: the
-    unnormalised O, l and m. `base`, `q_phase`: _fwd_first_block's (the ring's stages run on over
-    a persistent program's tiles)."""
+    unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
@@ -584,7 +455,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
         bias = None
     # lines 5 and 8 for key block 0, then line 9
     m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, o_layout, HALF,
-                                                bias, base, q_phase)
+                                                bias)
     if ALIBI_MMA:
         p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (-mods[2]).to(gl.float32), offs_m,
                                                  offs_n, 0, n_blocks, BLOCK_N)
@@ -595,8 +466,8 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(base + i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc,
-                                                    s_init, p_layout, bias)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init,
+                                                    p_layout, bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
                                                      offs_m, offs_n, i, n_blocks, BLOCK_N)
@@ -606,7 +477,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, n_blocks, BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
-    acc = _fwd_last_block(base + n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
     return acc, l_i, m_i
 
 
@@ -624,25 +495,45 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 
 @gluon.jit
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
-                             kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b, n_bh,
+                             kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False,
-                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, V_STAGES: gl.constexpr = 0,
-                             PERSISTENT: gl.constexpr = 0):
+                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, V_STAGES: gl.constexpr = 0):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
-    FA3 does; with PERSISTENT (1 + the index of an order in PERSISTENT_ORDERS), a grid of at most
-    one program per SM, each walking the (query block, batch x head) tiles pid, pid + grid, ...
-    (`_persistent_tile`; n_bh = batch x heads). The descriptors view (batch * seqlen, heads * head dim); K and V have
+    FA3 does. The descriptors view (batch * seqlen, heads * head dim); K and V have
     num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
     sliding window: only the key blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of
     shape (heads,) or (batch, heads), batch stride stride_alibi_b)."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = 2 * ROWS
     # the causal loop's block count and its one masked (diagonal) block assume square blocks
     gl.static_assert(BLOCK_M == BLOCK_N)
-    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_empty = _fwd_shared_buffers(
+    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
+    start_m = pid_m * BLOCK_M
+    q_row = b * seqlen + start_m
+    kv_row0 = b * seqlen
+    col0 = h * HEAD_DIM
+    kv_col0 = (h // kv_group) * HEAD_DIM
+    full_lo = 0
+    full_hi = 0
+    if WINDOW:
+        first_block, n_blocks, full_lo, full_hi = _window_key_blocks(start_m, seqlen, window_left, window_right,
+                                                                     BLOCK_M, BLOCK_N)
+    elif CAUSAL:  # key blocks up to the diagonal, the last one masked
+        first_block = 0
+        n_blocks = (start_m + BLOCK_M) // BLOCK_N
+        full_hi = n_blocks - 1
+    else:
+        first_block = 0
+        n_blocks = seqlen // BLOCK_N
+    alibi_log2 = 0.0
+    if ALIBI:
+        alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
+
+    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(
         q_desc, k_desc, v_desc, STAGES, V_STAGES if V_STAGES else STAGES)
     if _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI):
         kx_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, 16],
@@ -651,17 +542,17 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     else:
         kx_smem = q_smem  # not read
 
-    args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_empty,
-            num_heads, seqlen, n_bh, qk_scale, kv_group, softcap_log2, window_left, window_right, Alibi,
-            stride_alibi_b, kx_smem)
+    args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
+            col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
+            window_right, full_lo, full_hi, kx_smem)
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one worker (4 warps) consume, one function HALF apart; one warp
     # loads. Registers: 240 per consumer thread, 24 for the loader.
     gl.warp_specialize([
-        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, PERSISTENT, 0)),
-        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, PERSISTENT, 1)),
-        (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, PERSISTENT, 0)),
+        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)),
+        (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
     ], [4, 1], [240, 24])
 
 
@@ -698,20 +589,14 @@ def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: b
 
 def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, stages: int = STAGES) -> dict:
     """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`: ALIBI as 1 + the
-    index of ALIBI_COLUMN_TERM, V_STAGES and PERSISTENT (FWD_PERSISTENT). ALiBi's B tile by matmul
-    (4 KiB) beside 3 K and 3 V stages of 32 KiB and Q's 32 KiB passes the 227 KiB limit at head dim
-    128: V's ring holds 2 blocks there."""
+    index of ALIBI_COLUMN_TERM, and V_STAGES. ALiBi's B tile by matmul (4 KiB) beside 3 K and 3 V
+    stages of 32 KiB and Q's 32 KiB passes the 227 KiB limit at head dim 128: V's ring holds 2
+    blocks there."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     if flags["ALIBI"]:
         flags["ALIBI"] = 1 + ALIBI_COLUMN_TERMS.index(ALIBI_COLUMN_TERM)
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
-    return {**flags, "V_STAGES": V_STAGES or (2 if by_matmul and head_dim > 64 else stages),
-            "PERSISTENT": PERSISTENT_ORDERS.index(FWD_PERSISTENT) + 1 if FWD_PERSISTENT else 0}
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return {**flags, "V_STAGES": V_STAGES or (2 if by_matmul and head_dim > 64 else stages)}
 
 
 def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags: dict | None = None):
@@ -727,10 +612,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
     flags = forward_constexprs(causal, q.shape[-1], flags, stages)
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
-    grid = (seqlen // BLOCK_M, batch * heads)
-    if flags["PERSISTENT"]:  # one program per SM at most (shared memory holds one)
-        grid = (min(grid[0] * grid[1], _sm_count(q.device)),)
-    launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", grid,
+    launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),
                           {"STAGES": stages, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **flags})
     q_t, k_t, v_t, o_t = map(descriptor_template, templates)
     kv_group = heads // k.shape[2]
@@ -740,7 +622,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
         launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(o_t, out),
                lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
-               alibi if alibi is not None else lse, stride_alibi_b, batch * heads)
+               alibi if alibi is not None else lse, stride_alibi_b)
 
     return run
 
@@ -862,7 +744,7 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, Cu
         col0 = h * HEAD_DIM
         kv_col0 = (h // kv_group) * HEAD_DIM
         lse_row0 = h.to(gl.int64) * total_q + q_start
-        q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, _ = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
+        q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
                                                                                      STAGES)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                 q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,

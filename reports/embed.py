@@ -122,7 +122,9 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
     """A design decision's rows (columns row, column, unit, value, tool, git_commit): one line per
     row label and one column per column label, both in file order, then one line per ratio
     (label, numerator row, denominator row) computed from those values, column by column. An
-    experiment's float64 check rows (column 'check against float64') become the footer's note."""
+    experiment's float64 check rows (column 'check against float64') become the footer's note, and
+    so does a row with no time at all (a peer that did not run there; its reason from the tool
+    column), unless a ratio needs it."""
     rows = pd.read_csv(path, keep_default_na=False)
     checks = rows[rows["column"] == "check against float64"]
     rows = rows[rows["column"] != "check against float64"]
@@ -135,6 +137,9 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
     wide = rows.assign(value=values).pivot_table(index="row", columns="column", values="value", aggfunc="median",
                                                  dropna=False)
     wide = wide.reindex(index=list(dict.fromkeys(rows["row"])), columns=list(dict.fromkeys(rows["column"])))
+    referenced = {name for _, numerator, denominator in ratios for name in (numerator, denominator)}
+    untimed = [label for label in wide.index if wide.loc[label].isna().all() and label not in referenced]
+    wide = wide.drop(index=untimed)  # a peer that did not run: named in the footer with its reason
     lines = [f"| {unit} | " + " | ".join(wide.columns) + " |", "|---|" + "---|" * len(wide.columns)]
     for label, values in wide.iterrows():
         lines.append(f"| {label} | " + " | ".join("" if pd.isna(v) else fmt.format(v) for v in values) + " |")
@@ -150,7 +155,9 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
     failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
     checked = ("" if checks.empty else "; each variant passed the experiment's float64 check first" if not failed
                else "; failed the float64 check (not timed): " + ", ".join(failed))
-    lines += ["", f"{source}{medians}{checked}; rows: `{_decision_rows_path(path)}`."]
+    reasons = [f"{label} ({rows.loc[rows['row'] == label, 'tool'].iloc[0].split('; ', 1)[-1]})" for label in untimed]
+    not_timed = "; not timed: " + ", ".join(reasons) if reasons else ""
+    lines += ["", f"{source}{medians}{checked}{not_timed}; rows: `{_decision_rows_path(path)}`."]
     return "\n".join(lines)
 
 
@@ -208,6 +215,9 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "bwd_stats_log2": (("scaled once / at every step, time", "L * log2(e) given, dQ scaled once",
                         "L converted, dQ scaled at every step"),
                        ("at every step / FA4, time", "L converted, dQ scaled at every step", "fa4")),
+    "fwd_persistent": (("head-major / one per tile, time", "persistent, head-major", "one program per tile"),
+                       ("query-block-major / one per tile, time", "persistent, query-block-major",
+                        "one program per tile")),
     "bwd_scores_ahead": (("S^T ahead / at its step, time", "next S^T ahead of dQ's epilogue", "S^T issued at its step"),
                          ("ahead, dQ after dK everywhere / at its step, time", "next S^T ahead, dQ after dK everywhere",
                           "S^T issued at its step"),

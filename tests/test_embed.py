@@ -94,6 +94,21 @@ def test_decision_table_keeps_file_order_and_computes_ratios_from_the_rows(tmp_p
     assert lines[-1] == "tools/x.py, bf16, at abc1234; rows: `reports/h200/decisions/choice.csv`."
 
 
+def test_decision_table_names_a_peer_that_did_not_run_in_its_footer(tmp_path):
+    """A row with no time at all (FA4 not installed there) is left out of the table and named in
+    the footer with its reason; a ratio that needs it keeps it as an empty row."""
+    path = _decision(tmp_path)
+    rows = pd.read_csv(path)
+    peer = rows.head(2).assign(row="fa4", value=float("nan"), tool="tools/x.py, bf16; unsupported: not installed")
+    pd.concat([rows, peer]).to_csv(path, index=False)
+    lines = embed.decision_table(path).splitlines()
+    assert not any(line.startswith("| fa4 |") for line in lines)
+    assert lines[-1] == ("tools/x.py, bf16, at abc1234; not timed: fa4 (unsupported: not installed); "
+                         "rows: `reports/h200/decisions/choice.csv`.")
+    kept = embed.decision_table(path, (("over fa4", "fast kernel", "fa4"),)).splitlines()
+    assert "| fa4 |  |  |" in kept and "not timed" not in kept[-1]
+
+
 def test_decision_writer_rows_render_and_survive_before_close(tmp_path):
     """reports.decisions.DecisionWriter (the experiments' rows): each row is on disk once
     written, `append` keeps an earlier run's rows, and decision_table reads the file."""

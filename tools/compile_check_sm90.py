@@ -163,9 +163,8 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, *
     flags = hopper.forward_constexprs(causal, headdim, flags)  # what forward_hopper_plan launches
     signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
                  "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
-                 "qk_scale": "fp32", **FEATURE_SIGNATURE, "n_bh": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
+                 "qk_scale": "fp32", **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr",
                  **{name: "constexpr" for name in flags}}
-    label += " persistent" if flags["PERSISTENT"] else ""
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}",
                         hopper._flash_fwd_hopper_kernel, signature, {"STAGES": hopper.STAGES, "CAUSAL": causal, **flags})
 
