@@ -794,9 +794,6 @@ BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 # (tools/experiments/exp_bwd_schedule.py, docs/performance.md).
 BWD_STATS_IN_SHARED = True
 BWD_DQ_FIRST: bool | None = None
-# The packed-sequence kernel's STATS (L_i and D_i through shared memory as well), where L's rows
-# allow a descriptor (contiguous, 16-byte aligned, total_q a multiple of 4: `_varlen_stats`).
-BWD_VARLEN_STATS = False
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
@@ -874,14 +871,13 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
 @gluon.jit
 def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     q_row0, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_desc, delta_desc, lse_smem,
-                    delta_smem, lse_row0, STATS: gl.constexpr, stats_col0=0):
+                    delta_smem, lse_row0, STATS: gl.constexpr):
     """FA2 Alg. 2 line 6 (K_j, V_j from row kv_row0 + start_n, as two 64-key halves, once) and line
     9's loads of Q_i and dO_i (rows from q_row0, _bwd_step_coords' steps), each query step into the
     ring stage both consumers have released. With STATS, L_i and D_i (rows lse_row0.. of their
     (batch x heads, seqlen) views) travel with Q_i and dO_i, on the same mbarriers, as
     FlashAttention-3's producer brings them: the consumers read them from shared memory instead of
-    waiting on global loads at every step (`stats_col0`: the first query's column in those views,
-    a packed sequence's start)."""
+    waiting on global loads at every step."""
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -897,10 +893,10 @@ def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_
                                                 HEAD_DIM)
         # a fresh mbarrier counts as having completed the phase before its first
         mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
-        _load_tile_and_stats(q_desc, [q_row0 + m, q_col], q_smem.index(stage), lse_desc, [lse_row, stats_col0 + m],
+        _load_tile_and_stats(q_desc, [q_row0 + m, q_col], q_smem.index(stage), lse_desc, [lse_row, m],
                              lse_smem.index(stage), q_bar.index(stage), STATS)
-        _load_tile_and_stats(do_desc, [q_row0 + m, q_col], do_smem.index(stage), delta_desc,
-                             [lse_row, stats_col0 + m], delta_smem.index(stage), do_bar.index(stage), STATS)
+        _load_tile_and_stats(do_desc, [q_row0 + m, q_col], do_smem.index(stage), delta_desc, [lse_row, m],
+                             delta_smem.index(stage), do_bar.index(stage), STATS)
 
 
 @gluon.jit
@@ -1203,17 +1199,16 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
 
 
 @gluon.jit
-def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, HALF: gl.constexpr):
-    """_bwd_load_partition over one sequence's rows of the packed views (with STATS, L_i and D_i
-    from their (heads, total_q) views, columns from the sequence's start)."""
+def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+    """_bwd_load_partition over one sequence's rows of the packed views."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
-     start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv,
-     softmax_scale, qk_scale) = args
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
+     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
+     qk_scale) = args
+    # L and D stay in global memory (the stats arguments: stand-ins of the right kinds)
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
-                    q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem,
-                    delta_smem, q_col0 // HEAD_DIM, STATS, q_start)
+                    q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, q_desc, q_desc, q_smem,
+                    q_smem, 0, False)
 
 
 @gluon.jit
@@ -1235,17 +1230,16 @@ def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit, 
 
 
 @gluon.jit
-def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, HALF: gl.constexpr):
+def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     """_bwd_dkdv_partition (dQ fused) for one sequence of a packed batch: keys [start_n + HALF * 64,
     + 64) of the sequence against its query steps. P^T is masked to the sequence's keys and (causal,
     bottom-right) to each row's visible ones; a query row past the sequence's end reads the
-    logsumexp +inf (P = 0; with STATS, whose rows there are the next sequence's, P is masked to the
-    sequence's rows instead), so its dS is 0 and the dQ reduce-add of a tile crossing into the next
+    logsumexp +inf (P = 0), so its dS is 0 and the dQ reduce-add of a tile crossing into the next
     sequence adds zeros there. dK and dV rows past the sequence's end are not written."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
-     start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv,
-     softmax_scale, qk_scale) = args
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
+     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
+     qk_scale) = args
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1280,22 +1274,12 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, 
         q_buf = q_smem.index(stage)
         do_buf = do_smem.index(stage)
         s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
-        if STATS:  # landed with Q_i and dO_i; rows past the sequence's end are the next one's
-            lse = lse_smem.index(stage).load(s_layout) * 1.4426950408889634
-            delta = delta_smem.index(stage).load(s_layout)
-        else:  # rows past the sequence's end read the logsumexp +inf: P = 0 there
-            lse_offs = head.to(gl.int64) * total_q + q_start + offs_m
-            lse = gl.load(LSE + lse_offs, mask=rows_ok, other=float("inf"))[None, :] * 1.4426950408889634
-            delta = gl.load(Delta + lse_offs, mask=rows_ok, other=0.0)[None, :]
+        lse_offs = head.to(gl.int64) * total_q + q_start + offs_m
+        lse = gl.load(LSE + lse_offs, mask=rows_ok, other=float("inf"))[None, :] * 1.4426950408889634
+        delta = gl.load(Delta + lse_offs, mask=rows_ok, other=0.0)[None, :]
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = gl.exp2(s * qk_scale - lse)
-        if STATS:  # keys past a row's diagonal (causal) or the end, and rows past the end
-            if partial_keys | (m + BLOCK_M > seqlen_q) | (CAUSAL & (m + shift < start_n + 2 * ROWS - 1)):
-                visible = keys_ok[:, None] & rows_ok[None, :]
-                if CAUSAL:
-                    visible = visible & (offs_n[:, None] <= offs_m[None, :] + shift)
-                p = gl.where(visible, p, 0.0)
-        elif CAUSAL:
+        if CAUSAL:
             if partial_keys | (m + shift < start_n + 2 * ROWS - 1):  # keys past a row's diagonal or the end
                 visible = keys_ok[:, None] & (offs_n[:, None] <= offs_m[None, :] + shift)
                 p = gl.where(visible, p, 0.0)
@@ -1323,14 +1307,13 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, STATS: gl.constexpr, 
 def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
                                          Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
                                          softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
-                                         CAUSAL: gl.constexpr, STATS: gl.constexpr = False):
+                                         CAUSAL: gl.constexpr):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (key block, sequence x
     kv head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
     sequence. A program past its sequence's last key block does nothing. L_i and D_i are read from
-    global memory at each step, or with STATS (LSE and Delta descriptors of their (heads, total_q)
-    views, [1, BLOCK_M] tiles) brought into shared memory with Q_i and dO_i as the dense kernel's
-    are."""
+    global memory at each step: brought into shared memory as the dense kernel's are, a causal
+    packed batch hit an illegal instruction on the H200 (docs/performance.md)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1351,19 +1334,14 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
         q_col0 = kv_head * kv_group * HEAD_DIM
         (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
          done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, True)
-        if STATS:  # L_i and D_i per ring stage
-            lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)
-            delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
-        else:  # stand-ins of the right kind
-            lse_smem, delta_smem = q_smem, q_smem
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem,
-                do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar,
-                q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q,
-                stride_dk, stride_dv, softmax_scale, qk_scale)
+                do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
+                start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk,
+                stride_dv, softmax_scale, qk_scale)
         gl.warp_specialize([
-            (_varlen_bwd_dkdv_partition, (args, CAUSAL, STATS, 0)),
-            (_varlen_bwd_dkdv_partition, (args, CAUSAL, STATS, 1)),
-            (_varlen_bwd_load_partition, (args, CAUSAL, STATS, 0)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1)),
+            (_varlen_bwd_load_partition, (args, CAUSAL, 0)),
         ], [4, 1], [240, 24])
 
 
@@ -1480,23 +1458,12 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
                                [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     grid = (triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1])
-    stats = _varlen_stats(lse, delta)
-    if stats:
-        lse, delta = (TensorDescriptor(t, [heads, total_q], [total_q, 1], [1, BWD_BLOCK_M], _stats_layout())
-                      for t in (lse, delta))
     _bwd_dkdv_varlen_launcher[grid](
         _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
         dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
-        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal, STATS=stats,
-        num_warps=4, maxnreg=168)
-
-
-def _varlen_stats(lse: torch.Tensor, delta: torch.Tensor) -> bool:
-    """Whether the packed-sequence backward takes L and D by descriptors (BWD_VARLEN_STATS): their
-    (heads, total_q) rows must be contiguous, 16-byte aligned and a multiple of 16 bytes long."""
-    return BWD_VARLEN_STATS and all(t.is_contiguous() and t.data_ptr() % 16 == 0 and t.shape[-1] % 4 == 0
-                                    for t in (lse, delta))
+        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal, num_warps=4,
+        maxnreg=168)
 
 
 # The entry points as defined here: forward.py and backward.py run their plans while the module's

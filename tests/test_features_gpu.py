@@ -126,27 +126,6 @@ def test_gpu_varlen(causal, window, dtype):
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_gluon_varlen_stats_in_shared_memory(causal, dtype, monkeypatch):
-    """The Gluon varlen dK/dV kernel with L and D brought into shared memory by descriptors
-    (flash_attn_hopper.BWD_VARLEN_STATS; total_q a multiple of 4, so it applies: asserted), whose
-    query tiles cross into the next sequence's rows of L and D: against float64."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    hopper = dispatch.flash_attn_hopper
-    monkeypatch.setattr(hopper, "BWD_VARLEN_STATS", True)
-    taken = []
-    original = hopper._varlen_stats
-    monkeypatch.setattr(hopper, "_varlen_stats", lambda lse, delta: taken.append(original(lse, delta)) or taken[-1])
-    lengths_q, lengths_k = [1500, 0, 700, 2000, 131, 1025], [1100, 300, 700, 2048, 0, 1024]
-    assert sum(lengths_q) % 4 == 0
-    check_varlen(lengths_q, lengths_k, 8, 2, 128, dtype, device="cuda", causal=causal)
-    assert taken and all(taken), taken
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-
-
-@pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim,lengths_q,lengths_k", [
     # sequences shorter and longer than a block, an empty query and an empty key sequence,
     # query lengths above the key lengths (causal: the first rows see no key) and below

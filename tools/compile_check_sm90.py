@@ -218,14 +218,10 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "DK": f"*{dtype}", "DV": f"*{dtype}",
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
                  "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
-                 "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
-                 "STATS": "constexpr"}
-    stats = hopper.BWD_VARLEN_STATS  # the launcher's, where L's rows allow descriptors
-    if stats:
-        signature["LSE"] = signature["Delta"] = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen" + (" stats" if stats else ""),
+                 "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "STATS": stats})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
 
 
 def main() -> None:
