@@ -726,7 +726,38 @@ def host_plans_table() -> str:
     return "\n".join(lines)
 
 
+HOST_EXPANSION_RUNS = (("descriptors encoded by the launch", DECISIONS / "host_descriptor_expansion" / "expanded.csv"),
+                       ("Triton's wrapper", DECISIONS / "host_descriptor_expansion" / "tritons_wrapper.csv"))
+
+
+def host_expansion_table() -> str:
+    """Eager host ms per call of ours and SDPA flash in two runs of harness.host_overhead, one per
+    way of making the Gluon plans' descriptors, with ours / SDPA flash within each run (the only
+    comparison the runs support: they ran one after the other, each in its own process)."""
+    runs = [(label, pd.read_csv(path)) for label, path in HOST_EXPANSION_RUNS]
+    header = "| mode | batch, heads, seqlen, hdim | " + " | ".join(
+        f"{label}: ours | {label}: SDPA flash | {label}: ours / SDPA flash" for label, _ in runs) + " |"
+    lines = [header, "|---|---|" + "---|" * (3 * len(runs))]
+    keys = ["mode", "batch", "heads", "seqlen", "hdim"]
+    wide = [rows[rows["status"] == "ok"].pivot_table(index=keys, columns="provider", values="host_ms", sort=False)
+            for _, rows in runs]
+    for key in wide[0].index:
+        cells = []
+        for table in wide:
+            ours, sdpa = table.loc[key, "fa2"], table.loc[key, "sdpa-flash"]
+            cells += [f"{ours:.3f}", f"{sdpa:.3f}", _ratio(ours, sdpa)]
+        lines.append(f"| {key[0]} | {', '.join(str(k) for k in key[1:])} | " + " | ".join(cells) + " |")
+    first = runs[0][1].iloc[0]
+    commits = ", ".join(sorted({str(c) for _, rows in runs for c in rows["git_commit"].unique()}))
+    footer = (f"Causal, bfloat16, eager, PyTorch's autograd engine; `python -m harness.host_overhead --no-compiled "
+              f"--providers fa2,sdpa-flash --modes fwd,fwd_bwd --engines threaded`, once with "
+              f"FA2_KERNELS_DESCRIPTOR_EXPANSION=1 and once with 0 ({first['gpu']}, torch {first['torch']}, commit "
+              f"{commits}; rows: `reports/h200/decisions/host_descriptor_expansion/`).")
+    return "\n".join([*lines, "", footer])
+
+
 SECTIONS = {
+    "host_expansion": host_expansion_table,
     "ablation": lambda: file_section(H200 / "ablation" / "ablation.md", stop_at="## Sweep"),
     "anchors": lambda: anchor_table(load_results(H200 / "paper"),
                                     pd.read_csv(H200 / "peer_anchors" / "h200_anchors_2026-11-30.csv")),
