@@ -155,7 +155,9 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
     failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
     checked = ("" if checks.empty else "; each variant passed the experiment's float64 check first" if not failed
                else "; failed the float64 check (not timed): " + ", ".join(failed))
-    reasons = [f"{label} ({rows.loc[rows['row'] == label, 'tool'].iloc[0].split('; ', 1)[-1]})" for label in untimed]
+    tools = {label: str(rows.loc[rows["row"] == label, "tool"].iloc[0]) for label in untimed}
+    reasons = [f"{label} ({tool.split('; ', 1)[1] if '; ' in tool else 'no time recorded'})"
+               for label, tool in tools.items()]
     not_timed = "; not timed: " + ", ".join(reasons) if reasons else ""
     lines += ["", f"{source}{medians}{checked}{not_timed}; rows: `{_decision_rows_path(path)}`."]
     return "\n".join(lines)
@@ -730,29 +732,40 @@ HOST_EXPANSION_RUNS = (("descriptors encoded by the launch", DECISIONS / "host_d
                        ("Triton's wrapper", DECISIONS / "host_descriptor_expansion" / "tritons_wrapper.csv"))
 
 
-def host_expansion_table() -> str:
+def host_expansion_table(runs_paths=HOST_EXPANSION_RUNS) -> str:
     """Eager host ms per call of ours and SDPA flash in two runs of harness.host_overhead, one per
     way of making the Gluon plans' descriptors, with ours / SDPA flash within each run (the only
-    comparison the runs support: they ran one after the other, each in its own process)."""
-    runs = [(label, pd.read_csv(path)) for label, path in HOST_EXPANSION_RUNS]
+    comparison the runs support: they ran one after the other, each in its own process). Only the
+    eager rows of the autograd engine's default ('threaded') that were measured are read; a shape
+    one run lacks shows n/a there."""
+    runs = []
+    for label, path in runs_paths:
+        rows = pd.read_csv(path)
+        rows = rows[(rows["status"] == "ok") & ~rows["compiled"].astype(bool) & (rows["engine"] == "threaded")]
+        runs.append((label, rows))
+    keys = ["mode", "batch", "heads", "seqlen", "hdim"]
+    wide = [rows.pivot_table(index=keys, columns="provider", values="host_ms", aggfunc="median", sort=False)
+            for _, rows in runs]
+    shapes = list(dict.fromkeys(key for table in wide for key in table.index))
     header = "| mode | batch, heads, seqlen, hdim | " + " | ".join(
         f"{label}: ours | {label}: SDPA flash | {label}: ours / SDPA flash" for label, _ in runs) + " |"
     lines = [header, "|---|---|" + "---|" * (3 * len(runs))]
-    keys = ["mode", "batch", "heads", "seqlen", "hdim"]
-    wide = [rows[rows["status"] == "ok"].pivot_table(index=keys, columns="provider", values="host_ms", sort=False)
-            for _, rows in runs]
-    for key in wide[0].index:
+    for key in shapes:
         cells = []
         for table in wide:
-            ours, sdpa = table.loc[key, "fa2"], table.loc[key, "sdpa-flash"]
-            cells += [f"{ours:.3f}", f"{sdpa:.3f}", _ratio(ours, sdpa)]
+            ours, sdpa = (table.loc[key, name] if key in table.index and name in table.columns else float("nan")
+                          for name in ("fa2", "sdpa-flash"))
+            cells += ["n/a" if pd.isna(ours) else f"{ours:.3f}", "n/a" if pd.isna(sdpa) else f"{sdpa:.3f}",
+                      _ratio(ours, sdpa)]
         lines.append(f"| {key[0]} | {', '.join(str(k) for k in key[1:])} | " + " | ".join(cells) + " |")
-    first = runs[0][1].iloc[0]
-    commits = ", ".join(sorted({str(c) for _, rows in runs for c in rows["git_commit"].unique()}))
-    footer = (f"Causal, bfloat16, eager, PyTorch's autograd engine; `python -m harness.host_overhead --no-compiled "
-              f"--providers fa2,sdpa-flash --modes fwd,fwd_bwd --engines threaded`, once with "
-              f"FA2_KERNELS_DESCRIPTOR_EXPANSION=1 and once with 0 ({first['gpu']}, torch {first['torch']}, commit "
-              f"{commits}; rows: `reports/h200/decisions/host_descriptor_expansion/`).")
+    every = pd.concat([rows for _, rows in runs])
+    causal = ", ".join("causal" if c else "full" for c in sorted(every["causal"].unique()))
+    environment = ", ".join(f"{column} {'/'.join(sorted(map(str, every[column].unique())))}"
+                            for column in ("gpu", "torch", "git_commit"))
+    footer = (f"{causal}, {'/'.join(sorted(every['dtype'].unique()))}, eager, PyTorch's autograd engine on its "
+              f"device thread; the two runs' rows from `python -m harness.host_overhead --no-compiled --providers "
+              f"fa2,sdpa-flash --modes fwd,fwd_bwd --engines threaded`, once with FA2_KERNELS_DESCRIPTOR_EXPANSION=1 "
+              f"and once with 0 ({environment}; rows: `reports/h200/decisions/host_descriptor_expansion/`).")
     return "\n".join([*lines, "", footer])
 
 

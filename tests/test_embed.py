@@ -109,6 +109,30 @@ def test_decision_table_names_a_peer_that_did_not_run_in_its_footer(tmp_path):
     assert "| fa4 |  |  |" in kept and "not timed" not in kept[-1]
 
 
+def test_host_expansion_table_compares_within_each_run_and_marks_a_missing_shape(tmp_path):
+    """Two host_overhead runs: ours / SDPA flash per run from its measured eager 'threaded' rows
+    (a compiled row, another engine and a failed row are not read), n/a where a run lacks a shape."""
+    base = {"causal": True, "hdim": 128, "seqlen": 1024, "batch": 1, "heads": 16, "dtype": "bfloat16",
+            "compiled": False, "engine": "threaded", "status": "ok", "gpu": "NVIDIA H200", "torch": "2.11",
+            "git_commit": "abc1234"}
+
+    def row(provider, mode, host, **kw):
+        return {**base, "provider": provider, "mode": mode, "host_ms": host, **kw}
+
+    first = [row("fa2", "fwd", 0.08), row("sdpa-flash", "fwd", 0.10), row("fa2", "fwd", 9.0, compiled=True),
+             row("fa2", "fwd", 9.0, engine="calling-thread"), row("sdpa-flash", "fwd", 9.0, status="error"),
+             row("fa2", "fwd_bwd", 0.60), row("sdpa-flash", "fwd_bwd", 0.40)]
+    second = [row("fa2", "fwd", 0.09), row("sdpa-flash", "fwd", 0.09)]
+    paths = []
+    for name, rows in (("a.csv", first), ("b.csv", second)):
+        paths.append(tmp_path / name)
+        pd.DataFrame(rows).to_csv(paths[-1], index=False)
+    lines = embed.host_expansion_table((("one", paths[0]), ("two", paths[1]))).splitlines()
+    assert lines[2] == "| fwd | 1, 16, 1024, 128 | 0.080 | 0.100 | 0.80x | 0.090 | 0.090 | 1.00x |"
+    assert lines[3] == "| fwd_bwd | 1, 16, 1024, 128 | 0.600 | 0.400 | 1.50x | n/a | n/a | n/a |"
+    assert "causal, bfloat16" in lines[-1] and "git_commit abc1234" in lines[-1]
+
+
 def test_decision_writer_rows_render_and_survive_before_close(tmp_path):
     """reports.decisions.DecisionWriter (the experiments' rows): each row is on disk once
     written, `append` keeps an earlier run's rows, and decision_table reads the file."""

@@ -57,8 +57,8 @@ def default_cases():
 
 def compare_variants(path: Path, tool: str, variants: dict, select, cases, repeats: int) -> None:
     """Each variant (name -> value; `select(value)` puts it in place) checked against float64
-    (exp_bwd_schedule's check on FEATURE_CHECKS: dense, GQA and window backwards), then the whole backward of each case timed, rounds interleaved, FA4
-    beside; rows to `path` as they are measured."""
+    (exp_bwd_schedule's check on FEATURE_CHECKS: dense, GQA and window backwards), then the whole
+    backward of each case timed, rounds interleaved, FA4 beside; rows to `path` as they are measured."""
     import torch
     from exp_bwd_schedule import FEATURE_CHECKS, _tool, check
 
