@@ -5,6 +5,7 @@ not on this device or cannot be built. Where a rule sends work to the Triton ker
 is checked against float64 in Triton's interpreter."""
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
@@ -347,7 +348,7 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     registers, within sm_90's shared memory. The GPU tests run them against the float64
     reference."""
     root = Path(__file__).resolve().parents[1]
-    env = {key: value for key, value in __import__("os").environ.items() if key != "TRITON_INTERPRET"}
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     report = subprocess.run([sys.executable, str(root / "tools" / "compile_check_sm90.py"), "--hopper-gluon"],
                             capture_output=True, text=True, env=env, check=True).stdout
     forward_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
@@ -397,7 +398,7 @@ def test_bank_conflict_report_counts_each_shared_memory_access_of_the_gluon_back
     shared access of the Gluon dK/dV kernel's query step, the fused dQ tile under every swizzle a
     TMA descriptor takes."""
     root = Path(__file__).resolve().parents[1]
-    env = {key: value for key, value in __import__("os").environ.items() if key != "TRITON_INTERPRET"}
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     report = subprocess.run([sys.executable, str(root / "tools" / "compile_check_sm90.py"), "--bank-conflicts"],
                             capture_output=True, text=True, env=env, check=True).stdout
     counts = {line.rsplit(maxsplit=1)[0].strip(): int(line.rsplit(maxsplit=1)[1])
