@@ -794,6 +794,11 @@ BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 # (tools/experiments/exp_bwd_schedule.py, docs/performance.md).
 BWD_STATS_IN_SHARED = True
 BWD_DQ_FIRST: bool | None = None
+# The consumer's step: D_i read once P^T is made rather than with L_i (BWD_LATE_DELTA), and under
+# a causal mask the steps that cross the key block's diagonal in a loop of their own, so the
+# other steps' code has no mask (BWD_SPLIT_DIAGONAL); docs/performance.md has their timings.
+BWD_LATE_DELTA = True
+BWD_SPLIT_DIAGONAL = True
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
@@ -1002,8 +1007,110 @@ def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
 
 
 @gluon.jit
+def _bwd_delta_row(Delta, delta_smem, stage, lse_row, seqlen, offs_m, s_layout: gl.constexpr, STATS: gl.constexpr):
+    """D_i as a [1, BLOCK_M] row of the transposed tiles: from the stage's shared memory (STATS) or
+    from global memory."""
+    if STATS:
+        return delta_smem.index(stage).load(s_layout)
+    else:
+        return gl.load(Delta + lse_row.to(gl.int64) * seqlen + offs_m)[None, :]
+
+
+@gluon.jit
+def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                   ALIBI: gl.constexpr, FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr,
+                   HALF: gl.constexpr, LATE_DELTA: gl.constexpr, DIAGONAL: gl.constexpr):
+    """One query step of _bwd_dkdv_partition's loop (FA2 Alg. 2 lines 8-16 for Q_i, dO_i): `ctx` the
+    partition's per-program values, the constexprs its own. DIAGONAL (causal): 1 where the step's
+    rows cross the key block's diagonal, so P^T is masked, 0 where they do not, 2 where the step
+    tells at run time (one loop for all steps). Returns dK_j and dV_j."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
+     col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+     window_right, full_lo, full_hi) = args
+    k_buf, v_buf, offs_n, offs_m_base, s_init, dq_init, dq_buf = ctx
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    stage = step % STAGES
+    phase = (step // STAGES) & 1
+    m, q_col, lse_row, group = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group,
+                                                BLOCK_M, HEAD_DIM)
+    offs_m = m + offs_m_base
+    q_buf = q_smem.index(stage)
+    do_buf = do_smem.index(stage)
+    # line 10: S^T = K_j Q_i^T (unscaled); line 13: dP^T = V_j dO_i^T; both in flight
+    s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
+    # L_i (natural log -> log2) and D_i as [1, BLOCK_M] rows of the transposed tiles
+    if STATS:  # landed with Q_i and dO_i (the score matmuls waited for both)
+        lse = lse_smem.index(stage).load(s_layout) * 1.4426950408889634
+    else:
+        lse = gl.load(LSE + lse_row.to(gl.int64) * seqlen + offs_m)[None, :] * 1.4426950408889634
+    if not LATE_DELTA:
+        delta = _bwd_delta_row(Delta, delta_smem, stage, lse_row, seqlen, offs_m, s_layout, STATS)
+    # line 11: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+    if MODS:
+        alibi_log2 = 0.0
+        if ALIBI:  # the slope of this step's q head
+            alibi_log2 = gl.load(Alibi + group) * 1.4426950408889634
+        s, t = _scores_log2(s, qk_scale, (softcap_log2, alibi_log2, start_n), offs_m[None, :], offs_n[:, None],
+                            CAUSAL, SOFTCAP, ALIBI)
+        if ALIBI and CAUSAL:  # the query term of the split bias joins the logsumexp
+            lse = lse + (alibi_log2 * (offs_m - start_n).to(gl.float32))[None, :]
+        p = gl.exp2(s - lse)
+    else:
+        p = gl.exp2(s * qk_scale - lse)
+    if WINDOW:
+        if (m < full_lo) | (m > full_hi):  # query steps that do not see every key of the block
+            visible = ((offs_m[None, :] >= offs_n[:, None] - window_right)
+                       & (offs_m[None, :] <= offs_n[:, None] + window_left))
+            p = gl.where(visible, p, 0.0)
+    elif CAUSAL and DIAGONAL == 1:  # a query step that crosses the diagonal of this block
+        p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
+    elif CAUSAL and DIAGONAL == 2:  # noqa: SIM102 -- a compile-time branch around a run-time one
+        if m - first_m < 2 * k_desc.block_type.shape[0]:  # the query steps that cross the diagonal
+            p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
+    p_op = gl.convert_layout(p.to(dtype), op_layout)
+    if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2 joins P^T now: t is not kept for dS
+        p = p * (1.0 - t * t)
+    if LATE_DELTA:  # D_i once P^T is made: its registers are not held through the softmax
+        delta = _bwd_delta_row(Delta, delta_smem, stage, lse_row, seqlen, offs_m, s_layout, STATS)
+    if FUSED_DQ and DQ_FIRST:
+        # lines 12 and 14 as below, dS^T to the other consumer before its A operand is made
+        dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
+        parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
+        ds_op = gl.convert_layout(ds, op_layout)
+        # line 15 (this consumer's columns of dQ_i), then line 16: dK_j += dS^T Q_i; dQ is
+        # written and reduce-added while the dK matmul runs
+        dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
+        dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
+        dq = warpgroup_mma_wait(1, deps=[dq_tok])  # dV's and dQ's matmuls have finished
+        _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+        mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
+    else:
+        # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul; line 16: dK_j += dS^T Q_i
+        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
+        if FUSED_DQ:  # dS^T to the other consumer: line 15 needs both halves' keys
+            parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+        mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
+        if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
+            _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
+                        softmax_scale, HALF)
+    return dk, dv
+
+
+@gluon.jit
 def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
+                        FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr,
+                        LATE_DELTA: gl.constexpr, SPLIT_DIAGONAL: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
     block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
     shared-memory operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
@@ -1027,12 +1134,9 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    STAGES: gl.constexpr = q_smem.type.shape[0]
-    MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     k_buf = k_smem.index(HALF)
     v_buf = v_smem.index(HALF)
@@ -1048,71 +1152,25 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]  # this consumer's columns of dQ
         dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
         dq_buf = dq_smem.index(HALF)
+    else:  # stand-ins of the right kind (unused)
+        dq_init, dq_buf = s_init, k_buf
     mbarrier.wait(kv_bar, 0)
-    for step in range(n_steps * kv_group):
-        stage = step % STAGES
-        phase = (step // STAGES) & 1
-        m, q_col, lse_row, group = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group,
-                                                    BLOCK_M, HEAD_DIM)
-        offs_m = m + offs_m_base
-        q_buf = q_smem.index(stage)
-        do_buf = do_smem.index(stage)
-        # line 10: S^T = K_j Q_i^T (unscaled); line 13: dP^T = V_j dO_i^T; both in flight
-        s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
-        # L_i (natural log -> log2) and D_i as [1, BLOCK_M] rows of the transposed tiles
-        if STATS:  # landed with Q_i and dO_i (the score matmuls waited for both)
-            lse = lse_smem.index(stage).load(s_layout) * 1.4426950408889634
-            delta = delta_smem.index(stage).load(s_layout)
-        else:
-            lse = gl.load(LSE + lse_row.to(gl.int64) * seqlen + offs_m)[None, :] * 1.4426950408889634
-            delta = gl.load(Delta + lse_row.to(gl.int64) * seqlen + offs_m)[None, :]
-        # line 11: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
-        s = warpgroup_mma_wait(1, deps=[s_tok])
-        if MODS:
-            alibi_log2 = 0.0
-            if ALIBI:  # the slope of this step's q head
-                alibi_log2 = gl.load(Alibi + group) * 1.4426950408889634
-            s, t = _scores_log2(s, qk_scale, (softcap_log2, alibi_log2, start_n), offs_m[None, :], offs_n[:, None],
-                                CAUSAL, SOFTCAP, ALIBI)
-            if ALIBI and CAUSAL:  # the query term of the split bias joins the logsumexp
-                lse = lse + (alibi_log2 * (offs_m - start_n).to(gl.float32))[None, :]
-            p = gl.exp2(s - lse)
-        else:
-            p = gl.exp2(s * qk_scale - lse)
-        if WINDOW:
-            if (m < full_lo) | (m > full_hi):  # query steps that do not see every key of the block
-                visible = ((offs_m[None, :] >= offs_n[:, None] - window_right)
-                           & (offs_m[None, :] <= offs_n[:, None] + window_left))
-                p = gl.where(visible, p, 0.0)
-        elif CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
-            if m - first_m < 2 * ROWS:  # the query steps that cross the diagonal of this block
-                p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
-        p_op = gl.convert_layout(p.to(dtype), op_layout)
-        if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2 joins P^T now: t is not kept for dS
-            p = p * (1.0 - t * t)
-        if FUSED_DQ and DQ_FIRST:
-            # lines 12 and 14 as below, dS^T to the other consumer before its A operand is made
-            dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
-            parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
-            ds_op = gl.convert_layout(ds, op_layout)
-            # line 15 (this consumer's columns of dQ_i), then line 16: dK_j += dS^T Q_i; dQ is
-            # written and reduce-added while the dK matmul runs
-            dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
-            dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
-            dq = warpgroup_mma_wait(1, deps=[dq_tok])  # dV's and dQ's matmuls have finished
-            _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
-            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
-            mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
-        else:
-            # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul; line 16: dK_j += dS^T Q_i
-            dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
-            if FUSED_DQ:  # dS^T to the other consumer: line 15 needs both halves' keys
-                parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
-            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
-            mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
-            if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
-                _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                            softmax_scale, HALF)
+    ctx = (k_buf, v_buf, offs_n, offs_m_base, s_init, dq_init, dq_buf)
+    if CAUSAL and not WINDOW and SPLIT_DIAGONAL:
+        # each q head's first 2 * ROWS query rows cross the block's diagonal (n_steps >= 2 here): they
+        # run in a loop of their own, and the other steps' code has no mask
+        DIAGONAL_STEPS: gl.constexpr = 2 * ROWS // BLOCK_M
+        for group in range(kv_group):
+            for i in range(DIAGONAL_STEPS):
+                dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
+                                        FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 1)
+            for i in range(DIAGONAL_STEPS, n_steps):
+                dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
+                                        FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 0)
+    else:
+        for step in range(n_steps * kv_group):
+            dk, dv = _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS,
+                                    DQ_FIRST, HALF, LATE_DELTA, 2)
 
     if FUSED_DQ:  # the other consumer's last dQ matmul reads this half of K: wait for it
         mbarrier.arrive(done_bar, count=1)
@@ -1143,7 +1201,8 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   Alibi, stride_alibi_b, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                   FUSED_DQ: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
                                   ALIBI: gl.constexpr = False, STATS: gl.constexpr = False,
-                                  DQ_FIRST: gl.constexpr = False):
+                                  DQ_FIRST: gl.constexpr = False, LATE_DELTA: gl.constexpr = True,
+                                  SPLIT_DIAGONAL: gl.constexpr = True):
     """One program per (key block, batch x kv head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks), partitioned as FA3's backward: a loader warp and two consumer
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
@@ -1192,8 +1251,10 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     # fused branch left in the non-fused kernel Triton 3.6's lowering fails, an assertion in
     # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart.
     gl.warp_specialize([
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0)),
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 1)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0, LATE_DELTA,
+                                SPLIT_DIAGONAL)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 1, LATE_DELTA,
+                                SPLIT_DIAGONAL)),
         (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0)),
     ], [4, 1], [240, 24])
 
@@ -1274,9 +1335,9 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
         q_buf = q_smem.index(stage)
         do_buf = do_smem.index(stage)
         s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
-        lse_offs = head.to(gl.int64) * total_q + q_start + offs_m
-        lse = gl.load(LSE + lse_offs, mask=rows_ok, other=float("inf"))[None, :] * 1.4426950408889634
-        delta = gl.load(Delta + lse_offs, mask=rows_ok, other=0.0)[None, :]
+        stats_row = head.to(gl.int64) * total_q + q_start  # scalar: the pointer tiles are made at each load
+        lse = gl.load(LSE + stats_row + offs_m, mask=rows_ok, other=float("inf"))[None, :] * 1.4426950408889634
+        delta = gl.load(Delta + stats_row + offs_m, mask=rows_ok, other=0.0)[None, :]
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = gl.exp2(s * qk_scale - lse)
         if CAUSAL:
@@ -1417,7 +1478,8 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     kv_group = heads // kv_heads
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
-                           "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), **flags})
+                           "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), "LATE_DELTA": BWD_LATE_DELTA,
+                           "SPLIT_DIAGONAL": BWD_SPLIT_DIAGONAL, **flags})
     q_t, k_t, v_t, do_t, dk_t, dv_t = map(descriptor_template, templates)
     if fused:
         dq_template = descriptor_template(dq_template)

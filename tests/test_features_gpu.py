@@ -102,9 +102,10 @@ def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
     fwd_cfg = default_fwd_config(headdim, spec["causal"], like_q.device)
     assert dispatch.fwd_memory_path(fwd_cfg, like_q, like_k, like_k, like_q, spec["causal"],
                                     features) == dispatch.HOPPER_GLUON_PATH
-    # the softcap's backward stays on the Triton feature kernels (faster, docs/performance.md), as
-    # does head dim 64's (the Gluon dK/dV kernel serves 128: kernels/configs.py)
-    bwd_path = "triton" if features.softcap or headdim != 128 else dispatch.HOPPER_GLUON_PATH
+    # a softcap's backward runs where dispatch.GLUON_SOFTCAP_BACKWARD says (the faster kernel,
+    # docs/performance.md); head dim 64's on Triton (the Gluon dK/dV kernel serves 128: kernels/configs.py)
+    on_triton = (features.softcap and not dispatch.GLUON_SOFTCAP_BACKWARD) or headdim != 128
+    bwd_path = "triton" if on_triton else dispatch.HOPPER_GLUON_PATH
     assert dispatch.bwd_dkdv_path(default_bwd_config(headdim, like_q.device), like_q, like_k, like_k, like_q,
                                   features) == bwd_path
     check_dense(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, device="cuda", **spec)

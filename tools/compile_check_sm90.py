@@ -194,14 +194,16 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
     dq_tile = dq_descriptor_type(headdim) if fused_dq else key_tile
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
-    # the schedule the launcher picks (flash_attn_hopper.BWD_STATS_IN_SHARED, BWD_DQ_FIRST)
-    schedule = {"STATS": hopper.BWD_STATS_IN_SHARED, "DQ_FIRST": hopper._dq_first(fused_dq, 1, flags)}
+    # the schedule the launcher picks (flash_attn_hopper.BWD_STATS_IN_SHARED, BWD_DQ_FIRST, BWD_LATE_DELTA,
+    # BWD_SPLIT_DIAGONAL)
+    schedule = {"STATS": hopper.BWD_STATS_IN_SHARED, "DQ_FIRST": hopper._dq_first(fused_dq, 1, flags),
+                "LATE_DELTA": hopper.BWD_LATE_DELTA, "SPLIT_DIAGONAL": hopper.BWD_SPLIT_DIAGONAL}
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>" if schedule["STATS"] else "*fp32"
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
                  **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "FUSED_DQ": "constexpr",
-                 **{name: "constexpr" for name in flags}, "STATS": "constexpr", "DQ_FIRST": "constexpr"}
+                 **{name: "constexpr" for name in flags}, **{name: "constexpr" for name in schedule}}
     label = f"d{headdim} causal={causal!s:5s} {dtype}" + (" fused dQ" if fused_dq else "") + feature_label(flags)
     return gluon_report(label, hopper._flash_bwd_dkdv_hopper_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq, **flags, **schedule})

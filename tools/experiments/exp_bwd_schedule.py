@@ -59,23 +59,26 @@ def check(device, cases=DENSE_CHECKS) -> tuple[bool, str]:
     triton_cfg = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_min_keys=0)  # the Triton kernels
     notes = []
     ok = True
-    for causal, kv_heads, window in cases:
-        gen = torch.Generator(device=device).manual_seed(1 + causal + 2 * (kv_heads != 4) + 4 * (window != (-1, -1)))
+    for case in cases:
+        causal, kv_heads, window = case[:3]
+        softcap = case[3] if len(case) > 3 else 0.0  # (causal, kv heads, window[, softcap])
+        gen = torch.Generator(device=device).manual_seed(1 + causal + 2 * (kv_heads != 4) + 4 * (window != (-1, -1))
+                                                         + 8 * bool(softcap))
         q, do = (torch.randn(2, 1024, 4, 128, device=device, dtype=torch.bfloat16, generator=gen) for _ in range(2))
         k, v = (torch.randn(2, 1024, kv_heads, 128, device=device, dtype=torch.bfloat16, generator=gen)
                 for _ in range(2))
         grads = {}
         for name, cfg in (("gluon", None), ("triton", triton_cfg)):
             x = [t.clone().requires_grad_() for t in (q, k, v)]
-            out = kernels.flash_attn_func(*x, causal=causal, window_size=window, bwd_config=cfg,
+            out = kernels.flash_attn_func(*x, causal=causal, window_size=window, softcap=softcap, bwd_config=cfg,
                                           deterministic=name == "triton")
             out.backward(do)
             grads[name] = [t.grad for t in x]
         x64 = [t.double().requires_grad_() for t in (q, k, v)]
-        ref, _ = attention_reference(*x64, 128 ** -0.5, causal, window_size=window)
+        ref, _ = attention_reference(*x64, 128 ** -0.5, causal, window_size=window, softcap=softcap)
         ref.backward(do.double())
         label = f"causal={causal}" + (f" kv_heads={kv_heads}" if kv_heads != 4 else "") + (
-            f" window={window}" if window != (-1, -1) else "")
+            f" window={window}" if window != (-1, -1) else "") + (f" softcap={softcap}" if softcap else "")
         for i, grad in enumerate(["dq", "dk", "dv"]):
             want = x64[i].grad
             good, got, yardstick = within_twice_the_error(grads["gluon"][i], want, grads["triton"][i], 1e-4,

@@ -55,12 +55,15 @@ def default_cases():
             next(c for c in feature_cases(quick=False) if c.variant == "varlen")]
 
 
-def compare_variants(path: Path, tool: str, variants: dict, select, cases, repeats: int) -> None:
+def compare_variants(path: Path, tool: str, variants: dict, select, cases, repeats: int, checks=None) -> None:
     """Each variant (name -> value; `select(value)` puts it in place) checked against float64
-    (exp_bwd_schedule's check on FEATURE_CHECKS: dense, GQA and window backwards), then the whole
-    backward of each case timed, rounds interleaved, FA4 beside; rows to `path` as they are measured."""
+    (exp_bwd_schedule's check on `checks`, by default FEATURE_CHECKS: dense, GQA and window
+    backwards), then the whole backward of each case timed, rounds interleaved, FA4 beside; rows
+    to `path` as they are measured."""
     import torch
     from exp_bwd_schedule import FEATURE_CHECKS, _tool, check
+
+    checks = FEATURE_CHECKS if checks is None else checks
 
     from harness.features import measure
     from reports.decisions import DecisionWriter
@@ -70,7 +73,7 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
         good = []
         for name, value in variants.items():
             select(value)
-            ok, notes = check(device, FEATURE_CHECKS)
+            ok, notes = check(device, checks)
             writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
                          tool=tool if ok else f"{tool}; wrong: {notes}"[:400])
             print(f"{name:40s} {'ok' if ok else 'WRONG'}  {notes}", flush=True)
@@ -91,16 +94,17 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
                       f"{row.get('reason', '')}"[:160], flush=True)
 
 
-def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select, production) -> None:
+def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select, production, cases=None,
+                   checks=None) -> None:
     """A backward experiment's command line (--out DIR, --repeats) and run: compare_variants over
-    default_cases() into DIR/csv_name, then `select(production)` (the code's setting again)."""
+    `cases` (default_cases()) into DIR/csv_name, then `select(production)` (the code's setting again)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=2, help="rounds over the variants (interleaved)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        compare_variants(args.out / csv_name, tool, variants, select, default_cases(), args.repeats)
+        compare_variants(args.out / csv_name, tool, variants, select, cases or default_cases(), args.repeats, checks)
     finally:
         select(production)
 
