@@ -165,7 +165,7 @@ def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) 
 
 
 # Whether a softcap's backward runs on the Gluon dK/dV kernel (else the Triton feature kernels)
-GLUON_SOFTCAP_BACKWARD = False
+GLUON_SOFTCAP_BACKWARD = True
 
 
 def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, deterministic: bool = False) -> str:
