@@ -799,6 +799,11 @@ BWD_DQ_FIRST: bool | None = None
 # other steps' code has no mask (BWD_SPLIT_DIAGONAL); docs/performance.md has their timings.
 BWD_LATE_DELTA = True
 BWD_SPLIT_DIAGONAL = True
+# The varlen dK/dV kernel: L_i and D_i brought into shared memory by the loader warp
+# (VARLEN_BWD_STATS_IN_SHARED), and the steps that need a mask in a loop of their own
+# (VARLEN_BWD_SPLIT_MASKED); docs/performance.md has their timings.
+VARLEN_BWD_STATS_IN_SHARED = True
+VARLEN_BWD_SPLIT_MASKED = True
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
@@ -1260,16 +1265,48 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
 
 
 @gluon.jit
-def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
-    """_bwd_load_partition over one sequence's rows of the packed views."""
+def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, STATS: gl.constexpr,
+                               SPLIT_MASKED: gl.constexpr):
+    """_bwd_load_partition over one sequence's rows of the packed views; with STATS also each step's
+    L_i and D_i (heads, total_q rows) into the stage's shared memory, +inf and 0 past the sequence's
+    end, announced on stats_bar."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
-     qk_scale) = args
-    # L and D stay in global memory (the stats arguments: stand-ins of the right kinds)
-    _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
-                    q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, q_desc, q_desc, q_smem,
-                    q_smem, 0, False)
+     qk_scale, lse_smem, delta_smem, stats_bar) = args
+    if not STATS:  # L and D stay in global memory (the stats arguments: stand-ins of the right kinds)
+        _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar,
+                        empty_bar, q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, q_desc, q_desc,
+                        q_smem, q_smem, 0, False)
+    else:
+        ROWS: gl.constexpr = k_desc.block_type.shape[0]
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+        STAGES: gl.constexpr = q_smem.type.shape[0]
+        row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])  # the loader's one warp
+        offs = gl.arange(0, BLOCK_M, layout=row_layout)
+        mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+        for half in gl.static_range(2):
+            kv_row = kv_row0 + start_n + half * ROWS
+            tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
+            tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
+        for step in range(n_steps * kv_group):
+            stage = step % STAGES
+            m, q_col, head, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, q_col0 // HEAD_DIM, 0, kv_group,
+                                                 BLOCK_M, HEAD_DIM)
+            rows = m + offs
+            stats_row = head.to(gl.int64) * total_q + q_start
+            lse = gl.load(LSE + stats_row + rows, mask=rows < seqlen_q, other=float("inf"))  # before the wait
+            delta = gl.load(Delta + stats_row + rows, mask=rows < seqlen_q, other=0.0)
+            mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
+            mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [q_start + m, q_col], q_bar.index(stage), q_smem.index(stage))
+            mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(do_desc, [q_start + m, q_col], do_bar.index(stage), do_smem.index(stage))
+            lse_smem.index(stage).store(lse)
+            delta_smem.index(stage).store(delta)
+            gl.thread_barrier()  # the warp's stores, before one thread arrives
+            mbarrier.arrive(stats_bar.index(stage), count=1)
 
 
 @gluon.jit
@@ -1291,7 +1328,59 @@ def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit, 
 
 
 @gluon.jit
-def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.constexpr, STATS: gl.constexpr,
+                     MASKED: gl.constexpr):
+    """One query step of _varlen_bwd_dkdv_partition's loop (_bwd_dkdv_step's, dQ fused); MASKED: P^T
+    is masked to the sequence's keys and, causal, to each row's visible ones. Returns dK_j, dV_j."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
+     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
+     qk_scale, lse_smem, delta_smem, stats_bar) = args
+    k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf = ctx
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    dtype: gl.constexpr = q_desc.dtype
+    acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    stage = step % STAGES
+    phase = (step // STAGES) & 1
+    m, q_col, head, group = _bwd_step_coords(step, n_steps, first_m, q_col0, q_col0 // HEAD_DIM, 0, kv_group,
+                                             BLOCK_M, HEAD_DIM)
+    offs_m = m + offs_m_base
+    q_buf = q_smem.index(stage)
+    do_buf = do_smem.index(stage)
+    s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
+    if STATS:  # the loader's copies of L_i and D_i; D_i read once P^T is made (_bwd_dkdv_step's LATE_DELTA)
+        mbarrier.wait(stats_bar.index(stage), phase)
+        lse = lse_smem.index(stage).load(offs_m_base.type.layout)[None, :] * 1.4426950408889634
+    else:
+        stats_row = head.to(gl.int64) * total_q + q_start  # scalar: the pointer tiles are made at each load
+        rows_ok = offs_m < seqlen_q
+        lse = gl.load(LSE + stats_row + offs_m, mask=rows_ok, other=float("inf"))[None, :] * 1.4426950408889634
+        delta = gl.load(Delta + stats_row + offs_m, mask=rows_ok, other=0.0)[None, :]
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+    p = gl.exp2(s * qk_scale - lse)
+    if MASKED:  # keys past the sequence's end and, causal, past a row's diagonal
+        if CAUSAL:
+            p = gl.where(keys_ok[:, None] & (offs_n[:, None] <= offs_m[None, :] + shift), p, 0.0)
+        else:
+            p = gl.where(keys_ok[:, None], p, 0.0)
+    p_op = gl.convert_layout(p.to(dtype), op_layout)
+    if STATS:
+        delta = delta_smem.index(stage).load(offs_m_base.type.layout)[None, :]
+    dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
+    parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
+    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+    mbarrier.arrive(empty_bar.index(stage), count=1)
+    _bwd_add_dq(dq_desc, q_start, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
+                HALF)
+    return dk, dv
+
+
+@gluon.jit
+def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, STATS: gl.constexpr,
+                               SPLIT_MASKED: gl.constexpr):
     """_bwd_dkdv_partition (dQ fused) for one sequence of a packed batch: keys [start_n + HALF * 64,
     + 64) of the sequence against its query steps. P^T is masked to the sequence's keys and (causal,
     bottom-right) to each row's visible ones; a query row past the sequence's end reads the
@@ -1300,15 +1389,13 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
-     qk_scale) = args
+     qk_scale, lse_smem, delta_smem, stats_bar) = args
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    STAGES: gl.constexpr = q_smem.type.shape[0]
     dtype: gl.constexpr = q_desc.dtype
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
     acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     k_buf = k_smem.index(HALF)
     v_buf = v_smem.index(HALF)
@@ -1325,35 +1412,23 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
     dq_buf = dq_smem.index(HALF)
     mbarrier.wait(kv_bar, 0)
-    for step in range(n_steps * kv_group):
-        stage = step % STAGES
-        phase = (step // STAGES) & 1
-        m, q_col, head, group = _bwd_step_coords(step, n_steps, first_m, q_col0, q_col0 // HEAD_DIM, 0, kv_group,
-                                                 BLOCK_M, HEAD_DIM)
-        offs_m = m + offs_m_base
-        rows_ok = offs_m < seqlen_q
-        q_buf = q_smem.index(stage)
-        do_buf = do_smem.index(stage)
-        s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
-        stats_row = head.to(gl.int64) * total_q + q_start  # scalar: the pointer tiles are made at each load
-        lse = gl.load(LSE + stats_row + offs_m, mask=rows_ok, other=float("inf"))[None, :] * 1.4426950408889634
-        delta = gl.load(Delta + stats_row + offs_m, mask=rows_ok, other=0.0)[None, :]
-        s = warpgroup_mma_wait(1, deps=[s_tok])
-        p = gl.exp2(s * qk_scale - lse)
-        if CAUSAL:
-            if partial_keys | (m + shift < start_n + 2 * ROWS - 1):  # keys past a row's diagonal or the end
-                visible = keys_ok[:, None] & (offs_n[:, None] <= offs_m[None, :] + shift)
-                p = gl.where(visible, p, 0.0)
-        else:
-            if partial_keys:
-                p = gl.where(keys_ok[:, None], p, 0.0)
-        p_op = gl.convert_layout(p.to(dtype), op_layout)
-        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
-        parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
-        mbarrier.arrive(empty_bar.index(stage), count=1)
-        _bwd_add_dq(dq_desc, q_start, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
-                    HALF)
+    ctx = (k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf)
+    # the steps that need a mask come first in each q head's run: all of them in the sequence's last,
+    # partial key block; else, causal, those whose rows cross the block's diagonal (bottom-right).
+    # They run in a loop of their own, and the other steps' code has no mask
+    # (SPLIT_MASKED; else one loop, each step masked)
+    if not SPLIT_MASKED or partial_keys:
+        masked_steps = n_steps
+    elif CAUSAL:
+        masked_steps = gl.minimum(gl.maximum(start_n + 2 * ROWS - 1 - shift - first_m + BLOCK_M - 1, 0) // BLOCK_M,
+                                  n_steps)
+    else:
+        masked_steps = 0
+    for group in range(kv_group):
+        for i in range(masked_steps):
+            dk, dv = _varlen_bwd_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, HALF, STATS, True)
+        for i in range(masked_steps, n_steps):
+            dk, dv = _varlen_bwd_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, HALF, STATS, False)
 
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
@@ -1365,16 +1440,30 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 
 
 @gluon.jit
+def _varlen_stats_buffers(STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
+    """The varlen dK/dV kernel's ring of L_i and D_i rows (STAGES x BLOCK_M float32 each) and the
+    mbarriers its loader arrives on once a stage's rows are stored."""
+    layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], layout)
+    stats_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for stage in gl.static_range(STAGES):
+        mbarrier.init(stats_bar.index(stage), count=1)
+    return lse_smem, delta_smem, stats_bar
+
+
+@gluon.jit
 def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
                                          Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
                                          softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
-                                         CAUSAL: gl.constexpr):
+                                         CAUSAL: gl.constexpr, STATS: gl.constexpr, SPLIT_MASKED: gl.constexpr):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (key block, sequence x
     kv head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
-    sequence. A program past its sequence's last key block does nothing. L_i and D_i are read from
-    global memory at each step: brought into shared memory as the dense kernel's are, a causal
-    packed batch hit an illegal instruction on the H200 (docs/performance.md)."""
+    sequence. A program past its sequence's last key block does nothing. STATS: the loader warp
+    brings each step's L_i and D_i into shared memory by plain loads (by TMA, as the dense kernel
+    does, a causal packed batch hit an illegal instruction on the H200: docs/performance.md), else
+    the consumers read them from global memory. SPLIT_MASKED: _varlen_bwd_dkdv_partition's."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1395,14 +1484,15 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
         q_col0 = kv_head * kv_group * HEAD_DIM
         (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
          done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, True)
+        lse_smem, delta_smem, stats_bar = _varlen_stats_buffers(STAGES, BLOCK_M)
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem,
                 do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
                 start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk,
-                stride_dv, softmax_scale, qk_scale)
+                stride_dv, softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar)
         gl.warp_specialize([
-            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0)),
-            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1)),
-            (_varlen_bwd_load_partition, (args, CAUSAL, 0)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0, STATS, SPLIT_MASKED)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1, STATS, SPLIT_MASKED)),
+            (_varlen_bwd_load_partition, (args, CAUSAL, 0, STATS, SPLIT_MASKED)),
         ], [4, 1], [240, 24])
 
 
@@ -1524,8 +1614,8 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
         _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
         dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
-        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal, num_warps=4,
-        maxnreg=168)
+        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal,
+        STATS=VARLEN_BWD_STATS_IN_SHARED, SPLIT_MASKED=VARLEN_BWD_SPLIT_MASKED, num_warps=4, maxnreg=168)
 
 
 # The entry points as defined here: forward.py and backward.py run their plans while the module's

@@ -220,10 +220,12 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "DK": f"*{dtype}", "DV": f"*{dtype}",
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
                  "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
-                 "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
+                 "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
+                 "STATS": "constexpr", "SPLIT_MASKED": "constexpr"}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "STATS": hopper.VARLEN_BWD_STATS_IN_SHARED,
+                         "SPLIT_MASKED": hopper.VARLEN_BWD_SPLIT_MASKED})
 
 
 def main() -> None:

@@ -55,11 +55,12 @@ def default_cases():
             next(c for c in feature_cases(quick=False) if c.variant == "varlen")]
 
 
-def compare_variants(path: Path, tool: str, variants: dict, select, cases, repeats: int, checks=None) -> None:
+def compare_variants(path: Path, tool: str, variants: dict, select, cases, repeats: int, checks=None,
+                     checker=None) -> None:
     """Each variant (name -> value; `select(value)` puts it in place) checked against float64
     (exp_bwd_schedule's check on `checks`, by default FEATURE_CHECKS: dense, GQA and window
     backwards), then the whole backward of each case timed, rounds interleaved, FA4 beside; rows
-    to `path` as they are measured."""
+    to `path` as they are measured. `checker(device)` -> (ok, notes) replaces that check."""
     import torch
     from exp_bwd_schedule import FEATURE_CHECKS, _tool, check
 
@@ -73,7 +74,7 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
         good = []
         for name, value in variants.items():
             select(value)
-            ok, notes = check(device, checks)
+            ok, notes = checker(device) if checker else check(device, checks)
             writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
                          tool=tool if ok else f"{tool}; wrong: {notes}"[:400])
             print(f"{name:40s} {'ok' if ok else 'WRONG'}  {notes}", flush=True)
@@ -81,7 +82,8 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
                 good.append(name)
         for _ in range(repeats):
             for case in cases:
-                column = f"{case.variant} {case.batch}x{case.seqlen // 1024}k {case.heads}/{case.kv_heads}h"
+                column = (f"{case.variant} {case.batch}x{case.seqlen // 1024}k {case.heads}/{case.kv_heads}h"
+                          + ("" if case.causal else " non-causal"))
                 for name in good:
                     select(variants[name])
                     row = measure(case, "ours", "bwd", device, torch.bfloat16)
@@ -95,7 +97,7 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
 
 
 def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select, production, cases=None,
-                   checks=None) -> None:
+                   checks=None, checker=None) -> None:
     """A backward experiment's command line (--out DIR, --repeats) and run: compare_variants over
     `cases` (default_cases()) into DIR/csv_name, then `select(production)` (the code's setting again)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,7 +106,8 @@ def run_experiment(description: str, csv_name: str, tool: str, variants: dict, s
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        compare_variants(args.out / csv_name, tool, variants, select, cases or default_cases(), args.repeats, checks)
+        compare_variants(args.out / csv_name, tool, variants, select, cases or default_cases(), args.repeats, checks,
+                         checker)
     finally:
         select(production)
 
