@@ -32,6 +32,7 @@ TOOL = "tools/experiments/exp_varlen_bwd_loads.py, bf16, head dim 128, do_bench 
 VARIANTS = {
     "L, D from global, one loop": (False, False),
     "L, D from global, masked steps apart": (False, True),
+    "L, D by the loader, one loop": (True, False),
     "L, D by the loader, masked steps apart": (True, True),
 }
 # (lengths_q, lengths_k, heads, kv_heads): sequences shorter and longer than a block, an empty one,
