@@ -803,7 +803,7 @@ BWD_SPLIT_DIAGONAL = True
 # (VARLEN_BWD_STATS_IN_SHARED), and the steps that need a mask in a loop of their own
 # (VARLEN_BWD_SPLIT_MASKED); docs/performance.md has their timings.
 VARLEN_BWD_STATS_IN_SHARED = True
-VARLEN_BWD_SPLIT_MASKED = True
+VARLEN_BWD_SPLIT_MASKED = False
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
