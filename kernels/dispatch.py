@@ -164,7 +164,8 @@ def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) 
     return bool(config.fused_dq_min_rows) and seqlen_q >= config.fused_dq_min_rows and not deterministic
 
 
-# Whether a softcap's backward runs on the Gluon dK/dV kernel (else the Triton feature kernels)
+# Whether a softcap's backward runs on the Gluon dK/dV kernel (else the Triton feature kernels): the
+# faster since the kernel's step reads D late (docs/performance.md, "The backward's step")
 GLUON_SOFTCAP_BACKWARD = True
 
 

@@ -25,7 +25,7 @@ it measured 0.97-1.10x the Triton kernel, faster on average; at 2k causal it was
 (batch * seqlen, heads * head dim) 2D view with rows that do not overlap. Beyond dense attention
 they take GQA/MQA (q head h reads kv head h // group), sliding windows (only the key blocks, or
 in the backward the query steps, a window reaches), softcap and ALiBi (constexpr flags; the
-backward with dQ fused only, and not a softcap's, `dispatch.bwd_dkdv_path`). Packed variable
+backward with dQ fused only, `dispatch.bwd_dkdv_path`). Packed variable
 lengths have kernels of their own here, causal or not and with no other feature: a forward
 (`_flash_fwd_hopper_varlen_kernel`, `dispatch.hopper_gluon_varlen_applies`) and, at head dim 128,
 a dK/dV kernel with dQ fused (`_flash_bwd_dkdv_hopper_varlen_kernel`,
