@@ -879,6 +879,17 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
 
 
 @gluon.jit
+def _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0):
+    """FA2 Alg. 2 line 6: K_j and V_j from row kv_row0 + start_n as two 64-key halves, once, on kv_bar."""
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+    for half in gl.static_range(2):
+        kv_row = kv_row0 + start_n + half * ROWS
+        tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
+        tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
+
+
+@gluon.jit
 def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     q_row0, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_desc, delta_desc, lse_smem,
                     delta_smem, lse_row0, STATS: gl.constexpr):
@@ -888,15 +899,10 @@ def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_
     (batch x heads, seqlen) views) travel with Q_i and dO_i, on the same mbarriers, as
     FlashAttention-3's producer brings them: the consumers read them from shared memory instead of
     waiting on global loads at every step."""
-    ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     STAGES: gl.constexpr = q_smem.type.shape[0]
-    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
-    for half in gl.static_range(2):
-        kv_row = kv_row0 + start_n + half * ROWS
-        tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
-        tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
+    _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0)
     for step in range(n_steps * kv_group):
         stage = step % STAGES
         m, q_col, lse_row, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, 0, kv_group, BLOCK_M,
@@ -1279,17 +1285,12 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, S
                         empty_bar, q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, q_desc, q_desc,
                         q_smem, q_smem, 0, False)
     else:
-        ROWS: gl.constexpr = k_desc.block_type.shape[0]
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
         STAGES: gl.constexpr = q_smem.type.shape[0]
         row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])  # the loader's one warp
         offs = gl.arange(0, BLOCK_M, layout=row_layout)
-        mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
-        for half in gl.static_range(2):
-            kv_row = kv_row0 + start_n + half * ROWS
-            tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
-            tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
+        _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0)
         for step in range(n_steps * kv_group):
             stage = step % STAGES
             m, q_col, head, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, q_col0 // HEAD_DIM, 0, kv_group,

@@ -12,7 +12,9 @@ a causal packed batch's single loop keeps the mask's code in every step: ptxas's
 change. By TMA, as the dense kernel brings L and D, the kernel hit an illegal instruction on the
 H200 (docs/performance.md); here the loader warp loads each row with plain loads (before it
 waits for the stage), stores it to the stage's shared memory and arrives on an mbarrier of its
-own (VARLEN_BWD_STATS_IN_SHARED). Per variant: checked against float64 (tests/test_features.py's
+own (VARLEN_BWD_STATS_IN_SHARED); with it the consumers also read D_i once P^T is made (the
+dense kernel's BWD_LATE_DELTA), where the global form reads both rows before the softmax (from a
+scalar base, the pointer tiles made at each load, in every variant here). Per variant: checked against float64 (tests/test_features.py's
 check_varlen: ragged lengths with an empty sequence, GQA, both causal modes), then the features
 suite's packed case timed causal and not, rounds interleaved (exp_bwd_stages.compare_variants).
 """
