@@ -4,7 +4,10 @@ A short attention call waits on Python, not on the GPU: at batch 1 and 1k keys t
 ~0.1 ms while the host needs longer to issue them. This benchmark separates the two:
 
 * host_ms: wall time per call while the GPU is kept busy by a preceding `torch.cuda._sleep`, so
-  no call waits for the GPU (the queue never fills): what issuing one call costs the CPU;
+  no call waits for the GPU (the queue never fills): what issuing one call costs the CPU. The
+  providers of one cell (mode, shape, compiled, engine) take turns in rounds and each keeps its
+  median, so a ratio between them is read from one stretch of the host's time (its speed drifts
+  between runs by more than many of the differences measured);
 * gpu_ms: time per call replayed from a CUDA graph (harness.timing.benchmark with cuda_graph, i.e.
   `do_bench_cudagraph`), which has no host work: what the kernels cost the GPU ('bwd' rows have
   none: a backward recorded before the capture launches outside it, the row's reason says so);
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import statistics
 import time
 from pathlib import Path
 
@@ -48,6 +52,7 @@ SHAPES = ((1, 16, 1024, 128), (1, 32, 512, 64), (4, 8, 1024, 64), (8, 16, 2048, 
 SDPA_BACKENDS = {"sdpa-flash": SDPBackend.FLASH_ATTENTION, "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
                  "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION}
 HOST_CALLS = 50  # calls per host-time measurement (issued behind one GPU sleep)
+HOST_ROUNDS = 7  # rounds of turns per cell (interleaved_host_ms)
 
 
 def attention_fn(provider: str, causal: bool):
@@ -104,52 +109,98 @@ def call_fn(attention, mode: str, q, k, v, dout, engine: str = "threaded"):
 
 def host_ms(fn, calls: int = HOST_CALLS, repeats: int = 5) -> float:
     """Median over `repeats` of the wall time per call with the GPU kept ahead by a sleep."""
-    fn()
+    return interleaved_host_ms({"fn": fn}, calls, repeats)["fn"]
+
+
+def interleaved_host_ms(fns: dict, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> dict:
+    """{name: median ms per call} over `rounds` rounds in which every function takes its turn:
+    `calls` calls behind one GPU sleep, so no call waits for the GPU. Taking turns spreads the
+    host's drift (its clocks, other processes) over all of them alike, so their ratios are read
+    from one stretch of time."""
+    for fn in fns.values():
+        fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        torch.cuda._sleep(int(2e6 * calls))  # ~1 ms of GPU sleep per call (about 2 GHz): the GPU stays behind
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e3)
-        torch.cuda.synchronize()
-    return sorted(times)[len(times) // 2]
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            torch.cuda._sleep(int(2e6 * calls))  # ~1 ms of GPU sleep per call (about 2 GHz): the GPU stays behind
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - start) / calls * 1e3)
+            torch.cuda.synchronize()
+    return {name: statistics.median(ms) for name, ms in times.items()}
 
 
-def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool, engine: str = "threaded") -> dict:
+def _row(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool, engine: str) -> dict:
     batch, heads, seqlen, hdim = shape
-    row = {"provider": provider, "mode": mode, "causal": causal, "hdim": hdim, "seqlen": seqlen, "batch": batch,
-           "heads": heads, "dtype": str(dtype).removeprefix("torch."), "compiled": compiled, "engine": engine,
-           "host_ms": float("nan"), "gpu_ms": float("nan"), "wall_ms": float("nan"), "status": "ok", "reason": ""}
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype, requires_grad=mode != "fwd")
-               for _ in range(3))
-    dout = torch.randn_like(q)
-    attention = attention_fn(provider, causal)
-    if compiled:
-        attention = torch.compile(attention, fullgraph=True)
+    return {"provider": provider, "mode": mode, "causal": causal, "hdim": hdim, "seqlen": seqlen, "batch": batch,
+            "heads": heads, "dtype": str(dtype).removeprefix("torch."), "compiled": compiled, "engine": engine,
+            "host_ms": float("nan"), "gpu_ms": float("nan"), "wall_ms": float("nan"), "status": "ok", "reason": ""}
+
+
+def _failed(row: dict, exc: Exception) -> dict:
+    row.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
+    return row
+
+
+def measure_cell(providers, mode: str, causal: bool, shape, dtype, compiled: bool, engine: str = "threaded") -> list:
+    """One row per provider for one (mode, shape, compiled, engine) cell: the providers' host
+    times from interleaved rounds (interleaved_host_ms), then each one's wall and GPU time. A
+    provider that cannot run the case is a row with its reason; the others are measured."""
+    batch, heads, seqlen, hdim = shape
+    rows, calls, tensors = {}, {}, {}
     # 'bwd' reruns one recorded backward (retain_graph=True); AOTAutograd's donated buffers refuse
     # that ("compiled with non-empty donated buffers which requires ... retain_graph=False") unless
     # turned off, as the error itself advises
     with torch._functorch.config.patch(donated_buffer=False) if mode == "bwd" else contextlib.nullcontext():
-        return _timed(row, attention, mode, q, k, v, dout, engine)
+        for provider in providers:
+            rows[provider] = row = _row(provider, mode, causal, shape, dtype, compiled, engine)
+            torch.manual_seed(0)
+            q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=dtype,
+                                   requires_grad=mode != "fwd") for _ in range(3))
+            dout = torch.randn_like(q)
+            attention = attention_fn(provider, causal)
+            if compiled:
+                attention = torch.compile(attention, fullgraph=True)
+            try:
+                fn = call_fn(attention, mode, q, k, v, dout, engine)  # 'bwd' records its forward here (compiling it)
+                for _ in range(3):  # compile and warm up outside every timing
+                    fn()
+                torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 -- a provider that cannot run this case is a row with its reason
+                _failed(row, exc)
+                continue
+            calls[provider], tensors[provider] = fn, (q, k, v)
+        try:
+            for provider, ms in interleaved_host_ms(calls).items():
+                rows[provider]["host_ms"] = ms
+        except Exception:  # noqa: BLE001 -- then each provider alone, so that one failure names itself
+            for provider, fn in calls.items():
+                try:
+                    rows[provider]["host_ms"] = host_ms(fn)
+                except Exception as exc:  # noqa: BLE001
+                    _failed(rows[provider], exc)
+        for provider, fn in calls.items():
+            if rows[provider]["status"] == "ok":
+                _timed(rows[provider], fn, mode, tensors[provider], engine)
+    return list(rows.values())
 
 
-def _timed(row: dict, attention, mode: str, q, k, v, dout, engine: str = "threaded") -> dict:
-    """Fill `row` with the call's host, wall and GPU time (or the reason one is missing)."""
+def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool, engine: str = "threaded") -> dict:
+    """One provider's row for one cell (measure_cell with that provider alone)."""
+    return measure_cell((provider,), mode, causal, shape, dtype, compiled, engine)[0]
+
+
+def _timed(row: dict, fn, mode: str, tensors, engine: str = "threaded") -> dict:
+    """Fill `row` with the call's wall and GPU time (or the reason one is missing)."""
     from harness.timing import benchmark
 
+    device = tensors[0].device
     try:
-        fn = call_fn(attention, mode, q, k, v, dout, engine)  # 'bwd' records its forward here (compiling it)
-        for _ in range(3):  # compile and warm up outside every timing
-            fn()
-        torch.cuda.synchronize()
-        row["host_ms"] = host_ms(fn)
-        row["wall_ms"] = benchmark(fn, q.device, grad_to_none=(q, k, v) if mode != "fwd" else ()).ms
+        row["wall_ms"] = benchmark(fn, device, grad_to_none=tensors if mode != "fwd" else ()).ms
     except Exception as exc:  # noqa: BLE001 -- a provider that cannot run this case is a row with its reason
-        row.update(status="error", reason=f"{type(exc).__name__}: {exc}"[:300])
-        return row
+        return _failed(row, exc)
     if engine != "threaded":  # the kernels are the threaded row's
         row["reason"] = "gpu_ms: not measured: the same kernels as the threaded engine's row"
         return row
@@ -161,7 +212,7 @@ def _timed(row: dict, attention, mode: str, q, k, v, dout, engine: str = "thread
                          "runs on that forward's stream, outside a CUDA graph's")
         return row
     try:
-        row["gpu_ms"] = benchmark(fn, q.device, cuda_graph=True).ms
+        row["gpu_ms"] = benchmark(fn, device, cuda_graph=True).ms
     except Exception as exc:  # noqa: BLE001 -- the row keeps host and wall time, says why no GPU time
         row["reason"] = f"gpu_ms: CUDA-graph capture failed: {type(exc).__name__}: {exc}"[:300]
     return row
@@ -190,15 +241,16 @@ def main(argv=None) -> Path:
     engines = args.engines.split(",")
     if unknown := set(engines) - set(ENGINES):
         parser.error(f"--engines: {sorted(unknown)} not among {ENGINES}")
-    jobs = [(p, m, shape, c, e) for shape in shapes for m in args.modes.split(",") for p in args.providers.split(",")
-            for c in ((False,) if args.no_compiled else (False, True)) for e in engines
-            if e == "threaded" or (m != "fwd" and not c)]
+    providers = args.providers.split(",")
+    cells = [(m, shape, c, e) for shape in shapes for m in args.modes.split(",")
+             for c in ((False,) if args.no_compiled else (False, True)) for e in engines
+             if e == "threaded" or (m != "fwd" and not c)]
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS) + list(env))
         writer.writeheader()
-        for provider, mode, shape, compiled, engine in tqdm(jobs, desc="host overhead"):
-            row = measure(provider, mode, True, shape, torch.bfloat16, compiled, engine)
-            writer.writerow({**row, **env})
+        for mode, shape, compiled, engine in tqdm(cells, desc="host overhead (cells of all providers)"):
+            for row in measure_cell(providers, mode, True, shape, torch.bfloat16, compiled, engine):
+                writer.writerow({**row, **env})
             f.flush()
     return path
 

@@ -449,19 +449,19 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     if seqlen_q == 0 or seqlen_k == 0 or batch * heads == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    cfg = config or default_bwd_config(headdim, q.device)
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.stride(), q.dtype, q.device, causal,
+        return torch.zeros_like(q, memory_format=torch.contiguous_format), dk.zero_(), dv.zero_()
+    device = q.device
+    cfg = config or default_bwd_config(headdim, device)
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.stride(), q.dtype, device, causal,
            cfg, deterministic, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16,
-           out.data_ptr() % 16, on_hopper(q.device), dispatch.gluon_unavailable)
-    plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, do, out, dq, dk, dv, causal, cfg, deterministic))
+           out.data_ptr() % 16, on_hopper(device), dispatch.gluon_unavailable)
+    plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, do, out, dk, dv, causal, cfg, deterministic))
     delta = torch.empty_like(lse)
     try:
-        return plan(do, q, k, v, out, lse, delta, dq, dk, dv, softmax_scale)
+        return plan(do, q, k, v, out, lse, delta, dk, dv, softmax_scale)
     except dispatch.GLUON_BUILD_ERRORS as exc:
         if not plan.gluon:
             raise
@@ -523,28 +523,33 @@ def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: 
 class _DensePlan:
     """The dense backward's launches for tensors like these: D = rowsum(dO * O), then dK/dV (the
     Gluon kernel or the Triton one, adding dQ into a float32 accumulator where fused), then dQ
-    (its own kernel, or a copy of the accumulator)."""
+    (its own kernel into a fresh dq, or the accumulator converted to the inputs' dtype)."""
 
-    def __init__(self, preprocess, dkdv, dq, gluon: bool, fused_dq: bool, zeros_shape):
+    def __init__(self, preprocess, dkdv, dq, gluon: bool, fused_dq: bool):
         self.preprocess, self.dkdv, self.dq = preprocess, dkdv, dq
-        self.gluon, self.fused_dq, self.zeros_shape = gluon, fused_dq, zeros_shape
+        self.gluon, self.fused_dq = gluon, fused_dq
 
-    def __call__(self, do, q, k, v, out, lse, delta, dq, dk, dv, softmax_scale):
-        # the fused dQ's float32 accumulator, zeroed by the preprocess kernel
-        dq_acc = torch.empty(self.zeros_shape, device=q.device, dtype=torch.float32) if self.fused_dq else None
-        self.preprocess(out, do, delta, dq_acc)
-        self.dkdv(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
-        if dq_acc is not None:  # dQ was added into a float32 accumulator
-            return dq.copy_(dq_acc), dk, dv
+    def __call__(self, do, q, k, v, out, lse, delta, dk, dv, softmax_scale):
+        if self.fused_dq:
+            # the fused dQ's float32 accumulator (contiguous like dq), zeroed by the preprocess kernel
+            dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
+            self.preprocess(out, do, delta, dq_acc)
+            self.dkdv(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
+            return dq_acc.to(q.dtype), dk, dv
+        self.preprocess(out, do, delta)
+        self.dkdv(q, k, v, do, lse, delta, dk, dv, None, softmax_scale)
+        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         self.dq(q, k, v, do, lse, delta, dq, softmax_scale)
         return dq, dk, dv
 
 
-def _dense_plan(q, k, v, do, out, dq, dk, dv, causal: bool, cfg: BwdConfig, deterministic: bool) -> _DensePlan:
+def _dense_plan(q, k, v, do, out, dk, dv, causal: bool, cfg: BwdConfig, deterministic: bool) -> _DensePlan:
     """The launches of `flash_attn_backward` for tensors shaped, strided and aligned like these
-    (dq, dk, dv: the call's fresh contiguous outputs)."""
+    (dk, dv: the call's fresh contiguous outputs; dq is contiguous like them)."""
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # for its strides (and a Triton plan's
+    # accumulator's); not kept by the plan
     module = sys.modules[__name__]
     block_d = padded_headdim(headdim)
     pre_constexprs = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "BLOCK_M": 64}
@@ -587,7 +592,7 @@ def _dense_plan(q, k, v, do, out, dq, dk, dv, causal: bool, cfg: BwdConfig, dete
                 gluon_runs.append(hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal))
             gluon_runs[0](q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
 
-        return _DensePlan(preprocess, dkdv_gluon, dq_pass, True, fused, q.shape)
+        return _DensePlan(preprocess, dkdv_gluon, dq_pass, True, fused)
     fused = bwd_fuses_dq(cfg, seqlen_q, deterministic)
     fused_mode = 0
     if fused:  # TMA reduce-adds on Hopper, else element-wise atomics (also in Triton's CPU interpreter,
@@ -607,4 +612,4 @@ def _dense_plan(q, k, v, do, out, dq, dk, dv, causal: bool, cfg: BwdConfig, dete
         acc = dk if dq_acc is None else dq_acc  # DQ is unused by the kernel unless dQ is fused
         dkdv_launch(q, k, v, do, lse, delta, dk, dv, acc, *dkdv_ints, softmax_scale, softmax_scale * LOG2E.value)
 
-    return _DensePlan(preprocess, dkdv_triton, dq_pass, False, fused, q.shape)
+    return _DensePlan(preprocess, dkdv_triton, dq_pass, False, fused)

@@ -7,7 +7,9 @@ launches it. On the H200 machine's host a whole launch took 37-144 us, four of t
 forward+backward whose host time (0.5-0.95 ms at seqlen 512) is about its GPU time. Launching
 the `CompiledKernel` that call returned (`compiled[grid](*args)`) skips the binding and the
 lookup: 2-18 us less per launch, 20-39 us per forward+backward (docs/performance.md,
-"Cached launches"); the launch itself still costs 35-77 us there.
+"Cached launches"); the launch itself still costs 35-77 us there. Where no launch hook is set,
+a kept kernel is launched by Triton's C launcher itself (`no_launch_hooks`, DirectLaunch),
+skipping the compiled kernel's Python runner too.
 
 `CachedLauncher` keeps that kernel under a key computed from the arguments that determines
 Triton's specialisation, and more finely: each tensor's dtype and alignment, each int's and
@@ -58,7 +60,8 @@ class CachedLauncher:
 
     def __init__(self, kernel):
         self.kernel = kernel
-        self.compiled: dict[tuple, tuple[CompiledKernel, tuple[str, ...]]] = {}
+        # key -> (compiled kernel, its trailing parameters' names, its C launch or None: _c_launch)
+        self.compiled: dict[tuple, tuple[CompiledKernel, tuple[str, ...], tuple | None]] = {}
         self.interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
     def __getitem__(self, grid):
@@ -74,17 +77,24 @@ class CachedLauncher:
         except TypeError:  # an argument this key cannot describe: always through the JIT
             return self.kernel[grid](*args, **kwargs)
         if hit is not None:
-            compiled, trailing = hit
+            compiled, trailing, fast = hit
             # a 3D grid (the JIT pads it; a compiled kernel's launch does not), then the signature's
             # remaining parameters in order (constexprs are passed too and ignored)
-            compiled[(*grid, 1, 1)[:3]](*args, *(kwargs[name] for name in trailing))
+            grid3 = (*grid, 1, 1)[:3]
+            if fast is not None and C_LAUNCH and no_launch_hooks():  # Triton's C launcher, as DirectLaunch
+                launch, function, cooperative, pdl, packed = fast
+                stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+                launch(*grid3, stream, function, cooperative, pdl, None, None, packed, None, None, None,
+                       *args, *(kwargs[name] for name in trailing))
+                return compiled
+            compiled[grid3](*args, *(kwargs[name] for name in trailing))
             return compiled
         compiled = self.kernel[grid](*args, **kwargs)  # binds, specialises, compiles if needed
         trailing = tuple(self.kernel.arg_names[len(args):])
         if isinstance(compiled, CompiledKernel) and set(trailing) <= kwargs.keys():
             if len(self.compiled) >= MAX_KEYS:
                 self.compiled.clear()
-            self.compiled[key] = compiled, trailing
+            self.compiled[key] = compiled, trailing, _c_launch(compiled)
         return compiled
 
 
@@ -96,11 +106,12 @@ class DirectLaunch:
     still holds the same launcher. The plan's own key (shapes, strides, dtypes, alignment,
     config) fixes every specialisation the kernel depends on.
 
-    Where the kernel needs no global or profiling scratch and no launch-enter hook is set (a
-    profiler's), the launch calls Triton's C launcher itself, as CompiledKernel's runner and
-    CudaLauncher.__call__ would after their Python steps (Triton 3.6's launcher arguments: grid,
-    stream, function, cooperative and PDL flags, the two scratch buffers, packed metadata,
-    launch metadata, the two hooks, then the kernel's arguments)."""
+    Where the kernel needs no global or profiling scratch and no launch hook is set (a
+    profiler's: `no_launch_hooks`), the launch calls Triton's C launcher itself, as
+    CompiledKernel's runner and CudaLauncher.__call__ would after their Python steps (Triton 3.6's
+    launcher arguments: grid, stream, function, cooperative and PDL flags, the two scratch
+    buffers, packed metadata, launch metadata, the two hooks, then the kernel's arguments; with no
+    hook set, no launch metadata and None for both hooks)."""
 
     __slots__ = ("compiled", "fast", "grid", "grid3", "kwargs", "launcher", "module", "name", "trailing")
 
@@ -113,11 +124,11 @@ class DirectLaunch:
     def __call__(self, *args):
         launcher = getattr(self.module, self.name)
         if self.compiled is not None and launcher is self.launcher:
-            if self.fast is not None and C_LAUNCH and knobs.runtime.launch_enter_hook is None:
+            if self.fast is not None and C_LAUNCH and no_launch_hooks():
                 launch, function, cooperative, pdl, packed = self.fast
                 stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
-                launch(*self.grid3, stream, function, cooperative, pdl, None, None, packed, None, None,
-                       knobs.runtime.launch_exit_hook, *args, *self.trailing)
+                launch(*self.grid3, stream, function, cooperative, pdl, None, None, packed, None, None, None,
+                       *args, *self.trailing)
                 return self.compiled
             return self.compiled[self.grid3](*args, *self.trailing)
         result = launcher[self.grid](*args, **self.kwargs)
@@ -128,6 +139,14 @@ class DirectLaunch:
                 self.trailing = tuple(self.kwargs[name] for name in names)
                 self.fast = _c_launch(result)
         return result
+
+
+def no_launch_hooks() -> bool:
+    """Whether no launch hook (a profiler's) is set. Triton 3.6 keeps each kind as a HookChain,
+    never None (its own runner therefore builds launch metadata and calls both chains at every
+    launch): none is set while both chains are empty. An older Triton's hook is None or a function."""
+    enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    return (enter is None or not getattr(enter, "calls", True)) and (exit_ is None or not getattr(exit_, "calls", True))
 
 
 def _c_launch(compiled: CompiledKernel):

@@ -191,5 +191,17 @@ def attention(q, k, v, softmax_scale: float, causal: bool, features: Features, f
                                          or getattr(v, "requires_grad", False))):
         check_call(q, k, v, causal, features)
         return flash_attn_forward(q, k, v, softmax_scale, causal, fwd_config, features)
+    params = (softmax_scale, causal, features, fwd_config, bwd_config, deterministic)
+    if torch._C._are_functorch_transforms_active() or any(map(_is_functorch_wrapped, (q, k, v))):
+        return FlashAttnFunc.apply(q, k, v, params)  # vmap, grad, ... or their tensors: autograd.Function's route
     # the call's constants travel as one tuple: apply inspects every argument it is given
-    return FlashAttnFunc.apply(q, k, v, (softmax_scale, causal, features, fwd_config, bwd_config, deterministic))
+    return _apply_flash_attn(q, k, v, params)
+
+
+# `FlashAttnFunc.apply` without its Python wrapper (torch/autograd/function.py's Function.apply),
+# which binds default arguments where setup_context is defined (it is not here) and maps every
+# argument through functorch's `unwrap_dead_wrappers` (a pytree walk) before calling this C
+# entry point; with no functorch transform active and no functorch tensor among q, k and v, as
+# `attention` checks, the wrapper calls it with the same arguments.
+_apply_flash_attn = torch._C._FunctionBase.__dict__["apply"].__get__(None, FlashAttnFunc)
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor

@@ -86,6 +86,53 @@ def test_a_direct_launch_keeps_the_first_calls_compiled_kernel_and_binds_its_con
     assert compiled.launches == [((4, 2, 1), (y, 64, 0.25, 16, True))]
 
 
+class FakeRunner:
+    """A compiled kernel's `run` (Triton 3.6's CudaLauncher) with its C launch recorded."""
+    launch_cooperative_grid, launch_pdl, global_scratch_size, profile_scratch_size = False, True, 0, 0
+
+    def __init__(self):
+        self.c_launches = []
+
+    def launch(self, *args):
+        self.c_launches.append(args)
+
+
+def test_a_direct_launch_calls_the_c_launcher_while_no_launch_hook_is_set(launcher, monkeypatch):
+    """After the first call a kernel that needs no scratch is launched by Triton's C launcher with
+    no launch metadata and no hooks, as long as Triton's hook chains are empty (Triton 3.6 keeps
+    them as HookChain objects, never None); a hook set (a profiler's) sends the launch through the
+    compiled kernel's own runner, which calls it."""
+    from triton import knobs
+
+    from kernels import launch as launch_module
+
+    runner = FakeRunner()
+    monkeypatch.setattr(FakeCompiled, "run", runner, raising=False)
+    monkeypatch.setattr(FakeCompiled, "function", 77, raising=False)
+    monkeypatch.setattr(FakeCompiled, "packed_metadata", ("packed",), raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    monkeypatch.setattr(launch_module, "C_LAUNCH", True)
+    assert launch_module.no_launch_hooks()  # Triton's default: empty chains
+    holder = LauncherHolder()
+    holder.launcher = launcher
+    direct = DirectLaunch(holder, "launcher", (4, 2), {"EVEN": True, "BLOCK": 16, "num_warps": 4})
+    x, y = torch.randn(64), torch.randn(64)
+    direct(x, 64, 0.5)  # through the JIT
+    direct(y, 64, 0.25)
+    compiled = launcher.kernel.compiled
+    assert not compiled.launches and runner.c_launches == [
+        (4, 2, 1, 1234, 77, False, True, None, None, ("packed",), None, None, None, y, 64, 0.25, 16, True)]
+    hook = lambda metadata: None
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        assert not launch_module.no_launch_hooks()
+        direct(y, 64, 0.25)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert len(runner.c_launches) == 1 and compiled.launches == [((4, 2, 1), (y, 64, 0.25, 16, True))]
+
+
 def test_a_direct_launch_follows_a_launcher_that_was_replaced(launcher):
     holder = LauncherHolder()
     holder.launcher = launcher
@@ -270,7 +317,11 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
     counts = count_launches(monkeypatch, (forward._fwd_launcher, backward._bwd_preprocess_launcher,
                                           backward._bwd_dkdv_launcher, backward._bwd_dq_launcher,
                                           flash_attn_hopper._fwd_launcher, flash_attn_hopper._bwd_dkdv_launcher))
-    per_call = []
+    runner_launches = []  # launches through a compiled kernel's Python runner, not Triton's C launcher
+    real_getitem = CompiledKernel.__getitem__
+    monkeypatch.setattr(CompiledKernel, "__getitem__",
+                        lambda self, grid: runner_launches.append(self.name) or real_getitem(self, grid))
+    per_call, runner_per_call = [], []
     for inputs in ("aligned", "aligned", "misaligned"):
         q, k, v = make_qkv(*shape, torch.bfloat16, "cuda", requires_grad=True)
         dout = torch.randn_like(q)
@@ -278,9 +329,11 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
             q, k, v, dout = (misaligned_like(t) for t in (q, k, v, dout))
             assert not tma_compatible(q)
         before = dict(counts)
+        runner_launches.clear()
         out = flash_attn_func(q, k, v, causal=causal)
         grads = torch.autograd.grad(out, (q, k, v), dout)
         per_call.append({key: counts[key] - before[key] for key in counts})
+        runner_per_call.append(list(runner_launches))
         q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
         ref_out, _ = attention_reference(q64, k64, v64, causal=causal)
         ref_grads = torch.autograd.grad(ref_out, (q64, k64, v64), dout.double())
@@ -296,5 +349,7 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
     # launches (no TMA, no Gluon kernel), so every launch goes through the JIT again
     assert first["all"] >= 3 and first["jit"] == first["all"], first
     assert second == {"all": 0, "jit": 0}, "the second call did not launch its plan's compiled kernels"
+    # ... and each through Triton's C launcher (launch.DirectLaunch's C path), none through the runner
+    assert runner_per_call[1] == [], f"launched through the Python runner: {runner_per_call[1]}"
     assert misaligned["all"] >= 3 and misaligned["jit"] == misaligned["all"], \
         "misaligned inputs took a launch compiled for aligned ones"

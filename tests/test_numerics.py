@@ -21,7 +21,9 @@ from kernels import (
     flash_attn_hopper,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
+    ops,
 )
+from kernels.checks import DENSE
 from kernels.configs import FwdConfig
 from kernels.dispatch import HOPPER_GLUON_PATH, fwd_memory_path
 from kernels.forward import flash_attn_forward
@@ -181,14 +183,35 @@ def test_inference_call_skips_autograd_and_matches_the_training_call(monkeypatch
     q, k, v = make_qkv(1, 40, 33, 2, 16, torch.float32, "cpu", requires_grad=True)
     out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
     applied = []
-    real = FlashAttnFunc.apply
+    real, real_c = FlashAttnFunc.apply, ops._apply_flash_attn
     monkeypatch.setattr(FlashAttnFunc, "apply", lambda *a: applied.append(1) or real(*a))
+    monkeypatch.setattr(ops, "_apply_flash_attn", lambda *a: applied.append(1) or real_c(*a))
     for inputs, grad_mode in (((q.detach(), k.detach(), v.detach()), True), ((q, k, v), False)):
         with torch.set_grad_enabled(grad_mode):
             out2, lse2, _ = flash_attn_func(*inputs, causal=True, return_attn_probs=True)
         assert out2.grad_fn is None and not out2.requires_grad
         assert torch.equal(out2, out.detach()) and torch.equal(lse2, lse)
     assert not applied
+    flash_attn_func(q, k, v, causal=True)  # a training call does apply (the spies can see it)
+    assert applied == [1]
+
+
+def test_training_call_applies_the_function_without_its_python_wrapper():
+    """A training call enters autograd.Function's C entry point directly (ops._apply_flash_attn):
+    the same node as FlashAttnFunc.apply makes (FlashAttnFuncBackward), and the same out and
+    gradients, bit for bit. Under a functorch transform the wrapper's own route is taken, which
+    rejects the transform by name as before (the Function defines no setup_context)."""
+    q, k, v = make_qkv(1, 24, 20, 2, 16, torch.float32, "cpu", requires_grad=True)
+    dout = torch.randn_like(q)
+    results = []
+    for apply in (ops._apply_flash_attn, FlashAttnFunc.apply):
+        out, _ = apply(q, k, v, (16 ** -0.5, True, DENSE, None, None, False))
+        assert type(out.grad_fn).__name__ == "FlashAttnFuncBackward"
+        results.append((out.detach(), *torch.autograd.grad(out, (q, k, v), dout)))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert torch.equal(flash_attn_func(q, k, v, causal=True).detach(), results[0][0])
+    with pytest.raises(RuntimeError, match="functorch transforms"):
+        torch.func.grad(lambda q: flash_attn_func(q, k, v, causal=True).sum())(q.detach())
 
 
 def test_autograd_materialises_no_gradient_for_lse(monkeypatch):
