@@ -64,7 +64,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .features import _scores, _tanh
-from .launch import CachedLauncher, DirectLaunch, descriptor_like, descriptor_template
+from .launch import CachedLauncher, DirectLaunch, descriptor_template
 
 BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64
 BLOCK_N = 128  # keys per block
@@ -612,16 +612,16 @@ def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags:
     flags = forward_constexprs(causal, q.shape[-1], flags, stages)
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
+    # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),
-                          {"STAGES": stages, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **flags})
-    q_t, k_t, v_t, o_t = map(descriptor_template, templates)
+                          {"STAGES": stages, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **flags},
+                          descriptors=dict(enumerate(map(descriptor_template, templates))))
     kv_group = heads // k.shape[2]
 
     def run(q, k, v, out, lse, softmax_scale, features=()):
         qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
-        launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(o_t, out),
-               lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
+        launch(q, k, v, out, lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
                alibi if alibi is not None else lse, stride_alibi_b)
 
     return run
@@ -1567,29 +1567,25 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
                                        [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     stats = BWD_STATS_IN_SHARED  # seqlen is a multiple of BWD_BLOCK_N: the rows of L and D are aligned
     kv_group = heads // kv_heads
+    # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch): Q, K, V, dO,
+    # dK, dV, then dQ's accumulator (without the fused dQ, unused: dK's again), then L and D with STATS
+    descriptors = dict(enumerate(map(descriptor_template, templates)))
+    descriptors[6] = descriptor_template(dq_template) if fused else descriptors[4]
+    if stats:
+        descriptors[7] = descriptors[8] = _stats_template(batch * heads, seqlen)
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
                            "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), "LATE_DELTA": BWD_LATE_DELTA,
-                           "SPLIT_DIAGONAL": BWD_SPLIT_DIAGONAL, **flags})
-    q_t, k_t, v_t, do_t, dk_t, dv_t = map(descriptor_template, templates)
-    if fused:
-        dq_template = descriptor_template(dq_template)
-    if stats:
-        stats_template = _stats_template(batch * heads, seqlen)
+                           "SPLIT_DIAGONAL": BWD_SPLIT_DIAGONAL, **flags},
+                          descriptors=descriptors)
 
     def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):
         qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
-        dk_desc = descriptor_like(dk_t, dk)
-        dq_desc = dk_desc if dq_accum is None else descriptor_like(dq_template, dq_accum)  # unused unless fused
-        lse_arg, delta_arg = lse, delta
-        if stats:
-            if not lse.is_contiguous() or lse.data_ptr() % 16:  # another caller's L: a contiguous, aligned copy
-                lse = lse.clone(memory_format=torch.contiguous_format)
-            lse_arg, delta_arg = descriptor_like(stats_template, lse), descriptor_like(stats_template, delta)
-        launch(descriptor_like(q_t, q), descriptor_like(k_t, k), descriptor_like(v_t, v), descriptor_like(do_t, do),
-               dk_desc, descriptor_like(dv_t, dv), dq_desc, lse_arg, delta_arg, heads, seqlen, softmax_scale, qk_scale,
-               kv_group, window_left, window_right, softcap_log2, alibi if alibi is not None else lse,
+        if stats and (not lse.is_contiguous() or lse.data_ptr() % 16):  # another caller's L: a contiguous, aligned copy
+            lse = lse.clone(memory_format=torch.contiguous_format)
+        launch(q, k, v, do, dk, dv, dk if dq_accum is None else dq_accum, lse, delta, heads, seqlen, softmax_scale,
+               qk_scale, kv_group, window_left, window_right, softcap_log2, alibi if alibi is not None else lse,
                stride_alibi_b)
 
     return run

@@ -113,24 +113,34 @@ class DirectLaunch:
     buffers, packed metadata, launch metadata, the two hooks, then the kernel's arguments; with no
     hook set, no launch metadata and None for both hooks)."""
 
-    __slots__ = ("compiled", "fast", "grid", "grid3", "kwargs", "launcher", "module", "name", "trailing")
+    __slots__ = ("compiled", "descriptors", "expand", "fast", "grid", "grid3", "kwargs", "launcher", "module", "name",
+                 "trailing")
 
-    def __init__(self, module, name: str, grid: tuple, kwargs: dict):
+    def __init__(self, module, name: str, grid: tuple, kwargs: dict, descriptors: dict | None = None):
         self.module, self.name, self.grid, self.kwargs = module, name, grid, kwargs
         self.grid3 = (*grid, 1, 1)[:3]
-        self.launcher = self.compiled = self.fast = None
+        self.launcher = self.compiled = self.fast = self.expand = None
         self.trailing: tuple = ()
+        # argument position -> host descriptor template (descriptor_template): the caller passes the
+        # tensor there, and the launch makes the descriptor (or, on the C path, its encoding) itself
+        self.descriptors = descriptors or {}
 
     def __call__(self, *args):
         launcher = getattr(self.module, self.name)
         if self.compiled is not None and launcher is self.launcher:
             if self.fast is not None and C_LAUNCH and no_launch_hooks():
                 launch, function, cooperative, pdl, packed = self.fast
+                if self.expand is not None and DESCRIPTOR_EXPANSION:
+                    launch, kernel_args = self.expand  # Triton's C launcher itself, and the expansion
+                    kernel_args = kernel_args(args)
+                else:  # descriptors made here, expanded by Triton's wrapper around its C launcher
+                    kernel_args = self._described(args)
                 stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
                 launch(*self.grid3, stream, function, cooperative, pdl, None, None, packed, None, None, None,
-                       *args, *self.trailing)
+                       *kernel_args, *self.trailing)
                 return self.compiled
-            return self.compiled[self.grid3](*args, *self.trailing)
+            return self.compiled[self.grid3](*self._described(args), *self.trailing)
+        args = self._described(args)
         result = launcher[self.grid](*args, **self.kwargs)
         if isinstance(launcher, CachedLauncher) and isinstance(result, CompiledKernel):
             names = launcher.kernel.arg_names[len(args):]
@@ -138,7 +148,88 @@ class DirectLaunch:
                 self.launcher, self.compiled = launcher, result
                 self.trailing = tuple(self.kwargs[name] for name in names)
                 self.fast = _c_launch(result)
+                if self.fast is not None and self.descriptors:
+                    # (Triton's C launcher, expand), or None: Triton's wrapper expands the descriptors
+                    self.expand = descriptor_expansion(self.fast[0], self.descriptors, TMA_ENCODE)
         return result
+
+    def _described(self, args: tuple) -> tuple:
+        """`args` with each templated position's tensor made a descriptor (descriptor_like)."""
+        if not self.descriptors:
+            return args
+        return tuple(descriptor_like(self.descriptors[i], arg) if i in self.descriptors else arg
+                     for i, arg in enumerate(args))
+
+
+def _tma_encoder():
+    """Triton 3.6's host TMA encoding (CUDA driver utils: fill_tma_descriptor) and its dtype codes, or
+    None where they are not there (no CUDA driver, another Triton)."""
+    try:
+        from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
+        from triton.runtime import driver
+
+        return driver.active.utils.fill_tma_descriptor, TMA_DTYPE_DEVICE_TO_HOST
+    except Exception:  # noqa: BLE001 -- any failure: the descriptors' own path
+        return None
+
+
+# Triton's launcher of a kernel with host-made descriptors encodes each one in Python at every launch
+# (driver.py's wrap_handle_tensordesc and make_tensordesc_arg: a Python descriptor object, then a list
+# of its fields, its shape and strides, then the C encoding). DESCRIPTOR_EXPANSION: a plan's launch
+# encodes the tensors' addresses itself instead (FA2_KERNELS_DESCRIPTOR_EXPANSION=0: Triton's path);
+# TENSOR_MAP_CACHE: each position keeps the encodings it made by address (TENSOR_MAP_CACHE_SIZE per
+# position, emptied when full), so a training loop's recurring tensors are encoded once. Both are read
+# at each launch (experiments switch them).
+TMA_ENCODE = _tma_encoder()
+DESCRIPTOR_EXPANSION = os.environ.get("FA2_KERNELS_DESCRIPTOR_EXPANSION", "1") != "0"
+TENSOR_MAP_CACHE = os.environ.get("FA2_KERNELS_TENSOR_MAP_CACHE", "1") != "0"
+TENSOR_MAP_CACHE_SIZE = 64
+
+
+def descriptor_expansion(wrapped, descriptors: dict, encoder):
+    """(Triton's C launcher, expand) for a launcher wrapped by Triton 3.6's wrap_handle_tensordesc,
+    or None where it cannot be done as that wrapper would: `expand(args)` turns the call's leading
+    arguments, tensors at the templated positions, into the C launcher's kernel arguments, each
+    descriptor as make_tensordesc_arg gives it (the encoding of the tensor's address with the
+    template's shape, strides, padding and the compiled kernel's block, swizzle and element type,
+    then its shape and strides). Only the address differs between calls of a plan."""
+    if encoder is None:
+        return None
+    fill, dtype_codes = encoder
+    cells = dict(zip(getattr(getattr(wrapped, "__code__", None), "co_freevars", ()),
+                     (cell.cell_contents for cell in getattr(wrapped, "__closure__", None) or ())))
+    raw, indices, metas = cells.get("launcher"), cells.get("tensordesc_indices"), cells.get("tensordesc_meta")
+    if raw is None or indices is None or not metas or sorted(indices) != sorted(descriptors) or any(
+            meta is None or meta.get("fp4_padded") for meta in metas):
+        return None
+    specs = []
+    for position, meta in zip(sorted(indices), metas):  # the wrapper's order: by position
+        template = descriptors[position]
+        shape, strides = list(template.shape), list(template.strides)
+        specs.append((position, meta["swizzle"], meta["elem_size"], dtype_codes[meta["elem_type"]], meta["block_size"],
+                      shape, strides, 1 if template.padding == "nan" else 0, (*shape, *strides)))
+
+    encoded = [{} for _ in specs]  # per position: address -> its encoding (TENSOR_MAP_CACHE)
+
+    def expand(args):
+        out, start = [], 0
+        for (position, swizzle, elem_size, elem_type, block, shape, strides, padding, tail), kept in zip(specs, encoded):
+            out.extend(args[start:position])
+            address = args[position].data_ptr()
+            tensor_map = kept.get(address) if TENSOR_MAP_CACHE else None
+            if tensor_map is None:
+                tensor_map = fill(address, swizzle, elem_size, elem_type, block, shape, strides, padding)
+                if TENSOR_MAP_CACHE:
+                    if len(kept) >= TENSOR_MAP_CACHE_SIZE:
+                        kept.clear()
+                    kept[address] = tensor_map
+            out.append(tensor_map)
+            out.extend(tail)
+            start = position + 1
+        out.extend(args[start:])
+        return out
+
+    return raw, expand
 
 
 def no_launch_hooks() -> bool:

@@ -353,3 +353,98 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
     assert runner_per_call[1] == [], f"launched through the Python runner: {runner_per_call[1]}"
     assert misaligned["all"] >= 3 and misaligned["jit"] == misaligned["all"], \
         "misaligned inputs took a launch compiled for aligned ones"
+
+
+def test_descriptor_expansion_passes_what_tritons_own_descriptor_wrapper_passes(monkeypatch):
+    """launch.descriptor_expansion (a plan's descriptors encoded without Triton's per-launch Python)
+    gives Triton 3.6's C launcher the arguments its wrap_handle_tensordesc would: each descriptor as
+    make_tensordesc_arg expands it (the encoding of the tensor's address, then shape and strides), the
+    other arguments as they are. The encoder is a stand-in that records its inputs (CPU: no driver)."""
+    import types
+
+    from triton.backends.nvidia import driver as nvidia_driver
+    from triton.runtime import driver
+
+    from kernels.launch import descriptor_expansion
+
+    def fill(address, swizzle, elem_size, elem_type, block, shape, strides, padding):
+        return ("tensormap", address, swizzle, elem_size, elem_type, tuple(block), tuple(shape), tuple(strides),
+                padding)
+
+    monkeypatch.setattr(driver, "_active", types.SimpleNamespace(utils=types.SimpleNamespace(fill_tma_descriptor=fill)))
+    received = []
+    signature = {"a_desc": "tensordesc<bf16[64,128]>", "n": "i32", "b_desc": "tensordesc<fp32[64,64]>",
+                 "X": "*fp32", "scale": "fp32", "BLOCK": "constexpr"}
+    metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [64, 128], "fp4_padded": False},
+             {"swizzle": 2, "elem_size": 4, "elem_type": 7, "block_size": [64, 64], "fp4_padded": False}]
+    wrapped = nvidia_driver.wrap_handle_tensordesc(lambda *args: received.append(args), signature, metas)
+    a, b, x = torch.randn(256, 128), torch.randn(512, 64), torch.randn(8)
+    templates = {0: descriptor_template(TensorDescriptor(a, [256, 128], [128, 1], [64, 128])),
+                 2: descriptor_template(TensorDescriptor(b, [512, 64], [64, 1], [64, 64], padding="nan"))}
+    launch_head = tuple(range(nvidia_driver._BASE_ARGS_FORMAT_LEN))  # grid, stream, function, flags, ...
+    wrapped(*launch_head, descriptor_like(templates[0], a), 7, descriptor_like(templates[2], b), x, 0.5, 16)
+    raw, expand = descriptor_expansion(wrapped, templates, (fill, nvidia_driver.TMA_DTYPE_DEVICE_TO_HOST))
+    raw(*launch_head, *expand((a, 7, b, x, 0.5)), 16)
+    assert len(received) == 2 and received[0] == received[1]
+    assert received[1][len(launch_head)][:2] == ("tensormap", a.data_ptr()) and received[1][-1] == 16
+    # positions the wrapper encodes but the plan did not template: no expansion (the descriptors' path)
+    assert descriptor_expansion(wrapped, {0: templates[0]}, (fill, nvidia_driver.TMA_DTYPE_DEVICE_TO_HOST)) is None
+    assert descriptor_expansion(lambda *args: None, templates, (fill, {})) is None  # not a wrapper
+    assert descriptor_expansion(wrapped, templates, None) is None  # no encoder here
+
+
+def test_the_expansion_encodes_each_address_once_per_position(monkeypatch):
+    """With launch.TENSOR_MAP_CACHE each descriptor position keeps the encodings it made, by the
+    tensor's address (the template fixes every other field): a recurring tensor is encoded once,
+    another address is encoded, a full cache is emptied, and with the switch off every launch
+    encodes again."""
+
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    from kernels import launch as launch_module
+    from kernels.launch import descriptor_expansion
+
+    encoded = []
+
+    def fill(address, *fields):
+        encoded.append(address)
+        return ("tensormap", address)
+
+    signature = {"a_desc": "tensordesc<bf16[64,128]>", "n": "i32"}
+    metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [64, 128], "fp4_padded": False}]
+    wrapped = nvidia_driver.wrap_handle_tensordesc(lambda *args: None, signature, metas)
+    a, b = torch.randn(256, 128), torch.randn(256, 128)
+    templates = {0: descriptor_template(TensorDescriptor(a, [256, 128], [128, 1], [64, 128]))}
+    _, expand = descriptor_expansion(wrapped, templates, (fill, nvidia_driver.TMA_DTYPE_DEVICE_TO_HOST))
+    monkeypatch.setattr(launch_module, "TENSOR_MAP_CACHE", True)
+    assert expand((a, 7))[0] == expand((a, 8))[0] == ("tensormap", a.data_ptr())
+    assert encoded == [a.data_ptr()]
+    assert expand((b, 7))[0] == ("tensormap", b.data_ptr()) and encoded == [a.data_ptr(), b.data_ptr()]
+    monkeypatch.setattr(launch_module, "TENSOR_MAP_CACHE_SIZE", 2)
+    expand((a[1:], 7))  # a third address: the full cache is emptied first
+    expand((a, 7))
+    assert encoded[-2:] == [a[1:].data_ptr(), a.data_ptr()]
+    monkeypatch.setattr(launch_module, "TENSOR_MAP_CACHE", False)
+    expand((b, 7))
+    expand((b, 7))
+    assert encoded[-2:] == [b.data_ptr(), b.data_ptr()]
+
+
+def test_a_direct_launch_makes_the_templated_descriptors_on_the_jit_path():
+    """A plan passes tensors where its DirectLaunch holds descriptor templates: a launcher that is
+    not the compiled kernel's C path (a test's, an experiment's) receives the descriptors."""
+    holder = LauncherHolder()
+    spied = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: spied.append(args)
+
+    holder.launcher = Spy()
+    a, b = torch.randn(64, 32), torch.randn(64, 32)
+    template = descriptor_template(TensorDescriptor(a, [64, 32], [32, 1], [16, 32]))
+    direct = DirectLaunch(holder, "launcher", (4,), {"BLOCK": 16}, descriptors={0: template})
+    direct(b, 64, 0.5)
+    (desc, n, scale), = spied
+    assert isinstance(desc, TensorDescriptor) and desc.base is b and desc.block_shape == [16, 32]
+    assert (n, scale) == (64, 0.5)
