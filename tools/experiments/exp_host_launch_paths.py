@@ -1,0 +1,115 @@
+"""Host time per eager call by launch path, in one process, the paths taking turns with SDPA flash.
+
+The switches of kernels/launch.py and kernels/ops.py are read at each call, so one process can
+time every path against SDPA's FLASH_ATTENTION backend in interleaved rounds (the host's speed
+drifts between runs by more than the differences measured here):
+
+- 'Python runner, Function.apply': launch.C_LAUNCH off, each kept kernel launched by its compiled
+  kernel's Python runner (what every launch did while the C path's hook check never held), and
+  autograd.Function.apply's Python wrapper;
+- 'C launcher, Triton's descriptor wrapper': Triton's C launcher called directly, the plans' host
+  descriptors made as Python objects and expanded by Triton's wrapper around that launcher;
+- 'C launcher, descriptors encoded at each launch': launch.DESCRIPTOR_EXPANSION, no cache;
+- 'C launcher, encodings kept by address': launch.TENSOR_MAP_CACHE too (the library's default).
+
+All but the first enter autograd.Function's C apply directly (ops._apply_flash_attn). Calls are
+harness/host_overhead.py's ('fwd': no autograd graph; 'bwd': one recorded forward's backward;
+'fwd_bwd': both; the backward on PyTorch's default engine thread), causal, bf16, each `--calls`
+calls behind one GPU sleep per turn. Rows (decision format, microseconds per call, one per path,
+cell and round) go to OUT/host_launch_paths.csv as they are measured.
+
+    python tools/experiments/exp_host_launch_paths.py --out reports/h200/decisions
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from tune_fa2 import CsvRows
+
+from harness.host_overhead import attention_fn, call_fn
+from kernels import launch, ops
+from kernels.ops import FlashAttnFunc
+
+SHAPES = ((1, 16, 1024, 128), (1, 32, 512, 64), (4, 8, 1024, 64), (8, 16, 2048, 128))  # (batch, heads, seqlen, hdim)
+MODES = ("fwd", "bwd", "fwd_bwd")
+C_APPLY = ops._apply_flash_attn
+# path label -> (C launcher, C apply, descriptor expansion, tensor-map cache)
+PATHS = {
+    "ours: Python runner, Function.apply": (False, False, False, False),
+    "ours: C launcher, Triton's descriptor wrapper": (True, True, False, False),
+    "ours: C launcher, descriptors encoded at each launch": (True, True, True, False),
+    "ours: C launcher, encodings kept by address": (True, True, True, True),
+}
+SDPA = "SDPA flash"
+
+
+def use_path(c_launch: bool, c_apply: bool, expansion: bool, cache: bool) -> None:
+    launch.C_LAUNCH, launch.DESCRIPTOR_EXPANSION, launch.TENSOR_MAP_CACHE = c_launch, expansion, cache
+    ops._apply_flash_attn = C_APPLY if c_apply else FlashAttnFunc.apply
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")),
+                        help="folder for host_launch_paths.csv (default: $OUT, else the current folder)")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=40, help="calls per turn, behind one GPU sleep")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU: host time per launch path is measured there")
+    from tqdm import tqdm
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    commit = os.environ.get("GIT_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True,
+        cwd=ROOT).stdout.strip()
+    tool = (f"tools/experiments/exp_host_launch_paths.py, causal bf16, {args.calls} calls a turn, "
+            f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    record = CsvRows(args.out / "host_launch_paths.csv",
+                     lambda r: f"  {r['column']:24s} {r['row']:56s} {r['value']:8.1f} us")
+    fa2, sdpa = attention_fn("fa2", True), attention_fn("sdpa-flash", True)
+    try:
+        for batch, heads, seqlen, hdim in tqdm(SHAPES, desc="shapes"):
+            q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            dout = torch.randn_like(q)
+            turns = []  # (column, row, switches or None for SDPA, call)
+            for mode in MODES:
+                column = f"{mode.replace('_', '+')} {batch}x{heads}x{seqlen}x{hdim}"
+                turns.append((column, SDPA, None, call_fn(sdpa, mode, q, k, v, dout)))
+                for label, switches in PATHS.items():
+                    use_path(*switches)
+                    turns.append((column, label, switches, call_fn(fa2, mode, q, k, v, dout)))
+            for _, _, switches, fn in turns:  # warm up every path (the first call makes a shape's plans)
+                if switches:
+                    use_path(*switches)
+                fn(), fn()
+            torch.cuda.synchronize()
+            for _ in range(args.rounds):
+                for column, label, switches, fn in turns:
+                    if switches:
+                        use_path(*switches)
+                    torch.cuda._sleep(int(2e6 * args.calls))  # ~1 ms of GPU per call: no call waits for the GPU
+                    start = time.perf_counter()
+                    for _ in range(args.calls):
+                        fn()
+                    us = (time.perf_counter() - start) / args.calls * 1e6
+                    torch.cuda.synchronize()
+                    record(row=label, column=column, unit="us", value=us, tool=tool, git_commit=commit)
+    finally:
+        use_path(*PATHS["ours: C launcher, encodings kept by address"])
+
+
+if __name__ == "__main__":
+    main()
