@@ -453,12 +453,12 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     if seqlen_q == 0 or seqlen_k == 0 or batch * heads == 0:
         return torch.zeros_like(q, memory_format=torch.contiguous_format), dk.zero_(), dv.zero_()
-    device = q.device
-    cfg = config or default_bwd_config(headdim, device)
+    device = q.device  # the config passed in the key (None: the table's, as the forward's plan key has it)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.stride(), q.dtype, device, causal,
-           cfg, deterministic, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16,
-           out.data_ptr() % 16, on_hopper(device), dispatch.gluon_unavailable)
-    plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, do, out, dk, dv, causal, cfg, deterministic))
+           config, deterministic, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16,
+           out.data_ptr() % 16, dispatch.gluon_unavailable)
+    plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, do, out, dk, dv, causal,
+                                                          config or default_bwd_config(headdim, device), deterministic))
     delta = torch.empty_like(lse)
     try:
         return plan(do, q, k, v, out, lse, delta, dk, dv, softmax_scale)
