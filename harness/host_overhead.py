@@ -154,6 +154,8 @@ def measure_cell(providers, mode: str, causal: bool, shape, dtype, compiled: boo
     # that ("compiled with non-empty donated buffers which requires ... retain_graph=False") unless
     # turned off, as the error itself advises
     with torch._functorch.config.patch(donated_buffer=False) if mode == "bwd" else contextlib.nullcontext():
+        if compiled:  # one cell's compilations: the providers' (SDPA's backends share one traced function,
+            torch._dynamo.reset()  # whose recompilations across cells would pass Dynamo's limit)
         for provider in providers:
             rows[provider] = row = _row(provider, mode, causal, shape, dtype, compiled, engine)
             torch.manual_seed(0)

@@ -195,6 +195,11 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
                         "Gluon dK/dV adding dQ"),
                        ("speed over cuDNN (cuDNN time / ours)", "sdpa-cudnn", "Gluon dK/dV adding dQ")),
     "cached_launches": (),
+    "host_launch_paths": (
+        ("Python runner / SDPA flash", "ours: Python runner, Function.apply", "SDPA flash"),
+        ("C launcher, kept encodings / SDPA flash", "ours: C launcher, encodings kept by address", "SDPA flash"),
+        ("Python runner / C launcher, kept encodings", "ours: Python runner, Function.apply",
+         "ours: C launcher, encodings kept by address")),
     "timing_windows": (("cuDNN: 20-ms / default windows", "sdpa-cudnn, 20-ms windows", "sdpa-cudnn, default windows"),
                        ("ours: 20-ms / default windows", "ours, 20-ms windows", "ours, default windows")),
     "triton_fused_dq": (("fused / two-kernel time", "dQ fused, best config: backward", "two kernels: backward"),),
