@@ -176,14 +176,10 @@ def _tma_encoder():
 # Triton's launcher of a kernel with host-made descriptors encodes each one in Python at every launch
 # (driver.py's wrap_handle_tensordesc and make_tensordesc_arg: a Python descriptor object, then a list
 # of its fields, its shape and strides, then the C encoding). DESCRIPTOR_EXPANSION: a plan's launch
-# encodes the tensors' addresses itself instead (FA2_KERNELS_DESCRIPTOR_EXPANSION=0: Triton's path);
-# TENSOR_MAP_CACHE: each position keeps the encodings it made by address (TENSOR_MAP_CACHE_SIZE per
-# position, emptied when full), so a training loop's recurring tensors are encoded once. Both are read
-# at each launch (experiments switch them).
+# encodes the tensors' addresses itself instead (FA2_KERNELS_DESCRIPTOR_EXPANSION=0: Triton's path),
+# read at each launch (experiments switch it).
 TMA_ENCODE = _tma_encoder()
 DESCRIPTOR_EXPANSION = os.environ.get("FA2_KERNELS_DESCRIPTOR_EXPANSION", "1") != "0"
-TENSOR_MAP_CACHE = os.environ.get("FA2_KERNELS_TENSOR_MAP_CACHE", "1") != "0"
-TENSOR_MAP_CACHE_SIZE = 64
 
 
 def descriptor_expansion(wrapped, descriptors: dict, encoder):
@@ -209,21 +205,11 @@ def descriptor_expansion(wrapped, descriptors: dict, encoder):
         specs.append((position, meta["swizzle"], meta["elem_size"], dtype_codes[meta["elem_type"]], meta["block_size"],
                       shape, strides, 1 if template.padding == "nan" else 0, (*shape, *strides)))
 
-    encoded = [{} for _ in specs]  # per position: address -> its encoding (TENSOR_MAP_CACHE)
-
     def expand(args):
         out, start = [], 0
-        for (position, swizzle, elem_size, elem_type, block, shape, strides, padding, tail), kept in zip(specs, encoded):
+        for position, swizzle, elem_size, elem_type, block, shape, strides, padding, tail in specs:
             out.extend(args[start:position])
-            address = args[position].data_ptr()
-            tensor_map = kept.get(address) if TENSOR_MAP_CACHE else None
-            if tensor_map is None:
-                tensor_map = fill(address, swizzle, elem_size, elem_type, block, shape, strides, padding)
-                if TENSOR_MAP_CACHE:
-                    if len(kept) >= TENSOR_MAP_CACHE_SIZE:
-                        kept.clear()
-                    kept[address] = tensor_map
-            out.append(tensor_map)
+            out.append(fill(args[position].data_ptr(), swizzle, elem_size, elem_type, block, shape, strides, padding))
             out.extend(tail)
             start = position + 1
         out.extend(args[start:])

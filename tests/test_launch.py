@@ -401,43 +401,6 @@ def test_descriptor_expansion_passes_what_tritons_own_descriptor_wrapper_passes(
     assert descriptor_expansion(wrapped, templates, None) is None  # no encoder here
 
 
-def test_the_expansion_encodes_each_address_once_per_position(monkeypatch):
-    """With launch.TENSOR_MAP_CACHE each descriptor position keeps the encodings it made, by the
-    tensor's address (the template fixes every other field): a recurring tensor is encoded once,
-    another address is encoded, a full cache is emptied, and with the switch off every launch
-    encodes again."""
-
-    from triton.backends.nvidia import driver as nvidia_driver
-
-    from kernels import launch as launch_module
-    from kernels.launch import descriptor_expansion
-
-    encoded = []
-
-    def fill(address, *fields):
-        encoded.append(address)
-        return ("tensormap", address)
-
-    signature = {"a_desc": "tensordesc<bf16[64,128]>", "n": "i32"}
-    metas = [{"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [64, 128], "fp4_padded": False}]
-    wrapped = nvidia_driver.wrap_handle_tensordesc(lambda *args: None, signature, metas)
-    a, b = torch.randn(256, 128), torch.randn(256, 128)
-    templates = {0: descriptor_template(TensorDescriptor(a, [256, 128], [128, 1], [64, 128]))}
-    _, expand = descriptor_expansion(wrapped, templates, (fill, nvidia_driver.TMA_DTYPE_DEVICE_TO_HOST))
-    monkeypatch.setattr(launch_module, "TENSOR_MAP_CACHE", True)
-    assert expand((a, 7))[0] == expand((a, 8))[0] == ("tensormap", a.data_ptr())
-    assert encoded == [a.data_ptr()]
-    assert expand((b, 7))[0] == ("tensormap", b.data_ptr()) and encoded == [a.data_ptr(), b.data_ptr()]
-    monkeypatch.setattr(launch_module, "TENSOR_MAP_CACHE_SIZE", 2)
-    expand((a[1:], 7))  # a third address: the full cache is emptied first
-    expand((a, 7))
-    assert encoded[-2:] == [a[1:].data_ptr(), a.data_ptr()]
-    monkeypatch.setattr(launch_module, "TENSOR_MAP_CACHE", False)
-    expand((b, 7))
-    expand((b, 7))
-    assert encoded[-2:] == [b.data_ptr(), b.data_ptr()]
-
-
 def test_a_direct_launch_makes_the_templated_descriptors_on_the_jit_path():
     """A plan passes tensors where its DirectLaunch holds descriptor templates: a launcher that is
     not the compiled kernel's C path (a test's, an experiment's) receives the descriptors."""

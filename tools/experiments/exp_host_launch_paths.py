@@ -9,8 +9,12 @@ drifts between runs by more than the differences measured here):
   autograd.Function.apply's Python wrapper;
 - 'C launcher, Triton's descriptor wrapper': Triton's C launcher called directly, the plans' host
   descriptors made as Python objects and expanded by Triton's wrapper around that launcher;
-- 'C launcher, descriptors encoded at each launch': launch.DESCRIPTOR_EXPANSION, no cache;
-- 'C launcher, encodings kept by address': launch.TENSOR_MAP_CACHE too (the library's default).
+- 'C launcher, descriptors encoded at each launch': launch.DESCRIPTOR_EXPANSION (the library's
+  default).
+
+The committed rows (reports/h200/decisions/host_launch_paths.csv) also hold a fifth path, 'C
+launcher, encodings kept by address': each descriptor position kept the encodings it made by
+tensor address, a cache since removed (the commit the rows name has it; it did not pay).
 
 All but the first enter autograd.Function's C apply directly (ops._apply_flash_attn). Calls are
 harness/host_overhead.py's ('fwd': no autograd graph; 'bwd': one recorded forward's backward;
@@ -44,18 +48,18 @@ from kernels.ops import FlashAttnFunc
 SHAPES = ((1, 16, 1024, 128), (1, 32, 512, 64), (4, 8, 1024, 64), (8, 16, 2048, 128))  # (batch, heads, seqlen, hdim)
 MODES = ("fwd", "bwd", "fwd_bwd")
 C_APPLY = ops._apply_flash_attn
-# path label -> (C launcher, C apply, descriptor expansion, tensor-map cache)
+# path label -> (C launcher, C apply, descriptor expansion)
 PATHS = {
-    "ours: Python runner, Function.apply": (False, False, False, False),
-    "ours: C launcher, Triton's descriptor wrapper": (True, True, False, False),
-    "ours: C launcher, descriptors encoded at each launch": (True, True, True, False),
-    "ours: C launcher, encodings kept by address": (True, True, True, True),
+    "ours: Python runner, Function.apply": (False, False, False),
+    "ours: C launcher, Triton's descriptor wrapper": (True, True, False),
+    "ours: C launcher, descriptors encoded at each launch": (True, True, True),
 }
+DEFAULT = "ours: C launcher, descriptors encoded at each launch"
 SDPA = "SDPA flash"
 
 
-def use_path(c_launch: bool, c_apply: bool, expansion: bool, cache: bool) -> None:
-    launch.C_LAUNCH, launch.DESCRIPTOR_EXPANSION, launch.TENSOR_MAP_CACHE = c_launch, expansion, cache
+def use_path(c_launch: bool, c_apply: bool, expansion: bool) -> None:
+    launch.C_LAUNCH, launch.DESCRIPTOR_EXPANSION = c_launch, expansion
     ops._apply_flash_attn = C_APPLY if c_apply else FlashAttnFunc.apply
 
 
@@ -108,7 +112,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                     record(row=label, column=column, unit="us", value=us, tool=tool, git_commit=commit)
     finally:
-        use_path(*PATHS["ours: C launcher, encodings kept by address"])
+        use_path(*PATHS[DEFAULT])
 
 
 if __name__ == "__main__":
