@@ -203,5 +203,6 @@ def attention(q, k, v, softmax_scale: float, causal: bool, features: Features, f
 # argument through functorch's `unwrap_dead_wrappers` (a pytree walk) before calling this C
 # entry point; with no functorch transform active and no functorch tensor among q, k and v, as
 # `attention` checks, the wrapper calls it with the same arguments.
-_apply_flash_attn = torch._C._FunctionBase.__dict__["apply"].__get__(None, FlashAttnFunc)
+_C_APPLY = torch._C._FunctionBase.__dict__.get("apply")  # a torch without it: the wrapper's route
+_apply_flash_attn = FlashAttnFunc.apply if _C_APPLY is None else _C_APPLY.__get__(None, FlashAttnFunc)
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor

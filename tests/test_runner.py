@@ -511,6 +511,30 @@ def test_host_overhead_times_each_stage_of_a_call():
         call_fn(attention, "sideways", q, k, v, dout)
 
 
+def test_host_overhead_interleaves_the_providers_of_a_cell(monkeypatch):
+    """harness/host_overhead.py's host times: after one warm-up call each, every function takes
+    its turn in every round (`calls` calls behind one GPU sleep per turn), and each keeps the
+    median of its rounds. The GPU sleep and synchronisation are stood in for (CPU)."""
+    from harness import host_overhead
+
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: order.append("sleep"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    order, now = [], [0.0]
+    monkeypatch.setattr(host_overhead.time, "perf_counter", lambda: now[0])
+    # seconds each turn takes (the warm-up call's, then each round's, charged at the turn's second call):
+    # a: 0.5 s per call in two rounds of three, b: 1.5 s in two (one outlier round of 4.5 s)
+    turn_costs = {"a": iter([5, 1, 1, 2]), "b": iter([5, 3, 9, 3])}
+
+    def call(name):
+        order.append(name)
+        now[0] += next(turn_costs[name]) if order.count(name) % 2 or len(order) <= 2 else 0
+
+    fns = {"a": lambda: call("a"), "b": lambda: call("b")}
+    ms = host_overhead.interleaved_host_ms(fns, calls=2, rounds=3)
+    assert order == ["a", "b"] + ["sleep", "a", "a", "sleep", "b", "b"] * 3
+    assert ms == {"a": 500.0, "b": 1500.0}  # each the median of its rounds' ms per call
+
+
 def test_host_overhead_runs_the_backward_on_the_engine_it_names():
     """harness/host_overhead.py's engines: 'threaded' leaves PyTorch's default (a CUDA backward on
     the engine's device thread), 'calling-thread' turns the engine's threads off for the backward
