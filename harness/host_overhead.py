@@ -112,23 +112,32 @@ def host_ms(fn, calls: int = HOST_CALLS, repeats: int = 5) -> float:
     return interleaved_host_ms({"fn": fn}, calls, repeats)["fn"]
 
 
-def interleaved_host_ms(fns: dict, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS) -> dict:
+def interleaved_host_ms(fns: dict, calls: int = HOST_CALLS, rounds: int = HOST_ROUNDS, before_turn=None,
+                        after_turn=None) -> dict:
     """{name: median ms per call} over `rounds` rounds in which every function takes its turn:
     `calls` calls behind one GPU sleep, so no call waits for the GPU. Taking turns spreads the
     host's drift (its clocks, other processes) over all of them alike, so their ratios are read
-    from one stretch of time."""
-    for fn in fns.values():
+    from one stretch of time. `before_turn(name)` runs before each turn's warm-up and timed calls
+    (outside the clock: an experiment's switches); `after_turn(name, ms)` receives each turn's
+    ms per call as it is measured."""
+    for name, fn in fns.items():
+        if before_turn is not None:
+            before_turn(name)
         fn()
     torch.cuda.synchronize()
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            if before_turn is not None:
+                before_turn(name)
             torch.cuda._sleep(int(2e6 * calls))  # ~1 ms of GPU sleep per call (about 2 GHz): the GPU stays behind
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
             times[name].append((time.perf_counter() - start) / calls * 1e3)
             torch.cuda.synchronize()
+            if after_turn is not None:
+                after_turn(name, times[name][-1])
     return {name: statistics.median(ms) for name, ms in times.items()}
 
 
@@ -137,6 +146,11 @@ def _row(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool, e
     return {"provider": provider, "mode": mode, "causal": causal, "hdim": hdim, "seqlen": seqlen, "batch": batch,
             "heads": heads, "dtype": str(dtype).removeprefix("torch."), "compiled": compiled, "engine": engine,
             "host_ms": float("nan"), "gpu_ms": float("nan"), "wall_ms": float("nan"), "status": "ok", "reason": ""}
+
+
+def _note(row: dict, text: str) -> None:
+    """Add `text` to the row's reason (a measured row's notes: what is missing and why)."""
+    row["reason"] = f"{row['reason']}; {text}" if row["reason"] else text
 
 
 def _failed(row: dict, exc: Exception) -> dict:
@@ -177,21 +191,18 @@ def measure_cell(providers, mode: str, causal: bool, shape, dtype, compiled: boo
         try:
             for provider, ms in interleaved_host_ms(calls).items():
                 rows[provider]["host_ms"] = ms
-        except Exception:  # noqa: BLE001 -- then each provider alone, so that one failure names itself
+        except Exception as interleaving:  # noqa: BLE001 -- then each provider alone, so that a failure names itself
             for provider, fn in calls.items():
                 try:
                     rows[provider]["host_ms"] = host_ms(fn)
+                    _note(rows[provider], f"host_ms: timed alone (the interleaved rounds failed: "
+                                          f"{type(interleaving).__name__}: {interleaving})"[:200])
                 except Exception as exc:  # noqa: BLE001
                     _failed(rows[provider], exc)
         for provider, fn in calls.items():
             if rows[provider]["status"] == "ok":
                 _timed(rows[provider], fn, mode, tensors[provider], engine)
     return list(rows.values())
-
-
-def measure(provider: str, mode: str, causal: bool, shape, dtype, compiled: bool, engine: str = "threaded") -> dict:
-    """One provider's row for one cell (measure_cell with that provider alone)."""
-    return measure_cell((provider,), mode, causal, shape, dtype, compiled, engine)[0]
 
 
 def _timed(row: dict, fn, mode: str, tensors, engine: str = "threaded") -> dict:
@@ -204,19 +215,19 @@ def _timed(row: dict, fn, mode: str, tensors, engine: str = "threaded") -> dict:
     except Exception as exc:  # noqa: BLE001 -- a provider that cannot run this case is a row with its reason
         return _failed(row, exc)
     if engine != "threaded":  # the kernels are the threaded row's
-        row["reason"] = "gpu_ms: not measured: the same kernels as the threaded engine's row"
+        _note(row, "gpu_ms: not measured: the same kernels as the threaded engine's row")
         return row
     if mode == "bwd":
         # Not captured: the backward's kernels go to the stream its forward ran on, outside the
         # capture's stream, which invalidates the capture and leaves the process unable to draw
         # random numbers (reports/h200/decisions/cuda_graph_backward_capture.log).
-        row["reason"] = ("gpu_ms: not measured: the backward of a forward recorded before the capture "
-                         "runs on that forward's stream, outside a CUDA graph's")
+        _note(row, "gpu_ms: not measured: the backward of a forward recorded before the capture "
+                   "runs on that forward's stream, outside a CUDA graph's")
         return row
     try:
         row["gpu_ms"] = benchmark(fn, device, cuda_graph=True).ms
     except Exception as exc:  # noqa: BLE001 -- the row keeps host and wall time, says why no GPU time
-        row["reason"] = f"gpu_ms: CUDA-graph capture failed: {type(exc).__name__}: {exc}"[:300]
+        _note(row, f"gpu_ms: CUDA-graph capture failed: {type(exc).__name__}: {exc}"[:300])
     return row
 
 

@@ -82,10 +82,7 @@ class CachedLauncher:
             # remaining parameters in order (constexprs are passed too and ignored)
             grid3 = (*grid, 1, 1)[:3]
             if fast is not None and C_LAUNCH and no_launch_hooks():  # Triton's C launcher, as DirectLaunch
-                launch, function, cooperative, pdl, packed = fast
-                stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
-                launch(*grid3, stream, function, cooperative, pdl, None, None, packed, None, None, None,
-                       *args, *(kwargs[name] for name in trailing))
+                _c_call(fast, grid3, (*args, *(kwargs[name] for name in trailing)))
                 return compiled
             compiled[grid3](*args, *(kwargs[name] for name in trailing))
             return compiled
@@ -129,15 +126,11 @@ class DirectLaunch:
         launcher = getattr(self.module, self.name)
         if self.compiled is not None and launcher is self.launcher:
             if self.fast is not None and C_LAUNCH and no_launch_hooks():
-                launch, function, cooperative, pdl, packed = self.fast
                 if self.expand is not None and DESCRIPTOR_EXPANSION:
-                    launch, kernel_args = self.expand  # Triton's C launcher itself, and the expansion
-                    kernel_args = kernel_args(args)
+                    raw, expand = self.expand  # Triton's C launcher itself, and the expansion
+                    _c_call((raw, *self.fast[1:]), self.grid3, (*expand(args), *self.trailing))
                 else:  # descriptors made here, expanded by Triton's wrapper around its C launcher
-                    kernel_args = self._described(args)
-                stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
-                launch(*self.grid3, stream, function, cooperative, pdl, None, None, packed, None, None, None,
-                       *kernel_args, *self.trailing)
+                    _c_call(self.fast, self.grid3, (*self._described(args), *self.trailing))
                 return self.compiled
             return self.compiled[self.grid3](*self._described(args), *self.trailing)
         args = self._described(args)
@@ -224,6 +217,14 @@ def no_launch_hooks() -> bool:
     launch): none is set while both chains are empty. An older Triton's hook is None or a function."""
     enter, exit_ = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
     return (enter is None or not getattr(enter, "calls", True)) and (exit_ is None or not getattr(exit_, "calls", True))
+
+
+def _c_call(fast: tuple, grid3: tuple, kernel_args: tuple) -> None:
+    """Launch through Triton's C launcher with no launch metadata and no hooks (`no_launch_hooks`
+    holds): `fast` as `_c_launch` gives it, on the current stream."""
+    launch, function, cooperative, pdl, packed = fast
+    stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+    launch(*grid3, stream, function, cooperative, pdl, None, None, packed, None, None, None, *kernel_args)
 
 
 def _c_launch(compiled: CompiledKernel):

@@ -521,17 +521,21 @@ def test_host_overhead_interleaves_the_providers_of_a_cell(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     order, now = [], [0.0]
     monkeypatch.setattr(host_overhead.time, "perf_counter", lambda: now[0])
-    # seconds each turn takes (the warm-up call's, then each round's, charged at the turn's second call):
+    # seconds each turn takes (the warm-up call's, then each round's, charged at the turn's first call):
     # a: 0.5 s per call in two rounds of three, b: 1.5 s in two (one outlier round of 4.5 s)
     turn_costs = {"a": iter([5, 1, 1, 2]), "b": iter([5, 3, 9, 3])}
 
     def call(name):
         order.append(name)
-        now[0] += next(turn_costs[name]) if order.count(name) % 2 or len(order) <= 2 else 0
+        calls_so_far = order.count(name)  # the warm-up call (1), then two a turn (2-3, 4-5, ...)
+        now[0] += next(turn_costs[name]) if calls_so_far % 2 else 0
 
     fns = {"a": lambda: call("a"), "b": lambda: call("b")}
-    ms = host_overhead.interleaved_host_ms(fns, calls=2, rounds=3)
-    assert order == ["a", "b"] + ["sleep", "a", "a", "sleep", "b", "b"] * 3
+    turns = []
+    ms = host_overhead.interleaved_host_ms(fns, calls=2, rounds=3, before_turn=lambda name: order.append(f"<{name}"),
+                                           after_turn=lambda name, turn_ms: turns.append((name, turn_ms)))
+    assert order == ["<a", "a", "<b", "b"] + ["<a", "sleep", "a", "a", "<b", "sleep", "b", "b"] * 3
+    assert turns == [("a", 500.0), ("b", 1500.0), ("a", 500.0), ("b", 4500.0), ("a", 1000.0), ("b", 1500.0)]
     assert ms == {"a": 500.0, "b": 1500.0}  # each the median of its rounds' ms per call
 
 

@@ -12,14 +12,14 @@ drifts between runs by more than the differences measured here):
 - 'C launcher, descriptors encoded at each launch': launch.DESCRIPTOR_EXPANSION (the library's
   default).
 
-The committed rows (reports/h200/decisions/host_launch_paths.csv) also hold a fifth path, 'C
-launcher, encodings kept by address': each descriptor position kept the encodings it made by
+The committed rows (reports/h200/decisions/host_launch_paths.csv) also hold a fourth path of ours,
+'C launcher, encodings kept by address': each descriptor position kept the encodings it made by
 tensor address, a cache since removed (the commit the rows name has it; it did not pay).
 
 All but the first enter autograd.Function's C apply directly (ops._apply_flash_attn). Calls are
 harness/host_overhead.py's ('fwd': no autograd graph; 'bwd': one recorded forward's backward;
-'fwd_bwd': both; the backward on PyTorch's default engine thread), causal, bf16, each `--calls`
-calls behind one GPU sleep per turn. Rows (decision format, microseconds per call, one per path,
+'fwd_bwd': both; the backward on PyTorch's default engine thread), causal, bf16, timed by its
+interleaved_host_ms (each `--calls` calls behind one GPU sleep per turn). Rows (decision format, microseconds per call, one per path,
 cell and round) go to OUT/host_launch_paths.csv as they are measured.
 
     python tools/experiments/exp_host_launch_paths.py --out reports/h200/decisions
@@ -30,7 +30,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -41,7 +40,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from tune_fa2 import CsvRows
 
-from harness.host_overhead import attention_fn, call_fn
+from harness.host_overhead import attention_fn, call_fn, interleaved_host_ms
 from kernels import launch, ops
 from kernels.ops import FlashAttnFunc
 
@@ -88,29 +87,24 @@ def main() -> None:
             q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
             dout = torch.randn_like(q)
-            turns = []  # (column, row, switches or None for SDPA, call)
+            turns = {}  # (column, row) -> (switches or None for SDPA, call)
             for mode in MODES:
                 column = f"{mode.replace('_', '+')} {batch}x{heads}x{seqlen}x{hdim}"
-                turns.append((column, SDPA, None, call_fn(sdpa, mode, q, k, v, dout)))
+                turns[column, SDPA] = None, call_fn(sdpa, mode, q, k, v, dout)
                 for label, switches in PATHS.items():
                     use_path(*switches)
-                    turns.append((column, label, switches, call_fn(fa2, mode, q, k, v, dout)))
-            for _, _, switches, fn in turns:  # warm up every path (the first call makes a shape's plans)
-                if switches:
-                    use_path(*switches)
-                fn(), fn()
-            torch.cuda.synchronize()
-            for _ in range(args.rounds):
-                for column, label, switches, fn in turns:
-                    if switches:
-                        use_path(*switches)
-                    torch.cuda._sleep(int(2e6 * args.calls))  # ~1 ms of GPU per call: no call waits for the GPU
-                    start = time.perf_counter()
-                    for _ in range(args.calls):
-                        fn()
-                    us = (time.perf_counter() - start) / args.calls * 1e6
-                    torch.cuda.synchronize()
-                    record(row=label, column=column, unit="us", value=us, tool=tool, git_commit=commit)
+                    turns[column, label] = switches, call_fn(fa2, mode, q, k, v, dout)
+
+            def before_turn(turn, turns=turns):
+                if turns[turn][0]:
+                    use_path(*turns[turn][0])
+
+            def after_turn(turn, ms):
+                record(row=turn[1], column=turn[0], unit="us", value=ms * 1e3, tool=tool, git_commit=commit)
+
+            # the harness's rounds (its warm-up call of each path makes the shape's plans)
+            interleaved_host_ms({turn: fn for turn, (_, fn) in turns.items()}, args.calls, args.rounds,
+                                before_turn, after_turn)
     finally:
         use_path(*PATHS[DEFAULT])
 
