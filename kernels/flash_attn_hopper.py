@@ -1197,15 +1197,12 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         head = gl.minimum((gl.maximum(full_lo - first_m, 0) + BLOCK_M - 1) // BLOCK_M, n_steps)
         tail = gl.maximum(gl.minimum(gl.maximum(full_hi - first_m + BLOCK_M, 0) // BLOCK_M, n_steps), head)
         for group in range(kv_group):
-            for i in range(head):
-                dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                                        FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 1)
-            for i in range(head, tail):
-                dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                                        FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 0)
-            for i in range(tail, n_steps):
-                dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                                        FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 1)
+            for part in gl.static_range(3):  # three loops: masked, unmasked, masked
+                lo = (0, head, tail)[part]
+                hi = (head, tail, n_steps)[part]
+                for i in range(lo, hi):
+                    dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
+                                            FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 0 if part == 1 else 1)
     else:
         for step in range(n_steps * kv_group):
             dk, dv = _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS,
