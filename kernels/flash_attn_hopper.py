@@ -799,9 +799,6 @@ BWD_DQ_FIRST: bool | None = None
 # other steps' code has no mask (BWD_SPLIT_DIAGONAL); docs/performance.md has their timings.
 BWD_LATE_DELTA = True
 BWD_SPLIT_DIAGONAL = True
-# Under a sliding window the same for its masked steps, before and after those that see every key
-# of the block (BWD_SPLIT_WINDOW).
-BWD_SPLIT_WINDOW = True
 # The varlen dK/dV kernel: L_i and D_i brought into shared memory by the loader warp
 # (VARLEN_BWD_STATS_IN_SHARED), and the steps that need a mask in a loop of their own
 # (VARLEN_BWD_SPLIT_MASKED); docs/performance.md has their timings.
@@ -1031,22 +1028,13 @@ def _bwd_delta_row(Delta, delta_smem, stage, lse_row, seqlen, offs_m, s_layout: 
 
 
 @gluon.jit
-def _window_visible(p, offs_m, offs_n, window_left, window_right):
-    """P^T [keys, queries] with the entries outside the window zeroed (row i sees key j iff
-    j - right <= i <= j + left)."""
-    visible = (offs_m[None, :] >= offs_n[:, None] - window_right) & (offs_m[None, :] <= offs_n[:, None] + window_left)
-    return gl.where(visible, p, 0.0)
-
-
-@gluon.jit
 def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
                    ALIBI: gl.constexpr, FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr,
                    HALF: gl.constexpr, LATE_DELTA: gl.constexpr, DIAGONAL: gl.constexpr):
     """One query step of _bwd_dkdv_partition's loop (FA2 Alg. 2 lines 8-16 for Q_i, dO_i): `ctx` the
     partition's per-program values, the constexprs its own. DIAGONAL (causal): 1 where the step's
     rows cross the key block's diagonal, so P^T is masked, 0 where they do not, 2 where the step
-    tells at run time (one loop for all steps); with WINDOW the same for the window's mask (1: the
-    step's rows do not all see every key of the block). Returns dK_j and dV_j."""
+    tells at run time (one loop for all steps). Returns dK_j and dV_j."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
@@ -1089,11 +1077,11 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         p = gl.exp2(s - lse)
     else:
         p = gl.exp2(s * qk_scale - lse)
-    if WINDOW and DIAGONAL == 1:  # a query step that does not see every key of the block
-        p = _window_visible(p, offs_m, offs_n, window_left, window_right)
-    elif WINDOW and DIAGONAL == 2:
-        if (m < full_lo) | (m > full_hi):  # the query steps that do not see every key of the block
-            p = _window_visible(p, offs_m, offs_n, window_left, window_right)
+    if WINDOW:
+        if (m < full_lo) | (m > full_hi):  # query steps that do not see every key of the block
+            visible = ((offs_m[None, :] >= offs_n[:, None] - window_right)
+                       & (offs_m[None, :] <= offs_n[:, None] + window_left))
+            p = gl.where(visible, p, 0.0)
     elif CAUSAL and DIAGONAL == 1:  # a query step that crosses the diagonal of this block
         p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
     elif CAUSAL and DIAGONAL == 2:  # noqa: SIM102 -- a compile-time branch around a run-time one
@@ -1133,7 +1121,7 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
 @gluon.jit
 def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                         FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr,
-                        LATE_DELTA: gl.constexpr, SPLIT_DIAGONAL: gl.constexpr, SPLIT_WINDOW: gl.constexpr):
+                        LATE_DELTA: gl.constexpr, SPLIT_DIAGONAL: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
     block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
     shared-memory operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
@@ -1149,8 +1137,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     memory at each step.
     WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
     transposed tile; the softcap's derivative 1 - tanh^2 scales dS), the window's query steps
-    outside [full_lo, full_hi] masked (SPLIT_WINDOW: in loops of their own, before and after the
-    steps that see every key, whose code has no mask; else one loop that tells at run time)."""
+    outside [full_lo, full_hi] masked."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
@@ -1191,18 +1178,6 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
             for i in range(DIAGONAL_STEPS, n_steps):
                 dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
                                         FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 0)
-    elif WINDOW and SPLIT_WINDOW:
-        # steps [0, head) start before full_lo (rows near the block's diagonal side), [tail, n_steps)
-        # after full_hi (rows at the window's far edge): masked; [head, tail) see every key
-        head = gl.minimum((gl.maximum(full_lo - first_m, 0) + BLOCK_M - 1) // BLOCK_M, n_steps)
-        tail = gl.maximum(gl.minimum(gl.maximum(full_hi - first_m + BLOCK_M, 0) // BLOCK_M, n_steps), head)
-        for group in range(kv_group):
-            for part in gl.static_range(3):  # three loops: masked, unmasked, masked
-                lo = (0, head, tail)[part]
-                hi = (head, tail, n_steps)[part]
-                for i in range(lo, hi):
-                    dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                                            FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 0 if part == 1 else 1)
     else:
         for step in range(n_steps * kv_group):
             dk, dv = _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS,
@@ -1238,7 +1213,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   FUSED_DQ: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
                                   ALIBI: gl.constexpr = False, STATS: gl.constexpr = False,
                                   DQ_FIRST: gl.constexpr = False, LATE_DELTA: gl.constexpr = True,
-                                  SPLIT_DIAGONAL: gl.constexpr = True, SPLIT_WINDOW: gl.constexpr = False):
+                                  SPLIT_DIAGONAL: gl.constexpr = True):
     """One program per (key block, batch x kv head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks), partitioned as FA3's backward: a loader warp and two consumer
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
@@ -1288,9 +1263,9 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart.
     gl.warp_specialize([
         (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0, LATE_DELTA,
-                                SPLIT_DIAGONAL, SPLIT_WINDOW)),
+                                SPLIT_DIAGONAL)),
         (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 1, LATE_DELTA,
-                                SPLIT_DIAGONAL, SPLIT_WINDOW)),
+                                SPLIT_DIAGONAL)),
         (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0)),
     ], [4, 1], [240, 24])
 
@@ -1601,7 +1576,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
                            "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), "LATE_DELTA": BWD_LATE_DELTA,
-                           "SPLIT_DIAGONAL": BWD_SPLIT_DIAGONAL, "SPLIT_WINDOW": BWD_SPLIT_WINDOW, **flags},
+                           "SPLIT_DIAGONAL": BWD_SPLIT_DIAGONAL, **flags},
                           descriptors=descriptors)
 
     def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):

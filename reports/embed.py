@@ -239,6 +239,7 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
                       ("both / the old step, time", "diagonal loop, D late, softcap on Gluon",
                        "one loop, D with L, softcap on Triton"),
                       ("both / FA4, time", "diagonal loop, D late, softcap on Gluon", "fa4")),
+    "bwd_window_loop": (("masked steps apart / one loop, time", "masked steps apart", "one loop, run-time mask"),),
     "varlen_bwd_loads": (("by the loader / from global, one loop, time", "L, D by the loader, one loop",
                           "L, D from global, one loop"),
                          ("from global: masked steps apart / one loop, time", "L, D from global, masked steps apart",

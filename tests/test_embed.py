@@ -381,3 +381,32 @@ def test_the_softcap_table_compares_the_kernels_and_the_dense_backward(tmp_path)
         ("softcap, Gluon dK/dV kernel", "2x8k", 5.0), ("softcap, Triton feature kernels", "2x8k", 4.0),
         ("no softcap (the dense backward)", "2x8k", 2.5)])
     assert "| 2x8k | 5.000 | 4.000 | 2.500 | 1.25x | 1.60x |" in embed.softcap_backward_table(path)
+
+
+def test_rows_read_back_from_an_experiments_printed_log(tmp_path):
+    """reports.decisions.rows_from_log: the lines compare_variants prints (check_line, timing_line,
+    and the earlier peer line without TFLOPs/s) become the rows its writer would have written: a
+    variant name with spaces kept whole, a failed check 'wrong' with its notes, a cell not timed
+    NaN with its status and reason; other lines (warnings) are skipped."""
+    from reports.decisions import check_line, rows_from_log, timing_line
+
+    log = tmp_path / "run.log"
+    log.write_text("\n".join([
+        check_line("one loop, run-time mask", True, "dq 2.4e-03 (triton 2.4e-03)"),
+        check_line("masked steps apart", False, "dq 3.0e-01 (triton 2.4e-03)"),
+        "UserWarning: something  ok  here",
+        timing_line("window 1x8k 16/16h", "one loop, run-time mask", {"ms": 1.25, "tflops": 483.3, "status": "ok"}),
+        timing_line("window 1x8k 16/16h", "fa4", {"status": "unsupported", "reason": "FA4 does not\nimport"}),
+        f"{'window 1x8k 16/16h':28s} {'fa4':40s} nan ms unsupported FA4 (flash_attn.cute) does not import here",
+    ]) + "\n")
+    out = tmp_path / "rows.csv"
+    assert rows_from_log(log, out, "tools/x.py, bf16", "abc1234") == 5
+    rows = pd.read_csv(out)
+    assert rows.row.tolist() == ["one loop, run-time mask", "masked steps apart", "one loop, run-time mask", "fa4",
+                                 "fa4"]
+    assert rows.unit.tolist() == ["ok", "wrong", "ms", "ms", "ms"]
+    assert rows.value.iloc[2] == 1.25 and rows.value.iloc[3:].isna().all()
+    assert rows.tool.iloc[2] == "tools/x.py, bf16" and "dq 3.0e-01" in rows.tool.iloc[1]
+    assert rows.tool.iloc[3] == "tools/x.py, bf16; unsupported: FA4 does not import"
+    assert rows.tool.iloc[4].startswith("tools/x.py, bf16; unsupported: FA4 (flash_attn.cute)")
+    assert (rows.git_commit == "abc1234").all() and (rows.column.iloc[2:] == "window 1x8k 16/16h").all()

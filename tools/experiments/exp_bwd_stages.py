@@ -67,7 +67,7 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
     checks = FEATURE_CHECKS if checks is None else checks
 
     from harness.features import measure
-    from reports.decisions import DecisionWriter
+    from reports.decisions import DecisionWriter, check_line, timing_line
 
     device = torch.device("cuda")
     with DecisionWriter(path, tool) as writer:
@@ -77,7 +77,7 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
             ok, notes = checker(device) if checker else check(device, checks)
             writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
                          tool=tool if ok else f"{tool}; wrong: {notes}"[:400])
-            print(f"{name:40s} {'ok' if ok else 'WRONG'}  {notes}", flush=True)
+            print(check_line(name, ok, notes), flush=True)
             if ok:
                 good.append(name)
         for _ in range(repeats):
@@ -88,12 +88,10 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
                     select(variants[name])
                     row = measure(case, "ours", "bwd", device, torch.bfloat16)
                     writer.write(name, column, "ms", row.get("ms", float("nan")), tool=_tool(row, tool))
-                    print(f"{column:28s} {name:40s} {row.get('ms', float('nan')):.3f} ms "
-                          f"{row.get('tflops', float('nan')):6.1f} TF/s {row.get('status')}", flush=True)
+                    print(timing_line(column, name, row), flush=True)
                 row = measure(case, "fa4", "bwd", device, torch.bfloat16)
                 writer.write("fa4", column, "ms", row.get("ms", float("nan")), tool=_tool(row, tool))
-                print(f"{column:28s} {'fa4':40s} {row.get('ms', float('nan')):.3f} ms {row.get('status')} "
-                      f"{row.get('reason', '')}"[:160], flush=True)
+                print(timing_line(column, "fa4", row), flush=True)
 
 
 def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select, production, cases=None,
