@@ -155,15 +155,16 @@ class DirectLaunch:
 
 
 def _tma_encoder():
-    """Triton 3.6's host TMA encoding (CUDA driver utils: fill_tma_descriptor) and its dtype codes, or
-    None where they are not there (no CUDA driver, another Triton)."""
+    """(Triton 3.6's host TMA encoding (CUDA driver utils: fill_tma_descriptor) and its dtype codes,
+    None), or (None, why) where they are not there (no CUDA driver, another Triton): the plans then
+    pass descriptors through Triton's own wrapper, as correct and slower on the host."""
     try:
         from triton.backends.nvidia.driver import TMA_DTYPE_DEVICE_TO_HOST
         from triton.runtime import driver
 
-        return driver.active.utils.fill_tma_descriptor, TMA_DTYPE_DEVICE_TO_HOST
-    except Exception:  # noqa: BLE001 -- any failure: the descriptors' own path
-        return None
+        return (driver.active.utils.fill_tma_descriptor, TMA_DTYPE_DEVICE_TO_HOST), None
+    except Exception as exc:  # noqa: BLE001 -- any failure: the descriptors' own path, its reason kept
+        return None, f"{type(exc).__name__}: {exc}"[:300]
 
 
 # Triton's launcher of a kernel with host-made descriptors encodes each one in Python at every launch
@@ -171,7 +172,7 @@ def _tma_encoder():
 # of its fields, its shape and strides, then the C encoding). DESCRIPTOR_EXPANSION: a plan's launch
 # encodes the tensors' addresses itself instead (FA2_KERNELS_DESCRIPTOR_EXPANSION=0: Triton's path),
 # read at each launch (experiments switch it).
-TMA_ENCODE = _tma_encoder()
+TMA_ENCODE, TMA_ENCODE_UNAVAILABLE = _tma_encoder()  # the reason, where there is no encoder
 DESCRIPTOR_EXPANSION = os.environ.get("FA2_KERNELS_DESCRIPTOR_EXPANSION", "1") != "0"
 
 

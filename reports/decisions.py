@@ -13,6 +13,12 @@ from reports.environment import git_commit
 COLUMNS = ("row", "column", "unit", "value", "tool", "git_commit")
 
 
+def status_tool(tool: str, status, reason, limit: int = 400) -> str:
+    """The tool column of a cell that was not measured: the tool, then the row's status and its
+    reason (whitespace collapsed), cut to `limit` characters."""
+    return f"{tool}; {status}: {' '.join(str(reason or '').split())}"[:limit]
+
+
 # The lines a backward experiment prints as it measures (tools/experiments/exp_bwd_stages.py's
 # compare_variants), and their parser: the rows of a run whose CSV did not come back with it are
 # read back from its printed log.
@@ -36,12 +42,12 @@ def rows_from_log(log: Path, out: Path, tool: str, commit: str) -> int:
     rows = 0
     with DecisionWriter(out, tool, commit=commit) as writer:
         for line in Path(log).read_text().splitlines():
-            name, _, rest = line[:NAME_WIDTH].strip(), line[NAME_WIDTH:NAME_WIDTH + 1], line[NAME_WIDTH + 1:]
+            name, rest = line[:NAME_WIDTH].strip(), line[NAME_WIDTH + 1:]
             if rest.startswith(("ok  ", "WRONG  ")):
                 ok = rest.startswith("ok")
                 notes = rest.split("  ", 1)[1]
                 writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
-                             tool=tool if ok else f"{tool}; wrong: {notes}"[:400])
+                             tool=tool if ok else status_tool(tool, "wrong", notes))
                 rows += 1
                 continue
             column, name = line[:COLUMN_WIDTH].strip(), line[COLUMN_WIDTH + 1:COLUMN_WIDTH + 1 + NAME_WIDTH].strip()
@@ -53,7 +59,7 @@ def rows_from_log(log: Path, out: Path, tool: str, commit: str) -> int:
             if "TF/s" in tail:  # timing_line's form; older lines carry no TFLOPs/s
                 tail = tail.split("TF/s", 1)[1].strip()
             status, _, reason = tail.partition(" ")
-            writer.write(name, column, "ms", value, tool=tool if status == "ok" else f"{tool}; {status}: {reason}"[:400])
+            writer.write(name, column, "ms", value, tool=tool if status == "ok" else status_tool(tool, status, reason))
             rows += 1
     return rows
 
@@ -101,7 +107,7 @@ class DecisionWriter:
                     row = time_one(case, value)
                     timed = "ms" in row and row.get("status", "ok") == "ok"
                     value_out = row["ms"] * scale if timed else float("nan")
-                    missing = f"{self.tool}; {row.get('status')}: {row.get('reason', '')}"[:600]
+                    missing = status_tool(self.tool, row.get("status"), row.get("reason", ""), limit=600)
                     self.write(name, column, unit, value_out, tool=None if timed else missing)
                     print(f"{column:28s} {name:{width}s} {value_out:.3f} {unit} {row.get('status')} "
                           f"{row.get('reason', '')}", flush=True)

@@ -419,3 +419,14 @@ def test_a_direct_launch_makes_the_templated_descriptors_on_the_jit_path():
     (desc, n, scale), = spied
     assert isinstance(desc, TensorDescriptor) and desc.base is b and desc.block_shape == [16, 32]
     assert (n, scale) == (64, 0.5)
+
+
+def test_without_a_tma_encoder_the_reason_is_kept():
+    """launch.TMA_ENCODE is Triton's host TMA encoder, or None with the reason it is not there
+    (no CUDA driver here on CPU): the plans then take Triton's own descriptor path, and why is
+    readable, not swallowed."""
+    from kernels import launch as launch_module
+
+    assert (launch_module.TMA_ENCODE is None) == bool(launch_module.TMA_ENCODE_UNAVAILABLE)
+    if launch_module.TMA_ENCODE is None:
+        assert ":" in launch_module.TMA_ENCODE_UNAVAILABLE  # 'ExceptionType: message'

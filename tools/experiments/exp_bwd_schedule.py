@@ -91,9 +91,11 @@ def check(device, cases=DENSE_CHECKS) -> tuple[bool, str]:
 def _tool(row: dict, tool: str = TOOL) -> str:
     """The rows' tool column (`tool`), with the measurement's status and reason where it is not
     'ok' (the table lists those cells)."""
+    from reports.decisions import status_tool
+
     if row.get("status") == "ok":
         return tool
-    return f"{tool}; {row.get('status')}: {' '.join(str(row.get('reason', '')).split())}"[:400]
+    return status_tool(tool, row.get("status"), row.get("reason", ""))
 
 
 def main() -> None:

@@ -7,13 +7,13 @@ drifts between runs by more than the differences measured here):
 - 'Python runner, Function.apply': launch.C_LAUNCH off, each kept kernel launched by its compiled
   kernel's Python runner (what every launch did while the C path's hook check never held), and
   autograd.Function.apply's Python wrapper;
-- 'C launcher, Triton's descriptor wrapper': Triton's C launcher called directly, the plans' host
+- 'C launcher and C apply, Triton's descriptor wrapper': Triton's C launcher called directly, the plans' host
   descriptors made as Python objects and expanded by Triton's wrapper around that launcher;
-- 'C launcher, descriptors encoded at each launch': launch.DESCRIPTOR_EXPANSION (the library's
+- 'C launcher and C apply, descriptors encoded at each launch': launch.DESCRIPTOR_EXPANSION (the library's
   default).
 
 The committed rows (reports/h200/decisions/host_launch_paths.csv) also hold a fourth path of ours,
-'C launcher, encodings kept by address': each descriptor position kept the encodings it made by
+'C launcher and C apply, encodings kept by address': each descriptor position kept the encodings it made by
 tensor address, a cache since removed (the commit the rows name has it; it did not pay).
 
 All but the first enter autograd.Function's C apply directly (ops._apply_flash_attn). Calls are
@@ -50,10 +50,10 @@ C_APPLY = ops._apply_flash_attn
 # path label -> (C launcher, C apply, descriptor expansion)
 PATHS = {
     "ours: Python runner, Function.apply": (False, False, False),
-    "ours: C launcher, Triton's descriptor wrapper": (True, True, False),
-    "ours: C launcher, descriptors encoded at each launch": (True, True, True),
+    "ours: C launcher and C apply, Triton's descriptor wrapper": (True, True, False),
+    "ours: C launcher and C apply, descriptors encoded at each launch": (True, True, True),
 }
-DEFAULT = "ours: C launcher, descriptors encoded at each launch"
+DEFAULT = "ours: C launcher and C apply, descriptors encoded at each launch"
 SDPA = "SDPA flash"
 
 
