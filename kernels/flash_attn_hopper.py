@@ -804,8 +804,35 @@ BWD_SPLIT_DIAGONAL = True
 # (VARLEN_BWD_SPLIT_MASKED); docs/performance.md has their timings.
 VARLEN_BWD_STATS_IN_SHARED = True
 VARLEN_BWD_SPLIT_MASKED = False
+# The dK/dV kernels' launch order (bwd_grid): (batch, kv head) pairs in sections of at most this
+# many, each section's key blocks block-major; "l2" sizes the sections to the L2 cache; 1 runs each
+# pair's key blocks in turn. Module-level so that an experiment can time the orders.
+BWD_HEAD_SECTION: int | str = 1
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
+
+
+@functools.cache
+def _l2_bytes(device_index: int) -> int:
+    return int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 50 << 20))
+
+
+def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: int, element_size: int,
+             device: torch.device, section: int | str | None = None) -> tuple[int, int, int]:
+    """The dK/dV kernels' grid (pairs in a section, key blocks, sections) for n_blocks key blocks
+    of `pairs` (batch, kv head) pairs (_bwd_program). A section holds the largest divisor of
+    `pairs` at most `section` (default BWD_HEAD_SECTION); "l2": at most as many pairs as keep
+    their Q, dO and float32 dQ accumulator (kv_group q heads of seqlen_q rows each) within the L2
+    cache (FlashAttention-4's backward tile scheduler, SingleTileLPTBwdScheduler in
+    flash_attn/cute/tile_scheduler.py, sizes its head sections so)."""
+    section = BWD_HEAD_SECTION if section is None else section
+    if section == "l2":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        section = max(1, _l2_bytes(index) // max(kv_group * seqlen_q * headdim * (2 * element_size + 4), 1))
+    if not isinstance(section, int) or section < 1:
+        raise ValueError(f"BWD_HEAD_SECTION must be a positive int or 'l2', got {section!r}")
+    width = next(w for w in range(min(section, pairs), 0, -1) if pairs % w == 0)
+    return width, n_blocks, pairs // width
 
 
 @builtin
@@ -832,11 +859,14 @@ def _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group,
 
 @gluon.jit
 def _bwd_program(num_heads, kv_group, BLOCK_N: gl.constexpr):
-    """The program's (batch, kv head, first key) of its (key block, batch x kv head); causal:
-    program 0 has the most query steps and starts first."""
+    """The program's (batch, kv head, first key) of its place in the grid (pair in its section,
+    key block, section of (batch x kv head) pairs; bwd_grid). Programs start in grid order, the
+    first axis fastest: a section's block 0 of every pair, then block 1 of every pair, and so on.
+    Causal, block 0 has the most query steps, so a section's longest programs start first
+    (longest-processing-time first)."""
     kv_heads = num_heads // kv_group
-    pid_bh = gl.program_id(1)
-    return pid_bh // kv_heads, pid_bh % kv_heads, gl.program_id(0) * BLOCK_N
+    pair = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
+    return pair // kv_heads, pair % kv_heads, gl.program_id(1) * BLOCK_N
 
 
 @gluon.jit
@@ -1215,7 +1245,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   DQ_FIRST: gl.constexpr = False, LATE_DELTA: gl.constexpr = True,
                                   SPLIT_DIAGONAL: gl.constexpr = True):
     """One program per (key block, batch x kv head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
-    parallelism over key blocks), partitioned as FA3's backward: a loader warp and two consumer
+    parallelism over key blocks; the grid's order: _bwd_program), partitioned as FA3's backward: a loader warp and two consumer
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
     seqlen, heads * head dim); num_heads counts q heads, kv_group of them share a kv head.
     Without FUSED_DQ, dq_desc is unused and dQ is the dQ kernel's
@@ -1459,7 +1489,7 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
                                          softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
                                          CAUSAL: gl.constexpr, STATS: gl.constexpr, SPLIT_MASKED: gl.constexpr):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (key block, sequence x
-    kv head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
+    kv head), in _bwd_program's order; sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
     sequence. A program past its sequence's last key block does nothing. STATS: the loader warp
     brings each step's L_i and D_i into shared memory by plain loads (by TMA, as the dense kernel
@@ -1573,7 +1603,8 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     descriptors[6] = descriptor_template(dq_template) if fused else descriptors[4]
     if stats:
         descriptors[7] = descriptors[8] = _stats_template(batch * heads, seqlen)
-    launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", (seqlen // BWD_BLOCK_N, batch * kv_heads),
+    grid = bwd_grid(seqlen // BWD_BLOCK_N, batch * kv_heads, kv_group, seqlen, headdim, q.element_size(), q.device)
+    launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
                            "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), "LATE_DELTA": BWD_LATE_DELTA,
                            "SPLIT_DIAGONAL": BWD_SPLIT_DIAGONAL, **flags},
@@ -1606,7 +1637,9 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     batch = cu_seqlens_q.shape[0] - 1
     dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
                                [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
-    grid = (triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1])
+    # a section's pairs share one sequence where it has as many kv heads: its mean length sizes them
+    grid = bwd_grid(triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1], heads // k.shape[1],
+                    max(total_q // max(batch, 1), 1), headdim, q.element_size(), q.device)
     _bwd_dkdv_varlen_launcher[grid](
         _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,

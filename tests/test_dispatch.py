@@ -393,6 +393,30 @@ def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster(monkeypatch):
     assert not hopper._dq_first(True, 4, flags(WINDOW=True))
 
 
+def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch):
+    """flash_attn_hopper.bwd_grid, the Gluon dK/dV kernels' launch order: (pairs in a section, key
+    blocks, sections), the section the largest divisor of the pairs at most the setting; "l2" as
+    many pairs as keep their Q, dO and float32 dQ accumulator within the L2 cache; a bad setting
+    is refused by name."""
+    from kernels import flash_attn_hopper as hopper
+
+    cpu = torch.device("cpu", 0)
+    assert hopper.bwd_grid(16, 32, 1, 8192, 128, 2, cpu, section=1) == (1, 16, 32)  # each pair in turn
+    assert hopper.bwd_grid(16, 32, 1, 8192, 128, 2, cpu, section=8) == (8, 16, 4)
+    assert hopper.bwd_grid(16, 24, 1, 8192, 128, 2, cpu, section=16) == (12, 16, 2)  # 16 does not divide 24
+    assert hopper.bwd_grid(16, 7, 1, 8192, 128, 2, cpu, section=64) == (7, 16, 1)
+    monkeypatch.setattr(hopper, "_l2_bytes", lambda index: 50 << 20)
+    # a pair at 8k rows, head dim 128, bf16: Q and dO 4 MiB, the dQ accumulator 4 MiB -> 6 in 50 MiB
+    assert hopper.bwd_grid(64, 32, 1, 8192, 128, 2, cpu, section="l2") == (4, 64, 8)
+    assert hopper.bwd_grid(64, 36, 1, 8192, 128, 2, cpu, section="l2") == (6, 64, 6)
+    assert hopper.bwd_grid(64, 16, 4, 8192, 128, 2, cpu, section="l2") == (1, 64, 16)  # 32 MiB a GQA pair
+    monkeypatch.setattr(hopper, "BWD_HEAD_SECTION", 2)
+    assert hopper.bwd_grid(8, 6, 1, 1024, 128, 2, cpu) == (2, 8, 3)
+    for bad in (0, "all", 1.5):
+        with pytest.raises(ValueError, match="BWD_HEAD_SECTION"):
+            hopper.bwd_grid(8, 6, 1, 1024, 128, 2, cpu, section=bad)
+
+
 def test_bank_conflict_report_counts_each_shared_memory_access_of_the_gluon_backward():
     """tools/compile_check_sm90.py --bank-conflicts: Triton's static count for each register-to-
     shared access of the Gluon dK/dV kernel's query step, the fused dQ tile under every swizzle a

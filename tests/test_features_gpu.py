@@ -113,6 +113,30 @@ def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("section", [1, 2, 4, "l2", 1000])
+def test_gpu_gluon_backward_in_every_launch_order(section, monkeypatch):
+    """The Gluon dK/dV kernels' launch order (flash_attn_hopper.BWD_HEAD_SECTION, bwd_grid): each
+    pair's key blocks in turn, sections of 2 or of 4 pairs (a width that does not divide 6 pairs
+    takes the largest divisor, 3), L2-sized, and every pair together; each must visit every
+    (pair, key block) once: the dense GQA backward (6 pairs, causal, and with a window) and a
+    packed batch (12 pairs) against float64."""
+    from kernels import backward
+    from kernels import flash_attn_hopper as hopper
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    monkeypatch.setattr(hopper, "BWD_HEAD_SECTION", section)
+    backward._PLANS.clear()  # plans hold the grid they were made with
+    try:
+        check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=True)
+        check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=True, window=(300, 0))
+        check_varlen([1500, 700, 2000, 129, 1024, 300], [1500, 700, 2000, 129, 1024, 300], 8, 2, 128,
+                     torch.bfloat16, device="cuda", causal=True)
+    finally:
+        backward._PLANS.clear()
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (128, 0))])
 def test_gpu_varlen(causal, window, dtype):
