@@ -807,7 +807,7 @@ VARLEN_BWD_SPLIT_MASKED = False
 # The dK/dV kernels' launch order (bwd_grid): (batch, kv head) pairs in sections of at most this
 # many, each section's key blocks block-major; "l2" sizes the sections to the L2 cache; 1 runs each
 # pair's key blocks in turn. Module-level so that an experiment can time the orders.
-BWD_HEAD_SECTION: int | str = 1
+BWD_HEAD_SECTION: int | str = "l2"
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
