@@ -804,6 +804,18 @@ BWD_SPLIT_DIAGONAL = True
 # (VARLEN_BWD_SPLIT_MASKED); docs/performance.md has their timings.
 VARLEN_BWD_STATS_IN_SHARED = True
 VARLEN_BWD_SPLIT_MASKED = False
+# With one loop: every step masked (False), or each step masked only where it needs it, told at run
+# time as the dense kernel's one loop did (True; ignored where the masked steps run apart).
+VARLEN_BWD_MASK_AT_RUN_TIME = False
+
+
+def varlen_bwd_masking() -> int:
+    """The varlen dK/dV kernel's SPLIT_MASKED constexpr from the module's settings: 0 one loop,
+    every step masked; 1 the masked steps in a loop of their own; 2 one loop, each step masked
+    where it needs it (a run-time check)."""
+    if VARLEN_BWD_SPLIT_MASKED:
+        return 1
+    return 2 if VARLEN_BWD_MASK_AT_RUN_TIME else 0
 # The dK/dV kernels' launch order (bwd_grid): (batch, kv head) pairs in sections of at most this
 # many, each section's key blocks block-major; "l2" sizes the sections to the L2 cache; 1 runs each
 # pair's key blocks in turn. Module-level so that an experiment can time the orders.
@@ -1361,14 +1373,17 @@ def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit, 
 @gluon.jit
 def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.constexpr, STATS: gl.constexpr,
                      MASKED: gl.constexpr):
-    """One query step of _varlen_bwd_dkdv_partition's loop (_bwd_dkdv_step's, dQ fused); MASKED: P^T
-    is masked to the sequence's keys and, causal, to each row's visible ones. Returns dK_j, dV_j."""
+    """One query step of _varlen_bwd_dkdv_partition's loop (_bwd_dkdv_step's, dQ fused); MASKED 1: P^T
+    is masked to the sequence's keys and, causal, to each row's visible ones; 2: so where the step
+    needs it (the block's keys run past the sequence's end, or, causal, some row of the step does
+    not see every key of this half), told at run time; 0: not masked. Returns dK_j, dV_j."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
      qk_scale, lse_smem, delta_smem, stats_bar) = args
-    k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf = ctx
+    k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys = ctx
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     STAGES: gl.constexpr = q_smem.type.shape[0]
     dtype: gl.constexpr = q_desc.dtype
@@ -1392,11 +1407,18 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
         delta = gl.load(Delta + stats_row + offs_m, mask=rows_ok, other=0.0)[None, :]
     s = warpgroup_mma_wait(1, deps=[s_tok])
     p = gl.exp2(s * qk_scale - lse)
-    if MASKED:  # keys past the sequence's end and, causal, past a row's diagonal
+    if MASKED == 1:  # keys past the sequence's end and, causal, past a row's diagonal
         if CAUSAL:
             p = gl.where(keys_ok[:, None] & (offs_n[:, None] <= offs_m[None, :] + shift), p, 0.0)
         else:
             p = gl.where(keys_ok[:, None], p, 0.0)
+    elif MASKED == 2:  # the same, where the step needs it: row m + shift sees keys up to itself
+        if CAUSAL:
+            if partial_keys | (m + shift < first_key + ROWS - 1):
+                p = gl.where(keys_ok[:, None] & (offs_n[:, None] <= offs_m[None, :] + shift), p, 0.0)
+        else:
+            if partial_keys:
+                p = gl.where(keys_ok[:, None], p, 0.0)
     p_op = gl.convert_layout(p.to(dtype), op_layout)
     if STATS:
         delta = delta_smem.index(stage).load(offs_m_base.type.layout)[None, :]
@@ -1443,12 +1465,12 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, S
     dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
     dq_buf = dq_smem.index(HALF)
     mbarrier.wait(kv_bar, 0)
-    ctx = (k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf)
+    ctx = (k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys)
     # the steps that need a mask come first in each q head's run: all of them in the sequence's last,
     # partial key block; else, causal, those whose rows cross the block's diagonal (bottom-right).
-    # They run in a loop of their own, and the other steps' code has no mask
-    # (SPLIT_MASKED; else one loop, each step masked)
-    if not SPLIT_MASKED or partial_keys:
+    # They run in a loop of their own, and the other steps' code has no mask (SPLIT_MASKED 1);
+    # else one loop, each step masked (0) or each told at run time whether it needs the mask (2)
+    if SPLIT_MASKED != 1 or partial_keys:
         masked_steps = n_steps
     elif CAUSAL:
         masked_steps = gl.minimum(gl.maximum(start_n + 2 * ROWS - 1 - shift - first_m + BLOCK_M - 1, 0) // BLOCK_M,
@@ -1457,9 +1479,10 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, S
         masked_steps = 0
     for group in range(kv_group):
         for i in range(masked_steps):
-            dk, dv = _varlen_bwd_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, HALF, STATS, True)
+            dk, dv = _varlen_bwd_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, HALF, STATS,
+                                      2 if SPLIT_MASKED == 2 else 1)
         for i in range(masked_steps, n_steps):
-            dk, dv = _varlen_bwd_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, HALF, STATS, False)
+            dk, dv = _varlen_bwd_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, HALF, STATS, 0)
 
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
@@ -1645,7 +1668,7 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
         dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
         softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal,
-        STATS=VARLEN_BWD_STATS_IN_SHARED, SPLIT_MASKED=VARLEN_BWD_SPLIT_MASKED, num_warps=4, maxnreg=168)
+        STATS=VARLEN_BWD_STATS_IN_SHARED, SPLIT_MASKED=varlen_bwd_masking(), num_warps=4, maxnreg=168)
 
 
 # The entry points as defined here: forward.py and backward.py run their plans while the module's

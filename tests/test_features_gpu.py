@@ -157,12 +157,17 @@ def test_gpu_varlen(causal, window, dtype):
     (128, [1500, 0, 700, 2000, 129, 1024], [1100, 300, 700, 2048, 0, 1024]),
     (64, [4200, 300, 17, 4096], [4096, 600, 17, 3000]),
 ])
-def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype):
+@pytest.mark.parametrize("mask_at_run_time", [False, True], ids=["masked-every-step", "mask-checked"])
+def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, mask_at_run_time, monkeypatch):
     """Packed sequences on an H100/H200 take the Gluon varlen forward and, at head dim 128, the
     Gluon varlen dK/dV kernel with dQ fused (asserted, so a change of rule cannot quietly test the
-    Triton kernels instead), and match the float64 reference, the logsumexp too."""
+    Triton kernels instead), and match the float64 reference, the logsumexp too; the backward's
+    one loop masking every step or each where it needs it (VARLEN_BWD_MASK_AT_RUN_TIME)."""
+    from kernels import flash_attn_hopper as hopper
+
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    monkeypatch.setattr(hopper, "VARLEN_BWD_MASK_AT_RUN_TIME", mask_at_run_time)
     cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
                   for lengths in (lengths_q, lengths_k))
     features = Features(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q),

@@ -225,7 +225,7 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "STATS": hopper.VARLEN_BWD_STATS_IN_SHARED,
-                         "SPLIT_MASKED": hopper.VARLEN_BWD_SPLIT_MASKED})
+                         "SPLIT_MASKED": hopper.varlen_bwd_masking()})
 
 
 def main() -> None:
