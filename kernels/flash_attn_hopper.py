@@ -806,7 +806,7 @@ VARLEN_BWD_STATS_IN_SHARED = True
 VARLEN_BWD_SPLIT_MASKED = False
 # With one loop: every step masked (False), or each step masked only where it needs it, told at run
 # time as the dense kernel's one loop did (True; ignored where the masked steps run apart).
-VARLEN_BWD_MASK_AT_RUN_TIME = False
+VARLEN_BWD_MASK_AT_RUN_TIME = True
 
 
 def varlen_bwd_masking() -> int:
