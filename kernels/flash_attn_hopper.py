@@ -805,7 +805,8 @@ BWD_SPLIT_DIAGONAL = True
 VARLEN_BWD_STATS_IN_SHARED = True
 VARLEN_BWD_SPLIT_MASKED = False
 # With one loop: every step masked (False), or each step masked only where it needs it, told at run
-# time as the dense kernel's one loop did (True; ignored where the masked steps run apart).
+# time as the dense kernel's one loop did (True; ignored where the masked steps run apart): faster
+# causal, level otherwise (docs/performance.md).
 VARLEN_BWD_MASK_AT_RUN_TIME = True
 
 

@@ -253,6 +253,8 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
                           "L, D from global, one loop"),
                          ("by the loader: masked steps apart / one loop, time",
                           "L, D by the loader, masked steps apart", "L, D by the loader, one loop")),
+    "varlen_bwd_mask": (("masked where a step needs it / every step, time", "masked where a step needs it",
+                         "every step masked"),),
     "varlen_bwd_loads_fa4": (("by the loader, masked steps apart / from global, one loop, time",
                               "L, D by the loader, masked steps apart", "L, D from global, one loop"),
                              ("from global, one loop / FA4, time", "L, D from global, one loop", "fa4"),
