@@ -136,6 +136,8 @@ def hopper_gluon_varlen_bwd_applies(config: BwdConfig, q, k, v, do, features: Fe
     a deterministic backward is asked for (the dQ reduce-adds' order varies between runs)."""
     if deterministic or not config.hopper_gluon_fused_dq or q.shape[-1] != 128:
         return False
+    if -(-features.max_seqlen_k // flash_attn_hopper.BWD_BLOCK_N) > flash_attn_hopper.BWD_MAX_KEY_BLOCKS:
+        return False  # the grid's second axis (flash_attn_hopper.bwd_grid)
     scope = FwdConfig(128, 128, 4, 1, hopper_gluon_min_keys=config.hopper_gluon_min_keys)
     return hopper_gluon_varlen_applies(scope, q, k, v, do, features)
 
@@ -182,7 +184,8 @@ def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, de
                              and bwd_gluon_fuses_dq(config, q.shape[3], deterministic)):
         return "triton"
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
-            and hopper_gluon_applies(q, k, v, do) and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0):
+            and hopper_gluon_applies(q, k, v, do) and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0
+            and k.shape[1] // flash_attn_hopper.BWD_BLOCK_N <= flash_attn_hopper.BWD_MAX_KEY_BLOCKS):
         return HOPPER_GLUON_PATH
     return "triton"
 

@@ -822,6 +822,7 @@ def varlen_bwd_masking() -> int:
 # pair's key blocks in turn. Module-level so that an experiment can time the orders.
 BWD_HEAD_SECTION: int | str = "l2"
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
+BWD_MAX_KEY_BLOCKS = 65535  # key blocks on the grid's second axis (bwd_grid): CUDA's limit there
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
 
@@ -837,7 +838,12 @@ def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: i
     `pairs` at most `section` (default BWD_HEAD_SECTION); "l2": at most as many pairs as keep
     their Q, dO and float32 dQ accumulator (kv_group q heads of seqlen_q rows each) within the L2
     cache (FlashAttention-4's backward tile scheduler, SingleTileLPTBwdScheduler in
-    flash_attn/cute/tile_scheduler.py, sizes its head sections so)."""
+    flash_attn/cute/tile_scheduler.py, sizes its head sections so; the accumulator is counted
+    whether or not the call fuses dQ). Refuses more than BWD_MAX_KEY_BLOCKS key blocks, which the
+    dispatch keeps off these kernels (dispatch.bwd_dkdv_path, hopper_gluon_varlen_bwd_applies)."""
+    if not 0 < n_blocks <= BWD_MAX_KEY_BLOCKS or pairs < 1:
+        raise ValueError(f"the dK/dV grid takes 1..{BWD_MAX_KEY_BLOCKS} key blocks and at least one (batch, kv head) "
+                         f"pair, got {n_blocks} key blocks and {pairs} pairs")
     section = BWD_HEAD_SECTION if section is None else section
     if section == "l2":
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -1257,8 +1263,8 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   ALIBI: gl.constexpr = False, STATS: gl.constexpr = False,
                                   DQ_FIRST: gl.constexpr = False, LATE_DELTA: gl.constexpr = True,
                                   SPLIT_DIAGONAL: gl.constexpr = True):
-    """One program per (key block, batch x kv head) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
-    parallelism over key blocks; the grid's order: _bwd_program), partitioned as FA3's backward: a loader warp and two consumer
+    """One program per (batch, kv head, key block) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
+    parallelism over key blocks; placed by bwd_grid and _bwd_program), partitioned as FA3's backward: a loader warp and two consumer
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
     seqlen, heads * head dim); num_heads counts q heads, kv_group of them share a kv head.
     Without FUSED_DQ, dq_desc is unused and dQ is the dQ kernel's
@@ -1512,8 +1518,8 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
                                          Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
                                          softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
                                          CAUSAL: gl.constexpr, STATS: gl.constexpr, SPLIT_MASKED: gl.constexpr):
-    """The Gluon dK/dV kernel with dQ fused over packed sequences: program (key block, sequence x
-    kv head), in _bwd_program's order; sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
+    """The Gluon dK/dV kernel with dQ fused over packed sequences: program (sequence, kv head, key
+    block), placed by bwd_grid and _bwd_program; sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
     sequence. A program past its sequence's last key block does nothing. STATS: the loader warp
     brings each step's L_i and D_i into shared memory by plain loads (by TMA, as the dense kernel

@@ -171,6 +171,9 @@ def test_hopper_gluon_varlen_backward_scope():
     assert not applies(config=dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_fused_dq=False))
     assert not applies(features=dataclasses.replace(features, max_seqlen_k=512))  # below 1k keys
     assert not applies(features=dataclasses.replace(features, softcap=1.0))
+    # a longest sequence of more key blocks than the grid's second axis takes (flash_attn_hopper.bwd_grid)
+    blocks = dispatch.flash_attn_hopper.BWD_MAX_KEY_BLOCKS
+    assert not applies(features=dataclasses.replace(features, max_seqlen_k=blocks * 128 + 1))
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -213,6 +216,12 @@ def test_hopper_gluon_dkdv_scope():
     assert bwd_dkdv_path(config, q, q, q, do_t) == "triton"
     q32 = q.float()
     assert bwd_dkdv_path(config, q32, q32, q32, q32) == "triton"
+    # more key blocks than the grid's second axis takes (flash_attn_hopper.bwd_grid): the Triton kernel
+    from kernels import flash_attn_hopper as hopper
+
+    for blocks, path in ((hopper.BWD_MAX_KEY_BLOCKS, HOPPER_GLUON_PATH), (hopper.BWD_MAX_KEY_BLOCKS + 1, "triton")):
+        long = torch.empty(1, blocks * hopper.BWD_BLOCK_N, 1, 128, dtype=torch.bfloat16, device="meta")
+        assert bwd_dkdv_path(config, long, long, long, long) == path, blocks
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
@@ -415,6 +424,9 @@ def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch)
     for bad in (0, "all", 1.5):
         with pytest.raises(ValueError, match="BWD_HEAD_SECTION"):
             hopper.bwd_grid(8, 6, 1, 1024, 128, 2, cpu, section=bad)
+    for blocks, pairs in ((hopper.BWD_MAX_KEY_BLOCKS + 1, 6), (0, 6), (8, 0)):
+        with pytest.raises(ValueError, match="key blocks"):
+            hopper.bwd_grid(blocks, pairs, 1, 1024, 128, 2, cpu)
 
 
 def test_bank_conflict_report_counts_each_shared_memory_access_of_the_gluon_backward():

@@ -119,21 +119,33 @@ def test_gpu_gluon_backward_in_every_launch_order(section, monkeypatch):
     pair's key blocks in turn, sections of 2 or of 4 pairs (a width that does not divide 6 pairs
     takes the largest divisor, 3), L2-sized, and every pair together; each must visit every
     (pair, key block) once: the dense GQA backward (6 pairs, causal, and with a window) and a
-    packed batch (12 pairs) against float64."""
+    packed batch (12 pairs) against float64, on the Gluon kernels (asserted, so a Gluon build that
+    fails cannot send them to the Triton ones unseen)."""
     from kernels import backward
     from kernels import flash_attn_hopper as hopper
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    lengths = [1500, 700, 2000, 129, 1024, 300]
+    like_q = torch.empty(3, 1024, 8, 128, device="cuda", dtype=torch.bfloat16)
+    like_k = torch.empty(3, 1024, 2, 128, device="cuda", dtype=torch.bfloat16)
+    assert dispatch.bwd_dkdv_path(default_bwd_config(128, like_q.device), like_q, like_k, like_k,
+                                  like_q) == dispatch.HOPPER_GLUON_PATH
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    packed = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
+    packed_q = torch.empty(sum(lengths), 8, 128, device="cuda", dtype=torch.bfloat16)
+    packed_k = torch.empty(sum(lengths), 2, 128, device="cuda", dtype=torch.bfloat16)
+    assert dispatch.hopper_gluon_varlen_bwd_applies(default_bwd_config(128, like_q.device), packed_q, packed_k,
+                                                    packed_k, packed_q, packed)
     monkeypatch.setattr(hopper, "BWD_HEAD_SECTION", section)
     backward._PLANS.clear()  # plans hold the grid they were made with
     try:
         check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=True)
         check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=True, window=(300, 0))
-        check_varlen([1500, 700, 2000, 129, 1024, 300], [1500, 700, 2000, 129, 1024, 300], 8, 2, 128,
-                     torch.bfloat16, device="cuda", causal=True)
+        check_varlen(lengths, lengths, 8, 2, 128, torch.bfloat16, device="cuda", causal=True)
     finally:
         backward._PLANS.clear()
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
 @pytest.mark.usefixtures("poisoned_allocations")

@@ -47,7 +47,10 @@ def select(value) -> None:
     from kernels import backward
     from kernels import flash_attn_hopper as hopper
 
-    hopper.VARLEN_BWD_STATS_IN_SHARED, hopper.VARLEN_BWD_SPLIT_MASKED = value
+    # a variant's one loop masks every step, as when its rows were taken (VARLEN_BWD_MASK_AT_RUN_TIME
+    # off); the code's own setting comes back with the production value's third entry
+    hopper.VARLEN_BWD_STATS_IN_SHARED, hopper.VARLEN_BWD_SPLIT_MASKED, hopper.VARLEN_BWD_MASK_AT_RUN_TIME = (
+        *value, False)[:3]
     backward._PLANS.clear()
 
 
@@ -84,7 +87,8 @@ def main() -> None:
     from kernels import flash_attn_hopper as hopper
 
     run_experiment(__doc__, "varlen_bwd_loads.csv", TOOL, VARIANTS, select,
-                   (hopper.VARLEN_BWD_STATS_IN_SHARED, hopper.VARLEN_BWD_SPLIT_MASKED), cases=cases(), checker=check)
+                   (hopper.VARLEN_BWD_STATS_IN_SHARED, hopper.VARLEN_BWD_SPLIT_MASKED, hopper.VARLEN_BWD_MASK_AT_RUN_TIME),
+                   cases=cases(), checker=check)
 
 
 if __name__ == "__main__":
