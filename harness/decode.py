@@ -80,8 +80,10 @@ def timing_copies(batch: int, cache_len: int, kv_heads: int, device) -> int:
     L2_COPIES_FACTOR x the L2 size, so no captured call finds its cache in L2 (1 off CUDA)."""
     if device.type != "cuda":
         return 1
-    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
-    return max(1, math.ceil(L2_COPIES_FACTOR * l2_bytes / kv_bytes(batch, cache_len, kv_heads)))
+    from kernels.common import l2_cache_bytes
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return max(1, math.ceil(L2_COPIES_FACTOR * l2_cache_bytes(index) / kv_bytes(batch, cache_len, kv_heads)))
 
 
 class Inputs:

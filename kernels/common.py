@@ -3,6 +3,7 @@ causal key range, and the host helpers of their launchers."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -94,6 +95,13 @@ def cdiv(a: int, b: int) -> int:
     cProfile (up to four calls per forward+backward; see kernels/launch.py on why host time
     matters)."""
     return -(-a // b)
+
+
+@functools.cache
+def l2_cache_bytes(device_index: int) -> int:
+    """The L2 cache of CUDA device `device_index` in bytes, as torch reports it; a torch without
+    the property: 50 MiB (the H100/H200's)."""
+    return int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 50 << 20))
 
 
 def interpreter_enabled() -> bool:

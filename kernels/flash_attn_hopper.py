@@ -63,6 +63,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .common import l2_cache_bytes
 from .features import _scores, _tanh
 from .launch import CachedLauncher, DirectLaunch, descriptor_template
 
@@ -826,20 +827,17 @@ BWD_MAX_KEY_BLOCKS = 65535  # key blocks on the grid's second axis (bwd_grid): C
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
 
-@functools.cache
-def _l2_bytes(device_index: int) -> int:
-    return int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 50 << 20))
-
-
 def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: int, element_size: int,
              device: torch.device, section: int | str | None = None) -> tuple[int, int, int]:
     """The dK/dV kernels' grid (pairs in a section, key blocks, sections) for n_blocks key blocks
     of `pairs` (batch, kv head) pairs (_bwd_program). A section holds the largest divisor of
     `pairs` at most `section` (default BWD_HEAD_SECTION); "l2": at most as many pairs as keep
     their Q, dO and float32 dQ accumulator (kv_group q heads of seqlen_q rows each) within the L2
-    cache (FlashAttention-4's backward tile scheduler, SingleTileLPTBwdScheduler in
-    flash_attn/cute/tile_scheduler.py, sizes its head sections so; the accumulator is counted
-    whether or not the call fuses dQ). Refuses more than BWD_MAX_KEY_BLOCKS key blocks, which the
+    cache (common.l2_cache_bytes), the budget FlashAttention-4's backward tile scheduler
+    (SingleTileLPTBwdScheduler in flash_attn/cute/tile_scheduler.py) sizes its head sections by;
+    it rounds down to a power of two and runs a narrower last section, here the largest divisor
+    of the pairs keeps every section whole. The accumulator is counted whether or not the call
+    fuses dQ. Refuses more than BWD_MAX_KEY_BLOCKS key blocks, which the
     dispatch keeps off these kernels (dispatch.bwd_dkdv_path, hopper_gluon_varlen_bwd_applies)."""
     if not 0 < n_blocks <= BWD_MAX_KEY_BLOCKS or pairs < 1:
         raise ValueError(f"the dK/dV grid takes 1..{BWD_MAX_KEY_BLOCKS} key blocks and at least one (batch, kv head) "
@@ -847,7 +845,7 @@ def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: i
     section = BWD_HEAD_SECTION if section is None else section
     if section == "l2":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        section = max(1, _l2_bytes(index) // max(kv_group * seqlen_q * headdim * (2 * element_size + 4), 1))
+        section = max(1, l2_cache_bytes(index) // max(kv_group * seqlen_q * headdim * (2 * element_size + 4), 1))
     if not isinstance(section, int) or section < 1:
         raise ValueError(f"BWD_HEAD_SECTION must be a positive int or 'l2', got {section!r}")
     width = next(w for w in range(min(section, pairs), 0, -1) if pairs % w == 0)

@@ -414,7 +414,7 @@ def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch)
     assert hopper.bwd_grid(16, 32, 1, 8192, 128, 2, cpu, section=8) == (8, 16, 4)
     assert hopper.bwd_grid(16, 24, 1, 8192, 128, 2, cpu, section=16) == (12, 16, 2)  # 16 does not divide 24
     assert hopper.bwd_grid(16, 7, 1, 8192, 128, 2, cpu, section=64) == (7, 16, 1)
-    monkeypatch.setattr(hopper, "_l2_bytes", lambda index: 50 << 20)
+    monkeypatch.setattr(hopper, "l2_cache_bytes", lambda index: 50 << 20)
     # a pair at 8k rows, head dim 128, bf16: Q and dO 4 MiB, the dQ accumulator 4 MiB -> 6 in 50 MiB
     assert hopper.bwd_grid(64, 32, 1, 8192, 128, 2, cpu, section="l2") == (4, 64, 8)
     assert hopper.bwd_grid(64, 36, 1, 8192, 128, 2, cpu, section="l2") == (6, 64, 6)
