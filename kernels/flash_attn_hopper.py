@@ -809,13 +809,6 @@ VARLEN_BWD_SPLIT_MASKED = False
 # time as the dense kernel's one loop did (True; ignored where the masked steps run apart): faster
 # causal, level otherwise (docs/performance.md).
 VARLEN_BWD_MASK_AT_RUN_TIME = True
-# The fused dQ's exchange of dS^T between the two consumer warpgroups (both dK/dV kernels'
-# PAIR_BARRIER): each arrives on a per-step-parity mbarrier and waits on it (False), or arrives at
-# a named barrier and waits at the other's (True, FA3's and FA4's NamedBarrier); ids from
-# PAIR_BARRIER_ID, four of them (two directions, two step parities), above the ones Triton's warp
-# specialisation takes. docs/performance.md has their timings.
-BWD_PAIR_BARRIER = False
-PAIR_BARRIER_ID: gl.constexpr = gl.constexpr(12)
 
 
 def varlen_bwd_masking() -> int:
@@ -1012,58 +1005,34 @@ def _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout: gl.c
 
 
 @gluon.jit
-def _pair_barrier(barrier_id, ARRIVE: gl.constexpr):
-    """One of the named barriers the two consumer warpgroups exchange dS^T by (FA3's and FA4's
-    NamedBarrier, which Gluon does not wrap): every thread of this warpgroup arrives at barrier
-    `barrier_id` (ARRIVE, bar.arrive: no wait) or arrives and waits until the other warpgroup's 128
-    threads have arrived there too (bar.sync); 256 threads complete a phase."""
-    ids = gl.full([128], 0, gl.int32, layout=gl.BlockedLayout([1], [32], [4], [0])) + barrier_id
-    if ARRIVE:
-        gl.inline_asm_elementwise("bar.arrive $1, 256;\n\tmov.b32 $0, $1;", "=r,r", [ids], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-    else:
-        gl.inline_asm_elementwise("bar.sync $1, 256;\n\tmov.b32 $0, $1;", "=r,r", [ids], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-
-@gluon.jit
-def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr, PAIR_BARRIER: gl.constexpr):
+def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr):
     """The fused dQ's exchange: this consumer's dS^T into the step's buffer pair (two pairs: a
-    consumer may be one step ahead), then its arrival on the pair's mbarrier or, PAIR_BARRIER, on
-    its own named barrier of the pair (PAIR_BARRIER_ID + 2 * parity + HALF; _bwd_issue_dq waits on
-    the other's). Returns the pair."""
+    consumer may be one step ahead), then its arrival on the pair's mbarrier. Returns the pair."""
     parity = step % 2
     ds_smem.index(2 * parity + HALF).store(ds)
     fence_async_shared()
-    if PAIR_BARRIER:
-        _pair_barrier(PAIR_BARRIER_ID + 2 * parity + HALF, True)
-    else:
-        gl.thread_barrier()  # the whole warpgroup's stores, before one thread arrives
-        mbarrier.arrive(ds_bar.index(parity), count=1)
+    gl.thread_barrier()  # the whole warpgroup's stores, before one thread arrives
+    mbarrier.arrive(ds_bar.index(parity), count=1)
     return parity
 
 
 @gluon.jit
 def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
-                HALF: gl.constexpr, PAIR_BARRIER: gl.constexpr):
+                HALF: gl.constexpr):
     """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
     columns] = dS K_j[:, columns] over both halves' keys, scaled and added into the float32
     accumulator behind dq_desc (rows from q_row0) by one TMA reduce-add."""
-    dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF, PAIR_BARRIER)
+    dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
     dq = warpgroup_mma_wait(0, deps=[dq_tok])
     _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
 
 
 @gluon.jit
-def _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF: gl.constexpr,
-                  PAIR_BARRIER: gl.constexpr):
+def _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF: gl.constexpr):
     """Once both consumers' dS^T are in place, the matmul dS K_j[:, this consumer's columns] over
     both halves' keys, in flight."""
     DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]
-    if PAIR_BARRIER:  # the other consumer's arrival (_bwd_share_ds)
-        _pair_barrier(PAIR_BARRIER_ID + 2 * parity + 1 - HALF, False)
-    else:
-        mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
+    mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
     dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
                            k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
                            use_acc=False, is_async=True)
@@ -1108,7 +1077,7 @@ def _bwd_delta_row(Delta, delta_smem, stage, lse_row, seqlen, offs_m, s_layout: 
 @gluon.jit
 def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
                    ALIBI: gl.constexpr, FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr,
-                   HALF: gl.constexpr, LATE_DELTA: gl.constexpr, DIAGONAL: gl.constexpr, PAIR_BARRIER: gl.constexpr):
+                   HALF: gl.constexpr, LATE_DELTA: gl.constexpr, DIAGONAL: gl.constexpr):
     """One query step of _bwd_dkdv_partition's loop (FA2 Alg. 2 lines 8-16 for Q_i, dO_i): `ctx` the
     partition's per-program values, the constexprs its own. DIAGONAL (causal): 1 where the step's
     rows cross the key block's diagonal, so P^T is masked, 0 where they do not, 2 where the step
@@ -1173,11 +1142,11 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
     if FUSED_DQ and DQ_FIRST:
         # lines 12 and 14 as below, dS^T to the other consumer before its A operand is made
         dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
-        parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF, PAIR_BARRIER)
+        parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
         ds_op = gl.convert_layout(ds, op_layout)
         # line 15 (this consumer's columns of dQ_i), then line 16: dK_j += dS^T Q_i; dQ is
         # written and reduce-added while the dK matmul runs
-        dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF, PAIR_BARRIER)
+        dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
         dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
         dq = warpgroup_mma_wait(1, deps=[dq_tok])  # dV's and dQ's matmuls have finished
         _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
@@ -1187,19 +1156,19 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul; line 16: dK_j += dS^T Q_i
         dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
         if FUSED_DQ:  # dS^T to the other consumer: line 15 needs both halves' keys
-            parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF, PAIR_BARRIER)
+            parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
         if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
             _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                        softmax_scale, HALF, PAIR_BARRIER)
+                        softmax_scale, HALF)
     return dk, dv
 
 
 @gluon.jit
 def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                         FUSED_DQ: gl.constexpr, STATS: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr,
-                        LATE_DELTA: gl.constexpr, SPLIT_DIAGONAL: gl.constexpr, PAIR_BARRIER: gl.constexpr):
+                        LATE_DELTA: gl.constexpr, SPLIT_DIAGONAL: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
     block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
     shared-memory operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
@@ -1252,14 +1221,14 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         for group in range(kv_group):
             for i in range(DIAGONAL_STEPS):
                 dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                                        FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 1, PAIR_BARRIER)
+                                        FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 1)
             for i in range(DIAGONAL_STEPS, n_steps):
                 dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                                        FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 0, PAIR_BARRIER)
+                                        FUSED_DQ, STATS, DQ_FIRST, HALF, LATE_DELTA, 0)
     else:
         for step in range(n_steps * kv_group):
             dk, dv = _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS,
-                                    DQ_FIRST, HALF, LATE_DELTA, 2, PAIR_BARRIER)
+                                    DQ_FIRST, HALF, LATE_DELTA, 2)
 
     if FUSED_DQ:  # the other consumer's last dQ matmul reads this half of K: wait for it
         mbarrier.arrive(done_bar, count=1)
@@ -1291,7 +1260,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   FUSED_DQ: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
                                   ALIBI: gl.constexpr = False, STATS: gl.constexpr = False,
                                   DQ_FIRST: gl.constexpr = False, LATE_DELTA: gl.constexpr = True,
-                                  SPLIT_DIAGONAL: gl.constexpr = True, PAIR_BARRIER: gl.constexpr = False):
+                                  SPLIT_DIAGONAL: gl.constexpr = True):
     """One program per (batch, kv head, key block) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks; placed by bwd_grid and _bwd_program), partitioned as FA3's backward: a loader warp and two consumer
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
@@ -1341,9 +1310,9 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart.
     gl.warp_specialize([
         (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0, LATE_DELTA,
-                                SPLIT_DIAGONAL, PAIR_BARRIER)),
+                                SPLIT_DIAGONAL)),
         (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 1, LATE_DELTA,
-                                SPLIT_DIAGONAL, PAIR_BARRIER)),
+                                SPLIT_DIAGONAL)),
         (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, STATS, DQ_FIRST, 0)),
     ], [4, 1], [240, 24])
 
@@ -1408,7 +1377,7 @@ def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit, 
 
 @gluon.jit
 def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.constexpr, STATS: gl.constexpr,
-                     MASKED: gl.constexpr, PAIR_BARRIER: gl.constexpr):
+                     MASKED: gl.constexpr):
     """One query step of _varlen_bwd_dkdv_partition's loop (_bwd_dkdv_step's, dQ fused); MASKED 1: P^T
     is masked to the sequence's keys and, causal, to each row's visible ones; 2: so where the step
     needs it (the block's keys run past the sequence's end, or, causal, some row of the step does
@@ -1459,17 +1428,17 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
     if STATS:
         delta = delta_smem.index(stage).load(offs_m_base.type.layout)[None, :]
     dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
-    parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF, PAIR_BARRIER)
+    parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
     dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
     mbarrier.arrive(empty_bar.index(stage), count=1)
     _bwd_add_dq(dq_desc, q_start, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
-                HALF, PAIR_BARRIER)
+                HALF)
     return dk, dv
 
 
 @gluon.jit
 def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, STATS: gl.constexpr,
-                               SPLIT_MASKED: gl.constexpr, PAIR_BARRIER: gl.constexpr):
+                               SPLIT_MASKED: gl.constexpr):
     """_bwd_dkdv_partition (dQ fused) for one sequence of a packed batch: keys [start_n + HALF * 64,
     + 64) of the sequence against its query steps. P^T is masked to the sequence's keys and (causal,
     bottom-right) to each row's visible ones; a query row past the sequence's end reads the
@@ -1516,9 +1485,9 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, S
     for group in range(kv_group):
         for i in range(masked_steps):
             dk, dv = _varlen_bwd_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, HALF, STATS,
-                                      2 if SPLIT_MASKED == 2 else 1, PAIR_BARRIER)
+                                      2 if SPLIT_MASKED == 2 else 1)
         for i in range(masked_steps, n_steps):
-            dk, dv = _varlen_bwd_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, HALF, STATS, 0, PAIR_BARRIER)
+            dk, dv = _varlen_bwd_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, HALF, STATS, 0)
 
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
@@ -1546,8 +1515,7 @@ def _varlen_stats_buffers(STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
 def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
                                          Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
                                          softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
-                                         CAUSAL: gl.constexpr, STATS: gl.constexpr, SPLIT_MASKED: gl.constexpr,
-                                         PAIR_BARRIER: gl.constexpr = False):
+                                         CAUSAL: gl.constexpr, STATS: gl.constexpr, SPLIT_MASKED: gl.constexpr):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (sequence, kv head, key
     block), placed by bwd_grid and _bwd_program; sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
@@ -1581,8 +1549,8 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
                 start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk,
                 stride_dv, softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar)
         gl.warp_specialize([
-            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0, STATS, SPLIT_MASKED, PAIR_BARRIER)),
-            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1, STATS, SPLIT_MASKED, PAIR_BARRIER)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0, STATS, SPLIT_MASKED)),
+            (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1, STATS, SPLIT_MASKED)),
             (_varlen_bwd_load_partition, (args, CAUSAL, 0, STATS, SPLIT_MASKED)),
         ], [4, 1], [240, 24])
 
@@ -1667,7 +1635,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
                            "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), "LATE_DELTA": BWD_LATE_DELTA,
-                           "SPLIT_DIAGONAL": BWD_SPLIT_DIAGONAL, "PAIR_BARRIER": fused and BWD_PAIR_BARRIER, **flags},
+                           "SPLIT_DIAGONAL": BWD_SPLIT_DIAGONAL, **flags},
                           descriptors=descriptors)
 
     def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):
@@ -1705,8 +1673,7 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
         dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
         softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal,
-        STATS=VARLEN_BWD_STATS_IN_SHARED, SPLIT_MASKED=varlen_bwd_masking(), PAIR_BARRIER=BWD_PAIR_BARRIER, num_warps=4,
-        maxnreg=168)
+        STATS=VARLEN_BWD_STATS_IN_SHARED, SPLIT_MASKED=varlen_bwd_masking(), num_warps=4, maxnreg=168)
 
 
 # The entry points as defined here: forward.py and backward.py run their plans while the module's

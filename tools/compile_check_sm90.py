@@ -197,8 +197,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
     # the schedule the launcher picks (flash_attn_hopper.BWD_STATS_IN_SHARED, BWD_DQ_FIRST, BWD_LATE_DELTA,
     # BWD_SPLIT_DIAGONAL)
     schedule = {"STATS": hopper.BWD_STATS_IN_SHARED, "DQ_FIRST": hopper._dq_first(fused_dq, 1, flags),
-                "LATE_DELTA": hopper.BWD_LATE_DELTA, "SPLIT_DIAGONAL": hopper.BWD_SPLIT_DIAGONAL,
-                "PAIR_BARRIER": fused_dq and hopper.BWD_PAIR_BARRIER}
+                "LATE_DELTA": hopper.BWD_LATE_DELTA, "SPLIT_DIAGONAL": hopper.BWD_SPLIT_DIAGONAL}
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>" if schedule["STATS"] else "*fp32"
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "LSE": stats, "Delta": stats,
@@ -222,11 +221,11 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
                  "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
                  "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
-                 "STATS": "constexpr", "SPLIT_MASKED": "constexpr", "PAIR_BARRIER": "constexpr"}
+                 "STATS": "constexpr", "SPLIT_MASKED": "constexpr"}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "STATS": hopper.VARLEN_BWD_STATS_IN_SHARED,
-                         "SPLIT_MASKED": hopper.varlen_bwd_masking(), "PAIR_BARRIER": hopper.BWD_PAIR_BARRIER})
+                         "SPLIT_MASKED": hopper.varlen_bwd_masking()})
 
 
 def main() -> None:
