@@ -496,7 +496,7 @@ def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal
     _, window_left, window_right, softcap_log2, _, alibi, stride_alibi_b = values[:7]
     plan(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale,
          (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b))
-    return dq_acc.to(q.dtype), dk, dv
+    return hopper.dq_from_accumulator(dq_acc, q.dtype, plan.dq_order), dk, dv
 
 
 def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features):
@@ -525,9 +525,11 @@ class _DensePlan:
     Gluon kernel or the Triton one, adding dQ into a float32 accumulator where fused), then dQ
     (its own kernel into a fresh dq, or the accumulator converted to the inputs' dtype)."""
 
-    def __init__(self, preprocess, dkdv, dq, gluon: bool, fused_dq: bool):
+    def __init__(self, preprocess, dkdv, dq, gluon: bool, fused_dq: bool, dq_from_accumulator=None):
         self.preprocess, self.dkdv, self.dq = preprocess, dkdv, dq
         self.gluon, self.fused_dq = gluon, fused_dq
+        # the accumulator cast to dQ (the Gluon kernel's may hold its tiles in register order)
+        self.dq_from_accumulator = dq_from_accumulator or (lambda acc, dtype: acc.to(dtype))
 
     def __call__(self, do, q, k, v, out, lse, delta, dk, dv, softmax_scale):
         if self.fused_dq:
@@ -535,7 +537,7 @@ class _DensePlan:
             dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
             self.preprocess(out, do, delta, dq_acc)
             self.dkdv(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
-            return dq_acc.to(q.dtype), dk, dv
+            return self.dq_from_accumulator(dq_acc, q.dtype), dk, dv
         self.preprocess(out, do, delta)
         self.dkdv(q, k, v, do, lse, delta, dk, dv, None, softmax_scale)
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -582,6 +584,10 @@ def _dense_plan(q, k, v, do, out, dk, dv, causal: bool, cfg: BwdConfig, determin
         hopper = dispatch.flash_attn_hopper
         fused = bwd_gluon_fuses_dq(cfg, headdim, deterministic)
         gluon_runs = []  # made by the first call through the genuine entry point
+        dq_order = hopper.BWD_DQ_ORDER  # what the kernel's plan (made at the first call) reads too
+
+        def dq_from_accumulator(dq_acc, dtype):
+            return hopper.dq_from_accumulator(dq_acc, dtype, gluon_runs[0].dq_order if gluon_runs else dq_order)
 
         def dkdv_gluon(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale):
             if hopper.flash_attn_backward_dkdv_hopper is not hopper.GENUINE_ENTRY_POINTS[1]:
@@ -592,7 +598,7 @@ def _dense_plan(q, k, v, do, out, dk, dv, causal: bool, cfg: BwdConfig, determin
                 gluon_runs.append(hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal))
             gluon_runs[0](q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
 
-        return _DensePlan(preprocess, dkdv_gluon, dq_pass, True, fused)
+        return _DensePlan(preprocess, dkdv_gluon, dq_pass, True, fused, dq_from_accumulator)
     fused = bwd_fuses_dq(cfg, seqlen_q, deterministic)
     fused_mode = 0
     if fused:  # TMA reduce-adds on Hopper, else element-wise atomics (also in Triton's CPU interpreter,

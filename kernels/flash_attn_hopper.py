@@ -50,6 +50,7 @@ import sys
 
 import torch
 import triton
+import triton.language as tl
 from triton._C.libtriton import ir as _ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -824,6 +825,35 @@ def varlen_bwd_masking() -> int:
 BWD_HEAD_SECTION: int | str = "l2"
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_MAX_KEY_BLOCKS = 65535  # key blocks on the grid's second axis (bwd_grid): CUDA's limit there
+# The fused dQ's float32 accumulator (the dense dK/dV kernel's; the varlen one keeps rows): "rows"
+# holds dQ as the (batch x seqlen, heads x head dim) view, each consumer's 64 x 64 tile stored from
+# its wgmma registers into a 128-byte-swizzled tile (two-way bank conflicts) and reduce-added by a
+# [64, 64] box; "registers" holds each such tile as the consumer's registers lie (FA4's dQaccum
+# order): each thread's four-register runs side by side (DQ_TILE_BASES), stored without bank
+# conflicts and reduce-added as one contiguous [16, 256] box, and dq_from_accumulator puts the
+# tiles back in rows as it casts. docs/performance.md has their timings.
+BWD_DQ_ORDER = "rows"
+BWD_DQ_ORDERS = ("rows", "registers")
+# A 64 x 64 float32 tile in the wgmma accumulator's register order: bit b of an element's offset
+# in the tile moves it by DQ_TILE_BASES[b] (row, column); offsets 0-3 are one thread's registers
+# 0-3 (columns c, c + 1 of rows r and r + 8), then the lanes, the warps (16 rows each), and the
+# thread's higher registers (8 columns on). The wgmma layout's own bases (gl.to_linear_layout of
+# _wgmma_layout(64)): registers [0, 1], [8, 0], [0, 8], [0, 16], [0, 32]; lanes [0, 2], [0, 4],
+# [1, 0], [2, 0], [4, 0]; warps [16, 0], [32, 0].
+DQ_TILE_BASES = ((0, 1), (8, 0), (0, 2), (0, 4), (1, 0), (2, 0), (4, 0), (16, 0), (32, 0), (0, 8), (0, 16), (0, 32))
+DQ_REGISTER_BOX: gl.constexpr = gl.constexpr((16, 256))  # the tile's 4096 floats as one TMA box
+DQ_REGISTER_TILE: gl.constexpr = gl.SharedLinearLayout(offset_bases=[[row, col] for row, col in DQ_TILE_BASES])
+
+
+@gluon.jit
+def _dq_tile_buffer(dq_smem, dq_desc, HALF: gl.constexpr):
+    """This consumer's float32 dQ tile of the [2, 64, 64] dq_smem: with the descriptor's layout
+    (rows), or reinterpreted as DQ_REGISTER_TILE (register order: the store writes each thread's
+    registers side by side)."""
+    buf = dq_smem.index(HALF)
+    if dq_desc.block_type.shape[1] == DQ_REGISTER_BOX[1]:
+        buf = buf._reinterpret(gl.float32, [buf.shape[0], buf.shape[1]], DQ_REGISTER_TILE)
+    return buf
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
 
@@ -910,10 +940,14 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
         mbarrier.init(do_bar.index(stage), count=1)
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
     if FUSED_DQ:
-        gl.static_assert(2 * dq_desc.block_type.shape[1] == HEAD_DIM)
         # dS^T of both consumers for two steps (the A operands of dQ = dS K, read transposed) and
-        # each consumer's float32 dQ tile for its reduce-add
+        # each consumer's float32 dQ tile for its reduce-add: rows of the (batch x seqlen, heads x
+        # head dim) view, or in the consumer's register order (DQ_ORDER "registers")
         ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc.layout)
+        if dq_desc.block_type.shape[1] == DQ_REGISTER_BOX[1]:  # each tile reinterpreted by _dq_tile_buffer
+            gl.static_assert(BLOCK_M * HEAD_DIM // 2 == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
+        else:
+            gl.static_assert(2 * dq_desc.block_type.shape[1] == HEAD_DIM)
         dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
         ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -1018,20 +1052,20 @@ def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr):
 
 @gluon.jit
 def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
-                HALF: gl.constexpr):
+                num_heads, HALF: gl.constexpr):
     """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
     columns] = dS K_j[:, columns] over both halves' keys, scaled and added into the float32
     accumulator behind dq_desc (rows from q_row0) by one TMA reduce-add."""
     dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
     dq = warpgroup_mma_wait(0, deps=[dq_tok])
-    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
+    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HALF)
 
 
 @gluon.jit
 def _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF: gl.constexpr):
     """Once both consumers' dS^T are in place, the matmul dS K_j[:, this consumer's columns] over
     both halves' keys, in flight."""
-    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]
+    DQ_COLS: gl.constexpr = dq_init.shape[1]
     mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
     dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
                            k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
@@ -1041,14 +1075,24 @@ def _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF:
 
 
 @gluon.jit
-def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, HALF: gl.constexpr):
-    """dQ_i's columns, scaled, added into the float32 accumulator by one TMA reduce-add."""
-    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]
+def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HALF: gl.constexpr):
+    """dQ_i's columns, scaled, added into the float32 accumulator by one TMA reduce-add: as rows
+    of the (batch x seqlen, heads x head dim) view at (q_row0 + m, this consumer's columns), or
+    (DQ_ORDER "registers") as the consumer's registers lie, each thread's in turn (DQ_REGISTER_TILE:
+    no bank conflicts on the store), one contiguous tile of the accumulator per (64-row block of
+    the view, 64 columns), tiles in the view's order (dq_from_accumulator puts them back)."""
+    BLOCK_M: gl.constexpr = dq.shape[0]
+    DQ_COLS: gl.constexpr = dq.shape[1]
     tma.store_wait(pendings=0)  # the previous step's reduce-add has read dq_buf
     dq_buf.store(dq * softmax_scale)
     fence_async_shared()
     gl.thread_barrier()
-    _tma_reduce_add(dq_desc, [q_row0 + m, q_col + HALF * DQ_COLS], dq_buf)
+    if dq_desc.block_type.shape[1] == DQ_REGISTER_BOX[1]:
+        tile = (q_row0 + m) // BLOCK_M * (2 * num_heads) + q_col // DQ_COLS + HALF  # q_col: the head's first
+        _tma_reduce_add(dq_desc, [tile * DQ_REGISTER_BOX[0], 0],
+                        dq_buf._reinterpret(gl.float32, [DQ_REGISTER_BOX[0], DQ_REGISTER_BOX[1]], dq_desc.layout))
+    else:
+        _tma_reduce_add(dq_desc, [q_row0 + m, q_col + HALF * DQ_COLS], dq_buf)
 
 
 @gluon.jit
@@ -1058,7 +1102,7 @@ def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-     window_right, full_lo, full_hi) = args
+     window_right, full_lo, full_hi, num_heads) = args
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     row0, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem, delta_smem,
                     lse_row0, STATS)
@@ -1085,7 +1129,7 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-     window_right, full_lo, full_hi) = args
+     window_right, full_lo, full_hi, num_heads) = args
     k_buf, v_buf, offs_n, offs_m_base, s_init, dq_init, dq_buf = ctx
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1149,7 +1193,7 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
         dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
         dq = warpgroup_mma_wait(1, deps=[dq_tok])  # dV's and dQ's matmuls have finished
-        _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, HALF)
+        _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HALF)
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
     else:
@@ -1161,7 +1205,7 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
         if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
             _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                        softmax_scale, HALF)
+                        softmax_scale, num_heads, HALF)
     return dk, dv
 
 
@@ -1188,7 +1232,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-     window_right, full_lo, full_hi) = args
+     window_right, full_lo, full_hi, num_heads) = args
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1207,9 +1251,9 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     if FUSED_DQ:
-        DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]  # this consumer's columns of dQ
+        DQ_COLS: gl.constexpr = HEAD_DIM // 2  # this consumer's columns of dQ
         dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
-        dq_buf = dq_smem.index(HALF)
+        dq_buf = _dq_tile_buffer(dq_smem, dq_desc, HALF)
     else:  # stand-ins of the right kind (unused)
         dq_init, dq_buf = s_init, k_buf
     mbarrier.wait(kv_bar, 0)
@@ -1303,7 +1347,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
             do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
             start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2,
-            window_left, window_right, full_lo, full_hi)
+            window_left, window_right, full_lo, full_hi, num_heads)
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be, and with the
     # fused branch left in the non-fused kernel Triton 3.6's lowering fails, an assertion in
@@ -1432,7 +1476,7 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
     dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
     mbarrier.arrive(empty_bar.index(stage), count=1)
     _bwd_add_dq(dq_desc, q_start, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
-                HALF)
+                0, HALF)
     return dk, dv
 
 
@@ -1582,6 +1626,12 @@ def _stats_template(rows: int, seqlen: int) -> TensorDescriptor:
 
 
 @functools.cache
+def _fp32_tile_layout_unswizzled() -> gl.NVMMASharedLayout:
+    """The shared-memory layout of the register-order dQ tile's [16, 256] TMA box: row-major."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+
+
+@functools.cache
 def _fp32_tile_layout(rows: int, cols: int) -> gl.NVMMASharedLayout:
     """The shared-memory layout of a float32 [rows, cols] tile (the fused dQ's reduce-adds)."""
     return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float32)
@@ -1594,10 +1644,47 @@ def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_sca
                                     dq_accum: torch.Tensor | None = None, stages: int | None = None) -> None:
     """Write dK and dV (FA2 Alg. 2) given the forward's logsumexp `lse` and D = rowsum(dO * O) in
     `delta` (both (batch, heads, seqlen) float32); with `dq_accum` (a zeroed float32 tensor shaped
-    like q, head dim 128), also add dQ into it. The caller (backward.flash_attn_backward) has
-    checked the scope (dispatch.hopper_gluon_applies)."""
+    like q, head dim 128), also add dQ into it, in BWD_DQ_ORDER's order (dq_from_accumulator
+    reads it). The caller (backward.flash_attn_backward) has checked the scope
+    (dispatch.hopper_gluon_applies)."""
     plan = backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal, stages)
     plan(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale)
+
+
+@triton.jit
+def _dq_from_register_tiles_kernel(DQAccum, DQ, col_tiles):
+    """One 64 x 64 tile of the fused dQ's accumulator in register order (DQ_TILE_BASES; tiles in
+    the order of the (batch x seqlen, heads x head dim) view's 64 x 64 blocks, `col_tiles` to a
+    row of blocks) cast into its block of DQ, that view of a contiguous tensor."""
+    tile = tl.program_id(0)
+    offs = tl.arange(0, 4096)
+    acc = tl.load(DQAccum + tile.to(tl.int64) * 4096 + offs)
+    # DQ_TILE_BASES, bit by bit: rows 8 (bit 1), 1, 2, 4 (bits 4-6), 16, 32 (bits 7-8); columns 1
+    # (bit 0), 2, 4 (bits 2-3), 8, 16, 32 (bits 9-11)
+    row = ((offs >> 1) & 1) * 8 + ((offs >> 4) & 7) + ((offs >> 7) & 3) * 16
+    col = (offs & 1) + ((offs >> 2) & 3) * 2 + ((offs >> 9) & 7) * 8
+    block_row, block_col = tile // col_tiles, tile % col_tiles
+    dst = (block_row.to(tl.int64) * 64 + row) * (col_tiles * 64) + block_col * 64 + col
+    tl.store(DQ + dst, acc.to(DQ.dtype.element_ty))
+
+
+_dq_from_register_tiles_launcher = CachedLauncher(_dq_from_register_tiles_kernel)
+
+
+def dq_from_accumulator(dq_accum: torch.Tensor, dtype: torch.dtype, order: str) -> torch.Tensor:
+    """dQ in `dtype`, shaped like the fused dQ's float32 accumulator `dq_accum`, from that
+    accumulator in `order` (BWD_DQ_ORDERS: "rows" as it is, "registers" DQ_TILE_BASES' tiles)."""
+    if order == "rows":
+        return dq_accum.to(dtype)
+    if order != "registers":
+        raise ValueError(f"order must be one of {BWD_DQ_ORDERS}, got {order!r}")
+    columns = dq_accum.shape[-2] * dq_accum.shape[-1]  # heads x head dim
+    if not dq_accum.is_contiguous() or columns % 64 or dq_accum.numel() % (64 * columns):
+        raise ValueError("the register-order accumulator is a contiguous (..., heads, head dim) float32 tensor "
+                         f"of whole 64 x 64 blocks; got shape {tuple(dq_accum.shape)}")
+    dq = torch.empty(dq_accum.shape, device=dq_accum.device, dtype=dtype)
+    _dq_from_register_tiles_launcher[(dq_accum.numel() // 4096,)](dq_accum, dq, columns // 64)
+    return dq
 
 
 def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stages: int | None = None,
@@ -1606,7 +1693,8 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()) (see forward_hopper_plan;
     `features` = (qk_scale, window sides, softcap * log2(e), slopes, their batch stride) from
     kernels/features.py's feature_args; with `flags` or GQA/MQA, dQ must be fused: the dQ kernel
-    has neither)."""
+    has neither). The function's `dq_order` is the accumulator's order (BWD_DQ_ORDER when made):
+    dq_from_accumulator's argument."""
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
     rows = BWD_BLOCK_N // 2
@@ -1620,7 +1708,13 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     templates = (_row_descriptor(q, BWD_BLOCK_M), _row_descriptor(k, rows), _row_descriptor(v, rows),
                  _row_descriptor(do, BWD_BLOCK_M), _row_descriptor(dk, rows), _row_descriptor(dv, rows))
     dq_template = None
-    if fused:
+    dq_order = BWD_DQ_ORDER  # the module's, read at each plan (experiments set it)
+    if dq_order not in BWD_DQ_ORDERS:
+        raise ValueError(f"BWD_DQ_ORDER must be one of {BWD_DQ_ORDERS}, got {dq_order!r}")
+    if fused and dq_order == "registers":  # contiguous like q (backward.py makes it so): whole 4096-float tiles
+        dq_template = TensorDescriptor(dq_accum, [dq_accum.numel() // DQ_REGISTER_BOX[1], DQ_REGISTER_BOX[1]],
+                                       [DQ_REGISTER_BOX[1], 1], list(DQ_REGISTER_BOX), _fp32_tile_layout_unswizzled())
+    elif fused:
         dq_template = TensorDescriptor(dq_accum, [batch * seqlen, heads * headdim], [dq_accum.stride(1), 1],
                                        [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     stats = BWD_STATS_IN_SHARED  # seqlen is a multiple of BWD_BLOCK_N: the rows of L and D are aligned
@@ -1647,6 +1741,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
                qk_scale, kv_group, window_left, window_right, softcap_log2, alibi if alibi is not None else lse,
                stride_alibi_b)
 
+    run.dq_order = dq_order if fused else "rows"
     return run
 
 

@@ -439,10 +439,62 @@ def test_bank_conflict_report_counts_each_shared_memory_access_of_the_gluon_back
                             capture_output=True, text=True, env=env, check=True).stdout
     counts = {line.rsplit(maxsplit=1)[0].strip(): int(line.rsplit(maxsplit=1)[1])
               for line in report.splitlines()[1:] if line.strip()}
-    assert len(counts) == 8, report
+    assert len(counts) == 9, report
     # what docs/performance.md says of them: the kernel's dQ tile (the 128-byte default) conflicts,
     # a 32-byte swizzle does not, and the step's other accesses do not
     assert counts["dQ_i tile store (float32, the kernel's layout)"] == counts[
         "dQ_i tile store (float32, 128-byte swizzle)"] > 0, report
     assert counts["dQ_i tile store (float32, 32-byte swizzle)"] == 0, report
+    assert counts["dQ_i tile store (float32, in register order: BWD_DQ_ORDER 'registers')"] == 0, report
     assert counts["dS^T store (bf16, into the Q tiles' layout)"] == counts["L_i, D_i row loads (float32)"] == 0, report
+
+
+def test_the_register_order_dq_tile_lays_each_threads_registers_side_by_side():
+    """flash_attn_hopper.DQ_TILE_BASES (BWD_DQ_ORDER "registers") is the wgmma accumulator's own
+    layout with its bases reordered: a thread's first four registers, then the lanes, the warps,
+    and its higher registers, so that each warp's store of four registers is one contiguous run."""
+    from triton._C.libtriton import gluon_ir, ir
+
+    from kernels import flash_attn_hopper as hopper
+
+    context = ir.context()
+    ir.load_dialects(context)
+    builder = gluon_ir.GluonOpBuilder(context)
+    layout = builder.to_linear_layout(hopper._wgmma_layout(64)._to_ir(builder), [64, 64])
+    registers, lanes, warps = layout.reg_bases, layout.lane_bases, layout.warp_bases
+    expected = [*registers[:2], *lanes, *warps, *registers[2:]]
+    assert [list(b) for b in hopper.DQ_TILE_BASES] == [list(b) for b in expected]
+
+
+def _register_order(dq: torch.Tensor) -> torch.Tensor:
+    """dq (batch, seqlen, heads, head dim) as the register-order accumulator holds it, built from
+    DQ_TILE_BASES alone: tiles of the (batch x seqlen, heads x head dim) view's 64 x 64 blocks in
+    that view's order, each tile's element at offset o the one its set bits' bases reach."""
+    from kernels import flash_attn_hopper as hopper
+
+    offsets = torch.arange(4096)
+    rows = sum(((offsets >> bit) & 1) * r for bit, (r, _) in enumerate(hopper.DQ_TILE_BASES))
+    cols = sum(((offsets >> bit) & 1) * c for bit, (_, c) in enumerate(hopper.DQ_TILE_BASES))
+    view = dq.reshape(-1, dq.shape[-2] * dq.shape[-1])
+    blocks = view.reshape(view.shape[0] // 64, 64, view.shape[1] // 64, 64).permute(0, 2, 1, 3)
+    return blocks[:, :, rows, cols].reshape(dq.shape).contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype):
+    """flash_attn_hopper.dq_from_accumulator: "registers" undoes the register order the dense
+    Gluon dK/dV kernel adds dQ in (its Triton kernel, here in the interpreter), "rows" casts; a
+    tensor of partial 64 x 64 blocks, or an unknown order, is refused by name."""
+    from kernels import flash_attn_hopper as hopper
+
+    torch.manual_seed(0)
+    dq = torch.randn(2, 128, 3, 128)  # rows of 3 heads x 128 columns: six 64-column tiles a row block
+    accumulator = _register_order(dq)
+    assert not torch.equal(accumulator, dq)
+    torch.testing.assert_close(hopper.dq_from_accumulator(accumulator, dtype, "registers"), dq.to(dtype),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(hopper.dq_from_accumulator(dq, dtype, "rows"), dq.to(dtype), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="order"):
+        hopper.dq_from_accumulator(dq, dtype, "columns")
+    with pytest.raises(ValueError, match="64 x 64 blocks"):
+        hopper.dq_from_accumulator(torch.zeros(1, 96, 1, 128), dtype, "registers")

@@ -149,6 +149,34 @@ def test_gpu_gluon_backward_in_every_launch_order(section, monkeypatch):
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("order", ["rows", "registers"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_gluon_backward_in_each_dq_order(order, dtype, monkeypatch):
+    """The dense Gluon dK/dV kernel's fused dQ accumulator in each order (flash_attn_hopper.
+    BWD_DQ_ORDER): rows of the view, or each 64 x 64 tile in the consumers' register order, put
+    back by dq_from_accumulator; MHA both causal modes, GQA and a window against float64, on the
+    Gluon kernel (asserted)."""
+    from kernels import backward
+    from kernels import flash_attn_hopper as hopper
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    like_q = torch.empty(2, 1024, 8, 128, device="cuda", dtype=dtype)
+    assert dispatch.bwd_dkdv_path(default_bwd_config(128, like_q.device), like_q, like_q, like_q,
+                                  like_q) == dispatch.HOPPER_GLUON_PATH
+    monkeypatch.setattr(hopper, "BWD_DQ_ORDER", order)
+    backward._PLANS.clear()  # plans hold the order they were made with
+    try:
+        for causal in (False, True):
+            check_dense(2, 1024, 1024, 8, 8, 128, dtype, device="cuda", causal=causal)
+        check_dense(2, 1024, 1024, 8, 2, 128, dtype, device="cuda", causal=True)
+        check_dense(2, 1024, 1024, 8, 2, 128, dtype, device="cuda", causal=True, window=(300, 0))
+    finally:
+        backward._PLANS.clear()
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (128, 0))])
 def test_gpu_varlen(causal, window, dtype):

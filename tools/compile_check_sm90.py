@@ -109,11 +109,14 @@ def gluon_descriptor_type(rows: int, headdim: int, dtype: str = "bf16") -> str:
     return f"tensordesc<{dtype}[{rows},{headdim}],{layout!r}>"
 
 
-def dq_descriptor_type(headdim: int) -> str:
-    """The signature type of the fused dQ's float32 accumulator descriptor, with the layout the
-    backward's plans give it (flash_attn_hopper._fp32_tile_layout)."""
+def dq_descriptor_type(headdim: int, order: str = "rows") -> str:
+    """The signature type of the fused dQ's float32 accumulator descriptor, with the box and layout
+    the backward's plans give it in `order` (flash_attn_hopper.BWD_DQ_ORDERS)."""
     from kernels import flash_attn_hopper as hopper
 
+    if order == "registers":
+        rows, cols = hopper.DQ_REGISTER_BOX
+        return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout_unswizzled()!r}>"
     rows, cols = hopper.BWD_BLOCK_M, headdim // 2
     return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout(rows, cols)!r}>"
 
@@ -192,7 +195,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
 
     query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
-    dq_tile = dq_descriptor_type(headdim) if fused_dq else key_tile
+    dq_tile = dq_descriptor_type(headdim, hopper.BWD_DQ_ORDER) if fused_dq else key_tile
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
     # the schedule the launcher picks (flash_attn_hopper.BWD_STATS_IN_SHARED, BWD_DQ_FIRST, BWD_LATE_DELTA,
     # BWD_SPLIT_DIAGONAL)
@@ -308,6 +311,8 @@ def bank_conflict_report(emit) -> None:
         *((f"dQ_i tile store (float32, {f'{width}-byte swizzle' if width else 'no swizzle'})", dq_layout,
            gl.NVMMASharedLayout(swizzle_byte_width=width, element_bitwidth=32, rank=2), [block_m, headdim // 2], 32)
           for width in (0, 32, 64, 128)),
+        ("dQ_i tile store (float32, in register order: BWD_DQ_ORDER 'registers')", dq_layout,
+         gl.SharedLinearLayout(offset_bases=[list(b) for b in hopper.DQ_TILE_BASES]), [block_m, headdim // 2], 32),
         ("dK_j, dV_j epilogue stores (bf16)", acc_layout, hopper._tile_layout(rows, headdim, torch.bfloat16),
          [rows, headdim], 16),
     ]
