@@ -832,7 +832,7 @@ BWD_MAX_KEY_BLOCKS = 65535  # key blocks on the grid's second axis (bwd_grid): C
 # order): each thread's four-register runs side by side (DQ_TILE_BASES), stored without bank
 # conflicts and reduce-added as one contiguous [16, 256] box, and dq_from_accumulator puts the
 # tiles back in rows as it casts. docs/performance.md has their timings.
-BWD_DQ_ORDER = "rows"
+BWD_DQ_ORDER = "registers"
 BWD_DQ_ORDERS = ("rows", "registers")
 # A 64 x 64 float32 tile in the wgmma accumulator's register order: bit b of an element's offset
 # in the tile moves it by DQ_TILE_BASES[b] (row, column); offsets 0-3 are one thread's registers
