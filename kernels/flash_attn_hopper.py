@@ -1310,8 +1310,9 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
     seqlen, heads * head dim); num_heads counts q heads, kv_group of them share a kv head.
     Without FUSED_DQ, dq_desc is unused and dQ is the dQ kernel's
-    (flash_attn._flash_bwd_dq_kernel); with it, dq_desc is a float32 accumulator's, with tiles of
-    64 rows by half the head dim. WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only:
+    (flash_attn._flash_bwd_dq_kernel); with it, dq_desc is a float32 accumulator's, with boxes of
+    64 rows by half the head dim (BWD_DQ_ORDER "rows") or [16, 256] boxes, each a 64 x 64 tile in
+    register order ("registers", _bwd_reduce_dq). WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only:
     the dQ kernel has none of them). LSE and Delta: (batch, heads, seqlen) float32 pointers, or
     with STATS descriptors of their (batch x heads, seqlen) views, [1, BLOCK_M] tiles; DQ_FIRST:
     _bwd_dkdv_partition's."""

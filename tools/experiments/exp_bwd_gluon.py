@@ -88,7 +88,7 @@ def gluon_fused_backward(q, k, v, do, out, lse, scale, causal, stages, bufs):
     dq_accum = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
     delta = preprocess(q, k, v, do, out)
     hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, scale, causal, dq_accum, stages)
-    return dq.copy_(dq_accum), dk, dv
+    return dq.copy_(hopper.dq_from_accumulator(dq_accum, torch.float32, hopper.BWD_DQ_ORDER)), dk, dv
 
 
 def gluon_backward(q, k, v, do, out, lse, scale, causal, stages, bufs):
