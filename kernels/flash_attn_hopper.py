@@ -843,6 +843,7 @@ BWD_DQ_ORDERS = ("rows", "registers")
 DQ_TILE_BASES = ((0, 1), (8, 0), (0, 2), (0, 4), (1, 0), (2, 0), (4, 0), (16, 0), (32, 0), (0, 8), (0, 16), (0, 32))
 DQ_REGISTER_BOX: gl.constexpr = gl.constexpr((16, 256))  # the tile's 4096 floats as one TMA box
 DQ_REGISTER_TILE: gl.constexpr = gl.SharedLinearLayout(offset_bases=[[row, col] for row, col in DQ_TILE_BASES])
+BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
 
 @gluon.jit
@@ -854,7 +855,6 @@ def _dq_tile_buffer(dq_smem, dq_desc, HALF: gl.constexpr):
     if dq_desc.block_type.shape[1] == DQ_REGISTER_BOX[1]:
         buf = buf._reinterpret(gl.float32, [buf.shape[0], buf.shape[1]], DQ_REGISTER_TILE)
     return buf
-BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
 
 def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: int, element_size: int,
