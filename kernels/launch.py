@@ -26,6 +26,7 @@ and a kernel with pre-run hooks (which run at every JIT launch).
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 from triton import knobs
@@ -144,6 +145,8 @@ class DirectLaunch:
                 if self.fast is not None and self.descriptors:
                     # (Triton's C launcher, expand), or None: Triton's wrapper expands the descriptors
                     self.expand = descriptor_expansion(self.fast[0], self.descriptors, TMA_ENCODE)
+                    if TMA_ENCODE is None:
+                        warn_no_tma_encoder()
         return result
 
     def _described(self, args: tuple) -> tuple:
@@ -173,6 +176,16 @@ def _tma_encoder():
 # encodes the tensors' addresses itself instead (FA2_KERNELS_DESCRIPTOR_EXPANSION=0: Triton's path),
 # read at each launch (experiments switch it).
 TMA_ENCODE, TMA_ENCODE_UNAVAILABLE = _tma_encoder()  # the reason, where there is no encoder
+_WARNED_NO_TMA_ENCODER = []
+
+
+def warn_no_tma_encoder() -> None:
+    """Warn once per process that a plan's host descriptors go through Triton's own wrapper (correct,
+    slower on the host) because there is no host TMA encoder, and why (TMA_ENCODE_UNAVAILABLE)."""
+    if not _WARNED_NO_TMA_ENCODER:
+        _WARNED_NO_TMA_ENCODER.append(True)
+        warnings.warn("kernels: no host TMA encoder, so the Gluon plans' descriptors take Triton's own "
+                      f"(slower) host path: {TMA_ENCODE_UNAVAILABLE}", RuntimeWarning, stacklevel=3)
 DESCRIPTOR_EXPANSION = os.environ.get("FA2_KERNELS_DESCRIPTOR_EXPANSION", "1") != "0"
 
 

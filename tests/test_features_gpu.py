@@ -165,6 +165,14 @@ def test_gpu_gluon_backward_in_each_dq_order(order, dtype, monkeypatch):
     assert dispatch.bwd_dkdv_path(default_bwd_config(128, like_q.device), like_q, like_q, like_q,
                                   like_q) == dispatch.HOPPER_GLUON_PATH
     monkeypatch.setattr(hopper, "BWD_DQ_ORDER", order)
+    cast_orders = []  # the orders the backward's accumulators were cast from
+    genuine_cast = hopper.dq_from_accumulator
+
+    def cast(accumulator, dtype, used):
+        cast_orders.append(used)
+        return genuine_cast(accumulator, dtype, used)
+
+    monkeypatch.setattr(hopper, "dq_from_accumulator", cast)
     backward._PLANS.clear()  # plans hold the order they were made with
     try:
         for causal in (False, True):
@@ -174,6 +182,7 @@ def test_gpu_gluon_backward_in_each_dq_order(order, dtype, monkeypatch):
     finally:
         backward._PLANS.clear()
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+    assert cast_orders and set(cast_orders) == {order}, cast_orders  # each backward took the order asked for
 
 
 @pytest.mark.usefixtures("poisoned_allocations")

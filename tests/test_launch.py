@@ -430,3 +430,19 @@ def test_without_a_tma_encoder_the_reason_is_kept():
     assert (launch_module.TMA_ENCODE is None) == bool(launch_module.TMA_ENCODE_UNAVAILABLE)
     if launch_module.TMA_ENCODE is None:
         assert ":" in launch_module.TMA_ENCODE_UNAVAILABLE  # 'ExceptionType: message'
+
+
+def test_a_missing_tma_encoder_is_warned_once_with_its_reason(monkeypatch):
+    """Where there is no host TMA encoder, the first plan with host descriptors says so (once per
+    process, the reason included) rather than taking the slower host path unseen."""
+    import warnings
+
+    from kernels import launch as launch_module
+
+    monkeypatch.setattr(launch_module, "TMA_ENCODE_UNAVAILABLE", "ImportError: no driver")
+    monkeypatch.setattr(launch_module, "_WARNED_NO_TMA_ENCODER", [])
+    with pytest.warns(RuntimeWarning, match="no host TMA encoder.*ImportError: no driver"):
+        launch_module.warn_no_tma_encoder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        launch_module.warn_no_tma_encoder()  # the second plan: no warning

@@ -108,7 +108,7 @@ def main() -> None:
     from harness.features import WINDOW, Case, measure
     from harness.features import cases as feature_cases
     from kernels import flash_attn_hopper as hopper
-    from reports.decisions import DecisionWriter
+    from reports.decisions import DecisionWriter, status_tool
     from reports.embed import bwd_schedule_label as schedule_name  # the rows' names, as the table reads them
 
     device = torch.device("cuda")
@@ -125,7 +125,7 @@ def main() -> None:
             set_schedule(stats, dq_first)
             ok, notes = check(device)
             writer.write(schedule_name(stats, dq_first), "check against float64", "ok" if ok else "wrong", float(ok),
-                         tool=TOOL if ok else f"{TOOL}; wrong: {notes}"[:400])
+                         tool=TOOL if ok else status_tool(TOOL, "wrong", notes))
             print(f"{schedule_name(stats, dq_first):50s} {'ok' if ok else 'WRONG'}  {notes}", flush=True)
             if ok:
                 good.append((stats, dq_first))

@@ -67,7 +67,7 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
     checks = FEATURE_CHECKS if checks is None else checks
 
     from harness.features import measure
-    from reports.decisions import DecisionWriter, check_line, timing_line
+    from reports.decisions import DecisionWriter, check_line, status_tool, timing_line
 
     device = torch.device("cuda")
     with DecisionWriter(path, tool) as writer:
@@ -76,7 +76,7 @@ def compare_variants(path: Path, tool: str, variants: dict, select, cases, repea
             select(value)
             ok, notes = checker(device) if checker else check(device, checks)
             writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
-                         tool=tool if ok else f"{tool}; wrong: {notes}"[:400])
+                         tool=tool if ok else status_tool(tool, "wrong", notes))
             print(check_line(name, ok, notes), flush=True)
             if ok:
                 good.append(name)
