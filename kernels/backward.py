@@ -54,7 +54,9 @@ def _bwd_preprocess_kernel(
 ):
     """FA2 Alg. 2 line 4: D = rowsum(dO * O), one float32 per query row. With ZERO_DQ, also
     line 3's dQ = 0 for the same rows of DQAccum, the fused dQ's float32 accumulator (fresh and
-    contiguous, (batch, seqlen, heads, head dim)): one launch fewer than a separate memset."""
+    contiguous, (batch, seqlen, heads, head dim)): one launch fewer than a separate memset;
+    ZERO_DQ 2: every row of the program's block, past seqlen_q too (the varlen accumulator in
+    register order, whose padded rows the grid covers whole: flash_attn_hopper.varlen_dq_accumulator)."""
     start_m = tl.program_id(0) * BLOCK_M
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
@@ -69,6 +71,8 @@ def _bwd_preprocess_kernel(
              mask=offs_m < seqlen_q)
     if ZERO_DQ:
         row = (b.to(tl.int64) * seqlen_q + offs_m) * num_heads + h
+        if ZERO_DQ == 2:
+            mask = (offs_m >= 0)[:, None] & (offs_d < HEAD_DIM)[None, :]
         tl.store(DQAccum + row[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
                  mask=mask)
 
@@ -501,23 +505,27 @@ def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal
 
 def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features):
     """The Gluon dK/dV kernel with dQ fused for packed sequences: D = rowsum(dO * O) over all
-    tokens (one packed sequence for the preprocess kernel) with the float32 dQ accumulator zeroed,
-    then one launch."""
+    tokens (one packed sequence for the preprocess kernel) with the float32 dQ accumulator zeroed
+    (in flash_attn_hopper.VARLEN_BWD_DQ_ORDER), then one launch, then dQ cast from the accumulator."""
     from .forward import varlen_strides
 
+    hopper = dispatch.flash_attn_hopper
+    order = hopper.VARLEN_BWD_DQ_ORDER
     do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
     total_q, heads, headdim = q.shape
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     delta = torch.empty_like(lse)
-    dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    _bwd_preprocess_launcher[(cdiv(total_q, 64), heads)](
+    cu_seqlens_q = features.cu_seqlens_q
+    dq_acc = hopper.varlen_dq_accumulator(q, cu_seqlens_q.shape[0] - 1, order)
+    _bwd_preprocess_launcher[(cdiv(dq_acc.shape[0], 64), heads)](
         out, do, delta, dq_acc, *varlen_strides(out), *varlen_strides(do), heads, total_q, HEAD_DIM=headdim,
-        BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=True)
-    dispatch.flash_attn_hopper.flash_attn_varlen_backward_dkdv_hopper(
-        q, k, v, do, lse, delta, dk, dv, dq_acc, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_k,
-        softmax_scale, causal)
-    return dq_acc.to(q.dtype), dk, dv
+        BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=2 if order == "registers" else True)
+    hopper.flash_attn_varlen_backward_dkdv_hopper(
+        q, k, v, do, lse, delta, dk, dv, dq_acc, cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_k,
+        softmax_scale, causal, dq_order=order)
+    return hopper.dq_from_varlen_accumulator(dq_acc, cu_seqlens_q, features.max_seqlen_q, q.shape, q.dtype,
+                                             order), dk, dv
 
 
 class _DensePlan:

@@ -825,7 +825,7 @@ def varlen_bwd_masking() -> int:
 BWD_HEAD_SECTION: int | str = "l2"
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_MAX_KEY_BLOCKS = 65535  # key blocks on the grid's second axis (bwd_grid): CUDA's limit there
-# The fused dQ's float32 accumulator (the dense dK/dV kernel's; the varlen one keeps rows): "rows"
+# The fused dQ's float32 accumulator (the dense dK/dV kernel's; VARLEN_BWD_DQ_ORDER the varlen one's): "rows"
 # holds dQ as the (batch x seqlen, heads x head dim) view, each consumer's 64 x 64 tile stored from
 # its wgmma registers into a 128-byte-swizzled tile (two-way bank conflicts) and reduce-added by a
 # [64, 64] box; "registers" holds each such tile as the consumer's registers lie (FA4's dQaccum
@@ -834,6 +834,10 @@ BWD_MAX_KEY_BLOCKS = 65535  # key blocks on the grid's second axis (bwd_grid): C
 # tiles back in rows as it casts. docs/performance.md has their timings.
 BWD_DQ_ORDER = "registers"
 BWD_DQ_ORDERS = ("rows", "registers")
+# The varlen dK/dV kernel's accumulator: "rows" the packed (total_q, heads x head dim) view, or
+# "registers", each sequence's tiles from a padded row of their own (varlen_dq_accumulator, FA3's
+# layout for its dQaccum), cast back by dq_from_varlen_accumulator.
+VARLEN_BWD_DQ_ORDER = "rows"
 # A 64 x 64 float32 tile in the wgmma accumulator's register order: bit b of an element's offset
 # in the tile moves it by DQ_TILE_BASES[b] (row, column); offsets 0-3 are one thread's registers
 # 0-3 (columns c, c + 1 of rows r and r + 8), then the lanes, the warps (16 rows each), and the
@@ -1371,7 +1375,7 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, S
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
-     qk_scale, lse_smem, delta_smem, stats_bar) = args
+     qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
     if not STATS:  # L and D stay in global memory (the stats arguments: stand-ins of the right kinds)
         _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar,
                         empty_bar, q_start, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, q_desc, q_desc,
@@ -1430,7 +1434,7 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
-     qk_scale, lse_smem, delta_smem, stats_bar) = args
+     qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
     k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys = ctx
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
@@ -1476,8 +1480,8 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
     parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
     dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
     mbarrier.arrive(empty_bar.index(stage), count=1)
-    _bwd_add_dq(dq_desc, q_start, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
-                0, HALF)
+    _bwd_add_dq(dq_desc, dq_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
+                num_heads, HALF)
     return dk, dv
 
 
@@ -1487,12 +1491,13 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, S
     """_bwd_dkdv_partition (dQ fused) for one sequence of a packed batch: keys [start_n + HALF * 64,
     + 64) of the sequence against its query steps. P^T is masked to the sequence's keys and (causal,
     bottom-right) to each row's visible ones; a query row past the sequence's end reads the
-    logsumexp +inf (P = 0), so its dS is 0 and the dQ reduce-add of a tile crossing into the next
-    sequence adds zeros there. dK and dV rows past the sequence's end are not written."""
+    logsumexp +inf (P = 0), so its dS is 0: in rows order the dQ reduce-add of a tile crossing into
+    the next sequence adds zeros there, in register order into the padding after this sequence's
+    tiles. dK and dV rows past the sequence's end are not written."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
-     qk_scale, lse_smem, delta_smem, stats_bar) = args
+     qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1511,9 +1516,9 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, S
     dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
-    DQ_COLS: gl.constexpr = dq_desc.block_type.shape[1]
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2  # this consumer's columns of dQ
     dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
-    dq_buf = dq_smem.index(HALF)
+    dq_buf = _dq_tile_buffer(dq_smem, dq_desc, HALF)
     mbarrier.wait(kv_bar, 0)
     ctx = (k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys)
     # the steps that need a mask come first in each q head's run: all of them in the sequence's last,
@@ -1589,10 +1594,17 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
         (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
          done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, True)
         lse_smem, delta_smem, stats_bar = _varlen_stats_buffers(STAGES, BLOCK_M)
+        if dq_desc.block_type.shape[1] == DQ_REGISTER_BOX[1]:
+            # dQ tiles in register order: sequence b's rows from the accumulator's padded row
+            # (CuSeqQ[b] + 64 b) // 64 * 64, whole 64-row tiles apart from the next sequence's
+            # (FA3's padded offsets for its dQaccum; varlen_dq_accumulator sizes the accumulator)
+            dq_row0 = (q_start + b * BLOCK_M) // BLOCK_M * BLOCK_M
+        else:
+            dq_row0 = q_start
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem,
                 do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
                 start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk,
-                stride_dv, softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar)
+                stride_dv, softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads)
         gl.warp_specialize([
             (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0, STATS, SPLIT_MASKED)),
             (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1, STATS, SPLIT_MASKED)),
@@ -1749,18 +1761,79 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
 _bwd_dkdv_varlen_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_varlen_kernel)
 
 
+def varlen_dq_accumulator(q: torch.Tensor, batch: int, order: str) -> torch.Tensor:
+    """The varlen dK/dV kernel's float32 dQ accumulator (uninitialised) for packed q (total_q,
+    heads, head dim) of `batch` sequences: in "rows" shaped like q; in "registers" (rows, heads,
+    head dim) with room for each sequence's 64-row tiles from its padded row
+    (cu_seqlens_q[b] + 64 b) // 64 * 64, FA3's padded offset, so that no tile holds two sequences:
+    rows = total_q + 64 batch, rounded up to whole tiles."""
+    if order == "rows":
+        return torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    if order != "registers":
+        raise ValueError(f"order must be one of {BWD_DQ_ORDERS}, got {order!r}")
+    total_q, heads, headdim = q.shape
+    rows = triton.cdiv(total_q + batch * BWD_BLOCK_M, BWD_BLOCK_M) * BWD_BLOCK_M
+    return torch.empty((rows, heads, headdim), device=q.device, dtype=torch.float32)
+
+
+@triton.jit
+def _dq_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles):
+    """One 64 x 64 tile (query block j of sequence b, column block c: the program's place) of the
+    varlen accumulator in register order (varlen_dq_accumulator's padded rows; DQ_TILE_BASES as
+    _dq_from_register_tiles_kernel reads them) cast into sequence b's rows of DQ, a contiguous
+    (total_q, heads, head dim) tensor; rows past the sequence's end are neither read nor written."""
+    j, b, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    q_start = tl.load(CuSeqQ + b)
+    seqlen = tl.load(CuSeqQ + b + 1) - q_start
+    offs = tl.arange(0, 4096)
+    row = ((offs >> 1) & 1) * 8 + ((offs >> 4) & 7) + ((offs >> 7) & 3) * 16
+    col = (offs & 1) + ((offs >> 2) & 3) * 2 + ((offs >> 9) & 7) * 8
+    keep = j * 64 + row < seqlen
+    tile = ((q_start + b * 64) // 64 + j).to(tl.int64) * col_tiles + c
+    acc = tl.load(DQAccum + tile * 4096 + offs, mask=keep)
+    dst = (q_start + j * 64 + row).to(tl.int64) * (col_tiles * 64) + c * 64 + col
+    tl.store(DQ + dst, acc.to(DQ.dtype.element_ty), mask=keep)
+
+
+_dq_from_padded_register_tiles_launcher = CachedLauncher(_dq_from_padded_register_tiles_kernel)
+
+
+def dq_from_varlen_accumulator(dq_accum: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int,
+                               shape: tuple[int, int, int], dtype: torch.dtype, order: str) -> torch.Tensor:
+    """dQ in `dtype` and packed `shape` (total_q, heads, head dim) from the varlen accumulator
+    `dq_accum` in `order` (varlen_dq_accumulator's)."""
+    if order == "rows":
+        return dq_accum.to(dtype)
+    if order != "registers":
+        raise ValueError(f"order must be one of {BWD_DQ_ORDERS}, got {order!r}")
+    total_q, heads, headdim = shape
+    dq = torch.empty(shape, device=dq_accum.device, dtype=dtype)
+    batch = cu_seqlens_q.shape[0] - 1
+    if total_q and batch and max_seqlen_q:
+        grid = (triton.cdiv(max_seqlen_q, BWD_BLOCK_M), batch, heads * headdim // 64)
+        _dq_from_padded_register_tiles_launcher[grid](dq_accum, dq, cu_seqlens_q, heads * headdim // 64)
+    return dq
+
+
 def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_accum, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_k: int, softmax_scale: float, causal: bool,
-                                           stages: int | None = None) -> None:
+                                           stages: int | None = None, dq_order: str = "rows") -> None:
     """dK and dV of packed sequences (q, do (total_q, heads, 128), k, v, dk, dv (total_k, kv_heads,
     128), as flash_attn_varlen_forward_hopper takes them), and dQ added into `dq_accum` (a zeroed
-    float32 tensor shaped like q); `lse` and `delta` (heads, total_q) float32."""
+    float32 accumulator from varlen_dq_accumulator in `dq_order`); `lse` and `delta` (heads,
+    total_q) float32."""
     stages = BWD_STAGES if stages is None else stages
     total_q, heads, headdim = q.shape
     rows = BWD_BLOCK_N // 2
     batch = cu_seqlens_q.shape[0] - 1
-    dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
-                               [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
+    if dq_order == "registers":  # whole 4096-float tiles, one TMA box each
+        dq_desc = TensorDescriptor(dq_accum, [dq_accum.numel() // DQ_REGISTER_BOX[1], DQ_REGISTER_BOX[1]],
+                                   [DQ_REGISTER_BOX[1], 1], list(DQ_REGISTER_BOX), _fp32_tile_layout_unswizzled())
+    elif dq_order == "rows":
+        dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
+                                   [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
+    else:
+        raise ValueError(f"dq_order must be one of {BWD_DQ_ORDERS}, got {dq_order!r}")
     # a section's pairs share one sequence where it has as many kv heads: its mean length sizes them
     grid = bwd_grid(triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1], heads // k.shape[1],
                     max(total_q // max(batch, 1), 1), headdim, q.element_size(), q.device)

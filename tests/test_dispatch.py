@@ -374,7 +374,7 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
     assert len(varlen_lines) == 4, report  # head dims 64 and 128, causal or not
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
-    assert len(varlen_bwd) == 2 and all("tma-reduce" in line for line in varlen_bwd), report  # d128, dQ fused
+    assert len(varlen_bwd) == 4 and all("tma-reduce" in line for line in varlen_bwd), report  # d128, dQ fused, each dQ order
     varlen_lines += varlen_bwd
     for line in forward_lines + backward_lines + varlen_lines:
         assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
@@ -478,6 +478,67 @@ def _register_order(dq: torch.Tensor) -> torch.Tensor:
     view = dq.reshape(-1, dq.shape[-2] * dq.shape[-1])
     blocks = view.reshape(view.shape[0] // 64, 64, view.shape[1] // 64, 64).permute(0, 2, 1, 3)
     return blocks[:, :, rows, cols].reshape(dq.shape).contiguous()
+
+
+def _varlen_register_order(dq: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """Packed dq (total_q, heads, head dim) as the varlen accumulator in register order holds it:
+    sequence b's rows zero-padded to whole 64-row blocks from padded row (start_b + 64 b) // 64 * 64
+    (FA3's padded offset), each block's tiles as _register_order lays them; NaN elsewhere."""
+    from kernels import flash_attn_hopper as hopper
+
+    heads, headdim = dq.shape[1:]
+    batch = len(lengths)
+    padded = torch.full((hopper.varlen_dq_accumulator(dq, batch, "registers").shape[0], heads, headdim),
+                        float("nan"))
+    start = 0
+    for b, length in enumerate(lengths):
+        row0 = (start + 64 * b) // 64 * 64
+        blocks = -(-length // 64) * 64
+        seq = torch.zeros(blocks, heads, headdim)
+        seq[:length] = dq[start:start + length]
+        padded[row0:row0 + blocks] = _register_order(seq)
+        start += length
+    return padded
+
+
+@pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [63, 65, 127, 129]])
+def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
+    """flash_attn_hopper.dq_from_varlen_accumulator (VARLEN_BWD_DQ_ORDER "registers") puts each
+    sequence's padded register-order tiles back into its packed rows and reads nothing else (the
+    accumulator's padding is NaN here); its size leaves no two sequences in one tile."""
+    from kernels import flash_attn_hopper as hopper
+
+    torch.manual_seed(0)
+    dq = torch.randn(sum(lengths), 2, 64)  # two heads x 64 columns: two 64-column tiles a row block
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    accumulator = _varlen_register_order(dq, lengths)
+    got = hopper.dq_from_varlen_accumulator(accumulator, cu, max(lengths), tuple(dq.shape), torch.float32,
+                                            "registers")
+    torch.testing.assert_close(got, dq, rtol=0, atol=0)
+    torch.testing.assert_close(hopper.dq_from_varlen_accumulator(dq, cu, max(lengths), tuple(dq.shape),
+                                                                 torch.float16, "rows"), dq.half(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="order"):
+        hopper.varlen_dq_accumulator(dq, len(lengths), "columns")
+
+
+def test_the_varlen_preprocess_zeroes_the_whole_padded_accumulator():
+    """The preprocess kernel's ZERO_DQ 2 (the varlen accumulator in register order) zeroes every
+    row of its grid's blocks, past the packed tokens too, and still writes D = rowsum(dO * O)
+    of the packed rows (its (heads, total_q) rows, none past them)."""
+    from kernels import flash_attn_hopper as hopper
+    from kernels.forward import varlen_strides
+
+    torch.manual_seed(0)
+    total_q, heads, headdim = 150, 2, 64
+    out, do = torch.randn(total_q, heads, headdim), torch.randn(total_q, heads, headdim)
+    accumulator = hopper.varlen_dq_accumulator(out, 3, "registers").fill_(float("nan"))
+    delta = torch.full((heads, total_q), float("nan"))
+    backward._bwd_preprocess_launcher[(accumulator.shape[0] // 64, heads)](
+        out, do, delta, accumulator, *varlen_strides(out), *varlen_strides(do), heads, total_q, HEAD_DIM=headdim,
+        BLOCK_D=headdim, BLOCK_M=64, ZERO_DQ=2)
+    assert accumulator.shape[0] >= total_q + 3 * 64 - 63 and accumulator.shape[0] % 64 == 0
+    assert torch.equal(accumulator, torch.zeros_like(accumulator))
+    torch.testing.assert_close(delta, (out * do).sum(-1).T, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

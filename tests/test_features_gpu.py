@@ -206,17 +206,28 @@ def test_gpu_varlen(causal, window, dtype):
     (128, [1500, 0, 700, 2000, 129, 1024], [1100, 300, 700, 2048, 0, 1024]),
     (64, [4200, 300, 17, 4096], [4096, 600, 17, 3000]),
 ])
-@pytest.mark.parametrize("mask_at_run_time", [False, True], ids=["masked-every-step", "mask-checked"])
-def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, mask_at_run_time, monkeypatch):
+@pytest.mark.parametrize("mask_at_run_time,dq_order", [(False, "rows"), (True, "rows"), (True, "registers")],
+                         ids=["masked-every-step", "mask-checked", "mask-checked-dq-registers"])
+def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, mask_at_run_time, dq_order, monkeypatch):
     """Packed sequences on an H100/H200 take the Gluon varlen forward and, at head dim 128, the
     Gluon varlen dK/dV kernel with dQ fused (asserted, so a change of rule cannot quietly test the
     Triton kernels instead), and match the float64 reference, the logsumexp too; the backward's
-    one loop masking every step or each where it needs it (VARLEN_BWD_MASK_AT_RUN_TIME)."""
+    one loop masking every step or each where it needs it (VARLEN_BWD_MASK_AT_RUN_TIME), its dQ
+    accumulator as rows or in register order (VARLEN_BWD_DQ_ORDER, asserted at the cast)."""
     from kernels import flash_attn_hopper as hopper
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     monkeypatch.setattr(hopper, "VARLEN_BWD_MASK_AT_RUN_TIME", mask_at_run_time)
+    monkeypatch.setattr(hopper, "VARLEN_BWD_DQ_ORDER", dq_order)
+    cast_orders = []  # the orders the backward's accumulators were cast from
+    genuine_cast = hopper.dq_from_varlen_accumulator
+
+    def cast(*args):
+        cast_orders.append(args[-1])
+        return genuine_cast(*args)
+
+    monkeypatch.setattr(hopper, "dq_from_varlen_accumulator", cast)
     cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
                   for lengths in (lengths_q, lengths_k))
     features = Features(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q),
@@ -229,6 +240,7 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, mask_at_
                                                     like_k, like_q, features) == (headdim == 128)
     check_varlen(lengths_q, lengths_k, 8, 2, headdim, dtype, device="cuda", causal=causal)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+    assert set(cast_orders) == ({dq_order} if headdim == 128 else set()), cast_orders
 
 
 @pytest.mark.usefixtures("poisoned_allocations")

@@ -212,20 +212,24 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq, **flags, **schedule})
 
 
-def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
-    """The Gluon dK/dV kernel with dQ fused over packed variable lengths, compiled for sm_90."""
+def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,
+                                   dq_order: str | None = None) -> str:
+    """The Gluon dK/dV kernel with dQ fused over packed variable lengths, compiled for sm_90, its
+    dQ accumulator in `dq_order` (default flash_attn_hopper.VARLEN_BWD_DQ_ORDER)."""
     from kernels import flash_attn_hopper as hopper
+
+    dq_order = dq_order or hopper.VARLEN_BWD_DQ_ORDER
 
     query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
-    dq_tile = dq_descriptor_type(headdim)
+    dq_tile = dq_descriptor_type(headdim, dq_order)
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "DK": f"*{dtype}", "DV": f"*{dtype}",
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
                  "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
                  "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
                  "STATS": "constexpr", "SPLIT_MASKED": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen",
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen, dQ {dq_order}",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "STATS": hopper.VARLEN_BWD_STATS_IN_SHARED,
                          "SPLIT_MASKED": hopper.varlen_bwd_masking()})
@@ -269,7 +273,8 @@ def main() -> None:
                     emit(report_fn(causal, headdim=headdim))
         for causal in (False, True):
             emit(hopper_gluon_bwd_report(causal, headdim=128, fused_dq=True))
-            emit(hopper_gluon_varlen_bwd_report(causal, headdim=128))
+            for dq_order in hopper.BWD_DQ_ORDERS:
+                emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, dq_order=dq_order))
         # the score modifications and the sliding window (kernels/features.py), as the features suite runs them
         for flag in hopper.GLUON_FEATURE_FLAGS:
             for causal in (False, True):
