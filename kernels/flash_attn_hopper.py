@@ -837,7 +837,7 @@ BWD_DQ_ORDERS = ("rows", "registers")
 # The varlen dK/dV kernel's accumulator: "rows" the packed (total_q, heads x head dim) view, or
 # "registers", each sequence's tiles from a padded row of their own (varlen_dq_accumulator, FA3's
 # layout for its dQaccum), cast back by dq_from_varlen_accumulator.
-VARLEN_BWD_DQ_ORDER = "rows"
+VARLEN_BWD_DQ_ORDER = "registers"
 # A 64 x 64 float32 tile in the wgmma accumulator's register order: bit b of an element's offset
 # in the tile moves it by DQ_TILE_BASES[b] (row, column); offsets 0-3 are one thread's registers
 # 0-3 (columns c, c + 1 of rows r and r + 8), then the lanes, the warps (16 rows each), and the
