@@ -238,27 +238,6 @@ def _fwd_program(num_heads, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _fwd_window_program(num_heads, window_left, BLOCK_M: gl.constexpr):
-    """_fwd_program under a sliding window with WINDOW_SHORT_LAST: the query blocks that start
-    within window_left keys of the sequence's start (they reach fewer key blocks) launch after
-    every other program of the grid, longest first; the others in _fwd_program's causal order,
-    head by head (the grid's (query block, batch x head) axes read as one launch index)."""
-    n_blocks = gl.num_programs(0)
-    heads = gl.num_programs(1)
-    index = gl.program_id(1) * n_blocks + gl.program_id(0)  # launch order: axis 0 fastest
-    n_short = gl.minimum((window_left + BLOCK_M - 1) // BLOCK_M, n_blocks)
-    n_long = n_blocks - n_short
-    if index < n_long * heads:
-        pid_bh = index // n_long
-        pid_m = n_blocks - 1 - index % n_long
-    else:
-        rest = index - n_long * heads
-        pid_bh = rest % heads
-        pid_m = n_short - 1 - rest // heads
-    return pid_m, pid_bh, pid_bh // num_heads, pid_bh % num_heads
-
-
-@gluon.jit
 def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr, V_STAGES: gl.constexpr):
     """The forward's shared memory: Q_i as two 64-row halves, rings of STAGES K_j and V_STAGES V_j
     blocks, and their mbarriers (q_bar, k_bar, v_bar: a TMA load has landed; empty_bar: a stage is
@@ -520,26 +499,21 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
                              kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr = False,
-                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, V_STAGES: gl.constexpr = 0,
-                             SHORT_LAST: gl.constexpr = False):
+                             SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False, V_STAGES: gl.constexpr = 0):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does. The descriptors view (batch * seqlen, heads * head dim); K and V have
     num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
     sliding window: only the key blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of
-    shape (heads,) or (batch, heads), batch stride stride_alibi_b). SHORT_LAST (with WINDOW): the
-    launch order of _fwd_window_program."""
+    shape (heads,) or (batch, heads), batch stride stride_alibi_b)."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = 2 * ROWS
     # the causal loop's block count and its one masked (diagonal) block assume square blocks
     gl.static_assert(BLOCK_M == BLOCK_N)
-    if WINDOW and SHORT_LAST:
-        pid_m, pid_bh, b, h = _fwd_window_program(num_heads, window_left, BLOCK_M)
-    else:
-        pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
+    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
     start_m = pid_m * BLOCK_M
     q_row = b * seqlen + start_m
     kv_row0 = b * seqlen
@@ -606,12 +580,6 @@ _fwd_launcher = CachedLauncher(_flash_fwd_hopper_kernel)  # kernels/launch.py
 # The score modifications and masks the Gluon kernels take (kernels/features.py's constexprs);
 # dropout runs on the Triton kernels only (packed variable lengths: the varlen kernel below).
 GLUON_FEATURE_FLAGS = ("WINDOW", "SOFTCAP", "ALIBI")
-# A sliding window's programs are all about as long but for those near one end of the sequence
-# (the forward's first query blocks, the backward's last key blocks: within `left` keys of it),
-# which in the grid's order run among each head's. WINDOW_SHORT_LAST launches them after every
-# other program, longest first (_fwd_window_program, _bwd_window_program), so that they fill
-# the last wave; docs/performance.md has the timings.
-WINDOW_SHORT_LAST = False
 
 
 def flash_attn_forward_hopper(q, k, v, out, lse, softmax_scale: float, causal: bool, stages: int = STAGES) -> None:
@@ -630,8 +598,7 @@ def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, stages: 
     if flags["ALIBI"]:
         flags["ALIBI"] = 1 + ALIBI_COLUMN_TERMS.index(ALIBI_COLUMN_TERM)
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
-    return {**flags, "V_STAGES": V_STAGES or (2 if by_matmul and head_dim > 64 else stages),
-            "SHORT_LAST": bool(flags["WINDOW"] and WINDOW_SHORT_LAST)}
+    return {**flags, "V_STAGES": V_STAGES or (2 if by_matmul and head_dim > 64 else stages)}
 
 
 def forward_hopper_plan(q, k, v, out, causal: bool, stages: int = STAGES, flags: dict | None = None):
@@ -951,31 +918,6 @@ def _bwd_program(num_heads, kv_group, BLOCK_N: gl.constexpr):
     kv_heads = num_heads // kv_group
     pair = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
     return pair // kv_heads, pair % kv_heads, gl.program_id(1) * BLOCK_N
-
-
-@gluon.jit
-def _bwd_window_program(num_heads, kv_group, window_left, BLOCK_N: gl.constexpr):
-    """_bwd_program under a sliding window with WINDOW_SHORT_LAST: the key blocks within
-    window_left keys of the sequence's end (they see fewer query steps) launch after every other
-    program of the grid, longest first, every pair's in turn; the others in bwd_grid's order
-    (sections of pairs, block-major), the grid's axes read as one launch index."""
-    width = gl.num_programs(0)
-    n_blocks = gl.num_programs(1)
-    pairs = width * gl.num_programs(2)
-    index = (gl.program_id(2) * n_blocks + gl.program_id(1)) * width + gl.program_id(0)  # axis 0 fastest
-    n_short = gl.minimum((window_left + BLOCK_N - 1) // BLOCK_N, n_blocks)
-    n_long = n_blocks - n_short
-    if index < n_long * pairs:
-        section = index // (n_long * width)
-        rest = index - section * (n_long * width)
-        block = rest // width
-        pair = section * width + rest % width
-    else:
-        rest = index - n_long * pairs
-        block = n_long + rest // pairs
-        pair = rest % pairs
-    kv_heads = num_heads // kv_group
-    return pair // kv_heads, pair % kv_heads, block * BLOCK_N
 
 
 @gluon.jit
@@ -1366,7 +1308,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   FUSED_DQ: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
                                   ALIBI: gl.constexpr = False, STATS: gl.constexpr = False,
                                   DQ_FIRST: gl.constexpr = False, LATE_DELTA: gl.constexpr = True,
-                                  SPLIT_DIAGONAL: gl.constexpr = True, SHORT_LAST: gl.constexpr = False):
+                                  SPLIT_DIAGONAL: gl.constexpr = True):
     """One program per (batch, kv head, key block) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks; placed by bwd_grid and _bwd_program), partitioned as FA3's backward: a loader warp and two consumer
     warpgroups of 64 keys each that share every Q_i and dO_i tile. The descriptors view (batch *
@@ -1377,15 +1319,12 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     register order ("registers", _bwd_reduce_dq). WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only:
     the dQ kernel has none of them). LSE and Delta: (batch, heads, seqlen) float32 pointers, or
     with STATS descriptors of their (batch x heads, seqlen) views, [1, BLOCK_M] tiles; DQ_FIRST:
-    _bwd_dkdv_partition's; SHORT_LAST (with WINDOW): the launch order of _bwd_window_program."""
+    _bwd_dkdv_partition's."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = 2 * ROWS
-    if WINDOW and SHORT_LAST:
-        b, kv_head, start_n = _bwd_window_program(num_heads, kv_group, window_left, BLOCK_N)
-    else:
-        b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
+    b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
     row0 = b * seqlen
     col0 = kv_head * HEAD_DIM
     q_col0 = kv_head * kv_group * HEAD_DIM  # the group's first q head
@@ -1803,8 +1742,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
                           {"STAGES": stages, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
                            "STATS": stats, "DQ_FIRST": _dq_first(fused, kv_group, flags), "LATE_DELTA": BWD_LATE_DELTA,
-                           "SPLIT_DIAGONAL": BWD_SPLIT_DIAGONAL, "SHORT_LAST": bool(flags["WINDOW"] and WINDOW_SHORT_LAST),
-                           **flags},
+                           "SPLIT_DIAGONAL": BWD_SPLIT_DIAGONAL, **flags},
                           descriptors=descriptors)
 
     def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):

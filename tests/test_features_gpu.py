@@ -149,43 +149,6 @@ def test_gpu_gluon_backward_in_every_launch_order(section, monkeypatch):
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("short_last", [False, True], ids=["grid-order", "short-last"])
-@pytest.mark.parametrize("section", [1, 2])
-def test_gpu_gluon_windows_in_each_launch_order(short_last, section, monkeypatch):
-    """A window's programs in the grid's order or with those near the sequence's end launched
-    last (flash_attn_hopper.WINDOW_SHORT_LAST: _fwd_window_program, _bwd_window_program), one or
-    two pairs a backward section: each must visit every (query block | key block, head) once, so
-    the Gluon forward's and backward's outputs (poisoned first) match float64 for windows whose
-    left side is a whole number of blocks, is not, is unbounded, and reaches past the sequence
-    (every program short), GQA and two batches."""
-    from kernels import backward, forward
-    from kernels import flash_attn_hopper as hopper
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    monkeypatch.setattr(hopper, "WINDOW_SHORT_LAST", short_last)
-    monkeypatch.setattr(hopper, "BWD_HEAD_SECTION", section)
-    launched = []  # the constexpr each Gluon forward plan was made with
-    genuine_plan = hopper.forward_hopper_plan
-
-    def plan(*args, **kwargs):
-        launched.append(hopper.forward_constexprs(args[4], args[0].shape[-1], kwargs.get("flags"))["SHORT_LAST"])
-        return genuine_plan(*args, **kwargs)
-
-    monkeypatch.setattr(hopper, "forward_hopper_plan", plan)
-    forward._PLANS.clear()
-    backward._PLANS.clear()  # plans hold the constexprs they were made with
-    try:
-        for window, causal in (((512, 0), True), ((300, 0), True), ((-1, 200), False), ((5000, 0), True)):
-            check_dense(2, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=causal, window=window)
-    finally:
-        forward._PLANS.clear()
-        backward._PLANS.clear()
-    assert launched and set(launched) == {short_last}, launched
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-
-
-@pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("order", ["rows", "registers"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_gluon_backward_in_each_dq_order(order, dtype, monkeypatch):

@@ -198,10 +198,9 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
     dq_tile = dq_descriptor_type(headdim, hopper.BWD_DQ_ORDER) if fused_dq else key_tile
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
     # the schedule the launcher picks (flash_attn_hopper.BWD_STATS_IN_SHARED, BWD_DQ_FIRST, BWD_LATE_DELTA,
-    # BWD_SPLIT_DIAGONAL, WINDOW_SHORT_LAST)
+    # BWD_SPLIT_DIAGONAL)
     schedule = {"STATS": hopper.BWD_STATS_IN_SHARED, "DQ_FIRST": hopper._dq_first(fused_dq, 1, flags),
-                "LATE_DELTA": hopper.BWD_LATE_DELTA, "SPLIT_DIAGONAL": hopper.BWD_SPLIT_DIAGONAL,
-                "SHORT_LAST": bool(flags["WINDOW"] and hopper.WINDOW_SHORT_LAST)}
+                "LATE_DELTA": hopper.BWD_LATE_DELTA, "SPLIT_DIAGONAL": hopper.BWD_SPLIT_DIAGONAL}
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>" if schedule["STATS"] else "*fp32"
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "LSE": stats, "Delta": stats,
