@@ -1778,11 +1778,11 @@ def varlen_dq_accumulator(q: torch.Tensor, batch: int, order: str) -> torch.Tens
 
 @triton.jit
 def _dq_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles):
-    """One 64 x 64 tile (query block j of sequence b, column block c: the program's place) of the
+    """One 64 x 64 tile (sequence b, its query block j, column block c: the program's place) of the
     varlen accumulator in register order (varlen_dq_accumulator's padded rows; DQ_TILE_BASES as
     _dq_from_register_tiles_kernel reads them) cast into sequence b's rows of DQ, a contiguous
     (total_q, heads, head dim) tensor; rows past the sequence's end are neither read nor written."""
-    j, b, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, j, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # the batch on the axis without CUDA's 65535 limit
     q_start = tl.load(CuSeqQ + b)
     seqlen = tl.load(CuSeqQ + b + 1) - q_start
     offs = tl.arange(0, 4096)
@@ -1810,7 +1810,7 @@ def dq_from_varlen_accumulator(dq_accum: torch.Tensor, cu_seqlens_q: torch.Tenso
     dq = torch.empty(shape, device=dq_accum.device, dtype=dtype)
     batch = cu_seqlens_q.shape[0] - 1
     if total_q and batch and max_seqlen_q:
-        grid = (triton.cdiv(max_seqlen_q, BWD_BLOCK_M), batch, heads * headdim // 64)
+        grid = (batch, triton.cdiv(max_seqlen_q, BWD_BLOCK_M), heads * headdim // 64)
         _dq_from_padded_register_tiles_launcher[grid](dq_accum, dq, cu_seqlens_q, heads * headdim // 64)
     return dq
 
