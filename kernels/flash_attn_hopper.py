@@ -1665,6 +1665,16 @@ def flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_sca
 
 
 @triton.jit
+def _register_tile_rows_cols(offs):
+    """The (row, column) in its 64 x 64 block of each offset of a register-order tile:
+    DQ_TILE_BASES, bit by bit: rows 8 (bit 1), 1, 2, 4 (bits 4-6), 16, 32 (bits 7-8); columns 1
+    (bit 0), 2, 4 (bits 2-3), 8, 16, 32 (bits 9-11)."""
+    row = ((offs >> 1) & 1) * 8 + ((offs >> 4) & 7) + ((offs >> 7) & 3) * 16
+    col = (offs & 1) + ((offs >> 2) & 3) * 2 + ((offs >> 9) & 7) * 8
+    return row, col
+
+
+@triton.jit
 def _dq_from_register_tiles_kernel(DQAccum, DQ, col_tiles):
     """One 64 x 64 tile of the fused dQ's accumulator in register order (DQ_TILE_BASES; tiles in
     the order of the (batch x seqlen, heads x head dim) view's 64 x 64 blocks, `col_tiles` to a
@@ -1672,10 +1682,7 @@ def _dq_from_register_tiles_kernel(DQAccum, DQ, col_tiles):
     tile = tl.program_id(0)
     offs = tl.arange(0, 4096)
     acc = tl.load(DQAccum + tile.to(tl.int64) * 4096 + offs)
-    # DQ_TILE_BASES, bit by bit: rows 8 (bit 1), 1, 2, 4 (bits 4-6), 16, 32 (bits 7-8); columns 1
-    # (bit 0), 2, 4 (bits 2-3), 8, 16, 32 (bits 9-11)
-    row = ((offs >> 1) & 1) * 8 + ((offs >> 4) & 7) + ((offs >> 7) & 3) * 16
-    col = (offs & 1) + ((offs >> 2) & 3) * 2 + ((offs >> 9) & 7) * 8
+    row, col = _register_tile_rows_cols(offs)
     block_row, block_col = tile // col_tiles, tile % col_tiles
     dst = (block_row.to(tl.int64) * 64 + row) * (col_tiles * 64) + block_col * 64 + col
     tl.store(DQ + dst, acc.to(DQ.dtype.element_ty))
@@ -1779,15 +1786,14 @@ def varlen_dq_accumulator(q: torch.Tensor, batch: int, order: str) -> torch.Tens
 @triton.jit
 def _dq_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles):
     """One 64 x 64 tile (sequence b, its query block j, column block c: the program's place) of the
-    varlen accumulator in register order (varlen_dq_accumulator's padded rows; DQ_TILE_BASES as
-    _dq_from_register_tiles_kernel reads them) cast into sequence b's rows of DQ, a contiguous
+    varlen accumulator in register order (varlen_dq_accumulator's padded rows, DQ_TILE_BASES'
+    tiles) cast into sequence b's rows of DQ, a contiguous
     (total_q, heads, head dim) tensor; rows past the sequence's end are neither read nor written."""
     b, j, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # the batch on the axis without CUDA's 65535 limit
     q_start = tl.load(CuSeqQ + b)
     seqlen = tl.load(CuSeqQ + b + 1) - q_start
     offs = tl.arange(0, 4096)
-    row = ((offs >> 1) & 1) * 8 + ((offs >> 4) & 7) + ((offs >> 7) & 3) * 16
-    col = (offs & 1) + ((offs >> 2) & 3) * 2 + ((offs >> 9) & 7) * 8
+    row, col = _register_tile_rows_cols(offs)
     keep = j * 64 + row < seqlen
     tile = ((q_start + b * 64) // 64 + j).to(tl.int64) * col_tiles + c
     acc = tl.load(DQAccum + tile * 4096 + offs, mask=keep)
