@@ -63,16 +63,19 @@ def _bwd_preprocess_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m < seqlen_q)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    o = tl.load(Out + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+    # offsets in int64: a packed batch is one sequence here, whose rows x strides pass 2^31 from
+    # total_q x heads x head dim = 2^31 on (as does batch x stride in a long dense batch)
+    b64, rows64 = b.to(tl.int64), offs_m.to(tl.int64)[:, None]
+    o = tl.load(Out + b64 * stride_ob + h * stride_oh + rows64 * stride_os + offs_d[None, :],
                 mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :],
+    do = tl.load(DO + b64 * stride_dob + h * stride_doh + rows64 * stride_dos + offs_d[None, :],
                  mask=mask, other=0.0).to(tl.float32)
     tl.store(Delta + pid_bh.to(tl.int64) * seqlen_q + offs_m, tl.sum(o * do, 1),
              mask=offs_m < seqlen_q)
     if ZERO_DQ:
-        row = (b.to(tl.int64) * seqlen_q + offs_m) * num_heads + h
-        if ZERO_DQ == 2:
-            mask = (offs_m >= 0)[:, None] & (offs_d < HEAD_DIM)[None, :]
+        row = (b64 * seqlen_q + offs_m) * num_heads + h
+        if ZERO_DQ == 2:  # every row: the columns' bound alone, broadcast over the rows
+            mask = (offs_d < HEAD_DIM)[None, :]
         tl.store(DQAccum + row[:, None] * HEAD_DIM + offs_d[None, :], tl.zeros([BLOCK_M, BLOCK_D], tl.float32),
                  mask=mask)
 

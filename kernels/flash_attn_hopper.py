@@ -1084,7 +1084,9 @@ def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_hea
     of the (batch x seqlen, heads x head dim) view at (q_row0 + m, this consumer's columns), or
     (DQ_ORDER "registers") as the consumer's registers lie, each thread's in turn (DQ_REGISTER_TILE:
     no bank conflicts on the store), one contiguous tile of the accumulator per (64-row block of
-    the view, 64 columns), tiles in the view's order (dq_from_accumulator puts them back)."""
+    the view, 64 columns), tiles in the view's order (dq_from_accumulator puts them back; the
+    varlen kernel's q_row0 is its sequence's padded row: varlen_dq_accumulator,
+    dq_from_varlen_accumulator)."""
     BLOCK_M: gl.constexpr = dq.shape[0]
     DQ_COLS: gl.constexpr = dq.shape[1]
     tma.store_wait(pendings=0)  # the previous step's reduce-add has read dq_buf
@@ -1768,28 +1770,49 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
 _bwd_dkdv_varlen_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_varlen_kernel)
 
 
+def _varlen_dq_accumulator_rows(total_q: int, batch: int) -> int:
+    """Rows of the register-order varlen accumulator: total_q + 64 batch, rounded up to whole tiles
+    (sequence b's last tile ends by (cu_seqlens_q[b + 1] + 64 b) // 64 * 64 + 64)."""
+    return triton.cdiv(total_q + batch * BWD_BLOCK_M, BWD_BLOCK_M) * BWD_BLOCK_M
+
+
+def _check_varlen_dq_accumulator(dq_accum: torch.Tensor, shape, batch: int, order: str) -> None:
+    """A varlen accumulator as varlen_dq_accumulator makes it for packed `shape` and `batch`
+    sequences in `order`, else a ValueError naming what differs (a TMA reduce-add past its end
+    would be dropped silently)."""
+    total_q, heads, headdim = shape
+    if order not in BWD_DQ_ORDERS:
+        raise ValueError(f"order must be one of {BWD_DQ_ORDERS}, got {order!r}")
+    rows = total_q if order == "rows" else _varlen_dq_accumulator_rows(total_q, batch)
+    if (dq_accum.dtype != torch.float32 or not dq_accum.is_contiguous()
+            or tuple(dq_accum.shape) != (rows, heads, headdim)):
+        raise ValueError(f"dq_accum must be a contiguous float32 ({rows}, {heads}, {headdim}) tensor for {batch} "
+                         f"sequences of {total_q} tokens in {order!r} order (varlen_dq_accumulator), got "
+                         f"{dq_accum.dtype} {tuple(dq_accum.shape)}")
+
+
 def varlen_dq_accumulator(q: torch.Tensor, batch: int, order: str) -> torch.Tensor:
     """The varlen dK/dV kernel's float32 dQ accumulator (uninitialised) for packed q (total_q,
     heads, head dim) of `batch` sequences: in "rows" shaped like q; in "registers" (rows, heads,
     head dim) with room for each sequence's 64-row tiles from its padded row
     (cu_seqlens_q[b] + 64 b) // 64 * 64, FA3's padded offset, so that no tile holds two sequences:
     rows = total_q + 64 batch, rounded up to whole tiles."""
+    if order not in BWD_DQ_ORDERS:
+        raise ValueError(f"order must be one of {BWD_DQ_ORDERS}, got {order!r}")
     if order == "rows":
         return torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    if order != "registers":
-        raise ValueError(f"order must be one of {BWD_DQ_ORDERS}, got {order!r}")
     total_q, heads, headdim = q.shape
-    rows = triton.cdiv(total_q + batch * BWD_BLOCK_M, BWD_BLOCK_M) * BWD_BLOCK_M
+    rows = _varlen_dq_accumulator_rows(total_q, batch)
     return torch.empty((rows, heads, headdim), device=q.device, dtype=torch.float32)
 
 
 @triton.jit
 def _dq_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles):
-    """One 64 x 64 tile (sequence b, its query block j, column block c: the program's place) of the
+    """One 64 x 64 tile (query block j of sequence b, column block c: the program's place) of the
     varlen accumulator in register order (varlen_dq_accumulator's padded rows, DQ_TILE_BASES'
     tiles) cast into sequence b's rows of DQ, a contiguous
     (total_q, heads, head dim) tensor; rows past the sequence's end are neither read nor written."""
-    b, j, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)  # the batch on the axis without CUDA's 65535 limit
+    j, b, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(CuSeqQ + b)
     seqlen = tl.load(CuSeqQ + b + 1) - q_start
     offs = tl.arange(0, 4096)
@@ -1808,38 +1831,39 @@ def dq_from_varlen_accumulator(dq_accum: torch.Tensor, cu_seqlens_q: torch.Tenso
                                shape: tuple[int, int, int], dtype: torch.dtype, order: str) -> torch.Tensor:
     """dQ in `dtype` and packed `shape` (total_q, heads, head dim) from the varlen accumulator
     `dq_accum` in `order` (varlen_dq_accumulator's)."""
+    batch = cu_seqlens_q.shape[0] - 1
+    _check_varlen_dq_accumulator(dq_accum, shape, batch, order)
     if order == "rows":
         return dq_accum.to(dtype)
-    if order != "registers":
-        raise ValueError(f"order must be one of {BWD_DQ_ORDERS}, got {order!r}")
     total_q, heads, headdim = shape
     dq = torch.empty(shape, device=dq_accum.device, dtype=dtype)
-    batch = cu_seqlens_q.shape[0] - 1
     if total_q and batch and max_seqlen_q:
-        grid = (batch, triton.cdiv(max_seqlen_q, BWD_BLOCK_M), heads * headdim // 64)
+        # query blocks on the axis CUDA does not limit to 65535; the batch within it (the varlen
+        # kernels' dispatch keeps batch x heads so), the column tiles too (2 x heads at head dim 128)
+        grid = (triton.cdiv(max_seqlen_q, BWD_BLOCK_M), batch, heads * headdim // 64)
         _dq_from_padded_register_tiles_launcher[grid](dq_accum, dq, cu_seqlens_q, heads * headdim // 64)
     return dq
 
 
 def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_accum, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_k: int, softmax_scale: float, causal: bool,
-                                           stages: int | None = None, dq_order: str = "rows") -> None:
+                                           stages: int | None = None, dq_order: str | None = None) -> None:
     """dK and dV of packed sequences (q, do (total_q, heads, 128), k, v, dk, dv (total_k, kv_heads,
     128), as flash_attn_varlen_forward_hopper takes them), and dQ added into `dq_accum` (a zeroed
-    float32 accumulator from varlen_dq_accumulator in `dq_order`); `lse` and `delta` (heads,
-    total_q) float32."""
+    float32 accumulator from varlen_dq_accumulator in `dq_order`, default VARLEN_BWD_DQ_ORDER);
+    `lse` and `delta` (heads, total_q) float32."""
     stages = BWD_STAGES if stages is None else stages
+    dq_order = VARLEN_BWD_DQ_ORDER if dq_order is None else dq_order
     total_q, heads, headdim = q.shape
     rows = BWD_BLOCK_N // 2
     batch = cu_seqlens_q.shape[0] - 1
+    _check_varlen_dq_accumulator(dq_accum, q.shape, batch, dq_order)
     if dq_order == "registers":  # whole 4096-float tiles, one TMA box each
         dq_desc = TensorDescriptor(dq_accum, [dq_accum.numel() // DQ_REGISTER_BOX[1], DQ_REGISTER_BOX[1]],
                                    [DQ_REGISTER_BOX[1], 1], list(DQ_REGISTER_BOX), _fp32_tile_layout_unswizzled())
-    elif dq_order == "rows":
+    else:
         dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
                                    [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
-    else:
-        raise ValueError(f"dq_order must be one of {BWD_DQ_ORDERS}, got {dq_order!r}")
     # a section's pairs share one sequence where it has as many kv heads: its mean length sizes them
     grid = bwd_grid(triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1], heads // k.shape[1],
                     max(total_q // max(batch, 1), 1), headdim, q.element_size(), q.device)

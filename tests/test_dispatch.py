@@ -517,14 +517,29 @@ def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
     torch.testing.assert_close(got, dq, rtol=0, atol=0)
     torch.testing.assert_close(hopper.dq_from_varlen_accumulator(dq, cu, max(lengths), tuple(dq.shape),
                                                                  torch.float16, "rows"), dq.half(), rtol=0, atol=0)
+    # each sequence alone (cu_seqlens of its own, starting at its padded tile by its index): the
+    # cast writes its rows and no other (the rest of the output holds a sentinel)
+    for b, length in enumerate(lengths):
+        start = int(cu[b])
+        alone = torch.tensor([start] * (b + 1) + [start + length], dtype=torch.int32)  # b empty ones first
+        out = torch.full_like(dq, -7.0)
+        hopper._dq_from_padded_register_tiles_launcher[(-(-max(length, 1) // 64), b + 1, 2)](
+            accumulator, out, alone, 2)
+        written = torch.zeros(dq.shape[0], dtype=torch.bool)
+        written[start:start + length] = True
+        torch.testing.assert_close(out[written], dq[written], rtol=0, atol=0)
+        assert (out[~written] == -7.0).all(), f"sequence {b} wrote rows outside its own"
     with pytest.raises(ValueError, match="order"):
         hopper.varlen_dq_accumulator(dq, len(lengths), "columns")
+    with pytest.raises(ValueError, match="dq_accum must be a contiguous float32"):  # a q-shaped one, say
+        hopper.dq_from_varlen_accumulator(dq, cu, max(lengths), tuple(dq.shape), torch.float32, "registers")
 
 
 def test_the_varlen_preprocess_zeroes_the_whole_padded_accumulator():
     """The preprocess kernel's ZERO_DQ 2 (the varlen accumulator in register order) zeroes every
     row of its grid's blocks, past the packed tokens too, and still writes D = rowsum(dO * O)
-    of the packed rows (its (heads, total_q) rows, none past them)."""
+    of the packed rows (its (heads, total_q) rows, none past them). The kernel alone, on the grid
+    backward._backward_varlen_gluon gives it (one program per 64 accumulator rows and head)."""
     from kernels import flash_attn_hopper as hopper
     from kernels.forward import varlen_strides
 

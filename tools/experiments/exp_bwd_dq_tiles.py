@@ -13,7 +13,7 @@ registers four at a time side by side (no conflicts, half the store instructions
 one contiguous [16, 256] box, and a cast kernel puts the tiles back in rows (instead of the
 accumulator's cast); ptxas's spill stores fell on every kernel. Prediction: a few percent where
 dQ's epilogue is on the step's path (dense MHA, dQ after dK), less with dQ first (GQA, windows),
-none on the packed batch (its kernel keeps rows: a control). Per order: checked against float64
+none on the packed batch (its kernel reads VARLEN_BWD_DQ_ORDER, not this setting: a control). Per order: checked against float64
 (exp_bwd_schedule's FEATURE_CHECKS: dense both causal modes, GQA and a window), then the features
 suite's backward cases and the window at 32k, rounds interleaved (exp_bwd_stages.compare_variants).
 """
