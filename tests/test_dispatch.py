@@ -535,6 +535,37 @@ def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
         hopper.dq_from_varlen_accumulator(dq, cu, max(lengths), tuple(dq.shape), torch.float32, "registers")
 
 
+_PREPROCESS_SM90 = """
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tools']
+import triton
+from triton.compiler import ASTSource
+import compile_check_sm90 as check
+from kernels.backward import _bwd_preprocess_kernel as kernel
+for zero_dq in (False, True, 2):
+    constexprs = {'HEAD_DIM': 128, 'BLOCK_D': 128, 'BLOCK_M': 64, 'ZERO_DQ': zero_dq}
+    compiled = triton.compile(ASTSource(kernel, check.signature(kernel, constexprs, 'bf16'), constexprs),
+                              target=check.TARGET, options={'num_warps': 4})
+    row_products = [line for line in compiled.asm['ttir'].splitlines() if 'arith.muli' in line and 'tensor<64x1x' in line]
+    print(zero_dq, len(row_products), all('tensor<64x1xi64>' in line for line in row_products))
+"""
+
+
+def test_the_preprocess_kernel_compiles_for_sm90_with_64_bit_row_offsets():
+    """backward._bwd_preprocess_kernel compiled for sm_90 (no GPU needed: tools/compile_check_sm90.py's
+    target and signature, in a process without Triton's interpreter) in each ZERO_DQ form; its row
+    offsets are 64-bit (a packed batch is one sequence there, whose rows x stride pass 2^31 from
+    2^31 elements): every product of the rows by a stride is an i64 tensor in the Triton IR (at
+    least the two loads')."""
+    root = Path(__file__).resolve().parents[1]
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    lines = subprocess.run([sys.executable, "-c", _PREPROCESS_SM90, str(root)], capture_output=True, text=True,
+                           env=env, check=True).stdout.split("\n")
+    results = [line.split() for line in lines if line]
+    assert [r[0] for r in results] == ["False", "True", "2"], lines
+    assert all(int(count) >= 2 and wide == "True" for _, count, wide in results), lines
+
+
 def test_the_varlen_preprocess_zeroes_the_whole_padded_accumulator():
     """The preprocess kernel's ZERO_DQ 2 (the varlen accumulator in register order) zeroes every
     row of its grid's blocks, past the packed tokens too, and still writes D = rowsum(dO * O)
