@@ -1709,6 +1709,13 @@ def dq_from_accumulator(dq_accum: torch.Tensor, dtype: torch.dtype, order: str) 
     return dq
 
 
+def _register_order_descriptor(dq_accum: torch.Tensor) -> TensorDescriptor:
+    """The descriptor of a register-order dQ accumulator (contiguous, whole 4096-float tiles, dense
+    or varlen): its floats as rows of DQ_REGISTER_BOX[1], one [16, 256] box per 64 x 64 tile."""
+    return TensorDescriptor(dq_accum, [dq_accum.numel() // DQ_REGISTER_BOX[1], DQ_REGISTER_BOX[1]],
+                            [DQ_REGISTER_BOX[1], 1], list(DQ_REGISTER_BOX), _fp32_tile_layout_unswizzled())
+
+
 def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stages: int | None = None,
                               flags: dict | None = None):
     """The dK/dV launch for tensors shaped, strided and aligned like these, as a function of (q, k,
@@ -1734,8 +1741,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, stage
     if dq_order not in BWD_DQ_ORDERS:
         raise ValueError(f"BWD_DQ_ORDER must be one of {BWD_DQ_ORDERS}, got {dq_order!r}")
     if fused and dq_order == "registers":  # contiguous like q (backward.py makes it so): whole 4096-float tiles
-        dq_template = TensorDescriptor(dq_accum, [dq_accum.numel() // DQ_REGISTER_BOX[1], DQ_REGISTER_BOX[1]],
-                                       [DQ_REGISTER_BOX[1], 1], list(DQ_REGISTER_BOX), _fp32_tile_layout_unswizzled())
+        dq_template = _register_order_descriptor(dq_accum)
     elif fused:
         dq_template = TensorDescriptor(dq_accum, [batch * seqlen, heads * headdim], [dq_accum.stride(1), 1],
                                        [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
@@ -1837,7 +1843,10 @@ def dq_from_varlen_accumulator(dq_accum: torch.Tensor, cu_seqlens_q: torch.Tenso
         return dq_accum.to(dtype)
     total_q, heads, headdim = shape
     dq = torch.empty(shape, device=dq_accum.device, dtype=dtype)
-    if total_q and batch and max_seqlen_q:
+    if total_q and not (batch and max_seqlen_q):  # the cast would leave dq's rows unwritten
+        raise ValueError(f"{total_q} packed tokens need at least one sequence and max_seqlen_q >= 1, got "
+                         f"{batch} sequences and max_seqlen_q={max_seqlen_q}")
+    if total_q:
         # query blocks on the axis CUDA does not limit to 65535; the batch within it (the varlen
         # kernels' dispatch keeps batch x heads so), the column tiles too (2 x heads at head dim 128)
         grid = (triton.cdiv(max_seqlen_q, BWD_BLOCK_M), batch, heads * headdim // 64)
@@ -1859,8 +1868,7 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     batch = cu_seqlens_q.shape[0] - 1
     _check_varlen_dq_accumulator(dq_accum, q.shape, batch, dq_order)
     if dq_order == "registers":  # whole 4096-float tiles, one TMA box each
-        dq_desc = TensorDescriptor(dq_accum, [dq_accum.numel() // DQ_REGISTER_BOX[1], DQ_REGISTER_BOX[1]],
-                                   [DQ_REGISTER_BOX[1], 1], list(DQ_REGISTER_BOX), _fp32_tile_layout_unswizzled())
+        dq_desc = _register_order_descriptor(dq_accum)
     else:
         dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
                                    [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))

@@ -504,8 +504,9 @@ def _varlen_register_order(dq: torch.Tensor, lengths: list[int]) -> torch.Tensor
 @pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [63, 65, 127, 129]])
 def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
     """flash_attn_hopper.dq_from_varlen_accumulator (VARLEN_BWD_DQ_ORDER "registers") puts each
-    sequence's padded register-order tiles back into its packed rows and reads nothing else (the
-    accumulator's padding is NaN here); its size leaves no two sequences in one tile."""
+    sequence's padded register-order tiles back into its packed rows (the accumulator's padding is
+    NaN here, so a value from another tile or row shows), each sequence writing only its own rows;
+    an accumulator of the wrong size, or packed tokens with no sequence, are refused by name."""
     from kernels import flash_attn_hopper as hopper
 
     torch.manual_seed(0)
@@ -533,6 +534,8 @@ def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
         hopper.varlen_dq_accumulator(dq, len(lengths), "columns")
     with pytest.raises(ValueError, match="dq_accum must be a contiguous float32"):  # a q-shaped one, say
         hopper.dq_from_varlen_accumulator(dq, cu, max(lengths), tuple(dq.shape), torch.float32, "registers")
+    with pytest.raises(ValueError, match="at least one sequence"):  # rows no program would write
+        hopper.dq_from_varlen_accumulator(accumulator, cu, 0, tuple(dq.shape), torch.float32, "registers")
 
 
 _PREPROCESS_SM90 = """
