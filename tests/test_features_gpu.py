@@ -205,10 +205,11 @@ def test_gpu_varlen(causal, window, dtype):
     # query lengths above the key lengths (causal: the first rows see no key) and below
     (128, [1500, 0, 700, 2000, 129, 1024], [1100, 300, 700, 2048, 0, 1024]),
     (64, [4200, 300, 17, 4096], [4096, 600, 17, 3000]),
-    # one sequence; and many shorter than one 64-row dQ tile, each its own tile in register order
+    # one sequence; and many shorter than one 64-row dQ tile, each its own tile in register order,
+    # beside one long enough for the Gluon kernels (hopper_gluon_min_keys)
     (128, [2500], [2300]),
-    (128, [5, 63, 1, 64, 17, 40, 33, 2, 60, 65, 31, 12, 48, 7, 64, 1, 0, 39],
-     [9, 63, 1, 64, 17, 3, 80, 2, 60, 65, 31, 128, 48, 7, 1, 64, 5, 39]),
+    (128, [5, 63, 1, 64, 17, 40, 33, 2, 60, 65, 31, 12, 48, 7, 64, 1, 0, 39, 1100],
+     [9, 63, 1, 64, 17, 3, 80, 2, 60, 65, 31, 128, 48, 7, 1, 64, 5, 39, 1030]),
 ])
 @pytest.mark.parametrize("mask_at_run_time,dq_order", [(False, "rows"), (True, "rows"), (True, "registers")],
                          ids=["masked-every-step", "mask-checked", "mask-checked-dq-registers"])
