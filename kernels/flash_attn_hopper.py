@@ -810,6 +810,13 @@ VARLEN_BWD_SPLIT_MASKED = False
 # time as the dense kernel's one loop did (True; ignored where the masked steps run apart): faster
 # causal, level otherwise (docs/performance.md).
 VARLEN_BWD_MASK_AT_RUN_TIME = True
+# The varlen dK/dV kernel's key blocks (varlen_bwd_key_blocks): "longest", every sequence given the
+# longest one's, the programs past a shorter sequence's end exiting at once; "packed", sequence b's
+# from block (cu_seqlens_k[b] + 128 b) // 128 of one axis over the batch (FA3's padded offsets), at
+# most one empty program a sequence. docs/performance.md has their timings.
+VARLEN_BWD_GRID = "packed"
+VARLEN_BWD_GRIDS = ("longest", "packed")
+VARLEN_BWD_SCAN_BATCH = 1024  # "packed": the sequences a program scans for its own (more: "longest")
 
 
 def varlen_bwd_masking() -> int:
@@ -1564,26 +1571,69 @@ def _varlen_stats_buffers(STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
+def _varlen_packed_program(CuSeqQ, CuSeqK, batch, num_heads, kv_group, BLOCK_N: gl.constexpr, SCAN: gl.constexpr):
+    """The program's (sequence b, kv head, first key, and b's query start, query length, key start
+    and key length) where the grid's second axis holds every sequence's key blocks, sequence b's
+    from block (CuSeqK[b] + BLOCK_N b) // BLOCK_N (FA3's padded offsets: increasing in b by at
+    least b's own blocks, so at most one empty block a sequence; varlen_bwd_key_blocks), the first
+    axis and the third the kv heads (bwd_grid's sections of them). One load of both cu_seqlens
+    (SCAN >= batch + 1 lanes), then b is the count of sequences that start at or before the block."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    offs = gl.arange(0, SCAN, layout=layout)
+    cu_k = gl.load(CuSeqK + offs, mask=offs <= batch, other=0)
+    cu_q = gl.load(CuSeqQ + offs, mask=offs <= batch, other=0)
+    block = gl.program_id(1)
+    first_blocks = gl.where(offs < batch, (cu_k + offs * BLOCK_N) // BLOCK_N, 2147483647)
+    started = first_blocks <= block
+    b = gl.sum(started.to(gl.int32), axis=0) - 1
+    start_n = (block - gl.max(gl.where(started, first_blocks, 0), axis=0)) * BLOCK_N
+    q_start = gl.sum(gl.where(offs == b, cu_q, 0), axis=0)
+    kv_row0 = gl.sum(gl.where(offs == b, cu_k, 0), axis=0)
+    seqlen_q = gl.sum(gl.where(offs == b + 1, cu_q, 0), axis=0) - q_start
+    seqlen_k = gl.sum(gl.where(offs == b + 1, cu_k, 0), axis=0) - kv_row0
+    kv_head = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
+    return b, kv_head, start_n, q_start, seqlen_q, kv_row0, seqlen_k
+
+
+def varlen_bwd_key_blocks(grid: str, batch: int, total_k: int, max_seqlen_k: int) -> int:
+    """The varlen dK/dV grid's key blocks in `grid` (VARLEN_BWD_GRIDS): "longest", the longest
+    sequence's; "packed", every sequence's from its padded block (_varlen_packed_program): the
+    block after the last sequence's, (total_k + BWD_BLOCK_N batch) // BWD_BLOCK_N."""
+    if grid == "longest":
+        return triton.cdiv(max_seqlen_k, BWD_BLOCK_N)
+    if grid == "packed":
+        return (total_k + BWD_BLOCK_N * batch) // BWD_BLOCK_N
+    raise ValueError(f"VARLEN_BWD_GRID must be one of {VARLEN_BWD_GRIDS}, got {grid!r}")
+
+
+@gluon.jit
 def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
                                          Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
-                                         softmax_scale, qk_scale, kv_group, STAGES: gl.constexpr,
-                                         CAUSAL: gl.constexpr, STATS: gl.constexpr, SPLIT_MASKED: gl.constexpr):
+                                         softmax_scale, qk_scale, kv_group, batch, STAGES: gl.constexpr,
+                                         CAUSAL: gl.constexpr, STATS: gl.constexpr, SPLIT_MASKED: gl.constexpr,
+                                         SCAN: gl.constexpr):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (sequence, kv head, key
     block), placed by bwd_grid and _bwd_program; sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
     sequence. A program past its sequence's last key block does nothing. STATS: the loader warp
     brings each step's L_i and D_i into shared memory by plain loads (by TMA, as the dense kernel
     does, a causal packed batch hit an illegal instruction on the H200: docs/performance.md), else
-    the consumers read them from global memory. SPLIT_MASKED: _varlen_bwd_dkdv_partition's."""
+    the consumers read them from global memory. SPLIT_MASKED: _varlen_bwd_dkdv_partition's. SCAN:
+    0, the grid gives every sequence the longest one's key blocks (_bwd_program); else the key
+    blocks of the `batch` sequences lie on one axis (_varlen_packed_program, SCAN lanes)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = 2 * ROWS
-    b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
-    q_start = gl.load(CuSeqQ + b)
-    seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
-    kv_row0 = gl.load(CuSeqK + b)
-    seqlen_k = gl.load(CuSeqK + b + 1) - kv_row0
+    if SCAN:
+        b, kv_head, start_n, q_start, seqlen_q, kv_row0, seqlen_k = _varlen_packed_program(
+            CuSeqQ, CuSeqK, batch, num_heads, kv_group, BLOCK_N, SCAN)
+    else:
+        b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
+        q_start = gl.load(CuSeqQ + b)
+        seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
+        kv_row0 = gl.load(CuSeqK + b)
+        seqlen_k = gl.load(CuSeqK + b + 1) - kv_row0
     if start_n < seqlen_k:
         shift = seqlen_k - seqlen_q
         if CAUSAL:  # rows i with i + shift >= start_n see some key of the block
@@ -1872,15 +1922,24 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     else:
         dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
                                    [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
-    # a section's pairs share one sequence where it has as many kv heads: its mean length sizes them
-    grid = bwd_grid(triton.cdiv(max_seqlen_k, BWD_BLOCK_N), batch * k.shape[1], heads // k.shape[1],
-                    max(total_q // max(batch, 1), 1), headdim, q.element_size(), q.device)
+    kv_heads = k.shape[1]
+    key_grid = VARLEN_BWD_GRID  # the module's, read at each call (experiments set it)
+    packed_blocks = varlen_bwd_key_blocks("packed", batch, k.shape[0], max_seqlen_k)
+    if key_grid == "packed" and (batch + 1 > VARLEN_BWD_SCAN_BATCH or packed_blocks > BWD_MAX_KEY_BLOCKS):
+        key_grid = "longest"  # more sequences than a program scans, or more blocks than the axis holds
+    key_blocks = varlen_bwd_key_blocks(key_grid, batch, k.shape[0], max_seqlen_k)
+    scan = 0 if key_grid == "longest" else max(128, triton.next_power_of_2(batch + 1))
+    # sections of (sequence, kv head) pairs, or of kv heads over every sequence's blocks ("packed");
+    # the mean length sizes them
+    pairs = batch * kv_heads if key_grid == "longest" else kv_heads
+    grid = bwd_grid(key_blocks, pairs, heads // kv_heads, max(total_q // max(batch, 1), 1), headdim,
+                    q.element_size(), q.device)
     _bwd_dkdv_varlen_launcher[grid](
         _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
         dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
-        softmax_scale, softmax_scale * LOG2E, heads // k.shape[1], STAGES=stages, CAUSAL=causal,
-        STATS=VARLEN_BWD_STATS_IN_SHARED, SPLIT_MASKED=varlen_bwd_masking(), num_warps=4, maxnreg=168)
+        softmax_scale, softmax_scale * LOG2E, heads // kv_heads, batch, STAGES=stages, CAUSAL=causal,
+        STATS=VARLEN_BWD_STATS_IN_SHARED, SPLIT_MASKED=varlen_bwd_masking(), SCAN=scan, num_warps=4, maxnreg=168)
 
 
 # The entry points as defined here: forward.py and backward.py run their plans while the module's

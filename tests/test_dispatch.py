@@ -374,7 +374,9 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
     assert len(varlen_lines) == 4, report  # head dims 64 and 128, causal or not
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
-    assert len(varlen_bwd) == 4 and all("tma-reduce" in line for line in varlen_bwd), report  # d128, dQ fused, each dQ order
+    # d128, dQ fused, causal or not: each dQ order, then each key grid
+    assert len(varlen_bwd) == 8 and all("tma-reduce" in line for line in varlen_bwd), report
+    assert sum("packed grid" in line for line in varlen_bwd) == 2, report
     varlen_lines += varlen_bwd
     for line in forward_lines + backward_lines + varlen_lines:
         assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
@@ -499,6 +501,32 @@ def _varlen_register_order(dq: torch.Tensor, lengths: list[int]) -> torch.Tensor
         padded[row0:row0 + blocks] = _register_order(seq)
         start += length
     return padded
+
+
+@pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [128, 256, 0, 0, 128], [3789, 615, 1, 127, 129, 2641]])
+def test_the_packed_varlen_grid_holds_every_sequences_key_blocks_once(lengths):
+    """VARLEN_BWD_GRID "packed": with sequence b's key blocks from (cu_seqlens_k[b] + 128 b) // 128
+    (flash_attn_hopper._varlen_packed_program's rule: a block belongs to the last sequence that
+    starts at or before it), varlen_bwd_key_blocks' axis holds each sequence's blocks exactly once,
+    with at most one empty block a sequence, where the "longest" grid idles on the rest."""
+    from kernels import flash_attn_hopper as hopper
+
+    block_n = hopper.BWD_BLOCK_N
+    cu = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    first = [(cu[b] + block_n * b) // block_n for b in range(len(lengths))]
+    blocks = hopper.varlen_bwd_key_blocks("packed", len(lengths), cu[-1], max(lengths))
+    seen = []
+    for block in range(blocks):
+        b = sum(f <= block for f in first) - 1
+        start_n = (block - first[b]) * block_n
+        if start_n < lengths[b]:
+            seen.append((b, start_n))
+    wanted = [(b, n) for b, length in enumerate(lengths) for n in range(0, length, block_n)]
+    assert sorted(seen) == wanted
+    assert blocks - len(wanted) <= len(lengths)
+    assert hopper.varlen_bwd_key_blocks("longest", len(lengths), cu[-1], max(lengths)) == -(-max(lengths) // block_n)
+    with pytest.raises(ValueError, match="VARLEN_BWD_GRID"):
+        hopper.varlen_bwd_key_blocks("sorted", len(lengths), cu[-1], max(lengths))
 
 
 @pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [63, 65, 127, 129]])

@@ -213,12 +213,14 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
 
 
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,
-                                   dq_order: str | None = None) -> str:
+                                   dq_order: str | None = None, key_grid: str | None = None) -> str:
     """The Gluon dK/dV kernel with dQ fused over packed variable lengths, compiled for sm_90, its
-    dQ accumulator in `dq_order` (default flash_attn_hopper.VARLEN_BWD_DQ_ORDER)."""
+    dQ accumulator in `dq_order` (default flash_attn_hopper.VARLEN_BWD_DQ_ORDER), its key blocks
+    in `key_grid` (default VARLEN_BWD_GRID; "packed" scans 128 sequences' lengths)."""
     from kernels import flash_attn_hopper as hopper
 
     dq_order = dq_order or hopper.VARLEN_BWD_DQ_ORDER
+    key_grid = key_grid or hopper.VARLEN_BWD_GRID
 
     query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
@@ -227,12 +229,12 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "DK": f"*{dtype}", "DV": f"*{dtype}",
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
                  "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
-                 "qk_scale": "fp32", "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr",
-                 "STATS": "constexpr", "SPLIT_MASKED": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen, dQ {dq_order}",
+                 "qk_scale": "fp32", "kv_group": "i32", "batch": "i32", "STAGES": "constexpr",
+                 "CAUSAL": "constexpr", "STATS": "constexpr", "SPLIT_MASKED": "constexpr", "SCAN": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen, dQ {dq_order}, {key_grid} grid",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "STATS": hopper.VARLEN_BWD_STATS_IN_SHARED,
-                         "SPLIT_MASKED": hopper.varlen_bwd_masking()})
+                         "SPLIT_MASKED": hopper.varlen_bwd_masking(), "SCAN": 128 if key_grid == "packed" else 0})
 
 
 def main() -> None:
@@ -275,6 +277,8 @@ def main() -> None:
             emit(hopper_gluon_bwd_report(causal, headdim=128, fused_dq=True))
             for dq_order in hopper.BWD_DQ_ORDERS:
                 emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, dq_order=dq_order))
+            for key_grid in hopper.VARLEN_BWD_GRIDS:
+                emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, key_grid=key_grid))
         # the score modifications and the sliding window (kernels/features.py), as the features suite runs them
         for flag in hopper.GLUON_FEATURE_FLAGS:
             for causal in (False, True):
