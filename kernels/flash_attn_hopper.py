@@ -813,9 +813,10 @@ VARLEN_BWD_MASK_AT_RUN_TIME = True
 # The varlen dK/dV kernel's key blocks (varlen_bwd_key_blocks): "longest", every sequence given the
 # longest one's, the programs past a shorter sequence's end exiting at once; "packed", sequence b's
 # from block (cu_seqlens_k[b] + 128 b) // 128 of one axis over the batch (FA3's padded offsets), at
-# most one empty program a sequence. docs/performance.md has their timings.
-VARLEN_BWD_GRID = "packed"
-VARLEN_BWD_GRIDS = ("longest", "packed")
+# most one empty program a sequence; "auto" (varlen_bwd_grid) packed where the longest grid would be
+# more than half empty, where it measured faster (level or slower elsewhere: docs/performance.md).
+VARLEN_BWD_GRID = "auto"
+VARLEN_BWD_GRIDS = ("longest", "packed", "auto")
 VARLEN_BWD_SCAN_BATCH = 1024  # "packed": the sequences a program scans for its own (more: "longest")
 
 
@@ -1606,6 +1607,23 @@ def varlen_bwd_key_blocks(grid: str, batch: int, total_k: int, max_seqlen_k: int
     raise ValueError(f"VARLEN_BWD_GRID must be one of {VARLEN_BWD_GRIDS}, got {grid!r}")
 
 
+def varlen_bwd_grid(batch: int, total_k: int, max_seqlen_k: int, grid: str | None = None) -> str:
+    """The varlen dK/dV kernel's key blocks for `batch` sequences of `total_k` keys, the longest
+    `max_seqlen_k`, in `grid` (default VARLEN_BWD_GRID): "auto" packed where the longest grid's
+    batch x blocks are more than twice the packed axis's; packed only for at most
+    VARLEN_BWD_SCAN_BATCH - 1 sequences (a program's scan) and BWD_MAX_KEY_BLOCKS blocks."""
+    grid = VARLEN_BWD_GRID if grid is None else grid  # the module's, read at each call (experiments set it)
+    if grid not in VARLEN_BWD_GRIDS:
+        raise ValueError(f"VARLEN_BWD_GRID must be one of {VARLEN_BWD_GRIDS}, got {grid!r}")
+    packed_blocks = varlen_bwd_key_blocks("packed", batch, total_k, max_seqlen_k)
+    if grid == "auto":
+        longest = batch * varlen_bwd_key_blocks("longest", batch, total_k, max_seqlen_k)
+        grid = "packed" if longest > 2 * packed_blocks else "longest"
+    if grid == "packed" and (batch + 1 > VARLEN_BWD_SCAN_BATCH or packed_blocks > BWD_MAX_KEY_BLOCKS):
+        grid = "longest"  # more sequences than a program scans, or more blocks than the axis holds
+    return grid
+
+
 @gluon.jit
 def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
                                          Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
@@ -1923,10 +1941,7 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
         dq_desc = TensorDescriptor(dq_accum, [total_q, heads * headdim], [dq_accum.stride(0), 1],
                                    [BWD_BLOCK_M, headdim // 2], _fp32_tile_layout(BWD_BLOCK_M, headdim // 2))
     kv_heads = k.shape[1]
-    key_grid = VARLEN_BWD_GRID  # the module's, read at each call (experiments set it)
-    packed_blocks = varlen_bwd_key_blocks("packed", batch, k.shape[0], max_seqlen_k)
-    if key_grid == "packed" and (batch + 1 > VARLEN_BWD_SCAN_BATCH or packed_blocks > BWD_MAX_KEY_BLOCKS):
-        key_grid = "longest"  # more sequences than a program scans, or more blocks than the axis holds
+    key_grid = varlen_bwd_grid(batch, k.shape[0], max_seqlen_k)
     key_blocks = varlen_bwd_key_blocks(key_grid, batch, k.shape[0], max_seqlen_k)
     scan = 0 if key_grid == "longest" else max(128, triton.next_power_of_2(batch + 1))
     # sections of (sequence, kv head) pairs, or of kv heads over every sequence's blocks ("packed");

@@ -266,6 +266,8 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
                      ("register order / FA4, time", "dQ tiles in register order", "fa4")),
     "window_short_last": (("short programs last / grid order, time", "short programs last", "grid order"),
                           ("grid order / FA4, time", "grid order", "fa4")),
+    "varlen_bwd_grid": (("one axis / the longest's for each, time", "every sequence's key blocks on one axis",
+                         "the longest sequence's key blocks for each"),),
     "varlen_bwd_dq_tiles": (("register order / rows, time", "dQ tiles in register order", "dQ tiles as rows"),
                             ("register order / FA4, time", "dQ tiles in register order", "fa4")),
     "bwd_dq_order": (("before dK everywhere / the rule, time", "dQ before dK everywhere", "dQ first where the rule says"),

@@ -529,6 +529,23 @@ def test_the_packed_varlen_grid_holds_every_sequences_key_blocks_once(lengths):
         hopper.varlen_bwd_key_blocks("sorted", len(lengths), cu[-1], max(lengths))
 
 
+def test_the_varlen_backward_packs_its_grid_where_the_longest_would_be_mostly_empty():
+    """varlen_bwd_grid "auto": packed for one long sequence among short ones (the longest grid
+    more than half empty), the longest grid for the features suite's lengths; packed only within
+    a program's scan of the sequences."""
+    from kernels import flash_attn_hopper as hopper
+
+    suite = (2641, 2501, 1405, 3002, 2670, 3056, 3789, 615)
+    skewed = (8192,) + (512,) * 31
+    assert hopper.varlen_bwd_grid(len(suite), sum(suite), max(suite), "auto") == "longest"
+    assert hopper.varlen_bwd_grid(len(skewed), sum(skewed), max(skewed), "auto") == "packed"
+    many = hopper.VARLEN_BWD_SCAN_BATCH
+    assert hopper.varlen_bwd_grid(many, many * 64 + 8192, 8192, "packed") == "longest"
+    assert hopper.varlen_bwd_grid(len(suite), sum(suite), max(suite), "packed") == "packed"
+    with pytest.raises(ValueError, match="VARLEN_BWD_GRID"):
+        hopper.varlen_bwd_grid(1, 1, 1, "sorted")
+
+
 @pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [63, 65, 127, 129]])
 def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
     """flash_attn_hopper.dq_from_varlen_accumulator (VARLEN_BWD_DQ_ORDER "registers") puts each
