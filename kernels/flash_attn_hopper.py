@@ -806,9 +806,6 @@ BWD_SPLIT_DIAGONAL = True
 # (VARLEN_BWD_SPLIT_MASKED); docs/performance.md has their timings.
 VARLEN_BWD_STATS_IN_SHARED = True
 VARLEN_BWD_SPLIT_MASKED = False
-# The loader's plain loads of a step's L_i and D_i issued one step ahead, so that their latency
-# passes under the wait for the previous stage (docs/performance.md has their timings).
-VARLEN_BWD_STATS_AHEAD = True
 # With one loop: every step masked (False), or each step masked only where it needs it, told at run
 # time as the dense kernel's one loop did (True; ignored where the masked steps run apart): faster
 # causal, level otherwise (docs/performance.md).
@@ -1380,27 +1377,11 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
 
 
 @gluon.jit
-def _varlen_stats_rows(LSE, Delta, step, n_total, n_steps, first_m, q_col0, kv_group, total_q, q_start, seqlen_q,
-                       offs, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Query step `step`'s rows of L and D ((heads, total_q) each) in the loader's layout of
-    `offs`: +inf and 0 past the sequence's end, and for a step at or past n_total (nothing read)."""
-    m, _, head, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, q_col0 // HEAD_DIM, 0, kv_group, BLOCK_M,
-                                     HEAD_DIM)
-    rows = m + offs
-    stats_row = head.to(gl.int64) * total_q + q_start
-    keep = (rows < seqlen_q) & (step < n_total)
-    lse = gl.load(LSE + stats_row + rows, mask=keep, other=float("inf"))
-    delta = gl.load(Delta + stats_row + rows, mask=keep, other=0.0)
-    return lse, delta
-
-
-@gluon.jit
 def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, STATS: gl.constexpr,
-                               SPLIT_MASKED: gl.constexpr, STATS_AHEAD: gl.constexpr):
+                               SPLIT_MASKED: gl.constexpr):
     """_bwd_load_partition over one sequence's rows of the packed views; with STATS also each step's
     L_i and D_i (heads, total_q rows) into the stage's shared memory, +inf and 0 past the sequence's
-    end, announced on stats_bar; with STATS_AHEAD each step's rows loaded one step before they are
-    stored (their latency under the previous step's wait), else at the step itself."""
+    end, announced on stats_bar."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
@@ -1416,22 +1397,14 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr, S
         row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])  # the loader's one warp
         offs = gl.arange(0, BLOCK_M, layout=row_layout)
         _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0)
-        n_total = n_steps * kv_group
-        if STATS_AHEAD:  # step 0's rows; each step then loads the next one's before it stores its own
-            lse_next, delta_next = _varlen_stats_rows(LSE, Delta, 0, n_total, n_steps, first_m, q_col0, kv_group,
-                                                      total_q, q_start, seqlen_q, offs, BLOCK_M, HEAD_DIM)
-        for step in range(n_total):
+        for step in range(n_steps * kv_group):
             stage = step % STAGES
             m, q_col, head, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, q_col0 // HEAD_DIM, 0, kv_group,
                                                  BLOCK_M, HEAD_DIM)
-            if STATS_AHEAD:
-                lse, delta = lse_next, delta_next
-                lse_next, delta_next = _varlen_stats_rows(LSE, Delta, step + 1, n_total, n_steps, first_m, q_col0,
-                                                          kv_group, total_q, q_start, seqlen_q, offs, BLOCK_M,
-                                                          HEAD_DIM)
-            else:
-                lse, delta = _varlen_stats_rows(LSE, Delta, step, n_total, n_steps, first_m, q_col0, kv_group,
-                                                total_q, q_start, seqlen_q, offs, BLOCK_M, HEAD_DIM)  # before the wait
+            rows = m + offs
+            stats_row = head.to(gl.int64) * total_q + q_start
+            lse = gl.load(LSE + stats_row + rows, mask=rows < seqlen_q, other=float("inf"))  # before the wait
+            delta = gl.load(Delta + stats_row + rows, mask=rows < seqlen_q, other=0.0)
             mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
             mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [q_start + m, q_col], q_bar.index(stage), q_smem.index(stage))
@@ -1656,7 +1629,7 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
                                          Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
                                          softmax_scale, qk_scale, kv_group, batch, STAGES: gl.constexpr,
                                          CAUSAL: gl.constexpr, STATS: gl.constexpr, SPLIT_MASKED: gl.constexpr,
-                                         SCAN: gl.constexpr, STATS_AHEAD: gl.constexpr):
+                                         SCAN: gl.constexpr):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (sequence, kv head, key
     block), placed by bwd_grid and _bwd_program; sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
     Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
@@ -1665,8 +1638,7 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
     does, a causal packed batch hit an illegal instruction on the H200: docs/performance.md), else
     the consumers read them from global memory. SPLIT_MASKED: _varlen_bwd_dkdv_partition's. SCAN:
     0, the grid gives every sequence the longest one's key blocks (_bwd_program); else the key
-    blocks of the `batch` sequences lie on one axis (_varlen_packed_program, SCAN lanes).
-    STATS_AHEAD: _varlen_bwd_load_partition's."""
+    blocks of the `batch` sequences lie on one axis (_varlen_packed_program, SCAN lanes)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
@@ -1706,7 +1678,7 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
         gl.warp_specialize([
             (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0, STATS, SPLIT_MASKED)),
             (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1, STATS, SPLIT_MASKED)),
-            (_varlen_bwd_load_partition, (args, CAUSAL, 0, STATS, SPLIT_MASKED, STATS_AHEAD)),
+            (_varlen_bwd_load_partition, (args, CAUSAL, 0, STATS, SPLIT_MASKED)),
         ], [4, 1], [240, 24])
 
 
@@ -1982,8 +1954,7 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
         _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
         dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
         softmax_scale, softmax_scale * LOG2E, heads // kv_heads, batch, STAGES=stages, CAUSAL=causal,
-        STATS=VARLEN_BWD_STATS_IN_SHARED, SPLIT_MASKED=varlen_bwd_masking(), SCAN=scan,
-        STATS_AHEAD=VARLEN_BWD_STATS_AHEAD, num_warps=4, maxnreg=168)
+        STATS=VARLEN_BWD_STATS_IN_SHARED, SPLIT_MASKED=varlen_bwd_masking(), SCAN=scan, num_warps=4, maxnreg=168)
 
 
 # The entry points as defined here: forward.py and backward.py run their plans while the module's

@@ -211,20 +211,18 @@ def test_gpu_varlen(causal, window, dtype):
     (128, [5, 63, 1, 64, 17, 40, 33, 2, 60, 65, 31, 12, 48, 7, 64, 1, 0, 39, 1100],
      [9, 63, 1, 64, 17, 3, 80, 2, 60, 65, 31, 128, 48, 7, 1, 64, 5, 39, 1030]),
 ])
-@pytest.mark.parametrize("mask_at_run_time,dq_order,key_grid,stats_ahead", [
-    (False, "rows", "longest", False), (True, "rows", "longest", False), (True, "registers", "longest", False),
-    (True, "registers", "packed", False), (True, "registers", "longest", True)],
-    ids=["masked-every-step", "mask-checked", "mask-checked-dq-registers", "mask-checked-dq-registers-packed-grid",
-         "mask-checked-dq-registers-stats-ahead"])
+@pytest.mark.parametrize("mask_at_run_time,dq_order,key_grid", [
+    (False, "rows", "longest"), (True, "rows", "longest"), (True, "registers", "longest"),
+    (True, "registers", "packed")],
+    ids=["masked-every-step", "mask-checked", "mask-checked-dq-registers", "mask-checked-dq-registers-packed-grid"])
 def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, mask_at_run_time, dq_order, key_grid,
-                          stats_ahead, monkeypatch):
+                          monkeypatch):
     """Packed sequences on an H100/H200 take the Gluon varlen forward and, at head dim 128, the
     Gluon varlen dK/dV kernel with dQ fused (asserted, so a change of rule cannot quietly test the
     Triton kernels instead), and match the float64 reference, the logsumexp too; the backward's
     one loop masking every step or each where it needs it (VARLEN_BWD_MASK_AT_RUN_TIME), its dQ
     accumulator as rows or in register order (VARLEN_BWD_DQ_ORDER, asserted at the cast), its key
-    blocks the longest sequence's for each or every sequence's on one axis (VARLEN_BWD_GRID), its
-    loader's L and D rows loaded at their step or one step ahead (VARLEN_BWD_STATS_AHEAD)."""
+    blocks the longest sequence's for each or every sequence's on one axis (VARLEN_BWD_GRID)."""
     from kernels import flash_attn_hopper as hopper
 
     if torch.cuda.get_device_capability() != (9, 0):
@@ -232,7 +230,6 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, mask_at_
     monkeypatch.setattr(hopper, "VARLEN_BWD_MASK_AT_RUN_TIME", mask_at_run_time)
     monkeypatch.setattr(hopper, "VARLEN_BWD_DQ_ORDER", dq_order)
     monkeypatch.setattr(hopper, "VARLEN_BWD_GRID", key_grid)
-    monkeypatch.setattr(hopper, "VARLEN_BWD_STATS_AHEAD", stats_ahead)
     cast_orders = []  # the orders the backward's accumulators were cast from
     genuine_cast = hopper.dq_from_varlen_accumulator
 

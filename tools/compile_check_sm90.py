@@ -231,13 +231,11 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
                  "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
                  "qk_scale": "fp32", "kv_group": "i32", "batch": "i32", "STAGES": "constexpr",
-                 "CAUSAL": "constexpr", "STATS": "constexpr", "SPLIT_MASKED": "constexpr", "SCAN": "constexpr",
-                 "STATS_AHEAD": "constexpr"}
+                 "CAUSAL": "constexpr", "STATS": "constexpr", "SPLIT_MASKED": "constexpr", "SCAN": "constexpr"}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen, dQ {dq_order}, {key_grid} grid",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "STATS": hopper.VARLEN_BWD_STATS_IN_SHARED,
-                         "SPLIT_MASKED": hopper.varlen_bwd_masking(), "SCAN": 128 if key_grid == "packed" else 0,
-                         "STATS_AHEAD": hopper.VARLEN_BWD_STATS_AHEAD})
+                         "SPLIT_MASKED": hopper.varlen_bwd_masking(), "SCAN": 128 if key_grid == "packed" else 0})
 
 
 def main() -> None:
