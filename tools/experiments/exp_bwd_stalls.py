@@ -4,6 +4,11 @@ docs/performance.md, "The Gluon backward's schedule").
 
     python tools/experiments/exp_bwd_stalls.py --out DIR              # on a GPU with ncu
     python tools/experiments/exp_bwd_stalls.py --out DIR --from-raw   # rows again from DIR's raw CSVs
+    python tools/experiments/exp_bwd_stalls.py --out DIR --packed     # the dense and the varlen kernel
+
+With --packed the modes are the dense kernel and the varlen kernel on the same work, twelve
+sequences of 2048 tokens, non-causal (as flash_attn_func and as flash_attn_varlen_func on their
+packed views); the rows go to DIR/bwd_stalls_packed.csv and DIR/long_scoreboard_by_opcode_packed.csv.
 
 Each mode runs in its own process under `ncu` with the SECTIONS below (SourceCounters is the
 PC sampling): kernels.flash_attn_func forward and backward twice at batch 2 x 8k, 16 heads, head
@@ -28,7 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository's packages, run from anywhere
 
 TOOL = "tools/experiments/exp_bwd_stalls.py, ncu --clock-control none, PC sampling, 2 x 8k, 16 heads, head dim 128"
+TOOL_PACKED = ("tools/experiments/exp_bwd_stalls.py --packed, ncu --clock-control none, PC sampling, 12 x 2k "
+               "non-causal, 16 heads, head dim 128")
 MODES = ("causal", "full")
+PACKED_MODES = ("dense", "varlen")
 SECTIONS = ("SpeedOfLight", "WarpStateStats", "ComputeWorkloadAnalysis", "SchedulerStats", "InstructionStats",
             "SourceCounters", "MemoryWorkloadAnalysis", "Occupancy")
 TOP_OPCODES = 8
@@ -42,6 +50,21 @@ def child(mode: str) -> None:
     import kernels
 
     torch.manual_seed(0)
+    if mode in PACKED_MODES:  # the same work through each kernel: 12 sequences of 2048, non-causal
+        q, k, v = (torch.randn(12, 2048, 16, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        dout = torch.randn_like(q)
+        if mode == "varlen":
+            q, k, v, dout = (t.reshape(12 * 2048, 16, 128) for t in (q, k, v, dout))
+            cu = torch.arange(0, 13 * 2048, 2048, device="cuda", dtype=torch.int32)
+        for t in (q, k, v):
+            t.requires_grad_()
+        for _ in range(2):
+            if mode == "varlen":
+                kernels.flash_attn_varlen_func(q, k, v, cu, cu, 2048, 2048).backward(dout)
+            else:
+                kernels.flash_attn_func(q, k, v).backward(dout)
+        torch.cuda.synchronize()
+        return
     q, k, v = (torch.randn(2, 8192, 16, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     dout = torch.randn_like(q)
@@ -87,10 +110,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--from-raw", action="store_true", help="rebuild DIR/bwd_stalls.csv from DIR/raw_*.csv")
     parser.add_argument("--commit", help="with --from-raw: the commit the raw CSVs were measured at")
-    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--packed", action="store_true",
+                        help="the dense and the varlen dK/dV kernel on the same work (12 x 2k, non-causal)")
+    parser.add_argument("--child", choices=MODES + PACKED_MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args.child)
+    modes, tool, suffix, shape = MODES, TOOL, "", "2x8k"
+    if args.packed:
+        modes, tool, suffix, shape = PACKED_MODES, TOOL_PACKED, "_packed", "12x2k full"
     if args.out is None:
         parser.error("--out DIR is required")
     from harness.ncu import NCU, ncu_status
@@ -101,8 +129,8 @@ def main() -> None:
     if args.from_raw and not args.commit:
         parser.error("--from-raw needs --commit (the raw CSVs do not name it)")
     args.out.mkdir(parents=True, exist_ok=True)
-    with DecisionWriter(args.out / "bwd_stalls.csv", TOOL, commit=args.commit) as reasons:
-        for mode in MODES:
+    with DecisionWriter(args.out / f"bwd_stalls{suffix}.csv", tool, commit=args.commit) as reasons:
+        for mode in modes:
             raw, source = args.out / f"raw_{mode}.csv", args.out / f"source_{mode}.csv"
             if not args.from_raw:
                 report = args.out / f"bwd_{mode}"
@@ -117,16 +145,16 @@ def main() -> None:
                                           text=True)
                     path.write_text(done.stdout)
             for reason, share in sorted(stall_shares(raw.read_text()).items(), key=lambda kv: -kv[1]):
-                reasons.write(reason, f"{mode} 2x8k", "% of samples", share)
+                reasons.write(reason, f"{mode} {shape}", "% of samples", share)
                 print(f"{mode:7s} {reason:24s} {share:5.1f}%", flush=True)
-    sources = {mode: args.out / f"source_{mode}.csv" for mode in MODES}
+    sources = {mode: args.out / f"source_{mode}.csv" for mode in modes}
     if not all(path.exists() for path in sources.values()):  # --from-raw without them: the rows stay
-        print("source pages not kept here: long_scoreboard_by_opcode.csv left as it is")
+        print(f"source pages not kept here: long_scoreboard_by_opcode{suffix}.csv left as it is")
         return None
-    with DecisionWriter(args.out / "long_scoreboard_by_opcode.csv", TOOL, commit=args.commit) as opcodes:
+    with DecisionWriter(args.out / f"long_scoreboard_by_opcode{suffix}.csv", tool, commit=args.commit) as opcodes:
         for mode, path in sources.items():
             for opcode, share in long_scoreboard_by_opcode(path.read_text()).items():
-                opcodes.write(opcode, f"{mode} 2x8k", "% of samples", share)
+                opcodes.write(opcode, f"{mode} {shape}", "% of samples", share)
                 print(f"{mode:7s} long scoreboard at {opcode:20s} {share:5.1f}%", flush=True)
     return None
 
