@@ -115,7 +115,8 @@ def utilisation_table(rows: pd.DataFrame, ceiling: float) -> str:
 
 
 UNITS = {"tflops": ("TFLOPs/s", "{:.0f}"), "ms": ("ms", "{:.3f}"), "us": ("us", "{:.1f}"),
-         "% of samples": ("% of PC samples", "{:.1f}")}
+         "% of samples": ("% of PC samples", "{:.1f}"),
+         "% of dense's samples": ("% of the dense kernel's PC samples", "{:.2f}"), "metric": ("ncu", "{:.1f}")}
 
 
 def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) -> str:
@@ -851,6 +852,9 @@ SECTIONS = {
     "bwd_schedule": lambda: bwd_schedule_table(DECISIONS / "bwd_schedule.csv"),
     "bwd_stalls": lambda: decision_table(DECISIONS / "bwd_stalls" / "bwd_stalls.csv"),
     "bwd_long_scoreboard": lambda: decision_table(DECISIONS / "bwd_stalls" / "long_scoreboard_by_opcode.csv"),
+    "packed_bwd_summary": lambda: decision_table(DECISIONS / "bwd_stalls" / "kernel_summary_packed.csv"),
+    "packed_bwd_stalls": lambda: decision_table(DECISIONS / "bwd_stalls" / "bwd_stalls_packed.csv"),
+    "packed_bwd_opcodes": lambda: decision_table(DECISIONS / "bwd_stalls" / "samples_by_opcode_packed.csv"),
     "feature_counters": lambda: feature_counters_table(DECISIONS / "feature_counters" / "feature_counters.csv"),
     "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Notes",
                                          start_at="## The bar"),

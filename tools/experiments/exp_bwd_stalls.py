@@ -8,7 +8,10 @@ docs/performance.md, "The Gluon backward's schedule").
 
 With --packed the modes are the dense kernel and the varlen kernel on the same work, twelve
 sequences of 2048 tokens, non-causal (as flash_attn_func and as flash_attn_varlen_func on their
-packed views); the rows go to DIR/bwd_stalls_packed.csv and DIR/long_scoreboard_by_opcode_packed.csv.
+packed views); the rows go to DIR/bwd_stalls_packed.csv and DIR/long_scoreboard_by_opcode_packed.csv,
+with two more: DIR/samples_by_opcode_packed.csv (every sample by the sampled instruction's opcode,
+as shares of the dense kernel's samples, the opcodes whose count differs most) and
+DIR/kernel_summary_packed.csv (each kernel's duration, tensor-pipe activity and instructions).
 
 Each mode runs in its own process under `ncu` with the SECTIONS below (SourceCounters is the
 PC sampling): kernels.flash_attn_func forward and backward twice at batch 2 x 8k, 16 heads, head
@@ -105,6 +108,52 @@ def long_scoreboard_by_opcode(source_csv: str) -> dict[str, float]:
     return shares.head(TOP_OPCODES).to_dict()
 
 
+SUMMARY = (("duration (us)", "gpu__time_duration.sum", 1e-3),
+           ("tensor pipe active (% of peak)", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+            1.0),
+           ("instructions issued (millions)", "smsp__inst_executed.sum", 1e-6))
+
+
+def samples_by_opcode(source_csv: str):
+    """Every PC sample of the source page (its first line names the kernel) by the sampled
+    instruction's opcode, as a pandas Series of counts."""
+    import io
+
+    import pandas as pd
+
+    page = pd.read_csv(io.StringIO(source_csv.split("\n", 1)[1]))
+    samples = pd.to_numeric(page["Warp Stall Sampling (All Samples)"], errors="coerce").fillna(0)
+    opcode = page["Source"].astype(str).str.strip().str.replace(r"^@!?U?P\w+\s+", "", regex=True).str.split().str[0]
+    return samples.groupby(opcode).sum()
+
+
+def write_packed_comparison(out: Path, modes, tool: str, commit: str | None) -> None:
+    """DIR/samples_by_opcode_packed.csv and DIR/kernel_summary_packed.csv from the kept pages
+    (the module docstring says what they hold)."""
+    import pandas as pd
+
+    from harness.ncu import metric_value, parse_ncu_csv
+    from reports.decisions import DecisionWriter
+
+    counts = pd.DataFrame({mode: samples_by_opcode((out / f"source_{mode}.csv").read_text()) for mode in modes})
+    counts = counts.fillna(0)
+    base = counts[modes[0]].sum()
+    differing = (counts[modes[1]] - counts[modes[0]]).abs().sort_values(ascending=False).index[:2 * TOP_OPCODES]
+    with DecisionWriter(out / "samples_by_opcode_packed.csv", tool, commit=commit) as rows:
+        for opcode in differing:
+            for mode in modes:
+                rows.write(opcode, f"{mode} 12x2k full", f"% of {modes[0]}'s samples",
+                           100.0 * counts.at[opcode, mode] / base)
+        for mode in modes:
+            rows.write("every opcode", f"{mode} 12x2k full", f"% of {modes[0]}'s samples",
+                       100.0 * counts[mode].sum() / base)
+    with DecisionWriter(out / "kernel_summary_packed.csv", tool, commit=commit) as rows:
+        for mode in modes:
+            kernel = parse_ncu_csv((out / f"raw_{mode}.csv").read_text()).iloc[0]
+            for label, metric, scale in SUMMARY:
+                rows.write(label, f"{mode} 12x2k full", "metric", metric_value(kernel[metric])[0] * scale)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path)
@@ -156,6 +205,8 @@ def main() -> None:
             for opcode, share in long_scoreboard_by_opcode(path.read_text()).items():
                 opcodes.write(opcode, f"{mode} {shape}", "% of samples", share)
                 print(f"{mode:7s} long scoreboard at {opcode:20s} {share:5.1f}%", flush=True)
+    if args.packed:
+        write_packed_comparison(args.out, modes, tool, args.commit)
     return None
 
 
