@@ -817,7 +817,9 @@ VARLEN_BWD_MASK_AT_RUN_TIME = True
 # more than half empty, where it measured faster (level or slower elsewhere: docs/performance.md).
 VARLEN_BWD_GRID = "auto"
 VARLEN_BWD_GRIDS = ("longest", "packed", "auto")
-VARLEN_BWD_SCAN_BATCH = 1024  # "packed": the sequences a program scans for its own (more: "longest")
+# "packed": the lanes of a program's scan of cu_seqlens (batch + 1 entries; more sequences take
+# "longest"), one a thread of the kernel's four warps: the width the GPU tests ran
+VARLEN_BWD_SCAN_BATCH = 128
 
 
 def varlen_bwd_masking() -> int:
@@ -872,7 +874,8 @@ def _dq_tile_buffer(dq_smem, dq_desc, HALF: gl.constexpr):
 def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: int, element_size: int,
              device: torch.device, section: int | str | None = None) -> tuple[int, int, int]:
     """The dK/dV kernels' grid (pairs in a section, key blocks, sections) for n_blocks key blocks
-    of `pairs` (batch, kv head) pairs (_bwd_program). A section holds the largest divisor of
+    of `pairs` (batch, kv head) pairs (_bwd_program; the varlen kernel's packed grid passes its kv
+    heads, every sequence's blocks on the key-block axis: _varlen_packed_program). A section holds the largest divisor of
     `pairs` at most `section` (default BWD_HEAD_SECTION); "l2": at most as many pairs as keep
     their Q, dO and float32 dQ accumulator (kv_group q heads of seqlen_q rows each) within the L2
     cache (common.l2_cache_bytes), the budget FlashAttention-4's backward tile scheduler
@@ -1572,13 +1575,15 @@ def _varlen_stats_buffers(STAGES: gl.constexpr, BLOCK_M: gl.constexpr):
 
 
 @gluon.jit
-def _varlen_packed_program(CuSeqQ, CuSeqK, batch, num_heads, kv_group, BLOCK_N: gl.constexpr, SCAN: gl.constexpr):
+def _varlen_packed_program(CuSeqQ, CuSeqK, batch, BLOCK_N: gl.constexpr, SCAN: gl.constexpr):
     """The program's (sequence b, kv head, first key, and b's query start, query length, key start
     and key length) where the grid's second axis holds every sequence's key blocks, sequence b's
     from block (CuSeqK[b] + BLOCK_N b) // BLOCK_N (FA3's padded offsets: increasing in b by at
     least b's own blocks, so at most one empty block a sequence; varlen_bwd_key_blocks), the first
-    axis and the third the kv heads (bwd_grid's sections of them). One load of both cu_seqlens
-    (SCAN >= batch + 1 lanes), then b is the count of sequences that start at or before the block."""
+    axis and the third the kv heads (bwd_grid's sections of them). One vector load of each
+    cu_seqlens (SCAN >= batch + 1 lanes), then b is the count of sequences that start at or before
+    the block, less one; that needs CuSeqK[0] == 0 (checks.check_cu_seqlens), which puts block 0 in
+    sequence 0."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     offs = gl.arange(0, SCAN, layout=layout)
     cu_k = gl.load(CuSeqK + offs, mask=offs <= batch, other=0)
@@ -1611,7 +1616,10 @@ def varlen_bwd_grid(batch: int, total_k: int, max_seqlen_k: int, grid: str | Non
     """The varlen dK/dV kernel's key blocks for `batch` sequences of `total_k` keys, the longest
     `max_seqlen_k`, in `grid` (default VARLEN_BWD_GRID): "auto" packed where the longest grid's
     batch x blocks are more than twice the packed axis's; packed only for at most
-    VARLEN_BWD_SCAN_BATCH - 1 sequences (a program's scan) and BWD_MAX_KEY_BLOCKS blocks."""
+    VARLEN_BWD_SCAN_BATCH - 1 sequences (a program's scan) and BWD_MAX_KEY_BLOCKS blocks. "More than
+    half empty" is counted against the packed axis, which holds up to one empty block a sequence.
+    The packed axis runs each section's sequences in turn, each one's blocks in order, so it gives
+    up the longest grid's start of every sequence's longest programs first within a section."""
     grid = VARLEN_BWD_GRID if grid is None else grid  # the module's, read at each call (experiments set it)
     if grid not in VARLEN_BWD_GRIDS:
         raise ValueError(f"VARLEN_BWD_GRID must be one of {VARLEN_BWD_GRIDS}, got {grid!r}")
@@ -1631,21 +1639,23 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
                                          CAUSAL: gl.constexpr, STATS: gl.constexpr, SPLIT_MASKED: gl.constexpr,
                                          SCAN: gl.constexpr):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (sequence, kv head, key
-    block), placed by bwd_grid and _bwd_program; sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and
-    Delta (heads, total_q)), its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per
-    sequence. A program past its sequence's last key block does nothing. STATS: the loader warp
+    block), placed by bwd_grid and, with SCAN 0, _bwd_program ((sequence, kv head) pairs), else
+    _varlen_packed_program (kv heads; every sequence's key blocks on the second axis); sequence b's
+    queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the packed views (LSE and Delta (heads, total_q)),
+    its keys rows CuSeqK[b]:CuSeqK[b + 1]; causal bottom-right per sequence. A program past its
+    sequence's last key block does nothing. STATS: the loader warp
     brings each step's L_i and D_i into shared memory by plain loads (by TMA, as the dense kernel
     does, a causal packed batch hit an illegal instruction on the H200: docs/performance.md), else
     the consumers read them from global memory. SPLIT_MASKED: _varlen_bwd_dkdv_partition's. SCAN:
-    0, the grid gives every sequence the longest one's key blocks (_bwd_program); else the key
-    blocks of the `batch` sequences lie on one axis (_varlen_packed_program, SCAN lanes)."""
+    0, the grid gives every sequence the longest one's key blocks; else the key blocks of the
+    `batch` sequences lie on one axis (SCAN lanes >= batch + 1)."""
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
     ROWS: gl.constexpr = k_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = 2 * ROWS
     if SCAN:
         b, kv_head, start_n, q_start, seqlen_q, kv_row0, seqlen_k = _varlen_packed_program(
-            CuSeqQ, CuSeqK, batch, num_heads, kv_group, BLOCK_N, SCAN)
+            CuSeqQ, CuSeqK, batch, BLOCK_N, SCAN)
     else:
         b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
         q_start = gl.load(CuSeqQ + b)
@@ -1943,7 +1953,7 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     kv_heads = k.shape[1]
     key_grid = varlen_bwd_grid(batch, k.shape[0], max_seqlen_k)
     key_blocks = varlen_bwd_key_blocks(key_grid, batch, k.shape[0], max_seqlen_k)
-    scan = 0 if key_grid == "longest" else max(128, triton.next_power_of_2(batch + 1))
+    scan = 0 if key_grid == "longest" else VARLEN_BWD_SCAN_BATCH
     # sections of (sequence, kv head) pairs, or of kv heads over every sequence's blocks ("packed");
     # the mean length sizes them
     pairs = batch * kv_heads if key_grid == "longest" else kv_heads

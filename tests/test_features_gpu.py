@@ -238,6 +238,14 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, mask_at_
         return genuine_cast(*args)
 
     monkeypatch.setattr(hopper, "dq_from_varlen_accumulator", cast)
+    grids = []  # the key grids the backward's launches took
+    genuine_grid = hopper.varlen_bwd_grid
+
+    def grid(*args):
+        grids.append(genuine_grid(*args))
+        return grids[-1]
+
+    monkeypatch.setattr(hopper, "varlen_bwd_grid", grid)
     cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
                   for lengths in (lengths_q, lengths_k))
     features = Features(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q),
@@ -251,6 +259,7 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, mask_at_
     check_varlen(lengths_q, lengths_k, 8, 2, headdim, dtype, device="cuda", causal=causal)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
     assert set(cast_orders) == ({dq_order} if headdim == 128 else set()), cast_orders
+    assert set(grids) == ({key_grid} if headdim == 128 else set()), grids
 
 
 @pytest.mark.usefixtures("poisoned_allocations")

@@ -217,7 +217,7 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
     """The Gluon dK/dV kernel with dQ fused over packed variable lengths, compiled for sm_90, its
     dQ accumulator in `dq_order` (default flash_attn_hopper.VARLEN_BWD_DQ_ORDER), its key blocks
     in `key_grid` (default "longest", VARLEN_BWD_GRID's choice at the features suite's lengths;
-    "packed" scans 128 sequences' lengths)."""
+    "packed" scans VARLEN_BWD_SCAN_BATCH lanes of cu_seqlens)."""
     from kernels import flash_attn_hopper as hopper
 
     dq_order = dq_order or hopper.VARLEN_BWD_DQ_ORDER
@@ -235,7 +235,7 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen, dQ {dq_order}, {key_grid} grid",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "STATS": hopper.VARLEN_BWD_STATS_IN_SHARED,
-                         "SPLIT_MASKED": hopper.varlen_bwd_masking(), "SCAN": 128 if key_grid == "packed" else 0})
+                         "SPLIT_MASKED": hopper.varlen_bwd_masking(), "SCAN": hopper.VARLEN_BWD_SCAN_BATCH if key_grid == "packed" else 0})
 
 
 def main() -> None:
@@ -278,8 +278,7 @@ def main() -> None:
             emit(hopper_gluon_bwd_report(causal, headdim=128, fused_dq=True))
             for dq_order in hopper.BWD_DQ_ORDERS:
                 emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, dq_order=dq_order))
-            for key_grid in ("longest", "packed"):
-                emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, key_grid=key_grid))
+            emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, key_grid="packed"))
         # the score modifications and the sliding window (kernels/features.py), as the features suite runs them
         for flag in hopper.GLUON_FEATURE_FLAGS:
             for causal in (False, True):

@@ -11,7 +11,8 @@ sequences of 2048 tokens, non-causal (as flash_attn_func and as flash_attn_varle
 packed views); the rows go to DIR/bwd_stalls_packed.csv and DIR/long_scoreboard_by_opcode_packed.csv,
 with two more: DIR/samples_by_opcode_packed.csv (every sample by the sampled instruction's opcode,
 as shares of the dense kernel's samples, the opcodes whose count differs most) and
-DIR/kernel_summary_packed.csv (each kernel's duration, tensor-pipe activity and instructions).
+DIR/kernel_summary_packed.csv (each kernel's duration, PC-sampling interval and sample count,
+tensor-pipe activity and instructions).
 
 Each mode runs in its own process under `ncu` with the SECTIONS below (SourceCounters is the
 PC sampling): kernels.flash_attn_func forward and backward twice at batch 2 x 8k, 16 heads, head
@@ -109,6 +110,8 @@ def long_scoreboard_by_opcode(source_csv: str) -> dict[str, float]:
 
 
 SUMMARY = (("duration (us)", "gpu__time_duration.sum", 1e-3),
+           ("PC sampling interval (cycles)", "smsp__pcsamp_interval_cycles", 1.0),
+           ("PC samples (thousands)", SAMPLES, 1e-3),
            ("tensor pipe active (% of peak)", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
             1.0),
            ("instructions issued (millions)", "smsp__inst_executed.sum", 1e-6))
@@ -127,12 +130,23 @@ def samples_by_opcode(source_csv: str):
     return samples.groupby(opcode).sum()
 
 
-def write_packed_comparison(out: Path, modes, tool: str, commit: str | None) -> None:
-    """DIR/samples_by_opcode_packed.csv and DIR/kernel_summary_packed.csv from the kept pages
-    (the module docstring says what they hold)."""
+def write_packed_summary(out: Path, modes, tool: str, commit: str | None, shape: str) -> None:
+    """DIR/kernel_summary_packed.csv from the kept raw pages (the module docstring says what it holds)."""
+    from harness.ncu import metric_value, parse_ncu_csv
+    from reports.decisions import DecisionWriter
+
+    with DecisionWriter(out / "kernel_summary_packed.csv", tool, commit=commit) as rows:
+        for mode in modes:
+            kernel = parse_ncu_csv((out / f"raw_{mode}.csv").read_text()).iloc[0]
+            for label, metric, scale in SUMMARY:
+                rows.write(label, f"{mode} {shape}", "metric", metric_value(kernel[metric])[0] * scale)
+
+
+def write_packed_opcodes(out: Path, modes, tool: str, commit: str | None, shape: str) -> None:
+    """DIR/samples_by_opcode_packed.csv from the kept source pages (the module docstring says what
+    it holds)."""
     import pandas as pd
 
-    from harness.ncu import metric_value, parse_ncu_csv
     from reports.decisions import DecisionWriter
 
     counts = pd.DataFrame({mode: samples_by_opcode((out / f"source_{mode}.csv").read_text()) for mode in modes})
@@ -142,22 +156,19 @@ def write_packed_comparison(out: Path, modes, tool: str, commit: str | None) -> 
     with DecisionWriter(out / "samples_by_opcode_packed.csv", tool, commit=commit) as rows:
         for opcode in differing:
             for mode in modes:
-                rows.write(opcode, f"{mode} 12x2k full", f"% of {modes[0]}'s samples",
+                rows.write(opcode, f"{mode} {shape}", f"% of {modes[0]}'s samples",
                            100.0 * counts.at[opcode, mode] / base)
         for mode in modes:
-            rows.write("every opcode", f"{mode} 12x2k full", f"% of {modes[0]}'s samples",
+            rows.write("every opcode", f"{mode} {shape}", f"% of {modes[0]}'s samples",
                        100.0 * counts[mode].sum() / base)
-    with DecisionWriter(out / "kernel_summary_packed.csv", tool, commit=commit) as rows:
-        for mode in modes:
-            kernel = parse_ncu_csv((out / f"raw_{mode}.csv").read_text()).iloc[0]
-            for label, metric, scale in SUMMARY:
-                rows.write(label, f"{mode} 12x2k full", "metric", metric_value(kernel[metric])[0] * scale)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--from-raw", action="store_true", help="rebuild DIR/bwd_stalls.csv from DIR/raw_*.csv")
+    parser.add_argument("--from-raw", action="store_true",
+                        help="rebuild the rows (DIR/bwd_stalls.csv, with --packed its files) from DIR's raw and "
+                             "source pages")
     parser.add_argument("--commit", help="with --from-raw: the commit the raw CSVs were measured at")
     parser.add_argument("--packed", action="store_true",
                         help="the dense and the varlen dK/dV kernel on the same work (12 x 2k, non-causal)")
@@ -196,6 +207,8 @@ def main() -> None:
             for reason, share in sorted(stall_shares(raw.read_text()).items(), key=lambda kv: -kv[1]):
                 reasons.write(reason, f"{mode} {shape}", "% of samples", share)
                 print(f"{mode:7s} {reason:24s} {share:5.1f}%", flush=True)
+    if args.packed:  # the summary needs only the raw pages
+        write_packed_summary(args.out, modes, tool, args.commit, shape)
     sources = {mode: args.out / f"source_{mode}.csv" for mode in modes}
     if not all(path.exists() for path in sources.values()):  # --from-raw without them: the rows stay
         print(f"source pages not kept here: long_scoreboard_by_opcode{suffix}.csv left as it is")
@@ -206,7 +219,7 @@ def main() -> None:
                 opcodes.write(opcode, f"{mode} {shape}", "% of samples", share)
                 print(f"{mode:7s} long scoreboard at {opcode:20s} {share:5.1f}%", flush=True)
     if args.packed:
-        write_packed_comparison(args.out, modes, tool, args.commit)
+        write_packed_opcodes(args.out, modes, tool, args.commit, shape)
     return None
 
 
