@@ -14,7 +14,10 @@ measures the two registrations on the host.
 
 Eager calls skip the dispatcher's round trip (`FlashAttnFunc` calls the same implementations
 directly): host time is what short calls wait on. Under torch.compile and torch.export tracing
-(`tracing()`), the public functions call `torch.ops.fa2.*` instead.
+(`tracing()`), the public functions call the ops instead, as flash-attn's interface does: an
+autograd.Function (`_TracedAttention`, fa2::fwd's own autograd) over `fa2::_fwd`, fa2::fwd without
+an autograd kernel, so that a compiled graph's calls do not pass through the Python autograd
+kernel that register_autograd puts in front of an op.
 """
 
 from __future__ import annotations
@@ -71,15 +74,21 @@ def _lse_shape(q: Tensor, features: Features) -> tuple[int, ...]:
 
 
 _LIB = torch.library.Library("fa2", "FRAGMENT")  # kernels/decode.py defines its ops in the namespace too
-_LIB.define("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
-            "SymInt max_seqlen_k, float softmax_scale, bool causal, SymInt window_left, SymInt window_right, "
-            "float softcap, Tensor? alibi_slopes, float dropout_p, Tensor? rng_seed, bool deterministic, "
-            "str fwd_config, str bwd_config) -> (Tensor, Tensor)", tags=(torch.Tag.pt2_compliant_tag,))
+_FWD_SCHEMA = ("(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
+               "SymInt max_seqlen_k, float softmax_scale, bool causal, SymInt window_left, SymInt window_right, "
+               "float softcap, Tensor? alibi_slopes, float dropout_p, Tensor? rng_seed, bool deterministic, "
+               "str fwd_config, str bwd_config) -> (Tensor, Tensor)")
+# as custom_op tags its ops (opcheck in tests/test_compile.py)
+_LIB.define("fwd" + _FWD_SCHEMA, tags=(torch.Tag.pt2_compliant_tag,))
+# fa2::fwd without an autograd kernel, which the public functions' traced path wraps in an
+# autograd.Function (`_TracedAttention`): a compiled graph's call to it skips the Python autograd
+# kernel that register_autograd puts in front of fa2::fwd (host time per call)
+_LIB.define("_fwd" + _FWD_SCHEMA, tags=(torch.Tag.pt2_compliant_tag,))
 _LIB.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? cu_seqlens_q, "
             "Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, "
             "SymInt window_left, SymInt window_right, float softcap, Tensor? alibi_slopes, float dropout_p, "
             "Tensor? rng_seed, bool deterministic, str bwd_config) -> (Tensor, Tensor, Tensor)",
-            tags=(torch.Tag.pt2_compliant_tag,))  # as custom_op tags its ops (opcheck in tests/test_compile.py)
+            tags=(torch.Tag.pt2_compliant_tag,))
 
 
 def fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor | None, cu_seqlens_k: Tensor | None,
@@ -119,7 +128,7 @@ def _bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
-for _name, _impl, _fake in (("fwd", fwd, _fwd_fake), ("bwd", bwd, _bwd_fake)):
+for _name, _impl, _fake in (("fwd", fwd, _fwd_fake), ("_fwd", fwd, _fwd_fake), ("bwd", bwd, _bwd_fake)):
     for _key in ("CPU", "CUDA"):  # CPU: Triton's interpreter
         _LIB.impl(_name, _impl, _key)
     torch.library.register_fake(f"fa2::{_name}", _fake, lib=_LIB)
@@ -151,6 +160,29 @@ def _backward(ctx, dout, _dlse):
 torch.library.register_autograd("fa2::fwd", _backward, setup_context=_setup_context, lib=_LIB)
 
 
+class _TracedAttention(torch.autograd.Function):
+    """fa2::fwd's autograd (the same setup_context and backward) over fa2::_fwd, for the public
+    functions' traced path: Dynamo traces the Function, and the compiled graph calls fa2::_fwd and
+    fa2::bwd, neither with a Python autograd kernel in front (a compiled call, forward and
+    backward, costs the host less). Dynamo refuses a Function given one tensor twice
+    (`flash_attn_func(x, x, x)`, or the packed varlen functions' one cu_seqlens): such calls take
+    fa2::fwd itself (`attention`)."""
+
+    @staticmethod
+    def forward(ctx, *args):  # ctx first: Dynamo's no-grad trace of forward(*args) with setup_context fails
+        output = torch.ops.fa2._fwd(*args)
+        _setup_context(ctx, args, output)
+        return output
+
+    backward = staticmethod(_backward)
+
+
+def _repeats_a_tensor(*args) -> bool:
+    """Whether one tensor is among `args` twice (`is`: what Dynamo can tell while tracing)."""
+    tensors = [a for a in args if isinstance(a, Tensor)]
+    return any(a is b for i, a in enumerate(tensors) for b in tensors[i + 1:])
+
+
 class FlashAttnFunc(torch.autograd.Function):
     """Eager autograd over the same implementations as the ops (no dispatcher round trip)."""
 
@@ -179,14 +211,16 @@ class FlashAttnFunc(torch.autograd.Function):
 
 def attention(q, k, v, softmax_scale: float, causal: bool, features: Features, fwd_config: FwdConfig | None,
               bwd_config: BwdConfig | None, deterministic: bool) -> tuple[Tensor, Tensor]:
-    """(out, lse) with autograd: the op when traced, FlashAttnFunc when eager, and the forward
+    """(out, lse) with autograd: the ops when traced (_TracedAttention), FlashAttnFunc when eager, and the forward
     alone when no input needs a gradient (an inference call skips autograd.Function's apply)."""
     if tracing(q):
         f = features
-        return torch.ops.fa2.fwd(q, k, v, f.cu_seqlens_q, f.cu_seqlens_k, f.max_seqlen_q, f.max_seqlen_k,
-                                 softmax_scale, causal, f.window_left, f.window_right, f.softcap, f.alibi_slopes,
-                                 f.dropout_p, f.rng_seed, deterministic, config_json(fwd_config),
-                                 config_json(bwd_config))
+        args = (q, k, v, f.cu_seqlens_q, f.cu_seqlens_k, f.max_seqlen_q, f.max_seqlen_k, softmax_scale, causal,
+                f.window_left, f.window_right, f.softcap, f.alibi_slopes, f.dropout_p, f.rng_seed, deterministic,
+                config_json(fwd_config), config_json(bwd_config))
+        if torch.compiler.is_exporting() or _repeats_a_tensor(*args):  # an exported graph holds the public op
+            return torch.ops.fa2.fwd(*args)
+        return _TracedAttention.apply(*args)
     if not (torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)
                                          or getattr(v, "requires_grad", False))):
         check_call(q, k, v, causal, features)

@@ -43,9 +43,10 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def test_fwd_op_passes_opcheck():
+@pytest.mark.parametrize("op", ["fwd", "_fwd"])  # _fwd: fwd without autograd, for the traced path
+def test_fwd_op_passes_opcheck(op):
     q, k, v = _qkv(2, 40, 2, 32, torch.float16, "cpu", requires_grad=False)
-    torch.library.opcheck(torch.ops.fa2.fwd.default, _fwd_op_args(q, k, v))
+    torch.library.opcheck(getattr(torch.ops.fa2, op).default, _fwd_op_args(q, k, v))
 
 
 def test_bwd_op_passes_opcheck():
@@ -115,6 +116,37 @@ def test_inductor_fullgraph_compile_of_attention_matches_eager():
     torch.testing.assert_close(loss, loss_eager)
     for got, want in zip(grads, grads_eager, strict=True):
         torch.testing.assert_close(got, want)
+
+
+def test_compiled_calls_given_one_tensor_twice_match_eager():
+    """Dynamo traces no autograd.Function given one tensor twice: flash_attn_func(x, x, x) and the
+    packed varlen function (one cu_seqlens for queries and keys) take fa2::fwd itself, and compile
+    with fullgraph=True to what eager computes, bit for bit, forward and backward."""
+    x = torch.randn(1, 33, 2, 16, dtype=torch.float16, requires_grad=True)
+    qkv = torch.randn(40, 3, 2, 16, dtype=torch.float16, requires_grad=True)
+    cu_seqlens = torch.tensor([0, 17, 40], dtype=torch.int32)
+    calls = ((lambda x: kernels.flash_attn_func(x, x, x, causal=True), x),
+             (lambda qkv: kernels.flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, 23, causal=True), qkv))
+    for call, t in calls:
+        compiled = torch.compile(call, backend="aot_eager", fullgraph=True)(t)
+        eager = call(t)
+        assert torch.equal(compiled, eager)
+        dout = torch.randn_like(eager)
+        assert torch.equal(torch.autograd.grad(compiled, t, dout)[0], torch.autograd.grad(eager, t, dout)[0])
+
+
+@pytest.mark.parametrize("grad_mode", ["no_grad", "inputs without grad"])
+def test_compiled_inference_call_matches_eager(grad_mode):
+    """An inference call compiled with fullgraph=True (under no_grad with inputs that require grad,
+    as a model's eval loop runs; or on inputs that do not) equals eager, bit for bit."""
+    q, k, v = _qkv(1, 33, 2, 16, torch.float16, "cpu", requires_grad=grad_mode == "no_grad")
+
+    def attention(q, k, v):
+        return kernels.flash_attn_func(q, k, v, causal=True)
+
+    with torch.no_grad():
+        compiled = torch.compile(attention, backend="aot_eager", fullgraph=True)(q, k, v)
+        assert torch.equal(compiled, attention(q, k, v))
 
 
 def test_inference_forward_exports():

@@ -234,8 +234,9 @@ def test_autograd_materialises_no_gradient_for_lse(monkeypatch):
 
 
 def check_compiled_equals_eager(device: str, backend: str) -> None:
-    """torch.compile (fullgraph) of a call traces one fa2::fwd op (kernels/ops.py), whose autograd
-    calls fa2::bwd: the same kernels as an eager call, so out and the gradients agree bit for bit."""
+    """torch.compile (fullgraph) of a call traces one fa2::_fwd op and, in its backward, one fa2::bwd
+    (kernels/ops.py's _TracedAttention): the same kernels as an eager call, so out and the gradients
+    agree bit for bit."""
     dtype = torch.float16 if device == "cpu" else torch.bfloat16
     q, k, v = make_qkv(2, 70, 53, 2, 32, dtype, device, requires_grad=True)
     dout = torch.randn_like(q)
@@ -245,8 +246,9 @@ def check_compiled_equals_eager(device: str, backend: str) -> None:
 
     traced = []
 
-    def recording(graph_module, example_inputs):
-        traced.extend(str(node.target) for node in graph_module.graph.nodes if node.op == "call_function")
+    def recording(graph_module, example_inputs):  # the graph's calls and its subgraphs' (an autograd.Function's)
+        traced.extend(str(node.target) for module in graph_module.modules() if isinstance(module, torch.fx.GraphModule)
+                      for node in module.graph.nodes if node.op == "call_function")
         return torch._dynamo.lookup_backend(backend)(graph_module, example_inputs)
 
     compiled = torch.compile(attend, backend=recording, fullgraph=True)
@@ -256,7 +258,7 @@ def check_compiled_equals_eager(device: str, backend: str) -> None:
         results.append((out, *torch.autograd.grad(out, (q, k, v), dout)))
     for name, got, want in zip(("out", "dq", "dk", "dv"), *results):
         torch.testing.assert_close(got, want, atol=0, rtol=0, msg=name)
-    assert [target for target in traced if "fa2" in target] == ["fa2.fwd"], traced
+    assert [target for target in traced if "fa2" in target] == ["fa2._fwd", "fa2.bwd"], traced
 
 
 def test_compiled_call_equals_eager():

@@ -1,0 +1,106 @@
+"""Host time per compiled call: fa2::fwd's registered autograd against an autograd.Function over
+fa2::_fwd (kernels/ops.py's _TracedAttention), in one process, taking turns with SDPA flash.
+
+Each variant is `torch.compile(fullgraph=True)` of one causal bf16 attention call:
+
+- 'fa2::fwd, autograd registered': the op called directly, as the public functions' traced path
+  did before: the compiled graph calls fa2::fwd, whose Python autograd kernel (register_autograd's)
+  runs in front of the implementation at every call, grad mode off or not;
+- 'autograd.Function over fa2::_fwd': `kernels.flash_attn_func`, whose traced path is now
+  _TracedAttention: Dynamo traces the Function, the graph calls fa2::_fwd (no autograd kernel) and,
+  in the backward, fa2::bwd;
+- 'SDPA flash': F.scaled_dot_product_attention on its FLASH_ATTENTION backend.
+
+Both of ours run the same implementation and kernels (the outputs and gradients are compared
+bit for bit before timing). Calls are harness/host_overhead.py's ('fwd': no autograd graph;
+'fwd_bwd': forward and backward, on PyTorch's default engine thread), timed by its
+interleaved_host_ms (`--calls` calls behind one GPU sleep per turn). Rows (decision format,
+microseconds per call, one per variant, cell and round) go to OUT/traced_autograd.csv as they
+are measured.
+
+    python tools/experiments/exp_traced_autograd.py --out reports/h200/decisions
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from tune_fa2 import CsvRows
+
+from harness.host_overhead import attention_fn, call_fn, interleaved_host_ms
+
+SHAPES = ((1, 16, 1024, 128), (1, 32, 512, 64), (4, 8, 1024, 64), (8, 16, 2048, 128))  # (batch, heads, seqlen, hdim)
+MODES = ("fwd", "fwd_bwd")
+OP = "fa2::fwd, autograd registered"
+FUNCTION = "autograd.Function over fa2::_fwd"
+SDPA = "SDPA flash"
+
+
+def op_call(q, k, v):
+    """fa2::fwd called as the traced path called it (causal, the default scale and configs)."""
+    return torch.ops.fa2.fwd(q, k, v, None, None, 0, 0, q.shape[-1] ** -0.5, True, -1, -1, 0.0, None, 0.0, None,
+                             False, "", "")[0]
+
+
+def check_identical(variants: dict, q, k, v, dout) -> None:
+    """Each of ours compiled gives the same output, dK and dV bit for bit, and dQ within the
+    reordering of the fused dQ's atomic adds."""
+    results = []
+    for name in (OP, FUNCTION):
+        q.grad = k.grad = v.grad = None
+        out = variants[name](q, k, v)
+        out.backward(dout)
+        results.append((out, q.grad, k.grad, v.grad))
+    q.grad = k.grad = v.grad = None
+    for name, a, b in zip(("out", "dq", "dk", "dv"), *results, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-2 if name == "dq" else 0, msg=f"{OP!r} and {FUNCTION!r}: {name}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")),
+                        help="folder for traced_autograd.csv (default: $OUT, else the current folder)")
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--calls", type=int, default=40, help="calls per turn, behind one GPU sleep")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        parser.error("needs a CUDA GPU: host time per compiled call is measured there")
+    from tqdm import tqdm
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    commit = os.environ.get("GIT_COMMIT") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True,
+        cwd=ROOT).stdout.strip()
+    tool = (f"tools/experiments/exp_traced_autograd.py, torch.compile(fullgraph=True), causal bf16, {args.calls} calls "
+            f"a turn, {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    record = CsvRows(args.out / "traced_autograd.csv",
+                     lambda r: f"  {r['column']:24s} {r['row']:40s} {r['value']:8.1f} us")
+    for batch, heads, seqlen, hdim in tqdm(SHAPES, desc="shapes"):
+        torch._dynamo.reset()  # one shape's compilations at a time (Dynamo's recompile limit)
+        q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        dout = torch.randn_like(q)
+        variants = {OP: torch.compile(op_call, fullgraph=True),
+                    FUNCTION: torch.compile(attention_fn("fa2", True), fullgraph=True),
+                    SDPA: torch.compile(attention_fn("sdpa-flash", True), fullgraph=True)}
+        check_identical(variants, q, k, v, dout)
+        turns = {(f"{mode.replace('_', '+')} {batch}x{heads}x{seqlen}x{hdim}", name): call_fn(fn, mode, q, k, v, dout)
+                 for mode in MODES for name, fn in variants.items()}
+
+        def after_turn(turn, ms):
+            record(row=turn[1], column=turn[0], unit="us", value=ms * 1e3, tool=tool, git_commit=commit)
+
+        interleaved_host_ms(turns, args.calls, args.rounds, after_turn=after_turn)
+
+
+if __name__ == "__main__":
+    main()
