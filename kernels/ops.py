@@ -164,9 +164,9 @@ class _TracedAttention(torch.autograd.Function):
     """fa2::fwd's autograd (the same setup_context and backward) over fa2::_fwd, for the public
     functions' traced path: Dynamo traces the Function, and the compiled graph calls fa2::_fwd and
     fa2::bwd, neither with a Python autograd kernel in front (a compiled call, forward and
-    backward, costs the host less). Dynamo refuses a Function given one tensor twice
-    (`flash_attn_func(x, x, x)`, or the packed varlen functions' one cu_seqlens): such calls take
-    fa2::fwd itself (`attention`)."""
+    backward, costs the host less; torch.export's graph holds fa2::_fwd). Dynamo refuses a Function
+    given one tensor twice (`flash_attn_func(x, x, x)`, or the packed varlen functions' one
+    cu_seqlens): such calls take fa2::fwd itself (`attention`)."""
 
     @staticmethod
     def forward(ctx, *args):  # ctx first: Dynamo's no-grad trace of forward(*args) with setup_context fails
@@ -218,7 +218,7 @@ def attention(q, k, v, softmax_scale: float, causal: bool, features: Features, f
         args = (q, k, v, f.cu_seqlens_q, f.cu_seqlens_k, f.max_seqlen_q, f.max_seqlen_k, softmax_scale, causal,
                 f.window_left, f.window_right, f.softcap, f.alibi_slopes, f.dropout_p, f.rng_seed, deterministic,
                 config_json(fwd_config), config_json(bwd_config))
-        if torch.compiler.is_exporting() or _repeats_a_tensor(*args):  # an exported graph holds the public op
+        if _repeats_a_tensor(*args):
             return torch.ops.fa2.fwd(*args)
         return _TracedAttention.apply(*args)
     if not (torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)

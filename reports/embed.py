@@ -204,6 +204,10 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
          "ours: C launcher and C apply, descriptors encoded at each launch"),
         ("Python runner / C launcher and C apply, encoded at each launch", "ours: Python runner, Function.apply",
          "ours: C launcher and C apply, descriptors encoded at each launch")),
+    "traced_autograd": (
+        ("autograd.Function / fa2::fwd's registered autograd", "autograd.Function over fa2::_fwd",
+         "fa2::fwd, autograd registered"),
+        ("autograd.Function / SDPA flash", "autograd.Function over fa2::_fwd", "SDPA flash")),
     "timing_windows": (("cuDNN: 20-ms / default windows", "sdpa-cudnn, 20-ms windows", "sdpa-cudnn, default windows"),
                        ("ours: 20-ms / default windows", "ours, 20-ms windows", "ours, default windows")),
     "triton_fused_dq": (("fused / two-kernel time", "dQ fused, best config: backward", "two kernels: backward"),),

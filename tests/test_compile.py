@@ -157,7 +157,7 @@ def test_inference_forward_exports():
             return kernels.flash_attn_func(q, k, v, causal=True)
 
     program = torch.export.export(Attention(), (q, k, v))
-    assert any(node.target == torch.ops.fa2.fwd.default for node in program.graph.nodes)
+    assert any(node.target == torch.ops.fa2._fwd.default for node in program.graph.nodes)
     reference, _ = attention_reference(q, k, v, causal=True)
     assert (program.module()(q, k, v).double() - reference).abs().max() < 2e-3
 
