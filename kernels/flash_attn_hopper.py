@@ -854,6 +854,11 @@ VARLEN_BWD_DQ_ORDER = "registers"
 # thread's higher registers (8 columns on). The wgmma layout's own bases (gl.to_linear_layout of
 # _wgmma_layout(64)): registers [0, 1], [8, 0], [0, 8], [0, 16], [0, 32]; lanes [0, 2], [0, 4],
 # [1, 0], [2, 0], [4, 0]; warps [16, 0], [32, 0].
+# How the register-order accumulator's cast (dq_from_accumulator, dq_from_varlen_accumulator)
+# writes dQ: "scattered", each element to its (row, column) from DQ_TILE_BASES; "rows", the tile
+# put in rows first (_register_tile_in_rows), each row's columns stored side by side
+DQ_CAST = "rows"
+DQ_CASTS = ("scattered", "rows")
 DQ_TILE_BASES = ((0, 1), (8, 0), (0, 2), (0, 4), (1, 0), (2, 0), (4, 0), (16, 0), (32, 0), (0, 8), (0, 16), (0, 32))
 DQ_REGISTER_BOX: gl.constexpr = gl.constexpr((16, 256))  # the tile's 4096 floats as one TMA box
 DQ_REGISTER_TILE: gl.constexpr = gl.SharedLinearLayout(offset_bases=[[row, col] for row, col in DQ_TILE_BASES])
@@ -1755,6 +1760,27 @@ def _register_tile_rows_cols(offs):
 
 
 @triton.jit
+def _register_tile_in_rows(acc):
+    """A register-order tile's 4096 floats (DQ_TILE_BASES) as its [64, 64] block in rows: the
+    offsets' bit groups, from the highest (columns 32-8, rows 32-16, rows 4-1, columns 4-2, row 8,
+    column 1), as dimensions, permuted to the block's (rows 32-16, row 8, rows 4-1, columns 32-8,
+    columns 4-2, column 1), so that each row's columns are side by side for the stores."""
+    return tl.reshape(tl.permute(tl.reshape(acc, (8, 4, 8, 4, 2, 2)), (1, 4, 2, 0, 3, 5)), (64, 64))
+
+
+@triton.jit
+def _dq_rows_from_register_tiles_kernel(DQAccum, DQ, col_tiles):
+    """_dq_from_register_tiles_kernel with the tile put in rows before the cast and store
+    (_register_tile_in_rows): each row's 64 columns stored side by side (DQ_CAST "rows")."""
+    tile = tl.program_id(0)
+    acc = _register_tile_in_rows(tl.load(DQAccum + tile.to(tl.int64) * 4096 + tl.arange(0, 4096)))
+    block_row, block_col = tile // col_tiles, tile % col_tiles
+    rows, cols = tl.arange(0, 64)[:, None], tl.arange(0, 64)[None, :]
+    dst = (block_row.to(tl.int64) * 64 + rows) * (col_tiles * 64) + block_col * 64 + cols
+    tl.store(DQ + dst, acc.to(DQ.dtype.element_ty))
+
+
+@triton.jit
 def _dq_from_register_tiles_kernel(DQAccum, DQ, col_tiles):
     """One 64 x 64 tile of the fused dQ's accumulator in register order (DQ_TILE_BASES; tiles in
     the order of the (batch x seqlen, heads x head dim) view's 64 x 64 blocks, `col_tiles` to a
@@ -1769,6 +1795,14 @@ def _dq_from_register_tiles_kernel(DQAccum, DQ, col_tiles):
 
 
 _dq_from_register_tiles_launcher = CachedLauncher(_dq_from_register_tiles_kernel)
+_dq_rows_from_register_tiles_launcher = CachedLauncher(_dq_rows_from_register_tiles_kernel)
+
+
+def _dq_cast() -> str:
+    """DQ_CAST, read at each call (experiments set it)."""
+    if DQ_CAST not in DQ_CASTS:
+        raise ValueError(f"DQ_CAST must be one of {DQ_CASTS}, got {DQ_CAST!r}")
+    return DQ_CAST
 
 
 def dq_from_accumulator(dq_accum: torch.Tensor, dtype: torch.dtype, order: str) -> torch.Tensor:
@@ -1783,7 +1817,8 @@ def dq_from_accumulator(dq_accum: torch.Tensor, dtype: torch.dtype, order: str) 
         raise ValueError("the register-order accumulator is a contiguous (..., heads, head dim) float32 tensor "
                          f"of whole 64 x 64 blocks; got shape {tuple(dq_accum.shape)}")
     dq = torch.empty(dq_accum.shape, device=dq_accum.device, dtype=dtype)
-    _dq_from_register_tiles_launcher[(dq_accum.numel() // 4096,)](dq_accum, dq, columns // 64)
+    launcher = _dq_rows_from_register_tiles_launcher if _dq_cast() == "rows" else _dq_from_register_tiles_launcher
+    launcher[(dq_accum.numel() // 4096,)](dq_accum, dq, columns // 64)
     return dq
 
 
@@ -1911,6 +1946,26 @@ def _dq_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles):
 _dq_from_padded_register_tiles_launcher = CachedLauncher(_dq_from_padded_register_tiles_kernel)
 
 
+@triton.jit
+def _dq_rows_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles):
+    """_dq_from_padded_register_tiles_kernel with the tile put in rows before the cast and store
+    (_register_tile_in_rows; DQ_CAST "rows"): a program past its sequence's tiles does nothing,
+    the others read their whole padded tile (within the accumulator: varlen_dq_accumulator) and
+    store only the sequence's rows, each row's columns side by side."""
+    j, b, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    q_start = tl.load(CuSeqQ + b)
+    seqlen = tl.load(CuSeqQ + b + 1) - q_start
+    if j * 64 < seqlen:
+        tile = ((q_start + b * 64) // 64 + j).to(tl.int64) * col_tiles + c
+        acc = _register_tile_in_rows(tl.load(DQAccum + tile * 4096 + tl.arange(0, 4096)))
+        rows, cols = tl.arange(0, 64)[:, None], tl.arange(0, 64)[None, :]
+        dst = (q_start + j * 64 + rows).to(tl.int64) * (col_tiles * 64) + c * 64 + cols
+        tl.store(DQ + dst, acc.to(DQ.dtype.element_ty), mask=j * 64 + rows < seqlen)
+
+
+_dq_rows_from_padded_register_tiles_launcher = CachedLauncher(_dq_rows_from_padded_register_tiles_kernel)
+
+
 def dq_from_varlen_accumulator(dq_accum: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int,
                                shape: tuple[int, int, int], dtype: torch.dtype, order: str) -> torch.Tensor:
     """dQ in `dtype` and packed `shape` (total_q, heads, head dim) from the varlen accumulator
@@ -1928,7 +1983,9 @@ def dq_from_varlen_accumulator(dq_accum: torch.Tensor, cu_seqlens_q: torch.Tenso
         # query blocks on the axis CUDA does not limit to 65535; the batch within it (the varlen
         # kernels' dispatch keeps batch x heads so), the column tiles too (2 x heads at head dim 128)
         grid = (triton.cdiv(max_seqlen_q, BWD_BLOCK_M), batch, heads * headdim // 64)
-        _dq_from_padded_register_tiles_launcher[grid](dq_accum, dq, cu_seqlens_q, heads * headdim // 64)
+        launcher = (_dq_rows_from_padded_register_tiles_launcher if _dq_cast() == "rows"
+                    else _dq_from_padded_register_tiles_launcher)
+        launcher[grid](dq_accum, dq, cu_seqlens_q, heads * headdim // 64)
     return dq
 
 

@@ -547,14 +547,19 @@ def test_the_varlen_backward_packs_its_grid_where_the_longest_would_be_mostly_em
         hopper.varlen_bwd_grid(1, 1, 1, "sorted")
 
 
+@pytest.mark.parametrize("cast", ["scattered", "rows"])
 @pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [63, 65, 127, 129]])
-def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
+def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths, cast, monkeypatch):
     """flash_attn_hopper.dq_from_varlen_accumulator (VARLEN_BWD_DQ_ORDER "registers") puts each
     sequence's padded register-order tiles back into its packed rows (the accumulator's padding is
-    NaN here, so a value from another tile or row shows), each sequence writing only its own rows;
-    an accumulator of the wrong size, or packed tokens with no sequence, are refused by name."""
+    NaN here, so a value from another tile or row shows), each sequence writing only its own rows,
+    with either DQ_CAST; an accumulator of the wrong size, or packed tokens with no sequence, are
+    refused by name."""
     from kernels import flash_attn_hopper as hopper
 
+    monkeypatch.setattr(hopper, "DQ_CAST", cast)
+    launcher = {"scattered": hopper._dq_from_padded_register_tiles_launcher,
+                "rows": hopper._dq_rows_from_padded_register_tiles_launcher}[cast]
     torch.manual_seed(0)
     dq = torch.randn(sum(lengths), 2, 64)  # two heads x 64 columns: two 64-column tiles a row block
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
@@ -570,8 +575,7 @@ def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
         start = int(cu[b])
         alone = torch.tensor([start] * (b + 1) + [start + length], dtype=torch.int32)  # b empty ones first
         out = torch.full_like(dq, -7.0)
-        hopper._dq_from_padded_register_tiles_launcher[(-(-max(length, 1) // 64), b + 1, 2)](
-            accumulator, out, alone, 2)
+        launcher[(-(-max(length, 1) // 64), b + 1, 2)](accumulator, out, alone, 2)
         written = torch.zeros(dq.shape[0], dtype=torch.bool)
         written[start:start + length] = True
         torch.testing.assert_close(out[written], dq[written], rtol=0, atol=0)
@@ -636,13 +640,15 @@ def test_the_varlen_preprocess_zeroes_the_whole_padded_accumulator():
     torch.testing.assert_close(delta, (out * do).sum(-1).T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cast", ["scattered", "rows"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype):
+def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype, cast, monkeypatch):
     """flash_attn_hopper.dq_from_accumulator: "registers" undoes the register order the dense
-    Gluon dK/dV kernel adds dQ in (its Triton kernel, here in the interpreter), "rows" casts; a
-    tensor of partial 64 x 64 blocks, or an unknown order, is refused by name."""
+    Gluon dK/dV kernel adds dQ in (its Triton kernel, here in the interpreter; either DQ_CAST),
+    "rows" casts; a tensor of partial 64 x 64 blocks, an unknown order or cast, is refused by name."""
     from kernels import flash_attn_hopper as hopper
 
+    monkeypatch.setattr(hopper, "DQ_CAST", cast)
     torch.manual_seed(0)
     dq = torch.randn(2, 128, 3, 128)  # rows of 3 heads x 128 columns: six 64-column tiles a row block
     accumulator = _register_order(dq)
@@ -654,3 +660,6 @@ def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype):
         hopper.dq_from_accumulator(dq, dtype, "columns")
     with pytest.raises(ValueError, match="64 x 64 blocks"):
         hopper.dq_from_accumulator(torch.zeros(1, 96, 1, 128), dtype, "registers")
+    monkeypatch.setattr(hopper, "DQ_CAST", "columns")
+    with pytest.raises(ValueError, match="DQ_CAST"):
+        hopper.dq_from_accumulator(accumulator, dtype, "registers")
