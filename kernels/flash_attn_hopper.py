@@ -857,6 +857,7 @@ VARLEN_BWD_DQ_ORDER = "registers"
 # How the register-order accumulator's cast (dq_from_accumulator, dq_from_varlen_accumulator)
 # writes dQ: "scattered", each element to its (row, column) from DQ_TILE_BASES; "rows", the tile
 # put in rows first (_register_tile_in_rows), each row's columns stored side by side
+# (docs/performance.md has their timings)
 DQ_CAST = "rows"
 DQ_CASTS = ("scattered", "rows")
 DQ_TILE_BASES = ((0, 1), (8, 0), (0, 2), (0, 4), (1, 0), (2, 0), (4, 0), (16, 0), (32, 0), (0, 8), (0, 16), (0, 32))

@@ -204,6 +204,8 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
          "ours: C launcher and C apply, descriptors encoded at each launch"),
         ("Python runner / C launcher and C apply, encoded at each launch", "ours: Python runner, Function.apply",
          "ours: C launcher and C apply, descriptors encoded at each launch")),
+    "dq_cast": (("cast from rows / element by element, time", "dQ cast from the tile in rows",
+                 "dQ cast element by element"),),
     "traced_autograd": (
         ("autograd.Function / fa2::fwd's registered autograd", "autograd.Function over fa2::_fwd",
          "fa2::fwd, autograd registered"),
