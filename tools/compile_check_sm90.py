@@ -279,6 +279,9 @@ def main() -> None:
             for dq_order in hopper.BWD_DQ_ORDERS:
                 emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, dq_order=dq_order))
             emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, key_grid="packed"))
+        for kernel in (hopper._dq_from_register_tiles_kernel, hopper._dq_rows_from_register_tiles_kernel,
+                       hopper._dq_from_padded_register_tiles_kernel, hopper._dq_rows_from_padded_register_tiles_kernel):
+            emit(dq_cast_report(kernel))
         # the score modifications and the sliding window (kernels/features.py), as the features suite runs them
         for flag in hopper.GLUON_FEATURE_FLAGS:
             for causal in (False, True):
@@ -288,6 +291,23 @@ def main() -> None:
         production_report(args, emit)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
+
+
+def dq_cast_report(kernel) -> str:
+    """One of the register-order dQ accumulator's casts (flash_attn_hopper.DQ_CAST) compiled as
+    launched (float32 accumulator, bf16 dQ, pointers 16-byte aligned, 4 warps): its global loads
+    and stores by width, per thread."""
+    from collections import Counter
+
+    signature = {name: {"DQAccum": "*fp32", "DQ": "*bf16", "CuSeqQ": "*i32"}.get(name, "i32")
+                 for name in kernel.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name[0].isupper()}
+    compiled = triton.compile(ASTSource(kernel, signature, {}, aligned), target=TARGET, options={"num_warps": 4})
+    ptx = compiled.asm["ptx"]
+    dump_ptx(kernel.fn.__name__, ptx)
+    widths = {op: dict(Counter(re.findall(rf"{op}\.global((?:\.v\d)?\.b\d+)", ptx))) for op in ("ld", "st")}
+    return (f"{kernel.fn.__name__:44s} loads {widths['ld']}  stores {widths['st']}  "
+            f"smem {compiled.metadata.shared:6d} B")
 
 
 def bank_conflict_report(emit) -> None:
