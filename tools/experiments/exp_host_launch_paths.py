@@ -62,25 +62,36 @@ def use_path(c_launch: bool, c_apply: bool, expansion: bool) -> None:
     ops._apply_flash_attn = C_APPLY if c_apply else FlashAttnFunc.apply
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def host_experiment(description: str, csv_name: str, tool: str):
+    """A host experiment's command line (--out, --rounds, --calls) and its rows: (args, record),
+    `record(turn, ms)` writing turn (column, row)'s microseconds per call to OUT/csv_name as it is
+    measured, the tool column `tool` with the calls a turn, the GPU and torch appended."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")),
-                        help="folder for host_launch_paths.csv (default: $OUT, else the current folder)")
+                        help=f"folder for {csv_name} (default: $OUT, else the current folder)")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=40, help="calls per turn, behind one GPU sleep")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU: host time per launch path is measured there")
-    from tqdm import tqdm
-
+        parser.error("needs a CUDA GPU: host time per call is measured there")
     args.out.mkdir(parents=True, exist_ok=True)
     commit = os.environ.get("GIT_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True,
         cwd=ROOT).stdout.strip()
-    tool = (f"tools/experiments/exp_host_launch_paths.py, causal bf16, {args.calls} calls a turn, "
-            f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    record = CsvRows(args.out / "host_launch_paths.csv",
-                     lambda r: f"  {r['column']:24s} {r['row']:56s} {r['value']:8.1f} us")
+    tool = f"{tool}, {args.calls} calls a turn, {torch.cuda.get_device_name()}, torch {torch.__version__}"
+    rows = CsvRows(args.out / csv_name, lambda r: f"  {r['column']:24s} {r['row']:56s} {r['value']:8.1f} us")
+
+    def record(turn, ms):
+        rows(row=turn[1], column=turn[0], unit="us", value=ms * 1e3, tool=tool, git_commit=commit)
+
+    return args, record
+
+
+def main() -> None:
+    args, record = host_experiment(__doc__, "host_launch_paths.csv",
+                                   "tools/experiments/exp_host_launch_paths.py, causal bf16")
+    from tqdm import tqdm
+
     fa2, sdpa = attention_fn("fa2", True), attention_fn("sdpa-flash", True)
     try:
         for batch, heads, seqlen, hdim in tqdm(SHAPES, desc="shapes"):
@@ -99,12 +110,9 @@ def main() -> None:
                 if turns[turn][0]:
                     use_path(*turns[turn][0])
 
-            def after_turn(turn, ms):
-                record(row=turn[1], column=turn[0], unit="us", value=ms * 1e3, tool=tool, git_commit=commit)
-
             # the harness's rounds (its warm-up call of each path makes the shape's plans)
             interleaved_host_ms({turn: fn for turn, (_, fn) in turns.items()}, args.calls, args.rounds,
-                                before_turn, after_turn)
+                                before_turn, record)
     finally:
         use_path(*PATHS[DEFAULT])
 

@@ -22,19 +22,15 @@ are measured.
 """
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's packages, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tune_fa2 import CsvRows
+from exp_host_launch_paths import host_experiment
 
 from harness.host_overhead import attention_fn, call_fn, interleaved_host_ms
 
@@ -68,24 +64,10 @@ def check_identical(variants: dict, q, k, v, dout) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")),
-                        help="folder for traced_autograd.csv (default: $OUT, else the current folder)")
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--calls", type=int, default=40, help="calls per turn, behind one GPU sleep")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU: host time per compiled call is measured there")
+    args, record = host_experiment(__doc__, "traced_autograd.csv",
+                                   "tools/experiments/exp_traced_autograd.py, torch.compile(fullgraph=True), causal bf16")
     from tqdm import tqdm
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    commit = os.environ.get("GIT_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], check=False, capture_output=True, text=True,
-        cwd=ROOT).stdout.strip()
-    tool = (f"tools/experiments/exp_traced_autograd.py, torch.compile(fullgraph=True), causal bf16, {args.calls} calls "
-            f"a turn, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    record = CsvRows(args.out / "traced_autograd.csv",
-                     lambda r: f"  {r['column']:24s} {r['row']:40s} {r['value']:8.1f} us")
     for batch, heads, seqlen, hdim in tqdm(SHAPES, desc="shapes"):
         torch._dynamo.reset()  # one shape's compilations at a time (Dynamo's recompile limit)
         q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -98,10 +80,7 @@ def main() -> None:
         turns = {(f"{mode.replace('_', '+')} {batch}x{heads}x{seqlen}x{hdim}", name): call_fn(fn, mode, q, k, v, dout)
                  for mode in MODES for name, fn in variants.items()}
 
-        def after_turn(turn, ms):
-            record(row=turn[1], column=turn[0], unit="us", value=ms * 1e3, tool=tool, git_commit=commit)
-
-        interleaved_host_ms(turns, args.calls, args.rounds, after_turn=after_turn)
+        interleaved_host_ms(turns, args.calls, args.rounds, after_turn=record)
 
 
 if __name__ == "__main__":
