@@ -854,15 +854,15 @@ VARLEN_BWD_DQ_ORDER = "registers"
 # thread's higher registers (8 columns on). The wgmma layout's own bases (gl.to_linear_layout of
 # _wgmma_layout(64)): registers [0, 1], [8, 0], [0, 8], [0, 16], [0, 32]; lanes [0, 2], [0, 4],
 # [1, 0], [2, 0], [4, 0]; warps [16, 0], [32, 0].
+DQ_TILE_BASES = ((0, 1), (8, 0), (0, 2), (0, 4), (1, 0), (2, 0), (4, 0), (16, 0), (32, 0), (0, 8), (0, 16), (0, 32))
+DQ_REGISTER_BOX: gl.constexpr = gl.constexpr((16, 256))  # the tile's 4096 floats as one TMA box
+DQ_REGISTER_TILE: gl.constexpr = gl.SharedLinearLayout(offset_bases=[[row, col] for row, col in DQ_TILE_BASES])
 # How the register-order accumulator's cast (dq_from_accumulator, dq_from_varlen_accumulator)
 # writes dQ: "scattered", each element to its (row, column) from DQ_TILE_BASES; "rows", the tile
 # put in rows first (_register_tile_in_rows), each row's columns stored side by side
 # (docs/performance.md has their timings)
 DQ_CAST = "rows"
 DQ_CASTS = ("scattered", "rows")
-DQ_TILE_BASES = ((0, 1), (8, 0), (0, 2), (0, 4), (1, 0), (2, 0), (4, 0), (16, 0), (32, 0), (0, 8), (0, 16), (0, 32))
-DQ_REGISTER_BOX: gl.constexpr = gl.constexpr((16, 256))  # the tile's 4096 floats as one TMA box
-DQ_REGISTER_TILE: gl.constexpr = gl.SharedLinearLayout(offset_bases=[[row, col] for row, col in DQ_TILE_BASES])
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 
 
