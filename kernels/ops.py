@@ -17,7 +17,7 @@ directly): host time is what short calls wait on. Under torch.compile and torch.
 (`tracing()`), the public functions call the ops instead, as flash-attn's interface does: an
 autograd.Function (`_TracedAttention`, fa2::fwd's own autograd) over `fa2::_fwd`, fa2::fwd without
 an autograd kernel, so that a compiled graph's calls do not pass through the Python autograd
-kernel that register_autograd puts in front of an op.
+kernel that register_autograd puts in front of an op; torch.export's trace calls fa2::fwd.
 """
 
 from __future__ import annotations
@@ -164,9 +164,10 @@ class _TracedAttention(torch.autograd.Function):
     """fa2::fwd's autograd (the same setup_context and backward) over fa2::_fwd, for the public
     functions' traced path: Dynamo traces the Function, and the compiled graph calls fa2::_fwd and
     fa2::bwd, neither with a Python autograd kernel in front (a compiled call, forward and
-    backward, costs the host less; torch.export's graph holds fa2::_fwd). Dynamo refuses a Function
-    given one tensor twice (`flash_attn_func(x, x, x)`, or the packed varlen functions' one
-    cu_seqlens): such calls take fa2::fwd itself (`attention`)."""
+    backward, costs the host less). torch.export's trace takes fa2::fwd itself (`attention`), and
+    so do calls given one tensor twice, which Dynamo refuses to trace through a Function
+    (`flash_attn_func(x, x, x)`, or one cu_seqlens tensor for queries and keys, as the packed varlen
+    functions and self-attention calls pass it)."""
 
     @staticmethod
     def forward(ctx, *args):  # ctx first: Dynamo's no-grad trace of forward(*args) with setup_context fails
@@ -175,6 +176,13 @@ class _TracedAttention(torch.autograd.Function):
         return output
 
     backward = staticmethod(_backward)
+
+
+def _exporting() -> bool:
+    """Whether torch.export is tracing: its flag, read as a global (torch 2.11's Dynamo folds
+    `torch.compiler.is_exporting()` to True under torch.compile too). An exported graph holds
+    fa2::fwd, whose registered autograd differentiates the exported module."""
+    return getattr(torch.compiler, "_is_exporting_flag", False)
 
 
 def _repeats_a_tensor(*args) -> bool:
@@ -218,7 +226,7 @@ def attention(q, k, v, softmax_scale: float, causal: bool, features: Features, f
         args = (q, k, v, f.cu_seqlens_q, f.cu_seqlens_k, f.max_seqlen_q, f.max_seqlen_k, softmax_scale, causal,
                 f.window_left, f.window_right, f.softcap, f.alibi_slopes, f.dropout_p, f.rng_seed, deterministic,
                 config_json(fwd_config), config_json(bwd_config))
-        if _repeats_a_tensor(*args):
+        if _exporting() or _repeats_a_tensor(*args):
             return torch.ops.fa2.fwd(*args)
         return _TracedAttention.apply(*args)
     if not (torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or getattr(k, "requires_grad", False)

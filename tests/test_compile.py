@@ -128,23 +128,34 @@ def test_compiled_calls_given_one_tensor_twice_match_eager():
     calls = ((lambda x: kernels.flash_attn_func(x, x, x, causal=True), x),
              (lambda qkv: kernels.flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, 23, causal=True), qkv))
     for call, t in calls:
-        compiled = torch.compile(call, backend="aot_eager", fullgraph=True)(t)
+        traced = []
+
+        def recording(graph_module, example_inputs, traced=traced):  # the graph's calls and its subgraphs'
+            traced.extend(str(node.target) for module in graph_module.modules()
+                          if isinstance(module, torch.fx.GraphModule)
+                          for node in module.graph.nodes if node.op == "call_function")
+            return torch._dynamo.lookup_backend("aot_eager")(graph_module, example_inputs)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(call, backend=recording, fullgraph=True)(t)
+        assert [target for target in traced if "fa2" in target] == ["fa2.fwd"], traced
         eager = call(t)
         assert torch.equal(compiled, eager)
         dout = torch.randn_like(eager)
         assert torch.equal(torch.autograd.grad(compiled, t, dout)[0], torch.autograd.grad(eager, t, dout)[0])
 
 
-@pytest.mark.parametrize("grad_mode", ["no_grad", "inputs without grad"])
+@pytest.mark.parametrize("grad_mode", ["no_grad", "no_grad, inputs without grad", "inputs without grad"])
 def test_compiled_inference_call_matches_eager(grad_mode):
     """An inference call compiled with fullgraph=True (under no_grad with inputs that require grad,
-    as a model's eval loop runs; or on inputs that do not) equals eager, bit for bit."""
+    as a model's eval loop runs; under no_grad or with grad enabled on inputs that do not) equals
+    eager, bit for bit."""
     q, k, v = _qkv(1, 33, 2, 16, torch.float16, "cpu", requires_grad=grad_mode == "no_grad")
 
     def attention(q, k, v):
         return kernels.flash_attn_func(q, k, v, causal=True)
 
-    with torch.no_grad():
+    with torch.set_grad_enabled(not grad_mode.startswith("no_grad")):
         compiled = torch.compile(attention, backend="aot_eager", fullgraph=True)(q, k, v)
         assert torch.equal(compiled, attention(q, k, v))
 
@@ -157,9 +168,17 @@ def test_inference_forward_exports():
             return kernels.flash_attn_func(q, k, v, causal=True)
 
     program = torch.export.export(Attention(), (q, k, v))
-    assert any(node.target == torch.ops.fa2._fwd.default for node in program.graph.nodes)
+    assert any(node.target == torch.ops.fa2.fwd.default for node in program.graph.nodes)
     reference, _ = attention_reference(q, k, v, causal=True)
     assert (program.module()(q, k, v).double() - reference).abs().max() < 2e-3
+    # the exported node is fa2::fwd, whose registered autograd differentiates the exported module
+    x = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = program.module()(*x)
+    dout = torch.randn_like(out)
+    got = torch.autograd.grad(out, x, dout)
+    want = torch.autograd.grad(kernels.flash_attn_func(*x, causal=True), x, dout)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
 
 
 # ---------------------------------------------------------------------------------------------

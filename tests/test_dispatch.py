@@ -548,7 +548,7 @@ def test_the_varlen_backward_packs_its_grid_where_the_longest_would_be_mostly_em
 
 
 @pytest.mark.parametrize("cast", ["scattered", "rows"])
-@pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [63, 65, 127, 129]])
+@pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [63, 65, 127, 129], [200, 1]])  # the last sequence the shortest
 def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths, cast, monkeypatch):
     """flash_attn_hopper.dq_from_varlen_accumulator (VARLEN_BWD_DQ_ORDER "registers") puts each
     sequence's padded register-order tiles back into its packed rows (the accumulator's padding is

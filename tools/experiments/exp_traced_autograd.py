@@ -11,8 +11,8 @@ Each variant is `torch.compile(fullgraph=True)` of one causal bf16 attention cal
   in the backward, fa2::bwd;
 - 'SDPA flash': F.scaled_dot_product_attention on its FLASH_ATTENTION backend.
 
-Both of ours run the same implementation and kernels (the outputs and gradients are compared
-bit for bit before timing). Calls are harness/host_overhead.py's ('fwd': no autograd graph;
+Both of ours run the same implementation and kernels (before timing, the outputs, dK and dV are
+compared bit for bit, dQ within the reordering of the fused dQ's atomic adds). Calls are harness/host_overhead.py's ('fwd': no autograd graph;
 'fwd_bwd': forward and backward, on PyTorch's default engine thread), timed by its
 interleaved_host_ms (`--calls` calls behind one GPU sleep per turn). Rows (decision format,
 microseconds per call, one per variant, cell and round) go to OUT/traced_autograd.csv as they
