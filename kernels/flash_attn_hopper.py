@@ -859,7 +859,8 @@ DQ_REGISTER_BOX: gl.constexpr = gl.constexpr((16, 256))  # the tile's 4096 float
 DQ_REGISTER_TILE: gl.constexpr = gl.SharedLinearLayout(offset_bases=[[row, col] for row, col in DQ_TILE_BASES])
 # How the register-order accumulator's cast (dq_from_accumulator, dq_from_varlen_accumulator)
 # writes dQ: "scattered", each element to its (row, column) from DQ_TILE_BASES; "rows", the tile
-# put in rows first (_register_tile_in_rows), each row's columns stored side by side
+# put in rows first (_register_tile_in_rows), each row's columns stored side by side, and in the
+# varlen cast also each padded tile read whole, unmasked, by the programs within the sequence
 # (docs/performance.md has their timings)
 DQ_CAST = "rows"
 DQ_CASTS = ("scattered", "rows")

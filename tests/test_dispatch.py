@@ -508,7 +508,9 @@ def test_the_packed_varlen_grid_holds_every_sequences_key_blocks_once(lengths):
     """VARLEN_BWD_GRID "packed": with sequence b's key blocks from (cu_seqlens_k[b] + 128 b) // 128
     (flash_attn_hopper._varlen_packed_program's rule: a block belongs to the last sequence that
     starts at or before it), varlen_bwd_key_blocks' axis holds each sequence's blocks exactly once,
-    with at most one empty block a sequence, where the "longest" grid idles on the rest."""
+    with at most one empty block a sequence, where the "longest" grid idles on the rest. The rule
+    is restated here in Python: the Gluon code itself runs only in the GPU tests
+    (test_gpu_gluon_varlen's packed-grid case, against float64)."""
     from kernels import flash_attn_hopper as hopper
 
     block_n = hopper.BWD_BLOCK_N
@@ -549,6 +551,8 @@ def test_the_varlen_backward_packs_its_grid_where_the_longest_would_be_mostly_em
 
 @pytest.mark.parametrize("cast", ["scattered", "rows"])
 @pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [63, 65, 127, 129], [200, 1]])  # the last sequence the shortest
+# (the "rows" cast's return past a sequence's tiles only keeps its reads within the accumulator: the
+# interpreter does not fault on a read past it, so no case here fails without that return)
 def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths, cast, monkeypatch):
     """flash_attn_hopper.dq_from_varlen_accumulator (VARLEN_BWD_DQ_ORDER "registers") puts each
     sequence's padded register-order tiles back into its packed rows (the accumulator's padding is

@@ -7,10 +7,11 @@ first, in one process on the H200, FA4 beside where it is installed.
 The Gluon dK/dV kernels add dQ into a float32 accumulator in their registers' order, and a
 Triton kernel casts it back into rows of dQ (dq_from_accumulator, dq_from_varlen_accumulator).
 Stored element by element from the register order, each thread's writes are 2-byte stores
-(ptxas: 32 a thread for a 64 x 64 tile at 4 warps) and the varlen cast's masked loads are 4-byte
-loads; with the tile permuted into rows in registers (_register_tile_in_rows: a reshape and a
-permute, which Triton does through shared memory), the stores are 16-byte ones and the loads
-16-byte too. The floor: the cast reads 4 and writes 2 bytes an element, a few percent of a
+and the varlen cast's loads, masked in register order, 4-byte ones (the compile check lists them);
+with the tile permuted into rows in registers (_register_tile_in_rows: a reshape and a permute,
+which Triton does through shared memory), the stores are 16-byte ones; the varlen cast also
+returns early past a sequence's tiles and reads the rest whole, unmasked, so its loads are
+16-byte ones too (its rows measure both changes). The floor: the cast reads 4 and writes 2 bytes an element, a few percent of a
 backward's time at the features suite's sizes. Prediction: the cast at about that floor, and the
 backward a little faster, most on the packed batch (whose cast loads were not vectorised).
 Per cast: checked against float64 (exp_bwd_schedule's dense, GQA and window checks and
