@@ -245,7 +245,7 @@ def main(argv=None) -> Path:
         parser.error("needs a CUDA GPU: host and GPU time per call are measured there")
     from tqdm import tqdm
 
-    from reports.environment import capture_environment
+    from harness.environment import capture_environment
 
     env = capture_environment()
     args.out.mkdir(parents=True, exist_ok=True)

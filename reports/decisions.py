@@ -8,7 +8,7 @@ import csv
 from collections.abc import Callable
 from pathlib import Path
 
-from reports.environment import git_commit
+from harness.environment import git_commit
 
 COLUMNS = ("row", "column", "unit", "value", "tool", "git_commit")
 
@@ -67,7 +67,7 @@ def rows_from_log(log: Path, out: Path, tool: str, commit: str) -> int:
 class DecisionWriter:
     """Writes decision rows to `path` as they are measured (each row flushed, so a killed run
     keeps what it measured); `append` keeps an existing file's rows. `commit` defaults to
-    reports.environment.git_commit()."""
+    harness.environment.git_commit()."""
 
     def __init__(self, path: Path, tool: str, commit: str | None = None, append: bool = False):
         path = Path(path)
