@@ -119,6 +119,13 @@ UNITS = {"tflops": ("TFLOPs/s", "{:.0f}"), "ms": ("ms", "{:.3f}"), "us": ("us", 
          "% of dense's samples": ("% of the dense kernel's PC samples", "{:.2f}"), "metric": ("ncu", "{:.1f}")}
 
 
+def _settings(tool: str) -> str:
+    """A decision's measuring settings, from its rows' `tool` column without the script that took
+    them (`python tools/compare_configs.py` re-checks a decision now)."""
+    parts = [part for part in str(tool).split(", ") if not part.startswith("tools/experiments/")]
+    return ", ".join(parts)
+
+
 def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) -> str:
     """A design decision's rows (columns row, column, unit, value, tool, git_commit): one line per
     row label and one column per column label, both in file order, then one line per ratio
@@ -150,8 +157,7 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
                 raise ValueError(f"{path}: no row {name!r} for the ratio {label!r}")
         quotient = wide.loc[numerator] / wide.loc[denominator]
         lines.append(f"| **{label}** | " + " | ".join("" if pd.isna(v) else f"{v:.2f}x" for v in quotient) + " |")
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    source = f"{rows['tool'].iloc[0]}{', at ' + ', '.join(commits) if commits else ''}"
+    source = _settings(rows["tool"].iloc[0])
     medians = f"; each cell the median of up to {rounds} rounds (those timed)" if rounds > 1 else ""
     failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
     checked = ("" if checks.empty else "; each variant passed the experiment's float64 check first" if not failed
@@ -303,7 +309,7 @@ _SPLITS_ROW = re.compile(r"^ours (?P<layout>contiguous|paged), (?P<splits>\d+) s
 
 
 def decode_splits_table(path: Path) -> str:
-    """tools/experiments/exp_decode_splits.py's rows (GB/s of K and V read, one process): per
+    """The split-count decision's rows (GB/s of K and V read, one process): per
     shape, our contiguous-cache kernel at the heuristic's split count (programs rounded down to
     one wave), at the count rounding up would give, at the best other count measured, and SDPA
     flash and cuDNN beside them."""
@@ -329,13 +335,12 @@ def decode_splits_table(path: Path) -> str:
         lines.append(f"| {column} | {heuristic}, {h:,.0f} | {up_cell} | {_ratio(h, u)} | {best_cell} | "
                      f"{peers.get('sdpa-flash', float('nan')):,.0f} | {peers.get('sdpa-cudnn', float('nan')):,.0f} | "
                      f"{_ratio(h, peers.get('sdpa-cudnn', float('nan')))} |")
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    lines += ["", f"{rows['tool'].iloc[0]}, at {', '.join(commits)}; rows: `{path.relative_to(H200.parents[1])}`."]
+    lines += ["", f"{_settings(rows['tool'].iloc[0])}; rows: `{path.relative_to(H200.parents[1])}`."]
     return "\n".join(lines)
 
 
 def bwd_schedule_label(stats: bool, dq_first: bool) -> str:
-    """A schedule's row name in tools/experiments/exp_bwd_schedule.py's rows."""
+    """A schedule's row name in the backward schedule decision's rows."""
     return (f"L, D {'in shared memory' if stats else 'from global memory'}, "
             f"dQ {'before dK' if dq_first else 'after dK and dV'}")
 
@@ -400,7 +405,7 @@ _SHAPE_COLUMN = re.compile(r"^(?P<batch>\d+) x (?P<kib>\d+)k, (?P<kv>\d+) kv$")
 
 
 def decode_tiles_table(path: Path, num_sms: int = H200_SMS) -> str:
-    """tools/experiments/exp_decode_tiles.py's rows (microseconds, one process): per shape, the
+    """The decode tile decision's rows (microseconds, one process): per shape, the
     programs the launch had (kernels.decode's split heuristic on num_sms SMs as the rows were
     measured, before its fill_sms term), our kernel at the
     3-stage and the 2-stage tile for both layouts, the tile kernels.decode.choose_tile takes, and
@@ -431,8 +436,7 @@ def decode_tiles_table(path: Path, num_sms: int = H200_SMS) -> str:
         paged_over = r.get(f"paged {chosen}", float("nan")) / r.get(f"contiguous {chosen}", float("nan"))
         lines.append(f"| {column} | {programs} | {us(cd)} | {us(cs)} | {_ratio(cd, cs)} | {us(pd_)} | {us(ps)} | "
                      f"{stages} stages | {'n/a' if pd.isna(paged_over) else f'{paged_over:.2f}x'} |")
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    lines += ["", (f"{tool}, at {', '.join(commits)}; programs on the H200's {num_sms} SMs, as split then; "
+    lines += ["", (f"{_settings(tool)}; programs on the H200's {num_sms} SMs, as split then; "
               f"rows (the 32-key tiles too): `{path.relative_to(H200.parents[1])}`.")]
     lines += [f"- not measured: {r['row']} at {r['column']}: {r['tool'].split('; failed: ', 1)[1]}"
               for _, r in failed.iterrows()]
@@ -702,9 +706,7 @@ def _experiment_rows(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     rows = pd.read_csv(path, keep_default_na=False)
     times = rows[rows["unit"] == "ms"].copy()
     times["value"] = times["value"].astype(float)
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    return (times, rows[rows["column"] == "check against float64"],
-            f"{rows['tool'].iloc[0].split('; ', 1)[0]}, at {', '.join(commits)}")
+    return times, rows[rows["column"] == "check against float64"], _settings(rows["tool"].iloc[0].split("; ", 1)[0])
 
 
 def _checked_times(path: Path, yardstick: str = "the Triton kernels' error") -> tuple[pd.DataFrame, str, str]:
