@@ -8,7 +8,7 @@ up. This suite measures that on the batch x cache-length grid, 32 q heads with 8
 
 * providers: ours with the split heuristic and with num_splits=1 (contiguous and paged in
   16-token pages), FA1 (the ladder's rung 0 on one query token; MHA only: the ladder takes
-  equal q and kv heads), and the decode registry of baselines.providers.decode (SDPA
+  equal q and kv heads), and the registry's providers of kind 'decode' (SDPA
   flash/cuDNN/efficient/math, PyTorch eager, eager under torch.compile, FA4, FlashInfer,
   xformers split-K) where each is available;
 * timing: CUDA-graph replay (`triton.testing.do_bench_cudagraph`) wherever the call can be
@@ -21,7 +21,7 @@ up. This suite measures that on the batch x cache-length grid, 32 q heads with 8
 * accuracy: each provider's output on the first sequence against the float64 reference.
 
 Rows are long format (one measurement per row, the environment beside them) in
-`decode.csv`; `write_decode_report` makes `report.md` and the plot from those rows alone.
+`decode.csv`; `reports.decode.write_decode_report` makes `report.md` and the plot from those rows alone.
 """
 
 from __future__ import annotations
@@ -140,14 +140,14 @@ def _fa1(inputs: Inputs, i: int):
 def _registry(provider):
     def call(inputs: Inputs, i: int):
         k_cache, v_cache = inputs.contiguous[i]
-        return provider.decode(inputs.q, k_cache, v_cache, inputs.seqlens)
+        return provider.forward(inputs.q, k_cache, v_cache, inputs.seqlens)
 
     return call
 
 
 def providers() -> list[tuple[str, str, str, Callable, Callable]]:
     """(name, label, layout, call(inputs, copy), why_not(kv_heads) -> None or (status, reason))."""
-    from baselines.providers.decode import DECODE_PROVIDERS, decode_unavailable_reason
+    from baselines.providers import registry, unavailable_reason
 
     def mha_only(kv_heads):
         return None if kv_heads == HEADS else ("unsupported", "the ladder's FA1 takes equal q and kv heads (no GQA)")
@@ -162,8 +162,8 @@ def providers() -> list[tuple[str, str, str, Callable, Callable]]:
         ("ours-nosplit", "ours num_splits=1", "paged", _ours(1, True), everywhere),
         ("fa1-rung0", "FA1 (ladder rung 0)", "contiguous", _fa1, mha_only),
     ]
-    for name, provider in DECODE_PROVIDERS.items():
-        reason = decode_unavailable_reason(provider)
+    for name, provider in registry("decode").items():
+        reason = unavailable_reason(provider)
 
         def why_not(kv_heads, reason=reason, provider=provider):
             from baselines.providers.decode import DecodeSpec

@@ -20,15 +20,17 @@ EXIT_REGRESSION, EXIT_NOT_COMPARED, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 2, 3, 13
 
 
 def print_provider_list(extra=()) -> None:
-    from baselines.providers import PROVIDERS, unavailable_reason
+    """Every provider of the registry (the attention providers, --provider-file's, then the decode
+    providers), whether it is available here and why not."""
+    from baselines.providers import PROVIDERS, registry, unavailable_reason
 
-    providers = [*PROVIDERS.values(), *extra]
+    providers = [*PROVIDERS.values(), *extra, *registry("decode").values()]
     width = max(len(provider.name) for provider in providers)
     for provider in providers:
         reason = unavailable_reason(provider)
         state = "available" if reason is None else f"unavailable: {reason}"
-        backward = "fwd+bwd" if provider.has_backward else "fwd only"
-        print(f"{provider.name:<{width}}  {provider.label}  [{backward}]\n{'':<{width}}  {state}")
+        what = "decode" if provider.kind == "decode" else "fwd+bwd" if provider.has_backward else "fwd only"
+        print(f"{provider.name:<{width}}  {provider.label}  [{what}]\n{'':<{width}}  {state}")
 
 
 def _interrupt(signum, frame):
