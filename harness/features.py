@@ -14,21 +14,20 @@ leaves visible, times 2.5 for the backward, the FA2 paper's count on the visible
 * score: ALiBi and softcap 30 at 8k, causal, 16 heads, against the dense call (the overhead);
   peers FlexAttention (score_mod) and FA4 (softcap; its backward has none).
 
-Every call is timed by `triton.testing.do_bench` (harness/timing.py: warm-up and compile
-untimed); each row's output is checked against the float64 reference on the last query rows
+The providers are the registry's of kind 'features' (baselines/providers/features.py). Every
+call is timed by `triton.testing.do_bench` (harness/timing.py: warm-up and compile untimed);
+each row's output is checked against the float64 reference on the last query rows
 (bottom-right alignment keeps their masks). Rows are long format (one measurement per row,
-the environment beside them) in `features.csv`; `write_features_report` makes `features.md`
-from those rows alone, with the bar's checks.
+the environment beside them) in `features.csv`; `reports.features.write_features_report` makes
+`features.md` from those rows alone, with the bar's checks.
 """
 
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import math
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,6 +35,7 @@ import pandas as pd
 import torch
 
 from baselines.flops import tflops_per_second, visible_flops
+from baselines.providers import UnsupportedInput, get_provider, registry, unavailable_reason
 from baselines.reference import attention_reference
 from harness.environment import ROW_ENV_COLUMNS, capture_environment, throttle_warnings
 from harness.timing import benchmark, seed_of
@@ -54,10 +54,6 @@ COLUMNS = ("group", "variant", "provider", "label", "mode", "causal", "batch", "
            "kv_heads", "hdim", "dtype", "window_left", "window_right", "softcap", "alibi", "lengths",
            "visible_pairs", "status", "reason", "ms", "ms_p20", "ms_p80", "tflops", "peak_mem_mb", "rel_err",
            "config", "repeat", "interpreter", *ROW_ENV_COLUMNS)
-
-
-class Unsupported(Exception):
-    """A provider that does not have this case (the row says why)."""
 
 
 @dataclass(frozen=True)
@@ -147,135 +143,6 @@ class Inputs:
         return cls(q, k, v, cu, slopes, d ** -0.5)
 
 
-# --------------------------------------------------------------------------------------
-# Providers: name -> (label, make(case, inputs, mode) -> a call returning the output; raises
-# Unsupported with the reason where the provider does not have the case)
-# --------------------------------------------------------------------------------------
-def _ours(case: Case, x: Inputs, mode: str, bwd_config=None) -> Callable[[], torch.Tensor]:
-    from kernels import flash_attn_func, flash_attn_varlen_func
-
-    kw = {"causal": case.causal, "window_size": case.window, "softcap": case.softcap, "alibi_slopes": x.slopes,
-          "bwd_config": bwd_config}
-    if case.packed:
-        longest = max(case.lengths)
-        return lambda: flash_attn_varlen_func(x.q, x.k, x.v, x.cu_seqlens, x.cu_seqlens, longest, longest, **kw)
-    return lambda: flash_attn_func(x.q, x.k, x.v, **kw)
-
-
-def _ours_dense_bwd_table(case: Case, x: Inputs, mode: str):
-    """Ours with the dense calls' backward table (HOPPER_BWD_CONFIGS) instead of the features'
-    (HOPPER_FEATURE_BWD_CONFIGS): the rows that test that table's choice."""
-    from kernels.configs import default_bwd_config
-
-    return _ours(case, x, mode, bwd_config=default_bwd_config(case.hdim, x.q.device))
-
-
-def _sdpa(backend: str):
-    def make(case: Case, x: Inputs, mode: str):
-        if case.group != "gqa" and case.variant != "dense":
-            raise Unsupported("SDPA has no sliding window, softcap, ALiBi or packed variable lengths in its fused "
-                              "backends")
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        chosen = getattr(SDPBackend, backend)
-        q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))  # (B, H, S, D) views
-
-        def call():
-            with sdpa_kernel(chosen):
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal, scale=x.scale,
-                                                                        enable_gqa=True)
-            return out.transpose(1, 2)
-
-        return call
-
-    return make
-
-
-@functools.cache
-def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    from baselines.providers.core import raise_recompile_limits
-
-    raise_recompile_limits()
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def _flex(case: Case, x: Inputs, mode: str):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    device = x.q.device
-    offset = 0  # every case here has seqlen_q == seqlen_k
-    left = case.window[0]
-    if case.packed:
-        doc = torch.repeat_interleave(torch.arange(len(case.lengths), device=device),
-                                      torch.tensor(case.lengths, device=device))
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
-
-        length = doc.numel()
-        q, k, v = (t[None].transpose(1, 2) for t in (x.q, x.k, x.v))  # (1, H, total, D)
-    else:
-        def mask_mod(b, h, q_idx, kv_idx):
-            visible = kv_idx <= q_idx + offset
-            return visible & (kv_idx >= q_idx + offset - left) if left >= 0 else visible
-
-        length = case.seqlen
-        q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
-    block_mask = create_block_mask(mask_mod, None, None, length, length, device=device)
-    score_mod = None
-    if case.softcap:
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return case.softcap * torch.tanh(score / case.softcap)
-    elif case.alibi:
-        slopes = x.slopes
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score - slopes[h] * (q_idx + offset - kv_idx).abs()
-    flex = _compiled_flex()
-
-    def call():
-        out = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=x.scale,
-                   enable_gqa=case.kv_heads != case.heads).transpose(1, 2)
-        return out[0] if case.packed else out
-
-    return call
-
-
-def _fa4(case: Case, x: Inputs, mode: str):
-    if case.alibi:
-        raise Unsupported("FA4 has no ALiBi")
-    if case.softcap and mode == "bwd":
-        raise Unsupported("FA4's backward has no softcap (it asserts softcap == 0)")
-    try:
-        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
-    except Exception as exc:  # noqa: BLE001 -- any import failure means unavailable
-        raise Unsupported(f"FA4 (flash_attn.cute) does not import here: {type(exc).__name__}: {exc}") from None
-    # a window with its right side 0 is FA4's local attention (causal=False: causal would drop the window)
-    window = tuple(None if side < 0 else side for side in case.window)
-    kw = {"softmax_scale": x.scale, "causal": case.causal and window == (None, None), "window_size": window,
-          "softcap": case.softcap, "num_splits": 1}
-    if case.packed:
-        longest = max(case.lengths)
-        # by keyword: FA4's varlen function has seqused_q/seqused_k among its positional parameters
-        return lambda: _first(flash_attn_varlen_func(x.q, x.k, x.v, cu_seqlens_q=x.cu_seqlens, cu_seqlens_k=x.cu_seqlens,
-                                                     max_seqlen_q=longest, max_seqlen_k=longest, **kw))
-    return lambda: _first(flash_attn_func(x.q, x.k, x.v, **kw))
-
-
-def _first(result):
-    return result[0] if isinstance(result, tuple) else result
-
-
-PROVIDERS: dict[str, tuple[str, Callable]] = {
-    "ours": ("this repo's Triton kernels", _ours),
-    "ours-dense-bwd-table": ("this repo's kernels, the dense calls' backward configs", _ours_dense_bwd_table),
-    "sdpa-flash": ("SDPA flash (official FA2 CUDA)", _sdpa("FLASH_ATTENTION")),
-    "sdpa-cudnn": ("SDPA cuDNN", _sdpa("CUDNN_ATTENTION")),
-    "flex-attention": ("FlexAttention (torch.compile)", _flex),
-    "fa4": ("FA4 (flash-attn-4, CuTe DSL)", _fa4),
-}
 # Per-shape compiles (tens of seconds) fit the suite's time at the anchor shapes only.
 FLEX_SHAPES = {("gqa", 8192), ("window", 16384), ("varlen", 0), ("score", 8192)}
 
@@ -309,7 +176,7 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
     """One row's measured fields: status, times, TFLOPs/s on the visible pairs, rel_err."""
     try:
         x = Inputs.make(case, device, dtype, requires_grad=mode == "bwd")
-        call = PROVIDERS[provider][1](case, x, mode)
+        call = get_provider(provider, "features").forward(case, x, mode)
         out = call()
         _sync(device)
         rel_err = _reference_rel_err(case, x, out)
@@ -318,7 +185,7 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
         else:
             dout = torch.randn_like(out)
             timing = benchmark(lambda: out.backward(dout, retain_graph=True), device, grad_to_none=(x.q, x.k, x.v))
-    except Unsupported as exc:
+    except UnsupportedInput as exc:
         return {"status": "unsupported", "reason": str(exc)}
     except torch.cuda.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
@@ -436,13 +303,14 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
             if time.monotonic() - start > budget:
                 skipped.append(f"{case.group}/{case.variant} at {case.seqlen}{where}")
                 continue
-            for provider, (label, _) in PROVIDERS.items():
-                ours = provider.startswith("ours")
+            for provider, entry in registry("features").items():
+                ours, label = provider.startswith("ours"), entry.label
                 modes = [mode for mode in ("fwd", "bwd") if _measured(case, provider, mode)]
-                if device.type != "cuda" and not ours:
+                unavailable = unavailable_reason(entry)
+                if unavailable:
                     for mode in modes:
                         writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode,
-                                             repeat=repeat, status="unavailable", reason="needs CUDA"))
+                                             repeat=repeat, status="unavailable", reason=unavailable))
                     continue
                 config = _our_config(case, device, provider) if ours else ""
                 for mode in modes:

@@ -10,9 +10,11 @@ seqlen, headdim) get transposed views. Causal masks are bottom-right aligned (fl
 The families, one module each: `builtin` (our FA2 kernel, PyTorch eager, SDPA's backends),
 `compiled` (torch.compile of eager attention, FlexAttention), `packages` (FA4, the
 flash-attn packages, FlashInfer, xformers: imported by their availability checks, which say
-why one is missing), `rungs` (the ablation ladder), and `decode`: the providers of kind
-'decode' (one query token against a KV cache, their own call signature). Each provider has a
-kind (`core.KINDS`); `registry(kind)` and `get_provider(name, kind)` look within one.
+why one is missing), `rungs` (the ablation ladder), `decode` (kind 'decode': one query token
+against a KV cache) and `features` (kind 'features': the features suite's calls of GQA,
+windows, packed variable lengths, ALiBi and softcap). Each provider has a kind (`core.KINDS`,
+each with its own call signature); `registry(kind)` and `get_provider(name, kind)` look within
+one.
 
 Importing this package imports no Triton kernel: `kernels` is imported by the first call,
 ablations.ladder by the first use of `PROVIDERS`, so a caller can switch on Triton's
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import functools
 
-from baselines.providers import builtin, compiled, decode, packages  # noqa: F401 -- register in listing order
+from baselines.providers import builtin, compiled, decode, features, packages  # noqa: F401 -- register in listing order
 from baselines.providers.builtin import SDPA_BACKENDS, SDPA_REFUSALS, override_fa2_fwd_config
 from baselines.providers.core import (
     BASE_PROVIDERS,
@@ -57,7 +59,7 @@ def __getattr__(name: str):
 @functools.cache
 def registry(kind: str = "attention") -> dict[str, Provider]:
     """{name: Provider} of one kind, in listing order: for 'attention' the base providers, then
-    'fa1' and the rungs; for 'decode' the decode providers."""
+    'fa1' and the rungs; for the other kinds, theirs."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     providers: dict[str, Provider] = {}

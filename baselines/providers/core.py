@@ -59,7 +59,9 @@ def any_input(_spec) -> str | None:
 #   'attention': forward(q, k, v, causal, softmax_scale) -> out, (B, S, H, D) in and out; supports(Spec)
 #   'decode':    forward(q, k_cache, v_cache, cache_seqlens, softmax_scale=None) -> out, one query token
 #                per sequence against a KV cache (baselines.providers.decode's contract); supports(DecodeSpec)
-KINDS = ("attention", "decode")
+#   'features':  forward(case, inputs, mode) -> call, a training feature's call (GQA, windows, packed
+#                variable lengths, ALiBi, softcap; baselines.providers.features' contract)
+KINDS = ("attention", "decode", "features")
 
 
 @dataclass(frozen=True)
