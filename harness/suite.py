@@ -28,6 +28,9 @@ SUITES = {
                       "peers that have them (harness/features.py)", "harness.features", "features.csv"),
     "decode": Suite("decode", "one query token against a KV cache: split-KV over batch x cache length against the "
                     "decode peers (harness/decode.py)", "harness.decode", "decode.csv"),
+    "host-overhead": Suite("host-overhead", "host against GPU time per call, ours and SDPA's backends, eager and "
+                           "compiled (harness/host_overhead.py; --providers and --modes narrow it)",
+                           "harness.host_overhead", "host_overhead.csv"),
 }
 
 

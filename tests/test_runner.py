@@ -411,15 +411,16 @@ def test_report_only_survives_a_half_written_results_json(tmp_path):
     assert (tmp_path / "report.md").exists()
 
 
-@pytest.mark.parametrize("suite", ["features", "decode"])
+@pytest.mark.parametrize("suite", ["features", "decode", "host-overhead"])
 def test_other_suites_measure_their_rows_then_report_from_them(suite, tmp_path, monkeypatch, capsys):
     """--suite NAME: harness.suite's measure_rows into the folder, then reports.suites' report
     from those rows; --report-only measures nothing."""
     import importlib
 
+    import harness.suite
     import reports.suites
 
-    module = importlib.import_module(f"harness.{suite}")
+    module = importlib.import_module(harness.suite.SUITES[suite].module)
     called = []
     monkeypatch.setattr(module, "measure_rows", lambda args, out_dir: called.append(("measure", out_dir)))
 
