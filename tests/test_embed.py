@@ -302,3 +302,15 @@ def test_the_alibi_table_gives_each_way_s_time_over_the_dense_forward(tmp_path):
     assert "each matched float64" in lines[-1] and "exp_alibi" not in lines[-1] and "abc" not in lines[-1]
 
 
+
+
+def test_the_host_overhead_suite_reports_from_its_rows(tmp_path):
+    """runner.py --suite host-overhead's report: both tables from the folder's rows, naming them."""
+    import shutil
+
+    from reports.host_overhead import write_host_overhead_report
+
+    shutil.copy(embed.HOST_OVERHEAD_CSV, tmp_path / "host_overhead.csv")
+    report = write_host_overhead_report(tmp_path).read_text()
+    assert report.startswith("# Host time per call") and "## The backward's engine" in report
+    assert "rows: `host_overhead.csv`" in report and "nan" not in report
