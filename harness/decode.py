@@ -31,7 +31,6 @@ import csv
 import itertools
 import json
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,7 +39,8 @@ import torch
 
 from baselines.flops import decode_kv_bytes, gigabytes_per_second
 from baselines.reference import attention_reference
-from harness.environment import ROW_ENV_COLUMNS, capture_environment, throttle_warnings
+from harness.environment import ROW_ENV_COLUMNS, capture_environment
+from harness.suite import SuiteRows
 from harness.timing import benchmark
 
 HEADS, HDIM, DTYPE, PAGE_SIZE = 32, 128, torch.bfloat16, 16
@@ -243,23 +243,18 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("the decode suite times GPU kernels: it needs CUDA (the CPU interpreter's times "
                          "are not performance; tests/test_decode.py checks correctness there)")
-    env = capture_environment()
-    budget = BUDGET_S["quick" if quick else "full"]
-    start = time.monotonic()
     entries = providers()
-    skipped = []
-    with (out_dir / DECODE_CSV).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
+    with SuiteRows(out_dir, DECODE_CSV, COLUMNS, BUDGET_S["quick" if quick else "full"]) as rows:
+        env = rows.env
         copy_bytes = COPY_BYTES if device.type == "cuda" else 1 << 20
         copy_ms, copy_gbps = measure_copy_bandwidth(device, copy_bytes)
-        writer.writerow(_row(env, provider="device-copy", label="device-to-device copy (read + write)",
-                             layout="", batch=0, cache_len=0, kv_heads=0, status="ok",
-                             timing="cuda-graph" if device.type == "cuda" else "cpu interpreter (not performance)",
-                             ms=copy_ms, kv_bytes=2 * copy_bytes, gbps=copy_gbps))
+        rows.write(_row(env, provider="device-copy", label="device-to-device copy (read + write)", layout="", batch=0,
+                        cache_len=0, kv_heads=0, status="ok",
+                        timing="cuda-graph" if device.type == "cuda" else "cpu interpreter (not performance)",
+                        ms=copy_ms, kv_bytes=2 * copy_bytes, gbps=copy_gbps))
         for kv_heads, batch, cache_len in grid(quick):
-            if time.monotonic() - start > budget:
-                skipped.append((kv_heads, batch, cache_len))
+            if rows.out_of_time():
+                rows.skip(f"{batch} x {cache_len} ({kv_heads} kv heads)")
                 continue
             nbytes = kv_bytes(batch, cache_len, kv_heads)
             inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
@@ -271,21 +266,13 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                     continue  # its compile per shape would not fit the suite's time
                 refused = why_not(kv_heads)
                 if refused:
-                    writer.writerow(_row(env, **base, status=refused[0], reason=refused[1]))
+                    rows.write(_row(env, **base, status=refused[0], reason=refused[1]))
                     continue
                 config = _our_config(name, batch, cache_len, kv_heads, device) if name.startswith("ours") else ""
-                writer.writerow(_row(env, **base, config=config,
-                                     **_measure(call, inputs, reference, device, nbytes)))
-                f.flush()
+                rows.write(_row(env, **base, config=config, **_measure(call, inputs, reference, device, nbytes)))
             del inputs
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    env_after = capture_environment()
-    notes = throttle_warnings(env, env_after)
-    if skipped:
-        notes.append(f"not measured (the suite's {budget:.0f}-s budget ran out): "
-                     + ", ".join(f"{b} x {n} ({h} kv heads)" for h, b, n in skipped))
-    (out_dir / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
 
 
 def _measure(call, inputs: Inputs, reference, device, nbytes) -> dict:

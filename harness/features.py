@@ -24,7 +24,6 @@ the environment beside them) in `features.csv`; `reports.features.write_features
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import time
@@ -37,7 +36,8 @@ import torch
 from baselines.flops import tflops_per_second, visible_flops
 from baselines.providers import UnsupportedInput, get_provider, registry, unavailable_reason
 from baselines.reference import attention_reference
-from harness.environment import ROW_ENV_COLUMNS, capture_environment, throttle_warnings
+from harness.environment import ROW_ENV_COLUMNS
+from harness.suite import SuiteRows
 from harness.timing import benchmark, seed_of
 
 FEATURES_CSV, FEATURES_MD = "features.csv", "features.md"
@@ -286,22 +286,17 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("the features suite times GPU kernels: it needs CUDA (tests/test_features.py checks "
                          "correctness in the CPU interpreter)")
-    env = capture_environment()
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    budget = BUDGET_S["quick" if quick else "full"] * repeats
-    start, skipped = time.monotonic(), []
     spent = dict.fromkeys(PROVIDER_BUDGET_S, 0.0)
-    path = Path(out_dir) / FEATURES_CSV
     rounds = [(repeat, case) for repeat in range(repeats) for case in (case_list if case_list is not None
                                                                        else cases(quick))]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
+    with SuiteRows(out_dir, FEATURES_CSV, COLUMNS, BUDGET_S["quick" if quick else "full"] * repeats) as rows:
+        env = rows.env
         for repeat, case in rounds:
             where = f" (round {repeat + 1})" if repeats > 1 else ""
-            if time.monotonic() - start > budget:
-                skipped.append(f"{case.group}/{case.variant} at {case.seqlen}{where}")
+            if rows.out_of_time():
+                rows.skip(f"{case.group}/{case.variant} at {case.seqlen}{where}")
                 continue
             for provider, entry in registry("features").items():
                 ours, label = provider.startswith("ours"), entry.label
@@ -309,27 +304,22 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                 unavailable = unavailable_reason(entry)
                 if unavailable:
                     for mode in modes:
-                        writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode,
-                                             repeat=repeat, status="unavailable", reason=unavailable))
+                        rows.write(_row(env, case, dtype, provider=provider, label=label, mode=mode, repeat=repeat,
+                                        status="unavailable", reason=unavailable))
                     continue
                 config = _our_config(case, device, provider) if ours else ""
                 for mode in modes:
                     if spent.get(provider, 0.0) > PROVIDER_BUDGET_S.get(provider, math.inf) * repeats:
-                        skipped.append(f"{provider} {mode} on {case.group}/{case.variant} at {case.seqlen}{where}")
+                        rows.skip(f"{provider} {mode} on {case.group}/{case.variant} at {case.seqlen}{where}")
                         continue
                     began = time.monotonic()
-                    writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode, config=config,
-                                         repeat=repeat, **measure(case, provider, mode, device, dtype)))
-                    f.flush()
+                    rows.write(_row(env, case, dtype, provider=provider, label=label, mode=mode, config=config,
+                                    repeat=repeat, **measure(case, provider, mode, device, dtype)))
                     if provider in spent:
                         spent[provider] += time.monotonic() - began
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    notes = throttle_warnings(env, capture_environment())
-    if skipped:
-        notes.append(f"not measured (the suite's {budget:.0f}-s budget ran out): " + ", ".join(skipped))
-    (Path(out_dir) / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
-    return path
+    return rows.path
 
 
 def measure_rows(args, out_dir: Path) -> None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import statistics
 import time
 from pathlib import Path
@@ -239,7 +238,7 @@ DEFAULT_PROVIDERS = ("fa2", "sdpa-flash", "sdpa-cudnn")
 def measure_suite(out_dir: Path, providers=DEFAULT_PROVIDERS, modes=MODES, compiled: bool = True,
                   engines=ENGINES, quick: bool = False) -> Path:
     """Every (mode, shape, compiled, engine) cell's rows into out_dir/host_overhead.csv (a new
-    file), written as each cell is measured: `compiled` adds the torch.compile rows, the
+    file) and notes.txt, written as each cell is measured: `compiled` adds the torch.compile rows, the
     'calling-thread' engine runs for the eager modes with a backward, `quick` takes the first three
     shapes. Needs a CUDA GPU."""
     if not torch.cuda.is_available():
@@ -250,23 +249,19 @@ def measure_suite(out_dir: Path, providers=DEFAULT_PROVIDERS, modes=MODES, compi
             raise SystemExit(f"host overhead: {name} {unknown} not among {allowed}")
     from tqdm import tqdm
 
-    from harness.environment import capture_environment
+    from harness.environment import ROW_ENV_COLUMNS
+    from harness.suite import SuiteRows
 
-    env = capture_environment()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / HOST_OVERHEAD_CSV
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     shapes = SHAPES[:3] if quick else SHAPES
     cells = [(m, shape, c, e) for shape in shapes for m in modes for c in ((False, True) if compiled else (False,))
              for e in engines if e == "threaded" or (m != "fwd" and not c)]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(COLUMNS) + list(env))
-        writer.writeheader()
+    with SuiteRows(out_dir, HOST_OVERHEAD_CSV, (*COLUMNS, *ROW_ENV_COLUMNS)) as rows:
+        env = {column: rows.env[column] for column in ROW_ENV_COLUMNS}
         for mode, shape, is_compiled, engine in tqdm(cells, desc="host overhead (cells of all providers)"):
             for row in measure_cell(providers, mode, True, shape, torch.bfloat16, is_compiled, engine):
-                writer.writerow({**row, **env})
-            f.flush()
-    return path
+                rows.write({**row, **env})
+    return rows.path
 
 
 def measure_rows(args, out_dir: Path) -> None:

@@ -438,6 +438,19 @@ def test_other_suites_measure_their_rows_then_report_from_them(suite, tmp_path, 
     assert called == [("report", tmp_path)]
 
 
+def test_suite_rows_are_on_disk_as_written_and_the_notes_name_what_the_budget_left(tmp_path):
+    """harness.suite.SuiteRows: each row is in the CSV once written (a killed run keeps it), the
+    environment is there for the rows, and notes.txt lists what was skipped once time ran out."""
+    from harness.suite import SuiteRows
+
+    with SuiteRows(tmp_path, "rows.csv", ("case", "gpu"), budget_s=-1.0) as rows:
+        rows.write({"case": "first", "gpu": rows.env["gpu"]})
+        assert (tmp_path / "rows.csv").read_text().splitlines()[1].startswith("first,")
+        assert rows.out_of_time()
+        rows.skip("second at 64")
+    assert "budget ran out): second at 64" in (tmp_path / "notes.txt").read_text()
+
+
 def test_reproduce_targets_run_their_steps_into_one_folder(tmp_path, monkeypatch):
     from harness.reproduce import TARGETS
 
