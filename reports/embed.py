@@ -115,9 +115,7 @@ def utilisation_table(rows: pd.DataFrame, ceiling: float) -> str:
     return "\n".join(lines)
 
 
-UNITS = {"tflops": ("TFLOPs/s", "{:.0f}"), "ms": ("ms", "{:.3f}"), "us": ("us", "{:.1f}"),
-         "% of samples": ("% of PC samples", "{:.1f}"),
-         "% of dense's samples": ("% of the dense kernel's PC samples", "{:.2f}"), "metric": ("ncu", "{:.1f}")}
+UNITS = {"tflops": ("TFLOPs/s", "{:.0f}"), "ms": ("ms", "{:.3f}"), "us": ("us", "{:.1f}")}
 
 
 def _settings(tool: str) -> str:
@@ -288,7 +286,7 @@ def _launcher_schedule(column: str) -> tuple[bool, bool]:
 
 
 def bwd_schedule_table(path: Path) -> str:
-    """tools/experiments/exp_bwd_schedule.py's rows (ms of the whole backward, one process, the
+    """The backward schedule decision's rows (ms of the whole backward, one process, the
     median of its rounds): the four schedules of the Gluon dK/dV kernel per case, cuDNN beside
     the dense ones, then each choice's speed-up and the schedule the launcher takes
     (kernels/flash_attn_hopper.py: L and D in shared memory, dQ before dK with GQA, a window or
@@ -485,7 +483,7 @@ def _checked_times(path: Path, yardstick: str = "the Triton kernels' error") -> 
 
 
 def alibi_column_term_table(path: Path) -> str:
-    """tools/experiments/exp_alibi_column_term.py's rows: the dense causal forward and ALiBi's key term
+    """ALiBi's key-term decision rows: the dense causal forward and ALiBi's key term
     added each way (ms, the median of the rounds), and each way's time over the dense one's (the
     features bar: at most 1.1x)."""
     times, check_note, source = _checked_times(
