@@ -55,6 +55,7 @@ EXAMPLES = """examples:
   python runner.py --suite paper --providers fa2,sdpa-flash --modes fwd --hdims 128 --causal true
   python runner.py --suite paper --providers pytorch --out results/h200 --resume   # add to a folder
   python runner.py --ablation all --dtype fp16
+  python runner.py --suite features --quick --out results/features   # also: decode, host-overhead
   python runner.py --ablation warp-partitioning --ncu
   python runner.py --quick --save-baseline                 # reports/<gpu>/regression/baseline.json
   python runner.py --quick --providers fa2,sdpa-flash --dtype bf16 --repeats 3 --compare
