@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import math
 import os
 import sys
@@ -37,17 +36,16 @@ from harness.plan import (
     REVIEWER_PARTS,
     STUDY_NAMES,
     _join,
-    ablation_plan,
     suite_jobs,
     suite_modes,
     suite_providers,
 )
 from harness.regression import DEFAULT_FALSE_POSITIVE_RATE
 from harness.reproduce import TARGETS, help_text, steps
+from harness.suite import SUITES
 from harness.timing import DEFAULT_REP_MS, DEFAULT_WARMUP_MS
 
 REPO_ROOT = Path(__file__).resolve().parent
-SUITES = ("paper", "features", "decode")
 BANNER = ("=" * 88 + "\nNO GPU: Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny sizes.\n"
           "These numbers are NOT performance; they show that the pipeline works.\n" + "=" * 88)
 EXAMPLES = """examples:
@@ -57,6 +55,7 @@ EXAMPLES = """examples:
   python runner.py --suite paper --providers fa2,sdpa-flash --modes fwd --hdims 128 --causal true
   python runner.py --suite paper --providers pytorch --out results/h200 --resume   # add to a folder
   python runner.py --ablation all --dtype fp16
+  python runner.py --suite features --quick --out results/features   # also: decode, host-overhead
   python runner.py --ablation warp-partitioning --ncu
   python runner.py --quick --save-baseline                 # reports/<gpu>/regression/baseline.json
   python runner.py --quick --providers fa2,sdpa-flash --dtype bf16 --repeats 3 --compare
@@ -142,10 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES + help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
     what = parser.add_argument_group("what to run (default: --suite paper)")
     sweep = what.add_mutually_exclusive_group()
-    sweep.add_argument("--suite", choices=SUITES, help="paper: the paper's Figures 4-7 (modes x head dims x causal x "
-                       "seqlen 512..16384 with batch = 16384/seqlen and heads = 2048/hdim; the default); features: "
-                       "the kernels' features beyond the paper (harness/features.py); decode: decoding against a "
-                       "KV cache (harness/decode.py)")
+    sweep.add_argument("--suite", choices=("paper", *SUITES),
+                       help="paper: the paper's Figures 4-7 (modes x head dims x causal x seqlen 512..16384 with "
+                            "batch = 16384/seqlen and heads = 2048/hdim; the default); "
+                            + "; ".join(f"{name}: {suite.what}" for name, suite in SUITES.items()))
     sweep.add_argument("--reproduce", choices=tuple(TARGETS), metavar="TARGET",
                        help=f"regenerate one committed H200 result from scratch: {', '.join(TARGETS)} (the exact "
                             "commands are listed at the end of --help); --out defaults to results/reproduce/TARGET")
@@ -250,6 +249,53 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --------------------------------------------------------------------------------------
+# Reports: made from the rows (and counters, comparison) the harness's stages leave
+# --------------------------------------------------------------------------------------
+def write_reports(args, df, out_dir: Path, counters=None, comparison=None, provider_names=None) -> None:
+    """counters.md (with counters), comparison.md (with --compare), then ablation.md (with
+    --ablation) or report.md and the figures, from the folder's rows."""
+    if counters is not None:
+        from reports.counters import write_counter_report
+
+        names = provider_names or list(dict.fromkeys(counters["provider"]))
+        print(f"counters: {write_counter_report(counters, names, out_dir)}")
+    if comparison is not None:
+        from reports.comparison import format_comparison, write_comparison
+
+        print(format_comparison(comparison))
+        print(f"comparison: {write_comparison(comparison, out_dir)}")
+    if args.ablation:
+        try:
+            from ablations.study import write_ablation_report
+        except Exception as exc:  # noqa: BLE001 -- the rows are saved; say why there is no report
+            print(f"no ablation report: ablations/study.py does not import ({type(exc).__name__}: {exc})",
+                  file=sys.stderr)
+        else:
+            print(f"ablation report: {write_ablation_report(df[df['setting'] != ''], out_dir, counters)}")
+    else:
+        from harness.results import load_runs
+        from reports.paper_report import write_report
+        from reports.plots import plot_suite
+
+        figures = plot_suite(df, out_dir / "plots")
+        print(f"report: {write_report(df, out_dir, load_runs(out_dir), figures)}")
+
+
+def rebuild_reports(args, out_dir: Path) -> int:
+    """--report-only: the reports of an existing results folder."""
+    import pandas as pd
+
+    from harness.results import RESULTS_CSV, load_results
+
+    if not (out_dir / RESULTS_CSV).exists():
+        raise SystemExit(f"--report-only: {out_dir / RESULTS_CSV} does not exist")
+    counters_csv = out_dir / "counters.csv"
+    counters = pd.read_csv(counters_csv) if counters_csv.exists() else None
+    write_reports(args, load_results(out_dir), out_dir, counters)
+    return 0
+
+
+# --------------------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------------------
 def _reproduce(args) -> int:
@@ -264,28 +310,23 @@ def _reproduce(args) -> int:
     return 0
 
 
-def _other_suite(parser, args, out_dir: Path) -> int:
-    """--suite features|decode: harness/<name>.py's run_suite(args, out_dir)."""
-    module_name = f"harness.{args.suite}"
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        parser.error(f"--suite {args.suite}: harness/{args.suite}.py is not in this checkout (it defines "
-                     "run_suite(args, out_dir))")
-    if not callable(getattr(module, "run_suite", None)):
-        parser.error(f"--suite {args.suite}: harness/{args.suite}.py has no run_suite(args, out_dir)")
+def _other_suite(args, out_dir: Path) -> int:
+    """--suite features|decode (harness.suite): its rows into out_dir (not with --report-only),
+    then its report from them (reports.suites), printed."""
     from harness.io import FolderBusy, FolderLock
+    from harness.suite import measure
+    from reports.suites import write_suite_report
 
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with FolderLock(out_dir):
-            result = module.run_suite(args, out_dir)
+            if not args.report_only:
+                measure(args.suite, args, out_dir)
+            print(write_suite_report(args.suite, out_dir).read_text())
     except FolderBusy as exc:
         print(f"runner.py: error: {exc}", file=sys.stderr)
         return 2
-    return 0 if result is None else int(result)
+    return 0
 
 
 def _check_out(parser, out_dir: Path) -> None:
@@ -329,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.io import FolderBusy, FolderLock
     from harness.provider_file import ProviderFileError, file_digest, load_provider_file
     from harness.results import RESULTS_CSV
-    from harness.stages import execute, print_provider_list, rebuild_reports
+    from harness.stages import execute, print_provider_list
 
     extra = {}
     for path in args.provider_file or []:
@@ -341,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print_provider_list(extra.values())
         return 0
-    if args.suite in ("features", "decode"):
-        return _other_suite(parser, args, out_dir)
+    if args.suite in SUITES:
+        return _other_suite(args, out_dir)
     if args.ablation in REVIEWER_PARTS:  # one reviewers' study alone (ablations/reviewers.py)
         from ablations import reviewers
 
@@ -351,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return reviewers.run(args.ablation, args, out_dir)
     if args.ablation:
+        from ablations.plan import ablation_plan
+
         jobs, provider_names = ablation_plan(args, interpreter)
     else:
         jobs, provider_names = suite_jobs(args, interpreter), suite_providers(args)
@@ -386,10 +429,17 @@ def main(argv: list[str] | None = None) -> int:
     files = {str(path): file_digest(path) for path in args.provider_file or []}
     try:
         with FolderLock(out_dir):
-            exit_code = execute(args, jobs, providers, out_dir, interpreter, {"provider_files": files})
+            outcome = execute(args, jobs, providers, out_dir, interpreter, {"provider_files": files})
+            write_reports(args, outcome.rows, out_dir, outcome.counters, outcome.comparison,
+                          [provider.name for provider in providers])
     except FolderBusy as exc:
         print(f"runner.py: error: {exc}", file=sys.stderr)
         return 2
+    from reports.tables import summary_table
+
+    print(summary_table(outcome.rows))
+    print(f"results: {out_dir}")
+    exit_code = outcome.exit_code
     if args.ablation == "all" and not (args.settings_only or args.ladder_only):  # then the reviewers' studies
         from ablations import reviewers
 

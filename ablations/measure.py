@@ -21,7 +21,7 @@ import torch
 from ablations.variants import Variant
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.providers.core import Spec
-from reports.environment import ENV_COLUMNS
+from harness.environment import ENV_COLUMNS
 
 ROW_COLUMNS = ["question", "variant", "label", "setting", "mode", "causal", "hdim", "seqlen", "batch", "heads",
                "dtype", "repeat", "status", "reason", "ms", "ms_p20", "ms_p80", "tflops", "tflops_p20", "tflops_p80",

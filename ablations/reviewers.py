@@ -63,8 +63,8 @@ def context(args, out_dir: Path):
     import torch
 
     from ablations.measure import Context
+    from harness.environment import capture_environment
     from harness.timing import DEFAULT_REP_MS, DEFAULT_WARMUP_MS
-    from reports.environment import capture_environment
 
     interpreter = not torch.cuda.is_available()
     if interpreter and os.environ.get("TRITON_INTERPRET") != "1":

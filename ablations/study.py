@@ -28,7 +28,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from ablations.ladder import RUNGS, SETTINGS
-from reports.environment import ENV_COLUMNS
+from harness.environment import ENV_COLUMNS
 from reports.plots import cell_summary, environment_title, plot_figure, value_label
 from reports.tables import markdown_table
 

@@ -8,7 +8,7 @@ up. This suite measures that on the batch x cache-length grid, 32 q heads with 8
 
 * providers: ours with the split heuristic and with num_splits=1 (contiguous and paged in
   16-token pages), FA1 (the ladder's rung 0 on one query token; MHA only: the ladder takes
-  equal q and kv heads), and the decode registry of baselines.providers.decode (SDPA
+  equal q and kv heads), and the registry's providers of kind 'decode' (SDPA
   flash/cuDNN/efficient/math, PyTorch eager, eager under torch.compile, FA4, FlashInfer,
   xformers split-K) where each is available;
 * timing: CUDA-graph replay (`triton.testing.do_bench_cudagraph`) wherever the call can be
@@ -21,7 +21,7 @@ up. This suite measures that on the batch x cache-length grid, 32 q heads with 8
 * accuracy: each provider's output on the first sequence against the float64 reference.
 
 Rows are long format (one measurement per row, the environment beside them) in
-`decode.csv`; `write_decode_report` makes `report.md` and the plot from those rows alone.
+`decode.csv`; `reports.decode.write_decode_report` makes `report.md` and the plot from those rows alone.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import csv
 import itertools
 import json
 import math
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,8 +39,9 @@ import torch
 
 from baselines.flops import decode_kv_bytes, gigabytes_per_second
 from baselines.reference import attention_reference
+from harness.environment import ROW_ENV_COLUMNS, capture_environment
+from harness.suite import SuiteRows
 from harness.timing import benchmark
-from reports.environment import ROW_ENV_COLUMNS, capture_environment, throttle_warnings
 
 HEADS, HDIM, DTYPE, PAGE_SIZE = 32, 128, torch.bfloat16, 16
 KV_HEADS = (8, 32)
@@ -140,14 +140,14 @@ def _fa1(inputs: Inputs, i: int):
 def _registry(provider):
     def call(inputs: Inputs, i: int):
         k_cache, v_cache = inputs.contiguous[i]
-        return provider.decode(inputs.q, k_cache, v_cache, inputs.seqlens)
+        return provider.forward(inputs.q, k_cache, v_cache, inputs.seqlens)
 
     return call
 
 
 def providers() -> list[tuple[str, str, str, Callable, Callable]]:
     """(name, label, layout, call(inputs, copy), why_not(kv_heads) -> None or (status, reason))."""
-    from baselines.providers.decode import DECODE_PROVIDERS, decode_unavailable_reason
+    from baselines.providers import registry, unavailable_reason
 
     def mha_only(kv_heads):
         return None if kv_heads == HEADS else ("unsupported", "the ladder's FA1 takes equal q and kv heads (no GQA)")
@@ -162,8 +162,8 @@ def providers() -> list[tuple[str, str, str, Callable, Callable]]:
         ("ours-nosplit", "ours num_splits=1", "paged", _ours(1, True), everywhere),
         ("fa1-rung0", "FA1 (ladder rung 0)", "contiguous", _fa1, mha_only),
     ]
-    for name, provider in DECODE_PROVIDERS.items():
-        reason = decode_unavailable_reason(provider)
+    for name, provider in registry("decode").items():
+        reason = unavailable_reason(provider)
 
         def why_not(kv_heads, reason=reason, provider=provider):
             from baselines.providers.decode import DecodeSpec
@@ -194,68 +194,6 @@ def _our_config(name: str, batch: int, cache_len: int, kv_heads: int, device) ->
 def _sync(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def measure_each(shapes, device, measure: Callable) -> None:
-    """measure(batch, cache_len, kv_heads, inputs) for each (batch, cache_len, kv_heads) of
-    `shapes` (the experiments' loop), each configuration's Inputs (timing_copies copies) made
-    just before and freed before the next one is made."""
-    for batch, cache_len, kv_heads in shapes:
-        inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
-        measure(batch, cache_len, kv_heads, inputs)
-        del inputs
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
-class ExperimentCase:
-    """One configuration of a decode experiment: its shape, its column label, the call of a
-    variant's layout (`call(paged)` -> call(inputs, i)), the bytes of K and V it reads and its
-    float64 reference (`reference(inputs)`; the whole cache's by default)."""
-
-    def __init__(self, batch: int, cache_len: int, kv_heads: int, column: str, call: Callable,
-                 nbytes: int | None = None, reference: Callable | None = None):
-        self.batch, self.cache_len, self.kv_heads, self.column, self.call = batch, cache_len, kv_heads, column, call
-        self.nbytes = kv_bytes(batch, cache_len, kv_heads) if nbytes is None else nbytes
-        self.reference = reference or Inputs.reference
-
-
-def layout_variants(settings, name: str = "{layout}, {setting}") -> dict:
-    """A decode experiment's variants: each (label, value) of `settings` on a contiguous and on a
-    paged cache, named by `name`; each variant's value is (paged, value)."""
-    return {name.format(layout=layout, setting=label): (paged, value)
-            for layout, paged in (("contiguous", False), ("paged", True)) for label, value in settings}
-
-
-def run_experiment(description: str, csv_name: str, tool: str, variants: dict, select: Callable, restore: Callable,
-                   cases, width: int = 32) -> None:
-    """The decode experiments' command line (--out DIR, --repeats, --device) and loop: per case,
-    its Inputs made (measure_each), then each variant (`select(value)`) checked against float64 and
-    timed, rounds interleaved, in microseconds, rows to DIR/csv_name as they are measured
-    (reports.decisions.DecisionWriter.time_interleaved); `restore()` after each case."""
-    from reports.decisions import DecisionWriter
-
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--repeats", type=int, default=3, help="rounds over the variants (interleaved)")
-    parser.add_argument("--device", default="cuda", help="cpu: Triton's interpreter (a smoke run, not timing)")
-    args = parser.parse_args()
-    device = torch.device(args.device)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with DecisionWriter(args.out / csv_name, tool) as writer:
-        for case in cases:
-
-            def measure(batch, cache_len, kv_heads, inputs, case=case):
-                reference = case.reference(inputs)
-
-                def time_one(inputs, value):
-                    return _measure(case.call(value[0]), inputs, reference, device, case.nbytes)
-
-                writer.time_interleaved(variants, {case.column: inputs}, select, time_one, args.repeats, width=width,
-                                        unit="us")
-                restore()
-
-            measure_each([(case.batch, case.cache_len, case.kv_heads)], device, measure)
 
 
 def _time_call(call: Callable, inputs: Inputs, device) -> tuple[object, str]:
@@ -292,16 +230,10 @@ def _row(env, **fields) -> dict:
     return row
 
 
-def run_suite(args, out_dir) -> int:
-    """Measure the decode grid (args.quick: the small one) into out_dir/decode.csv, then write
-    out_dir/report.md and out_dir/plots/ from those rows and print the report (args.report_only:
-    only rewrite the report from the rows already there). Returns 0."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not getattr(args, "report_only", False):
-        measure_suite(bool(getattr(args, "quick", False)), out_dir)
-    print(write_decode_report(out_dir).read_text())
-    return 0
+def measure_rows(args, out_dir: Path) -> None:
+    """The decode grid's rows (args.quick: the small one) into out_dir/decode.csv; reports.decode
+    makes report.md and plots/ from them."""
+    measure_suite(bool(args.quick), Path(out_dir))
 
 
 def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None) -> None:
@@ -311,23 +243,18 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("the decode suite times GPU kernels: it needs CUDA (the CPU interpreter's times "
                          "are not performance; tests/test_decode.py checks correctness there)")
-    env = capture_environment()
-    budget = BUDGET_S["quick" if quick else "full"]
-    start = time.monotonic()
     entries = providers()
-    skipped = []
-    with (out_dir / DECODE_CSV).open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
+    with SuiteRows(out_dir, DECODE_CSV, COLUMNS, BUDGET_S["quick" if quick else "full"]) as rows:
+        env = rows.env
         copy_bytes = COPY_BYTES if device.type == "cuda" else 1 << 20
         copy_ms, copy_gbps = measure_copy_bandwidth(device, copy_bytes)
-        writer.writerow(_row(env, provider="device-copy", label="device-to-device copy (read + write)",
-                             layout="", batch=0, cache_len=0, kv_heads=0, status="ok",
-                             timing="cuda-graph" if device.type == "cuda" else "cpu interpreter (not performance)",
-                             ms=copy_ms, kv_bytes=2 * copy_bytes, gbps=copy_gbps))
+        rows.write(_row(env, provider="device-copy", label="device-to-device copy (read + write)", layout="", batch=0,
+                        cache_len=0, kv_heads=0, status="ok",
+                        timing="cuda-graph" if device.type == "cuda" else "cpu interpreter (not performance)",
+                        ms=copy_ms, kv_bytes=2 * copy_bytes, gbps=copy_gbps))
         for kv_heads, batch, cache_len in grid(quick):
-            if time.monotonic() - start > budget:
-                skipped.append((kv_heads, batch, cache_len))
+            if rows.out_of_time():
+                rows.skip(f"{batch} x {cache_len} ({kv_heads} kv heads)")
                 continue
             nbytes = kv_bytes(batch, cache_len, kv_heads)
             inputs = Inputs(batch, cache_len, kv_heads, device, timing_copies(batch, cache_len, kv_heads, device))
@@ -339,21 +266,13 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                     continue  # its compile per shape would not fit the suite's time
                 refused = why_not(kv_heads)
                 if refused:
-                    writer.writerow(_row(env, **base, status=refused[0], reason=refused[1]))
+                    rows.write(_row(env, **base, status=refused[0], reason=refused[1]))
                     continue
                 config = _our_config(name, batch, cache_len, kv_heads, device) if name.startswith("ours") else ""
-                writer.writerow(_row(env, **base, config=config,
-                                     **_measure(call, inputs, reference, device, nbytes)))
-                f.flush()
+                rows.write(_row(env, **base, config=config, **_measure(call, inputs, reference, device, nbytes)))
             del inputs
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    env_after = capture_environment()
-    notes = throttle_warnings(env, env_after)
-    if skipped:
-        notes.append(f"not measured (the suite's {budget:.0f}-s budget ran out): "
-                     + ", ".join(f"{b} x {n} ({h} kv heads)" for h, b, n in skipped))
-    (out_dir / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
 
 
 def _measure(call, inputs: Inputs, reference, device, nbytes) -> dict:
@@ -374,163 +293,8 @@ def _measure(call, inputs: Inputs, reference, device, nbytes) -> dict:
             "gbps": gigabytes_per_second(nbytes, timing.ms), "rel_err": rel_err}
 
 
-# --------------------------------------------------------------------------------------
-# The report: tables, the bar's checks and the plot, from the rows alone
-# --------------------------------------------------------------------------------------
 def load_rows(out_dir) -> pd.DataFrame:
     return pd.read_csv(Path(out_dir) / DECODE_CSV, keep_default_na=False, na_values={"ms": [""], "gbps": [""]})
-
-
-def _series(df, provider, layout) -> pd.Series:
-    rows = df[(df.provider == provider) & (df.layout == layout) & (df.status == "ok")]
-    return rows.set_index(["kv_heads", "batch", "cache_len"])["gbps"].astype(float)
-
-
-def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
-    """(check, measured, verdict) for the targets: batch 1 x 64k at >= 0.95x SDPA cuDNN and >= 5x
-    ours with num_splits=1; no slower than SDPA flash anywhere; paged within 10% of contiguous."""
-    ours, ours_one = _series(df, "ours-splitkv", "contiguous"), _series(df, "ours-nosplit", "contiguous")
-    cudnn, flash = _series(df, "sdpa-cudnn", "contiguous"), _series(df, "sdpa-flash", "contiguous")
-    paged = _series(df, "ours-splitkv", "paged")
-    checks = []
-    for kv_heads in KV_HEADS:
-        key = (kv_heads, 1, 65536)
-        for what, other, target in (("SDPA cuDNN", cudnn, 0.95), ("ours num_splits=1", ours_one, 5.0)):
-            if key in ours.index and key in other.index:
-                ratio = ours[key] / other[key]
-                measured = f"{ratio:.2f}x"
-                fastest = df[(df.status == "ok") & (df.provider != "device-copy")]["gbps"].astype(float).max()
-                if target > 1 and target * other[key] > fastest:  # a bar above every row of the run
-                    measured += (f" (the bar needs {target * other[key]:,.0f} GB/s; the fastest row of the run "
-                                 f"read {fastest:,.0f})")
-                checks.append((f"1 x 64k, {kv_heads} kv heads: ours / {what} >= {target}", measured,
-                               "met" if ratio >= target else "not met"))
-    common = ours.index.intersection(flash.index)
-    if len(common):
-        ratios = ours[common] / flash[common]
-        worst = ratios.idxmin()
-        checks.append(("every shape: ours / SDPA flash >= 1", (f"min {ratios.min():.3f}x at {worst[1]} x {worst[2]} "
-                       f"({worst[0]} kv heads)"), "met" if ratios.min() >= 1 else "not met"))
-    common = ours.index.intersection(paged.index)
-    if len(common):
-        ratios = paged[common] / ours[common]
-        worst = ratios.idxmin()
-        checks.append(("every shape: paged / contiguous >= 0.9", (f"min {ratios.min():.3f}x at {worst[1]} x {worst[2]} "
-                       f"({worst[0]} kv heads)"), "met" if ratios.min() >= 0.9 else "not met"))
-    return checks
-
-
-def _cache_text(cache_len: int) -> str:
-    return f"{cache_len // 1024}k" if cache_len % 1024 == 0 else str(cache_len)
-
-
-def _table(df: pd.DataFrame, kv_heads: int) -> list[str]:
-    """Rows batch x cache, a column per provider that measured something (the others are listed
-    under 'Rows not measured')."""
-    ok = df[(df.kv_heads == kv_heads) & (df.provider != "device-copy")]
-    measured = ok[ok.status.isin(["ok", "wrong", "oom", "error"])]
-    columns = list(dict.fromkeys(zip(measured.provider, measured.layout)))
-    labels = {(p, lay): lab for p, lay, lab in zip(ok.provider, ok.layout, ok.label)}
-    header = ["batch x cache"] + [labels[c] + (" (paged)" if c[1] == "paged" else "") for c in columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for (batch, cache_len), rows in ok.groupby(["batch", "cache_len"], sort=True):
-        cells = [f"{batch} x {_cache_text(cache_len)}"]
-        for provider, layout in columns:
-            row = rows[(rows.provider == provider) & (rows.layout == layout)]
-            if row.empty:
-                cells.append("")
-            elif row.status.iloc[0] != "ok":
-                cells.append(row.status.iloc[0])
-            else:
-                mark = "" if row.timing.iloc[0] == "cuda-graph" else " *"
-                cells.append(f"{float(row.gbps.iloc[0]):,.0f} ({float(row.ms.iloc[0]) * 1e3:,.1f}){mark}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
-
-
-def plot_bandwidth(df: pd.DataFrame, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    copy = df[df.provider == "device-copy"]
-    ceiling = float(copy.gbps.iloc[0]) if len(copy) else None
-    batches = sorted(set(df[df.batch > 0].batch))
-    fig, axes = plt.subplots(len(KV_HEADS), len(batches), figsize=(4 * len(batches), 3.4 * len(KV_HEADS)),
-                             squeeze=False, sharey=True)
-    ok = df[(df.status == "ok") & (df.provider != "device-copy")]
-    for row, kv_heads in enumerate(KV_HEADS):
-        for col, batch in enumerate(batches):
-            ax = axes[row][col]
-            sel = ok[(ok.kv_heads == kv_heads) & (ok.batch == batch)]
-            for (provider, layout), series in sel.groupby(["provider", "layout"], sort=False):
-                series = series.sort_values("cache_len")
-                style = "--" if layout == "paged" else "-"
-                label = series.label.iloc[0] + (" (paged)" if layout == "paged" else "")
-                ax.plot(series.cache_len, series.gbps.astype(float), style, marker="o", markersize=3, label=label)
-            if ceiling:
-                ax.axhline(ceiling, color="black", linestyle=":", label="device-to-device copy")
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"batch {batch}, {kv_heads} kv heads", fontsize=9)
-            ax.set_xlabel("cache length (keys)")
-            if col == 0:
-                ax.set_ylabel("GB/s of K + V read")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def write_decode_report(out_dir) -> Path:
-    """report.md and plots/decode_bandwidth.png from out_dir/decode.csv (and notes.txt)."""
-    out_dir = Path(out_dir)
-    df = load_rows(out_dir)
-    plot = plot_bandwidth(df, out_dir / "plots" / "decode_bandwidth.png")
-    first = df.iloc[0]
-    copy = df[df.provider == "device-copy"]
-    lines = ["# Decoding: one query token against a KV cache", ""]
-    if str(first.interpreter) == "True":
-        lines += ["**Triton's CPU interpreter on tiny sizes: these numbers are NOT performance.**", ""]
-    lines += [(f"{first.gpu}, torch {first.torch}, triton {first.triton}, CUDA {first.cuda}, driver {first.driver}, "
-             f"commit {first.git_commit}, {first.timestamp}. {first.heads} q heads, head dim {first.hdim}, "
-             f"{first['dtype']}, every sequence "
-             "holding the whole cache. Each cell: GB/s of K and V read (bytes / median time) and, in brackets, the "
-             "median latency in microseconds; timed by CUDA-graph "
-             "replay (`do_bench_cudagraph`, each captured call reading another copy of the cache so L2 does not "
-             "hold it) except cells marked *, timed by `do_bench` because the call could not be captured "
-             f"(the row's `timing` says why). Rows: `{DECODE_CSV}`."), ""]
-    if len(copy):
-        lines += [(f"Ceiling: a device-to-device copy moved {float(copy.gbps.iloc[0]):,.0f} GB/s "
-                  "(bytes read + written / time) in the same run."), ""]
-    if len(df[df.status == "wrong"]):
-        lines += [("Rows marked `wrong` differ from the float64 reference by more than "
-                  f"{WRONG_REL_ERR} relative error."), ""]
-    lines += ["## The targets", "", "| check | measured | verdict |", "|---|---|---|"]
-    lines += [f"| {c} | {m} | {v} |" for c, m, v in bar_checks(df)]
-    for kv_heads in KV_HEADS:
-        if len(df[df.kv_heads == kv_heads]):
-            lines += ["", f"## {kv_heads} kv heads", ""] + _table(df, kv_heads)
-    reasons = df[(df.status != "ok") & (df.reason != "")].drop_duplicates(["provider", "layout", "status", "reason"])
-    if len(reasons):
-        lines += ["", "## Rows not measured", ""]
-        lines += [f"- {r.label} ({r.layout or 'all'}): {r.status}: {r.reason}" for r in reasons.itertuples()]
-    notes_path = out_dir / "notes.txt"
-    notes = notes_path.read_text().split("\n") if notes_path.exists() else []
-    if any(notes):
-        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes if n]
-    lines += ["", f"![decode bandwidth]({plot.relative_to(out_dir).as_posix()})", ""]
-    report = out_dir / "report.md"
-    report.write_text("\n".join(lines))
-    return report
 
 
 # --------------------------------------------------------------------------------------
@@ -589,19 +353,17 @@ def tune(out_dir) -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="The decode suite (batch x cache length, split-KV against peers)")
-    parser.add_argument("--out", required=True, type=Path, help="folder for decode.csv, report.md and plots/")
-    parser.add_argument("--quick", action="store_true", help="a small grid (2 batches x 2 cache lengths)")
-    parser.add_argument("--report-only", action="store_true", help="rewrite the report from the folder's rows")
-    parser.add_argument("--tune", action="store_true", help="instead: our kernel's tiles and split counts "
-                        "at the bar's shapes, into tuning.csv")
+    """`python -m harness.decode --tune --out DIR`: our kernel's tiles and split counts at the bar's
+    shapes (the suite itself runs as `runner.py --suite decode`)."""
+    parser = argparse.ArgumentParser(description="Our decode kernel's tiles and split counts at the bar's shapes, "
+                                     "into DIR/tuning.csv (the suite itself: runner.py --suite decode)")
+    parser.add_argument("--out", required=True, type=Path, help="folder for tuning.csv")
+    parser.add_argument("--tune", action="store_true", required=True, help="measure the tiles and split counts")
     args = parser.parse_args(argv)
-    if args.tune:
-        rows = pd.read_csv(tune(args.out))
-        print(rows[["batch", "cache_len", "layout", "block_n", "num_warps", "num_stages", "num_splits", "status",
-                    "ms", "gbps"]].to_string(index=False))
-        return 0
-    return run_suite(args, args.out)
+    rows = pd.read_csv(tune(args.out))
+    print(rows[["batch", "cache_len", "layout", "block_n", "num_warps", "num_stages", "num_splits", "status",
+                "ms", "gbps"]].to_string(index=False))
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,21 +14,19 @@ leaves visible, times 2.5 for the backward, the FA2 paper's count on the visible
 * score: ALiBi and softcap 30 at 8k, causal, 16 heads, against the dense call (the overhead);
   peers FlexAttention (score_mod) and FA4 (softcap; its backward has none).
 
-Every call is timed by `triton.testing.do_bench` (harness/timing.py: warm-up and compile
-untimed); each row's output is checked against the float64 reference on the last query rows
+The providers are the registry's of kind 'features' (baselines/providers/features.py). Every
+call is timed by `triton.testing.do_bench` (harness/timing.py: warm-up and compile untimed);
+each row's output is checked against the float64 reference on the last query rows
 (bottom-right alignment keeps their masks). Rows are long format (one measurement per row,
-the environment beside them) in `features.csv`; `write_features_report` makes `features.md`
-from those rows alone, with the bar's checks.
+the environment beside them) in `features.csv`; `reports.features.write_features_report` makes
+`features.md` from those rows alone, with the bar's checks.
 """
 
 from __future__ import annotations
 
-import csv
-import functools
 import json
 import math
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,9 +34,11 @@ import pandas as pd
 import torch
 
 from baselines.flops import tflops_per_second, visible_flops
+from baselines.providers import UnsupportedInput, get_provider, registry, unavailable_reason
 from baselines.reference import attention_reference
+from harness.environment import ROW_ENV_COLUMNS
+from harness.suite import SuiteRows
 from harness.timing import benchmark, seed_of
-from reports.environment import ROW_ENV_COLUMNS, capture_environment, throttle_warnings
 
 FEATURES_CSV, FEATURES_MD = "features.csv", "features.md"
 HDIM, DTYPE = 128, torch.bfloat16
@@ -54,10 +54,6 @@ COLUMNS = ("group", "variant", "provider", "label", "mode", "causal", "batch", "
            "kv_heads", "hdim", "dtype", "window_left", "window_right", "softcap", "alibi", "lengths",
            "visible_pairs", "status", "reason", "ms", "ms_p20", "ms_p80", "tflops", "peak_mem_mb", "rel_err",
            "config", "repeat", "interpreter", *ROW_ENV_COLUMNS)
-
-
-class Unsupported(Exception):
-    """A provider that does not have this case (the row says why)."""
 
 
 @dataclass(frozen=True)
@@ -147,135 +143,6 @@ class Inputs:
         return cls(q, k, v, cu, slopes, d ** -0.5)
 
 
-# --------------------------------------------------------------------------------------
-# Providers: name -> (label, make(case, inputs, mode) -> a call returning the output; raises
-# Unsupported with the reason where the provider does not have the case)
-# --------------------------------------------------------------------------------------
-def _ours(case: Case, x: Inputs, mode: str, bwd_config=None) -> Callable[[], torch.Tensor]:
-    from kernels import flash_attn_func, flash_attn_varlen_func
-
-    kw = {"causal": case.causal, "window_size": case.window, "softcap": case.softcap, "alibi_slopes": x.slopes,
-          "bwd_config": bwd_config}
-    if case.packed:
-        longest = max(case.lengths)
-        return lambda: flash_attn_varlen_func(x.q, x.k, x.v, x.cu_seqlens, x.cu_seqlens, longest, longest, **kw)
-    return lambda: flash_attn_func(x.q, x.k, x.v, **kw)
-
-
-def _ours_dense_bwd_table(case: Case, x: Inputs, mode: str):
-    """Ours with the dense calls' backward table (HOPPER_BWD_CONFIGS) instead of the features'
-    (HOPPER_FEATURE_BWD_CONFIGS): the rows that test that table's choice."""
-    from kernels.configs import default_bwd_config
-
-    return _ours(case, x, mode, bwd_config=default_bwd_config(case.hdim, x.q.device))
-
-
-def _sdpa(backend: str):
-    def make(case: Case, x: Inputs, mode: str):
-        if case.group != "gqa" and case.variant != "dense":
-            raise Unsupported("SDPA has no sliding window, softcap, ALiBi or packed variable lengths in its fused "
-                              "backends")
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        chosen = getattr(SDPBackend, backend)
-        q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))  # (B, H, S, D) views
-
-        def call():
-            with sdpa_kernel(chosen):
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal, scale=x.scale,
-                                                                        enable_gqa=True)
-            return out.transpose(1, 2)
-
-        return call
-
-    return make
-
-
-@functools.cache
-def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    from baselines.providers.core import raise_recompile_limits
-
-    raise_recompile_limits()
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def _flex(case: Case, x: Inputs, mode: str):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    device = x.q.device
-    offset = 0  # every case here has seqlen_q == seqlen_k
-    left = case.window[0]
-    if case.packed:
-        doc = torch.repeat_interleave(torch.arange(len(case.lengths), device=device),
-                                      torch.tensor(case.lengths, device=device))
-
-        def mask_mod(b, h, q_idx, kv_idx):
-            return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
-
-        length = doc.numel()
-        q, k, v = (t[None].transpose(1, 2) for t in (x.q, x.k, x.v))  # (1, H, total, D)
-    else:
-        def mask_mod(b, h, q_idx, kv_idx):
-            visible = kv_idx <= q_idx + offset
-            return visible & (kv_idx >= q_idx + offset - left) if left >= 0 else visible
-
-        length = case.seqlen
-        q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
-    block_mask = create_block_mask(mask_mod, None, None, length, length, device=device)
-    score_mod = None
-    if case.softcap:
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return case.softcap * torch.tanh(score / case.softcap)
-    elif case.alibi:
-        slopes = x.slopes
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score - slopes[h] * (q_idx + offset - kv_idx).abs()
-    flex = _compiled_flex()
-
-    def call():
-        out = flex(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=x.scale,
-                   enable_gqa=case.kv_heads != case.heads).transpose(1, 2)
-        return out[0] if case.packed else out
-
-    return call
-
-
-def _fa4(case: Case, x: Inputs, mode: str):
-    if case.alibi:
-        raise Unsupported("FA4 has no ALiBi")
-    if case.softcap and mode == "bwd":
-        raise Unsupported("FA4's backward has no softcap (it asserts softcap == 0)")
-    try:
-        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
-    except Exception as exc:  # noqa: BLE001 -- any import failure means unavailable
-        raise Unsupported(f"FA4 (flash_attn.cute) does not import here: {type(exc).__name__}: {exc}") from None
-    # a window with its right side 0 is FA4's local attention (causal=False: causal would drop the window)
-    window = tuple(None if side < 0 else side for side in case.window)
-    kw = {"softmax_scale": x.scale, "causal": case.causal and window == (None, None), "window_size": window,
-          "softcap": case.softcap, "num_splits": 1}
-    if case.packed:
-        longest = max(case.lengths)
-        # by keyword: FA4's varlen function has seqused_q/seqused_k among its positional parameters
-        return lambda: _first(flash_attn_varlen_func(x.q, x.k, x.v, cu_seqlens_q=x.cu_seqlens, cu_seqlens_k=x.cu_seqlens,
-                                                     max_seqlen_q=longest, max_seqlen_k=longest, **kw))
-    return lambda: _first(flash_attn_func(x.q, x.k, x.v, **kw))
-
-
-def _first(result):
-    return result[0] if isinstance(result, tuple) else result
-
-
-PROVIDERS: dict[str, tuple[str, Callable]] = {
-    "ours": ("this repo's Triton kernels", _ours),
-    "ours-dense-bwd-table": ("this repo's kernels, the dense calls' backward configs", _ours_dense_bwd_table),
-    "sdpa-flash": ("SDPA flash (official FA2 CUDA)", _sdpa("FLASH_ATTENTION")),
-    "sdpa-cudnn": ("SDPA cuDNN", _sdpa("CUDNN_ATTENTION")),
-    "flex-attention": ("FlexAttention (torch.compile)", _flex),
-    "fa4": ("FA4 (flash-attn-4, CuTe DSL)", _fa4),
-}
 # Per-shape compiles (tens of seconds) fit the suite's time at the anchor shapes only.
 FLEX_SHAPES = {("gqa", 8192), ("window", 16384), ("varlen", 0), ("score", 8192)}
 
@@ -309,7 +176,7 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
     """One row's measured fields: status, times, TFLOPs/s on the visible pairs, rel_err."""
     try:
         x = Inputs.make(case, device, dtype, requires_grad=mode == "bwd")
-        call = PROVIDERS[provider][1](case, x, mode)
+        call = get_provider(provider, "features").forward(case, x, mode)
         out = call()
         _sync(device)
         rel_err = _reference_rel_err(case, x, out)
@@ -318,7 +185,7 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
         else:
             dout = torch.randn_like(out)
             timing = benchmark(lambda: out.backward(dout, retain_graph=True), device, grad_to_none=(x.q, x.k, x.v))
-    except Unsupported as exc:
+    except UnsupportedInput as exc:
         return {"status": "unsupported", "reason": str(exc)}
     except torch.cuda.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
@@ -419,224 +286,51 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("the features suite times GPU kernels: it needs CUDA (tests/test_features.py checks "
                          "correctness in the CPU interpreter)")
-    env = capture_environment()
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    budget = BUDGET_S["quick" if quick else "full"] * repeats
-    start, skipped = time.monotonic(), []
     spent = dict.fromkeys(PROVIDER_BUDGET_S, 0.0)
-    path = Path(out_dir) / FEATURES_CSV
     rounds = [(repeat, case) for repeat in range(repeats) for case in (case_list if case_list is not None
                                                                        else cases(quick))]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
+    with SuiteRows(out_dir, FEATURES_CSV, COLUMNS, BUDGET_S["quick" if quick else "full"] * repeats) as rows:
+        env = rows.env
         for repeat, case in rounds:
             where = f" (round {repeat + 1})" if repeats > 1 else ""
-            if time.monotonic() - start > budget:
-                skipped.append(f"{case.group}/{case.variant} at {case.seqlen}{where}")
+            if rows.out_of_time():
+                rows.skip(f"{case.group}/{case.variant} at {case.seqlen}{where}")
                 continue
-            for provider, (label, _) in PROVIDERS.items():
-                ours = provider.startswith("ours")
+            for provider, entry in registry("features").items():
+                ours, label = provider.startswith("ours"), entry.label
                 modes = [mode for mode in ("fwd", "bwd") if _measured(case, provider, mode)]
-                if device.type != "cuda" and not ours:
+                unavailable = unavailable_reason(entry)
+                if unavailable:
                     for mode in modes:
-                        writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode,
-                                             repeat=repeat, status="unavailable", reason="needs CUDA"))
+                        rows.write(_row(env, case, dtype, provider=provider, label=label, mode=mode, repeat=repeat,
+                                        status="unavailable", reason=unavailable))
                     continue
                 config = _our_config(case, device, provider) if ours else ""
                 for mode in modes:
                     if spent.get(provider, 0.0) > PROVIDER_BUDGET_S.get(provider, math.inf) * repeats:
-                        skipped.append(f"{provider} {mode} on {case.group}/{case.variant} at {case.seqlen}{where}")
+                        rows.skip(f"{provider} {mode} on {case.group}/{case.variant} at {case.seqlen}{where}")
                         continue
                     began = time.monotonic()
-                    writer.writerow(_row(env, case, dtype, provider=provider, label=label, mode=mode, config=config,
-                                         repeat=repeat, **measure(case, provider, mode, device, dtype)))
-                    f.flush()
+                    rows.write(_row(env, case, dtype, provider=provider, label=label, mode=mode, config=config,
+                                    repeat=repeat, **measure(case, provider, mode, device, dtype)))
                     if provider in spent:
                         spent[provider] += time.monotonic() - began
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    notes = throttle_warnings(env, capture_environment())
-    if skipped:
-        notes.append(f"not measured (the suite's {budget:.0f}-s budget ran out): " + ", ".join(skipped))
-    (Path(out_dir) / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
-    return path
+    return rows.path
 
 
-def run_suite(args, out_dir) -> int:
-    """Measure the features suite (args.quick: fewer lengths; args.repeats: rounds) into
-    out_dir/features.csv, then write out_dir/features.md from those rows and print it
-    (args.report_only: only the report)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if not getattr(args, "report_only", False):
-        measure_suite(bool(getattr(args, "quick", False)), out_dir, repeats=int(getattr(args, "repeats", 1) or 1))
-    print(write_features_report(out_dir).read_text())
-    return 0
+def measure_rows(args, out_dir: Path) -> None:
+    """The features suite's rows (args.quick: fewer lengths; args.repeats: rounds) into
+    out_dir/features.csv; reports.features makes features.md from them."""
+    measure_suite(bool(args.quick), Path(out_dir), repeats=int(args.repeats or 1))
 
 
-# --------------------------------------------------------------------------------------
-# The report, from the rows alone
-# --------------------------------------------------------------------------------------
 def load_rows(out_dir) -> pd.DataFrame:
     """The suite's rows; rows from before rounds were counted are round 0."""
     df = pd.read_csv(Path(out_dir) / FEATURES_CSV, keep_default_na=False,
                      na_values={c: [""] for c in ("ms", "tflops", "rel_err", "ms_p20", "ms_p80", "repeat")})
     df["repeat"] = df["repeat"].fillna(0).astype(int) if "repeat" in df else 0
     return df
-
-
-def _ms_rounds(df, group, variant, provider, mode, seqlen=None) -> pd.Series:
-    """The ok rows' times by round (index: repeat; the median where a round has several)."""
-    sel = df[(df.group == group) & (df.variant == variant) & (df.provider == provider) & (df["mode"] == mode)
-             & (df.status == "ok")]
-    if seqlen is not None:
-        sel = sel[sel.seqlen_q == seqlen]
-    return sel.groupby("repeat").ms.median().astype(float)
-
-
-def _ratio_rounds(numerator: pd.Series, denominator: pd.Series) -> pd.Series:
-    """numerator / denominator within each round both measured (a same-run ratio per round)."""
-    return (numerator / denominator).dropna()
-
-
-def _ratio_cell(ratios: pd.Series, fmt: str) -> str:
-    """Per-round ratios as a cell: their median, with their range when there are several rounds."""
-    if not len(ratios):
-        return _cell(math.nan)
-    cell = _cell(float(ratios.median()), fmt)
-    if len(ratios) > 1:
-        cell += f" ({_cell(float(ratios.min()), fmt)}-{_cell(float(ratios.max()), fmt)} over {len(ratios)} rounds)"
-    return cell
-
-
-def _check(name: str, ratios: pd.Series, fmt: str, passes) -> tuple[str, str, str]:
-    """A bar check from per-round ratios: _ratio_cell and the verdict on their median, noting the
-    rounds that disagree with it."""
-    if not len(ratios):
-        return name, _cell(math.nan), "n/a"
-    value = float(ratios.median())
-    cell = _ratio_cell(ratios, fmt)
-    ok = bool(passes(value))
-    dissent = sum(bool(passes(r)) != ok for r in ratios)
-    verdict = "met" if ok else "not met"
-    if dissent:
-        verdict += f" ({'not met' if ok else 'met'} in {dissent} of {len(ratios)} rounds)"
-    return name, cell, verdict
-
-
-def _cell(value: float, fmt: str = "{:.0f}") -> str:
-    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
-
-
-def _tflops_table(df: pd.DataFrame, group: str) -> list[str]:
-    """TFLOPs/s by (variant, provider, mode) and sequence length (the median over the rounds);
-    providers that measured nothing in the group are listed below the table with their reasons."""
-    sub = df[df.group == group]
-    measured = sub[~sub.status.isin(["unsupported", "unavailable"])]
-    lengths = sorted(set(sub.seqlen_q))
-    lines = ["| variant | provider | mode | " + " | ".join(map(str, lengths)) + " |",
-             "|---|---|---|" + "---|" * len(lengths)]
-    for (variant, provider, mode), rows in measured.groupby(["variant", "provider", "mode"], sort=False):
-        cells = []
-        for n in lengths:
-            row = rows[rows.seqlen_q == n]
-            ok = row[row.status == "ok"]
-            if not len(row):
-                cells.append("")
-            elif len(ok):
-                cells.append(_cell(float(ok.tflops.astype(float).median()), "{:.3g}"))
-            else:
-                cells.append(row.status.iloc[0])
-        lines.append(f"| {variant} | {provider} | {mode} | " + " | ".join(cells) + " |")
-    missing = sub[sub.status.isin(["unsupported", "unavailable"])]
-    for (provider, variant, reason), _ in missing.groupby(["provider", "variant", "reason"], sort=False):
-        lines.append(f"\n{provider} ({variant}): {reason}")
-    return lines
-
-
-def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
-    """(check, value, verdict) for the bar: GQA >= 0.9x FA4 and >= 1.2x SDPA flash; windows and
-    packed variable lengths >= 0.9x FA4 (SDPA has neither); the window's time within 10% of its
-    visible-FLOP ratio; ALiBi <= 1.1x and softcap <= 1.5x the dense time. Each ratio is taken within
-    a round (_check: the median over the rounds)."""
-    checks = []
-
-    def at_least(bar):
-        return lambda x: x >= bar
-
-    def at_most(bar):
-        return lambda x: x <= bar
-
-    for n in sorted(set(df[df.group == "gqa"].seqlen_q)):
-        for mode in ("fwd", "bwd"):
-            ours = _ms_rounds(df, "gqa", "gqa", "ours", mode, n)
-            for peer, bar in (("fa4", 0.9), ("sdpa-flash", 1.2)):
-                speed = _ratio_rounds(_ms_rounds(df, "gqa", "gqa", peer, mode, n), ours)
-                checks.append(_check(f"GQA {n} {mode}: speed over {peer} >= {bar}", speed, "{:.2f}x", at_least(bar)))
-    window = df[(df.group == "window") & (df.variant == "window")]
-    for n in sorted(set(window.seqlen_q)):
-        row = window[window.seqlen_q == n].iloc[0]
-        full = df[(df.group == "window") & (df.variant == "full-causal") & (df.seqlen_q == n)].iloc[0]
-        visible = float(row.visible_pairs) / float(full.visible_pairs)
-        sides = (int(row.window_left), int(row.window_right))
-        for mode in ("fwd", "bwd"):
-            ours = _ms_rounds(df, "window", "window", "ours", mode, n)
-            ratio = _ratio_rounds(ours, _ms_rounds(df, "window", "full-causal", "ours", mode, n))
-            checks.append(_check(f"window {sides} at {n} {mode}: time / full causal within 10% of visible "
-                                 f"{visible:.2f}", ratio, "{:.2f}", at_most(1.1 * visible)))
-            speed = _ratio_rounds(_ms_rounds(df, "window", "window", "fa4", mode, n), ours)
-            checks.append(_check(f"window {sides} at {n} {mode}: speed over fa4 >= 0.9", speed, "{:.2f}x",
-                                 at_least(0.9)))
-    for mode in ("fwd", "bwd"):
-        varlen = _ms_rounds(df, "varlen", "varlen", "ours", mode)
-        padded = _ratio_rounds(_ms_rounds(df, "varlen", "padded", "ours", mode), varlen)
-        checks.append((f"varlen {mode}: padding to the longest costs (x the varlen time)",
-                       _ratio_cell(padded, "{:.2f}x"), "info"))
-        speed = _ratio_rounds(_ms_rounds(df, "varlen", "varlen", "fa4", mode), varlen)
-        checks.append(_check(f"varlen {mode}: speed over fa4 >= 0.9", speed, "{:.2f}x", at_least(0.9)))
-        dense = _ms_rounds(df, "score", "dense", "ours", mode)
-        for variant, bar in (("alibi", 1.1), ("softcap", 1.5)):
-            ratio = _ratio_rounds(_ms_rounds(df, "score", variant, "ours", mode), dense)
-            checks.append(_check(f"{variant} {mode}: time over dense <= {bar}", ratio, "{:.2f}x", at_most(bar)))
-    return checks
-
-
-def write_features_report(out_dir) -> Path:
-    df = load_rows(out_dir)
-    env = df.iloc[0] if len(df) else {}
-    lines = ["# Features: GQA, sliding window, variable lengths, ALiBi, softcap", "",
-             (f"TFLOPs/s on the visible (query, key) pairs (backward 2.5x the forward's count), "
-              f"{env.get('dtype', '')}, head dim {env.get('hdim', '')}; {env.get('gpu', '')}, torch "
-              f"{env.get('torch', '')}, triton {env.get('triton', '')}, commit {env.get('git_commit', '')}. "
-              f"Rows: `{FEATURES_CSV}`."), ""]
-    rounds = int(df["repeat"].max()) + 1 if len(df) else 1
-    if rounds > 1:
-        lines += [(f"{rounds} rounds over the suite: each cell is the median over the rounds; each ratio of the "
-                   "bar is taken within a round (the same clocks), then its median and range over the rounds."), ""]
-    titles = {"gqa": "GQA", "window": "Sliding window against the full causal call",
-              "varlen": "Packed variable lengths against padding to the longest (columns: the longest)",
-              "score": "ALiBi and softcap against the dense call"}
-    for group, title in titles.items():
-        sub = df[df.group == group]
-        if len(sub):
-            first = sub.iloc[0]
-            shape = (f"{first.heads} q heads, {first.kv_heads} kv heads, causal {first.causal}, batch "
-                     f"{'/'.join(map(str, sorted(set(sub.batch))))}")
-            if first.lengths:
-                shape += f", lengths {first.lengths}"
-            lines += [f"## {title}", "", shape, "", *_tflops_table(df, group), ""]
-    lines += ["## The bar", "", "| check | value | verdict |", "|---|---|---|"]
-    lines += [f"| {c} | {v} | {verdict} |" for c, v, verdict in bar_checks(df)]
-    bad = df[~df.status.isin(["ok", "unsupported", "unavailable"])]
-    if len(bad):
-        lines += ["", "## Rows that did not measure", ""]
-        lines += [f"- {r.group}/{r.variant} {r.provider} {r['mode']} {r.seqlen_q}: {r.status}: {r.reason}"
-                  for _, r in bad.iterrows()]
-    notes = Path(out_dir) / "notes.txt"
-    if notes.exists() and notes.read_text().strip():
-        lines += ["", "## Notes", "", *notes.read_text().strip().splitlines()]
-    path = Path(out_dir) / FEATURES_MD
-    path.write_text("\n".join(lines) + "\n")
-    return path

@@ -24,16 +24,16 @@ and `backward` of the output). The backward modes accumulate into q, k and v's `
 training step with gradient accumulation does (host and GPU time; `wall_ms` clears them between
 calls, do_bench's `grad_to_none`). 'compiled' rows time `torch.compile(fullgraph=True)` of the same function (compile
 time excluded). Rows are written as they are measured (CSV, one row per measurement, with the
-environment). Run on a GPU:
+environment); reports.host_overhead makes host_overhead.md from them. Run on a GPU:
 
-    python -m harness.host_overhead --out reports/h200     # reports/h200/host_overhead.csv
+    python runner.py --suite host-overhead --out DIR        # DIR/host_overhead.csv and host_overhead.md
+    python -m harness.host_overhead --out reports/h200     # the rows only, every option
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import statistics
 import time
 from pathlib import Path
@@ -231,41 +231,57 @@ def _timed(row: dict, fn, mode: str, tensors, engine: str = "threaded") -> dict:
     return row
 
 
+HOST_OVERHEAD_CSV = "host_overhead.csv"
+DEFAULT_PROVIDERS = ("fa2", "sdpa-flash", "sdpa-cudnn")
+
+
+def measure_suite(out_dir: Path, providers=DEFAULT_PROVIDERS, modes=MODES, compiled: bool = True,
+                  engines=ENGINES, quick: bool = False) -> Path:
+    """Every (mode, shape, compiled, engine) cell's rows into out_dir/host_overhead.csv (a new
+    file) and notes.txt, written as each cell is measured: `compiled` adds the torch.compile rows, the
+    'calling-thread' engine runs for the eager modes with a backward, `quick` takes the first three
+    shapes. Needs a CUDA GPU."""
+    if not torch.cuda.is_available():
+        raise SystemExit("the host-overhead suite measures host and GPU time per call: it needs a CUDA GPU")
+    for name, values, allowed in (("providers", providers, ("fa2", *SDPA_BACKENDS)), ("modes", modes, MODES),
+                                  ("engines", engines, ENGINES)):
+        if unknown := sorted(set(values) - set(allowed)):
+            raise SystemExit(f"host overhead: {name} {unknown} not among {allowed}")
+    from tqdm import tqdm
+
+    from harness.environment import ROW_ENV_COLUMNS
+    from harness.suite import SuiteRows
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    shapes = SHAPES[:3] if quick else SHAPES
+    cells = [(m, shape, c, e) for shape in shapes for m in modes for c in ((False, True) if compiled else (False,))
+             for e in engines if e == "threaded" or (m != "fwd" and not c)]
+    with SuiteRows(out_dir, HOST_OVERHEAD_CSV, (*COLUMNS, *ROW_ENV_COLUMNS)) as rows:
+        env = {column: rows.env[column] for column in ROW_ENV_COLUMNS}
+        for mode, shape, is_compiled, engine in tqdm(cells, desc="host overhead (cells of all providers)"):
+            for row in measure_cell(providers, mode, True, shape, torch.bfloat16, is_compiled, engine):
+                rows.write({**row, **env})
+    return rows.path
+
+
+def measure_rows(args, out_dir: Path) -> None:
+    """`runner.py --suite host-overhead`: args.providers and args.modes narrow it (defaults:
+    DEFAULT_PROVIDERS, every mode), args.quick takes three shapes; eager and compiled, both engines."""
+    measure_suite(out_dir, tuple(args.providers or DEFAULT_PROVIDERS), tuple(args.modes or MODES), quick=args.quick)
+
+
 def main(argv=None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for host_overhead.csv")
-    parser.add_argument("--providers", default="fa2,sdpa-flash,sdpa-cudnn", help="comma-separated")
-    parser.add_argument("--modes", default="fwd,bwd,fwd_bwd", help=f"comma-separated, from {','.join(MODES)}")
+    parser.add_argument("--providers", default=",".join(DEFAULT_PROVIDERS), help="comma-separated")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {','.join(MODES)}")
     parser.add_argument("--no-compiled", action="store_true", help="eager rows only")
     parser.add_argument("--engines", default=",".join(ENGINES),
                         help=f"comma-separated, from {','.join(ENGINES)} (the second: eager modes with a backward)")
     parser.add_argument("--quick", action="store_true", help="the first three shapes only")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU: host and GPU time per call are measured there")
-    from tqdm import tqdm
-
-    from reports.environment import capture_environment
-
-    env = capture_environment()
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "host_overhead.csv"
-    shapes = SHAPES[:3] if args.quick else SHAPES
-    engines = args.engines.split(",")
-    if unknown := set(engines) - set(ENGINES):
-        parser.error(f"--engines: {sorted(unknown)} not among {ENGINES}")
-    providers = args.providers.split(",")
-    cells = [(m, shape, c, e) for shape in shapes for m in args.modes.split(",")
-             for c in ((False,) if args.no_compiled else (False, True)) for e in engines
-             if e == "threaded" or (m != "fwd" and not c)]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(COLUMNS) + list(env))
-        writer.writeheader()
-        for mode, shape, compiled, engine in tqdm(cells, desc="host overhead (cells of all providers)"):
-            for row in measure_cell(providers, mode, True, shape, torch.bfloat16, compiled, engine):
-                writer.writerow({**row, **env})
-            f.flush()
-    return path
+    return measure_suite(args.out, tuple(args.providers.split(",")), tuple(args.modes.split(",")),
+                         not args.no_compiled, tuple(args.engines.split(",")), args.quick)
 
 
 if __name__ == "__main__":

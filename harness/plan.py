@@ -1,4 +1,4 @@
-"""What a run measures: the paper suite's and the ablation's configurations and providers.
+"""What a run measures: the paper suite's configurations and providers (the ablation's: ablations/plan.py).
 
 The paper's sweep (FA2 paper Sec. 4.1): hidden size 2048 = heads x head dim and 16k tokens =
 batch x seqlen, over head dims 64/128/256 and seqlens 512..16k. Without a GPU the sizes shrink
@@ -7,7 +7,6 @@ so that Triton's CPU interpreter gets through a sweep in minutes.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 MODES = ("fwd", "bwd", "fwd_bwd")
@@ -36,16 +35,10 @@ class Sizes:
 
 GPU_SIZES = Sizes(hdims=(64, 128, 256), seqlens=(512, 1024, 2048, 4096, 8192, 16384), quick_hdims=(128,),
                   quick_seqlens=(1024, 4096))
-# Triton's interpreter: tiny sizes so that a whole sweep takes minutes on a CPU. The ablation
-# settings shrink to seqlen 128, head dim 64, 2 heads, batch at most 2 (A: 2, B: 1).
+# Triton's interpreter: tiny sizes so that a whole sweep takes minutes on a CPU.
 INTERPRETER_SIZES = Sizes(hdims=(32, 64), seqlens=(32, 64, 128), quick_hdims=(32,), quick_seqlens=(64,), batch=1,
                           heads=2)
-INTERPRETER_ABLATION = {"seqlen": 128, "hdim": 64, "heads": 2}
-INTERPRETER_ABLATION_MAX_BATCH = 2
 ABLATION_SWEEP = "sweep"  # the `setting` of the ablation's seqlen x head dim x causal rows
-# measured next to the rungs in the same run: the official FA2 kernel, cuDNN and FlashAttention-4
-# (a row with its reason where FA4 is not installed)
-ABLATION_PEERS = ("sdpa-flash", "sdpa-cudnn", "fa4")
 
 def _join(values) -> str:
     return ",".join(str(v) for v in values)
@@ -78,39 +71,6 @@ def suite_jobs(args, interpreter: bool) -> list:
                     heads = args.heads or sizes.heads or max(1, PAPER_HIDDEN // hdim)
                     jobs.append(Job(Spec(mode, causal, hdim, seqlen, batch, heads, args.dtype)))
     return jobs
-
-
-def ablation_plan(args, interpreter: bool) -> tuple[list, list[str]]:
-    """(jobs, provider names) of `--ablation STUDY` from ablations.ladder's SETTINGS, STUDIES, RUNGS."""
-    from baselines.providers import Spec
-    from harness.sweep import Job
-
-    try:
-        from ablations.ladder import RUNGS, SETTINGS, STUDIES
-    except Exception as exc:
-        raise SystemExit(f"--ablation needs ablations/ladder.py (SETTINGS, STUDIES, RUNGS): "
-                         f"{type(exc).__name__}: {exc}") from exc
-    if args.ablation not in STUDIES:
-        raise SystemExit(f"--ablation {args.ablation}: ablations.ladder.STUDIES has {sorted(STUDIES)}")
-    jobs = []
-    for name, setting in SETTINGS.items():  # the paper's settings, at their own sizes
-        missing = {"batch", "heads", "hdim", "seqlen", "causal", "mode"} - set(setting)
-        if missing:
-            raise SystemExit(f"ablations.ladder.SETTINGS[{name!r}] lacks {sorted(missing)}")
-        sizes = {key: setting[key] for key in ("batch", "heads", "hdim", "seqlen")}
-        if interpreter:
-            sizes.update(INTERPRETER_ABLATION, batch=min(sizes["batch"], INTERPRETER_ABLATION_MAX_BATCH))
-        # the paper's settings keep their own batch and heads (--batch/--heads narrow the sweep only),
-        # so the paper's A100 numbers cited beside them are for the same shape
-        spec = Spec(setting["mode"], bool(setting["causal"]), sizes["hdim"], sizes["seqlen"],
-                    sizes["batch"], sizes["heads"], args.dtype)
-        jobs.append(Job(spec, setting=name))
-    if not args.settings_only:  # the forward sweep: seqlen x head dim x causal, paper shapes
-        sweep_args = argparse.Namespace(**{**vars(args), "modes": ("fwd",)})
-        jobs += [Job(job.spec, setting=ABLATION_SWEEP) for job in suite_jobs(sweep_args, interpreter)]
-    rungs = [RUNGS[index].name for index in STUDIES[args.ablation]]
-    extras = [p for p in (args.providers or ABLATION_PEERS) if p not in rungs]
-    return jobs, rungs + extras
 
 
 def suite_providers(args) -> list[str]:

@@ -36,8 +36,8 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
+from harness.environment import ENV_COLUMNS, gpu_slug
 from harness.io import atomic_write_text
-from reports.environment import ENV_COLUMNS, gpu_slug
 
 SCHEMA_VERSION = 2
 REFERENCE = "sdpa-flash"

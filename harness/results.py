@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.environment import ENV_COLUMNS, PEER_VERSION_COLUMNS
 from harness.io import atomic_write_text
-from reports.environment import ENV_COLUMNS, PEER_VERSION_COLUMNS
 
 RESULTS_CSV = "results.csv"
 RESULTS_JSON = "results.json"

@@ -1,5 +1,6 @@
-"""The stages of a run: the sweep, Nsight Compute counters, the regression check and the
-reports, in that order, each from the rows of the results folder."""
+"""The measuring stages of a run: the sweep, Nsight Compute counters and the regression check,
+in that order, each from the rows of the results folder. The reports are made from what they
+return (runner.py hands it to reports/)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import shlex
 import signal
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,27 +20,17 @@ EXIT_REGRESSION, EXIT_NOT_COMPARED, EXIT_ABORTED, EXIT_INTERRUPTED = 1, 2, 3, 13
 
 
 def print_provider_list(extra=()) -> None:
-    from baselines.providers import PROVIDERS, unavailable_reason
+    """Every provider of the registry (the attention providers, --provider-file's, then the decode
+    providers), whether it is available here and why not."""
+    from baselines.providers import PROVIDERS, registry, unavailable_reason
 
-    providers = [*PROVIDERS.values(), *extra]
+    providers = [*PROVIDERS.values(), *extra, *registry("decode").values()]
     width = max(len(provider.name) for provider in providers)
     for provider in providers:
         reason = unavailable_reason(provider)
         state = "available" if reason is None else f"unavailable: {reason}"
-        backward = "fwd+bwd" if provider.has_backward else "fwd only"
-        print(f"{provider.name:<{width}}  {provider.label}  [{backward}]\n{'':<{width}}  {state}")
-
-
-def summary_table(df, max_rows: int = 60) -> str:
-    """Median TFLOPs/s of the ok rows by configuration x provider, when it is short enough."""
-    ok = df[df["status"] == "ok"]
-    if ok.empty:
-        return "no ok measurement"
-    table = ok.pivot_table(index=["setting", "mode", "hdim", "causal", "seqlen"], columns="provider",
-                           values="tflops", aggfunc="median")
-    if len(table) > max_rows:
-        return f"{len(table)} configurations: see report.md"
-    return table.to_string(float_format=lambda v: f"{v:.4g}")
+        what = "decode" if provider.kind == "decode" else "fwd+bwd" if provider.has_backward else "fwd only"
+        print(f"{provider.name:<{width}}  {provider.label}  [{what}]\n{'':<{width}}  {state}")
 
 
 def _interrupt(signum, frame):
@@ -80,11 +72,10 @@ def measure(args, jobs, providers, out_dir: Path, environment: dict, interpreter
 
 def run_counters(jobs, providers, df, out_dir: Path, only: bool):
     """Nsight Compute counters of each (provider, job) measured ok (every available one with
-    --ncu-only) via harness.ncu; returns its DataFrame."""
+    --ncu-only) via harness.ncu, into out_dir/counters.csv; returns their DataFrame."""
     from baselines.providers import unavailable_reason
     from harness.ncu import profile_providers
     from harness.results import row_key
-    from reports.counters import write_counter_report
 
     measured = {row_key(row) for _, row in df[df["status"] == "ok"].iterrows()}
     ncu_jobs = []
@@ -108,56 +99,16 @@ def run_counters(jobs, providers, df, out_dir: Path, only: bool):
                           file=sys.stderr)
                     continue
                 ncu_jobs.append((provider.name, job.spec, regex, job.setting))
-    counters = profile_providers(ncu_jobs, out_dir)
-    write_counter_report(counters, [provider.name for provider in providers], out_dir)
-    return counters
+    return profile_providers(ncu_jobs, out_dir)
 
 
-def write_reports(args, df, out_dir: Path, counters=None) -> None:
-    """ablation.md (with --ablation) or report.md and the figures, from result rows."""
-    if args.ablation:
-        try:
-            from ablations.study import write_ablation_report
-        except Exception as exc:  # noqa: BLE001 -- the rows are saved; say why there is no report
-            print(f"no ablation report: ablations/study.py does not import ({type(exc).__name__}: {exc})",
-                  file=sys.stderr)
-        else:
-            print(f"ablation report: {write_ablation_report(df[df['setting'] != ''], out_dir, counters)}")
-    else:
-        from harness.results import load_runs
-        from reports.paper_report import write_report
-        from reports.plots import plot_suite
-
-        figures = plot_suite(df, out_dir / "plots")
-        print(f"report: {write_report(df, out_dir, load_runs(out_dir), figures)}")
-
-
-def rebuild_reports(args, out_dir: Path) -> int:
-    """--report-only: the reports of an existing results folder."""
-    import pandas as pd
-
-    from harness.results import RESULTS_CSV, load_results
-
-    if not (out_dir / RESULTS_CSV).exists():
-        raise SystemExit(f"--report-only: {out_dir / RESULTS_CSV} does not exist")
-    counters_csv = out_dir / "counters.csv"
-    counters = pd.read_csv(counters_csv) if counters_csv.exists() else None
-    if counters is not None:
-        from reports.counters import write_counter_report
-
-        print(f"counters: {write_counter_report(counters, list(dict.fromkeys(counters['provider'])), out_dir)}")
-    write_reports(args, load_results(out_dir), out_dir, counters)
-    return 0
-
-
-def regression_check(args, df, environment: dict, out_dir: Path) -> int:
-    """--save-baseline and --compare (harness.regression); returns the exit code: 1 on a
-    regression or a failed configuration, 2 when nothing could be compared (an unusable
-    baseline, no shared configuration)."""
+def regression_check(args, df, environment: dict) -> tuple[int, object]:
+    """--save-baseline and --compare (harness.regression); returns the exit code (1 on a
+    regression or a failed configuration, 2 when nothing could be compared: an unusable
+    baseline, no shared configuration) and the comparison (None where none was made)."""
     from harness import regression
-    from reports.comparison import format_comparison, write_comparison
 
-    status = 0
+    status, comparison = 0, None
     if args.compare is not None:
         path = Path(args.compare) if args.compare else regression.baseline_path(environment["gpu"])
         try:
@@ -170,8 +121,6 @@ def regression_check(args, df, environment: dict, out_dir: Path) -> int:
             print(f"--compare: {exc}", file=sys.stderr)
             status = EXIT_NOT_COMPARED  # --save-baseline below still runs: the measurements are fine
         else:
-            print(format_comparison(comparison))
-            print(f"comparison: {write_comparison(comparison, out_dir)}")
             if comparison.regressed:
                 status = EXIT_REGRESSION
             elif comparison.compared == 0:
@@ -183,14 +132,24 @@ def regression_check(args, df, environment: dict, out_dir: Path) -> int:
             print(f"baseline saved: {regression.save_baseline(df, path, environment)}")
         except ValueError as exc:
             print(f"--save-baseline: {exc}", file=sys.stderr)
-            return EXIT_NOT_COMPARED
-    return status
+            return EXIT_NOT_COMPARED, comparison
+    return status, comparison
 
 
-def execute(args, jobs, providers, out_dir: Path, interpreter: bool, extra_run_fields: dict) -> int:
-    """Measure, profile, compare and report into out_dir (its lock already held)."""
+@dataclass
+class Outcome:
+    """What a run's stages leave for its reports: the exit code, the folder's rows, the counters
+    (None without --ncu) and the --compare comparison (None without one)."""
+    exit_code: int
+    rows: object
+    counters: object = None
+    comparison: object = None
+
+
+def execute(args, jobs, providers, out_dir: Path, interpreter: bool, extra_run_fields: dict) -> Outcome:
+    """Measure, profile and compare into out_dir (its lock already held)."""
+    from harness.environment import capture_environment, throttle_warnings
     from harness.results import load_results, record_run
-    from reports.environment import capture_environment, throttle_warnings
 
     environment = capture_environment()
     run = {"run_id": f"{environment['timestamp']} {uuid.uuid4().hex[:8]}",
@@ -210,9 +169,8 @@ def execute(args, jobs, providers, out_dir: Path, interpreter: bool, extra_run_f
         print(f"WARNING: {warning}", file=sys.stderr)
     df = load_results(out_dir)
     counters = run_counters(jobs, providers, df, out_dir, args.ncu == "only") if args.ncu != "off" else None
+    comparison = None
     if args.compare is not None or args.save_baseline is not None:
-        exit_code = max(exit_code, regression_check(args, df, environment, out_dir))
-    write_reports(args, df, out_dir, counters)
-    print(summary_table(df))
-    print(f"results: {out_dir}")
-    return exit_code
+        status, comparison = regression_check(args, df, environment)
+        exit_code = max(exit_code, status)
+    return Outcome(exit_code, df, counters, comparison)

@@ -28,9 +28,9 @@ from tqdm import tqdm
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.providers import Provider, Spec, UnsupportedInput, unavailable_reason
 from harness.accuracy import TOLERANCE, WrongOutput, check_accuracy, check_shape
+from harness.environment import ENV_COLUMNS, PEER_VERSION_COLUMNS
 from harness.results import ResultWriter, row_key
 from harness.timing import CPU_REPS, random_inputs, seed_of, time_attention
-from reports.environment import ENV_COLUMNS, PEER_VERSION_COLUMNS
 
 MAX_REASON_CHARS = 500
 

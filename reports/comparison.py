@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.environment import ENV_COLUMNS
 from harness.io import atomic_write_text
 from harness.regression import KEY_COLUMNS, VERDICTS, Comparison
-from reports.environment import ENV_COLUMNS
 from reports.tables import markdown_table, ratio_text
 
 

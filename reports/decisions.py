@@ -8,7 +8,7 @@ import csv
 from collections.abc import Callable
 from pathlib import Path
 
-from reports.environment import git_commit
+from harness.environment import git_commit
 
 COLUMNS = ("row", "column", "unit", "value", "tool", "git_commit")
 
@@ -19,55 +19,10 @@ def status_tool(tool: str, status, reason, limit: int = 400) -> str:
     return f"{tool}; {status}: {' '.join(str(reason or '').split())}"[:limit]
 
 
-# The lines a backward experiment prints as it measures (tools/experiments/exp_bwd_stages.py's
-# compare_variants), and their parser: the rows of a run whose CSV did not come back with it are
-# read back from its printed log.
-NAME_WIDTH, COLUMN_WIDTH = 40, 28
-
-
-def check_line(name: str, ok: bool, notes: str) -> str:
-    return f"{name:{NAME_WIDTH}s} {'ok' if ok else 'WRONG'}  {notes}"
-
-
-def timing_line(column: str, name: str, row: dict) -> str:
-    """One timed cell: its column, variant, ms (NaN where not timed), TFLOPs/s, status and reason."""
-    return (f"{column:{COLUMN_WIDTH}s} {name:{NAME_WIDTH}s} {row.get('ms', float('nan')):.3f} ms "
-            f"{row.get('tflops', float('nan')):6.1f} TF/s {row.get('status')} {' '.join(str(row.get('reason', '')).split())}")
-
-
-def rows_from_log(log: Path, out: Path, tool: str, commit: str) -> int:
-    """Decision rows (`out`, a new CSV) from a log of check_line and timing_line lines, as the
-    experiment's own writer would have written them (a cell not timed: NaN, its status and
-    reason in the tool column); returns the number of rows."""
-    rows = 0
-    with DecisionWriter(out, tool, commit=commit) as writer:
-        for line in Path(log).read_text().splitlines():
-            name, rest = line[:NAME_WIDTH].strip(), line[NAME_WIDTH + 1:]
-            if rest.startswith(("ok  ", "WRONG  ")):
-                ok = rest.startswith("ok")
-                notes = rest.split("  ", 1)[1]
-                writer.write(name, "check against float64", "ok" if ok else "wrong", float(ok),
-                             tool=tool if ok else status_tool(tool, "wrong", notes))
-                rows += 1
-                continue
-            column, name = line[:COLUMN_WIDTH].strip(), line[COLUMN_WIDTH + 1:COLUMN_WIDTH + 1 + NAME_WIDTH].strip()
-            fields = line[COLUMN_WIDTH + 2 + NAME_WIDTH:].split(" ", 2)
-            if len(fields) < 2 or fields[1] != "ms":
-                continue  # not a measurement (a warning, a traceback)
-            value = float(fields[0])
-            tail = fields[2] if len(fields) > 2 else ""
-            if "TF/s" in tail:  # timing_line's form; older lines carry no TFLOPs/s
-                tail = tail.split("TF/s", 1)[1].strip()
-            status, _, reason = tail.partition(" ")
-            writer.write(name, column, "ms", value, tool=tool if status == "ok" else status_tool(tool, status, reason))
-            rows += 1
-    return rows
-
-
 class DecisionWriter:
     """Writes decision rows to `path` as they are measured (each row flushed, so a killed run
     keeps what it measured); `append` keeps an existing file's rows. `commit` defaults to
-    reports.environment.git_commit()."""
+    harness.environment.git_commit()."""
 
     def __init__(self, path: Path, tool: str, commit: str | None = None, append: bool = False):
         path = Path(path)

@@ -1,9 +1,9 @@
 """Generated sections of the README and the docs, from committed result rows.
 
 Markdown files mark a generated section with `<!-- BEGIN name -->` ... `<!-- END name -->`;
-`python -m reports.embed README.md docs/performance.md` rewrites every marked section from the
-CSVs under reports/h200/, so no number in them is typed by hand. A design decision's table
-(`decision_table`) comes from its compact rows in reports/h200/decisions/<name>.csv.
+`python -m reports.embed README.md docs/performance.md reports/h200/README.md` rewrites every
+marked section from the CSVs under reports/h200/, so no number in them is typed by hand. A design
+decision's table (`decision_table`) comes from its compact rows in reports/h200/decisions/<name>.csv.
 
     python -m reports.embed --kernel-vs-fa2 results/paper/results.csv --kernel-vs-fa2 results/paper_fp16/results.csv
 """
@@ -18,6 +18,8 @@ from pathlib import Path
 import pandas as pd
 
 from harness.results import load_results
+from reports.host_overhead import host_engine_table, host_overhead_table
+from reports.tables import ratio_cell
 
 H200 = Path(__file__).resolve().parent / "h200"
 DECISIONS = H200 / "decisions"
@@ -43,8 +45,7 @@ def extract_kernel_vs_fa2(results_csv: Path, out_csv: Path | None = None) -> pd.
     return rows
 
 
-def _ratio(ours: float, peer: float) -> str:
-    return "n/a" if pd.isna(ours) or pd.isna(peer) or peer == 0 else f"{ours / peer:.2f}x"
+_ratio = ratio_cell
 
 
 def _speedup_grid(rows: pd.DataFrame, peers: tuple[str, ...]) -> tuple[pd.DataFrame, list[str]]:
@@ -114,9 +115,14 @@ def utilisation_table(rows: pd.DataFrame, ceiling: float) -> str:
     return "\n".join(lines)
 
 
-UNITS = {"tflops": ("TFLOPs/s", "{:.0f}"), "ms": ("ms", "{:.3f}"), "us": ("us", "{:.1f}"),
-         "% of samples": ("% of PC samples", "{:.1f}"),
-         "% of dense's samples": ("% of the dense kernel's PC samples", "{:.2f}"), "metric": ("ncu", "{:.1f}")}
+UNITS = {"tflops": ("TFLOPs/s", "{:.0f}"), "ms": ("ms", "{:.3f}"), "us": ("us", "{:.1f}")}
+
+
+def _settings(tool: str) -> str:
+    """A decision's measuring settings, from its rows' `tool` column without the script that took
+    them (`python tools/compare_configs.py` re-checks a decision now)."""
+    parts = [part for part in str(tool).split(", ") if not part.startswith("tools/experiments/")]
+    return ", ".join(parts)
 
 
 def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) -> str:
@@ -150,8 +156,7 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
                 raise ValueError(f"{path}: no row {name!r} for the ratio {label!r}")
         quotient = wide.loc[numerator] / wide.loc[denominator]
         lines.append(f"| **{label}** | " + " | ".join("" if pd.isna(v) else f"{v:.2f}x" for v in quotient) + " |")
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    source = f"{rows['tool'].iloc[0]}{', at ' + ', '.join(commits) if commits else ''}"
+    source = _settings(rows["tool"].iloc[0])
     medians = f"; each cell the median of up to {rounds} rounds (those timed)" if rounds > 1 else ""
     failed = sorted(checks.loc[checks["unit"] != "ok", "row"])
     checked = ("" if checks.empty else "; each variant passed the experiment's float64 check first" if not failed
@@ -162,6 +167,10 @@ def decision_table(path: Path, ratios: tuple[tuple[str, str, str], ...] = ()) ->
     not_timed = "; not timed: " + ", ".join(reasons) if reasons else ""
     lines += ["", f"{source}{medians}{checked}{not_timed}; rows: `{_decision_rows_path(path)}`."]
     return "\n".join(lines)
+
+
+def _repository_path(path: Path) -> str:
+    return path.resolve().relative_to(H200.parents[1]).as_posix()
 
 
 def _decision_rows_path(path: Path) -> str:
@@ -178,24 +187,14 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "forward_memory_path": (
         ("host descriptors / pointer loads", "TMA, descriptors made on the host", "pointer loads"),
         ("per-program descriptors / pointer loads", "TMA, descriptors made per program", "pointer loads")),
-    "forward_descriptors_long": (("in-kernel / host descriptors", "in-kernel descriptors", "host descriptors"),),
-    "causal_launch_order": (
-        ("ours, longest first / query-block order", "ours, longest first", "ours, query-block order"),
-        ("cuDNN, second run / first run", "sdpa-cudnn, same run as 'longest first'",
-         "sdpa-cudnn, same run as 'query-block order'")),
     "query_major_backward_d256": (
         ("key-major, 4 warps / query-major time", "key-major 64x64, 4 warps: backward",
          "query-major 128x64, 8 warps: backward"),),
-    "backward_descriptors_d256": (("pointer / descriptor loads, backward time", "pointer loads: backward",
-                                   "descriptor loads: backward"),),
     "gluon_forward": (("warp-specialised Gluon / Triton", "Gluon, warp-specialised, 3 stages", "Triton forward"),
                       ("warp-specialised Gluon / cuDNN", "Gluon, warp-specialised, 3 stages", "sdpa-cudnn")),
-    "gluon_forward_d64": (("bf16: Gluon / Triton", "bf16: Gluon forward", "bf16: Triton forward"),
-                          ("fp16: Gluon / Triton", "fp16: Gluon forward", "fp16: Triton forward")),
     "gluon_backward": (("speed-up of dQ fused over Triton's two kernels", "Triton dK/dV, then Triton dQ",
                         "Gluon dK/dV adding dQ"),
                        ("speed over cuDNN (cuDNN time / ours)", "sdpa-cudnn", "Gluon dK/dV adding dQ")),
-    "cached_launches": (),
     "host_launch_paths": (
         ("Python runner / SDPA flash", "ours: Python runner, Function.apply", "SDPA flash"),
         ("C launcher and C apply, encoded at each launch / SDPA flash", "ours: C launcher and C apply, descriptors encoded at each launch",
@@ -204,41 +203,8 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
          "ours: C launcher and C apply, descriptors encoded at each launch"),
         ("Python runner / C launcher and C apply, encoded at each launch", "ours: Python runner, Function.apply",
          "ours: C launcher and C apply, descriptors encoded at each launch")),
-    "dq_cast": (("cast from rows / element by element, time", "dQ cast from the tile in rows",
-                 "dQ cast element by element"),),
-    "traced_autograd": (
-        ("autograd.Function / fa2::fwd's registered autograd", "autograd.Function over fa2::_fwd",
-         "fa2::fwd, autograd registered"),
-        ("autograd.Function / SDPA flash", "autograd.Function over fa2::_fwd", "SDPA flash")),
     "timing_windows": (("cuDNN: 20-ms / default windows", "sdpa-cudnn, 20-ms windows", "sdpa-cudnn, default windows"),
                        ("ours: 20-ms / default windows", "ours, 20-ms windows", "ours, default windows")),
-    "triton_fused_dq": (("fused / two-kernel time", "dQ fused, best config: backward", "two kernels: backward"),),
-    "paged_prefetch": (("paged: read per block / read ahead, time", "paged, block table read per block",
-                        "paged, block table read ahead"),
-                       ("paged read ahead / contiguous, time", "paged, block table read ahead", "contiguous")),
-    "gluon_features": (("forward: Triton / Gluon time", "Triton forward", "Gluon forward"),
-                       ("backward: Triton / Gluon time", "Triton backward", "Gluon backward")),
-    "op_dispatch": (("custom_op / schema API", "torch.library.custom_op", "torch.library schema API (kernels/ops.py)"),),
-    "paged_pipeline": (("paged, one ahead / contiguous, time", "paged, pages one block ahead", "contiguous"),
-                       ("paged, two ahead / one ahead, time", "paged, pages two blocks ahead",
-                        "paged, pages one block ahead")),
-    "decode_split_floor": (("paged / contiguous at the code's floor, time", "paged, at least 4 blocks per split",
-                            "contiguous, at least 4 blocks per split"),
-                           ("paged: floor 2 / floor 4, time", "paged, at least 2 blocks per split",
-                            "paged, at least 4 blocks per split")),
-    "decode_interleave": (("contiguous: one run / round robin, time", "contiguous, one run per split",
-                           "contiguous, round robin"),
-                          ("paged: one run / round robin, time", "paged, one run per split", "paged, round robin")),
-    "bwd_stats_log2": (("scaled once / at every step, time", "L * log2(e) given, dQ scaled once",
-                        "L converted, dQ scaled at every step"),
-                       ("at every step / FA4, time", "L converted, dQ scaled at every step", "fa4")),
-    "fwd_persistent": (("head-major / one per tile, time", "persistent, head-major", "one program per tile"),
-                       ("query-block-major / one per tile, time", "persistent, query-block-major",
-                        "one program per tile")),
-    "bwd_scores_ahead": (("S^T ahead / at its step, time", "next S^T ahead of dQ's epilogue", "S^T issued at its step"),
-                         ("ahead, dQ after dK everywhere / at its step, time", "next S^T ahead, dQ after dK everywhere",
-                          "S^T issued at its step"),
-                         ("at its step / FA4, time", "S^T issued at its step", "fa4")),
     "bwd_step_loop": (("D late / D with L, one loop, time", "one loop, D late, softcap on Gluon",
                        "one loop, D with L, softcap on Triton"),
                       ("diagonal loop / one loop, D late, time", "diagonal loop, D late, softcap on Gluon",
@@ -246,7 +212,6 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
                       ("both / the old step, time", "diagonal loop, D late, softcap on Gluon",
                        "one loop, D with L, softcap on Triton"),
                       ("both / FA4, time", "diagonal loop, D late, softcap on Gluon", "fa4")),
-    "bwd_window_loop": (("masked steps apart / one loop, time", "masked steps apart", "one loop, run-time mask"),),
     "bwd_launch_order": (("L2-sized sections / each pair in turn, time", "sections sized to L2, block-major",
                           "each pair's key blocks in turn"),
                          ("sections of 8 / each pair in turn, time", "sections of 8 pairs, block-major",
@@ -260,42 +225,8 @@ DECISION_RATIOS: dict[str, tuple[tuple[str, str, str], ...]] = {
                           "L, D from global, one loop"),
                          ("by the loader: masked steps apart / one loop, time",
                           "L, D by the loader, masked steps apart", "L, D by the loader, one loop")),
-    "varlen_bwd_mask": (("masked where a step needs it / every step, time", "masked where a step needs it",
-                         "every step masked"),),
-    "varlen_bwd_loads_fa4": (("by the loader, masked steps apart / from global, one loop, time",
-                              "L, D by the loader, masked steps apart", "L, D from global, one loop"),
-                             ("from global, one loop / FA4, time", "L, D from global, one loop", "fa4"),
-                             ("by the loader, masked steps apart / FA4, time", "L, D by the loader, masked steps apart",
-                              "fa4")),
-    "bwd_dq_swizzle": (("32-byte / 128-byte swizzle, time", "dQ tile, 32-byte swizzle", "dQ tile, 128-byte swizzle"),
-                       ("128-byte swizzle / FA4, time", "dQ tile, 128-byte swizzle", "fa4")),
     "bwd_dq_tiles": (("register order / rows, time", "dQ tiles in register order", "dQ tiles as rows"),
                      ("register order / FA4, time", "dQ tiles in register order", "fa4")),
-    "window_short_last": (("short programs last / grid order, time", "short programs last", "grid order"),
-                          ("grid order / FA4, time", "grid order", "fa4")),
-    "varlen_bwd_stats_ahead": (("one step ahead / at their step, time", "L, D loaded one step ahead",
-                                "L, D loaded at their step"),
-                               ("at their step / FA4, time", "L, D loaded at their step", "fa4")),
-    "varlen_bwd_grid": (("one axis / the longest's for each, time", "every sequence's key blocks on one axis",
-                         "the longest sequence's key blocks for each"),),
-    "varlen_bwd_dq_tiles": (("register order / rows, time", "dQ tiles in register order", "dQ tiles as rows"),
-                            ("register order / FA4, time", "dQ tiles in register order", "fa4")),
-    "bwd_dq_order": (("before dK everywhere / the rule, time", "dQ before dK everywhere", "dQ first where the rule says"),
-                     ("after dK everywhere / the rule, time", "dQ after dK everywhere", "dQ first where the rule says"),
-                     ("the rule / FA4, time", "dQ first where the rule says", "fa4")),
-    "bwd_pair_barrier": (("named barriers / mbarrier, time", "dS^T exchanged by named barriers",
-                          "dS^T exchanged by an mbarrier"),
-                         ("mbarrier / FA4, time", "dS^T exchanged by an mbarrier", "fa4")),
-    "bwd_stages": (("ring of 3 / ring of 2, time", "Q/dO ring of 3", "Q/dO ring of 2"),
-                   ("ring of 2 / FA4, time", "Q/dO ring of 2", "fa4")),
-    "paged_addressing": (("paged: per block / per launch, time", "paged, addresses per block",
-                          "paged, addresses per launch"),
-                         ("contiguous: per block / per launch, time", "contiguous, addresses per block",
-                          "contiguous, addresses per launch"),
-                         ("paged / contiguous, addresses per launch, time", "paged, addresses per launch",
-                          "contiguous, addresses per launch"),
-                         ("paged / contiguous, addresses per block, time", "paged, addresses per block",
-                          "contiguous, addresses per block")),
 }
 
 
@@ -303,7 +234,7 @@ _SPLITS_ROW = re.compile(r"^ours (?P<layout>contiguous|paged), (?P<splits>\d+) s
 
 
 def decode_splits_table(path: Path) -> str:
-    """tools/experiments/exp_decode_splits.py's rows (GB/s of K and V read, one process): per
+    """The split-count decision's rows (GB/s of K and V read, one process): per
     shape, our contiguous-cache kernel at the heuristic's split count (programs rounded down to
     one wave), at the count rounding up would give, at the best other count measured, and SDPA
     flash and cuDNN beside them."""
@@ -329,13 +260,12 @@ def decode_splits_table(path: Path) -> str:
         lines.append(f"| {column} | {heuristic}, {h:,.0f} | {up_cell} | {_ratio(h, u)} | {best_cell} | "
                      f"{peers.get('sdpa-flash', float('nan')):,.0f} | {peers.get('sdpa-cudnn', float('nan')):,.0f} | "
                      f"{_ratio(h, peers.get('sdpa-cudnn', float('nan')))} |")
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    lines += ["", f"{rows['tool'].iloc[0]}, at {', '.join(commits)}; rows: `{path.relative_to(H200.parents[1])}`."]
+    lines += ["", f"{_settings(rows['tool'].iloc[0])}; rows: `{path.relative_to(H200.parents[1])}`."]
     return "\n".join(lines)
 
 
 def bwd_schedule_label(stats: bool, dq_first: bool) -> str:
-    """A schedule's row name in tools/experiments/exp_bwd_schedule.py's rows."""
+    """A schedule's row name in the backward schedule decision's rows."""
     return (f"L, D {'in shared memory' if stats else 'from global memory'}, "
             f"dQ {'before dK' if dq_first else 'after dK and dV'}")
 
@@ -356,7 +286,7 @@ def _launcher_schedule(column: str) -> tuple[bool, bool]:
 
 
 def bwd_schedule_table(path: Path) -> str:
-    """tools/experiments/exp_bwd_schedule.py's rows (ms of the whole backward, one process, the
+    """The backward schedule decision's rows (ms of the whole backward, one process, the
     median of its rounds): the four schedules of the Gluon dK/dV kernel per case, cuDNN beside
     the dense ones, then each choice's speed-up and the schedule the launcher takes
     (kernels/flash_attn_hopper.py: L and D in shared memory, dQ before dK with GQA, a window or
@@ -392,87 +322,6 @@ def bwd_schedule_table(path: Path) -> str:
         check_note += "; not measured or not ok: " + "; ".join(
             f"{r.row}, {r.column}: {r.tool.split('; ', 1)[-1]}" for r in marked.itertuples())
     lines += ["", f"{source}; {check_note}; rows: `{_decision_rows_path(path)}`."]
-    return "\n".join(lines)
-
-
-H200_SMS = 132  # NVIDIA H200 SXM (the machine of reports/h200/): streaming multiprocessors
-_SHAPE_COLUMN = re.compile(r"^(?P<batch>\d+) x (?P<kib>\d+)k, (?P<kv>\d+) kv$")
-
-
-def decode_tiles_table(path: Path, num_sms: int = H200_SMS) -> str:
-    """tools/experiments/exp_decode_tiles.py's rows (microseconds, one process): per shape, the
-    programs the launch had (kernels.decode's split heuristic on num_sms SMs as the rows were
-    measured, before its fill_sms term), our kernel at the
-    3-stage and the 2-stage tile for both layouts, the tile kernels.decode.choose_tile takes, and
-    the paged / contiguous time under that choice."""
-    from kernels import decode
-
-    rows = pd.read_csv(path, keep_default_na=False)
-    rows["value"] = pd.to_numeric(rows["value"], errors="coerce")  # a tile that failed: NaN, its reason in `tool`
-    failed = rows[rows["tool"].str.contains("; failed: ", regex=False)]
-    tool = rows.loc[~rows.index.isin(failed.index), "tool"].iloc[0]
-    wide = rows.pivot(index="column", columns="row", values="value").reindex(list(dict.fromkeys(rows["column"])))
-    deep, shallow = str(decode.GPU_CONFIG), str(decode.SHALLOW_CONFIG)
-
-    def us(value: float) -> str:
-        return "n/a" if pd.isna(value) else f"{value:.1f}"
-    lines = [("| batch x cache, kv heads | programs | contiguous, 3 stages us | contiguous, 2 stages us "
-             "| 2 / 3 stages, speed | paged, 3 stages us | paged, 2 stages us | choose_tile | "
-             "paged / contiguous time, that tile |"), "|---|---|---|---|---|---|---|---|---|"]
-    for column, r in wide.iterrows():
-        m = _SHAPE_COLUMN.match(column)
-        batch, cache_len, kv = int(m["batch"]), int(m["kib"]) * 1024, int(m["kv"])
-        splits = decode.choose_num_splits(batch, kv, 1, cache_len, decode.GPU_CONFIG[0], num_sms, fill_sms=False)
-        programs = splits * batch * kv
-        chosen = str(decode.choose_tile(programs, num_sms))
-        cd, cs, pd_, ps = (r.get(f"{layout} {tile}", float("nan"))
-                           for layout in ("contiguous", "paged") for tile in (deep, shallow))
-        stages = "3" if chosen == deep else "2"
-        paged_over = r.get(f"paged {chosen}", float("nan")) / r.get(f"contiguous {chosen}", float("nan"))
-        lines.append(f"| {column} | {programs} | {us(cd)} | {us(cs)} | {_ratio(cd, cs)} | {us(pd_)} | {us(ps)} | "
-                     f"{stages} stages | {'n/a' if pd.isna(paged_over) else f'{paged_over:.2f}x'} |")
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    lines += ["", (f"{tool}, at {', '.join(commits)}; programs on the H200's {num_sms} SMs, as split then; "
-              f"rows (the 32-key tiles too): `{path.relative_to(H200.parents[1])}`.")]
-    lines += [f"- not measured: {r['row']} at {r['column']}: {r['tool'].split('; failed: ', 1)[1]}"
-              for _, r in failed.iterrows()]
-    return "\n".join(lines)
-
-
-FEATURE_COUNTERS = {"gpu__time_duration.sum": ("kernel time, us", 1e-3, "{:,.0f}"),
-                    "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active":
-                        ("tensor pipe active, %", 1, "{:.1f}"),
-                    "sm__issue_active.avg.pct_of_peak_sustained_active": ("issue active, %", 1, "{:.1f}"),
-                    "smsp__inst_executed.sum": ("warp instructions, M", 1e-6, "{:,.1f}"),
-                    "sm__inst_executed_pipe_fma.sum": ("FMA-pipe instructions, M", 1e-6, "{:,.1f}"),
-                    "sm__inst_executed_pipe_alu.sum": ("ALU-pipe instructions, M", 1e-6, "{:,.1f}"),
-                    "sm__inst_executed_pipe_xu.sum": ("XU-pipe (exp2) instructions, M", 1e-6, "{:,.1f}"),
-                    "smsp__warp_issue_stalled_barrier_per_warp_active.pct": ("stalled at a barrier, %", 1, "{:.1f}")}
-FEATURE_COUNTER_RATIOS = (("ALiBi / dense", "alibi 2 x 8k", "dense 2 x 8k"),
-                          ("window / full causal", "window 4096 1 x 32k", "full causal 1 x 32k"))
-
-
-def feature_counters_table(path: Path) -> str:
-    """tools/experiments/exp_feature_counters.py's rows: one line per counter, one column per
-    variant, then the ratio of each feature to its dense call."""
-    rows = pd.read_csv(path, keep_default_na=False)
-    missing = rows[rows["status"] != "ok"]
-    rows = rows[rows["status"] == "ok"]
-    wide = rows.pivot(index="metric", columns="variant", values="value").astype(float)
-    variants = list(dict.fromkeys(rows["variant"]))
-    lines = ["| counter | " + " | ".join(variants) + " | " + " | ".join(r[0] for r in FEATURE_COUNTER_RATIOS) + " |",
-             "|---|" + "---|" * (len(variants) + len(FEATURE_COUNTER_RATIOS))]
-    for metric, (label, scale, fmt) in FEATURE_COUNTERS.items():
-        if metric not in wide.index:
-            continue
-        cells = [fmt.format(wide.loc[metric, v] * scale) for v in variants]
-        ratios = [f"{wide.loc[metric, a] / wide.loc[metric, b]:.2f}x" for _, a, b in FEATURE_COUNTER_RATIOS]
-        lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    lines += ["", (f"{rows['tool'].iloc[0]}, at {', '.join(commits)}; rows and each variant's ncu output: "
-              f"`{path.parent.relative_to(H200.parents[1])}/`.")]
-    lines += [f"- not measured: {r['variant']}{', ' + r['metric'] if r['metric'] else ''}: {r['status']}: "
-              f"{r['reason']}" for _, r in missing.iterrows()]
     return "\n".join(lines)
 
 
@@ -609,92 +458,6 @@ def peers_table(rows: pd.DataFrame, folder: Path = PAPER_PEERS_DIR) -> str:
 HOST_OVERHEAD_CSV = H200 / "host_overhead.csv"
 
 
-def host_overhead_table(rows: pd.DataFrame) -> str:
-    """Host time per call, ours against SDPA flash, eager and under torch.compile, with the GPU
-    time of the eager calls, from harness/host_overhead.py's rows (all from one run); a cell
-    without an ok row reads n/a, and the rows' errors are listed below the table. The backward's
-    engine is PyTorch's default (rows from before the engine column had only that one)."""
-    rows = _threaded_engine(rows)
-    ok = rows[rows.status == "ok"].copy()
-    ok["compiled"] = ok.compiled.astype(bool)
-    wide = ok.pivot_table(index=["mode", "batch", "heads", "seqlen", "hdim"], columns=["compiled", "provider"],
-                          values=["host_ms", "gpu_ms"], aggfunc="median")
-
-    def cell(r, value, compiled, provider):
-        x = r.get((value, compiled, provider), float("nan"))
-        return float("nan") if pd.isna(x) else float(x)
-
-    ms = _host_ms
-
-    lines = [("| mode | batch, heads, seqlen, hdim | ours host ms | SDPA flash host ms | host ratio | "
-              "compiled: ours host ms | compiled: SDPA flash host ms | compiled host ratio | ours GPU ms | "
-              "SDPA flash GPU ms |"), "|---|---|---|---|---|---|---|---|---|---|"]
-    for (mode, batch, heads, seqlen, hdim), r in wide.iterrows():
-        host = [cell(r, "host_ms", c, p) for c in (False, True) for p in (OURS, OFFICIAL)]
-        gpu = [cell(r, "gpu_ms", False, p) for p in (OURS, OFFICIAL)]
-        lines.append(f"| {mode} | {batch}, {heads}, {seqlen}, {hdim} | {ms(host[0])} | {ms(host[1])} | "
-                     f"{_ratio(host[0], host[1])} | {ms(host[2])} | {ms(host[3])} | {_ratio(host[2], host[3])} | "
-                     f"{ms(gpu[0])} | {ms(gpu[1])} |")
-    env = rows.iloc[0]
-    lines += ["", (f"Causal, {env['dtype']}; host time with the GPU kept ahead by a sleep, GPU time by CUDA-graph "
-                   f"replay of the eager call; 'compiled': `torch.compile(fullgraph=True)` of the same call "
-                   f"({env['gpu']}, torch {env['torch']}, commit {env['git_commit']}; rows: "
-                   f"`reports/h200/{HOST_OVERHEAD_CSV.name}`).")]
-    no_gpu = rows[(rows.status == "ok") & rows.gpu_ms.isna() & rows.reason.notna()]
-    for reason, group in no_gpu.groupby("reason"):
-        modes = ", ".join(sorted(set(group["mode"])))
-        lines.append(f"- no GPU time for mode {modes}: {reason.removeprefix('gpu_ms: ')}")
-    failed = rows[rows.status != "ok"]
-    names = {OURS: "ours", OFFICIAL: "SDPA flash"}
-    for (provider, mode, compiled, reason), group in failed.groupby(["provider", "mode", "compiled", "reason"]):
-        kind = "compiled" if compiled else "eager"
-        lines.append(f"- {names.get(provider, provider)} {mode} ({kind}) failed at {len(group)} shapes: {reason}")
-    return "\n".join(lines)
-
-
-def _host_ms(x: float) -> str:
-    return "n/a" if pd.isna(x) else f"{x:.3f}"
-
-
-def _threaded_engine(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows whose backward ran on PyTorch's default engine (its device threads)."""
-    if "engine" not in rows:
-        return rows
-    return rows[rows.engine.isna() | (rows.engine == "threaded")]
-
-
-def host_engine_table(rows: pd.DataFrame) -> str:
-    """Eager host time per call with the backward on the autograd engine's device thread (the
-    default) and on the calling thread (`torch.autograd.set_multithreading_enabled(False)`), ours
-    and SDPA flash, from harness/host_overhead.py's rows: how much of each call is the hand-over
-    between the two threads. A cell without an ok row reads n/a."""
-    if "engine" not in rows or not (rows.engine == "calling-thread").any():
-        raise ValueError("no rows with the backward on the calling thread: run harness.host_overhead with "
-                         "--engines threaded,calling-thread")
-    ok = rows[(rows.status == "ok") & ~rows.compiled.astype(bool) & (rows["mode"] != "fwd")].copy()
-    ok["engine"] = ok.engine.fillna("threaded")
-    wide = ok.pivot_table(index=["mode", "batch", "heads", "seqlen", "hdim"], columns=["engine", "provider"],
-                          values="host_ms", aggfunc="median")
-    ms = _host_ms
-    faster = dict.fromkeys((OURS, OFFICIAL), 0)  # cells where the calling thread was the faster engine
-
-    lines = [("| mode | batch, heads, seqlen, hdim | ours: device thread | ours: calling thread | SDPA flash: device "
-              "thread | SDPA flash: calling thread | ours / SDPA flash, calling thread |"), "|---|---|---|---|---|---|---|"]
-    for (mode, batch, heads, seqlen, hdim), r in wide.iterrows():
-        cells = [float(r.get((engine, provider), float("nan"))) for provider in (OURS, OFFICIAL)
-                 for engine in ("threaded", "calling-thread")]
-        faster[OURS] += cells[1] < cells[0]
-        faster[OFFICIAL] += cells[3] < cells[2]
-        lines.append(f"| {mode} | {batch}, {heads}, {seqlen}, {hdim} | {' | '.join(ms(c) for c in cells)} | "
-                     f"{_ratio(cells[1], cells[3])} |")
-    env = rows.iloc[0]
-    lines += ["", (f"The calling thread issued faster than the device thread in {faster[OURS]} of {len(wide)} "
-                   f"cells for ours, {faster[OFFICIAL]} of {len(wide)} for SDPA flash."),
-              "", (f"Host ms per eager call, causal, {env['dtype']}, the GPU kept ahead by a sleep ({env['gpu']}, "
-                   f"torch {env['torch']}, commit {env['git_commit']}; rows: `reports/h200/{HOST_OVERHEAD_CSV.name}`).")]
-    return "\n".join(lines)
-
-
 def _experiment_rows(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """An experiment's rows in the decisions format: its 'ms' rows (values as floats), its float64
     check rows (unit 'ok' or 'wrong'), and its source (the tool without the per-row notes an
@@ -702,9 +465,7 @@ def _experiment_rows(path: Path) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     rows = pd.read_csv(path, keep_default_na=False)
     times = rows[rows["unit"] == "ms"].copy()
     times["value"] = times["value"].astype(float)
-    commits = sorted(c for c in rows["git_commit"].astype(str).unique() if c)
-    return (times, rows[rows["column"] == "check against float64"],
-            f"{rows['tool'].iloc[0].split('; ', 1)[0]}, at {', '.join(commits)}")
+    return times, rows[rows["column"] == "check against float64"], _settings(rows["tool"].iloc[0].split("; ", 1)[0])
 
 
 def _checked_times(path: Path, yardstick: str = "the Triton kernels' error") -> tuple[pd.DataFrame, str, str]:
@@ -721,40 +482,8 @@ def _checked_times(path: Path, yardstick: str = "the Triton kernels' error") -> 
     return times, check_note, f"{source}; rows: `{_decision_rows_path(path)}`"
 
 
-def launch_order_table(path: Path, yardstick: str = "the Triton kernels' error", base: str = "grid order") -> str:
-    """tools/experiments/exp_launch_order.py's rows (one process, the median of its rounds), or
-    another experiment's with a `base` row (the order or schedule the code keeps): per case the
-    base's ms, each other row's speed-up over it (base time / its time) and, where measured,
-    cuDNN's."""
-    times, check_note, source = _checked_times(path, yardstick)
-    wide = times.pivot_table(index="column", columns="row", values="value", aggfunc="median", sort=False)
-    orders = [r for r in dict.fromkeys(times["row"]) if r != base]
-    lines = [f"| case | {base}, ms | " + " | ".join(f"{o}: speed over it" for o in orders) + " |",
-             "|---|---|" + "---|" * len(orders)]
-    for case, r in wide.iterrows():
-        lines.append(f"| {case} | {r[base]:.3f} | " + " | ".join(_ratio(r[base], r.get(o, float("nan"))) for o in orders)
-                     + " |")
-    return "\n".join(lines + ["", f"{source}; {check_note}."])
-
-
-def softcap_backward_table(path: Path) -> str:
-    """tools/experiments/exp_softcap_backward.py's rows: a softcap's backward on each kernel and the
-    dense backward (ms, the median of the rounds), the Triton kernels' speed over the Gluon one and
-    the softcap's time over the dense one's (the features bar: at most 1.5x)."""
-    times, check_note, source = _checked_times(path)
-    wide = times.pivot_table(index="column", columns="row", values="value", aggfunc="median", sort=False)
-    gluon, triton = "softcap, Gluon dK/dV kernel", "softcap, Triton feature kernels"
-    dense = "no softcap (the dense backward)"
-    lines = [("| case | softcap, Gluon ms | softcap, Triton ms | no softcap ms | Triton over Gluon (Gluon time / "
-              "Triton's) | softcap (Triton) / no softcap |"), "|---|---|---|---|---|---|"]
-    for case, r in wide.iterrows():
-        lines.append(f"| {case} | {r[gluon]:.3f} | {r[triton]:.3f} | {r[dense]:.3f} | {_ratio(r[gluon], r[triton])} | "
-                     f"{_ratio(r[triton], r[dense])} |")
-    return "\n".join(lines + ["", f"{source}; {check_note}."])
-
-
 def alibi_column_term_table(path: Path) -> str:
-    """tools/experiments/exp_alibi_column_term.py's rows: the dense causal forward and ALiBi's key term
+    """ALiBi's key-term decision rows: the dense causal forward and ALiBi's key term
     added each way (ms, the median of the rounds), and each way's time over the dense one's (the
     features bar: at most 1.1x)."""
     times, check_note, source = _checked_times(
@@ -770,98 +499,20 @@ def alibi_column_term_table(path: Path) -> str:
     return "\n".join(lines + ["", f"{source}; {check_note}."])
 
 
-HOST_PLANS_LOGS = (("before", DECISIONS / "host_plans_before.log"), ("after", DECISIONS / "host_plans_after.log"))
-_HOST_LINE = re.compile(r"^\((?P<shape>[0-9, ]+)\) (?P<mode>fwd|bwd) ours (?P<ours>[0-9.]+) us, "
-                        r"sdpa-flash (?P<sdpa>[0-9.]+) us$", re.MULTILINE)
-
-
-def host_plans_table() -> str:
-    """Host time per eager call before and after the per-shape call plans, from the two cProfile
-    runs' summary lines (each with SDPA flash measured in the same process)."""
-    lines = ["| shape (b, n, h, d) | mode | code | ours us | SDPA flash us | ours / SDPA flash |",
-             "|---|---|---|---|---|---|"]
-    for label, path in HOST_PLANS_LOGS:
-        for m in _HOST_LINE.finditer(path.read_text()):
-            mode = "fwd" if m["mode"] == "fwd" else "fwd+bwd"
-            ours, sdpa = float(m["ours"]), float(m["sdpa"])
-            lines.append(f"| {m['shape']} | {mode} | {label} | {ours:.0f} | {sdpa:.0f} | {_ratio(ours, sdpa)} |")
-    return "\n".join(lines)
-
-
-HOST_EXPANSION_RUNS = (("descriptors encoded by the launch", DECISIONS / "host_descriptor_expansion" / "expanded.csv"),
-                       ("Triton's wrapper", DECISIONS / "host_descriptor_expansion" / "tritons_wrapper.csv"))
-
-
-def host_expansion_table(runs_paths=HOST_EXPANSION_RUNS) -> str:
-    """Eager host ms per call of ours and SDPA flash in two runs of harness.host_overhead, one per
-    way of making the Gluon plans' descriptors, with ours / SDPA flash within each run (the only
-    comparison the runs support: they ran one after the other, each in its own process). Only the
-    eager rows of the autograd engine's default ('threaded') that were measured are read; a shape
-    one run lacks shows n/a there."""
-    runs = []
-    for label, path in runs_paths:
-        rows = pd.read_csv(path)
-        rows = rows[(rows["status"] == "ok") & ~rows["compiled"].astype(bool) & (rows["engine"] == "threaded")]
-        runs.append((label, rows))
-    keys = ["mode", "batch", "heads", "seqlen", "hdim"]
-    wide = [rows.pivot_table(index=keys, columns="provider", values="host_ms", aggfunc="median", sort=False)
-            for _, rows in runs]
-    shapes = list(dict.fromkeys(key for table in wide for key in table.index))
-    header = "| mode | batch, heads, seqlen, hdim | " + " | ".join(
-        f"{label}: ours | {label}: SDPA flash | {label}: ours / SDPA flash" for label, _ in runs) + " |"
-    lines = [header, "|---|---|" + "---|" * (3 * len(runs))]
-    for key in shapes:
-        cells = []
-        for table in wide:
-            ours, sdpa = (table.loc[key, name] if key in table.index and name in table.columns else float("nan")
-                          for name in ("fa2", "sdpa-flash"))
-            cells += ["n/a" if pd.isna(ours) else f"{ours:.3f}", "n/a" if pd.isna(sdpa) else f"{sdpa:.3f}",
-                      _ratio(ours, sdpa)]
-        lines.append(f"| {key[0]} | {', '.join(str(k) for k in key[1:])} | " + " | ".join(cells) + " |")
-    every = pd.concat([rows for _, rows in runs])
-    causal = ", ".join("causal" if c else "full" for c in sorted(every["causal"].unique()))
-    environment = ", ".join(f"{column} {'/'.join(sorted(map(str, every[column].unique())))}"
-                            for column in ("gpu", "torch", "git_commit"))
-    footer = (f"{causal}, {'/'.join(sorted(every['dtype'].unique()))}, eager, PyTorch's autograd engine on its "
-              f"device thread; the two runs' rows from `python -m harness.host_overhead --no-compiled --providers "
-              f"fa2,sdpa-flash --modes fwd,fwd_bwd --engines threaded`, once with FA2_KERNELS_DESCRIPTOR_EXPANSION=1 "
-              f"and once with 0 ({environment}; rows: `reports/h200/decisions/host_descriptor_expansion/`).")
-    return "\n".join([*lines, "", footer])
-
-
 SECTIONS = {
-    "host_expansion": host_expansion_table,
     "ablation": lambda: file_section(H200 / "ablation" / "ablation.md", stop_at="## Sweep"),
     "anchors": lambda: anchor_table(load_results(H200 / "paper"),
                                     pd.read_csv(H200 / "peer_anchors" / "h200_anchors_2026-11-30.csv")),
     "matmul_ceiling": lambda: (H200 / "matmul_ceiling.txt").read_text().strip(),
     "utilisation": lambda: utilisation_table(pd.read_csv(KERNEL_VS_FA2_CSV),
                                              matmul_ceiling_tflops(H200 / "matmul_ceiling.txt")),
-    "host_plans": host_plans_table,
     "peers": lambda: peers_table(load_results(PAPER_PEERS_DIR)),
     "peers_fp16": lambda: peers_table(load_results(PAPER_PEERS_FP16_DIR), PAPER_PEERS_FP16_DIR),
-    "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV)),
-    "host_engine": lambda: host_engine_table(pd.read_csv(HOST_OVERHEAD_CSV)),
-    "launch_order": lambda: launch_order_table(DECISIONS / "launch_order.csv"),
-    "softcap_backward": lambda: softcap_backward_table(DECISIONS / "softcap_backward.csv"),
-    "alibi_column_term": lambda: alibi_column_term_table(DECISIONS / "alibi_column_term.csv"),
-    "varlen_bwd_order": lambda: launch_order_table(DECISIONS / "varlen_bwd_order.csv", "the grid order's error"),
+    "host_overhead": lambda: host_overhead_table(pd.read_csv(HOST_OVERHEAD_CSV), _repository_path(HOST_OVERHEAD_CSV)),
+    "host_engine": lambda: host_engine_table(pd.read_csv(HOST_OVERHEAD_CSV), _repository_path(HOST_OVERHEAD_CSV)),
     "alibi_matmul_wide": lambda: alibi_column_term_table(DECISIONS / "alibi_matmul_wide.csv"),
-    "fwd_v_stages": lambda: launch_order_table(DECISIONS / "fwd_v_stages.csv", "the same-dtype PyTorch error",
-                                               base="3 V stages, released with K's"),
-    "softcap_bwd_tiles": lambda: launch_order_table(DECISIONS / "softcap_bwd_tiles.csv", "the table entry's error",
-                                                    base="the table's (64, 128 / 128, 32), 8 warps, 3 stages"),
-    "fwd_schedule": lambda: launch_order_table(DECISIONS / "fwd_schedule.csv", "the same-dtype PyTorch error",
-                                               base="as committed"),
     "decode_splits": lambda: decode_splits_table(DECISIONS / "decode_splits.csv"),
-    "decode_tiles": lambda: decode_tiles_table(DECISIONS / "decode_tiles.csv"),
     "bwd_schedule": lambda: bwd_schedule_table(DECISIONS / "bwd_schedule.csv"),
-    "bwd_stalls": lambda: decision_table(DECISIONS / "bwd_stalls" / "bwd_stalls.csv"),
-    "bwd_long_scoreboard": lambda: decision_table(DECISIONS / "bwd_stalls" / "long_scoreboard_by_opcode.csv"),
-    "packed_bwd_summary": lambda: decision_table(DECISIONS / "bwd_stalls" / "kernel_summary_packed.csv"),
-    "packed_bwd_stalls": lambda: decision_table(DECISIONS / "bwd_stalls" / "bwd_stalls_packed.csv"),
-    "packed_bwd_opcodes": lambda: decision_table(DECISIONS / "bwd_stalls" / "samples_by_opcode_packed.csv"),
-    "feature_counters": lambda: feature_counters_table(DECISIONS / "feature_counters" / "feature_counters.csv"),
     "features_bar": lambda: file_section(H200 / "features" / "features.md", stop_at="## Notes",
                                          start_at="## The bar"),
     "decode_targets": lambda: file_section(H200 / "decode" / "report.md", stop_at="## 8 kv heads",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.environment import ENV_COLUMNS
 from harness.io import atomic_write_text
-from reports.environment import ENV_COLUMNS
 from reports.plots import MODE_TITLES, cell_summary, suite_rows, value_label
 from reports.tables import markdown_table, ratio_text
 

@@ -23,3 +23,24 @@ def ratio_text(ratio: float) -> str:
     if ratio >= 0.1:
         return f"{ratio:.2f}x"
     return f"{ratio:.2g}x"
+
+
+def ratio_cell(numerator: float, denominator: float) -> str:
+    """numerator / denominator as a table cell: 1.23x, or n/a where either is missing or zero."""
+    if pd.isna(numerator) or pd.isna(denominator) or denominator == 0:
+        return "n/a"
+    return f"{numerator / denominator:.2f}x"
+
+
+def summary_table(df, max_rows: int = 60) -> str:
+    """Median TFLOPs/s of the ok rows by configuration x provider, when it is short enough."""
+    ok = df[df["status"] == "ok"]
+    if ok.empty:
+        return "no ok measurement"
+    table = ok.pivot_table(index=["setting", "mode", "hdim", "causal", "seqlen"], columns="provider",
+                           values="tflops", aggfunc="median")
+    if len(table) > max_rows:
+        return f"{len(table)} configurations: see report.md"
+    return table.to_string(float_format=lambda v: f"{v:.4g}")
+
+

@@ -660,23 +660,7 @@ def test_gpu_bad_block_table_entries_are_refused():
                                 cache_seqlens=torch.tensor([256, 100], dtype=torch.int32, device="cuda"))
 
 
-# ---- the decode suite's grid and report (harness/decode.py), from made-up rows ----
-
-def test_experiments_measure_each_configuration_on_its_own_inputs():
-    import weakref
-
-    from harness import decode as suite
-
-    seen, alive = [], []
-
-    def measure(batch, cache_len, kv_heads, inputs):
-        alive.extend(ref for ref in seen if ref() is not None)  # an earlier configuration still held
-        seen.append(weakref.ref(inputs))
-        assert inputs.q.shape[0] == batch and inputs.contiguous[0][0].shape[1:3] == (cache_len, kv_heads)
-
-    suite.measure_each([(1, 32, 8), (2, 16, 4)], torch.device("cpu"), measure)
-    assert len(seen) == 2 and alive == [] and all(ref() is None for ref in seen)
-
+# ---- the decode suite's grid (harness/decode.py) and report (reports/decode.py), from made-up rows ----
 
 def test_suite_grid_puts_the_anchors_first_and_bounds_memory():
     from harness import decode as suite
@@ -691,6 +675,7 @@ def test_suite_report_is_made_from_rows(tmp_path):
     import csv
 
     from harness import decode as suite
+    from reports import decode as decode_report
 
     env = {column: "x" for column in suite.ROW_ENV_COLUMNS} | {"interpreter": False}
     rates = {("ours-splitkv", "contiguous"): 4000.0, ("ours-nosplit", "contiguous"): 700.0,
@@ -709,7 +694,7 @@ def test_suite_report_is_made_from_rows(tmp_path):
             writer.writerow(suite._row(env, provider="fa4", label="FA4", layout="contiguous", batch=batch,
                                        cache_len=cache_len, kv_heads=kv_heads, status="unavailable",
                                        reason="flash-attn-4 is not installed"))
-    report = suite.write_decode_report(tmp_path).read_text()
+    report = decode_report.write_decode_report(tmp_path).read_text()
     assert "| 1 x 64k | 4,000 (1,000.0) | 700 (1,000.0) | 3,900 (1,000.0) | 4,100 (1,000.0) | 3,000 (1,000.0) |" in report
     assert "ours / SDPA cuDNN >= 0.95 | 0.98x | met" in report
     assert "ours / ours num_splits=1 >= 5.0 | 5.71x | met" in report
@@ -722,13 +707,14 @@ def test_suite_report_is_made_from_rows(tmp_path):
     rows = suite.load_rows(tmp_path)
     rows.loc[rows.provider == "ours-nosplit", "gbps"] = 1000.0
     rows.to_csv(tmp_path / suite.DECODE_CSV, index=False)
-    report = suite.write_decode_report(tmp_path).read_text()
+    report = decode_report.write_decode_report(tmp_path).read_text()
     assert "4.00x (the bar needs 5,000 GB/s; the fastest row of the run read 4,100) | not met" in report
 
 
 def test_suite_runs_end_to_end_in_the_interpreter(tmp_path, monkeypatch):
     """The measuring loop, providers and report on tiny fp16 sizes (times are not performance)."""
     from harness import decode as suite
+    from reports import decode as decode_report
 
     monkeypatch.setattr(suite, "HEADS", 4)
     monkeypatch.setattr(suite, "HDIM", 16)
@@ -746,7 +732,7 @@ def test_suite_runs_end_to_end_in_the_interpreter(tmp_path, monkeypatch):
     fa1 = rows[rows.provider == "fa1-rung0"].set_index("kv_heads").status
     assert fa1[2] == "unsupported" and fa1[4] == "ok"
     assert (rows[rows.provider == "sdpa-flash"].status == "unavailable").all()  # CUDA only
-    assert "ours split-KV" in suite.write_decode_report(tmp_path).read_text()
+    assert "ours split-KV" in decode_report.write_decode_report(tmp_path).read_text()
 
 
 def test_value_checks_are_not_even_built_while_a_cuda_graph_is_captured(monkeypatch):

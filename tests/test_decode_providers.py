@@ -1,4 +1,4 @@
-"""The decode registry (baselines/providers/decode.py): its contract (argument checks, cache
+"""The decode providers (baselines/providers/decode.py, kind 'decode' in the one registry): its contract (argument checks, cache
 lengths read once per tensor version), the CPU providers against the float64 reference with
 poisoned unused cache slots, and FA4's, FlashInfer's and xformers' split-K argument mapping and
 layouts through fake modules; on a GPU, every available decode peer against the reference."""
@@ -16,7 +16,7 @@ from peer_fakes import (
     install_fake_flashinfer,
 )
 
-from baselines.providers import UnsupportedInput, decode
+from baselines.providers import UnsupportedInput, decode, get_provider, registry, unavailable_reason
 from baselines.reference import attention_reference
 
 
@@ -45,21 +45,21 @@ def _decode_inputs(batch=3, heads=8, kv_heads=2, hdim=32, cache_len=48, lengths=
 
 
 def test_decode_registry_has_every_peer_once_and_says_why_one_is_unavailable():
-    assert tuple(decode.DECODE_PROVIDERS) == DECODE_NAMES
-    for provider in decode.DECODE_PROVIDERS.values():
-        assert decode.get_decode_provider(provider.name) is provider and provider.label
-        reason = decode.decode_unavailable_reason(provider)
+    assert tuple(registry("decode")) == DECODE_NAMES
+    for provider in registry("decode").values():
+        assert get_provider(provider.name, "decode") is provider and provider.label
+        reason = unavailable_reason(provider)
         if reason is not None:
             assert_sentence(reason, provider.name)
     with pytest.raises(ValueError, match="unknown decode provider 'nope'.*fa4"):
-        decode.get_decode_provider("nope")
+        get_provider("nope", "decode")
 
 
 @pytest.mark.parametrize("name", ["pytorch", "sdpa-math"])
 @pytest.mark.parametrize(("kv_heads", "lengths"), [(8, (48, 48, 48)), (2, (5, 48, 17)), (1, (1, 30, 48))])
 def test_cpu_decode_matches_the_reference_on_its_cache_lengths(name, kv_heads, lengths):
     q, k, v, cache_seqlens = _decode_inputs(kv_heads=kv_heads, lengths=lengths, seed=kv_heads)
-    out = decode.get_decode_provider(name).decode(q, k, v, cache_seqlens)
+    out = get_provider(name, "decode").forward(q, k, v, cache_seqlens)
     ref, _ = attention_reference(q, k, v, seqlens_k=cache_seqlens)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert ((out.double() - ref).norm() / ref.norm()).item() < 5e-3
@@ -70,7 +70,7 @@ def test_decode_reads_new_lengths_after_an_in_place_change():
     update of cache_seqlens must be seen, as the next decode step's lengths."""
     q, k, v, cache_seqlens = _decode_inputs(lengths=(5, 30, 17), seed=4)
     k[:, 5:], v[:, 5:] = 0.5, -0.25  # the longer lengths read these slots
-    sdpa_math = decode.get_decode_provider("sdpa-math").decode
+    sdpa_math = get_provider("sdpa-math", "decode").forward
     sdpa_math(q, k, v, cache_seqlens)
     cache_seqlens.add_(7)
     ref, _ = attention_reference(q, k, v, seqlens_k=cache_seqlens)
@@ -87,13 +87,13 @@ def test_decode_reads_new_lengths_after_an_in_place_change():
 ])
 def test_decode_inputs_that_break_the_contract_are_refused_naming_the_argument(change, match):
     with pytest.raises(ValueError, match=match):
-        decode.get_decode_provider("pytorch").decode(*change(*_decode_inputs()))
+        get_provider("pytorch", "decode").forward(*change(*_decode_inputs()))
 
 
 def test_decode_lengths_outside_the_cache_are_refused():
     q, k, v, _ = _decode_inputs()
     with pytest.raises(ValueError, match="cache_seqlens must lie in 1..48"):
-        decode.get_decode_provider("sdpa-math").decode(q, k, v, torch.tensor([5, 49, 0], dtype=torch.int32))
+        get_provider("sdpa-math", "decode").forward(q, k, v, torch.tensor([5, 49, 0], dtype=torch.int32))
 
 
 @pytest.mark.parametrize(("capability", "num_splits"), [((9, 0), 1), ((10, 0), 0)])
@@ -102,7 +102,7 @@ def test_fa4_decode_passes_the_cache_lengths_as_seqused_k_and_no_split_kv_on_hop
     cute = install_fake_fa4(monkeypatch)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: capability)
     q, k, v, cache_seqlens = _decode_inputs(seed=8)
-    out = decode.get_decode_provider("fa4").decode(q, k, v, cache_seqlens, 0.3)
+    out = get_provider("fa4", "decode").forward(q, k, v, cache_seqlens, 0.3)
     (args, kwargs), = cute.flash_attn_varlen_func.calls
     assert len(args) == 3 and kwargs["seqused_k"] is cache_seqlens
     assert kwargs["num_splits"] == num_splits and kwargs["causal"] is False and kwargs["softmax_scale"] == 0.3
@@ -112,7 +112,7 @@ def test_fa4_decode_passes_the_cache_lengths_as_seqused_k_and_no_split_kv_on_hop
 
 def test_flashinfer_decode_maps_the_cache_to_one_page_per_sequence_and_plans_once_per_lengths(fake_flashinfer):
     q, k, v, cache_seqlens = _decode_inputs(seed=9)
-    flashinfer_decode = decode.get_decode_provider("flashinfer").decode
+    flashinfer_decode = get_provider("flashinfer", "decode").forward
     out = flashinfer_decode(q, k, v, cache_seqlens)
     flashinfer_decode(q, k, v, cache_seqlens)
     (wrapper,) = FakeDecodeWrapper.instances
@@ -156,7 +156,7 @@ def test_xformers_splitk_decode_folds_the_batch_into_a_block_diagonal_bmghk_call
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     q, k, v, cache_seqlens = _decode_inputs(seed=10)
-    out = decode.get_decode_provider("xformers-splitk").decode(q, k, v, cache_seqlens)
+    out = get_provider("xformers-splitk", "decode").forward(q, k, v, cache_seqlens)
     (q_shape, k_shape, op), = calls
     assert q_shape == (1, 3, 2, 4, 32) and k_shape == (1, 3 * 48, 2, 4, 32) and op == "splitK"
     ref, _ = attention_reference(q, k, v, seqlens_k=cache_seqlens)
@@ -173,7 +173,7 @@ def test_xformers_splitk_decode_folds_the_batch_into_a_block_diagonal_bmghk_call
     ("sdpa-math", decode.DecodeSpec(1, 32, 32, 512, 8192, "fp32"), None),
 ])
 def test_decode_shape_checks_refuse_what_the_kernel_does_not_take(name, spec, refused):
-    reason = decode.get_decode_provider(name).supports(spec)
+    reason = get_provider(name, "decode").supports(spec)
     assert reason is None if refused is None else refused in reason
 
 
@@ -189,8 +189,8 @@ def test_decode_spec_rejects_kv_heads_that_do_not_divide_heads():
 @pytest.mark.parametrize("kv_heads", [8, 32])
 @pytest.mark.parametrize("name", DECODE_NAMES)
 def test_available_decode_peer_attends_to_each_sequences_cache_only(name, kv_heads):
-    provider = decode.get_decode_provider(name)
-    reason = decode.decode_unavailable_reason(provider) or provider.supports(
+    provider = get_provider(name, "decode")
+    reason = unavailable_reason(provider) or provider.supports(
         decode.DecodeSpec(4, 32, kv_heads, 128, 1024, "bf16"))
     if reason is not None:
         pytest.skip(f"{name} is unavailable here: {reason}")
@@ -204,7 +204,7 @@ def test_available_decode_peer_attends_to_each_sequences_cache_only(name, kv_hea
         for b, n in enumerate(lengths):
             k_poisoned[b, n:], v_poisoned[b, n:] = POISON, -POISON
         try:
-            out = provider.decode(q, k_poisoned, v_poisoned, cache_seqlens)
+            out = provider.forward(q, k_poisoned, v_poisoned, cache_seqlens)
         except UnsupportedInput as exc:  # e.g. SDPA flash takes no mask: ragged lengths refused, not ignored
             # every decode peer takes the plain case: full caches, one kv head per q head
             assert not (kv_heads == 32 and lengths == (1024,) * 4), (name, exc)

@@ -91,7 +91,7 @@ def test_decision_table_keeps_file_order_and_computes_ratios_from_the_rows(tmp_p
     assert lines[2] == "| slow kernel | 2.000 | 4.000 |"
     assert lines[3] == "| fast kernel | 1.000 | 3.000 |"
     assert lines[4] == "| **speed-up** | 2.00x | 1.33x |"
-    assert lines[-1] == "tools/x.py, bf16, at abc1234; rows: `reports/h200/decisions/choice.csv`."
+    assert lines[-1] == "tools/x.py, bf16; rows: `reports/h200/decisions/choice.csv`."
 
 
 def test_decision_table_names_a_peer_that_did_not_run_in_its_footer(tmp_path):
@@ -103,34 +103,10 @@ def test_decision_table_names_a_peer_that_did_not_run_in_its_footer(tmp_path):
     pd.concat([rows, peer]).to_csv(path, index=False)
     lines = embed.decision_table(path).splitlines()
     assert not any(line.startswith("| fa4 |") for line in lines)
-    assert lines[-1] == ("tools/x.py, bf16, at abc1234; not timed: fa4 (unsupported: not installed); "
+    assert lines[-1] == ("tools/x.py, bf16; not timed: fa4 (unsupported: not installed); "
                          "rows: `reports/h200/decisions/choice.csv`.")
     kept = embed.decision_table(path, (("over fa4", "fast kernel", "fa4"),)).splitlines()
     assert "| fa4 |  |  |" in kept and "not timed" not in kept[-1]
-
-
-def test_host_expansion_table_compares_within_each_run_and_marks_a_missing_shape(tmp_path):
-    """Two host_overhead runs: ours / SDPA flash per run from its measured eager 'threaded' rows
-    (a compiled row, another engine and a failed row are not read), n/a where a run lacks a shape."""
-    base = {"causal": True, "hdim": 128, "seqlen": 1024, "batch": 1, "heads": 16, "dtype": "bfloat16",
-            "compiled": False, "engine": "threaded", "status": "ok", "gpu": "NVIDIA H200", "torch": "2.11",
-            "git_commit": "abc1234"}
-
-    def row(provider, mode, host, **kw):
-        return {**base, "provider": provider, "mode": mode, "host_ms": host, **kw}
-
-    first = [row("fa2", "fwd", 0.08), row("sdpa-flash", "fwd", 0.10), row("fa2", "fwd", 9.0, compiled=True),
-             row("fa2", "fwd", 9.0, engine="calling-thread"), row("sdpa-flash", "fwd", 9.0, status="error"),
-             row("fa2", "fwd_bwd", 0.60), row("sdpa-flash", "fwd_bwd", 0.40)]
-    second = [row("fa2", "fwd", 0.09), row("sdpa-flash", "fwd", 0.09)]
-    paths = []
-    for name, rows in (("a.csv", first), ("b.csv", second)):
-        paths.append(tmp_path / name)
-        pd.DataFrame(rows).to_csv(paths[-1], index=False)
-    lines = embed.host_expansion_table((("one", paths[0]), ("two", paths[1]))).splitlines()
-    assert lines[2] == "| fwd | 1, 16, 1024, 128 | 0.080 | 0.100 | 0.80x | 0.090 | 0.090 | 1.00x |"
-    assert lines[3] == "| fwd_bwd | 1, 16, 1024, 128 | 0.600 | 0.400 | 1.50x | n/a | n/a | n/a |"
-    assert "causal, bfloat16" in lines[-1] and "git_commit abc1234" in lines[-1]
 
 
 def test_decision_writer_rows_render_and_survive_before_close(tmp_path):
@@ -193,27 +169,6 @@ def test_experiment_checks_gate_what_is_timed_and_rounds_interleave_the_variants
     assert pd.isna(rows.loc["wrong", "value"]) and rows.loc["wrong", "tool"].endswith("wrong: relative error 0.5")
 
 
-def test_a_failed_tile_is_a_cell_not_measured_with_its_reason(tmp_path, monkeypatch):
-    """decode_tiles_table: a tile the experiment could not run (a NaN row, its reason in `tool`)
-    shows n/a and is listed under the table; the other cells still render."""
-    from reports.decisions import DecisionWriter
-
-    (tmp_path / "decisions").mkdir()
-    path = tmp_path / "decisions" / "decode_tiles.csv"
-    tool = "tools/experiments/exp_decode_tiles.py, bf16"
-    with DecisionWriter(path, tool, commit="abc1234") as writer:
-        for row, value in (("contiguous (64, 4, 3)", 10.0), ("contiguous (64, 4, 2)", 12.0),
-                           ("paged (64, 4, 3)", 11.0)):
-            writer.write(row, "1 x 1k, 8 kv", "us", value)
-        writer.write("paged (64, 4, 2)", "1 x 1k, 8 kv", "us", float("nan"),
-                     tool=f"{tool}; failed: OutOfResources: shared memory")
-    monkeypatch.setattr(embed, "H200", tmp_path / "h200")  # the rows' path is named relative to its parent
-    lines = embed.decode_tiles_table(path, num_sms=132).splitlines()
-    assert lines[2] == "| 1 x 1k, 8 kv | 32 | 10.0 | 12.0 | 0.83x | 11.0 | n/a | 3 stages | 1.10x |"
-    assert lines[-1] == "- not measured: paged (64, 4, 2) at 1 x 1k, 8 kv: OutOfResources: shared memory"
-    assert lines[-2].startswith(f"{tool}, at abc1234;")
-
-
 def test_the_schedule_table_takes_the_launchers_rule_and_lists_a_failed_cell(tmp_path):
     """bwd_schedule_table: medians over rounds, each choice's speed-up, cuDNN against the schedule
     kernels/flash_attn_hopper.py's own rule takes (dQ first with GQA, not for dense MHA), and a
@@ -240,24 +195,8 @@ def test_the_schedule_table_takes_the_launchers_rule_and_lists_a_failed_cell(tmp
     assert "| **dQ before dK: speed-up (L, D in shared memory)** | 0.91x | 1.20x |" in lines
     # dense MHA: dQ after dK (cuDNN 3.0 / 3.0); GQA: dQ first, but cuDNN was not measured there
     assert "| **speed over cuDNN (cuDNN time / the launcher's schedule)** | 1.00x | n/a |" in lines
-    assert lines[-1].startswith(f"{tool}, at abc1234; every schedule matched")
+    assert lines[-1].startswith("bf16; every schedule matched")  # the settings, not the script or commit
     assert "not measured or not ok: sdpa-cudnn, gqa 2x8k 32/8h: error: RuntimeError: no kernel" in lines[-1]
-
-
-def test_a_counter_ncu_did_not_give_is_listed_with_its_reason(tmp_path, monkeypatch):
-    (tmp_path / "feature_counters").mkdir()
-    path = tmp_path / "feature_counters" / "feature_counters.csv"
-    columns = ("variant", "metric", "value", "status", "reason", "tool", "git_commit")
-    rows = [(v, "sm__inst_executed_pipe_xu.sum", x, "ok", "", "tools/x.py", "abc1234")
-            for v, x in (("dense 2 x 8k", 2e6), ("alibi 2 x 8k", 2e6), ("full causal 1 x 32k", 8e6),
-                         ("window 4096 1 x 32k", 2e6))]
-    rows.append(("alibi 2 x 8k", "gpu__time_duration.sum", "nan", "problem", "unknown unit 'ns'", "tools/x.py",
-                 "abc1234"))
-    pd.DataFrame(rows, columns=columns).to_csv(path, index=False)
-    monkeypatch.setattr(embed, "H200", tmp_path / "h200")
-    lines = embed.feature_counters_table(path).splitlines()
-    assert lines[2] == "| XU-pipe (exp2) instructions, M | 2.0 | 2.0 | 8.0 | 2.0 | 1.00x | 0.25x |"
-    assert lines[-1] == "- not measured: alibi 2 x 8k, gpu__time_duration.sum: problem: unknown unit 'ns'"
 
 
 def test_decision_table_names_a_missing_ratio_row(tmp_path):
@@ -277,7 +216,7 @@ def test_every_decision_section_renders_from_its_committed_rows():
         assert "nan" not in table
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/performance.md"])
+@pytest.mark.parametrize("page", ["README.md", "docs/performance.md", "reports/h200/README.md"])
 def test_committed_pages_match_the_rows_they_are_generated_from(tmp_path, page):
     from pathlib import Path
 
@@ -360,53 +299,18 @@ def test_the_alibi_table_gives_each_way_s_time_over_the_dense_forward(tmp_path):
     assert lines[0] == ("| case | no ALiBi ms | ALiBi, registers ms | ALiBi, matmul ms | ALiBi, registers / no ALiBi "
                         "| ALiBi, matmul / no ALiBi |")
     assert "| 2x8k | 1.000 | 1.200 | 1.200 | 1.20x | 1.20x |" in lines  # the matmul's median of 1.1 and 1.3
-    assert "each matched float64" in lines[-1] and "at abc" in lines[-1]
+    assert "each matched float64" in lines[-1] and "exp_alibi" not in lines[-1] and "abc" not in lines[-1]
 
 
-def test_the_launch_order_table_gives_each_order_s_speed_over_the_grid_order(tmp_path):
-    path = _experiment_rows(tmp_path, "launch_order", [
-        ("grid order", "bwd gqa 2x8k", 2.0), ("groups of 4 heads", "bwd gqa 2x8k", 1.6),
-        ("whole grid", "bwd gqa 2x8k", 2.5), ("grid order", "bwd gqa 2x8k", 2.2)])
-    lines = embed.launch_order_table(path).splitlines()
-    # the grid order's median 2.1 ms: groups of 4 at 1.6 ms run 1.31x, the whole grid at 2.5 ms 0.84x
-    assert "| bwd gqa 2x8k | 2.100 | 1.31x | 0.84x |" in lines
-    assert "each matched float64" in lines[-1] and "at abc" in lines[-1]
-    assert "the Triton kernels' error" in lines[-1]
-    assert "within 2x the grid order's error" in embed.launch_order_table(
-        path, "the grid order's error").splitlines()[-1]
 
 
-def test_the_softcap_table_compares_the_kernels_and_the_dense_backward(tmp_path):
-    path = _experiment_rows(tmp_path, "softcap_backward", [
-        ("softcap, Gluon dK/dV kernel", "2x8k", 5.0), ("softcap, Triton feature kernels", "2x8k", 4.0),
-        ("no softcap (the dense backward)", "2x8k", 2.5)])
-    assert "| 2x8k | 5.000 | 4.000 | 2.500 | 1.25x | 1.60x |" in embed.softcap_backward_table(path)
+def test_the_host_overhead_suite_reports_from_its_rows(tmp_path):
+    """runner.py --suite host-overhead's report: both tables from the folder's rows, naming them."""
+    import shutil
 
+    from reports.host_overhead import write_host_overhead_report
 
-def test_rows_read_back_from_an_experiments_printed_log(tmp_path):
-    """reports.decisions.rows_from_log: the lines compare_variants prints (check_line, timing_line,
-    and the earlier peer line without TFLOPs/s) become the rows its writer would have written: a
-    variant name with spaces kept whole, a failed check 'wrong' with its notes, a cell not timed
-    NaN with its status and reason; other lines (warnings) are skipped."""
-    from reports.decisions import check_line, rows_from_log, timing_line
-
-    log = tmp_path / "run.log"
-    log.write_text("\n".join([
-        check_line("one loop, run-time mask", True, "dq 2.4e-03 (triton 2.4e-03)"),
-        check_line("masked steps apart", False, "dq 3.0e-01 (triton 2.4e-03)"),
-        "UserWarning: something  ok  here",
-        timing_line("window 1x8k 16/16h", "one loop, run-time mask", {"ms": 1.25, "tflops": 483.3, "status": "ok"}),
-        timing_line("window 1x8k 16/16h", "fa4", {"status": "unsupported", "reason": "FA4 does not\nimport"}),
-        f"{'window 1x8k 16/16h':28s} {'fa4':40s} nan ms unsupported FA4 (flash_attn.cute) does not import here",
-    ]) + "\n")
-    out = tmp_path / "rows.csv"
-    assert rows_from_log(log, out, "tools/x.py, bf16", "abc1234") == 5
-    rows = pd.read_csv(out)
-    assert rows.row.tolist() == ["one loop, run-time mask", "masked steps apart", "one loop, run-time mask", "fa4",
-                                 "fa4"]
-    assert rows.unit.tolist() == ["ok", "wrong", "ms", "ms", "ms"]
-    assert rows.value.iloc[2] == 1.25 and rows.value.iloc[3:].isna().all()
-    assert rows.tool.iloc[2] == "tools/x.py, bf16" and "dq 3.0e-01" in rows.tool.iloc[1]
-    assert rows.tool.iloc[3] == "tools/x.py, bf16; unsupported: FA4 does not import"
-    assert rows.tool.iloc[4].startswith("tools/x.py, bf16; unsupported: FA4 (flash_attn.cute)")
-    assert (rows.git_commit == "abc1234").all() and (rows.column.iloc[2:] == "window 1x8k 16/16h").all()
+    shutil.copy(embed.HOST_OVERHEAD_CSV, tmp_path / "host_overhead.csv")
+    report = write_host_overhead_report(tmp_path).read_text()
+    assert report.startswith("# Host time per call") and "## The backward's engine" in report
+    assert "rows: `host_overhead.csv`" in report and "nan" not in report

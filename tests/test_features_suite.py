@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 
 from harness import features
+from reports import features as features_report
 
 INTERPRETER_TESTS = True
 
@@ -40,7 +41,7 @@ def test_suite_writes_rows_and_a_report_from_them(tmp_path, monkeypatch):
     assert set(rows[~rows.provider.str.startswith("ours")].status) == {"unavailable"}
     assert {"gpu", "torch", "triton", "git_commit", "timestamp"} <= set(rows.columns)
     assert rows.interpreter.astype(str).str.lower().eq("true").all()
-    report = features.write_features_report(tmp_path).read_text()
+    report = features_report.write_features_report(tmp_path).read_text()
     for heading in ("## GQA", "## Sliding window", "## Packed variable lengths", "## ALiBi and softcap", "## The bar"):
         assert heading in report
     assert "window (8, 0) at 64 fwd" in report and "needs CUDA" in report
@@ -51,7 +52,7 @@ def test_rounds_repeat_the_suite_and_the_report_takes_their_medians(tmp_path):
     rows = pd.read_csv(tmp_path / features.FEATURES_CSV, keep_default_na=False)
     ours = rows[rows.provider == "ours"]
     assert sorted(ours.repeat.astype(int)) == [0] * 4 + [1] * 4 and set(ours.status) == {"ok"}
-    report = features.write_features_report(tmp_path).read_text()
+    report = features_report.write_features_report(tmp_path).read_text()
     assert "2 rounds over the suite" in report and "over 2 rounds)" in report
 
 
@@ -64,16 +65,16 @@ def _score_rows(alibi_ms_by_round, dense_ms=1.0):
 
 
 def test_a_bar_ratio_is_taken_within_each_round_and_reports_the_rounds_that_disagree():
-    checks = {name: (value, verdict) for name, value, verdict in features.bar_checks(_score_rows([1.05, 1.12, 1.08]))}
+    checks = {name: (value, verdict) for name, value, verdict in features_report.bar_checks(_score_rows([1.05, 1.12, 1.08]))}
     value, verdict = checks["alibi fwd: time over dense <= 1.1"]
     assert value == "1.08x (1.05x-1.12x over 3 rounds)"
     assert verdict == "met (not met in 1 of 3 rounds)"
-    one_round = {name: (value, verdict) for name, value, verdict in features.bar_checks(_score_rows([1.2]))}
+    one_round = {name: (value, verdict) for name, value, verdict in features_report.bar_checks(_score_rows([1.2]))}
     assert one_round["alibi fwd: time over dense <= 1.1"] == ("1.20x", "not met")  # no range, no dissent
     # a round whose dense row failed is left out of the ratio, not paired with another round's
     rows = _score_rows([1.05, 1.3])
     rows.loc[(rows.variant == "dense") & (rows.repeat == 1), "status"] = "error"
-    assert {n: v for n, v, _ in features.bar_checks(rows)}["alibi fwd: time over dense <= 1.1"] == "1.05x"
+    assert {n: v for n, v, _ in features_report.bar_checks(rows)}["alibi fwd: time over dense <= 1.1"] == "1.05x"
 
 
 def test_cases_past_the_budget_are_listed_not_measured(tmp_path, monkeypatch):

@@ -421,7 +421,7 @@ def test_flashinfer_prefill_packs_the_batch_and_plans_once_per_shape(fake_flashi
 def test_environment_records_each_peer_version_and_blank_for_an_absent_one(monkeypatch):
     import importlib.metadata
 
-    from reports import environment
+    from harness import environment
 
     installed = {"flash-attn-4": "4.0.0b36", "nvidia-cutlass-dsl": "4.8.1"}
 

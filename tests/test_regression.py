@@ -175,9 +175,9 @@ def test_compare_without_anything_compared_exits_2(rng, baseline, monkeypatch, t
     from harness import stages
 
     args = runner.build_parser().parse_args(["--compare", str(baseline.path)])
-    code = stages.regression_check(args, run_rows(rng).assign(hdim=64), ENVIRONMENT, tmp_path)
-    assert code == 2 and "nothing was compared" in capsys.readouterr().err
-    assert stages.regression_check(args, run_rows(rng, slowdown={0: 0.5}), ENVIRONMENT, tmp_path) == 1
+    code, comparison = stages.regression_check(args, run_rows(rng).assign(hdim=64), ENVIRONMENT)
+    assert code == 2 and comparison.compared == 0 and "nothing was compared" in capsys.readouterr().err
+    assert stages.regression_check(args, run_rows(rng, slowdown={0: 0.5}), ENVIRONMENT)[0] == 1
 
 
 def _baseline_text(rng, tmp_path) -> dict:

@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
+from harness.environment import INTERPRETER_GPU, capture_environment, gpu_slug, gpu_state, throttle_warnings
 from harness.results import (
     COLUMNS,
     KEY_COLUMNS,
@@ -27,7 +28,6 @@ from harness.results import (
     load_runs,
     record_run,
 )
-from reports.environment import INTERPRETER_GPU, capture_environment, gpu_slug, gpu_state, throttle_warnings
 from reports.paper_report import build_report, write_report
 from reports.plots import plot_suite
 

@@ -18,10 +18,10 @@ import torch
 import runner
 from baselines.flops import attention_flops, tflops_per_second
 from baselines.providers import Provider, Spec, UnsupportedInput, get_provider
+from harness.environment import capture_environment
 from harness.results import ResultWriter, completed_keys, load_results, load_runs
 from harness.sweep import Job, Sweep
 from harness.timing import benchmark, time_attention
-from reports.environment import capture_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -411,20 +411,44 @@ def test_report_only_survives_a_half_written_results_json(tmp_path):
     assert (tmp_path / "report.md").exists()
 
 
-@pytest.mark.parametrize("suite", ["features", "decode"])
-def test_other_suites_dispatch_to_their_module_or_say_it_is_missing(suite, tmp_path, monkeypatch, capsys):
-    import types
+@pytest.mark.parametrize("suite", ["features", "decode", "host-overhead"])
+def test_other_suites_measure_their_rows_then_report_from_them(suite, tmp_path, monkeypatch, capsys):
+    """--suite NAME: harness.suite's measure_rows into the folder, then reports.suites' report
+    from those rows; --report-only measures nothing."""
+    import importlib
 
+    import harness.suite
+    import reports.suites
+
+    module = importlib.import_module(harness.suite.SUITES[suite].module)
     called = []
-    module = types.ModuleType(f"harness.{suite}")
-    module.run_suite = lambda args, out_dir: called.append((args.suite, out_dir))
-    monkeypatch.setitem(sys.modules, f"harness.{suite}", module)
+    monkeypatch.setattr(module, "measure_rows", lambda args, out_dir: called.append(("measure", out_dir)))
+
+    def report(out_dir):
+        called.append(("report", out_dir))
+        (out_dir / "r.md").write_text("the report")
+        return out_dir / "r.md"
+
+    monkeypatch.setitem(reports.suites.REPORTS, suite, report)
     assert runner.main(["--suite", suite, "--out", str(tmp_path)]) == 0
-    assert called == [(suite, tmp_path)]
-    monkeypatch.setitem(sys.modules, f"harness.{suite}", None)  # an absent module
-    with pytest.raises(SystemExit):
-        runner.main(["--suite", suite, "--out", str(tmp_path)])
-    assert f"harness/{suite}.py is not in this checkout" in capsys.readouterr().err
+    assert called == [("measure", tmp_path), ("report", tmp_path)]
+    assert "the report" in capsys.readouterr().out
+    called.clear()
+    assert runner.main(["--suite", suite, "--report-only", "--out", str(tmp_path)]) == 0
+    assert called == [("report", tmp_path)]
+
+
+def test_suite_rows_are_on_disk_as_written_and_the_notes_name_what_the_budget_left(tmp_path):
+    """harness.suite.SuiteRows: each row is in the CSV once written (a killed run keeps it), the
+    environment is there for the rows, and notes.txt lists what was skipped once time ran out."""
+    from harness.suite import SuiteRows
+
+    with SuiteRows(tmp_path, "rows.csv", ("case", "gpu"), budget_s=-1.0) as rows:
+        rows.write({"case": "first", "gpu": rows.env["gpu"]})
+        assert (tmp_path / "rows.csv").read_text().splitlines()[1].startswith("first,")
+        assert rows.out_of_time()
+        rows.skip("second at 64")
+    assert "budget ran out): second at 64" in (tmp_path / "notes.txt").read_text()
 
 
 def test_reproduce_targets_run_their_steps_into_one_folder(tmp_path, monkeypatch):
@@ -441,12 +465,15 @@ def test_reproduce_targets_run_their_steps_into_one_folder(tmp_path, monkeypatch
 
 
 def test_ladder_only_measures_the_ladder_and_skips_the_reviewers_studies(tmp_path, monkeypatch):
+    import pandas as pd
+
     import ablations.reviewers
     import harness.stages
 
     executed, studies = [], []
     monkeypatch.setattr(harness.stages, "execute", lambda args, jobs, providers, *rest: executed.append(
-        (len(jobs), [p.name for p in providers])) or 0)
+        (len(jobs), [p.name for p in providers])) or harness.stages.Outcome(0, pd.DataFrame({"status": []})))
+    monkeypatch.setattr(runner, "write_reports", lambda *args, **kwargs: None)
     monkeypatch.setattr(ablations.reviewers, "run", lambda *a, **k: studies.append(a) or 0)
     assert runner.main(["--ablation", "all", "--ladder-only", "--no-ncu", "--out", str(tmp_path / "a")]) == 0
     assert executed and not studies

@@ -55,20 +55,34 @@ def any_input(_spec) -> str | None:
     return None
 
 
+# What a provider computes, and so its call's signature:
+#   'attention': forward(q, k, v, causal, softmax_scale) -> out, (B, S, H, D) in and out; supports(Spec)
+#   'decode':    forward(q, k_cache, v_cache, cache_seqlens, softmax_scale=None) -> out, one query token
+#                per sequence against a KV cache (baselines.providers.decode's contract); supports(DecodeSpec)
+#   'features':  forward(case, inputs, mode) -> call, a training feature's call (GQA, windows, packed
+#                variable lengths, ALiBi, softcap; baselines.providers.features' contract)
+KINDS = ("attention", "decode", "features")
+
+
 @dataclass(frozen=True)
 class Provider:
-    name: str  # 'sdpa-flash', 'fa2', 'rung0-fa1', ...
+    name: str  # 'sdpa-flash', 'fa2', 'rung0-fa1', ...: unique within its kind
     label: str  # plot label a reader understands
-    forward: Callable  # (q, k, v, causal, softmax_scale) -> out; (B, S, H, D) in and out
+    forward: Callable  # the call of its kind (KINDS)
     availability: Callable[[], str | None]  # None when usable here, else the reason
     supports: Callable[[Spec], str | None] = any_input  # None when supported, else the reason
     kernel_regex: str = ""  # Nsight Compute kernel-name regex selecting its main forward kernel
     has_backward: bool = True  # gradients flow through `forward` via autograd
     bwd_kernel_regex: str = ""  # ... and its main backward kernel ('' when unknown or forward-only)
     config: Callable[[Spec], str] | None = None  # JSON of the kernel config for a result row
+    kind: str = "attention"  # one of KINDS
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Provider.kind must be one of {KINDS}, got {self.kind!r} ({self.name})")
 
 
-BASE_PROVIDERS: list[Provider] = []  # every provider but the ablation rungs, in listing order
+BASE_PROVIDERS: list[Provider] = []  # every provider of every kind but the ablation rungs, in listing order
 
 
 def register(provider: Provider) -> Provider:

@@ -1,9 +1,10 @@
-"""Decode providers: one new query token per sequence against a KV cache. A registry of its
-own (DECODE_PROVIDERS), apart from the prefill providers: the call signature differs.
+"""Decode providers: one new query token per sequence against a KV cache, registered in the one
+registry with kind 'decode' (`registry("decode")`, `get_provider(name, "decode")`): their call
+signature differs from the attention providers'.
 
 Contract (the decode suite builds on it):
 
-    provider.decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None) -> out
+    provider.forward(q, k_cache, v_cache, cache_seqlens, softmax_scale=None) -> out
 
 - q (B, 1, H, D); k_cache, v_cache (B, S, Hkv, D) with Hkv dividing H (GQA/MQA: q head h
   reads kv head h // (H // Hkv)); fp16/bf16 (fp32 where the provider's supports() allows).
@@ -37,12 +38,13 @@ from baselines.providers.core import (
     MAX_HEADDIM,
     NEEDS_CUDA,
     CompiledOnce,
+    Provider,
     cuda_available,
     everywhere,
     first,
     min_arch,
-    one_line,
     optional_cuda_package,
+    register,
 )
 from baselines.providers.packages import (
     FA4_DISTRIBUTION,
@@ -76,16 +78,6 @@ class DecodeSpec:
                 raise ValueError(f"DecodeSpec.{name} must be a positive int, got {getattr(self, name)!r}")
         if self.heads % self.kv_heads:
             raise ValueError(f"DecodeSpec.kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
-
-
-@dataclass(frozen=True)
-class DecodeProvider:
-    name: str
-    label: str
-    decode: Callable  # (q, k_cache, v_cache, cache_seqlens, softmax_scale=None) -> out
-    availability: Callable[[], str | None]
-    supports: Callable[[DecodeSpec], str | None]
-    kernel_regex: str = ""  # Nsight Compute kernel-name regex selecting its main kernel
 
 
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens) -> None:
@@ -327,13 +319,9 @@ def _sdpa_decode_availability(cuda_only: bool):
     return cuda_available if cuda_only else everywhere
 
 
-DECODE_PROVIDERS: dict[str, DecodeProvider] = {}
-
-
-def _register(provider: DecodeProvider) -> None:
-    if provider.name in DECODE_PROVIDERS:
-        raise ValueError(f"decode provider {provider.name!r} is registered twice")
-    DECODE_PROVIDERS[provider.name] = provider
+def _register(name: str, label: str, decode: Callable, availability: Callable, supports: Callable,
+              kernel_regex: str) -> None:
+    register(Provider(name, label, decode, availability, supports, kernel_regex, has_backward=False, kind="decode"))
 
 
 for _name, _label, _backend, _regex, _cuda_only, _supports in (
@@ -343,40 +331,20 @@ for _name, _label, _backend, _regex, _cuda_only, _supports in (
     ("sdpa-efficient", "xformers cutlass (SDPA efficient)", "EFFICIENT_ATTENTION", "fmha_cutlassF", True, _any_shape),
     ("sdpa-math", "PyTorch SDPA math", "MATH", "gemm|softmax", False, _any_shape),
 ):
-    _register(DecodeProvider(_name, _label, sdpa_decode(_backend), _sdpa_decode_availability(_cuda_only),
-                             _supports, _regex))
-_register(DecodeProvider("pytorch", "PyTorch eager (matmul + softmax)", eager_decode, everywhere, _any_shape,
-                         "gemm|softmax"))
-_register(DecodeProvider("torch-compile", "PyTorch eager under torch.compile (Inductor)", compiled_decode,
-                         cuda_available, _any_shape, "gemm|triton_(per|red)_fused"))
-_register(DecodeProvider(
-    "fa4", "FA4 (flash-attn-4, CuTe DSL)", fa4_decode,
-    optional_cuda_package("flash_attn.cute", FA4_DISTRIBUTION, decode_probe(fa4_decode), fa4_arch),
-    fa4_decode_supports, "FlashAttentionForwardSm[0-9]+"))
-_register(DecodeProvider(
-    "flashinfer", "FlashInfer decode", flashinfer_decode,
-    optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION,
-                          flashinfer_jit_probe(decode_probe(flashinfer_decode), "decode"), min_arch(8)),
-    _in_headdims(FLASHINFER_HEADDIMS, "FlashInfer's decode kernels"), "Decode"))
-_register(DecodeProvider(
-    "xformers-splitk", "xformers split-K (Triton)", xformers_splitk_decode,
-    optional_cuda_package("xformers.ops.fmha.triton_splitk", "xformers", _xformers_triton_probe, min_arch(8)),
-    _in_headdims(XFORMERS_SPLITK_HEADDIMS, "xformers' split-K op"), "_fwd_kernel_splitK"))
+    _register(_name, _label, sdpa_decode(_backend), _sdpa_decode_availability(_cuda_only), _supports, _regex)
+_register("pytorch", "PyTorch eager (matmul + softmax)", eager_decode, everywhere, _any_shape, "gemm|softmax")
+_register("torch-compile", "PyTorch eager under torch.compile (Inductor)", compiled_decode, cuda_available,
+          _any_shape, "gemm|triton_(per|red)_fused")
+_register("fa4", "FA4 (flash-attn-4, CuTe DSL)", fa4_decode,
+          optional_cuda_package("flash_attn.cute", FA4_DISTRIBUTION, decode_probe(fa4_decode), fa4_arch),
+          fa4_decode_supports, "FlashAttentionForwardSm[0-9]+")
+_register("flashinfer", "FlashInfer decode", flashinfer_decode,
+          optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION,
+                                flashinfer_jit_probe(decode_probe(flashinfer_decode), "decode"), min_arch(8)),
+          _in_headdims(FLASHINFER_HEADDIMS, "FlashInfer's decode kernels"), "Decode")
+_register("xformers-splitk", "xformers split-K (Triton)", xformers_splitk_decode,
+          optional_cuda_package("xformers.ops.fmha.triton_splitk", "xformers", _xformers_triton_probe, min_arch(8)),
+          _in_headdims(XFORMERS_SPLITK_HEADDIMS, "xformers' split-K op"), "_fwd_kernel_splitK")
 
 
-def get_decode_provider(name: str) -> DecodeProvider:
-    if name not in DECODE_PROVIDERS:
-        raise ValueError(f"unknown decode provider {name!r}; known decode providers: {', '.join(DECODE_PROVIDERS)}")
-    return DECODE_PROVIDERS[name]
-
-
-def decode_unavailable_reason(provider: DecodeProvider) -> str | None:
-    """The provider's availability, with a failing check reported as the reason."""
-    try:
-        return provider.availability()
-    except Exception as exc:  # noqa: BLE001 -- an availability check explains, never crashes a sweep
-        return one_line(f"the availability check failed: {type(exc).__name__}: {exc}")
-
-
-__all__ = ["DECODE_PROVIDERS", "NEEDS_CUDA", "DecodeProvider", "DecodeSpec", "check_decode_inputs",
-           "decode_unavailable_reason", "get_decode_provider"]
+__all__ = ["NEEDS_CUDA", "DecodeSpec", "check_decode_inputs"]
