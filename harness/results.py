@@ -192,8 +192,8 @@ def _decode_line(csv_path: Path, number: int, data: bytes, header: tuple) -> str
         fields = next(csv.reader([data.decode(errors="replace")]), [])
         column = next((index for index, field in enumerate(fields) if "\ufffd" in field), len(header))
         where = f", column {header[column]!r}" if column < len(header) else ""
-        raise RowFileError(f"{csv_path}, line {number}{where}: not UTF-8 text (byte 0x{data[err.start]:02x} at "
-                           f"character {err.start + 1}); {RECOVER}") from None
+        raise RowFileError(f"{csv_path}, line {number}{where}: not UTF-8 text (byte 0x{data[err.start]:02x}, the line's "
+                           f"byte {err.start + 1}); {RECOVER}") from None
 
 
 def _parse_lines(csv_path: Path) -> tuple[tuple, list[list[str]], list[int], int]:

@@ -209,3 +209,17 @@ def test_a_results_csv_that_cannot_be_opened_ends_with_the_resume_hint(tmp_path,
     err = capsys.readouterr().err
     assert f"Permission denied (opening it to append rows): '{tmp_path / 'results.csv'}'" in err
     assert "--resume to go on" in err
+
+
+# --------------------------------------------------------------------------------------
+# A damaged results.csv
+# --------------------------------------------------------------------------------------
+def test_resume_into_a_results_csv_with_bad_bytes_names_the_file_and_line(tmp_path, capsys):
+    argv = [*SWEEP, "--providers", "pytorch", "--out", str(tmp_path)]
+    assert runner.main(argv) == 0
+    path = tmp_path / "results.csv"
+    path.write_bytes(path.read_bytes().replace(b"pytorch,", b"pyt\xffrch,", 1))
+    assert runner.main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"runner.py: error: {path}, line 2, column 'provider': not UTF-8 text" in err
+    assert "start a new --out folder" in err
