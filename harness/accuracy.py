@@ -6,9 +6,9 @@ heads at least 3 (`check_shape`), so that a kernel mixing up batches or heads ca
 the shape alone. The float64 reference (baselines.reference) runs on copies of the inputs
 made before the call, for every (batch, head) pair, in chunks of at most CHECK_CHUNK_SCORES
 score entries (its memory). Its query rows are all rows when the whole check stays within
-CHECK_MAX_SCORES score entries (its time: every job of the paper's sweep up to seqlen 8k
-at head dim 64), else the first and the last `rows` query rows of every pair (the last
-ones read every key). Rows of attention are independent, so the reference of a block of rows
+CHECK_MAX_SCORES score entries (its time; in the paper's sweep, batch x heads x seqlen^2 =
+2^25 x seqlen / head dim: up to seqlen = 64 x head dim), else the first and the last `rows`
+query rows of every pair, at least 2048 in the paper's sweep (the last ones read every key). Rows of attention are independent, so the reference of a block of rows
 is exact: with causal masking (bottom-right aligned, seqlen_q = seqlen_k) query rows [a, b)
 see keys [0, b).
 

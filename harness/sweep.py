@@ -4,9 +4,10 @@ For each configuration and provider, in order:
 1. availability (once per provider), the provider's shape/dtype/mode check (`supports`) and
    its kernel config (`config`): an exception from either is an 'error' row;
 2. accuracy (harness.accuracy): the provider's output (and dQ, dK, dV for backward modes) on
-   the job's own shape (batch >= 2, heads >= 3) against the float64 reference on a sample of
-   every batch/head/row regime; above the dtype's tolerance, or any inf/NaN, the provider is
-   'wrong' here and is not timed. Each job is checked: the verdict never depends on the order;
+   the job's own shape (batch >= 2, heads >= 3) against the float64 reference of every (batch,
+   head), made from copies of the inputs; above the dtype's tolerance, any inf/NaN or inputs
+   modified in place, the provider is 'wrong' here and is not timed. Each job is checked: the
+   verdict never depends on the order;
 3. timing (harness.timing) on fresh random inputs of the configuration's size, `repeats` times.
 Every failure (unavailable, unsupported, OOM, wrong, any exception, a SystemExit from
 provider code) is a row with its status and reason, and the sweep goes on. Each call into

@@ -114,10 +114,13 @@ def test_a_call_stuck_in_c_code_writes_its_row_exits_3_and_resume_goes_on(tmp_pa
     assert rows.loc["sdpa-math", "status"] == "ok" and rows.loc["hangs-in-c", "status"] == "timeout"
 
 
-def test_call_timeout_must_be_seconds(capsys):
+def test_call_timeout_must_be_seconds_and_retrying_needs_a_folder_to_resume(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         runner.main(["--call-timeout", "-1"])
     assert stop.value.code == 2 and "--call-timeout must be seconds >= 0, got '-1'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        runner.main([*SWEEP, "--retry-timeouts", "--out", str(tmp_path)])
+    assert stop.value.code == 2 and "--retry-timeouts goes with --resume" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------
