@@ -54,11 +54,15 @@ def call_deadline(seconds: float, what: str, on_hang):
         with lock:  # the block may have ended meanwhile; while the lock is held it cannot end
             if done.is_set():
                 return
-            on_hang()
+            try:
+                on_hang()
+                rows = "The rows so far, this call's included, are written"
+            except Exception as exc:  # noqa: BLE001 -- the process must end all the same
+                rows = f"Its row could not be written ({type(exc).__name__}: {exc}); the rows before it are kept"
             print(f"\nCALL HUNG: {what} gave no result within {seconds + grace(seconds):g} s and could not be "
-                  "interrupted (it is stuck in C code, e.g. a GPU kernel that never ends). Its row is written with "
-                  "status 'timeout'; run the same command with --resume to go on from the rows written "
-                  "(--retry-timeouts measures it again).", file=sys.stderr, flush=True)
+                  f"interrupted (it is stuck in C code, e.g. a GPU kernel that never ends). {rows}: run the same "
+                  "command with --resume to go on after it (--retry-timeouts measures what timed out again).",
+                  file=sys.stderr, flush=True)
             os._exit(EXIT_ABORTED)
 
     alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")

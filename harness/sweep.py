@@ -258,11 +258,10 @@ class Sweep:
         if not ran:
             return
         status, reason = self._verdict(check, spec)
-        rel_err = math.nan if check.fault else check.error
+        measured = {"rel_err": check.error, "check_shape": check.shape, "config": config}
         if status != "ok":
-            self._emit(failed(status, reason, rel_err=rel_err, check_shape=check.shape, config=config))
+            self._emit(failed(status, reason, **measured))
             return
-        measured = {"rel_err": rel_err, "check_shape": check.shape, "config": config}
         for repeat in todo:
             ran, timing = self._call(provider, spec, f"timing repeat {repeat}",
                                      lambda r=repeat: self._time(provider, spec, r),
