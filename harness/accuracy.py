@@ -8,9 +8,9 @@ made before the call, for every (batch, head) pair, in chunks of at most CHECK_C
 score entries (its memory). Its query rows are all rows when the whole check stays within
 CHECK_MAX_SCORES score entries (its time; in the paper's sweep, batch x heads x seqlen^2 =
 2^25 x seqlen / head dim: up to seqlen = 64 x head dim), else the first and the last `rows`
-query rows of every pair, at least 2048 in the paper's sweep (the last ones read every key). Rows of attention are independent, so the reference of a block of rows
-is exact: with causal masking (bottom-right aligned, seqlen_q = seqlen_k) query rows [a, b)
-see keys [0, b).
+query rows of every pair, at least 2048 in the paper's sweep (the last ones read every key).
+Rows of attention are independent, so the reference of a block of rows is exact: with causal
+masking (bottom-right aligned, seqlen_q = seqlen_k) query rows [a, b) see keys [0, b).
 
 Backward modes also check dQ, dK and dV: the upstream gradient is random on the checked rows
 and zero elsewhere, so the provider's full-shape gradients and the reference's gradients of
