@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from harness.deadline import DEFAULT_CALL_TIMEOUT_S, MAX_GRACE_S
 from harness.plan import (
     GPU_SIZES,
     INTERPRETER_SIZES,
@@ -42,6 +43,7 @@ from harness.plan import (
 )
 from harness.regression import DEFAULT_FALSE_POSITIVE_RATE
 from harness.reproduce import TARGETS, help_text, steps
+from harness.stages import EXIT_ABORTED, EXIT_INTERRUPTED, EXIT_NOT_COMPARED
 from harness.suite import SUITES
 from harness.timing import DEFAULT_REP_MS, DEFAULT_WARMUP_MS
 
@@ -63,7 +65,8 @@ EXAMPLES = """examples:
   python -m harness.calibrate RUN1 RUN2 RUN3 --out calibration.csv   # the --compare rule's noise
 
 exit codes: 0 done; 1 a regression or a failed configuration (--compare); 2 bad arguments, an
-unusable baseline or nothing compared; 3 the GPU context broke (rows kept, --resume);
+unusable baseline or results.csv, or nothing compared; 3 aborted: the GPU context broke, a call
+hung in C code, or a file could not be written (disk full, read-only) (rows kept, --resume);
 130 interrupted (rows kept, --resume).
 
 --provider-file FILE: a Python file defining PROVIDERS = {name: forward}, forward(q, k, v,
@@ -219,7 +222,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "recorded in each row's config")
     timing.add_argument("--out", type=Path, help="output folder (default: results/<UTC timestamp>/)")
     timing.add_argument("--resume", action="store_true",
-                        help="add to an existing OUT folder, skipping what it already measured with status ok")
+                        help="add to an existing OUT folder, skipping what it already measured with status ok "
+                             "and every (provider, configuration) that timed out")
+    timing.add_argument("--retry-timeouts", action="store_true",
+                        help="with --resume: measure the (provider, configuration)s that timed out again")
+    timing.add_argument("--call-timeout", type=_number("--call-timeout", lambda x: x >= 0, "seconds >= 0"),
+                        default=DEFAULT_CALL_TIMEOUT_S, metavar="SECONDS",
+                        help="deadline of each call into a provider (its availability, supports and config, the "
+                             "accuracy check, each timing); a call past it is a row with status timeout and the "
+                             "sweep goes on. 0: no deadline. A call stuck in Python is interrupted (SIGALRM; POSIX "
+                             "only); one stuck in C code (a GPU kernel that never ends) cannot be: after a further "
+                             f"min(SECONDS, {MAX_GRACE_S:g}) s its timeout row is written and the run exits with "
+                             "code 3, --resume goes on after it (default: %(default)g)")
     timing.add_argument("-v", "--verbose", action="store_true", help="print every row as it is measured")
     checks = parser.add_argument_group("regression check and hardware counters")
     checks.add_argument("--save-baseline", nargs="?", const="", metavar="PATH",
@@ -369,16 +383,20 @@ def main(argv: list[str] | None = None) -> int:
     from baselines.providers import PROVIDERS
     from harness.io import FolderBusy, FolderLock
     from harness.provider_file import ProviderFileError, file_digest, load_provider_file
-    from harness.results import RESULTS_CSV
+    from harness.results import RESULTS_CSV, RowFileError
     from harness.stages import execute, print_provider_list
 
-    extra = {}
+    extra, owners = {}, dict.fromkeys(PROVIDERS, "the registry")
     for path in args.provider_file or []:
         try:
-            for provider in load_provider_file(path, {*PROVIDERS, *extra}):
+            for provider in load_provider_file(path, owners):
                 extra[provider.name] = provider
+                owners[provider.name] = f"--provider-file {path}"
         except ProviderFileError as exc:
             parser.error(str(exc))
+        except KeyboardInterrupt:
+            print(f"INTERRUPTED while importing --provider-file {path}: nothing was measured", file=sys.stderr)
+            return EXIT_INTERRUPTED
     if args.list:
         print_provider_list(extra.values())
         return 0
@@ -416,12 +434,18 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--providers: unknown provider {unknown[0]!r}; known providers: {', '.join(known)}")
     providers = [known[name] for name in provider_names]
+    if args.retry_timeouts and not args.resume:
+        parser.error("--retry-timeouts goes with --resume (it measures again what timed out in the folder)")
     if args.report_only:
         if args.ablation == "all" and (out_dir / "reviewers.csv").exists():
             from ablations import reviewers
 
             reviewers.write_report(out_dir)
-        return rebuild_reports(args, out_dir)
+        try:
+            return rebuild_reports(args, out_dir)
+        except RowFileError as exc:
+            print(f"runner.py: error: {exc}", file=sys.stderr)
+            return EXIT_NOT_COMPARED
     if (out_dir / RESULTS_CSV).exists() and not args.resume:
         parser.error(f"--out {out_dir} already holds {RESULTS_CSV}: pass --resume to add to it, "
                      "or choose another folder")
@@ -432,9 +456,13 @@ def main(argv: list[str] | None = None) -> int:
             outcome = execute(args, jobs, providers, out_dir, interpreter, {"provider_files": files})
             write_reports(args, outcome.rows, out_dir, outcome.counters, outcome.comparison,
                           [provider.name for provider in providers])
-    except FolderBusy as exc:
+    except (FolderBusy, RowFileError) as exc:
         print(f"runner.py: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_NOT_COMPARED
+    except OSError as exc:  # provider code's errors are rows: this is the harness's own writing
+        print(f"runner.py: error: {exc}. The rows written so far are in {out_dir / RESULTS_CSV}: free space or make "
+              "the folder writable, then run the same command with --resume to go on", file=sys.stderr)
+        return EXIT_ABORTED
     from reports.tables import summary_table
 
     print(summary_table(outcome.rows))

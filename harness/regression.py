@@ -349,6 +349,13 @@ def _check_comparable(results: pd.DataFrame, baseline: Baseline, environment: di
             f"baseline {baseline.path} was measured on {base_gpu!r}, this run is on {gpu!r}: timings of "
             f"different GPU models are not comparable; make a baseline on this GPU with "
             f"`python runner.py <sweep options> --save-baseline` (it goes to {baseline_path(gpu or 'unknown')})")
+    if "gpu" in results.columns:
+        found = sorted(set(results["gpu"].astype(str)))
+        if [name.strip().lower() for name in found] != [gpu.strip().lower()]:
+            raise BaselineMismatch(
+                f"the compared rows were measured on {found}, this run is on {gpu!r}: the folder holds rows of "
+                "another GPU (a --resume into a folder measured elsewhere); compare a folder measured on this GPU "
+                "only (a new --out)")
     if _interpreted(results[results["status"] == "ok"]):
         raise BaselineMismatch("these results come from Triton's interpreter (interpreter=True): "
                                "they are not performance and cannot be compared with a baseline")

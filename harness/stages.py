@@ -41,16 +41,27 @@ def measure(args, jobs, providers, out_dir: Path, environment: dict, interpreter
     """The sweep into out_dir/results.csv; returns its exit code (0, aborted, interrupted)."""
     from tqdm import tqdm
 
-    from harness.results import RESULTS_CSV, ResultWriter, completed_keys, load_results, recorded_outcomes
+    from harness.results import (
+        RESULTS_CSV,
+        ResultWriter,
+        completed_keys,
+        load_results,
+        recorded_outcomes,
+        timed_out_configs,
+    )
     from harness.sweep import Sweep, SweepAborted
 
     known = load_results(out_dir) if args.resume else None
+    timed_out = frozenset(timed_out_configs(known)) if known is not None and not args.retry_timeouts else frozenset()
+    if timed_out:
+        print(f"--resume: skipping {len(timed_out)} (provider, configuration) that timed out before; "
+              "--retry-timeouts measures them again", file=sys.stderr)
     sweep_kwargs = {
         "device": torch.device("cpu" if interpreter else "cuda"), "repeats": args.repeats,
         "warmup_ms": args.warmup_ms or (QUICK_WARMUP_MS if args.quick else DEFAULT_WARMUP_MS),
         "rep_ms": args.rep_ms or (QUICK_REP_MS if args.quick else DEFAULT_REP_MS), "cuda_graph": args.cuda_graph,
-        "skip": frozenset(completed_keys(known)) if known is not None else frozenset(),
-        "known": recorded_outcomes(known) if known is not None else None,
+        "skip": frozenset(completed_keys(known)) if known is not None else frozenset(), "timed_out": timed_out,
+        "known": recorded_outcomes(known) if known is not None else None, "call_timeout": args.call_timeout,
         "log": tqdm.write if args.verbose else None}
     signal.signal(signal.SIGTERM, _interrupt)  # a time limit's SIGTERM: keep the rows, write the reports
     exit_code = 0

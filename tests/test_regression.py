@@ -234,6 +234,16 @@ def test_mismatched_results_are_refused(rng, baseline):
         compare_to_baseline(run_rows(rng).assign(interpreter=True), baseline, ENVIRONMENT)
 
 
+def test_compare_refuses_rows_of_another_gpu_in_the_folder(rng, baseline):
+    """A --resume into a folder measured on another GPU mixes rows of two GPUs: the ratios of the
+    other GPU's rows say nothing about this one's baseline."""
+    rows = run_rows(rng)
+    rows.loc[rows["seqlen"] == 4096, "gpu"] = "NVIDIA H100 80GB HBM3"
+    with pytest.raises(BaselineMismatch, match=r"measured on \['NVIDIA H100 80GB HBM3', 'NVIDIA H200'\], this run "
+                                               r"is on 'NVIDIA H200': the folder holds rows of another GPU"):
+        compare_to_baseline(rows, baseline, ENVIRONMENT)
+
+
 def test_save_needs_the_reference_and_refuses_interpreter_rows(rng, tmp_path):
     with pytest.raises(ValueError, match="add sdpa-flash to --providers"):
         save_baseline(run_rows(rng).query("provider == 'fa2'"), tmp_path / "b.json", ENVIRONMENT)

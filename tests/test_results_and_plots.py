@@ -7,6 +7,8 @@ sdpa-cudnn, pytorch), plus two pytorch 'oom' rows where there is no measurement 
 'unavailable' xformers-cutlass row per configuration.
 """
 
+import csv
+import io
 import json
 import math
 import sys
@@ -23,6 +25,7 @@ from harness.results import (
     COLUMNS,
     KEY_COLUMNS,
     ResultWriter,
+    RowFileError,
     completed_keys,
     load_results,
     load_runs,
@@ -381,6 +384,51 @@ def test_a_file_holding_only_a_cut_header_is_started_anew(tmp_path):
     with ResultWriter(path) as writer:
         writer.write(_row(tflops=1.0))
     assert load_results(path).provider.tolist() == ["fa2"]
+
+
+def _three_rows(path: Path) -> list[bytes]:
+    with ResultWriter(path) as writer:
+        for provider in ("a", "b", "c"):
+            writer.write(_row(provider=provider, ms=1.0, tflops=1.0))
+    return path.read_bytes().split(b"\n")
+
+
+def test_bytes_that_are_not_utf8_are_named_by_file_line_and_column(tmp_path):
+    path = tmp_path / "results.csv"
+    lines = _three_rows(path)
+    lines[2] = lines[2].replace(b"FA2", b"F\xffA2", 1)  # line 3, the label of row b
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(RowFileError, match=(rf"{path}, line 3, column 'label': not UTF-8 text \(byte 0xff, the "
+                                            r"line's byte \d+\); fix or delete that line .* start a new --out")):
+        load_results(path)
+
+
+def test_a_row_cut_inside_a_character_is_only_an_incomplete_row(tmp_path):
+    path = tmp_path / "results.csv"
+    with ResultWriter(path) as writer:
+        writer.write(_row(provider="a", tflops=1.0))
+        writer.write(_row(provider="b", reason="é", status="error"))
+    data = path.read_bytes()
+    path.write_bytes(data[: data.index("é".encode()) + 1])  # killed between the two bytes of é
+    with pytest.warns(UserWarning, match="skipped 1 incomplete row"):
+        assert load_results(path)["provider"].tolist() == ["a"]
+
+
+@pytest.mark.parametrize(("column", "value", "expected"), [
+    ("hdim", "abc", "an integer"), ("repeat", "1.5", "an integer"), ("ms", "fast", r"a number \(or empty\)"),
+    ("causal", "yes", "True or False")])
+def test_a_cell_not_of_its_columns_type_is_named_by_file_line_and_column(tmp_path, column, value, expected):
+    path = tmp_path / "results.csv"
+    lines = _three_rows(path)
+    fields = next(csv.reader([lines[3].decode()]))
+    fields[COLUMNS.index(column)] = value
+    text = io.StringIO()
+    csv.writer(text).writerow(fields)
+    lines[3] = text.getvalue().rstrip("\r\n").encode() + b"\r"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(RowFileError, match=rf"{path}, line 4, column '{column}': '{value}' is not {expected}; fix or "
+                                           "delete that line"):
+        load_results(path)
 
 
 def test_cpu_report_says_perf_counter_and_draws_no_conclusion():

@@ -5,6 +5,7 @@ end-to-end `python runner.py --quick` in Triton's interpreter writes every outpu
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -326,7 +327,9 @@ def test_a_kernel_wrong_only_in_the_last_batch_or_head_is_caught_at_the_jobs_siz
                          progress=False)
     rows = _rows(tmp_path)
     assert rows.loc["b", "status"] == "wrong" and rows.loc["h", "status"] == "wrong"
-    assert "b2h5" in rows.loc["h", "check_shape"]
+    assert "worst in the output at batch 2, head 0" in rows.loc["b", "reason"]
+    assert re.search(r"worst in the output at batch \d, head [45],", rows.loc["h", "reason"])
+    assert "reference on every (batch, head)" in rows.loc["h", "check_shape"]
 
 
 def test_long_sequences_check_the_first_and_the_last_query_rows_exactly():
@@ -343,6 +346,20 @@ def test_long_sequences_check_the_first_and_the_last_query_rows_exactly():
         return torch.cat([out[:, :-10], out[:, -10:] * 1.5], dim=1)
 
     assert check_accuracy(wrong_tail, spec, DEVICE, max_scores=5 * 300 * 128 * 2).error > 0.02
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_chunked_reference_of_every_pair_matches_a_right_kernel_in_the_backward(causal):
+    """The float64 reference split into chunks of a few pairs, and of a few rows of one pair
+    (dK, dV summed over the chunks), agrees with PyTorch's fp32 attention."""
+    from harness.accuracy import check_accuracy, chunks
+
+    spec = replace(TINY, seqlen=150, causal=causal, mode="fwd_bwd", dtype="fp32", batch=2, heads=3)
+    assert list(chunks(6, [(0, 150)], 150, 150 * 150 * 2))[:2] == [(0, 2, 0, 150), (2, 4, 0, 150)]
+    assert list(chunks(6, [(0, 150)], 150, 150 * 100))[:2] == [(0, 1, 0, 100), (0, 1, 100, 150)]
+    for chunk_scores in (150 * 150 * 6, 150 * 150 * 2, 150 * 100):
+        check = check_accuracy(get_provider("pytorch").forward, spec, DEVICE, chunk_scores=chunk_scores)
+        assert check.error < 1e-4 and not check.fault, chunk_scores
 
 
 def test_exceptions_in_supports_and_config_become_rows_and_the_sweep_goes_on(tmp_path):
