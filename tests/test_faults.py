@@ -16,9 +16,9 @@ import runner
 from baselines.providers import Provider, Spec, get_provider
 from harness import results
 from harness.deadline import CallTimeout, call_deadline
+from harness.environment import capture_environment
 from harness.results import ResultWriter, load_results
 from harness.sweep import Job, Sweep
-from harness.environment import capture_environment
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HANGING = Path(__file__).parent / "fixtures" / "hanging_providers.py"
