@@ -20,10 +20,20 @@ Contract (the decode suite builds on it):
   a device-to-host copy per timed call.
 - availability() -> None or the reason (a sentence); supports(DecodeSpec) -> None or the
   reason; a call the kernel refuses raises UnsupportedInput.
+
+Providers that read a paged cache also have
+
+    provider.decode_paged(q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale=None) -> out
+
+- k_pages, v_pages (num_pages, page_size, Hkv, D); block_table int32 (B, pages_per_sequence):
+  slot j of sequence b is k_pages[block_table[b, j // page_size], j % page_size], as in
+  flash-attn's `flash_attn_with_kvcache`; 1 <= cache_seqlens[b] <= pages_per_sequence * page_size.
+  The pages a sequence's length does not reach are not read.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from collections.abc import Callable
@@ -31,12 +41,13 @@ from dataclasses import dataclass
 
 import torch
 
-from baselines.providers.builtin import sdpa_call
+from baselines.providers.builtin import SDPA_EFFICIENT_LABEL, sdpa_call
 from baselines.providers.core import (
     DTYPES,
     MAX_HEADDIM,
     NEEDS_CUDA,
     CompiledOnce,
+    UnsupportedInput,
     cuda_available,
     everywhere,
     first,
@@ -86,27 +97,49 @@ class DecodeProvider:
     availability: Callable[[], str | None]
     supports: Callable[[DecodeSpec], str | None]
     kernel_regex: str = ""  # Nsight Compute kernel-name regex selecting its main kernel
+    decode_paged: Callable | None = None  # (q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale=None)
+
+
+def _check_query_and_cache(q, k, v, names: str, layout: str) -> None:
+    """What a contiguous and a paged cache share: q one token per sequence, k and v of one
+    shape, the head dim of q, kv heads dividing q heads, one dtype."""
+    if q.dim() != 4 or q.shape[1] != 1:
+        raise ValueError(f"q must be (batch, 1, heads, headdim), got shape {tuple(q.shape)}")
+    if k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"{names} must both be {layout}, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[3] != q.shape[3] or q.shape[2] % k.shape[2]:
+        raise ValueError(f"{names.split()[0]} {tuple(k.shape)} must match q {tuple(q.shape)}: same headdim, kv_heads "
+                         "dividing heads")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, {names.replace(' and', ',')} must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def _check_int32(name: str, tensor, shape: tuple, shape_text: str) -> None:
+    if tensor.dtype != torch.int32 or tensor.dim() != len(shape) or any(
+            want is not None and got != want for got, want in zip(tensor.shape, shape)):
+        raise ValueError(f"{name} must be int32 of shape {shape_text}, got {tensor.dtype} {tuple(tensor.shape)}")
 
 
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens) -> None:
     """ValueError naming the argument when the inputs do not follow the contract (shapes,
     dtypes and devices only: the lengths' values are not read here)."""
-    if q.dim() != 4 or q.shape[1] != 1:
-        raise ValueError(f"q must be (batch, 1, heads, headdim), got shape {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must both be (batch, cache_len, kv_heads, headdim), got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    batch, _, heads, hdim = q.shape
-    if k_cache.shape[0] != batch or k_cache.shape[3] != hdim or heads % k_cache.shape[2]:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} must match q {tuple(q.shape)}: same batch and "
-                         "headdim, kv_heads dividing heads")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (batch,):
-        raise ValueError(f"cache_seqlens must be int32 of shape ({batch},), got {cache_seqlens.dtype} "
-                         f"{tuple(cache_seqlens.shape)}")
+    _check_query_and_cache(q, k_cache, v_cache, "k_cache and v_cache", "(batch, cache_len, kv_heads, headdim)")
+    batch = q.shape[0]
+    if k_cache.shape[0] != batch:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} must match q {tuple(q.shape)}: same batch")
+    _check_int32("cache_seqlens", cache_seqlens, (batch,), f"({batch},)")
     if not (q.device == k_cache.device == v_cache.device == cache_seqlens.device):
         raise ValueError("q, k_cache, v_cache and cache_seqlens must be on one device")
+
+
+def check_paged_decode_inputs(q, k_pages, v_pages, block_table, cache_seqlens) -> None:
+    """check_decode_inputs for a paged cache."""
+    _check_query_and_cache(q, k_pages, v_pages, "k_pages and v_pages", "(num_pages, page_size, kv_heads, headdim)")
+    batch = q.shape[0]
+    _check_int32("block_table", block_table, (batch, None), f"({batch}, pages_per_sequence)")
+    _check_int32("cache_seqlens", cache_seqlens, (batch,), f"({batch},)")
+    if not (q.device == k_pages.device == v_pages.device == block_table.device == cache_seqlens.device):
+        raise ValueError("q, k_pages, v_pages, block_table and cache_seqlens must be on one device")
 
 
 def _scale(q, softmax_scale):
@@ -209,34 +242,75 @@ def fa4_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
 
 
 # --------------------------------------------------------------------------------------
-# FlashInfer: the paged decode wrapper, one page of S slots per sequence (the cache as it is)
+# FlashInfer: the paged decode wrapper, and its single-sequence decode
 # --------------------------------------------------------------------------------------
-def _plan_flashinfer_decode(host, batch, cache_len, heads, kv_heads, hdim, scale, dtype, device):
+def _plan_flashinfer_decode(host, block_table, page_size, heads, kv_heads, hdim, scale, dtype, device):
+    """A BatchDecodeWithPagedKVCacheWrapper planned for these lengths and pages. FlashInfer's
+    page table is CSR: sequence b owns indices[indptr[b]:indptr[b + 1]], its first
+    ceil(n_b / page_size) pages of block_table[b], the last one filled to last_page_len[b]."""
     import flashinfer
 
-    _checked_host_lengths(host, cache_len)
+    _checked_host_lengths(host, block_table.shape[1] * page_size)
+    pages = [-(-n // page_size) for n in host]
+    indptr = torch.tensor([0, *itertools.accumulate(pages)], dtype=torch.int32, device=device)
+    indices = torch.cat([block_table[b, :p] for b, p in enumerate(pages)]).to(torch.int32)
+    last_page_len = torch.tensor([n - (p - 1) * page_size for n, p in zip(host, pages)], dtype=torch.int32,
+                                 device=device)
     # tensor cores pay off once several q heads share a kv head (FlashInfer's own advice)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(flashinfer_workspace(device), "NHD",
                                                             use_tensor_cores=heads // kv_heads >= 4)
-    indptr = torch.arange(batch + 1, dtype=torch.int32, device=device)  # sequence b owns page b
-    indices = torch.arange(batch, dtype=torch.int32, device=device)
-    last_page_len = torch.tensor(host, dtype=torch.int32, device=device)
-    wrapper.plan(indptr, indices, last_page_len, heads, kv_heads, hdim, cache_len, sm_scale=scale,
+    wrapper.plan(indptr, indices, last_page_len, heads, kv_heads, hdim, page_size, sm_scale=scale,
                  q_data_type=dtype, kv_data_type=dtype)
     return wrapper
 
 
+def _flashinfer_run(q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale, key):
+    """The planned wrapper for (cache_seqlens, key) run on pages (P, page_size, Hkv, D), FlashInfer's
+    NHD paged layout; `block_table` is read only when the plan is made."""
+    batch, _, heads, hdim = q.shape
+    page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
+    scale = _scale(q, softmax_scale)
+    key = ("flashinfer", *key, page_size, heads, kv_heads, hdim, scale, q.dtype, str(q.device))
+    wrapper = _PER_LENGTHS.get(cache_seqlens, key, lambda host: _plan_flashinfer_decode(
+        host, block_table(), page_size, heads, kv_heads, hdim, scale, q.dtype, str(q.device)))
+    out = wrapper.run(q.reshape(batch, heads, hdim), (k_pages, v_pages))  # (B, H, D)
+    return out.view(batch, 1, heads, hdim)
+
+
 def flashinfer_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
+    """The contiguous cache (B, S, Hkv, D) as B pages of S slots, sequence b owning page b."""
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
+    batch = q.shape[0]
+
+    def block_table():
+        return torch.arange(batch, dtype=torch.int32, device=q.device)[:, None]  # (B, 1)
+
+    return _flashinfer_run(q, k_cache, v_cache, block_table, cache_seqlens, softmax_scale, ("contiguous", batch))
+
+
+def flashinfer_decode_paged(q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale=None):
+    check_paged_decode_inputs(q, k_pages, v_pages, block_table, cache_seqlens)
+    # a plan holds its page indices: one per block table (address and in-place version)
+    key = ("paged", block_table.data_ptr(), tuple(block_table.shape), block_table._version)
+    return _flashinfer_run(q, k_pages, v_pages, lambda: block_table, cache_seqlens, softmax_scale, key)
+
+
+def flashinfer_single_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
+    """flashinfer.single_decode_with_kv_cache: one sequence, its cache sliced to its length (a
+    view, no copy); GQA through the kv heads of k. Tensor cores as the batch wrapper uses them."""
+    import flashinfer
+
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
     batch, _, heads, hdim = q.shape
+    if batch != 1:
+        raise UnsupportedInput(f"FlashInfer's single decode takes one sequence, not a batch of {batch}")
     cache_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    scale = _scale(q, softmax_scale)
-    key = ("flashinfer", batch, cache_len, heads, kv_heads, hdim, scale, q.dtype, str(q.device))
-    wrapper = _PER_LENGTHS.get(cache_seqlens, key, lambda host: _plan_flashinfer_decode(
-        host, batch, cache_len, heads, kv_heads, hdim, scale, q.dtype, str(q.device)))
-    # k_cache (B, S, Hkv, D) is a paged cache of B pages of S slots in FlashInfer's NHD layout
-    out = wrapper.run(q.reshape(batch, heads, hdim), (k_cache, v_cache))  # (B, H, D)
-    return out.view(batch, 1, heads, hdim)
+    (length,) = _PER_LENGTHS.get(cache_seqlens, ("flashinfer-single", cache_len),
+                                 lambda host: _checked_host_lengths(host, cache_len))
+    out = flashinfer.single_decode_with_kv_cache(q[0, 0], k_cache[0, :length], v_cache[0, :length], kv_layout="NHD",
+                                                 use_tensor_cores=heads // kv_heads >= 4,
+                                                 sm_scale=_scale(q, softmax_scale))  # (H, D)
+    return out.view(1, 1, heads, hdim)
 
 
 # --------------------------------------------------------------------------------------
@@ -250,24 +324,58 @@ def _xformers_bias(host, batch, cache_len, device):
                                                     kv_seqlen=list(host), device=device)
 
 
-def xformers_splitk_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
-    from xformers.ops import fmha
-    from xformers.ops.fmha import triton_splitk
-
+def _xformers_bmghk(q, k_cache, v_cache, cache_seqlens):
+    """xformers' BMGHK layout, the batch folded into the sequence axis (block-diagonal bias):
+    q (1, B, Hkv, G, D); k/v (1, B * S, Hkv, G, D), the G q heads of a kv head as a stride-0
+    expand (which xformers' dispatcher reads as GQA)."""
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
     batch, _, heads, hdim = q.shape
     cache_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv_heads
     bias = _PER_LENGTHS.get(cache_seqlens, ("xformers", batch, cache_len, str(q.device)),
                             lambda host: _xformers_bias(host, batch, cache_len, q.device))
-    # xformers' BMGHK layout, the batch folded into the sequence axis (block-diagonal bias):
-    # q (1, B, Hkv, G, D); k/v (1, B * S, Hkv, G, D), the G q heads of a kv head as a stride-0 expand
     q5 = q.reshape(1, batch, kv_heads, group, hdim)
     k5, v5 = (t.reshape(1, batch * cache_len, kv_heads, 1, hdim).expand(-1, -1, -1, group, -1)
               for t in (k_cache, v_cache))
+    return q5, k5, v5, bias
+
+
+def xformers_splitk_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
+    from xformers.ops import fmha
+    from xformers.ops.fmha import triton_splitk
+
+    q5, k5, v5, bias = _xformers_bmghk(q, k_cache, v_cache, cache_seqlens)
     out = fmha.memory_efficient_attention_forward(q5, k5, v5, attn_bias=bias, scale=_scale(q, softmax_scale),
                                                   op=triton_splitk.FwOp)
-    return out.reshape(batch, 1, heads, hdim)
+    return out.reshape(q.shape)
+
+
+def xformers_refusal(exc: Exception) -> str:
+    """xformers' "No operator found" message on one line, each operator's reasons first (the
+    message opens with a long description of the inputs)."""
+    operators = []
+    for line in str(exc).splitlines():
+        if line.endswith("is not supported because:"):
+            operators.append([line.split("`")[1]])
+        elif operators and line.startswith("    "):
+            operators[-1].append(line.strip())
+    if not operators:
+        return one_line(exc)
+    return one_line("xformers' dispatcher has no operator for this input: "
+                    + "; ".join(f"{name}: {', '.join(reasons)}" for name, *reasons in operators))
+
+
+def xformers_dispatch_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
+    """memory_efficient_attention_forward choosing its operator: FA3/FA2/cutlass (compiled),
+    with its Triton split-K op first for GQA with few kv heads and a long cache."""
+    from xformers.ops import fmha
+
+    q5, k5, v5, bias = _xformers_bmghk(q, k_cache, v_cache, cache_seqlens)
+    try:
+        out = fmha.memory_efficient_attention_forward(q5, k5, v5, attn_bias=bias, scale=_scale(q, softmax_scale))
+    except NotImplementedError as exc:  # no operator of this build takes the input: its reasons
+        raise UnsupportedInput(xformers_refusal(exc)) from exc
+    return out.reshape(q.shape)
 
 
 def _xformers_triton_probe() -> None:
@@ -311,16 +419,29 @@ def _in_headdims(headdims: tuple[int, ...], who: str):
     return supports
 
 
-def decode_probe(decode: Callable) -> Callable[[], object]:
-    """A tiny fp16 GQA decode on the GPU (2 sequences of 100 and 128 keys, 4 q / 2 kv heads, head
-    dim 64), for availability checks."""
+def _flashinfer_single_supports(spec: DecodeSpec) -> str | None:
+    if spec.batch != 1:
+        return f"FlashInfer's single decode takes one sequence, not a batch of {spec.batch}"
+    return _in_headdims(FLASHINFER_HEADDIMS, "FlashInfer's decode kernels")(spec)
+
+
+def decode_probe(decode: Callable, dtype: torch.dtype = torch.float16, hdim: int = 64,
+                 lengths: tuple[int, ...] = (100, 128)) -> Callable[[], object]:
+    """A tiny GQA decode on the GPU (4 q / 2 kv heads, a cache of 128 slots, one sequence per
+    length), for availability checks."""
     def probe():
-        q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.float16)
-        k, v = (torch.randn(2, 128, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
-        decode(q, k, v, torch.tensor([100, 128], dtype=torch.int32, device="cuda"))
+        batch = len(lengths)
+        q = torch.randn(batch, 1, 4, hdim, device="cuda", dtype=dtype)
+        k, v = (torch.randn(batch, 128, 2, hdim, device="cuda", dtype=dtype) for _ in range(2))
+        decode(q, k, v, torch.tensor(lengths, dtype=torch.int32, device="cuda"))
         torch.cuda.synchronize()
 
     return probe
+
+
+# FlashInfer compiles a module per dtype and head dim at first use (nvcc, tens of seconds): its
+# probes take the decode suite's, so the suite's first call finds the module built.
+SUITE_PROBE = {"dtype": torch.bfloat16, "hdim": 128}
 
 
 def _sdpa_decode_availability(cuda_only: bool):
@@ -340,7 +461,7 @@ for _name, _label, _backend, _regex, _cuda_only, _supports in (
     ("sdpa-flash", "FA2 official CUDA (SDPA flash)", "FLASH_ATTENTION", "flash_fwd", True,
      _half_up_to(MAX_HEADDIM, "SDPA flash")),
     ("sdpa-cudnn", "cuDNN (SDPA cudnn)", "CUDNN_ATTENTION", "cudnn", True, _half_up_to(MAX_HEADDIM, "SDPA cuDNN")),
-    ("sdpa-efficient", "xformers cutlass (SDPA efficient)", "EFFICIENT_ATTENTION", "fmha_cutlassF", True, _any_shape),
+    ("sdpa-efficient", SDPA_EFFICIENT_LABEL, "EFFICIENT_ATTENTION", "fmha_cutlassF", True, _any_shape),
     ("sdpa-math", "PyTorch SDPA math", "MATH", "gemm|softmax", False, _any_shape),
 ):
     _register(DecodeProvider(_name, _label, sdpa_decode(_backend), _sdpa_decode_availability(_cuda_only),
@@ -354,14 +475,24 @@ _register(DecodeProvider(
     optional_cuda_package("flash_attn.cute", FA4_DISTRIBUTION, decode_probe(fa4_decode), fa4_arch),
     fa4_decode_supports, "FlashAttentionForwardSm[0-9]+"))
 _register(DecodeProvider(
-    "flashinfer", "FlashInfer decode", flashinfer_decode,
-    optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION,
-                          flashinfer_jit_probe(decode_probe(flashinfer_decode), "decode"), min_arch(8)),
-    _in_headdims(FLASHINFER_HEADDIMS, "FlashInfer's decode kernels"), "Decode"))
+    "flashinfer", "FlashInfer batch decode (paged wrapper)", flashinfer_decode,
+    optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION, flashinfer_jit_probe(
+        decode_probe(flashinfer_decode, **SUITE_PROBE), "decode"), min_arch(8)),
+    _in_headdims(FLASHINFER_HEADDIMS, "FlashInfer's decode kernels"), "Decode|Prefill",
+    decode_paged=flashinfer_decode_paged))
+_register(DecodeProvider(
+    "flashinfer-single", "FlashInfer single decode", flashinfer_single_decode,
+    optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION, flashinfer_jit_probe(
+        decode_probe(flashinfer_single_decode, lengths=(100,), **SUITE_PROBE), "single decode"), min_arch(8)),
+    _flashinfer_single_supports, "SingleDecode|SinglePrefill"))
 _register(DecodeProvider(
     "xformers-splitk", "xformers split-K (Triton)", xformers_splitk_decode,
     optional_cuda_package("xformers.ops.fmha.triton_splitk", "xformers", _xformers_triton_probe, min_arch(8)),
     _in_headdims(XFORMERS_SPLITK_HEADDIMS, "xformers' split-K op"), "_fwd_kernel_splitK"))
+_register(DecodeProvider(
+    "xformers-dispatch", "xformers memory_efficient_attention (its dispatcher)", xformers_dispatch_decode,
+    optional_cuda_package("xformers.ops", "xformers", decode_probe(xformers_dispatch_decode), min_arch(8)),
+    _any_shape, "_fwd_kernel_splitK|fmha_cutlassF|flash_fwd"))
 
 
 def get_decode_provider(name: str) -> DecodeProvider:
