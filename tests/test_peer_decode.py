@@ -1,7 +1,7 @@
 """FlashInfer's and xformers' decode and prefill entry points beyond the contiguous decode:
 FlashInfer's batch decode on a paged cache (its CSR page table built from a block table),
 its single-sequence decode, its ragged prefill with variable lengths, a window and a softcap,
-and xformers' dispatcher (its refusal as the reason). Fake modules (tests/peer_fakes.py)
+xformers' split-K op on a paged cache, and xformers' dispatcher (a refusal as the reason). Fake modules (tests/peer_fakes.py)
 record the calls and answer with the float64 reference; on a GPU, the real packages against
 that reference."""
 
@@ -165,20 +165,87 @@ XFORMERS_REFUSAL = """No operator found for `memory_efficient_attention_forward`
     operator wasn't built - see `python -m xformers.info` for more info"""
 
 
-def _fake_xformers(monkeypatch, forward):
-    class FakeBias:
-        @classmethod
-        def from_seqlens(cls, q_seqlen, kv_padding, kv_seqlen, device=None):
-            bias = cls()
-            bias.kv_padding, bias.kv_seqlen = kv_padding, list(kv_seqlen)
-            return bias
+class FakeBias:
+    """xformers' BlockDiagonalPaddedKeysMask: the lengths; make_paged adds the block table."""
 
-    fmha = types.SimpleNamespace(memory_efficient_attention_forward=forward)
+    @classmethod
+    def from_seqlens(cls, q_seqlen, kv_padding, kv_seqlen, device=None):
+        bias = cls()
+        bias.kv_padding, bias.kv_seqlen, bias.block_tables, bias.page_size = kv_padding, list(kv_seqlen), None, None
+        return bias
+
+    def make_paged(self, block_tables, page_size, paged_type):
+        assert paged_type == "PagedBlockDiagonalPaddedKeysMask"
+        self.block_tables, self.page_size = block_tables, page_size
+        return self
+
+
+def _attend_by_bias(q5, k5, v5, attn_bias, scale):
+    """What xformers computes for a (paged) block-diagonal padded-keys bias, from the float64
+    reference: sequence b's slot j at row b * padding + j, or through its block table."""
+    outs = []
+    for b, length in enumerate(attn_bias.kv_seqlen):
+        slots = torch.arange(length)
+        if attn_bias.block_tables is None:
+            rows = b * attn_bias.kv_padding + slots
+        else:
+            rows = attn_bias.block_tables[b, slots // attn_bias.page_size].long() * attn_bias.page_size \
+                + slots % attn_bias.page_size
+        qb = q5[0, b].reshape(1, 1, -1, q5.shape[-1])  # (1, 1, Hkv * G, D)
+        kb, vb = (t[0, rows].reshape(1, length, -1, t.shape[-1]) for t in (k5, v5))
+        outs.append(attention_reference(qb, kb, vb, softmax_scale=scale)[0].reshape(q5.shape[2:]))
+    return torch.stack(outs)[None].to(q5.dtype)
+
+
+def _fake_xformers(monkeypatch, forward, block_n=64):
+    fmha = types.SimpleNamespace(memory_efficient_attention_forward=forward,
+                                 triton_splitk=types.SimpleNamespace(FwOp=types.SimpleNamespace(BLOCK_N=block_n)))
+    attn_bias = types.SimpleNamespace(BlockDiagonalPaddedKeysMask=FakeBias,
+                                      PagedBlockDiagonalPaddedKeysMask="PagedBlockDiagonalPaddedKeysMask")
     for name, module in {"xformers": types.ModuleType("xformers"), "xformers.ops": types.SimpleNamespace(fmha=fmha),
-                         "xformers.ops.fmha": fmha,
-                         "xformers.ops.fmha.attn_bias": types.SimpleNamespace(BlockDiagonalPaddedKeysMask=FakeBias)
-                         }.items():
+                         "xformers.ops.fmha": fmha, "xformers.ops.fmha.attn_bias": attn_bias}.items():
         monkeypatch.setitem(sys.modules, name, module)
+
+
+def test_xformers_paged_split_k_reads_the_pages_through_its_block_table(monkeypatch):
+    calls = []
+
+    def forward(q5, k5, v5, attn_bias, scale, op):
+        calls.append((k5.shape, attn_bias.page_size, op.BLOCK_N))
+        return _attend_by_bias(q5, k5, v5, attn_bias, scale)
+
+    _fake_xformers(monkeypatch, forward)
+    q, k_pages, v_pages, block_table, lengths, k, v = _paged(page_size=64, pages_per_sequence=2,
+                                                            lengths=(5, 128, 70), seed=11)
+    out = decode.get_decode_provider("xformers-splitk").decode_paged(q, k_pages, v_pages, block_table, lengths)
+    assert calls == [((1, k_pages.shape[0] * 64, 2, 4, 32), 64, 64)]  # the pool as one sequence axis
+    ref, _ = attention_reference(q, k, v, seqlens_k=lengths)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-3
+
+
+def test_xformers_paged_split_k_refusal_of_small_pages_is_the_reason(monkeypatch):
+    def forward(q5, k5, v5, attn_bias, scale, op):
+        raise ValueError("Operator `memory_efficient_attention` does not support inputs:\n"
+                         "     query       : shape=(1, 3, 2, 4, 32) (torch.float16)\n"
+                         "`triton_splitKF` is not supported because:\n"
+                         "    For paged attention, page size should be divisible by the block size, but got "
+                         f"page_size={attn_bias.page_size}, cls.BLOCK_N=64.")
+
+    _fake_xformers(monkeypatch, forward)
+    q, k_pages, v_pages, block_table, lengths, _, _ = _paged(page_size=16, pages_per_sequence=3, seed=12)
+    with pytest.raises(UnsupportedInput, match="xformers' split-K op has no operator for this input: triton_splitKF: "
+                                               "For paged attention, page size should be divisible"):
+        decode.get_decode_provider("xformers-splitk").decode_paged(q, k_pages, v_pages, block_table, lengths)
+
+
+def test_an_xformers_error_that_is_no_refusal_is_raised_as_it_is(monkeypatch):
+    def forward(q5, k5, v5, attn_bias, scale, op):
+        raise ValueError("a bug inside xformers")
+
+    _fake_xformers(monkeypatch, forward)
+    q, _, _, _, lengths, k, v = _paged(seed=13)
+    with pytest.raises(ValueError, match="a bug inside xformers"):
+        decode.get_decode_provider("xformers-splitk").decode(q, k, v, lengths)
 
 
 def test_xformers_dispatcher_refusal_is_the_row_reason_with_each_operators_reasons(monkeypatch):
@@ -229,17 +296,17 @@ def test_a_new_peer_without_its_package_says_which_to_install(monkeypatch, name)
 # --------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_heads", [8, 32])
-def test_flashinfer_paged_decode_on_the_gpu_matches_the_reference(kv_heads):
-    provider = decode.get_decode_provider("flashinfer")
+@pytest.mark.parametrize(("name", "page_size"), [("flashinfer", 16), ("xformers-splitk", 64)])
+def test_paged_decode_peer_on_the_gpu_matches_the_reference(name, page_size, kv_heads):
+    provider = decode.get_decode_provider(name)
     reason = decode.decode_unavailable_reason(provider)
     if reason is not None:
-        pytest.skip(f"flashinfer is unavailable here: {reason}")
+        pytest.skip(f"{name} is unavailable here: {reason}")
     q, k_pages, v_pages, block_table, lengths, k, v = _paged(batch=4, heads=32, kv_heads=kv_heads, hdim=128,
-                                                            page_size=16, pages_per_sequence=64,
+                                                            page_size=page_size, pages_per_sequence=1024 // page_size,
                                                             lengths=(1, 700, 1024, 333), seed=kv_heads)
-    q, k_pages, v_pages, block_table, lengths, k, v = (t.cuda() for t in (q, k_pages, v_pages, block_table, lengths,
-                                                                           k, v))
-    q, k_pages, v_pages, k, v = (t.to(torch.bfloat16) for t in (q, k_pages, v_pages, k, v))
+    q, k_pages, v_pages, k, v = (t.to("cuda", torch.bfloat16) for t in (q, k_pages, v_pages, k, v))
+    block_table, lengths = block_table.cuda(), lengths.cuda()
     out = provider.decode_paged(q, k_pages, v_pages, block_table, lengths)
     ref, _ = attention_reference(q, k, v, seqlens_k=lengths)
     assert out.shape == q.shape and out.dtype == q.dtype

@@ -324,35 +324,19 @@ def _xformers_bias(host, batch, cache_len, device):
                                                     kv_seqlen=list(host), device=device)
 
 
-def _xformers_bmghk(q, k_cache, v_cache, cache_seqlens):
-    """xformers' BMGHK layout, the batch folded into the sequence axis (block-diagonal bias):
-    q (1, B, Hkv, G, D); k/v (1, B * S, Hkv, G, D), the G q heads of a kv head as a stride-0
-    expand (which xformers' dispatcher reads as GQA)."""
-    check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
-    batch, _, heads, hdim = q.shape
-    cache_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = heads // kv_heads
-    bias = _PER_LENGTHS.get(cache_seqlens, ("xformers", batch, cache_len, str(q.device)),
-                            lambda host: _xformers_bias(host, batch, cache_len, q.device))
-    q5 = q.reshape(1, batch, kv_heads, group, hdim)
-    k5, v5 = (t.reshape(1, batch * cache_len, kv_heads, 1, hdim).expand(-1, -1, -1, group, -1)
-              for t in (k_cache, v_cache))
-    return q5, k5, v5, bias
+def _xformers_paged_bias(host, block_table, page_size, device):
+    """The block-diagonal bias over a paged cache: sequence b's slot j at row
+    block_table[b, j // page_size] * page_size + j % page_size of the pool."""
+    from xformers.ops.fmha.attn_bias import PagedBlockDiagonalPaddedKeysMask
+
+    bias = _xformers_bias(host, block_table.shape[0], block_table.shape[1] * page_size, device)
+    return bias.make_paged(block_tables=block_table, page_size=page_size, paged_type=PagedBlockDiagonalPaddedKeysMask)
 
 
-def xformers_splitk_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
-    from xformers.ops import fmha
-    from xformers.ops.fmha import triton_splitk
-
-    q5, k5, v5, bias = _xformers_bmghk(q, k_cache, v_cache, cache_seqlens)
-    out = fmha.memory_efficient_attention_forward(q5, k5, v5, attn_bias=bias, scale=_scale(q, softmax_scale),
-                                                  op=triton_splitk.FwOp)
-    return out.reshape(q.shape)
-
-
-def xformers_refusal(exc: Exception) -> str:
-    """xformers' "No operator found" message on one line, each operator's reasons first (the
-    message opens with a long description of the inputs)."""
+def xformers_refusal(exc: Exception, who: str) -> str | None:
+    """xformers' refusal ("No operator found", or "Operator ... does not support inputs") on
+    one line, each operator's reasons first (the message opens with a long description of
+    the inputs); None when `exc` is not such a refusal."""
     operators = []
     for line in str(exc).splitlines():
         if line.endswith("is not supported because:"):
@@ -360,22 +344,68 @@ def xformers_refusal(exc: Exception) -> str:
         elif operators and line.startswith("    "):
             operators[-1].append(line.strip())
     if not operators:
-        return one_line(exc)
-    return one_line("xformers' dispatcher has no operator for this input: "
+        return None
+    return one_line(f"{who} has no operator for this input: "
                     + "; ".join(f"{name}: {', '.join(reasons)}" for name, *reasons in operators))
+
+
+def _xformers_forward(q, k, v, bias, softmax_scale, op, who: str):
+    """memory_efficient_attention_forward in xformers' BMGHK layout, the batch folded into the
+    sequence axis (the block-diagonal bias separates the sequences): q (1, B, Hkv, G, D); k and v,
+    a cache (B, S, Hkv, D) or a pool of pages (P, page_size, Hkv, D) alike, as (1, B * S or
+    P * page_size, Hkv, G, D), the G q heads of a kv head a stride-0 expand (which xformers'
+    dispatcher reads as GQA). `op` None lets the dispatcher choose."""
+    from xformers.ops import fmha
+
+    batch, _, heads, hdim = q.shape
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    q5 = q.reshape(1, batch, kv_heads, group, hdim)
+    k5, v5 = (t.reshape(1, -1, kv_heads, 1, hdim).expand(-1, -1, -1, group, -1) for t in (k, v))
+    chosen = {} if op is None else {"op": op}
+    try:
+        out = fmha.memory_efficient_attention_forward(q5, k5, v5, attn_bias=bias, scale=_scale(q, softmax_scale),
+                                                      **chosen)
+    except (ValueError, NotImplementedError) as exc:
+        reason = xformers_refusal(exc, who)
+        if reason is None:
+            raise
+        raise UnsupportedInput(reason) from exc
+    return out.reshape(q.shape)
+
+
+def _splitk_op():
+    from xformers.ops.fmha import triton_splitk
+
+    return triton_splitk.FwOp
+
+
+def xformers_splitk_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
+    batch, cache_len = k_cache.shape[:2]
+    bias = _PER_LENGTHS.get(cache_seqlens, ("xformers", batch, cache_len, str(q.device)),
+                            lambda host: _xformers_bias(host, batch, cache_len, q.device))
+    return _xformers_forward(q, k_cache, v_cache, bias, softmax_scale, _splitk_op(), "xformers' split-K op")
+
+
+def xformers_splitk_decode_paged(q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale=None):
+    """Pages of a multiple of the op's key block only (FwOp.BLOCK_N, 64): xformers refuses others."""
+    check_paged_decode_inputs(q, k_pages, v_pages, block_table, cache_seqlens)
+    page_size = k_pages.shape[1]
+    key = ("xformers-paged", block_table.data_ptr(), tuple(block_table.shape), block_table._version, page_size)
+    bias = _PER_LENGTHS.get(cache_seqlens, key, lambda host: _xformers_paged_bias(host, block_table, page_size,
+                                                                                  q.device))
+    return _xformers_forward(q, k_pages, v_pages, bias, softmax_scale, _splitk_op(), "xformers' split-K op")
 
 
 def xformers_dispatch_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
     """memory_efficient_attention_forward choosing its operator: FA3/FA2/cutlass (compiled),
     with its Triton split-K op first for GQA with few kv heads and a long cache."""
-    from xformers.ops import fmha
-
-    q5, k5, v5, bias = _xformers_bmghk(q, k_cache, v_cache, cache_seqlens)
-    try:
-        out = fmha.memory_efficient_attention_forward(q5, k5, v5, attn_bias=bias, scale=_scale(q, softmax_scale))
-    except NotImplementedError as exc:  # no operator of this build takes the input: its reasons
-        raise UnsupportedInput(xformers_refusal(exc)) from exc
-    return out.reshape(q.shape)
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
+    batch, cache_len = k_cache.shape[:2]
+    bias = _PER_LENGTHS.get(cache_seqlens, ("xformers", batch, cache_len, str(q.device)),
+                            lambda host: _xformers_bias(host, batch, cache_len, q.device))
+    return _xformers_forward(q, k_cache, v_cache, bias, softmax_scale, None, "xformers' dispatcher")
 
 
 def _xformers_triton_probe() -> None:
@@ -488,7 +518,8 @@ _register(DecodeProvider(
 _register(DecodeProvider(
     "xformers-splitk", "xformers split-K (Triton)", xformers_splitk_decode,
     optional_cuda_package("xformers.ops.fmha.triton_splitk", "xformers", _xformers_triton_probe, min_arch(8)),
-    _in_headdims(XFORMERS_SPLITK_HEADDIMS, "xformers' split-K op"), "_fwd_kernel_splitK"))
+    _in_headdims(XFORMERS_SPLITK_HEADDIMS, "xformers' split-K op"), "_fwd_kernel_splitK",
+    decode_paged=xformers_splitk_decode_paged))
 _register(DecodeProvider(
     "xformers-dispatch", "xformers memory_efficient_attention (its dispatcher)", xformers_dispatch_decode,
     optional_cuda_package("xformers.ops", "xformers", decode_probe(xformers_dispatch_decode), min_arch(8)),
