@@ -314,6 +314,24 @@ def test_paged_decode_peer_on_the_gpu_matches_the_reference(name, page_size, kv_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kv_heads", [8, 32])
+def test_flashinfer_single_decode_on_the_gpu_matches_the_reference(kv_heads):
+    provider = decode.get_decode_provider("flashinfer-single")
+    reason = decode.decode_unavailable_reason(provider)
+    if reason is not None:
+        pytest.skip(f"flashinfer-single is unavailable here: {reason}")
+    generator = torch.Generator(device="cuda").manual_seed(kv_heads)
+    q = torch.randn(1, 1, 32, 128, generator=generator, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 4096, kv_heads, 128, generator=generator, device="cuda", dtype=torch.bfloat16)
+            for _ in range(2))
+    k[:, 3000:], v[:, 3000:] = POISON, -POISON
+    lengths = torch.tensor([3000], dtype=torch.int32, device="cuda")
+    out = provider.decode(q, k, v, lengths)
+    ref, _ = attention_reference(q, k, v, seqlens_k=lengths)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("window_left", "softcap"), [(-1, 0.0), (300, 0.0), (-1, 30.0)])
 def test_flashinfer_ragged_prefill_on_the_gpu_matches_the_reference(window_left, softcap):
     reason = unavailable_reason(get_provider("flashinfer"))

@@ -264,15 +264,15 @@ def _plan_flashinfer_decode(host, block_table, page_size, heads, kv_heads, hdim,
     return wrapper
 
 
-def _flashinfer_run(q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale, key):
+def _flashinfer_run(q, k_pages, v_pages, make_block_table, cache_seqlens, softmax_scale, key):
     """The planned wrapper for (cache_seqlens, key) run on pages (P, page_size, Hkv, D), FlashInfer's
-    NHD paged layout; `block_table` is read only when the plan is made."""
+    NHD paged layout; `make_block_table()` is called only when the plan is made."""
     batch, _, heads, hdim = q.shape
     page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
     scale = _scale(q, softmax_scale)
     key = ("flashinfer", *key, page_size, heads, kv_heads, hdim, scale, q.dtype, str(q.device))
     wrapper = _PER_LENGTHS.get(cache_seqlens, key, lambda host: _plan_flashinfer_decode(
-        host, block_table(), page_size, heads, kv_heads, hdim, scale, q.dtype, str(q.device)))
+        host, make_block_table(), page_size, heads, kv_heads, hdim, scale, q.dtype, str(q.device)))
     out = wrapper.run(q.reshape(batch, heads, hdim), (k_pages, v_pages))  # (B, H, D)
     return out.view(batch, 1, heads, hdim)
 
@@ -282,10 +282,10 @@ def flashinfer_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
     batch = q.shape[0]
 
-    def block_table():
+    def one_page_each():
         return torch.arange(batch, dtype=torch.int32, device=q.device)[:, None]  # (B, 1)
 
-    return _flashinfer_run(q, k_cache, v_cache, block_table, cache_seqlens, softmax_scale, ("contiguous", batch))
+    return _flashinfer_run(q, k_cache, v_cache, one_page_each, cache_seqlens, softmax_scale, ("contiguous", batch))
 
 
 def flashinfer_decode_paged(q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale=None):
