@@ -145,6 +145,14 @@ def _registry(provider):
     return call
 
 
+def _registry_paged(provider):
+    def call(inputs: Inputs, i: int):
+        k_pages, v_pages = inputs.paged[i]
+        return provider.decode_paged(inputs.q, k_pages, v_pages, inputs.block_tables[i], inputs.seqlens)
+
+    return call
+
+
 def providers() -> list[tuple[str, str, str, Callable, Callable]]:
     """(name, label, layout, call(inputs, copy), why_not(kv_heads) -> None or (status, reason))."""
     from baselines.providers import registry, unavailable_reason
@@ -175,6 +183,8 @@ def providers() -> list[tuple[str, str, str, Callable, Callable]]:
 
         label = "PyTorch eager" if name == "pytorch" else provider.label
         entries.append((name, label, "contiguous", _registry(provider), why_not))
+        if provider.decode_paged is not None:
+            entries.append((name, label, "paged", _registry_paged(provider), why_not))
     return entries
 
 

@@ -54,7 +54,8 @@ def install_fake_fa4(monkeypatch):
 
 class FakePrefillWrapper:
     """flashinfer.BatchPrefillWithRaggedKVCacheWrapper: plan() records, run() computes the
-    ragged (packed) attention sequence by sequence from the planned indptrs."""
+    ragged (packed) attention sequence by sequence from the planned indptrs, with FlashInfer's
+    window_left (keys j >= i - window_left) and logits_soft_cap."""
 
     instances: ClassVar[list] = []
 
@@ -69,8 +70,10 @@ class FakePrefillWrapper:
     def run(self, q, k, v):
         qo, kv, *_, kwargs = self.plans[-1]
         assert q.dim() == 3 and q.shape[0] == qo[-1] and k.shape[0] == kv[-1]
+        features = {"softmax_scale": kwargs["sm_scale"], "causal": kwargs["causal"],
+                    "window_size": (kwargs.get("window_left", -1), -1), "softcap": kwargs.get("logits_soft_cap") or 0.0}
         outs = [attention_reference(q[None, qo[b]:qo[b + 1]], k[None, kv[b]:kv[b + 1]], v[None, kv[b]:kv[b + 1]],
-                                    softmax_scale=kwargs["sm_scale"], causal=kwargs["causal"])[0][0]
+                                    **features)[0][0]
                 for b in range(len(qo) - 1)]
         return torch.cat(outs).to(q.dtype)
 
@@ -103,12 +106,22 @@ class FakeDecodeWrapper:
         return torch.stack(outs).to(q.dtype)
 
 
+class FakeSingleDecode(Recorder):
+    """flashinfer.single_decode_with_kv_cache: q (H, D), k and v (S, Hkv, D) in NHD."""
+
+    def __call__(self, q, k, v, **kwargs):
+        self.calls.append(((q, k, v), kwargs))
+        assert kwargs["kv_layout"] == "NHD" and q.dim() == 2 and k.dim() == 3
+        return attention_reference(q[None, None], k[None], v[None], softmax_scale=kwargs["sm_scale"])[0][0, 0].to(q.dtype)
+
+
 def install_fake_flashinfer(monkeypatch):
-    """flashinfer with the two wrappers above; FlashInfer's caches cleared (the caller clears
-    them again afterwards: `clear_flashinfer_caches`)."""
+    """flashinfer with the two wrappers and the single decode above; FlashInfer's caches cleared
+    (the caller clears them again afterwards: `clear_flashinfer_caches`)."""
     module = types.ModuleType("flashinfer")
     module.BatchPrefillWithRaggedKVCacheWrapper = FakePrefillWrapper
     module.BatchDecodeWithPagedKVCacheWrapper = FakeDecodeWrapper
+    module.single_decode_with_kv_cache = FakeSingleDecode()
     monkeypatch.setitem(sys.modules, "flashinfer", module)
     monkeypatch.setattr(packages, "FLASHINFER_WORKSPACE_BYTES", 1024)
     clear_flashinfer_caches()

@@ -28,7 +28,7 @@ def fake_flashinfer(monkeypatch):
 
 POISON = 300.0
 DECODE_NAMES = ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "sdpa-math", "pytorch", "torch-compile", "fa4",
-                "flashinfer", "xformers-splitk")
+                "flashinfer", "flashinfer-single", "xformers-splitk", "xformers-dispatch")
 
 
 def _decode_inputs(batch=3, heads=8, kv_heads=2, hdim=32, cache_len=48, lengths=(5, 48, 17), seed=0):
@@ -206,8 +206,9 @@ def test_available_decode_peer_attends_to_each_sequences_cache_only(name, kv_hea
         try:
             out = provider.forward(q, k_poisoned, v_poisoned, cache_seqlens)
         except UnsupportedInput as exc:  # e.g. SDPA flash takes no mask: ragged lengths refused, not ignored
-            # every decode peer takes the plain case: full caches, one kv head per q head
-            assert not (kv_heads == 32 and lengths == (1024,) * 4), (name, exc)
+            # every decode peer takes the plain case (full caches, one kv head per q head) but xformers'
+            # dispatcher, whose operators for it are compiled ones that may not load beside this torch
+            assert name == "xformers-dispatch" or not (kv_heads == 32 and lengths == (1024,) * 4), (name, exc)
             continue
         ref, _ = attention_reference(q, k_poisoned, v_poisoned, seqlens_k=cache_seqlens)
         assert out.shape == q.shape and out.dtype == q.dtype

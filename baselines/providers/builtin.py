@@ -129,10 +129,12 @@ def sdpa_forward(backend_name: str):
     return forward
 
 
+# SDPA's efficient backend is xformers' cutlass kernel (fmha_cutlassF/B), upstreamed into PyTorch
+SDPA_EFFICIENT_LABEL = "xformers' cutlass kernel (in PyTorch SDPA)"
 SDPA_BACKENDS = (
     # name, label, backend, forward kernel regex, backward kernel regex, CUDA only
     ("sdpa-flash", "FA2 official CUDA (SDPA flash)", "FLASH_ATTENTION", "flash_fwd", "flash_bwd", True),
-    ("sdpa-efficient", "xformers cutlass (SDPA efficient)", "EFFICIENT_ATTENTION", "fmha_cutlassF",
+    ("sdpa-efficient", SDPA_EFFICIENT_LABEL, "EFFICIENT_ATTENTION", "fmha_cutlassF",
      "fmha_cutlassB", True),
     ("sdpa-cudnn", "cuDNN (SDPA cudnn)", "CUDNN_ATTENTION", "cudnn", "cudnn", True),
     ("sdpa-math", "PyTorch SDPA math", "MATH", "gemm|softmax", "gemm|softmax", False),

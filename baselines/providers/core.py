@@ -76,6 +76,9 @@ class Provider:
     bwd_kernel_regex: str = ""  # ... and its main backward kernel ('' when unknown or forward-only)
     config: Callable[[Spec], str] | None = None  # JSON of the kernel config for a result row
     kind: str = "attention"  # one of KINDS
+    # kind 'decode' only: the same attention over a paged cache,
+    # (q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale=None) -> out
+    decode_paged: Callable | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -21,10 +21,20 @@ Contract (the decode suite builds on it):
   a device-to-host copy per timed call.
 - availability() -> None or the reason (a sentence); supports(DecodeSpec) -> None or the
   reason; a call the kernel refuses raises UnsupportedInput.
+
+Providers that read a paged cache also have
+
+    provider.decode_paged(q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale=None) -> out
+
+- k_pages, v_pages (num_pages, page_size, Hkv, D); block_table int32 (B, pages_per_sequence):
+  slot j of sequence b is k_pages[block_table[b, j // page_size], j % page_size], as in
+  flash-attn's `flash_attn_with_kvcache`; 1 <= cache_seqlens[b] <= pages_per_sequence * page_size.
+  The pages a sequence's length does not reach are not read.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from collections.abc import Callable
@@ -32,13 +42,14 @@ from dataclasses import dataclass
 
 import torch
 
-from baselines.providers.builtin import sdpa_call
+from baselines.providers.builtin import SDPA_EFFICIENT_LABEL, sdpa_call
 from baselines.providers.core import (
     DTYPES,
     MAX_HEADDIM,
     NEEDS_CUDA,
     CompiledOnce,
     Provider,
+    UnsupportedInput,
     cuda_available,
     everywhere,
     first,
@@ -80,25 +91,46 @@ class DecodeSpec:
             raise ValueError(f"DecodeSpec.kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
 
 
+def _check_query_and_cache(q, k, v, names: str, layout: str) -> None:
+    """What a contiguous and a paged cache share: q one token per sequence, k and v of one
+    shape, the head dim of q, kv heads dividing q heads, one dtype."""
+    if q.dim() != 4 or q.shape[1] != 1:
+        raise ValueError(f"q must be (batch, 1, heads, headdim), got shape {tuple(q.shape)}")
+    if k.dim() != 4 or k.shape != v.shape:
+        raise ValueError(f"{names} must both be {layout}, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[3] != q.shape[3] or q.shape[2] % k.shape[2]:
+        raise ValueError(f"{names.split()[0]} {tuple(k.shape)} must match q {tuple(q.shape)}: same headdim, kv_heads "
+                         "dividing heads")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, {names.replace(' and', ',')} must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def _check_int32(name: str, tensor, shape: tuple, shape_text: str) -> None:
+    if tensor.dtype != torch.int32 or tensor.dim() != len(shape) or any(
+            want is not None and got != want for got, want in zip(tensor.shape, shape)):
+        raise ValueError(f"{name} must be int32 of shape {shape_text}, got {tensor.dtype} {tuple(tensor.shape)}")
+
+
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens) -> None:
     """ValueError naming the argument when the inputs do not follow the contract (shapes,
     dtypes and devices only: the lengths' values are not read here)."""
-    if q.dim() != 4 or q.shape[1] != 1:
-        raise ValueError(f"q must be (batch, 1, heads, headdim), got shape {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must both be (batch, cache_len, kv_heads, headdim), got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    batch, _, heads, hdim = q.shape
-    if k_cache.shape[0] != batch or k_cache.shape[3] != hdim or heads % k_cache.shape[2]:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} must match q {tuple(q.shape)}: same batch and "
-                         "headdim, kv_heads dividing heads")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (batch,):
-        raise ValueError(f"cache_seqlens must be int32 of shape ({batch},), got {cache_seqlens.dtype} "
-                         f"{tuple(cache_seqlens.shape)}")
+    _check_query_and_cache(q, k_cache, v_cache, "k_cache and v_cache", "(batch, cache_len, kv_heads, headdim)")
+    batch = q.shape[0]
+    if k_cache.shape[0] != batch:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} must match q {tuple(q.shape)}: same batch")
+    _check_int32("cache_seqlens", cache_seqlens, (batch,), f"({batch},)")
     if not (q.device == k_cache.device == v_cache.device == cache_seqlens.device):
         raise ValueError("q, k_cache, v_cache and cache_seqlens must be on one device")
+
+
+def check_paged_decode_inputs(q, k_pages, v_pages, block_table, cache_seqlens) -> None:
+    """check_decode_inputs for a paged cache."""
+    _check_query_and_cache(q, k_pages, v_pages, "k_pages and v_pages", "(num_pages, page_size, kv_heads, headdim)")
+    batch = q.shape[0]
+    _check_int32("block_table", block_table, (batch, None), f"({batch}, pages_per_sequence)")
+    _check_int32("cache_seqlens", cache_seqlens, (batch,), f"({batch},)")
+    if not (q.device == k_pages.device == v_pages.device == block_table.device == cache_seqlens.device):
+        raise ValueError("q, k_pages, v_pages, block_table and cache_seqlens must be on one device")
 
 
 def _scale(q, softmax_scale):
@@ -201,34 +233,75 @@ def fa4_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
 
 
 # --------------------------------------------------------------------------------------
-# FlashInfer: the paged decode wrapper, one page of S slots per sequence (the cache as it is)
+# FlashInfer: the paged decode wrapper, and its single-sequence decode
 # --------------------------------------------------------------------------------------
-def _plan_flashinfer_decode(host, batch, cache_len, heads, kv_heads, hdim, scale, dtype, device):
+def _plan_flashinfer_decode(host, block_table, page_size, heads, kv_heads, hdim, scale, dtype, device):
+    """A BatchDecodeWithPagedKVCacheWrapper planned for these lengths and pages. FlashInfer's
+    page table is CSR: sequence b owns indices[indptr[b]:indptr[b + 1]], its first
+    ceil(n_b / page_size) pages of block_table[b], the last one filled to last_page_len[b]."""
     import flashinfer
 
-    _checked_host_lengths(host, cache_len)
+    _checked_host_lengths(host, block_table.shape[1] * page_size)
+    pages = [-(-n // page_size) for n in host]
+    indptr = torch.tensor([0, *itertools.accumulate(pages)], dtype=torch.int32, device=device)
+    indices = torch.cat([block_table[b, :p] for b, p in enumerate(pages)]).to(torch.int32)
+    last_page_len = torch.tensor([n - (p - 1) * page_size for n, p in zip(host, pages)], dtype=torch.int32,
+                                 device=device)
     # tensor cores pay off once several q heads share a kv head (FlashInfer's own advice)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(flashinfer_workspace(device), "NHD",
                                                             use_tensor_cores=heads // kv_heads >= 4)
-    indptr = torch.arange(batch + 1, dtype=torch.int32, device=device)  # sequence b owns page b
-    indices = torch.arange(batch, dtype=torch.int32, device=device)
-    last_page_len = torch.tensor(host, dtype=torch.int32, device=device)
-    wrapper.plan(indptr, indices, last_page_len, heads, kv_heads, hdim, cache_len, sm_scale=scale,
+    wrapper.plan(indptr, indices, last_page_len, heads, kv_heads, hdim, page_size, sm_scale=scale,
                  q_data_type=dtype, kv_data_type=dtype)
     return wrapper
 
 
+def _flashinfer_run(q, k_pages, v_pages, make_block_table, cache_seqlens, softmax_scale, key):
+    """The planned wrapper for (cache_seqlens, key) run on pages (P, page_size, Hkv, D), FlashInfer's
+    NHD paged layout; `make_block_table()` is called only when the plan is made."""
+    batch, _, heads, hdim = q.shape
+    page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
+    scale = _scale(q, softmax_scale)
+    key = ("flashinfer", *key, page_size, heads, kv_heads, hdim, scale, q.dtype, str(q.device))
+    wrapper = _PER_LENGTHS.get(cache_seqlens, key, lambda host: _plan_flashinfer_decode(
+        host, make_block_table(), page_size, heads, kv_heads, hdim, scale, q.dtype, str(q.device)))
+    out = wrapper.run(q.reshape(batch, heads, hdim), (k_pages, v_pages))  # (B, H, D)
+    return out.view(batch, 1, heads, hdim)
+
+
 def flashinfer_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
+    """The contiguous cache (B, S, Hkv, D) as B pages of S slots, sequence b owning page b."""
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
+    batch = q.shape[0]
+
+    def one_page_each():
+        return torch.arange(batch, dtype=torch.int32, device=q.device)[:, None]  # (B, 1)
+
+    return _flashinfer_run(q, k_cache, v_cache, one_page_each, cache_seqlens, softmax_scale, ("contiguous", batch))
+
+
+def flashinfer_decode_paged(q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale=None):
+    check_paged_decode_inputs(q, k_pages, v_pages, block_table, cache_seqlens)
+    # a plan holds its page indices: one per block table (address and in-place version)
+    key = ("paged", block_table.data_ptr(), tuple(block_table.shape), block_table._version)
+    return _flashinfer_run(q, k_pages, v_pages, lambda: block_table, cache_seqlens, softmax_scale, key)
+
+
+def flashinfer_single_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
+    """flashinfer.single_decode_with_kv_cache: one sequence, its cache sliced to its length (a
+    view, no copy); GQA through the kv heads of k. Tensor cores as the batch wrapper uses them."""
+    import flashinfer
+
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
     batch, _, heads, hdim = q.shape
+    if batch != 1:
+        raise UnsupportedInput(f"FlashInfer's single decode takes one sequence, not a batch of {batch}")
     cache_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    scale = _scale(q, softmax_scale)
-    key = ("flashinfer", batch, cache_len, heads, kv_heads, hdim, scale, q.dtype, str(q.device))
-    wrapper = _PER_LENGTHS.get(cache_seqlens, key, lambda host: _plan_flashinfer_decode(
-        host, batch, cache_len, heads, kv_heads, hdim, scale, q.dtype, str(q.device)))
-    # k_cache (B, S, Hkv, D) is a paged cache of B pages of S slots in FlashInfer's NHD layout
-    out = wrapper.run(q.reshape(batch, heads, hdim), (k_cache, v_cache))  # (B, H, D)
-    return out.view(batch, 1, heads, hdim)
+    (length,) = _PER_LENGTHS.get(cache_seqlens, ("flashinfer-single", cache_len),
+                                 lambda host: _checked_host_lengths(host, cache_len))
+    out = flashinfer.single_decode_with_kv_cache(q[0, 0], k_cache[0, :length], v_cache[0, :length], kv_layout="NHD",
+                                                 use_tensor_cores=heads // kv_heads >= 4,
+                                                 sm_scale=_scale(q, softmax_scale))  # (H, D)
+    return out.view(1, 1, heads, hdim)
 
 
 # --------------------------------------------------------------------------------------
@@ -242,24 +315,88 @@ def _xformers_bias(host, batch, cache_len, device):
                                                     kv_seqlen=list(host), device=device)
 
 
-def xformers_splitk_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
+def _xformers_paged_bias(host, block_table, page_size, device):
+    """The block-diagonal bias over a paged cache: sequence b's slot j at row
+    block_table[b, j // page_size] * page_size + j % page_size of the pool."""
+    from xformers.ops.fmha.attn_bias import PagedBlockDiagonalPaddedKeysMask
+
+    bias = _xformers_bias(host, block_table.shape[0], block_table.shape[1] * page_size, device)
+    return bias.make_paged(block_tables=block_table, page_size=page_size, paged_type=PagedBlockDiagonalPaddedKeysMask)
+
+
+def xformers_refusal(exc: Exception, who: str) -> str | None:
+    """xformers' refusal ("No operator found", or "Operator ... does not support inputs") on
+    one line, each operator's reasons first (the message opens with a long description of
+    the inputs); None when `exc` is not such a refusal."""
+    operators = []
+    for line in str(exc).splitlines():
+        if line.endswith("is not supported because:"):
+            operators.append([line.split("`")[1]])
+        elif operators and line.startswith("    "):
+            operators[-1].append(line.strip())
+    if not operators:
+        return None
+    return one_line(f"{who} has no operator for this input: "
+                    + "; ".join(f"{name}: {', '.join(reasons)}" for name, *reasons in operators))
+
+
+def _xformers_forward(q, k, v, bias, softmax_scale, op, who: str):
+    """memory_efficient_attention_forward in xformers' BMGHK layout, the batch folded into the
+    sequence axis (the block-diagonal bias separates the sequences): q (1, B, Hkv, G, D); k and v,
+    a cache (B, S, Hkv, D) or a pool of pages (P, page_size, Hkv, D) alike, as (1, B * S or
+    P * page_size, Hkv, G, D), the G q heads of a kv head a stride-0 expand (which xformers'
+    dispatcher reads as GQA). `op` None lets the dispatcher choose."""
     from xformers.ops import fmha
+
+    batch, _, heads, hdim = q.shape
+    kv_heads = k.shape[2]
+    group = heads // kv_heads
+    q5 = q.reshape(1, batch, kv_heads, group, hdim)
+    k5, v5 = (t.reshape(1, -1, kv_heads, 1, hdim).expand(-1, -1, -1, group, -1) for t in (k, v))
+    chosen = {} if op is None else {"op": op}
+    try:
+        out = fmha.memory_efficient_attention_forward(q5, k5, v5, attn_bias=bias, scale=_scale(q, softmax_scale),
+                                                      **chosen)
+    except (ValueError, NotImplementedError) as exc:
+        reason = xformers_refusal(exc, who)
+        if reason is None:
+            raise
+        raise UnsupportedInput(reason) from exc
+    return out.reshape(q.shape)
+
+
+def _splitk_op():
     from xformers.ops.fmha import triton_splitk
 
+    return triton_splitk.FwOp
+
+
+def xformers_splitk_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
     check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
-    batch, _, heads, hdim = q.shape
-    cache_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = heads // kv_heads
+    batch, cache_len = k_cache.shape[:2]
     bias = _PER_LENGTHS.get(cache_seqlens, ("xformers", batch, cache_len, str(q.device)),
                             lambda host: _xformers_bias(host, batch, cache_len, q.device))
-    # xformers' BMGHK layout, the batch folded into the sequence axis (block-diagonal bias):
-    # q (1, B, Hkv, G, D); k/v (1, B * S, Hkv, G, D), the G q heads of a kv head as a stride-0 expand
-    q5 = q.reshape(1, batch, kv_heads, group, hdim)
-    k5, v5 = (t.reshape(1, batch * cache_len, kv_heads, 1, hdim).expand(-1, -1, -1, group, -1)
-              for t in (k_cache, v_cache))
-    out = fmha.memory_efficient_attention_forward(q5, k5, v5, attn_bias=bias, scale=_scale(q, softmax_scale),
-                                                  op=triton_splitk.FwOp)
-    return out.reshape(batch, 1, heads, hdim)
+    return _xformers_forward(q, k_cache, v_cache, bias, softmax_scale, _splitk_op(), "xformers' split-K op")
+
+
+def xformers_splitk_decode_paged(q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale=None):
+    """Pages of a multiple of the op's key block only (FwOp.BLOCK_N, 64): xformers refuses others."""
+    check_paged_decode_inputs(q, k_pages, v_pages, block_table, cache_seqlens)
+    page_size = k_pages.shape[1]
+    key = ("xformers-paged", block_table.data_ptr(), tuple(block_table.shape), block_table._version, page_size)
+    bias = _PER_LENGTHS.get(cache_seqlens, key, lambda host: _xformers_paged_bias(host, block_table, page_size,
+                                                                                  q.device))
+    return _xformers_forward(q, k_pages, v_pages, bias, softmax_scale, _splitk_op(), "xformers' split-K op")
+
+
+def xformers_dispatch_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
+    """memory_efficient_attention_forward choosing its operator: FA3/FA2/cutlass (compiled),
+    with its Triton split-K op first for GQA with few kv heads and a long cache."""
+    check_decode_inputs(q, k_cache, v_cache, cache_seqlens)
+    batch, cache_len = k_cache.shape[:2]
+    bias = _PER_LENGTHS.get(cache_seqlens, ("xformers", batch, cache_len, str(q.device)),
+                            lambda host: _xformers_bias(host, batch, cache_len, q.device))
+    return _xformers_forward(q, k_cache, v_cache, bias, softmax_scale, None, "xformers' dispatcher")
 
 
 def _xformers_triton_probe() -> None:
@@ -303,16 +440,29 @@ def _in_headdims(headdims: tuple[int, ...], who: str):
     return supports
 
 
-def decode_probe(decode: Callable) -> Callable[[], object]:
-    """A tiny fp16 GQA decode on the GPU (2 sequences of 100 and 128 keys, 4 q / 2 kv heads, head
-    dim 64), for availability checks."""
+def _flashinfer_single_supports(spec: DecodeSpec) -> str | None:
+    if spec.batch != 1:
+        return f"FlashInfer's single decode takes one sequence, not a batch of {spec.batch}"
+    return _in_headdims(FLASHINFER_HEADDIMS, "FlashInfer's decode kernels")(spec)
+
+
+def decode_probe(decode: Callable, dtype: torch.dtype = torch.float16, hdim: int = 64,
+                 lengths: tuple[int, ...] = (100, 128)) -> Callable[[], object]:
+    """A tiny GQA decode on the GPU (4 q / 2 kv heads, a cache of 128 slots, one sequence per
+    length), for availability checks."""
     def probe():
-        q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.float16)
-        k, v = (torch.randn(2, 128, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
-        decode(q, k, v, torch.tensor([100, 128], dtype=torch.int32, device="cuda"))
+        batch = len(lengths)
+        q = torch.randn(batch, 1, 4, hdim, device="cuda", dtype=dtype)
+        k, v = (torch.randn(batch, 128, 2, hdim, device="cuda", dtype=dtype) for _ in range(2))
+        decode(q, k, v, torch.tensor(lengths, dtype=torch.int32, device="cuda"))
         torch.cuda.synchronize()
 
     return probe
+
+
+# FlashInfer compiles a module per dtype and head dim at first use (nvcc, tens of seconds): its
+# probes take the decode suite's, so the suite's first call finds the module built.
+SUITE_PROBE = {"dtype": torch.bfloat16, "hdim": 128}
 
 
 def _sdpa_decode_availability(cuda_only: bool):
@@ -320,15 +470,16 @@ def _sdpa_decode_availability(cuda_only: bool):
 
 
 def _register(name: str, label: str, decode: Callable, availability: Callable, supports: Callable,
-              kernel_regex: str) -> None:
-    register(Provider(name, label, decode, availability, supports, kernel_regex, has_backward=False, kind="decode"))
+              kernel_regex: str, decode_paged: Callable | None = None) -> None:
+    register(Provider(name, label, decode, availability, supports, kernel_regex, has_backward=False, kind="decode",
+                      decode_paged=decode_paged))
 
 
 for _name, _label, _backend, _regex, _cuda_only, _supports in (
     ("sdpa-flash", "FA2 official CUDA (SDPA flash)", "FLASH_ATTENTION", "flash_fwd", True,
      _half_up_to(MAX_HEADDIM, "SDPA flash")),
     ("sdpa-cudnn", "cuDNN (SDPA cudnn)", "CUDNN_ATTENTION", "cudnn", True, _half_up_to(MAX_HEADDIM, "SDPA cuDNN")),
-    ("sdpa-efficient", "xformers cutlass (SDPA efficient)", "EFFICIENT_ATTENTION", "fmha_cutlassF", True, _any_shape),
+    ("sdpa-efficient", SDPA_EFFICIENT_LABEL, "EFFICIENT_ATTENTION", "fmha_cutlassF", True, _any_shape),
     ("sdpa-math", "PyTorch SDPA math", "MATH", "gemm|softmax", False, _any_shape),
 ):
     _register(_name, _label, sdpa_decode(_backend), _sdpa_decode_availability(_cuda_only), _supports, _regex)
@@ -338,13 +489,22 @@ _register("torch-compile", "PyTorch eager under torch.compile (Inductor)", compi
 _register("fa4", "FA4 (flash-attn-4, CuTe DSL)", fa4_decode,
           optional_cuda_package("flash_attn.cute", FA4_DISTRIBUTION, decode_probe(fa4_decode), fa4_arch),
           fa4_decode_supports, "FlashAttentionForwardSm[0-9]+")
-_register("flashinfer", "FlashInfer decode", flashinfer_decode,
-          optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION,
-                                flashinfer_jit_probe(decode_probe(flashinfer_decode), "decode"), min_arch(8)),
-          _in_headdims(FLASHINFER_HEADDIMS, "FlashInfer's decode kernels"), "Decode")
+_register("flashinfer", "FlashInfer batch decode (paged wrapper)", flashinfer_decode,
+          optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION, flashinfer_jit_probe(
+              decode_probe(flashinfer_decode, **SUITE_PROBE), "decode"), min_arch(8)),
+          _in_headdims(FLASHINFER_HEADDIMS, "FlashInfer's decode kernels"), "Decode|Prefill",
+          decode_paged=flashinfer_decode_paged)
+_register("flashinfer-single", "FlashInfer single decode", flashinfer_single_decode,
+          optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION, flashinfer_jit_probe(
+              decode_probe(flashinfer_single_decode, lengths=(100,), **SUITE_PROBE), "single decode"), min_arch(8)),
+          _flashinfer_single_supports, "SingleDecode|SinglePrefill")
 _register("xformers-splitk", "xformers split-K (Triton)", xformers_splitk_decode,
           optional_cuda_package("xformers.ops.fmha.triton_splitk", "xformers", _xformers_triton_probe, min_arch(8)),
-          _in_headdims(XFORMERS_SPLITK_HEADDIMS, "xformers' split-K op"), "_fwd_kernel_splitK")
+          _in_headdims(XFORMERS_SPLITK_HEADDIMS, "xformers' split-K op"), "_fwd_kernel_splitK",
+          decode_paged=xformers_splitk_decode_paged)
+_register("xformers-dispatch", "xformers memory_efficient_attention (its dispatcher)", xformers_dispatch_decode,
+          optional_cuda_package("xformers.ops", "xformers", decode_probe(xformers_dispatch_decode), min_arch(8)),
+          _any_shape, "_fwd_kernel_splitK|fmha_cutlassF|flash_fwd")
 
 
 __all__ = ["NEEDS_CUDA", "DecodeSpec", "check_decode_inputs"]

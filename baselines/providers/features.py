@@ -27,11 +27,20 @@ from baselines.providers.core import (
     cuda_available,
     everywhere,
     first,
+    min_arch,
     optional_cuda_package,
     probe_call,
     register,
 )
-from baselines.providers.packages import FA4_DISTRIBUTION, fa4_arch, fa4_forward
+from baselines.providers.packages import (
+    FA4_DISTRIBUTION,
+    FLASHINFER_DISTRIBUTION,
+    fa4_arch,
+    fa4_forward,
+    flashinfer_jit_probe,
+    flashinfer_prefill_probe,
+    flashinfer_ragged_forward,
+)
 
 
 def _ours(case, x, mode: str, bwd_config=None) -> Callable[[], torch.Tensor]:
@@ -145,6 +154,25 @@ def _fa4(case, x, mode: str):
     return lambda: first(flash_attn_func(x.q, x.k, x.v, **kw))
 
 
+def _flashinfer(case, x, mode: str):
+    if mode != "fwd":
+        raise UnsupportedInput("FlashInfer has no attention backward")
+    if case.alibi:
+        raise UnsupportedInput("FlashInfer's ALiBi (pos_encoding_mode='ALIBI') derives its slopes from the head count "
+                               "instead of taking the case's")
+    if case.packed:
+        q, k, v, lengths = x.q, x.k, x.v, case.lengths
+    else:  # the dense batch packed without copies: (B * S, H, D) views
+        q, k, v = (t.reshape(-1, *t.shape[2:]) for t in (x.q, x.k, x.v))
+        lengths = (case.seqlen,) * case.batch
+
+    def call():
+        out = flashinfer_ragged_forward(q, k, v, lengths, lengths, case.causal, x.scale, case.window[0], case.softcap)
+        return out if case.packed else out.view_as(x.q)
+
+    return call
+
+
 for _name, _label, _make, _availability in (
     ("ours", "this repo's Triton kernels", _ours, everywhere),
     ("ours-dense-bwd-table", "this repo's kernels, the dense calls' backward configs", _ours_dense_bwd_table,
@@ -154,5 +182,8 @@ for _name, _label, _make, _availability in (
     ("flex-attention", "FlexAttention (torch.compile)", _flex, cuda_available),
     ("fa4", "FA4 (flash-attn-4, CuTe DSL)", _fa4,
      optional_cuda_package("flash_attn.cute", FA4_DISTRIBUTION, probe_call(fa4_forward), fa4_arch)),
+    ("flashinfer", "FlashInfer prefill (ragged wrapper)", _flashinfer,
+     optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION,
+                           flashinfer_jit_probe(flashinfer_prefill_probe, "prefill"), min_arch(8))),
 ):
     register(Provider(_name, _label, _make, _availability, kind="features"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import json
 from collections.abc import Callable
 
@@ -138,30 +139,43 @@ def flashinfer_workspace(device: str) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=16)
-def _flashinfer_prefill_wrapper(batch: int, seqlen_q: int, seqlen_k: int, heads: int, kv_heads: int,
-                                hdim: int, causal: bool, softmax_scale: float | None, dtype: torch.dtype,
-                                device: str):
-    """A BatchPrefillWithRaggedKVCacheWrapper planned for one shape. Planning (host-side
-    scheduling) happens once per shape, outside the timed region, as a serving loop plans
-    once per batch for all its layers."""
+def _flashinfer_prefill_wrapper(q_lengths: tuple[int, ...], k_lengths: tuple[int, ...], heads: int, kv_heads: int,
+                                hdim: int, causal: bool, softmax_scale: float | None, window_left: int,
+                                softcap: float, dtype: torch.dtype, device: str):
+    """A BatchPrefillWithRaggedKVCacheWrapper planned for one batch of sequence lengths. Planning
+    (host-side scheduling) happens once per shape, outside the timed region, as a serving loop
+    plans once per batch for all its layers."""
     import flashinfer
 
     wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(flashinfer_workspace(device), "NHD")
-    qo_indptr = torch.arange(0, (batch + 1) * seqlen_q, seqlen_q, dtype=torch.int32, device=device)
-    kv_indptr = torch.arange(0, (batch + 1) * seqlen_k, seqlen_k, dtype=torch.int32, device=device)
-    # FlashInfer's causal mask is bottom-right aligned (append attention), as flash-attn's
+    qo_indptr, kv_indptr = (torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+                            for lengths in (q_lengths, k_lengths))
+    # FlashInfer's causal mask is bottom-right aligned (append attention), as flash-attn's; its
+    # window_left keeps keys j >= i - window_left (flash-attn's window_size[0]), -1 none
     wrapper.plan(qo_indptr, kv_indptr, heads, kv_heads, hdim, causal=causal, sm_scale=softmax_scale,
-                 q_data_type=dtype, kv_data_type=dtype)
+                 window_left=window_left, logits_soft_cap=softcap or None, q_data_type=dtype, kv_data_type=dtype)
     return wrapper
 
 
+def flashinfer_ragged_forward(q, k, v, q_lengths: tuple[int, ...], k_lengths: tuple[int, ...], causal: bool,
+                              softmax_scale: float | None, window_left: int = -1, softcap: float = 0.0):
+    """Packed sequences without padding, flash-attn's varlen layout: q (sum(q_lengths), H, D),
+    k and v (sum(k_lengths), Hkv, D), Hkv dividing H (GQA); the lengths as host tuples, so no
+    timed call copies them from the GPU. Forward only."""
+    if len(q_lengths) != len(k_lengths) or q.shape[0] != sum(q_lengths) or k.shape[0] != sum(k_lengths):
+        raise ValueError(f"q ({q.shape[0]} rows) and k ({k.shape[0]} rows) must pack q_lengths and k_lengths, "
+                         f"one length per sequence in each; got {len(q_lengths)} and {len(k_lengths)} lengths")
+    wrapper = _flashinfer_prefill_wrapper(tuple(q_lengths), tuple(k_lengths), q.shape[1], k.shape[1], q.shape[2],
+                                          causal, softmax_scale, window_left, softcap, q.dtype, str(q.device))
+    return wrapper.run(q, k, v)
+
+
 def flashinfer_forward(q, k, v, causal, softmax_scale):
-    batch, seqlen_q, heads, hdim = q.shape  # (B, S, H, D), packed below as (B * S, H, D): a view
+    batch, seqlen_q, heads, hdim = q.shape  # (B, S, H, D), packed as (B * S, H, D): a view
     seqlen_k, kv_heads = k.shape[1], k.shape[2]
-    wrapper = _flashinfer_prefill_wrapper(batch, seqlen_q, seqlen_k, heads, kv_heads, hdim, causal, softmax_scale,
-                                          q.dtype, str(q.device))
-    out = wrapper.run(q.reshape(batch * seqlen_q, heads, hdim), k.reshape(batch * seqlen_k, kv_heads, hdim),
-                      v.reshape(batch * seqlen_k, kv_heads, hdim))
+    out = flashinfer_ragged_forward(q.reshape(batch * seqlen_q, heads, hdim), k.reshape(batch * seqlen_k, kv_heads, hdim),
+                                    v.reshape(batch * seqlen_k, kv_heads, hdim), (seqlen_q,) * batch,
+                                    (seqlen_k,) * batch, causal, softmax_scale)
     return out.view(batch, seqlen_q, heads, hdim)
 
 
@@ -192,7 +206,7 @@ def flashinfer_jit_probe(call: Callable[[], object], what: str) -> Callable[[], 
     return probe
 
 
-def _flashinfer_prefill_call() -> None:
+def flashinfer_prefill_probe() -> None:
     """One bf16 head-dim-128 prefill (compiled with nvcc on a fresh machine, which can take
     minutes): the paper sweep's most common kernel, compiled before any timing."""
     q, k, v = (torch.randn(1, 128, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -208,7 +222,7 @@ def _flashinfer_config(_spec: Spec) -> str:
 register(Provider(
     name="flashinfer", label="FlashInfer prefill", forward=flashinfer_forward,
     availability=optional_cuda_package("flashinfer", FLASHINFER_DISTRIBUTION,
-                                       flashinfer_jit_probe(_flashinfer_prefill_call, "prefill"), min_arch(8)),
+                                       flashinfer_jit_probe(flashinfer_prefill_probe, "prefill"), min_arch(8)),
     supports=flashinfer_supports, has_backward=False,
     kernel_regex="Prefill", config=_flashinfer_config,
 ))
