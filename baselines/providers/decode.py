@@ -54,6 +54,7 @@ from baselines.providers.core import (
     everywhere,
     first,
     min_arch,
+    one_line,
     optional_cuda_package,
     register,
 )
