@@ -56,7 +56,7 @@ def _bwd_preprocess_kernel(
     line 3's dQ = 0 for the same rows of DQAccum, the fused dQ's float32 accumulator (fresh and
     contiguous, (batch, seqlen, heads, head dim)): one launch fewer than a separate memset;
     ZERO_DQ 2: every row of the program's block, past seqlen_q too (the varlen accumulator in
-    register order, whose padded rows the grid covers whole: flash_attn_hopper.varlen_dq_accumulator)."""
+    register order, whose padded rows the grid covers whole: hopper/dq_cast.py's varlen_dq_accumulator)."""
     start_m = tl.program_id(0) * BLOCK_M
     pid_bh = tl.program_id(1)
     b, h = _batch_head(pid_bh, num_heads)
@@ -438,7 +438,7 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
             cfg = config or default_bwd_config(q.shape[-1], q.device)
             if dispatch.hopper_gluon_varlen_bwd_applies(cfg, q, k, v, do, features, deterministic):
                 try:
-                    return _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale, causal, features)
+                    return _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale, causal, features, cfg)
                 except dispatch.GLUON_BUILD_ERRORS as exc:
                     dispatch.disable_gluon(exc)  # the Triton kernels from now on
                     _PLANS.clear()
@@ -446,7 +446,7 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
             cfg = config or default_bwd_config(q.shape[-1], q.device)
             if bwd_dkdv_path(cfg, q, k, v, do, features, deterministic) == HOPPER_GLUON_PATH:
                 try:
-                    return _backward_features_gluon(do, q, k, v, out, lse, softmax_scale, causal, features)
+                    return _backward_features_gluon(do, q, k, v, out, lse, softmax_scale, causal, features, cfg)
                 except dispatch.GLUON_BUILD_ERRORS as exc:
                     dispatch.disable_gluon(exc)  # the Triton kernels from now on
                     _PLANS.clear()
@@ -480,7 +480,8 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
 _PLANS = PlanCache()
 
 
-def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features):
+def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features,
+                             config: BwdConfig):
     """The Gluon dK/dV kernel with dQ fused (kernels/flash_attn_hopper.py) for a call with GQA/MQA,
     a window, softcap or ALiBi: D = rowsum(dO * O), then one launch that adds dQ into a float32
     accumulator and writes dK and dV summed over the q heads that share each kv head."""
@@ -495,40 +496,40 @@ def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal
         BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=True)
     flags = dispatch.gluon_feature_flags(features, causal)
     key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device, causal,
-           tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16)
+           tuple(flags.values()), config, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16)
     hopper = dispatch.flash_attn_hopper
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal,
-                                                                              flags=flags))
+                                                                              config, flags=flags))
     qk_scale, values, _ = feature_args(q, k, softmax_scale, causal, features)
     _, window_left, window_right, softcap_log2, _, alibi, stride_alibi_b = values[:7]
     plan(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale,
          (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b))
-    return hopper.dq_from_accumulator(dq_acc, q.dtype, plan.dq_order), dk, dv
+    return hopper.dq_from_accumulator(dq_acc, q.dtype), dk, dv
 
 
-def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features):
+def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features,
+                           config: BwdConfig):
     """The Gluon dK/dV kernel with dQ fused for packed sequences: D = rowsum(dO * O) over all
     tokens (one packed sequence for the preprocess kernel) with the float32 dQ accumulator zeroed
-    (in flash_attn_hopper.VARLEN_BWD_DQ_ORDER), then one launch, then dQ cast from the accumulator."""
+    (its padded rows too: hopper/dq_cast.py's varlen_dq_accumulator), then one launch, then dQ
+    cast from the accumulator."""
     from .forward import varlen_strides
 
     hopper = dispatch.flash_attn_hopper
-    order = hopper.VARLEN_BWD_DQ_ORDER
     do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
     total_q, heads, headdim = q.shape
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
     dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     delta = torch.empty_like(lse)
     cu_seqlens_q = features.cu_seqlens_q
-    dq_acc = hopper.varlen_dq_accumulator(q, cu_seqlens_q.shape[0] - 1, order)
+    dq_acc = hopper.varlen_dq_accumulator(q, cu_seqlens_q.shape[0] - 1)
     _bwd_preprocess_launcher[(cdiv(dq_acc.shape[0], 64), heads)](
         out, do, delta, dq_acc, *varlen_strides(out), *varlen_strides(do), heads, total_q, HEAD_DIM=headdim,
-        BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=2 if order == "registers" else True)
+        BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=2)
     hopper.flash_attn_varlen_backward_dkdv_hopper(
         q, k, v, do, lse, delta, dk, dv, dq_acc, cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_k,
-        softmax_scale, causal, dq_order=order)
-    return hopper.dq_from_varlen_accumulator(dq_acc, cu_seqlens_q, features.max_seqlen_q, q.shape, q.dtype,
-                                             order), dk, dv
+        softmax_scale, causal, config)
+    return hopper.dq_from_varlen_accumulator(dq_acc, cu_seqlens_q, features.max_seqlen_q, q.shape, q.dtype), dk, dv
 
 
 class _DensePlan:
@@ -594,22 +595,14 @@ def _dense_plan(q, k, v, do, out, dk, dv, causal: bool, cfg: BwdConfig, determin
         # the Gluon kernel (compiled for sm_90 only), adding dQ itself where the config says so
         hopper = dispatch.flash_attn_hopper
         fused = bwd_gluon_fuses_dq(cfg, headdim, deterministic)
-        gluon_runs = []  # made by the first call through the genuine entry point
-        dq_order = hopper.BWD_DQ_ORDER  # what the kernel's plan (made at the first call) reads too
-
-        def dq_from_accumulator(dq_acc, dtype):
-            return hopper.dq_from_accumulator(dq_acc, dtype, gluon_runs[0].dq_order if gluon_runs else dq_order)
+        gluon_runs = []  # made by the first call (where the kernel compiles, or fails to)
 
         def dkdv_gluon(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale):
-            if hopper.flash_attn_backward_dkdv_hopper is not hopper.GENUINE_ENTRY_POINTS[1]:
-                # replaced (an experiment, a test): call what is there now
-                return hopper.flash_attn_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, softmax_scale,
-                                                              causal, dq_accum=dq_acc)
             if not gluon_runs:
-                gluon_runs.append(hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal))
+                gluon_runs.append(hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal, cfg))
             gluon_runs[0](q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
 
-        return _DensePlan(preprocess, dkdv_gluon, dq_pass, True, fused, dq_from_accumulator)
+        return _DensePlan(preprocess, dkdv_gluon, dq_pass, True, fused, hopper.dq_from_accumulator)
     fused = bwd_fuses_dq(cfg, seqlen_q, deterministic)
     fused_mode = 0
     if fused:  # TMA reduce-adds on Hopper, else element-wise atomics (also in Triton's CPU interpreter,
