@@ -73,9 +73,8 @@ def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, 
     split count) in each split, and at most MAX_SPLITS. With `fill_sms`, where the floor splits
     (into two or more) but leaves SMs without a program, as many more splits as give at most
     one program per SM with at least one block each (at batch 1 x 1k with 8 kv heads: 16
-    one-block splits, 128 programs, instead of 4; measured faster by
-    tools/experiments/exp_decode_split_floor.py, reports/h200/decisions/decode_split_floor.csv,
-    whose shortest cache was 1k: shorter caches the floor does not split stay unsplit);
+    one-block splits, 128 programs, instead of 4; measured faster:
+    reports/h200/decisions/decode_split_floor.csv, whose shortest cache was 1k: shorter caches the floor does not split stay unsplit);
     `fill_sms=False` is the heuristic before that term (the rows measured with it)."""
     programs = batch * kv_heads * m_blocks
     if programs >= num_sms:  # every SM has a program: a split would only add the combine's pass
@@ -93,9 +92,8 @@ def interleave_splits(paged: bool, window_left: int) -> bool:
     blocks per split): round robin for a contiguous cache and under a left window, whose blocks it
     shares among all splits; one run for a paged cache without a window (likely because its
     block-table reads then stay in the lines the previous block read and its loop keeps a
-    constant step; the two were not measured apart).
-    tools/experiments/exp_decode_interleave.py (reports/h200/decisions/decode_interleave.csv):
-    round robin level or a little faster on contiguous caches, slower on paged ones, and several times
+    constant step; the two were not measured apart). Measured
+    (reports/h200/decisions/decode_interleave.csv): round robin level or a little faster on contiguous caches, slower on paged ones, and several times
     faster under a 4096-key window at the end of a 64k cache, where one run gives the window's
     blocks to one or two splits."""
     return not paged or window_left >= 0
@@ -127,8 +125,7 @@ def choose_tile(programs: int, num_sms: int, block_d: int = 128) -> tuple[int, i
     tiles) while its resident programs, DEEP_PROGRAMS_PER_SM per SM, hold them all; beyond,
     SHALLOW_CONFIG (2 stages, the same key block, so the split count is the same), of which more
     programs share an SM, so that a second, partial wave of deep-pipeline programs does not
-    follow the first. Measured by tools/experiments/exp_decode_tiles.py
-    (reports/h200/decisions/decode_tiles.csv) at head dim 128: faster at batch 64 with 8 kv
+    follow the first. Measured (reports/h200/decisions/decode_tiles.csv) at head dim 128: faster at batch 64 with 8 kv
     heads (512 programs), the same from 1024 programs on, slower where one wave of GPU_CONFIG
     holds every program. Other tile widths, where residency differs and nothing was measured,
     keep GPU_CONFIG."""

@@ -8,6 +8,7 @@ registers, any spills) are answered here:
     python tools/compile_check_sm90.py --hdim 256 --bwd 64,32,128,32,8,2
     python tools/compile_check_sm90.py --hopper-gluon     # the Gluon kernels (kernels/hopper/)
     python tools/compile_check_sm90.py --bank-conflicts   # the Gluon backward's shared-memory accesses
+    python tools/compile_check_sm90.py --decode           # the split-KV decoding kernels (kernels/decode.py)
 
 Prints one line per kernel (and per memory path the forward config can take): the block config,
 shared memory, registers and spill bytes; `--out FILE` writes the same lines to FILE, and
@@ -242,6 +243,9 @@ def main() -> None:
     parser.add_argument("--hopper-gluon", action="store_true",
                         help="compile the Gluon kernels (kernels/hopper/: the forwards, the dK/dV kernels, "
                              "the dQ casts) instead")
+    parser.add_argument("--decode", action="store_true",
+                        help="compile the split-KV decoding kernels (kernels/decode_kernels.py) as "
+                             "flash_attn_with_kvcache launches them on a GPU instead")
     parser.add_argument("--bank-conflicts", action="store_true",
                         help="Triton's bank-conflict count of the Gluon backward's shared-memory accesses")
     parser.add_argument("--out", type=Path, metavar="FILE", help="also write the report to this file")
@@ -259,6 +263,8 @@ def main() -> None:
 
     if args.bank_conflicts:
         bank_conflict_report(emit)
+    elif args.decode:
+        decode_report(emit)
     elif args.hopper_gluon:
         from kernels import flash_attn_hopper as hopper
         from kernels.hopper import dq_cast
@@ -299,6 +305,79 @@ def dq_cast_report(kernel) -> str:
     widths = {op: dict(Counter(re.findall(rf"{op}\.global((?:\.v\d)?\.b\d+)", ptx))) for op in ("ld", "st")}
     return (f"{kernel.fn.__name__:44s} loads {widths['ld']}  stores {widths['st']}  "
             f"smem {compiled.metadata.shared:6d} B")
+
+
+def decode_report(emit) -> None:
+    """The split kernel at head dim 128, bf16, 32 q heads on 8 kv heads, one query token, with the
+    constexprs flash_attn_with_kvcache gives it (decode.interleave_splits, decode.kv_addressing):
+    contiguous and paged caches (pages of 16 tokens, a block holds four; of 256, a page holds four
+    blocks), one split and several, each tile choose_tile takes, a left window; then the combine
+    kernel and the append and rotary kernels."""
+    import torch
+
+    from kernels import decode
+    from kernels.decode_kernels import (
+        _fwd_kvcache_combine_kernel,
+        _fwd_kvcache_split_kernel,
+        _kvcache_append_kernel,
+        _rotary_kernel,
+    )
+
+    headdim, group, dtype = 128, 4, "bf16"
+    floats = {"LSE", "Slopes", "OSplit", "LSplit"}
+    for page_size, split, tile, window_left in ((0, False, decode.GPU_CONFIG, -1), (0, True, decode.GPU_CONFIG, -1),
+                                                 (0, True, decode.SHALLOW_CONFIG, -1), (0, True, decode.GPU_CONFIG, 4096),
+                                                 (16, True, decode.GPU_CONFIG, -1), (256, True, decode.GPU_CONFIG, -1),
+                                                 (16, True, decode.SHALLOW_CONFIG, -1), (256, False, decode.GPU_CONFIG, 4096)):
+        block_n, num_warps, num_stages = tile
+        cache = torch.empty(64, max(page_size, 1), 8, headdim, device="meta")
+        constexprs = {"GROUP": group, "HEAD_DIM": headdim, "BLOCK_D": headdim, "BLOCK_M": 16, "BLOCK_N": block_n,
+                      "PAGE_SIZE": page_size, "HAS_BATCH_IDX": False, "HAS_LEFT": window_left >= 0,
+                      "HAS_RIGHT": False, "HAS_SOFTCAP": False, "HAS_ALIBI": False, "SPLIT": split,
+                      "DOT_PRECISION": "tf32", "HAS_LEFTPAD": False,
+                      "INTERLEAVE_SPLITS": decode.interleave_splits(page_size > 0, window_left),
+                      **decode.kv_addressing(page_size, block_n, tile == decode.SHALLOW_CONFIG, cache, cache)}
+        kernel = _fwd_kvcache_split_kernel
+        types = {name: "constexpr" if name in constexprs else
+                 ("*fp32" if name in floats or (name == "Out" and split) else
+                  "*i32" if name in ("SeqlensK", "BatchIdx", "BlockTable", "LeftPad") else f"*{dtype}")
+                 if name[0].isupper() else "fp32" if name in ("sm_scale", "softcap") else "i32"
+                 for name in kernel.arg_names}
+        label = (f"page {page_size} {'split' if split else 'one split'} tile {block_n},{num_warps},{num_stages}"
+                 f"{' window' if window_left >= 0 else ''}")
+        emit(compiled_report(kernel, types, constexprs, num_warps, num_stages, label))
+    rotary = {"HEAD_DIM": headdim, "BLOCK_D": headdim, "ROTARY_HALF": 32, "BLOCK_HALF": 32, "INTERLEAVED": False}
+    for kernel, constexprs, num_warps in (
+            (_fwd_kvcache_combine_kernel, {"HEAD_DIM": headdim, "BLOCK_D": headdim, "BLOCK_S": 32}, 4),
+            (_kvcache_append_kernel, {**rotary, "PAGE_SIZE": 16, "HAS_BATCH_IDX": False, "HAS_LEFTPAD": False}, 1),
+            (_rotary_kernel, {**rotary, "STEP": True}, 1)):
+        types = {name: "constexpr" if name in constexprs else
+                 ("*fp32" if name in ("OutAcc", "LseAcc", "LSE") else
+                  "*i32" if name in ("CacheSeqlens", "BatchIdx", "BlockTable", "LeftPad", "Start") else f"*{dtype}")
+                 if name[0].isupper() else "i32"
+                 for name in kernel.arg_names}
+        emit(compiled_report(kernel, types, constexprs, num_warps, 1, ""))
+
+
+def compiled_report(kernel, types: dict, constexprs: dict, num_warps: int, num_stages: int, label: str) -> str:
+    """A Triton kernel compiled for sm_90 with these argument types (pointers 16-byte aligned, ints
+    unspecialised): shared memory, registers and spills (ptxas); its PTX dumped under the kernel's
+    name and `label`."""
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if types[name].startswith("*")}  # as torch allocates them
+    compiled = triton.compile(ASTSource(kernel, types, constexprs, aligned), target=TARGET,
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    ptx = compiled.asm["ptx"]
+    dump_ptx(f"{kernel.fn.__name__} {label}", ptx)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
+                           capture_output=True, text=True, check=True)
+    os.unlink(f.name)
+    registers = re.search(r"Used (\d+) registers", ptxas.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
+    return (f"{kernel.fn.__name__} {label} w{num_warps} s{num_stages}  smem {compiled.metadata.shared:6d} B  "
+            f"regs {registers.group(1) if registers else '?':>3s}  spill stores {spills.group(1) if spills else '?'} B")
 
 
 def bank_conflict_report(emit) -> None:
