@@ -38,21 +38,38 @@ from .shared import _wgmma_layout
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr,
-                  CAUSAL: gl.constexpr):
-    """FA2 Alg. 1 line 9 on unscaled scores S: m_new, P~ = exp2(S * scale - m_new) and
-    l = exp2(m_old - m_new) l + rowsum(P~); the causal mask only on the diagonal block (the last
-    one), and no mask code at all in the non-causal kernel. Every row sees its own key on the
-    diagonal, so m_new is finite."""
-    if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
-        if block == n_blocks - 1:
-            visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
-            s = gl.where(visible, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    alpha = gl.exp2(m_i - m_new)
+def _online_softmax(s, m_i, l_i, scale, EMPTY_ROWS: gl.constexpr):
+    """FA2 Alg. 1 line 9 on masked scores S (-inf where a key is not seen): m_new = max(m_old,
+    rowmax(S) * scale), P~ = exp2(S * scale - m_new) and l = exp2(m_old - m_new) l + rowsum(P~),
+    the scale folded into the exponent's FMA. With EMPTY_ROWS a row may see no key of the block
+    (or none yet): its max stays -inf, and the exponent's reference is 0 while it does (P~ = 0, no
+    NaN); without, every row has seen a key by then (its own, on the diagonal)."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
+    if EMPTY_ROWS:
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = gl.exp2(s * scale - m_ref[:, None])
+    alpha = gl.exp2(m_i - m_ref)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _causal_mask(s, cols, offs_m):
+    """S with the keys past each row's diagonal (key index > query index) at -inf."""
+    return gl.where(cols[None, :] <= offs_m[:, None], s, float("-inf"))
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+    """_online_softmax on unscaled scores S, the causal mask only on the diagonal block (the last
+    one), and no mask code at all in the non-causal kernel."""
+    if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
+        if block == n_blocks - 1:
+            s = _causal_mask(s, block * BLOCK_N + offs_n, offs_m)
+    return _online_softmax(s, m_i, l_i, qk_scale, False)
 
 
 @gluon.jit
@@ -62,8 +79,7 @@ def _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, block
     (slope * log2(e) * (the block's first key - the reference row)) completes the key term in the
     per-row math, so each element costs what the dense step's does."""
     if block == n_blocks - 1:
-        visible = (block * BLOCK_N + offs_n)[None, :] <= offs_m[:, None]
-        s = gl.where(visible, s, float("-inf"))
+        s = _causal_mask(s, block * BLOCK_N + offs_n, offs_m)
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale + block_bias)
     p = gl.exp2(s * qk_scale - (m_new - block_bias)[:, None])
     alpha = gl.exp2(m_i - m_new)
@@ -103,10 +119,9 @@ def _alibi_query_tile(alibi_log2, qk_scale, dtype: gl.constexpr, a_layout: gl.co
 def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, block, CAUSAL: gl.constexpr,
                        BLOCK_N: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     """_softmax_step with a sliding window, softcap or ALiBi. `window` = (left, right, full_lo,
-    full_hi): with WINDOW a block outside [full_lo, full_hi) is masked, else causal masks the
-    blocks from full_hi (the diagonal one). A row may see no key of a block at a window's edge:
-    its max stays -inf until a block where it sees one, so the exponent's reference is 0 while it
-    is -inf (P~ = 0, no NaN). Per element this costs the dense step's work plus, with ALiBi, one
+    full_hi): with WINDOW a block outside [full_lo, full_hi) is masked (a row may see no key of a
+    block at a window's edge), else causal masks the blocks from full_hi (the diagonal one). Per
+    element this costs the dense step's work plus, with ALiBi, one
     add and the column term's share (from `offs_n_f`, the block's key offsets as floats, which
     the compiler recomputes per block: a thread holds 32 keys of 2 rows, so each operation per
     key costs about half a one per element; docs/performance.md has the counters) and, with a
@@ -135,16 +150,8 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
             s = gl.where(visible, s, float("-inf"))
     elif CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
         if block >= window[3]:  # the diagonal block
-            s = gl.where(cols[None, :] <= offs_m[:, None], s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
-    if WINDOW:
-        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_ref = m_new
-    p = gl.exp2(s * scale - m_ref[:, None])
-    alpha = gl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, l_i, m_new
+            s = _causal_mask(s, cols, offs_m)
+    return _online_softmax(s, m_i, l_i, scale, WINDOW)
 
 
 @gluon.constexpr_function
@@ -501,20 +508,14 @@ def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from
     """_softmax_step for one sequence of a packed batch: from block `mask_from` on, keys past the
     sequence's end (and, causal, keys past the row's diagonal, bottom-right aligned: key j is
     visible to query row i when j <= i + shift, shift = seqlen_k - seqlen_q) are masked. A row
-    may see no key of a block (or none at all): its max stays -inf and the exponent's reference
-    is 0 while it does (P~ = 0, no NaN)."""
+    may see no key of a block (or none at all)."""
     if block >= mask_from:
         cols = block * BLOCK_N + offs_n
         visible = cols[None, :] < seqlen_k
         if CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
         s = gl.where(visible, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s * qk_scale - m_ref[:, None])
-    alpha = gl.exp2(m_i - m_ref)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, l_i, m_new
+    return _online_softmax(s, m_i, l_i, qk_scale, True)
 
 
 @gluon.jit
