@@ -649,3 +649,82 @@ def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype):
     torch.testing.assert_close(dq_from_accumulator(accumulator, dtype), dq.to(dtype), rtol=0, atol=0)
     with pytest.raises(ValueError, match="64 x 64 blocks"):
         dq_from_accumulator(torch.zeros(1, 96, 1, 128), dtype)
+
+
+class _RecordedLaunches(list):
+    """In place of a Gluon kernel's launcher: each launch's grid and keyword arguments (the
+    constexprs), the kernel not run (Gluon has no CPU interpreter)."""
+
+    def __getitem__(self, grid):
+        if not isinstance(grid, tuple):
+            return super().__getitem__(grid)
+        return lambda *args, **kwargs: self.append({"grid": grid, **kwargs})
+
+
+@pytest.mark.parametrize("dq_first", [None, True, False])
+def test_the_gluon_backward_takes_its_schedule_and_launch_order_from_the_config(dq_first, monkeypatch):
+    """The dense Gluon dK/dV plan's DQ_FIRST is BwdConfig.hopper_gluon_dq_first (None: the rule,
+    here MHA: after dK), its grid's sections BwdConfig.hopper_gluon_head_section: no module
+    setting in between. The plan is made and launched on the CPU, the launcher recorded."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_bwd_dkdv_launcher", launches)
+    q, k, v, do = (torch.randn(2, 256, 4, 128, dtype=torch.bfloat16) for _ in range(4))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32)
+    lse, delta = torch.randn(2, 4, 256), torch.randn(2, 4, 256)
+    config = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_dq_first=dq_first,
+                                 hopper_gluon_head_section=2)
+    plan = hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, True, config)
+    plan(q, k, v, do, lse, delta, dk, dv, dq_acc, 0.1)
+    (launch,) = launches
+    assert launch["DQ_FIRST"] is bool(dq_first) and launch["FUSED_DQ"] and launch["CAUSAL"]
+    assert launch["grid"] == (2, 2, 4)  # sections of 2 of the 8 (batch, kv head) pairs, 2 key blocks each
+
+
+@pytest.mark.parametrize("key_grid,scan", [("longest", 0), ("packed", 128), ("auto", 0)])
+def test_the_gluon_varlen_backward_takes_its_grid_from_the_config(key_grid, scan, monkeypatch):
+    """The varlen Gluon dK/dV launch's key blocks are BwdConfig.hopper_gluon_varlen_grid's ("auto"
+    for these lengths: the longest grid), its SCAN the packed grid's lanes; launched on the CPU,
+    the launcher recorded."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_bwd_dkdv_varlen_launcher", launches)
+    lengths = [300, 129, 256]
+    total = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q, do = (torch.randn(total, 4, 128, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(total, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_acc = hopper.varlen_dq_accumulator(q, len(lengths)).zero_()
+    lse, delta = torch.randn(4, total), torch.randn(4, total)
+    config = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_varlen_grid=key_grid,
+                                 hopper_gluon_head_section=1)
+    hopper.flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, cu, cu, max(lengths),
+                                                  0.1, True, config)
+    (launch,) = launches
+    blocks = hopper.varlen_bwd_key_blocks("packed" if scan else "longest", len(lengths), total, max(lengths))
+    pairs = 2 if scan else len(lengths) * 2  # kv heads, or (sequence, kv head) pairs
+    assert launch["SCAN"] == scan and launch["grid"] == (1, blocks, pairs)
+
+
+@pytest.mark.parametrize("headdim,causal,flags,v_stages", [
+    (128, True, {}, 3), (128, True, {"ALIBI": True}, 2), (64, True, {"ALIBI": True}, 3),
+    (128, False, {"ALIBI": True}, 3), (128, True, {"ALIBI": True, "WINDOW": True}, 3)])
+def test_the_gluon_forward_holds_v_in_two_stages_only_beside_alibis_matmul_tile(headdim, causal, flags, v_stages,
+                                                                                monkeypatch):
+    """The dense Gluon forward's launch (made and launched on the CPU, the launcher recorded): V's
+    ring holds STAGES blocks but where ALiBi's key term is added by matmul (causal, no window or
+    softcap) at head dim 128, whose B tile needs the room: 2 there."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_fwd_launcher", launches)
+    q, k, v = (torch.randn(1, 256, 2, headdim, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
+    hopper.forward_hopper_plan(q, k, v, out, causal, flags=flags)(q, k, v, out, lse, 0.1)
+    (launch,) = launches
+    assert launch["V_STAGES"] == v_stages and launch["STAGES"] == hopper.STAGES == 3
+    assert launch["ALIBI"] is bool(flags.get("ALIBI")) and launch["grid"] == (2, 2)
