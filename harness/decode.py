@@ -115,17 +115,17 @@ class Inputs:
         return attention_reference(self.q[:1], k[:1], v[:1])[0][0, 0]  # (H, D) float64: sequence 0's token
 
 
-def _ours(num_splits: int, paged: bool):
+def _ours(num_splits: int, paged: bool, tile: tuple[int, int, int] | None = None):
     from kernels.decode import flash_attn_with_kvcache
 
     def call(inputs: Inputs, i: int):
         if paged:
             k_cache, v_cache = inputs.paged[i]
             return flash_attn_with_kvcache(inputs.q, k_cache, v_cache, cache_seqlens=inputs.seqlens,
-                                           block_table=inputs.block_tables[i], num_splits=num_splits)
+                                           block_table=inputs.block_tables[i], num_splits=num_splits, tile=tile)
         k_cache, v_cache = inputs.contiguous[i]
         return flash_attn_with_kvcache(inputs.q, k_cache, v_cache, cache_seqlens=inputs.seqlens,
-                                       num_splits=num_splits)
+                                       num_splits=num_splits, tile=tile)
 
     return call
 
@@ -335,17 +335,14 @@ def tune(out_dir) -> Path:
 
         def measure(inputs, batch, cache_len, layout, tile, num_splits):
             nbytes = kv_bytes(batch, cache_len, 8)
-            decode.TILE_OVERRIDE = tile
             row = {"batch": batch, "cache_len": cache_len, "kv_heads": 8, "layout": layout, "block_n": tile[0],
                    "num_warps": tile[1], "num_stages": tile[2], "num_splits": num_splits,
                    **{k: env[k] for k in ROW_ENV_COLUMNS}}
             try:
-                timing, _ = _time_call(_ours(num_splits, layout == "paged"), inputs, device)
+                timing, _ = _time_call(_ours(num_splits, layout == "paged", tile), inputs, device)
                 row.update(status="ok", reason="", ms=timing.ms, gbps=gigabytes_per_second(nbytes, timing.ms))
             except Exception as exc:  # noqa: BLE001 -- a tile that does not compile or fit is a row
                 row.update(status="error", reason=" ".join(f"{type(exc).__name__}: {exc}".split())[:200])
-            finally:
-                decode.TILE_OVERRIDE = None
             writer.writerow(row)
             f.flush()
 

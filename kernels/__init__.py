@@ -4,8 +4,9 @@
 flash-attn's functions of the same names (kernels/interface.py); they are registered as PyTorch
 custom ops `torch.ops.fa2.*` (kernels/ops.py) so torch.compile sees one opaque node. The layout
 of this package, by role: configs.py (block-size tables), forward.py and backward.py (the Triton
-kernels), flash_attn_hopper.py (the Gluon kernels for sm_90), dispatch.py (which kernel serves a
-call), checks.py (argument checks), launch.py (cached launches), decode.py and decode_kernels.py
+kernels; backward_steps.py the loops backward.py and backward_features.py share), hopper/ (the
+Gluon kernels for sm_90, one role a file) and flash_attn_hopper.py (their host side), dispatch.py
+(which kernel serves a call), checks.py (argument checks), launch.py (cached launches), decode.py and decode_kernels.py
 (split-KV decoding over a KV cache, `flash_attn_with_kvcache`), fa_ladder.py (the ablation rungs).
 """
 

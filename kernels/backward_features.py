@@ -1,5 +1,5 @@
 """The backward for calls with flash-attn's features (GQA/MQA, sliding windows, softcap, ALiBi,
-dropout, packed variable lengths): a dK/dV kernel and a dQ kernel over backward.py's inner
+dropout, packed variable lengths): a dK/dV kernel and a dQ kernel over backward_steps.py's inner
 loops, whose feature flags are constexprs (kernels/features.py, kernels/dropout.py).
 
 GQA/MQA: one dK/dV program per (key block, batch x kv head) loops over the q heads of its
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .backward import _bwd_dkdv_inner, _bwd_dq_inner, _bwd_preprocess_launcher
+from .backward_steps import _bwd_dkdv_inner, _bwd_dq_inner, _bwd_preprocess_launcher
 from .checks import Features
 from .common import (
     LOG2E,

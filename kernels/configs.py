@@ -77,6 +77,18 @@ class BwdConfig:
     # accumulator, so the sum's order varies between runs), at head dim 128, unless
     # flash_attn_backward is asked to be deterministic; the dQ kernel then does not run.
     hopper_gluon_fused_dq: bool = False
+    # That kernel's schedule and launch order (kernels/flash_attn_hopper.py): the fused dQ's matmul
+    # issued before dK's (True), after (False), or None: before with GQA/MQA, a window or ALiBi,
+    # where it measured faster, after for dense MHA, where it measured level or slower.
+    hopper_gluon_dq_first: bool | None = None
+    # (batch, kv head) pairs in sections of at most this many, each section's key blocks launched
+    # block-major; "l2": as many as keep their Q, dO and dQ accumulator within the L2 cache (FA4's
+    # head sections; 1 runs each pair's key blocks in turn).
+    hopper_gluon_head_section: int | str = "l2"
+    # The packed-sequence kernel's key blocks: "longest" (every sequence given the longest one's),
+    # "packed" (every sequence's on one axis, FA3's padded offsets) or "auto" (packed where the
+    # longest grid would be more than half empty, where it measured faster).
+    hopper_gluon_varlen_grid: str = "auto"
 
     @property
     def dq_warps(self) -> int:

@@ -51,18 +51,6 @@ GPU_CONFIG = (64, 4, 3)  # (block_n, num_warps, num_stages)
 # 3-deep one's) lets five programs share an SM, so that they all run at once (choose_tile)
 SHALLOW_CONFIG = (64, 4, 2)
 DEEP_PROGRAMS_PER_SM = 3  # GPU_CONFIG's programs resident on an H100/H200 SM at head dim 128
-TILE_OVERRIDE = None  # a (block_n, num_warps, num_stages) every GPU call takes instead (experiments)
-# A paged cache's block-table entries for the next key block are read while the current one is
-# processed (the split kernel's PREFETCH_PAGES); docs/performance.md has the measured effect.
-PAGED_PREFETCH = True
-# How the splits share a sequence's key blocks (the split kernel's INTERLEAVE_SPLITS):
-# `interleave_splits`' rule when None, True or False forcing round robin or one run (experiments).
-INTERLEAVED_SPLITS = None
-# The key rows' addresses (the split kernel's PAGE_LAYOUT and SAME_KV_STRIDES): worked out once per
-# launch where pages and key blocks divide each other, V's taken from K's where their strides
-# agree (`kv_addressing`); False works out each paged row's page and offset at every block, and
-# V's apart from K's (experiments). docs/performance.md has the measured effect.
-HOISTED_ADDRESSES = True
 INTERPRETER_CONFIG = (16, 4, 1)  # small key blocks: tiny test caches still span several blocks
 
 _split_launcher = CachedLauncher(_fwd_kvcache_split_kernel)
@@ -85,9 +73,8 @@ def choose_num_splits(batch: int, kv_heads: int, m_blocks: int, cache_len: int, 
     split count) in each split, and at most MAX_SPLITS. With `fill_sms`, where the floor splits
     (into two or more) but leaves SMs without a program, as many more splits as give at most
     one program per SM with at least one block each (at batch 1 x 1k with 8 kv heads: 16
-    one-block splits, 128 programs, instead of 4; measured faster by
-    tools/experiments/exp_decode_split_floor.py, reports/h200/decisions/decode_split_floor.csv,
-    whose shortest cache was 1k: shorter caches the floor does not split stay unsplit);
+    one-block splits, 128 programs, instead of 4; measured faster:
+    reports/h200/decisions/decode_split_floor.csv, whose shortest cache was 1k: shorter caches the floor does not split stay unsplit);
     `fill_sms=False` is the heuristic before that term (the rows measured with it)."""
     programs = batch * kv_heads * m_blocks
     if programs >= num_sms:  # every SM has a program: a split would only add the combine's pass
@@ -105,13 +92,10 @@ def interleave_splits(paged: bool, window_left: int) -> bool:
     blocks per split): round robin for a contiguous cache and under a left window, whose blocks it
     shares among all splits; one run for a paged cache without a window (likely because its
     block-table reads then stay in the lines the previous block read and its loop keeps a
-    constant step; the two were not measured apart).
-    tools/experiments/exp_decode_interleave.py (reports/h200/decisions/decode_interleave.csv):
-    round robin level or a little faster on contiguous caches, slower on paged ones, and several times
+    constant step; the two were not measured apart). Measured
+    (reports/h200/decisions/decode_interleave.csv): round robin level or a little faster on contiguous caches, slower on paged ones, and several times
     faster under a 4096-key window at the end of a 64k cache, where one run gives the window's
     blocks to one or two splits."""
-    if INTERLEAVED_SPLITS is not None:
-        return INTERLEAVED_SPLITS
     return not paged or window_left >= 0
 
 
@@ -119,13 +103,14 @@ def kv_addressing(page_size: int, block_n: int, shallow: bool, k_cache: torch.Te
                   v_cache: torch.Tensor) -> dict:
     """The split kernel's PAGE_LAYOUT (0: each row's page and offset per block; 1: a key block holds
     whole pages; 2: a page holds whole key blocks; 0 too for a contiguous cache, page_size 0) and
-    SAME_KV_STRIDES (K and V caches strided alike), as HOISTED_ADDRESSES allows. A paged cache
+    SAME_KV_STRIDES (K and V caches strided alike): the key rows' addresses worked out once per
+    launch where pages and key blocks divide each other, V's taken from K's where their strides
+    agree, faster than working out each paged row's page and offset at every block
+    (docs/performance.md has the measured effect). A paged cache
     under the shallow pipeline (`shallow`: the tile is SHALLOW_CONFIG, chosen so that more programs
     share an SM) keeps the per-block addresses: the hoisted ones hold more registers per thread, and a
     decode suite run with them there was slower than the contiguous cache at batch 64 with 8 kv
     heads (likely fewer programs resident; docs/performance.md)."""
-    if not HOISTED_ADDRESSES:
-        return {"PAGE_LAYOUT": 0, "SAME_KV_STRIDES": False}
     if page_size > 0 and shallow:
         return {"PAGE_LAYOUT": 0, "SAME_KV_STRIDES": False}
     layout = 0
@@ -140,8 +125,7 @@ def choose_tile(programs: int, num_sms: int, block_d: int = 128) -> tuple[int, i
     tiles) while its resident programs, DEEP_PROGRAMS_PER_SM per SM, hold them all; beyond,
     SHALLOW_CONFIG (2 stages, the same key block, so the split count is the same), of which more
     programs share an SM, so that a second, partial wave of deep-pipeline programs does not
-    follow the first. Measured by tools/experiments/exp_decode_tiles.py
-    (reports/h200/decisions/decode_tiles.csv) at head dim 128: faster at batch 64 with 8 kv
+    follow the first. Measured (reports/h200/decisions/decode_tiles.csv) at head dim 128: faster at batch 64 with 8 kv
     heads (512 programs), the same from 1024 programs on, slower where one wave of GPU_CONFIG
     holds every program. Other tile widths, where residency differs and nothing was measured,
     keep GPU_CONFIG."""
@@ -275,12 +259,13 @@ def _(x, rotary_cos, rotary_sin, start, step, rotary_interleaved):
 def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens_k: torch.Tensor,
                 cache_batch_idx: torch.Tensor | None, block_table: torch.Tensor | None,
                 alibi_slopes: torch.Tensor | None, softmax_scale: float, window_left: int, window_right: int,
-                softcap: float, num_splits: int,
-                cache_leftpad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                softcap: float, num_splits: int, cache_leftpad: torch.Tensor | None = None,
+                tile: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention of q (batch, seqlen_q, heads, headdim) over the first seqlens_k[b] keys of each
     sequence's cache (from key cache_leftpad[b] on, when given). Returns (out like q, contiguous;
     lse (batch, heads, seqlen_q) float32). window_right = 0 is causal; num_splits = 0 picks the
-    split count (choose_num_splits)."""
+    split count (choose_num_splits); `tile`, the split kernel's (block_n, num_warps, num_stages)
+    on a GPU, None for choose_tile's."""
     batch, seqlen_q, heads, headdim = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
@@ -311,14 +296,14 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
     # the same tiles for both layouts: 128 keys over 8 warps read a paged cache faster at batch
     # 1 x 64k (reports/h200/decode/tuning.csv, one run) but slower from batch 8 on (a suite run
     # with that tile against the suite run before it: across runs)
-    block_n, num_warps, num_stages = INTERPRETER_CONFIG if interpreted else TILE_OVERRIDE or GPU_CONFIG
+    block_n, num_warps, num_stages = INTERPRETER_CONFIG if interpreted else tuple(tile or GPU_CONFIG)
     block_m = max(16, min(64, triton.next_power_of_2(seqlen_q * group)))
     m_blocks = triton.cdiv(seqlen_q * group, block_m)
     num_sms = _num_sms(q.device)
     if num_splits == 0:
         num_splits = choose_num_splits(batch, kv_heads, m_blocks, capacity, block_n, num_sms)
     num_splits = min(num_splits, MAX_SPLITS)
-    if not interpreted and TILE_OVERRIDE is None:
+    if not interpreted and tile is None:
         block_n, num_warps, num_stages = choose_tile(num_splits * batch * kv_heads * m_blocks, num_sms,
                                                      triton.next_power_of_2(headdim))
     if num_splits > 1:
@@ -348,7 +333,7 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
         HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
         HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_LEFTPAD=cache_leftpad is not None,
-        PREFETCH_PAGES=paged and PAGED_PREFETCH, INTERLEAVE_SPLITS=interleave_splits(paged, window_left),
+        INTERLEAVE_SPLITS=interleave_splits(paged, window_left),
         **kv_addressing(k_cache.shape[1] if paged else 0, block_n,
                         not interpreted and (block_n, num_warps, num_stages) == SHALLOW_CONFIG, k_cache, v_cache),
         num_warps=num_warps, num_stages=num_stages)
@@ -362,7 +347,7 @@ def fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, s
 
 @fwd_kvcache.register_fake
 def _(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, softmax_scale,
-      window_left, window_right, softcap, num_splits, cache_leftpad=None):
+      window_left, window_right, softcap, num_splits, cache_leftpad=None, tile=None):
     batch, seqlen_q, heads, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
@@ -382,7 +367,8 @@ def _check_tensor(name: str, t, dtype: torch.dtype, shape: tuple, device: torch.
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            tile=None):
     """flash-attn 2.x's `flash_attn_with_kvcache`: attention of q over a KV cache, appending k/v first.
 
     q (batch, seqlen_q, heads, headdim), fp16/bf16/fp32; k_cache/v_cache (batch_cache, seqlen_cache,
@@ -398,7 +384,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     count from there, as flash-attn's). causal aligns to the end of each sequence's keys;
     window_size, softcap and alibi_slopes ((heads,) or (batch, heads) float32) as flash-attn.
     num_splits: 1 no split, 0 the heuristic (`choose_num_splits`), n > 1 that many (at most 128).
-    Returns out (batch, seqlen_q, heads, headdim), and with return_softmax_lse also lse (batch,
+    tile (not in flash-attn): the split kernel's (block_n, num_warps, num_stages) on a GPU instead
+    of `choose_tile`'s (`python -m harness.decode --tune` times the alternatives). Returns out (batch, seqlen_q, heads, headdim), and with return_softmax_lse also lse (batch,
     heads, seqlen_q) float32 (+inf for a row that sees no key, whose output is zero)."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"q must be a 4D tensor (batch, seqlen_q, heads, headdim), got "
@@ -497,6 +484,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0: heuristic, 1: no split), got {num_splits!r}")
+    if tile is not None and (len(tile) != 3 or not all(isinstance(x, int) and x > 0 for x in tile)):
+        raise ValueError(f"tile must be (block_n, num_warps, num_stages), three positive ints, or None, got {tile!r}")
     softmax_scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
     window_left, window_right = window_size
     if causal:
@@ -517,5 +506,5 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         seqlens_k = torch.full((batch,), capacity, dtype=torch.int32, device=device)
     out, lse = torch.ops.fa2.fwd_kvcache(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,
                                          alibi_slopes, softmax_scale, window_left, window_right, float(softcap),
-                                         num_splits, cache_leftpad)
+                                         num_splits, cache_leftpad, None if tile is None else list(tile))
     return (out, lse) if return_softmax_lse else out

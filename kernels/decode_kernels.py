@@ -51,8 +51,8 @@ def _fwd_kvcache_split_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     HAS_BATCH_IDX: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, HAS_LEFTPAD: tl.constexpr = False, PREFETCH_PAGES: tl.constexpr = False,
-    INTERLEAVE_SPLITS: tl.constexpr = False, PAGE_LAYOUT: tl.constexpr = 0, SAME_KV_STRIDES: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr, HAS_LEFTPAD: tl.constexpr = False, INTERLEAVE_SPLITS: tl.constexpr = False,
+    PAGE_LAYOUT: tl.constexpr = 0, SAME_KV_STRIDES: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
@@ -112,7 +112,7 @@ def _fwd_kvcache_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # paged: each key row's page number, read one key block ahead (PREFETCH_PAGES) so that the
+    # paged: each key row's page number, read one key block ahead so that the
     # block table's latency overlaps the block before instead of preceding every K load; the
     # first read is bounded by the table's width (`table_keys`: its columns x PAGE_SIZE), so it
     # stays inside the sequence's row of the table; a page read past the sequence's end is never
@@ -129,7 +129,7 @@ def _fwd_kvcache_split_kernel(
     else:
         k_in_block = (offs_b % PAGE_SIZE) * stride_kn if PAGE_LAYOUT == 1 else offs_b
         v_in_block = (offs_b % PAGE_SIZE) * stride_vn if PAGE_LAYOUT == 1 else offs_b
-    if PREFETCH_PAGES and PAGE_SIZE > 0:
+    if PAGE_SIZE > 0:
         next_page = _page_numbers(page_rows, lo, offs_b, table_keys, PAGE_SIZE, PAGE_LAYOUT)
     else:
         next_page = tl.zeros([BLOCK_N], dtype=tl.int32)
@@ -139,11 +139,9 @@ def _fwd_kvcache_split_kernel(
         if HAS_LEFTPAD:  # the padding before a sequence's first key is neither read nor seen
             n_ok &= offs_n >= pad
         if PAGE_SIZE > 0:
-            if PREFETCH_PAGES:  # the pages read one block ahead (above, or in the previous iteration)
-                page = next_page.to(tl.int64)
-                next_page = _page_numbers(page_rows, start_n + step, offs_b, hi, PAGE_SIZE, PAGE_LAYOUT)
-            else:
-                page = _page_numbers(page_rows, start_n, offs_b, hi, PAGE_SIZE, PAGE_LAYOUT).to(tl.int64)
+            # the pages read one block ahead (above, or in the previous iteration)
+            page = next_page.to(tl.int64)
+            next_page = _page_numbers(page_rows, start_n + step, offs_b, hi, PAGE_SIZE, PAGE_LAYOUT)
             if PAGE_LAYOUT == 0:
                 k_rows = page * stride_kb + (offs_n % PAGE_SIZE) * stride_kn
                 v_rows = page * stride_vb + (offs_n % PAGE_SIZE) * stride_vn

@@ -166,22 +166,16 @@ def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) 
     return bool(config.fused_dq_min_rows) and seqlen_q >= config.fused_dq_min_rows and not deterministic
 
 
-# Whether a softcap's backward runs on the Gluon dK/dV kernel (else the Triton feature kernels): the
-# faster since the kernel's step reads D late (docs/performance.md, "The backward's step")
-GLUON_SOFTCAP_BACKWARD = True
-
-
 def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, deterministic: bool = False) -> str:
     """Which kernel computes dK and dV for these tensors by the config's rule: 'gluon-ws'
     (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds; a
     call with a feature or GQA/MQA only where it also adds dQ, `bwd_gluon_fuses_dq`, as the dQ
-    kernel has neither; with a softcap only where GLUON_SOFTCAP_BACKWARD says so: docs/performance.md
-    has both kernels' timings) or
+    kernel has neither; a softcap's too, faster there than on the Triton feature kernels since the
+    Gluon kernel's step reads D late: docs/performance.md, "The backward's step") or
     'triton' (_flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_features_kernel for a call with features
     or GQA). flash_attn_backward takes 'gluon-ws' only on an sm_90 device."""
     beyond_dense = (features is not DENSE and not features.dense) or k.shape[2] != q.shape[2]
-    if beyond_dense and not (features.gluon_kernels and (GLUON_SOFTCAP_BACKWARD or not features.softcap)
-                             and bwd_gluon_fuses_dq(config, q.shape[3], deterministic)):
+    if beyond_dense and not (features.gluon_kernels and bwd_gluon_fuses_dq(config, q.shape[3], deterministic)):
         return "triton"
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
             and hopper_gluon_applies(q, k, v, do) and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0

@@ -34,8 +34,6 @@ from triton.compiler import CompiledKernel
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-# FA2_KERNELS_C_LAUNCH=0 in the environment keeps every launch on Triton's own runner (DirectLaunch)
-C_LAUNCH = os.environ.get("FA2_KERNELS_C_LAUNCH", "1") != "0"
 MAX_KEYS = 1024  # per kernel; the cache is emptied when full (a new shape per call never hits)
 
 
@@ -82,7 +80,7 @@ class CachedLauncher:
             # a 3D grid (the JIT pads it; a compiled kernel's launch does not), then the signature's
             # remaining parameters in order (constexprs are passed too and ignored)
             grid3 = (*grid, 1, 1)[:3]
-            if fast is not None and C_LAUNCH and no_launch_hooks():  # Triton's C launcher, as DirectLaunch
+            if fast is not None and no_launch_hooks():  # Triton's C launcher, as DirectLaunch
                 _c_call(fast, grid3, (*args, *(kwargs[name] for name in trailing)))
                 return compiled
             compiled[grid3](*args, *(kwargs[name] for name in trailing))
@@ -126,11 +124,11 @@ class DirectLaunch:
     def __call__(self, *args):
         launcher = getattr(self.module, self.name)
         if self.compiled is not None and launcher is self.launcher:
-            if self.fast is not None and C_LAUNCH and no_launch_hooks():
-                if self.expand is not None and DESCRIPTOR_EXPANSION:
+            if self.fast is not None and no_launch_hooks():
+                if self.expand is not None:
                     raw, expand = self.expand  # Triton's C launcher itself, and the expansion
                     _c_call((raw, *self.fast[1:]), self.grid3, (*expand(args), *self.trailing))
-                else:  # descriptors made here, expanded by Triton's wrapper around its C launcher
+                else:  # no host TMA encoder: descriptors made here, expanded by Triton's wrapper
                     _c_call(self.fast, self.grid3, (*self._described(args), *self.trailing))
                 return self.compiled
             return self.compiled[self.grid3](*self._described(args), *self.trailing)
@@ -172,9 +170,8 @@ def _tma_encoder():
 
 # Triton's launcher of a kernel with host-made descriptors encodes each one in Python at every launch
 # (driver.py's wrap_handle_tensordesc and make_tensordesc_arg: a Python descriptor object, then a list
-# of its fields, its shape and strides, then the C encoding). DESCRIPTOR_EXPANSION: a plan's launch
-# encodes the tensors' addresses itself instead (FA2_KERNELS_DESCRIPTOR_EXPANSION=0: Triton's path),
-# read at each launch (experiments switch it).
+# of its fields, its shape and strides, then the C encoding). A plan's launch encodes the tensors'
+# addresses itself instead (descriptor_expansion), where Triton's host TMA encoder is there.
 TMA_ENCODE, TMA_ENCODE_UNAVAILABLE = _tma_encoder()  # the reason, where there is no encoder
 _WARNED_NO_TMA_ENCODER = []
 
@@ -186,7 +183,6 @@ def warn_no_tma_encoder() -> None:
         _WARNED_NO_TMA_ENCODER.append(True)
         warnings.warn("kernels: no host TMA encoder, so the Gluon plans' descriptors take Triton's own "
                       f"(slower) host path: {TMA_ENCODE_UNAVAILABLE}", RuntimeWarning, stacklevel=3)
-DESCRIPTOR_EXPANSION = os.environ.get("FA2_KERNELS_DESCRIPTOR_EXPANSION", "1") != "0"
 
 
 def descriptor_expansion(wrapped, descriptors: dict, encoder):

@@ -9,8 +9,8 @@ schema takes no dataclasses).
 They are defined with torch.library's schema API (`Library.define` and `impl` for the CPU and
 CUDA keys, `register_fake`, `register_autograd`) rather than `torch.library.custom_op`, whose
 per-call Python layers (the aliasing checks of the inputs and outputs around the kernel) every
-call through the op pays, a compiled graph's included; tools/experiments/exp_op_dispatch.py
-measures the two registrations on the host.
+call through the op pays, a compiled graph's included (docs/performance.md has the two
+registrations' host times).
 
 Eager calls skip the dispatcher's round trip (`FlashAttnFunc` calls the same implementations
 directly): host time is what short calls wait on. Under torch.compile and torch.export tracing

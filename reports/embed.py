@@ -279,10 +279,11 @@ def _launcher_schedule(column: str) -> tuple[bool, bool]:
     """The schedule kernels/flash_attn_hopper.py's launcher takes for an experiment's case (its
     column: variant, shape, q/kv heads), by the launcher's own rule."""
     from kernels import flash_attn_hopper as hopper
+    from kernels.configs import HOPPER_BWD_CONFIGS
 
     m = _SCHEDULE_CASE.match(column)
     flags = {name: m["variant"] == name.lower() for name in hopper.GLUON_FEATURE_FLAGS}
-    return hopper.BWD_STATS_IN_SHARED, hopper._dq_first(True, int(m["heads"]) // int(m["kv"]), flags)
+    return True, hopper.dq_first(HOPPER_BWD_CONFIGS[128], int(m["heads"]) // int(m["kv"]), flags)
 
 
 def bwd_schedule_table(path: Path) -> str:

@@ -153,27 +153,23 @@ def record_address_layouts(monkeypatch) -> list[dict]:
     return launches
 
 
-@pytest.mark.parametrize("interleaved", [None, True], ids=["the rule (one run)", "splits round robin"])
-@pytest.mark.parametrize("prefetch", [True, False], ids=["block table read ahead", "read per block"])
-@pytest.mark.parametrize("hoisted", [True, False], ids=["addresses per launch", "addresses per block"])
+@pytest.mark.parametrize("window_size", [(-1, -1), (1000, -1)], ids=["one run per split", "splits round robin"])
 @pytest.mark.usefixtures("poisoned_allocations")
-def test_paged_key_blocks_spanning_several_pages_match_the_reference(prefetch, interleaved, hoisted, monkeypatch):
+def test_paged_key_blocks_spanning_several_pages_match_the_reference(window_size, monkeypatch):
     """64-key blocks over 16-token pages (each key block gathers four pages, as on the GPU), the
-    block table read one block ahead or at each block, ragged lengths, one split (a
-    program walks all three blocks of the longest sequence) and two, the splits' blocks as the
-    rule has them or round robin (a split's second block read one step of num_splits ahead), the
-    rows' in-page offsets worked out once per launch or at every block."""
+    block table read one block ahead, ragged lengths, one split (a program walks all three blocks
+    of the longest sequence) and two, the splits' blocks one run each (a paged cache without a
+    window) or round robin (under a left window, here wider than the cache: a split's second
+    block read one step of num_splits ahead), the rows' in-page offsets worked out once per
+    launch."""
     from kernels import decode
 
-    monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
-
     monkeypatch.setattr(decode, "INTERPRETER_CONFIG", (64, 4, 1))
-    monkeypatch.setattr(decode, "PAGED_PREFETCH", prefetch)
-    monkeypatch.setattr(decode, "HOISTED_ADDRESSES", hoisted)
     launches = record_address_layouts(monkeypatch)
     for num_splits in (1, 2):
-        check_decode(3, 1, 4, 2, 32, 192, [192, 0, 77], torch.float16, "cpu", page_size=16, num_splits=num_splits)
-    assert launches == [{"PAGE_LAYOUT": 1 if hoisted else 0, "SAME_KV_STRIDES": hoisted}] * 2
+        check_decode(3, 1, 4, 2, 32, 192, [192, 0, 77], torch.float16, "cpu", page_size=16, num_splits=num_splits,
+                     window_size=window_size)
+    assert launches == [{"PAGE_LAYOUT": 1, "SAME_KV_STRIDES": True}] * 2
 
 
 @pytest.mark.parametrize("page_size,layout", [(16, 1), (48, 0), (64, 2), (128, 2)],
@@ -184,7 +180,7 @@ def test_each_page_layout_matches_the_reference(page_size, layout, v_apart, monk
     """64-key blocks over pages that a block holds several of, that neither divides the other, that
     are one block, or that hold two blocks (the split kernel's PAGE_LAYOUT by kv_addressing), with
     V's rows at K's offsets or (V a view of a wider pool) at its own; ragged lengths, one and
-    three splits round robin and one run each."""
+    three splits one run each (no window) and round robin (a left window wider than the cache)."""
     from kernels import decode
 
     monkeypatch.setattr(decode, "INTERPRETER_CONFIG", (64, 4, 1))
@@ -192,11 +188,10 @@ def test_each_page_layout_matches_the_reference(page_size, layout, v_apart, monk
     assert decode.kv_addressing(page_size, 64, False, k_cache, v_cache) == {"PAGE_LAYOUT": layout,
                                                                          "SAME_KV_STRIDES": not v_apart}
     launches = record_address_layouts(monkeypatch)
-    for interleaved in (True, False):
-        monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
+    for window_size in ((-1, -1), (1000, -1)):
         for num_splits in (1, 3):
             check_decode(3, 1, 4, 2, 32, 384, [384, 0, 141], torch.float16, "cpu", page_size=page_size,
-                         num_splits=num_splits, v_apart=v_apart)
+                         num_splits=num_splits, v_apart=v_apart, window_size=window_size)
     assert launches == [{"PAGE_LAYOUT": layout, "SAME_KV_STRIDES": not v_apart}] * 4  # the kernel ran that layout
 
 
@@ -217,16 +212,11 @@ def test_paged_caches_keep_per_block_addresses_under_the_shallow_pipeline():
 
 
 @pytest.mark.parametrize("page_size", [0, 16], ids=["contiguous", "paged"])
-@pytest.mark.parametrize("interleaved", [True, False], ids=["splits round robin", "one run per split"])
 @pytest.mark.usefixtures("poisoned_allocations")
-def test_a_window_split_many_ways_matches_the_reference(interleaved, page_size, monkeypatch):
+def test_a_window_split_many_ways_matches_the_reference(page_size):
     """A 20-key window at the end of ragged caches of up to 10 key blocks, causal, two query
-    tokens, split 3 and 16 ways (one run each: most splits hold no key of the window; 16 leave
-    some splits without any block either way) with the splits' blocks round robin or one run
-    each, paged and contiguous."""
-    from kernels import decode
-
-    monkeypatch.setattr(decode, "INTERLEAVED_SPLITS", interleaved)
+    tokens, split 3 and 16 ways (16 leave some splits without any block) with the splits' blocks
+    round robin (interleave_splits' rule under a window), paged and contiguous."""
     for splits in (3, 16):
         check_decode(3, 2, 4, 2, 32, 160, [160, 0, 57], torch.float16, "cpu", page_size=page_size,
                      num_splits=splits, causal=True, window_size=(20, 0))
@@ -752,3 +742,15 @@ def test_value_checks_are_not_even_built_while_a_cuda_graph_is_captured(monkeypa
     with pytest.raises(ValueError, match="bad entry"):
         kv._check_values(torch.device("cuda"), checks)
     assert built
+
+
+@pytest.mark.parametrize("tile", [(64, 4), (64, 0, 3), (64.0, 4, 3), "abc"])
+def test_a_malformed_tile_is_refused_by_name(tile):
+    """flash_attn_with_kvcache's `tile` (the split kernel's block_n, num_warps, num_stages) must be
+    three positive ints."""
+    from kernels.decode import flash_attn_with_kvcache
+
+    q = torch.randn(1, 1, 2, 32, dtype=torch.float16)
+    cache = torch.randn(1, 16, 2, 32, dtype=torch.float16)
+    with pytest.raises(ValueError, match="tile must be"):
+        flash_attn_with_kvcache(q, cache, cache.clone(), tile=tile)

@@ -260,8 +260,9 @@ GLUON_BWD_CONFIG = dataclasses.replace(INTERPRETER_BWD_CONFIG, hopper_gluon_min_
 @pytest.fixture
 def gluon_that_fails_to_build(monkeypatch):
     """A Triton whose Gluon cannot build the kernels, on a device taken for Hopper: both Gluon
-    entry points raise AttributeError (as an API that a later Triton removed does) and count their
-    calls. dispatch.gluon_unavailable is restored afterwards."""
+    plans (made at a shape's first call, where the kernel compiles) raise AttributeError (as an
+    API that a later Triton removed does) and count their calls. dispatch.gluon_unavailable is
+    restored afterwards."""
     calls = []
 
     def failing(*args, **kwargs):
@@ -271,8 +272,8 @@ def gluon_that_fails_to_build(monkeypatch):
     if dispatch.gluon_unavailable:
         pytest.skip(f"nothing to fall back from: {dispatch.gluon_unavailable}")
     monkeypatch.setattr(dispatch, "gluon_unavailable", dispatch.gluon_unavailable)
-    monkeypatch.setattr(dispatch.flash_attn_hopper, "flash_attn_forward_hopper", failing)
-    monkeypatch.setattr(dispatch.flash_attn_hopper, "flash_attn_backward_dkdv_hopper", failing)
+    monkeypatch.setattr(dispatch.flash_attn_hopper, "forward_hopper_plan", failing)
+    monkeypatch.setattr(dispatch.flash_attn_hopper, "backward_dkdv_hopper_plan", failing)
     for module in (forward, backward):  # they import on_hopper by name
         monkeypatch.setattr(module, "on_hopper", lambda device: True)
     return calls
@@ -374,8 +375,8 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
     assert len(varlen_lines) == 4, report  # head dims 64 and 128, causal or not
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
-    # d128, dQ fused, causal or not: each dQ order (the longest grid), then the packed grid
-    assert len(varlen_bwd) == 6 and all("tma-reduce" in line for line in varlen_bwd), report
+    # d128, dQ fused, causal or not: the longest grid, then the packed grid
+    assert len(varlen_bwd) == 4 and all("tma-reduce" in line for line in varlen_bwd), report
     assert sum("packed grid" in line for line in varlen_bwd) == 2, report
     varlen_lines += varlen_bwd
     for line in forward_lines + backward_lines + varlen_lines:
@@ -384,31 +385,30 @@ def test_hopper_gluon_kernels_compile_for_sm90():
         assert int(re.search(r"smem (\d+) B", line).group(1)) <= 232448, line  # sm_90's per-block limit
 
 
-def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster(monkeypatch):
-    """flash_attn_hopper._dq_first, the Gluon backward's schedule rule (docs/performance.md, "The
-    Gluon backward's schedule"): with GQA/MQA, a window or ALiBi; not for dense MHA, softcap alone,
-    or without the fused dQ; BWD_DQ_FIRST forces it either way (experiments)."""
+def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster():
+    """flash_attn_hopper.dq_first, the Gluon backward's schedule rule (docs/performance.md, "The
+    Gluon backward's schedule"), the table's hopper_gluon_dq_first None: with GQA/MQA, a window or
+    ALiBi; not for dense MHA or softcap alone; a config's True or False forces it either way."""
     from kernels import flash_attn_hopper as hopper
 
     def flags(**on):
         return {name: on.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
 
-    assert not hopper._dq_first(True, 1, flags())
-    assert not hopper._dq_first(True, 1, flags(SOFTCAP=True))
-    assert hopper._dq_first(True, 4, flags())
-    assert hopper._dq_first(True, 1, flags(WINDOW=True)) and hopper._dq_first(True, 1, flags(ALIBI=True))
-    assert not hopper._dq_first(False, 4, flags(WINDOW=True))
-    monkeypatch.setattr(hopper, "BWD_DQ_FIRST", True)
-    assert hopper._dq_first(True, 1, flags())
-    monkeypatch.setattr(hopper, "BWD_DQ_FIRST", False)
-    assert not hopper._dq_first(True, 4, flags(WINDOW=True))
+    table = HOPPER_BWD_CONFIGS[128]
+    assert table.hopper_gluon_dq_first is None
+    assert not hopper.dq_first(table, 1, flags())
+    assert not hopper.dq_first(table, 1, flags(SOFTCAP=True))
+    assert hopper.dq_first(table, 4, flags())
+    assert hopper.dq_first(table, 1, flags(WINDOW=True)) and hopper.dq_first(table, 1, flags(ALIBI=True))
+    assert hopper.dq_first(dataclasses.replace(table, hopper_gluon_dq_first=True), 1, flags())
+    assert not hopper.dq_first(dataclasses.replace(table, hopper_gluon_dq_first=False), 4, flags(WINDOW=True))
 
 
 def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch):
     """flash_attn_hopper.bwd_grid, the Gluon dK/dV kernels' launch order: (pairs in a section, key
-    blocks, sections), the section the largest divisor of the pairs at most the setting; "l2" as
-    many pairs as keep their Q, dO and float32 dQ accumulator within the L2 cache; a bad setting
-    is refused by name."""
+    blocks, sections), the section the largest divisor of the pairs at most the config's
+    hopper_gluon_head_section; "l2" (the tables') as many pairs as keep their Q, dO and float32 dQ
+    accumulator within the L2 cache; a bad setting is refused by name."""
     from kernels import flash_attn_hopper as hopper
 
     cpu = torch.device("cpu", 0)
@@ -421,14 +421,13 @@ def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch)
     assert hopper.bwd_grid(64, 32, 1, 8192, 128, 2, cpu, section="l2") == (4, 64, 8)
     assert hopper.bwd_grid(64, 36, 1, 8192, 128, 2, cpu, section="l2") == (6, 64, 6)
     assert hopper.bwd_grid(64, 16, 4, 8192, 128, 2, cpu, section="l2") == (1, 64, 16)  # 32 MiB a GQA pair
-    monkeypatch.setattr(hopper, "BWD_HEAD_SECTION", 2)
-    assert hopper.bwd_grid(8, 6, 1, 1024, 128, 2, cpu) == (2, 8, 3)
+    assert HOPPER_BWD_CONFIGS[128].hopper_gluon_head_section == "l2"
     for bad in (0, "all", 1.5):
-        with pytest.raises(ValueError, match="BWD_HEAD_SECTION"):
+        with pytest.raises(ValueError, match="hopper_gluon_head_section"):
             hopper.bwd_grid(8, 6, 1, 1024, 128, 2, cpu, section=bad)
     for blocks, pairs in ((hopper.BWD_MAX_KEY_BLOCKS + 1, 6), (0, 6), (8, 0)):
         with pytest.raises(ValueError, match="key blocks"):
-            hopper.bwd_grid(blocks, pairs, 1, 1024, 128, 2, cpu)
+            hopper.bwd_grid(blocks, pairs, 1, 1024, 128, 2, cpu, section="l2")
 
 
 def test_bank_conflict_report_counts_each_shared_memory_access_of_the_gluon_backward():
@@ -441,42 +440,42 @@ def test_bank_conflict_report_counts_each_shared_memory_access_of_the_gluon_back
                             capture_output=True, text=True, env=env, check=True).stdout
     counts = {line.rsplit(maxsplit=1)[0].strip(): int(line.rsplit(maxsplit=1)[1])
               for line in report.splitlines()[1:] if line.strip()}
-    assert len(counts) == 9, report
-    # what docs/performance.md says of them: the kernel's dQ tile (the 128-byte default) conflicts,
-    # a 32-byte swizzle does not, and the step's other accesses do not
-    assert counts["dQ_i tile store (float32, the kernel's layout)"] == counts[
-        "dQ_i tile store (float32, 128-byte swizzle)"] > 0, report
+    assert len(counts) == 8, report
+    # what docs/performance.md says of them: the dQ tile in rows with the 128-byte default swizzle
+    # conflicts, a 32-byte swizzle does not, nor does the kernel's register order, nor the step's
+    # other accesses
+    assert counts["dQ_i tile store (float32, 128-byte swizzle)"] > 0, report
     assert counts["dQ_i tile store (float32, 32-byte swizzle)"] == 0, report
-    assert counts["dQ_i tile store (float32, in register order: BWD_DQ_ORDER 'registers')"] == 0, report
+    assert counts["dQ_i tile store (float32, in register order: the kernel's)"] == 0, report
     assert counts["dS^T store (bf16, into the Q tiles' layout)"] == counts["L_i, D_i row loads (float32)"] == 0, report
 
 
 def test_the_register_order_dq_tile_lays_each_threads_registers_side_by_side():
-    """flash_attn_hopper.DQ_TILE_BASES (BWD_DQ_ORDER "registers") is the wgmma accumulator's own
+    """hopper/shared.py's DQ_TILE_BASES (the fused dQ accumulator's tile order) is the wgmma accumulator's own
     layout with its bases reordered: a thread's first four registers, then the lanes, the warps,
     and its higher registers, so that each warp's store of four registers is one contiguous run."""
     from triton._C.libtriton import gluon_ir, ir
 
-    from kernels import flash_attn_hopper as hopper
+    from kernels.hopper.shared import DQ_TILE_BASES, _wgmma_layout
 
     context = ir.context()
     ir.load_dialects(context)
     builder = gluon_ir.GluonOpBuilder(context)
-    layout = builder.to_linear_layout(hopper._wgmma_layout(64)._to_ir(builder), [64, 64])
+    layout = builder.to_linear_layout(_wgmma_layout(64)._to_ir(builder), [64, 64])
     registers, lanes, warps = layout.reg_bases, layout.lane_bases, layout.warp_bases
     expected = [*registers[:2], *lanes, *warps, *registers[2:]]
-    assert [list(b) for b in hopper.DQ_TILE_BASES] == [list(b) for b in expected]
+    assert [list(b) for b in DQ_TILE_BASES] == [list(b) for b in expected]
 
 
 def _register_order(dq: torch.Tensor) -> torch.Tensor:
     """dq (batch, seqlen, heads, head dim) as the register-order accumulator holds it, built from
     DQ_TILE_BASES alone: tiles of the (batch x seqlen, heads x head dim) view's 64 x 64 blocks in
     that view's order, each tile's element at offset o the one its set bits' bases reach."""
-    from kernels import flash_attn_hopper as hopper
+    from kernels.hopper.shared import DQ_TILE_BASES
 
     offsets = torch.arange(4096)
-    rows = sum(((offsets >> bit) & 1) * r for bit, (r, _) in enumerate(hopper.DQ_TILE_BASES))
-    cols = sum(((offsets >> bit) & 1) * c for bit, (_, c) in enumerate(hopper.DQ_TILE_BASES))
+    rows = sum(((offsets >> bit) & 1) * r for bit, (r, _) in enumerate(DQ_TILE_BASES))
+    cols = sum(((offsets >> bit) & 1) * c for bit, (_, c) in enumerate(DQ_TILE_BASES))
     view = dq.reshape(-1, dq.shape[-2] * dq.shape[-1])
     blocks = view.reshape(view.shape[0] // 64, 64, view.shape[1] // 64, 64).permute(0, 2, 1, 3)
     return blocks[:, :, rows, cols].reshape(dq.shape).contiguous()
@@ -490,7 +489,7 @@ def _varlen_register_order(dq: torch.Tensor, lengths: list[int]) -> torch.Tensor
 
     heads, headdim = dq.shape[1:]
     batch = len(lengths)
-    padded = torch.full((hopper.varlen_dq_accumulator(dq, batch, "registers").shape[0], heads, headdim),
+    padded = torch.full((hopper.varlen_dq_accumulator(dq, batch).shape[0], heads, headdim),
                         float("nan"))
     start = 0
     for b, length in enumerate(lengths):
@@ -505,8 +504,8 @@ def _varlen_register_order(dq: torch.Tensor, lengths: list[int]) -> torch.Tensor
 
 @pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [128, 256, 0, 0, 128], [3789, 615, 1, 127, 129, 2641]])
 def test_the_packed_varlen_grid_holds_every_sequences_key_blocks_once(lengths):
-    """VARLEN_BWD_GRID "packed": with sequence b's key blocks from (cu_seqlens_k[b] + 128 b) // 128
-    (flash_attn_hopper._varlen_packed_program's rule: a block belongs to the last sequence that
+    """hopper_gluon_varlen_grid "packed": with sequence b's key blocks from (cu_seqlens_k[b] + 128 b) // 128
+    (bwd_varlen._varlen_packed_program's rule: a block belongs to the last sequence that
     starts at or before it), varlen_bwd_key_blocks' axis holds each sequence's blocks exactly once,
     with at most one empty block a sequence, where the "longest" grid idles on the rest. The rule
     is restated here in Python: the Gluon code itself runs only in the GPU tests
@@ -527,52 +526,46 @@ def test_the_packed_varlen_grid_holds_every_sequences_key_blocks_once(lengths):
     assert sorted(seen) == wanted
     assert blocks - len(wanted) <= len(lengths)
     assert hopper.varlen_bwd_key_blocks("longest", len(lengths), cu[-1], max(lengths)) == -(-max(lengths) // block_n)
-    with pytest.raises(ValueError, match="VARLEN_BWD_GRID"):
+    with pytest.raises(ValueError, match="'longest' or 'packed'"):
         hopper.varlen_bwd_key_blocks("sorted", len(lengths), cu[-1], max(lengths))
 
 
 def test_the_varlen_backward_packs_its_grid_where_the_longest_would_be_mostly_empty():
-    """varlen_bwd_grid "auto": packed for one long sequence among short ones (the longest grid
-    more than half empty), the longest grid for the features suite's lengths; packed only within
-    a program's scan of the sequences."""
+    """varlen_bwd_grid "auto" (the tables' hopper_gluon_varlen_grid): packed for one long sequence
+    among short ones (the longest grid more than half empty), the longest grid for the features
+    suite's lengths; packed only within a program's scan of the sequences."""
     from kernels import flash_attn_hopper as hopper
 
     suite = (2641, 2501, 1405, 3002, 2670, 3056, 3789, 615)
     skewed = (8192,) + (512,) * 31
     assert hopper.varlen_bwd_grid(len(suite), sum(suite), max(suite), "auto") == "longest"
     assert hopper.varlen_bwd_grid(len(skewed), sum(skewed), max(skewed), "auto") == "packed"
-    lanes = hopper.VARLEN_BWD_SCAN_BATCH  # batch + 1 cu_seqlens entries a program scans
+    assert HOPPER_BWD_CONFIGS[128].hopper_gluon_varlen_grid == "auto"
+    lanes = hopper.VARLEN_SCAN_LANES  # batch + 1 cu_seqlens entries a program scans
     assert hopper.varlen_bwd_grid(lanes - 1, (lanes - 1) * 64 + 8192, 8192, "packed") == "packed"
     assert hopper.varlen_bwd_grid(lanes, lanes * 64 + 8192, 8192, "packed") == "longest"
     assert hopper.varlen_bwd_grid(len(suite), sum(suite), max(suite), "packed") == "packed"
-    with pytest.raises(ValueError, match="VARLEN_BWD_GRID"):
+    with pytest.raises(ValueError, match="hopper_gluon_varlen_grid"):
         hopper.varlen_bwd_grid(1, 1, 1, "sorted")
 
 
-@pytest.mark.parametrize("cast", ["scattered", "rows"])
 @pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [63, 65, 127, 129], [200, 1]])  # the last sequence the shortest
-# (the "rows" cast's return past a sequence's tiles only keeps its reads within the accumulator: the
+# (the cast's return past a sequence's tiles only keeps its reads within the accumulator: the
 # interpreter does not fault on a read past it, so no case here fails without that return)
-def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths, cast, monkeypatch):
-    """flash_attn_hopper.dq_from_varlen_accumulator (VARLEN_BWD_DQ_ORDER "registers") puts each
-    sequence's padded register-order tiles back into its packed rows (the accumulator's padding is
-    NaN here, so a value from another tile or row shows), each sequence writing only its own rows,
-    with either DQ_CAST; an accumulator of the wrong size, or packed tokens with no sequence, are
-    refused by name."""
-    from kernels import flash_attn_hopper as hopper
+def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
+    """hopper/dq_cast.py's dq_from_varlen_accumulator puts each sequence's padded register-order
+    tiles back into its packed rows (the accumulator's padding is NaN here, so a value from another
+    tile or row shows), each sequence writing only its own rows; an accumulator of the wrong size,
+    or packed tokens with no sequence, are refused by name."""
+    from kernels.hopper import dq_cast
 
-    monkeypatch.setattr(hopper, "DQ_CAST", cast)
-    launcher = {"scattered": hopper._dq_from_padded_register_tiles_launcher,
-                "rows": hopper._dq_rows_from_padded_register_tiles_launcher}[cast]
+    launcher = dq_cast._dq_rows_from_padded_register_tiles_launcher
     torch.manual_seed(0)
     dq = torch.randn(sum(lengths), 2, 64)  # two heads x 64 columns: two 64-column tiles a row block
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     accumulator = _varlen_register_order(dq, lengths)
-    got = hopper.dq_from_varlen_accumulator(accumulator, cu, max(lengths), tuple(dq.shape), torch.float32,
-                                            "registers")
+    got = dq_cast.dq_from_varlen_accumulator(accumulator, cu, max(lengths), tuple(dq.shape), torch.float32)
     torch.testing.assert_close(got, dq, rtol=0, atol=0)
-    torch.testing.assert_close(hopper.dq_from_varlen_accumulator(dq, cu, max(lengths), tuple(dq.shape),
-                                                                 torch.float16, "rows"), dq.half(), rtol=0, atol=0)
     # each sequence alone (cu_seqlens of its own, starting at its padded tile by its index): the
     # cast writes its rows and no other (the rest of the output holds a sentinel)
     for b, length in enumerate(lengths):
@@ -584,12 +577,10 @@ def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths, c
         written[start:start + length] = True
         torch.testing.assert_close(out[written], dq[written], rtol=0, atol=0)
         assert (out[~written] == -7.0).all(), f"sequence {b} wrote rows outside its own"
-    with pytest.raises(ValueError, match="order"):
-        hopper.varlen_dq_accumulator(dq, len(lengths), "columns")
     with pytest.raises(ValueError, match="dq_accum must be a contiguous float32"):  # a q-shaped one, say
-        hopper.dq_from_varlen_accumulator(dq, cu, max(lengths), tuple(dq.shape), torch.float32, "registers")
+        dq_cast.dq_from_varlen_accumulator(dq, cu, max(lengths), tuple(dq.shape), torch.float32)
     with pytest.raises(ValueError, match="at least one sequence"):  # rows no program would write
-        hopper.dq_from_varlen_accumulator(accumulator, cu, 0, tuple(dq.shape), torch.float32, "registers")
+        dq_cast.dq_from_varlen_accumulator(accumulator, cu, 0, tuple(dq.shape), torch.float32)
 
 
 _PREPROCESS_SM90 = """
@@ -598,7 +589,7 @@ sys.path[:0] = [sys.argv[1], sys.argv[1] + '/tools']
 import triton
 from triton.compiler import ASTSource
 import compile_check_sm90 as check
-from kernels.backward import _bwd_preprocess_kernel as kernel
+from kernels.backward_steps import _bwd_preprocess_kernel as kernel
 for zero_dq in (False, True, 2):
     constexprs = {'HEAD_DIM': 128, 'BLOCK_D': 128, 'BLOCK_M': 64, 'ZERO_DQ': zero_dq}
     compiled = triton.compile(ASTSource(kernel, check.signature(kernel, constexprs, 'bf16'), constexprs),
@@ -609,7 +600,7 @@ for zero_dq in (False, True, 2):
 
 
 def test_the_preprocess_kernel_compiles_for_sm90_with_64_bit_row_offsets():
-    """backward._bwd_preprocess_kernel compiled for sm_90 (no GPU needed: tools/compile_check_sm90.py's
+    """backward_steps._bwd_preprocess_kernel compiled for sm_90 (no GPU needed: tools/compile_check_sm90.py's
     target and signature, in a process without Triton's interpreter) in each ZERO_DQ form; its row
     offsets are 64-bit (a packed batch is one sequence there, whose rows x stride pass 2^31 from
     2^31 elements): every product of the rows by a stride is an i64 tensor in the Triton IR (at
@@ -628,13 +619,13 @@ def test_the_varlen_preprocess_zeroes_the_whole_padded_accumulator():
     row of its grid's blocks, past the packed tokens too, and still writes D = rowsum(dO * O)
     of the packed rows (its (heads, total_q) rows, none past them). The kernel alone, on the grid
     backward._backward_varlen_gluon gives it (one program per 64 accumulator rows and head)."""
-    from kernels import flash_attn_hopper as hopper
     from kernels.forward import varlen_strides
+    from kernels.hopper.dq_cast import varlen_dq_accumulator
 
     torch.manual_seed(0)
     total_q, heads, headdim = 150, 2, 64
     out, do = torch.randn(total_q, heads, headdim), torch.randn(total_q, heads, headdim)
-    accumulator = hopper.varlen_dq_accumulator(out, 3, "registers").fill_(float("nan"))
+    accumulator = varlen_dq_accumulator(out, 3).fill_(float("nan"))
     delta = torch.full((heads, total_q), float("nan"))
     backward._bwd_preprocess_launcher[(accumulator.shape[0] // 64, heads)](
         out, do, delta, accumulator, *varlen_strides(out), *varlen_strides(do), heads, total_q, HEAD_DIM=headdim,
@@ -644,26 +635,96 @@ def test_the_varlen_preprocess_zeroes_the_whole_padded_accumulator():
     torch.testing.assert_close(delta, (out * do).sum(-1).T, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("cast", ["scattered", "rows"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype, cast, monkeypatch):
-    """flash_attn_hopper.dq_from_accumulator: "registers" undoes the register order the dense
-    Gluon dK/dV kernel adds dQ in (its Triton kernel, here in the interpreter; either DQ_CAST),
-    "rows" casts; a tensor of partial 64 x 64 blocks, an unknown order or cast, is refused by name."""
-    from kernels import flash_attn_hopper as hopper
+def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype):
+    """hopper/dq_cast.py's dq_from_accumulator undoes the register order the dense Gluon dK/dV
+    kernel adds dQ in (its Triton kernel, here in the interpreter); a tensor of partial 64 x 64
+    blocks is refused by name."""
+    from kernels.hopper.dq_cast import dq_from_accumulator
 
-    monkeypatch.setattr(hopper, "DQ_CAST", cast)
     torch.manual_seed(0)
     dq = torch.randn(2, 128, 3, 128)  # rows of 3 heads x 128 columns: six 64-column tiles a row block
     accumulator = _register_order(dq)
     assert not torch.equal(accumulator, dq)
-    torch.testing.assert_close(hopper.dq_from_accumulator(accumulator, dtype, "registers"), dq.to(dtype),
-                               rtol=0, atol=0)
-    torch.testing.assert_close(hopper.dq_from_accumulator(dq, dtype, "rows"), dq.to(dtype), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="order"):
-        hopper.dq_from_accumulator(dq, dtype, "columns")
+    torch.testing.assert_close(dq_from_accumulator(accumulator, dtype), dq.to(dtype), rtol=0, atol=0)
     with pytest.raises(ValueError, match="64 x 64 blocks"):
-        hopper.dq_from_accumulator(torch.zeros(1, 96, 1, 128), dtype, "registers")
-    monkeypatch.setattr(hopper, "DQ_CAST", "columns")
-    with pytest.raises(ValueError, match="DQ_CAST"):
-        hopper.dq_from_accumulator(accumulator, dtype, "registers")
+        dq_from_accumulator(torch.zeros(1, 96, 1, 128), dtype)
+
+
+class _RecordedLaunches(list):
+    """In place of a Gluon kernel's launcher: each launch's grid and keyword arguments (the
+    constexprs), the kernel not run (Gluon has no CPU interpreter)."""
+
+    def __getitem__(self, grid):
+        if not isinstance(grid, tuple):
+            return super().__getitem__(grid)
+        return lambda *args, **kwargs: self.append({"grid": grid, **kwargs})
+
+
+@pytest.mark.parametrize("dq_first", [None, True, False])
+def test_the_gluon_backward_takes_its_schedule_and_launch_order_from_the_config(dq_first, monkeypatch):
+    """The dense Gluon dK/dV plan's DQ_FIRST is BwdConfig.hopper_gluon_dq_first (None: the rule,
+    here MHA: after dK), its grid's sections BwdConfig.hopper_gluon_head_section: no module
+    setting in between. The plan is made and launched on the CPU, the launcher recorded."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_bwd_dkdv_launcher", launches)
+    q, k, v, do = (torch.randn(2, 256, 4, 128, dtype=torch.bfloat16) for _ in range(4))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32)
+    lse, delta = torch.randn(2, 4, 256), torch.randn(2, 4, 256)
+    config = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_dq_first=dq_first,
+                                 hopper_gluon_head_section=2)
+    plan = hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, True, config)
+    plan(q, k, v, do, lse, delta, dk, dv, dq_acc, 0.1)
+    (launch,) = launches
+    assert launch["DQ_FIRST"] is bool(dq_first) and launch["FUSED_DQ"] and launch["CAUSAL"]
+    assert launch["grid"] == (2, 2, 4)  # sections of 2 of the 8 (batch, kv head) pairs, 2 key blocks each
+
+
+@pytest.mark.parametrize("key_grid,scan", [("longest", 0), ("packed", 128), ("auto", 0)])
+def test_the_gluon_varlen_backward_takes_its_grid_from_the_config(key_grid, scan, monkeypatch):
+    """The varlen Gluon dK/dV launch's key blocks are BwdConfig.hopper_gluon_varlen_grid's ("auto"
+    for these lengths: the longest grid), its SCAN the packed grid's lanes; launched on the CPU,
+    the launcher recorded."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_bwd_dkdv_varlen_launcher", launches)
+    lengths = [300, 129, 256]
+    total = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    q, do = (torch.randn(total, 4, 128, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(total, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_acc = hopper.varlen_dq_accumulator(q, len(lengths)).zero_()
+    lse, delta = torch.randn(4, total), torch.randn(4, total)
+    config = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_varlen_grid=key_grid,
+                                 hopper_gluon_head_section=1)
+    hopper.flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, cu, cu, max(lengths),
+                                                  0.1, True, config)
+    (launch,) = launches
+    blocks = hopper.varlen_bwd_key_blocks("packed" if scan else "longest", len(lengths), total, max(lengths))
+    pairs = 2 if scan else len(lengths) * 2  # kv heads, or (sequence, kv head) pairs
+    assert launch["SCAN"] == scan and launch["grid"] == (1, blocks, pairs)
+
+
+@pytest.mark.parametrize("headdim,causal,flags,v_stages", [
+    (128, True, {}, 3), (128, True, {"ALIBI": True}, 2), (64, True, {"ALIBI": True}, 3),
+    (128, False, {"ALIBI": True}, 3), (128, True, {"ALIBI": True, "WINDOW": True}, 3)])
+def test_the_gluon_forward_holds_v_in_two_stages_only_beside_alibis_matmul_tile(headdim, causal, flags, v_stages,
+                                                                                monkeypatch):
+    """The dense Gluon forward's launch (made and launched on the CPU, the launcher recorded): V's
+    ring holds STAGES blocks but where ALiBi's key term is added by matmul (causal, no window or
+    softcap) at head dim 128, whose B tile needs the room: 2 there."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_fwd_launcher", launches)
+    q, k, v = (torch.randn(1, 256, 2, headdim, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
+    hopper.forward_hopper_plan(q, k, v, out, causal, flags=flags)(q, k, v, out, lse, 0.1)
+    (launch,) = launches
+    assert launch["V_STAGES"] == v_stages and launch["STAGES"] == hopper.STAGES == 3
+    assert launch["ALIBI"] is bool(flags.get("ALIBI")) and launch["grid"] == (2, 2)

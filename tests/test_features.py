@@ -295,8 +295,7 @@ def test_memory_paths_send_features_to_the_gluon_kernels_but_dropout_and_varlen(
     assert dispatch.bwd_dkdv_path(fused, q, kv.contiguous(), kv.contiguous(), q) == dispatch.HOPPER_GLUON_PATH
     assert dispatch.bwd_dkdv_path(fused, q, q, q, q, window, deterministic=True) == "triton"
     assert dispatch.bwd_dkdv_path(fused, q, q, q, q, dropout) == "triton"
-    softcap_path = dispatch.HOPPER_GLUON_PATH if dispatch.GLUON_SOFTCAP_BACKWARD else "triton"  # the faster one
-    assert dispatch.bwd_dkdv_path(fused, q, q, q, q, Features(softcap=5.0)) == softcap_path
+    assert dispatch.bwd_dkdv_path(fused, q, q, q, q, Features(softcap=5.0)) == dispatch.HOPPER_GLUON_PATH
 
 
 def test_custom_ops_carry_every_feature():

@@ -5,6 +5,8 @@ only a GPU shows: dropout inside a captured CUDA graph and bit-identical backwar
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -69,7 +71,7 @@ GLUON_FEATURE_CASES = {
     "alibi-causal": {"causal": True, "alibi": "heads"},
     "alibi-per-batch": {"causal": False, "alibi": "batch"},
     "alibi-window-causal": {"causal": True, "window": (256, 0), "alibi": "heads"},
-    # causal ALiBi without a window or softcap: its key term by the S matmul (ALIBI_COLUMN_TERM),
+    # causal ALiBi without a window or softcap: its key term by the S matmul (hopper/fwd.py),
     # with V's 2-stage ring at head dim 128 and the shared 3-stage release at 64 (from 4096 keys)
     "alibi-causal-gqa-per-batch": {"heads": 8, "kv_heads": 2, "causal": True, "alibi": "batch"},
     "alibi-causal-d64": {"causal": True, "alibi": "heads", "headdim": 64, "batch": 1, "seqlen": 4096},
@@ -82,8 +84,7 @@ GLUON_FEATURE_CASES = {
 @pytest.mark.parametrize("case", list(GLUON_FEATURE_CASES))
 def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
     """Head dim 128 (64 from 4096 keys), equal lengths of whole 128-row blocks from 1k keys: on an
-    H100/H200 these calls take the Gluon forward and (but with a softcap, or at head dim 64) the
-    Gluon dK/dV kernel with dQ fused (asserted, so a change of rule cannot quietly test the
+    H100/H200 these calls take the Gluon forward and (but at head dim 64) the Gluon dK/dV kernel with dQ fused (asserted, so a change of rule cannot quietly test the
     Triton kernels instead), and match the float64 reference."""
     spec = dict(GLUON_FEATURE_CASES[case])
     heads, kv_heads = spec.pop("heads", 4), spec.pop("kv_heads", 4)
@@ -102,10 +103,8 @@ def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
     fwd_cfg = default_fwd_config(headdim, spec["causal"], like_q.device)
     assert dispatch.fwd_memory_path(fwd_cfg, like_q, like_k, like_k, like_q, spec["causal"],
                                     features) == dispatch.HOPPER_GLUON_PATH
-    # a softcap's backward runs where dispatch.GLUON_SOFTCAP_BACKWARD says (the faster kernel,
-    # docs/performance.md); head dim 64's on Triton (the Gluon dK/dV kernel serves 128: kernels/configs.py)
-    on_triton = (features.softcap and not dispatch.GLUON_SOFTCAP_BACKWARD) or headdim != 128
-    bwd_path = "triton" if on_triton else dispatch.HOPPER_GLUON_PATH
+    # head dim 64's backward on Triton (the Gluon dK/dV kernel serves 128: kernels/configs.py)
+    bwd_path = "triton" if headdim != 128 else dispatch.HOPPER_GLUON_PATH
     assert dispatch.bwd_dkdv_path(default_bwd_config(headdim, like_q.device), like_q, like_k, like_k, like_q,
                                   features) == bwd_path
     check_dense(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, device="cuda", **spec)
@@ -114,16 +113,13 @@ def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
 
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("section", [1, 2, 4, "l2", 1000])
-def test_gpu_gluon_backward_in_every_launch_order(section, monkeypatch):
-    """The Gluon dK/dV kernels' launch order (flash_attn_hopper.BWD_HEAD_SECTION, bwd_grid): each
+def test_gpu_gluon_backward_in_every_launch_order(section):
+    """The Gluon dK/dV kernels' launch order (BwdConfig.hopper_gluon_head_section, bwd_grid): each
     pair's key blocks in turn, sections of 2 or of 4 pairs (a width that does not divide 6 pairs
     takes the largest divisor, 3), L2-sized, and every pair together; each must visit every
     (pair, key block) once: the dense GQA backward (6 pairs, causal, and with a window) and a
     packed batch (12 pairs) against float64, on the Gluon kernels (asserted, so a Gluon build that
     fails cannot send them to the Triton ones unseen)."""
-    from kernels import backward
-    from kernels import flash_attn_hopper as hopper
-
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     lengths = [1500, 700, 2000, 129, 1024, 300]
@@ -137,52 +133,32 @@ def test_gpu_gluon_backward_in_every_launch_order(section, monkeypatch):
     packed_k = torch.empty(sum(lengths), 2, 128, device="cuda", dtype=torch.bfloat16)
     assert dispatch.hopper_gluon_varlen_bwd_applies(default_bwd_config(128, like_q.device), packed_q, packed_k,
                                                     packed_k, packed_q, packed)
-    monkeypatch.setattr(hopper, "BWD_HEAD_SECTION", section)
-    backward._PLANS.clear()  # plans hold the grid they were made with
-    try:
-        check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=True)
-        check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=True, window=(300, 0))
-        check_varlen(lengths, lengths, 8, 2, 128, torch.bfloat16, device="cuda", causal=True)
-    finally:
-        backward._PLANS.clear()
+    config = dataclasses.replace(default_bwd_config(128, like_q.device), hopper_gluon_head_section=section)
+    check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=True, bwd_config=config)
+    check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=True, window=(300, 0),
+                bwd_config=config)
+    check_varlen(lengths, lengths, 8, 2, 128, torch.bfloat16, device="cuda", causal=True, bwd_config=config)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("order", ["rows", "registers"])
+@pytest.mark.parametrize("dq_first", [False, True], ids=["dq-after-dk", "dq-before-dk"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gpu_gluon_backward_in_each_dq_order(order, dtype, monkeypatch):
-    """The dense Gluon dK/dV kernel's fused dQ accumulator in each order (flash_attn_hopper.
-    BWD_DQ_ORDER): rows of the view, or each 64 x 64 tile in the consumers' register order, put
-    back by dq_from_accumulator; MHA both causal modes, GQA and a window against float64, on the
-    Gluon kernel (asserted)."""
-    from kernels import backward
-    from kernels import flash_attn_hopper as hopper
-
+def test_gpu_gluon_backward_in_each_schedule(dq_first, dtype):
+    """The dense Gluon dK/dV kernel with the fused dQ's matmul after dK's or before it
+    (BwdConfig.hopper_gluon_dq_first, which the tables leave to the rule), its accumulator's
+    register-order tiles put back by dq_from_accumulator; MHA both causal modes, GQA and a window
+    against float64, on the Gluon kernel (asserted)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     like_q = torch.empty(2, 1024, 8, 128, device="cuda", dtype=dtype)
-    assert dispatch.bwd_dkdv_path(default_bwd_config(128, like_q.device), like_q, like_q, like_q,
-                                  like_q) == dispatch.HOPPER_GLUON_PATH
-    monkeypatch.setattr(hopper, "BWD_DQ_ORDER", order)
-    cast_orders = []  # the orders the backward's accumulators were cast from
-    genuine_cast = hopper.dq_from_accumulator
-
-    def cast(accumulator, dtype, used):
-        cast_orders.append(used)
-        return genuine_cast(accumulator, dtype, used)
-
-    monkeypatch.setattr(hopper, "dq_from_accumulator", cast)
-    backward._PLANS.clear()  # plans hold the order they were made with
-    try:
-        for causal in (False, True):
-            check_dense(2, 1024, 1024, 8, 8, 128, dtype, device="cuda", causal=causal)
-        check_dense(2, 1024, 1024, 8, 2, 128, dtype, device="cuda", causal=True)
-        check_dense(2, 1024, 1024, 8, 2, 128, dtype, device="cuda", causal=True, window=(300, 0))
-    finally:
-        backward._PLANS.clear()
+    config = dataclasses.replace(default_bwd_config(128, like_q.device), hopper_gluon_dq_first=dq_first)
+    assert dispatch.bwd_dkdv_path(config, like_q, like_q, like_q, like_q) == dispatch.HOPPER_GLUON_PATH
+    for causal in (False, True):
+        check_dense(2, 1024, 1024, 8, 8, 128, dtype, device="cuda", causal=causal, bwd_config=config)
+    check_dense(2, 1024, 1024, 8, 2, 128, dtype, device="cuda", causal=True, bwd_config=config)
+    check_dense(2, 1024, 1024, 8, 2, 128, dtype, device="cuda", causal=True, window=(300, 0), bwd_config=config)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-    assert cast_orders and set(cast_orders) == {order}, cast_orders  # each backward took the order asked for
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
@@ -211,33 +187,17 @@ def test_gpu_varlen(causal, window, dtype):
     (128, [5, 63, 1, 64, 17, 40, 33, 2, 60, 65, 31, 12, 48, 7, 64, 1, 0, 39, 1100],
      [9, 63, 1, 64, 17, 3, 80, 2, 60, 65, 31, 128, 48, 7, 1, 64, 5, 39, 1030]),
 ])
-@pytest.mark.parametrize("mask_at_run_time,dq_order,key_grid", [
-    (False, "rows", "longest"), (True, "rows", "longest"), (True, "registers", "longest"),
-    (True, "registers", "packed")],
-    ids=["masked-every-step", "mask-checked", "mask-checked-dq-registers", "mask-checked-dq-registers-packed-grid"])
-def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, mask_at_run_time, dq_order, key_grid,
-                          monkeypatch):
+@pytest.mark.parametrize("key_grid", ["longest", "packed"], ids=["longest-grid", "packed-grid"])
+def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, key_grid, monkeypatch):
     """Packed sequences on an H100/H200 take the Gluon varlen forward and, at head dim 128, the
     Gluon varlen dK/dV kernel with dQ fused (asserted, so a change of rule cannot quietly test the
     Triton kernels instead), and match the float64 reference, the logsumexp too; the backward's
-    one loop masking every step or each where it needs it (VARLEN_BWD_MASK_AT_RUN_TIME), its dQ
-    accumulator as rows or in register order (VARLEN_BWD_DQ_ORDER, asserted at the cast), its key
-    blocks the longest sequence's for each or every sequence's on one axis (VARLEN_BWD_GRID)."""
+    key blocks the longest sequence's for each or every sequence's on one axis
+    (BwdConfig.hopper_gluon_varlen_grid, asserted at the launch)."""
     from kernels import flash_attn_hopper as hopper
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    monkeypatch.setattr(hopper, "VARLEN_BWD_MASK_AT_RUN_TIME", mask_at_run_time)
-    monkeypatch.setattr(hopper, "VARLEN_BWD_DQ_ORDER", dq_order)
-    monkeypatch.setattr(hopper, "VARLEN_BWD_GRID", key_grid)
-    cast_orders = []  # the orders the backward's accumulators were cast from
-    genuine_cast = hopper.dq_from_varlen_accumulator
-
-    def cast(*args):
-        cast_orders.append(args[-1])
-        return genuine_cast(*args)
-
-    monkeypatch.setattr(hopper, "dq_from_varlen_accumulator", cast)
     grids = []  # the key grids the backward's launches took
     genuine_grid = hopper.varlen_bwd_grid
 
@@ -254,11 +214,10 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, mask_at_
     like_k = torch.empty(sum(lengths_k), 2, headdim, device="cuda", dtype=dtype)
     assert dispatch.fwd_memory_path(default_fwd_config(headdim, causal, like_q.device), like_q, like_k, like_k,
                                     like_q, causal, features) == dispatch.HOPPER_GLUON_PATH
-    assert dispatch.hopper_gluon_varlen_bwd_applies(default_bwd_config(headdim, like_q.device), like_q, like_k,
-                                                    like_k, like_q, features) == (headdim == 128)
-    check_varlen(lengths_q, lengths_k, 8, 2, headdim, dtype, device="cuda", causal=causal)
+    config = dataclasses.replace(default_bwd_config(headdim, like_q.device), hopper_gluon_varlen_grid=key_grid)
+    assert dispatch.hopper_gluon_varlen_bwd_applies(config, like_q, like_k, like_k, like_q, features) == (headdim == 128)
+    check_varlen(lengths_q, lengths_k, 8, 2, headdim, dtype, device="cuda", causal=causal, bwd_config=config)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-    assert set(cast_orders) == ({dq_order} if headdim == 128 else set()), cast_orders
     assert set(grids) == ({key_grid} if headdim == 128 else set()), grids
 
 

@@ -112,7 +112,6 @@ def test_a_direct_launch_calls_the_c_launcher_while_no_launch_hook_is_set(launch
     monkeypatch.setattr(FakeCompiled, "packed_metadata", ("packed",), raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
-    monkeypatch.setattr(launch_module, "C_LAUNCH", True)
     assert launch_module.no_launch_hooks()  # Triton's default: empty chains
     holder = LauncherHolder()
     holder.launcher = launcher

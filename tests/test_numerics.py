@@ -365,13 +365,13 @@ def test_gpu_hopper_gluon_dkdv_matches_reference(shape, causal, dtype, fused_dq,
     skip_unless_hopper("the Gluon dK/dV kernel")
     dkdv, dq = spy_backward_kernels(monkeypatch)
     gluon_calls = []
-    gluon_dkdv = flash_attn_hopper.flash_attn_backward_dkdv_hopper
+    gluon_plan = flash_attn_hopper.backward_dkdv_hopper_plan
 
-    def counted(*args, **kwargs):
+    def counted(*args, **kwargs):  # a plan made for this call's shape (the config is in the plan's key)
         gluon_calls.append(args[0].shape)
-        return gluon_dkdv(*args, **kwargs)
+        return gluon_plan(*args, **kwargs)
 
-    monkeypatch.setattr(flash_attn_hopper, "flash_attn_backward_dkdv_hopper", counted)
+    monkeypatch.setattr(flash_attn_hopper, "backward_dkdv_hopper_plan", counted)
     config = dataclasses.replace(configs.default_bwd_config(shape[4], torch.device("cuda")),
                                  hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=fused_dq)
     check_backward(*shape, causal, dtype, "cuda", bwd_config=config)

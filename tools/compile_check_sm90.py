@@ -6,8 +6,9 @@ registers, any spills) are answered here:
 
     python tools/compile_check_sm90.py                  # the production table, hdim 64/128/256
     python tools/compile_check_sm90.py --hdim 256 --bwd 64,32,128,32,8,2
-    python tools/compile_check_sm90.py --hopper-gluon     # the Gluon kernels (flash_attn_hopper.py)
+    python tools/compile_check_sm90.py --hopper-gluon     # the Gluon kernels (kernels/hopper/)
     python tools/compile_check_sm90.py --bank-conflicts   # the Gluon backward's shared-memory accesses
+    python tools/compile_check_sm90.py --decode           # the split-KV decoding kernels (kernels/decode.py)
 
 Prints one line per kernel (and per memory path the forward config can take): the block config,
 shared memory, registers and spill bytes; `--out FILE` writes the same lines to FILE, and
@@ -109,24 +110,22 @@ def gluon_descriptor_type(rows: int, headdim: int, dtype: str = "bf16") -> str:
     return f"tensordesc<{dtype}[{rows},{headdim}],{layout!r}>"
 
 
-def dq_descriptor_type(headdim: int, order: str = "rows") -> str:
+def dq_descriptor_type() -> str:
     """The signature type of the fused dQ's float32 accumulator descriptor, with the box and layout
-    the backward's plans give it in `order` (flash_attn_hopper.BWD_DQ_ORDERS)."""
+    the backward's plans give it (its 64 x 64 tiles in register order, one [16, 256] box each)."""
     from kernels import flash_attn_hopper as hopper
 
-    if order == "registers":
-        rows, cols = hopper.DQ_REGISTER_BOX
-        return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout_unswizzled()!r}>"
-    rows, cols = hopper.BWD_BLOCK_M, headdim // 2
-    return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout(rows, cols)!r}>"
+    rows, cols = hopper.DQ_REGISTER_BOX
+    return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout_unswizzled()!r}>"
 
 
 def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
-    """A Gluon kernel of kernels/flash_attn_hopper.py compiled for sm_90: shared memory, spills
-    (ptxas), and what makes it fast: warp specialisation (setmaxnreg), a wgmma left in flight
-    (wait_group 1), TMA loads."""
+    """A Gluon kernel of kernels/hopper/ compiled for sm_90: shared memory, spills (ptxas), and
+    what makes it fast: warp specialisation (setmaxnreg), a wgmma left in flight (wait_group 1),
+    TMA loads."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    signature = {name: signature[name] for name in kernel.arg_names}  # in the kernel's order
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=TARGET,
                               options={"num_warps": 4, "maxnreg": 168})
     ptx = compiled.asm["ptx"]
@@ -155,8 +154,8 @@ def feature_label(flags: dict) -> str:
 
 
 def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, **flags: bool) -> str:
-    """The Gluon forward (kernels/flash_attn_hopper.py) compiled for sm_90; `flags`: its
-    WINDOW, SOFTCAP and ALIBI constexprs."""
+    """The Gluon forward (kernels/hopper/fwd.py) compiled for sm_90 as forward_hopper_plan launches
+    it; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs."""
     from kernels import flash_attn_hopper as hopper
 
     def desc(rows):
@@ -173,7 +172,7 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, *
 
 
 def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
-    """The Gluon forward over packed variable lengths (kernels/flash_attn_hopper.py) for sm_90."""
+    """The Gluon forward over packed variable lengths (kernels/hopper/fwd.py) for sm_90."""
     from kernels import flash_attn_hopper as hopper
 
     def desc(rows):
@@ -189,19 +188,17 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
 
 def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128, fused_dq: bool = False,
                             **flags: bool) -> str:
-    """The Gluon dK/dV kernel (kernels/flash_attn_hopper.py) compiled for sm_90, with dQ fused
-    (TMA reduce-adds into a float32 accumulator) or not; `flags` as hopper_gluon_report's."""
+    """The Gluon dK/dV kernel (kernels/hopper/bwd.py) compiled for sm_90, with dQ fused (TMA
+    reduce-adds into a float32 accumulator) or not, in the schedule the table's config gives it
+    (backward_dkdv_hopper_plan); `flags` as hopper_gluon_report's."""
     from kernels import flash_attn_hopper as hopper
 
     query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
-    dq_tile = dq_descriptor_type(headdim, hopper.BWD_DQ_ORDER) if fused_dq else key_tile
+    dq_tile = dq_descriptor_type() if fused_dq else key_tile
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
-    # the schedule the launcher picks (flash_attn_hopper.BWD_STATS_IN_SHARED, BWD_DQ_FIRST, BWD_LATE_DELTA,
-    # BWD_SPLIT_DIAGONAL)
-    schedule = {"STATS": hopper.BWD_STATS_IN_SHARED, "DQ_FIRST": hopper._dq_first(fused_dq, 1, flags),
-                "LATE_DELTA": hopper.BWD_LATE_DELTA, "SPLIT_DIAGONAL": hopper.BWD_SPLIT_DIAGONAL}
-    stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>" if schedule["STATS"] else "*fp32"
+    schedule = {"DQ_FIRST": fused_dq and hopper.dq_first(HOPPER_BWD_CONFIGS[128], 1, flags)}
+    stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
@@ -213,29 +210,25 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
 
 
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,
-                                   dq_order: str | None = None, key_grid: str | None = None) -> str:
-    """The Gluon dK/dV kernel with dQ fused over packed variable lengths, compiled for sm_90, its
-    dQ accumulator in `dq_order` (default flash_attn_hopper.VARLEN_BWD_DQ_ORDER), its key blocks
-    in `key_grid` (default "longest", VARLEN_BWD_GRID's choice at the features suite's lengths;
-    "packed" scans VARLEN_BWD_SCAN_BATCH lanes of cu_seqlens)."""
+                                   key_grid: str = "longest") -> str:
+    """The Gluon dK/dV kernel with dQ fused over packed variable lengths (kernels/hopper/bwd_varlen.py),
+    compiled for sm_90, its key blocks in `key_grid` ("longest", the "auto" grid's choice at the
+    features suite's lengths; "packed" scans VARLEN_SCAN_LANES lanes of cu_seqlens)."""
     from kernels import flash_attn_hopper as hopper
-
-    dq_order = dq_order or hopper.VARLEN_BWD_DQ_ORDER
-    key_grid = key_grid or "longest"
 
     query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
-    dq_tile = dq_descriptor_type(headdim, dq_order)
+    dq_tile = dq_descriptor_type()
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "DK": f"*{dtype}", "DV": f"*{dtype}",
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
                  "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
                  "qk_scale": "fp32", "kv_group": "i32", "batch": "i32", "STAGES": "constexpr",
-                 "CAUSAL": "constexpr", "STATS": "constexpr", "SPLIT_MASKED": "constexpr", "SCAN": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen, dQ {dq_order}, {key_grid} grid",
+                 "CAUSAL": "constexpr", "SCAN": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen, {key_grid} grid",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "STATS": hopper.VARLEN_BWD_STATS_IN_SHARED,
-                         "SPLIT_MASKED": hopper.varlen_bwd_masking(), "SCAN": hopper.VARLEN_BWD_SCAN_BATCH if key_grid == "packed" else 0})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal,
+                         "SCAN": hopper.VARLEN_SCAN_LANES if key_grid == "packed" else 0})
 
 
 def main() -> None:
@@ -248,8 +241,11 @@ def main() -> None:
     parser.add_argument("--bwd", metavar="M1,N1,M2,N2,WARPS,STAGES[,DQ_WARPS,DQ_STAGES,QUERY_MAJOR,TMA,FUSED_DQ_MIN_ROWS]",
                         help="backward config (default: the table's)")
     parser.add_argument("--hopper-gluon", action="store_true",
-                        help="compile the Gluon kernels (kernels/flash_attn_hopper.py: the forward, the "
-                             "dK/dV kernel) instead")
+                        help="compile the Gluon kernels (kernels/hopper/: the forwards, the dK/dV kernels, "
+                             "the dQ casts) instead")
+    parser.add_argument("--decode", action="store_true",
+                        help="compile the split-KV decoding kernels (kernels/decode_kernels.py) as "
+                             "flash_attn_with_kvcache launches them on a GPU instead")
     parser.add_argument("--bank-conflicts", action="store_true",
                         help="Triton's bank-conflict count of the Gluon backward's shared-memory accesses")
     parser.add_argument("--out", type=Path, metavar="FILE", help="also write the report to this file")
@@ -267,8 +263,11 @@ def main() -> None:
 
     if args.bank_conflicts:
         bank_conflict_report(emit)
+    elif args.decode:
+        decode_report(emit)
     elif args.hopper_gluon:
         from kernels import flash_attn_hopper as hopper
+        from kernels.hopper import dq_cast
 
         for report_fn in (hopper_gluon_report, hopper_gluon_bwd_report, hopper_gluon_varlen_report):
             for headdim in hopper.HEAD_DIMS:
@@ -276,11 +275,9 @@ def main() -> None:
                     emit(report_fn(causal, headdim=headdim))
         for causal in (False, True):
             emit(hopper_gluon_bwd_report(causal, headdim=128, fused_dq=True))
-            for dq_order in hopper.BWD_DQ_ORDERS:
-                emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, dq_order=dq_order))
-            emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, key_grid="packed"))
-        for kernel in (hopper._dq_from_register_tiles_kernel, hopper._dq_rows_from_register_tiles_kernel,
-                       hopper._dq_from_padded_register_tiles_kernel, hopper._dq_rows_from_padded_register_tiles_kernel):
+            for key_grid in ("longest", "packed"):
+                emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, key_grid=key_grid))
+        for kernel in (dq_cast._dq_rows_from_register_tiles_kernel, dq_cast._dq_rows_from_padded_register_tiles_kernel):
             emit(dq_cast_report(kernel))
         # the score modifications and the sliding window (kernels/features.py), as the features suite runs them
         for flag in hopper.GLUON_FEATURE_FLAGS:
@@ -294,7 +291,7 @@ def main() -> None:
 
 
 def dq_cast_report(kernel) -> str:
-    """One of the register-order dQ accumulator's casts (flash_attn_hopper.DQ_CAST) compiled as
+    """One of the register-order dQ accumulator's casts (kernels/hopper/dq_cast.py) compiled as
     launched (float32 accumulator, bf16 dQ, pointers 16-byte aligned, 4 warps): its global loads
     and stores by width, per thread."""
     from collections import Counter
@@ -310,6 +307,79 @@ def dq_cast_report(kernel) -> str:
             f"smem {compiled.metadata.shared:6d} B")
 
 
+def decode_report(emit) -> None:
+    """The split kernel at head dim 128, bf16, 32 q heads on 8 kv heads, one query token, with the
+    constexprs flash_attn_with_kvcache gives it (decode.interleave_splits, decode.kv_addressing):
+    contiguous and paged caches (pages of 16 tokens, a block holds four; of 256, a page holds four
+    blocks), one split and several, each tile choose_tile takes, a left window; then the combine
+    kernel and the append and rotary kernels."""
+    import torch
+
+    from kernels import decode
+    from kernels.decode_kernels import (
+        _fwd_kvcache_combine_kernel,
+        _fwd_kvcache_split_kernel,
+        _kvcache_append_kernel,
+        _rotary_kernel,
+    )
+
+    headdim, group, dtype = 128, 4, "bf16"
+    floats = {"LSE", "Slopes", "OSplit", "LSplit"}
+    for page_size, split, tile, window_left in ((0, False, decode.GPU_CONFIG, -1), (0, True, decode.GPU_CONFIG, -1),
+                                                 (0, True, decode.SHALLOW_CONFIG, -1), (0, True, decode.GPU_CONFIG, 4096),
+                                                 (16, True, decode.GPU_CONFIG, -1), (256, True, decode.GPU_CONFIG, -1),
+                                                 (16, True, decode.SHALLOW_CONFIG, -1), (256, False, decode.GPU_CONFIG, 4096)):
+        block_n, num_warps, num_stages = tile
+        cache = torch.empty(64, max(page_size, 1), 8, headdim, device="meta")
+        constexprs = {"GROUP": group, "HEAD_DIM": headdim, "BLOCK_D": headdim, "BLOCK_M": 16, "BLOCK_N": block_n,
+                      "PAGE_SIZE": page_size, "HAS_BATCH_IDX": False, "HAS_LEFT": window_left >= 0,
+                      "HAS_RIGHT": False, "HAS_SOFTCAP": False, "HAS_ALIBI": False, "SPLIT": split,
+                      "DOT_PRECISION": "tf32", "HAS_LEFTPAD": False,
+                      "INTERLEAVE_SPLITS": decode.interleave_splits(page_size > 0, window_left),
+                      **decode.kv_addressing(page_size, block_n, tile == decode.SHALLOW_CONFIG, cache, cache)}
+        kernel = _fwd_kvcache_split_kernel
+        types = {name: "constexpr" if name in constexprs else
+                 ("*fp32" if name in floats or (name == "Out" and split) else
+                  "*i32" if name in ("SeqlensK", "BatchIdx", "BlockTable", "LeftPad") else f"*{dtype}")
+                 if name[0].isupper() else "fp32" if name in ("sm_scale", "softcap") else "i32"
+                 for name in kernel.arg_names}
+        label = (f"page {page_size} {'split' if split else 'one split'} tile {block_n},{num_warps},{num_stages}"
+                 f"{' window' if window_left >= 0 else ''}")
+        emit(compiled_report(kernel, types, constexprs, num_warps, num_stages, label))
+    rotary = {"HEAD_DIM": headdim, "BLOCK_D": headdim, "ROTARY_HALF": 32, "BLOCK_HALF": 32, "INTERLEAVED": False}
+    for kernel, constexprs, num_warps in (
+            (_fwd_kvcache_combine_kernel, {"HEAD_DIM": headdim, "BLOCK_D": headdim, "BLOCK_S": 32}, 4),
+            (_kvcache_append_kernel, {**rotary, "PAGE_SIZE": 16, "HAS_BATCH_IDX": False, "HAS_LEFTPAD": False}, 1),
+            (_rotary_kernel, {**rotary, "STEP": True}, 1)):
+        types = {name: "constexpr" if name in constexprs else
+                 ("*fp32" if name in ("OutAcc", "LseAcc", "LSE") else
+                  "*i32" if name in ("CacheSeqlens", "BatchIdx", "BlockTable", "LeftPad", "Start") else f"*{dtype}")
+                 if name[0].isupper() else "i32"
+                 for name in kernel.arg_names}
+        emit(compiled_report(kernel, types, constexprs, num_warps, 1, ""))
+
+
+def compiled_report(kernel, types: dict, constexprs: dict, num_warps: int, num_stages: int, label: str) -> str:
+    """A Triton kernel compiled for sm_90 with these argument types (pointers 16-byte aligned, ints
+    unspecialised): shared memory, registers and spills (ptxas); its PTX dumped under the kernel's
+    name and `label`."""
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if types[name].startswith("*")}  # as torch allocates them
+    compiled = triton.compile(ASTSource(kernel, types, constexprs, aligned), target=TARGET,
+                              options={"num_warps": num_warps, "num_stages": num_stages})
+    ptx = compiled.asm["ptx"]
+    dump_ptx(f"{kernel.fn.__name__} {label}", ptx)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
+                           capture_output=True, text=True, check=True)
+    os.unlink(f.name)
+    registers = re.search(r"Used (\d+) registers", ptxas.stderr)
+    spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
+    return (f"{kernel.fn.__name__} {label} w{num_warps} s{num_stages}  smem {compiled.metadata.shared:6d} B  "
+            f"regs {registers.group(1) if registers else '?':>3s}  spill stores {spills.group(1) if spills else '?'} B")
+
+
 def bank_conflict_report(emit) -> None:
     """Triton's own count (gl.bank_conflicts: excess shared-memory accesses per wavefront of the
     ld.shared/st.shared instructions it generates) for each register-to-shared access of the Gluon
@@ -320,6 +390,7 @@ def bank_conflict_report(emit) -> None:
     from triton.experimental.gluon import language as gl
 
     from kernels import flash_attn_hopper as hopper
+    from kernels.hopper.shared import DQ_TILE_BASES, _wgmma_layout
 
     context = ir.context()
     ir.load_dialects(context)
@@ -329,19 +400,17 @@ def bank_conflict_report(emit) -> None:
     def conflicts(register, shared, shape, bits) -> int:
         return builder.get_shared_bank_conflicts(register._to_ir(builder), shared._to_ir(builder), shape, bits)
 
-    s_layout, acc_layout = hopper._wgmma_layout(block_m), hopper._wgmma_layout(headdim)
-    dq_layout = hopper._wgmma_layout(headdim // 2)
+    s_layout, acc_layout = _wgmma_layout(block_m), _wgmma_layout(headdim)
+    dq_layout = _wgmma_layout(headdim // 2)
     accesses = [
         ("dS^T store (bf16, into the Q tiles' layout)", s_layout, hopper._tile_layout(block_m, headdim, torch.bfloat16),
          [rows, block_m], 16),
         ("L_i, D_i row loads (float32)", s_layout, hopper._stats_layout(), [1, block_m], 32),
-        ("dQ_i tile store (float32, the kernel's layout)", dq_layout, hopper._fp32_tile_layout(block_m, headdim // 2),
-         [block_m, headdim // 2], 32),
         *((f"dQ_i tile store (float32, {f'{width}-byte swizzle' if width else 'no swizzle'})", dq_layout,
            gl.NVMMASharedLayout(swizzle_byte_width=width, element_bitwidth=32, rank=2), [block_m, headdim // 2], 32)
           for width in (0, 32, 64, 128)),
-        ("dQ_i tile store (float32, in register order: BWD_DQ_ORDER 'registers')", dq_layout,
-         gl.SharedLinearLayout(offset_bases=[list(b) for b in hopper.DQ_TILE_BASES]), [block_m, headdim // 2], 32),
+        ("dQ_i tile store (float32, in register order: the kernel's)", dq_layout,
+         gl.SharedLinearLayout(offset_bases=[list(b) for b in DQ_TILE_BASES]), [block_m, headdim // 2], 32),
         ("dK_j, dV_j epilogue stores (bf16)", acc_layout, hopper._tile_layout(rows, headdim, torch.bfloat16),
          [rows, headdim], 16),
     ]

@@ -1,0 +1,490 @@
+"""FA2's backward dK/dV kernel (Algorithm 2 lines 5-18, with line 15's dQ or without) on Hopper,
+in Gluon with FlashAttention-3's layout, and the steps its variant over packed variable lengths
+(bwd_varlen.py) shares with it.
+
+A loader warp streams Q_i and dO_i tiles (with L_i and D_i, as FA3's producer brings them); two
+consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax with the next
+matmul of the same query step. At head dim 128 the kernel can add dQ too, as FA3 does: the
+consumers exchange dS^T through shared memory, each computes half of dQ_i's columns over all 128
+keys and adds them with one TMA reduce-add per step (5 matmuls instead of the Triton backward's 7;
+with element-wise atomics instead it was 1.2-1.5x slower: docs/performance.md, "Gluon dK/dV with
+dQ fused"). The dQ tiles go to the accumulator in the consumers' register order
+(shared.DQ_TILE_BASES), which dq_cast.py puts back in rows.
+
+The host side (descriptors, grid, plans) is kernels/flash_attn_hopper.py.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..features import _scores
+from .shared import DQ_REGISTER_BOX, DQ_REGISTER_TILE, _tma_reduce_add, _wgmma_layout
+
+
+@gluon.jit
+def _dq_tile_buffer(dq_smem, HALF: gl.constexpr):
+    """This consumer's float32 dQ tile of the [2, 64, 64] dq_smem reinterpreted as DQ_REGISTER_TILE
+    (register order: the store writes each thread's registers side by side)."""
+    buf = dq_smem.index(HALF)
+    return buf._reinterpret(gl.float32, [buf.shape[0], buf.shape[1]], DQ_REGISTER_TILE)
+
+
+@gluon.jit
+def _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M: gl.constexpr,
+                     HEAD_DIM: gl.constexpr):
+    """Step `step` of a key block's loop over (q head of its group, query step) (GQA/MQA: the
+    kv_group q heads that share this kv head, one after the other): (first query row, the q
+    head's first column in the descriptors, the q head's (batch, head) row of LSE and Delta, the
+    head's index in its group)."""
+    group = step // n_steps
+    m = first_m + (step - group * n_steps) * BLOCK_M
+    return m, q_col0 + group * HEAD_DIM, lse_row0 + group, group
+
+
+@gluon.jit
+def _bwd_program(num_heads, kv_group, BLOCK_N: gl.constexpr):
+    """The program's (batch, kv head, first key) of its place in the grid (pair in its section,
+    key block, section of (batch x kv head) pairs; bwd_grid). Programs start in grid order, the
+    first axis fastest: a section's block 0 of every pair, then block 1 of every pair, and so on.
+    Causal, block 0 has the most query steps, so a section's longest programs start first
+    (longest-processing-time first)."""
+    kv_heads = num_heads // kv_group
+    pair = gl.program_id(2) * gl.num_programs(0) + gl.program_id(0)
+    return pair // kv_heads, pair % kv_heads, gl.program_id(1) * BLOCK_N
+
+
+@gluon.jit
+def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, FUSED_DQ: gl.constexpr):
+    """The dK/dV kernel's shared memory: K_j and V_j as two 64-key halves (loaded once: kv_bar), a
+    ring of STAGES Q_i and dO_i tiles (q_bar, do_bar: a TMA load has landed; empty_bar: a stage is
+    free) and, with FUSED_DQ, the dQ exchange's buffers and mbarriers (ds_smem, dq_smem, ds_bar,
+    done_bar; without it, stand-ins of the right kinds)."""
+    dtype: gl.constexpr = q_desc.dtype
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    k_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for stage in gl.static_range(STAGES):
+        mbarrier.init(q_bar.index(stage), count=1)
+        mbarrier.init(do_bar.index(stage), count=1)
+        mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
+    if FUSED_DQ:
+        # dS^T of both consumers for two steps (the A operands of dQ = dS K, read transposed) and
+        # each consumer's float32 dQ tile for its reduce-add, in the consumer's register order
+        # (reinterpreted by _dq_tile_buffer)
+        ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc.layout)
+        gl.static_assert(BLOCK_M * HEAD_DIM // 2 == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
+        ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for parity in gl.static_range(2):
+            mbarrier.init(ds_bar.index(parity), count=2)  # both consumers' dS^T are in place
+        mbarrier.init(done_bar, count=2)
+    else:  # the fused path's buffers and barriers are not used: stand-ins of the right kinds
+        ds_smem, dq_smem, ds_bar, done_bar = q_smem, q_smem, q_bar, kv_bar
+    return k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar, done_bar
+
+
+@gluon.jit
+def _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0):
+    """FA2 Alg. 2 line 6: K_j and V_j from row kv_row0 + start_n as two 64-key halves, once, on kv_bar."""
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+    for half in gl.static_range(2):
+        kv_row = kv_row0 + start_n + half * ROWS
+        tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
+        tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
+
+
+@gluon.jit
+def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
+                    q_row0, kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_desc, delta_desc, lse_smem,
+                    delta_smem, lse_row0):
+    """FA2 Alg. 2 line 6 (K_j, V_j from row kv_row0 + start_n, as two 64-key halves, once) and line
+    9's loads of Q_i and dO_i (rows from q_row0, _bwd_step_coords' steps), each query step into the
+    ring stage both consumers have released. L_i and D_i (rows lse_row0.. of their (batch x heads,
+    seqlen) views) travel with Q_i and dO_i, on the same mbarriers, as FlashAttention-3's producer
+    brings them: the consumers read them from shared memory instead of waiting on global loads at
+    every step (docs/performance.md, "The backward's step")."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0)
+    for step in range(n_steps * kv_group):
+        stage = step % STAGES
+        m, q_col, lse_row, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, 0, kv_group, BLOCK_M,
+                                                HEAD_DIM)
+        # a fresh mbarrier counts as having completed the phase before its first
+        mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
+        _load_tile_and_stats(q_desc, [q_row0 + m, q_col], q_smem.index(stage), lse_desc, [lse_row, m],
+                             lse_smem.index(stage), q_bar.index(stage))
+        _load_tile_and_stats(do_desc, [q_row0 + m, q_col], do_smem.index(stage), delta_desc, [lse_row, m],
+                             delta_smem.index(stage), do_bar.index(stage))
+
+
+@gluon.jit
+def _load_tile_and_stats(desc, coord, buf, stats_desc, stats_coord, stats_buf, bar):
+    """One TMA load of a query step's tile into `buf` and of its [1, BLOCK_M] row of L or D into
+    `stats_buf`, both completing `bar`'s phase."""
+    mbarrier.expect(bar, desc.block_type.nbytes + stats_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(stats_desc, stats_coord, bar, stats_buf)
+    tma.async_copy_global_to_shared(desc, coord, bar, buf)
+
+
+@gluon.jit
+def _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init):
+    """Line 10: S^T = K_j Q_i^T (unscaled) and line 13: dP^T = V_j dO_i^T, each issued once its
+    tile has landed; both left in flight."""
+    mbarrier.wait(q_bar.index(stage), phase)
+    s_tok = warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    mbarrier.wait(do_bar.index(stage), phase)
+    dp_tok = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    return s_tok, dp_tok
+
+
+@gluon.jit
+def _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv):
+    """Line 12: dV_j += P^T dO_i; line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul (delta:
+    D_i as a [1, BLOCK_M] row). Returns the dV matmul in flight and dS^T in the inputs' dtype."""
+    dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
+    dp = warpgroup_mma_wait(1, deps=[dp_tok])
+    return dv_tok, (p * (dp - delta)).to(do_buf.dtype)
+
+
+@gluon.jit
+def _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout: gl.constexpr):
+    """_bwd_dv_ds, then line 16: dK_j += dS^T Q_i (the softmax scale is applied once at the end).
+    Returns the dV and dK matmuls in flight, dS^T and its A operand."""
+    dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
+    ds_op = gl.convert_layout(ds, op_layout)
+    dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
+    return dv_tok, dk_tok, ds, ds_op
+
+
+@gluon.jit
+def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr):
+    """The fused dQ's exchange: this consumer's dS^T into the step's buffer pair (two pairs: a
+    consumer may be one step ahead), then its arrival on the pair's mbarrier. Returns the pair."""
+    parity = step % 2
+    ds_smem.index(2 * parity + HALF).store(ds)
+    fence_async_shared()
+    gl.thread_barrier()  # the whole warpgroup's stores, before one thread arrives
+    mbarrier.arrive(ds_bar.index(parity), count=1)
+    return parity
+
+
+@gluon.jit
+def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
+                num_heads, HALF: gl.constexpr):
+    """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
+    columns] = dS K_j[:, columns] over both halves' keys, scaled and added into the float32
+    accumulator behind dq_desc (rows from q_row0) by one TMA reduce-add."""
+    dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
+    dq = warpgroup_mma_wait(0, deps=[dq_tok])
+    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HALF)
+
+
+@gluon.jit
+def _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF: gl.constexpr):
+    """Once both consumers' dS^T are in place, the matmul dS K_j[:, this consumer's columns] over
+    both halves' keys, in flight."""
+    DQ_COLS: gl.constexpr = dq_init.shape[1]
+    mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
+    dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
+                           k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
+                           use_acc=False, is_async=True)
+    return warpgroup_mma(ds_smem.index(2 * parity + 1).permute((1, 0)),
+                         k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_tok, is_async=True)
+
+
+@gluon.jit
+def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HALF: gl.constexpr):
+    """dQ_i's columns (rows q_row0 + m.. of the (batch x seqlen, heads x head dim) view, this
+    consumer's columns from q_col, the head's first), scaled, added into the float32 accumulator
+    by one TMA reduce-add as the consumer's registers lie, each thread's in turn (DQ_REGISTER_TILE:
+    no bank conflicts on the store), one contiguous tile of the accumulator per (64-row block of
+    the view, 64 columns), tiles in the view's order (dq_cast.dq_from_accumulator puts them back;
+    the varlen kernel's q_row0 is its sequence's padded row: dq_cast.varlen_dq_accumulator)."""
+    BLOCK_M: gl.constexpr = dq.shape[0]
+    DQ_COLS: gl.constexpr = dq.shape[1]
+    tma.store_wait(pendings=0)  # the previous step's reduce-add has read dq_buf
+    dq_buf.store(dq * softmax_scale)
+    fence_async_shared()
+    gl.thread_barrier()
+    tile = (q_row0 + m) // BLOCK_M * (2 * num_heads) + q_col // DQ_COLS + HALF
+    _tma_reduce_add(dq_desc, [tile * DQ_REGISTER_BOX[0], 0],
+                    dq_buf._reinterpret(gl.float32, [DQ_REGISTER_BOX[0], DQ_REGISTER_BOX[1]], dq_desc.layout))
+
+
+@gluon.jit
+def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                        FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
+    """One warp: _bwd_load_tiles for the program's key block and the query steps that see it."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
+     col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+     window_right, full_lo, full_hi, num_heads) = args
+    _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
+                    row0, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem, delta_smem,
+                    lse_row0)
+
+
+@gluon.jit
+def _scores_log2(s, qk_scale, mods, rows, cols, CAUSAL: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    """kernels/features.py's `_scores` (scores in log2 units with the softcap, then ALiBi's
+    `-slope * |i - j|`; and the tanh the softcap's derivative needs), but under a causal mask
+    ALiBi split in two. `mods` = (softcap * log2(e), slope * log2(e), the reference row r);
+    `rows` and `cols` index the tile's queries and keys (2D, broadcastable). Every visible key
+    has j <= i there, so the bias is slope * (j - r) - slope * (i - r): the query term is the
+    same for a whole row, so it is left to the caller (the forward leaves it out of the softmax,
+    where it cancels, and takes it off the logsumexp; the backward adds it to the logsumexp), and
+    the per-element cost is one add."""
+    softcap_log2, alibi_log2, ref = mods
+    s, t = _scores(s, qk_scale, softcap_log2, alibi_log2, rows, cols, 0, SOFTCAP, ALIBI and not CAUSAL)
+    if ALIBI and CAUSAL:
+        s = s + alibi_log2 * (cols - ref).to(gl.float32)
+    return s, t
+
+
+@gluon.jit
+def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
+                   ALIBI: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr,
+                   DIAGONAL: gl.constexpr):
+    """One query step of _bwd_dkdv_partition's loop (FA2 Alg. 2 lines 8-16 for Q_i, dO_i): `ctx` the
+    partition's per-program values, the constexprs its own. DIAGONAL (causal without a window):
+    the step's rows cross the key block's diagonal, so P^T is masked. L_i and D_i come from the
+    stage's shared memory (the loader's, with Q_i and dO_i); D_i is read once P^T is made, so its
+    registers are not held through the softmax. Returns dK_j and dV_j."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
+     col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+     window_right, full_lo, full_hi, num_heads) = args
+    k_buf, v_buf, offs_n, offs_m_base, s_init, dq_init, dq_buf = ctx
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    stage = step % STAGES
+    phase = (step // STAGES) & 1
+    m, q_col, _, group = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
+                                          HEAD_DIM)
+    offs_m = m + offs_m_base
+    q_buf = q_smem.index(stage)
+    do_buf = do_smem.index(stage)
+    # line 10: S^T = K_j Q_i^T (unscaled); line 13: dP^T = V_j dO_i^T; both in flight
+    s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
+    # L_i (natural log -> log2) as a [1, BLOCK_M] row of the transposed tiles, landed with Q_i (the
+    # score matmuls waited for it)
+    lse = lse_smem.index(stage).load(s_layout) * 1.4426950408889634
+    # line 11: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+    if MODS:
+        alibi_log2 = 0.0
+        if ALIBI:  # the slope of this step's q head
+            alibi_log2 = gl.load(Alibi + group) * 1.4426950408889634
+        s, t = _scores_log2(s, qk_scale, (softcap_log2, alibi_log2, start_n), offs_m[None, :], offs_n[:, None],
+                            CAUSAL, SOFTCAP, ALIBI)
+        if ALIBI and CAUSAL:  # the query term of the split bias joins the logsumexp
+            lse = lse + (alibi_log2 * (offs_m - start_n).to(gl.float32))[None, :]
+        p = gl.exp2(s - lse)
+    else:
+        p = gl.exp2(s * qk_scale - lse)
+    if WINDOW:
+        if (m < full_lo) | (m > full_hi):  # query steps that do not see every key of the block
+            visible = ((offs_m[None, :] >= offs_n[:, None] - window_right)
+                       & (offs_m[None, :] <= offs_n[:, None] + window_left))
+            p = gl.where(visible, p, 0.0)
+    elif CAUSAL and DIAGONAL:  # a query step that crosses the diagonal of this block
+        p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
+    p_op = gl.convert_layout(p.to(dtype), op_layout)
+    if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2 joins P^T now: t is not kept for dS
+        p = p * (1.0 - t * t)
+    delta = delta_smem.index(stage).load(s_layout)  # D_i once P^T is made
+    if FUSED_DQ and DQ_FIRST:
+        # lines 12 and 14 as below, dS^T to the other consumer before its A operand is made
+        dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
+        parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
+        ds_op = gl.convert_layout(ds, op_layout)
+        # line 15 (this consumer's columns of dQ_i), then line 16: dK_j += dS^T Q_i; dQ is
+        # written and reduce-added while the dK matmul runs
+        dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
+        dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
+        dq = warpgroup_mma_wait(1, deps=[dq_tok])  # dV's and dQ's matmuls have finished
+        _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HALF)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+        mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
+    else:
+        # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul; line 16: dK_j += dS^T Q_i
+        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
+        if FUSED_DQ:  # dS^T to the other consumer: line 15 needs both halves' keys
+            parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+        mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
+        if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
+            _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
+                        softmax_scale, num_heads, HALF)
+    return dk, dv
+
+
+@gluon.jit
+def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                        FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
+    """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
+    block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
+    shared-memory operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
+    matmul. With GQA/MQA the steps run over every q head of the kv head's group, so dK_j and dV_j
+    sum over them in registers.
+    FUSED_DQ (line 15, FA3's scheme): both consumers put dS^T in shared memory and wait for each
+    other (mbarrier ds_bar); each then computes columns [HALF * 64, HALF * 64 + 64) of
+    dQ_i = dS K_j over all 128 keys and adds them into the float32 accumulator behind dq_desc with
+    one TMA reduce-add (the sum's order varies between runs).
+    DQ_FIRST (FA3's order): the dQ matmul is issued before dK's, and dQ goes to shared memory and
+    its reduce-add while the dK matmul runs; else after dK and dV have finished.
+    WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
+    transposed tile; the softcap's derivative 1 - tanh^2 scales dS), the window's query steps
+    outside [full_lo, full_hi] masked."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
+     col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
+     window_right, full_lo, full_hi, num_heads) = args
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    k_buf = k_smem.index(HALF)
+    v_buf = v_smem.index(HALF)
+
+    kv_row = row0 + start_n + HALF * ROWS  # this half's first key row in the descriptors
+    offs_n = start_n + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+    offs_m_base = gl.arange(0, BLOCK_M, layout=col_layout)
+    # line 7: dK_j = dV_j = 0
+    dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+    dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+    s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
+    if FUSED_DQ:
+        DQ_COLS: gl.constexpr = HEAD_DIM // 2  # this consumer's columns of dQ
+        dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
+        dq_buf = _dq_tile_buffer(dq_smem, HALF)
+    else:  # stand-ins of the right kind (unused)
+        dq_init, dq_buf = s_init, k_buf
+    mbarrier.wait(kv_bar, 0)
+    ctx = (k_buf, v_buf, offs_n, offs_m_base, s_init, dq_init, dq_buf)
+    if CAUSAL and not WINDOW:
+        # each q head's first 2 * ROWS query rows cross the block's diagonal (n_steps >= 2 here): they
+        # run in a loop of their own, and the other steps' code has no mask
+        DIAGONAL_STEPS: gl.constexpr = 2 * ROWS // BLOCK_M
+        for group in range(kv_group):
+            for i in range(DIAGONAL_STEPS):
+                dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
+                                        FUSED_DQ, DQ_FIRST, HALF, True)
+            for i in range(DIAGONAL_STEPS, n_steps):
+                dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
+                                        FUSED_DQ, DQ_FIRST, HALF, False)
+    else:
+        for step in range(n_steps * kv_group):
+            dk, dv = _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST,
+                                    HALF, False)
+
+    if FUSED_DQ:  # the other consumer's last dQ matmul reads this half of K: wait for it
+        mbarrier.arrive(done_bar, count=1)
+        mbarrier.wait(done_bar, 0)
+    # line 18: write dK_j, dV_j, staged through this half's K and V buffers
+    k_buf.store((dk * softmax_scale).to(dtype))
+    v_buf.store(dv.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [kv_row, col0], k_buf)
+    tma.async_copy_shared_to_global(dv_desc, [kv_row, col0], v_buf)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _window_query_steps(start_n, seqlen, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Query steps that see some key of [start_n, start_n + BLOCK_N) under a window (query and
+    key lengths equal; row i sees key j iff j - right <= i <= j + left): the first step's row, the
+    count, and the bounds [full_lo, full_hi] of the first rows of steps that see every key."""
+    first_m = gl.maximum(start_n - window_right, 0) // BLOCK_M * BLOCK_M
+    end = gl.minimum(start_n + BLOCK_N + window_left, seqlen)
+    return first_m, (end - first_m + BLOCK_M - 1) // BLOCK_M, start_n + BLOCK_N - 1 - window_right, \
+        start_n + window_left - BLOCK_M + 1
+
+
+@gluon.jit
+def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, num_heads,
+                                  seqlen, softmax_scale, qk_scale, kv_group, window_left, window_right, softcap_log2,
+                                  Alibi, stride_alibi_b, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                  FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr, WINDOW: gl.constexpr = False,
+                                  SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
+    """One program per (batch, kv head, key block) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
+    parallelism over key blocks; placed by flash_attn_hopper.bwd_grid and _bwd_program),
+    partitioned as FA3's backward: a loader warp and two consumer warpgroups of 64 keys each that
+    share every Q_i and dO_i tile. The descriptors view (batch * seqlen, heads * head dim);
+    num_heads counts q heads, kv_group of them share a kv head. Without FUSED_DQ, dq_desc is
+    unused and dQ is the dQ kernel's (backward._flash_bwd_dq_kernel); with it, dq_desc is a
+    float32 accumulator's with [16, 256] boxes, each a 64 x 64 tile in register order
+    (_bwd_reduce_dq). WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only: the dQ kernel
+    has none of them). LSE and Delta: descriptors of their (batch x heads, seqlen) float32 views,
+    [1, BLOCK_M] tiles; DQ_FIRST: _bwd_dkdv_partition's."""
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
+    ROWS: gl.constexpr = k_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = 2 * ROWS
+    b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
+    row0 = b * seqlen
+    col0 = kv_head * HEAD_DIM
+    q_col0 = kv_head * kv_group * HEAD_DIM  # the group's first q head
+    lse_row0 = b * num_heads + kv_head * kv_group
+    full_lo = 0
+    full_hi = 0
+    if WINDOW:
+        first_m, n_steps, full_lo, full_hi = _window_query_steps(start_n, seqlen, window_left, window_right,
+                                                                 BLOCK_M, BLOCK_N)
+    else:
+        if CAUSAL:  # query rows from the block's first key on see some of its keys
+            first_m = start_n
+        else:
+            first_m = 0
+        n_steps = (seqlen - first_m) // BLOCK_M
+    Alibi += b * stride_alibi_b + kv_head * kv_group  # the group's slopes (read only with ALIBI)
+
+    (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
+     done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, FUSED_DQ)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)  # L_i and D_i per ring stage
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
+    args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
+            do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
+            start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2,
+            window_left, window_right, full_lo, full_hi, num_heads)
+    # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
+    # call (a tuple assigned to a name holds run-time values: the flags would be, and with the
+    # fused branch left in the non-fused kernel Triton 3.6's lowering fails, an assertion in
+    # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart.
+    gl.warp_specialize([
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 1)),
+        (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0)),
+    ], [4, 1], [240, 24])
+
+

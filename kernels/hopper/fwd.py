@@ -1,0 +1,623 @@
+"""FA2's forward (Algorithm 1) on Hopper, written in Gluon with FlashAttention-3's layout: the dense
+kernel (GQA/MQA, sliding windows, softcap, ALiBi as constexpr flags) and the kernel over packed
+variable lengths, built from the same loads, matmuls and softmax steps.
+
+Triton 3.6 compiles the forward of `forward.py` to wgmma, but it waits for every matmul at
+once and its key loop synchronises all warps at CTA-wide barriers, so the softmax does not run
+under a matmul of the same warps (docs/performance.md, "Gluon forward with FlashAttention-3's
+warp layout"). Gluon, Triton's lower-level language, lets a kernel say which warps do what and
+when a matmul is waited for. These kernels (FA3, Shah et al. 2024):
+
+- **Warp specialisation:** a producer warp issues the TMA loads of Q, K and V; two consumer
+  warpgroups own 64 query rows each. They synchronise only through mbarriers (a K/V stage is
+  refilled once both consumers have released it), with no CTA-wide barrier in the key loop, so
+  one consumer's softmax can run while the other's matmuls do. Nothing orders them (FA3 adds
+  named barriers for a strict ping-pong); the overlap is what the warp schedulers make of it.
+- **Intra-warpgroup overlap (FA3's Algorithm 2):** for key block j a consumer issues S_j = Q K_j^T,
+  then O += P_{j-1} V_{j-1}, and waits for S_j alone (`warpgroup_mma_wait(1)`): the softmax of
+  S_j runs under the P V matmul.
+- FA2's non-matmul savings are kept: O unnormalised until one final rescale, the softmax scale
+  folded into the exponent's FMA, logsumexp stored, the causal mask only on the diagonal block.
+
+The host side (descriptors, plans, launches) is kernels/flash_attn_hopper.py.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..features import _tanh
+from .shared import _wgmma_layout
+
+
+@gluon.jit
+def _online_softmax(s, m_i, l_i, scale, EMPTY_ROWS: gl.constexpr):
+    """FA2 Alg. 1 line 9 on masked scores S (-inf where a key is not seen): m_new = max(m_old,
+    rowmax(S) * scale), P~ = exp2(S * scale - m_new) and l = exp2(m_old - m_new) l + rowsum(P~),
+    the scale folded into the exponent's FMA. With EMPTY_ROWS a row may see no key of the block
+    (or none yet): its max stays -inf, and the exponent's reference is 0 while it does (P~ = 0, no
+    NaN); without, every row has seen a key by then (its own, on the diagonal)."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale)
+    if EMPTY_ROWS:
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = gl.exp2(s * scale - m_ref[:, None])
+    alpha = gl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _causal_mask(s, cols, offs_m):
+    """S with the keys past each row's diagonal (key index > query index) at -inf."""
+    return gl.where(cols[None, :] <= offs_m[:, None], s, float("-inf"))
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr,
+                  CAUSAL: gl.constexpr):
+    """_online_softmax on unscaled scores S, the causal mask only on the diagonal block (the last
+    one), and no mask code at all in the non-causal kernel."""
+    if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
+        if block == n_blocks - 1:
+            s = _causal_mask(s, block * BLOCK_N + offs_n, offs_m)
+    return _online_softmax(s, m_i, l_i, qk_scale, False)
+
+
+@gluon.jit
+def _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr):
+    """_softmax_step (causal) on scores whose matmul added ALiBi's key term (`_alibi_query_tile`):
+    S * scale holds scale * q.k + slope * log2(e) * (key offset in the block), and `block_bias`
+    (slope * log2(e) * (the block's first key - the reference row)) completes the key term in the
+    per-row math, so each element costs what the dense step's does."""
+    if block == n_blocks - 1:
+        s = _causal_mask(s, block * BLOCK_N + offs_n, offs_m)
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale + block_bias)
+    p = gl.exp2(s * qk_scale - (m_new - block_bias)[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _alibi_key_tile(kx_smem):
+    """Fill the [BLOCK_N, 16] B operand of ALiBi's key term: row j (a key offset in the block) holds
+    j in columns 0-2, zeros after (j < 256 is exact in bf16 and fp16). Written once per program,
+    before the partitions start."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])
+    rows = gl.arange(0, kx_smem.type.shape[0], layout=gl.SliceLayout(1, layout)).to(gl.float32)[:, None]
+    cols = gl.arange(0, kx_smem.type.shape[1], layout=gl.SliceLayout(0, layout))[None, :]
+    tile = gl.where(cols < 3, rows, 0.0)
+    kx_smem.store(tile.to(kx_smem.dtype))
+    fence_async_shared()
+
+
+@gluon.jit
+def _alibi_query_tile(alibi_log2, qk_scale, dtype: gl.constexpr, a_layout: gl.constexpr):
+    """The [64, 16] A operand of ALiBi's key term, in its register layout: every row holds
+    a = slope * log2(e) / scale split into three terms of `dtype` (their sum is a to fp32
+    precision) in columns 0-2, zeros after. A times `_alibi_key_tile`'s B adds a * (key offset)
+    to each unscaled score, which the scale turns into slope * log2(e) * (key offset)."""
+    a = alibi_log2 / qk_scale
+    a1 = a.to(dtype).to(gl.float32)
+    a2 = (a - a1).to(dtype).to(gl.float32)
+    a3 = a - a1 - a2
+    cols = gl.arange(0, 16, layout=gl.SliceLayout(0, a_layout))[None, :]
+    zero = gl.zeros([64, 16], gl.float32, a_layout)
+    return (zero + gl.where(cols == 0, a1, gl.where(cols == 1, a2, gl.where(cols == 2, a3, 0.0)))).to(dtype)
+
+
+@gluon.jit
+def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, block, CAUSAL: gl.constexpr,
+                       BLOCK_N: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
+    """_softmax_step with a sliding window, softcap or ALiBi. `window` = (left, right, full_lo,
+    full_hi): with WINDOW a block outside [full_lo, full_hi) is masked (a row may see no key of a
+    block at a window's edge), else causal masks the blocks from full_hi (the diagonal one). Per
+    element this costs the dense step's work plus, with ALiBi, one
+    add and the column term's share (from `offs_n_f`, the block's key offsets as floats, which
+    the compiler recomputes per block: a thread holds 32 keys of 2 rows, so each operation per
+    key costs about half a one per element; docs/performance.md has the counters) and, with a
+    softcap, its tanh."""
+    cols = block * BLOCK_N + offs_n
+    if SOFTCAP:
+        softcap_log2, alibi_log2, ref = mods
+        s = softcap_log2 * _tanh(s * qk_scale)
+        scale = 1.0  # s is in log2 units from here
+    elif ALIBI:
+        softcap_log2, alibi_log2, ref = mods
+        s = s * qk_scale
+        scale = 1.0
+    else:
+        scale = qk_scale  # folded into the exponent's FMA, as the dense step does
+    if ALIBI:
+        if CAUSAL:  # _scores_log2's split bias: the column term only
+            s = s + alibi_log2 * (offs_n_f + (block * BLOCK_N - ref).to(gl.float32))[None, :]
+        else:
+            s = s - alibi_log2 * gl.abs(offs_m[:, None] - cols[None, :]).to(gl.float32)
+    if WINDOW:
+        left, right, full_lo, full_hi = window
+        if (block < full_lo) | (block >= full_hi):
+            diag = offs_m[:, None]
+            visible = (cols[None, :] <= diag + right) & (cols[None, :] >= diag - left)
+            s = gl.where(visible, s, float("-inf"))
+    elif CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
+        if block >= window[3]:  # the diagonal block
+            s = _causal_mask(s, cols, offs_m)
+    return _online_softmax(s, m_i, l_i, scale, WINDOW)
+
+
+@gluon.constexpr_function
+def _alibi_by_matmul(causal, window, softcap, alibi):
+    """Whether the forward adds ALiBi's key term by the tensor cores: a 128-key wgmma of depth 16
+    that each S matmul chains on (`_alibi_query_tile`, `_alibi_key_tile`), faster than adding it per
+    element in registers (docs/performance.md, "ALiBi's key term"). Causal, without a window or
+    softcap only: the bias is linear in the key index only where every visible key is at or before
+    the query, and a softcap comes before it. Its 4 KiB B tile fits beside K's 3-stage ring at head
+    dim 128 once V's ring holds 2 blocks (flash_attn_hopper.forward_constexprs)."""
+    return bool(alibi) and bool(causal) and not window and not softcap
+
+
+@gluon.jit
+def _fwd_program(num_heads, CAUSAL: gl.constexpr):
+    """The program's (query block, batch x head, batch, head); causal runs the last query block (the
+    most key blocks) first: the longest programs start early."""
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    else:
+        pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    return pid_m, pid_bh, pid_bh // num_heads, pid_bh % num_heads
+
+
+@gluon.jit
+def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+    """The forward's shared memory: Q_i as two 64-row halves, rings of STAGES K_j and V_STAGES V_j
+    blocks, and their mbarriers (q_bar, k_bar, v_bar: a TMA load has landed; empty_bar: a stage is
+    free). With rings of one size a key block's K and V share a stage, released once P~ V is done;
+    with V's ring shorter (`_split_release`) empty_bar holds K's stages then V's, each released
+    once its matmul is done."""
+    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    RELEASES: gl.constexpr = STAGES + V_STAGES if V_STAGES != STAGES else STAGES
+    empty_bar = gl.allocate_shared_memory(gl.int64, [RELEASES, 1], mbarrier.MBarrierLayout())
+    for half in gl.static_range(2):
+        mbarrier.init(q_bar.index(half), count=1)
+    for stage in gl.static_range(STAGES):
+        mbarrier.init(k_bar.index(stage), count=1)
+        if V_STAGES == STAGES:
+            mbarrier.init(v_bar.index(stage), count=1)
+        mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
+    if V_STAGES != STAGES:
+        for stage in gl.static_range(V_STAGES):
+            mbarrier.init(v_bar.index(stage), count=1)
+            mbarrier.init(empty_bar.index(STAGES + stage), count=2)
+    return q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar
+
+
+@gluon.jit
+def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
+               kv_col0, first_block, n_blocks):
+    """FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j of key blocks first_block ..
+    first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
+    both consumers have released (empty_bar counts two; with `_split_release`, K's and V's apart)."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    V_STAGES: gl.constexpr = v_smem.type.shape[0]
+    for half in gl.static_range(2):
+        mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
+                                        q_smem.index(half))
+    for i in range(n_blocks):
+        stage = i % STAGES
+        # a fresh mbarrier counts as having completed the phase before its first, so the first
+        # STAGES waits pass at once
+        mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
+        row = kv_row0 + (first_block + i) * BLOCK_N
+        mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [row, kv_col0], k_bar.index(stage), k_smem.index(stage))
+        v_stage = i % V_STAGES
+        if _split_release(empty_bar, k_smem):
+            mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
+        mbarrier.expect(v_bar.index(v_stage), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(v_stage), v_smem.index(v_stage))
+
+
+@gluon.constexpr_function
+def _split_release(empty_bar, k_smem):
+    """Whether K's and V's stages are released apart (`_fwd_shared_buffers`: V's ring is shorter)."""
+    return empty_bar.type.shape[0] > k_smem.type.shape[0]
+
+
+@gluon.jit
+def _s_matmul(q_buf, k_tile, s_init, bias=None):
+    """Line 8's S = Q K_j^T (unscaled), issued asynchronously; with `bias` (ALiBi's (A, B) tiles,
+    `_alibi_by_matmul`) chained on A B, so S holds ALiBi's key term with no work per element."""
+    if bias is None:
+        s_tok = warpgroup_mma(q_buf, k_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    else:
+        s_tok = warpgroup_mma(bias[0], bias[1], s_init, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_buf, k_tile.permute((1, 0)), s_tok, is_async=True)
+    return s_tok
+
+
+@gluon.jit
+def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                     HALF: gl.constexpr, bias=None):
+    """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
+    unscaled, waited for, through `_s_matmul`), then K_0's stage released: (m, l, O, the zero
+    accumulator every S matmul starts from, S)."""
+    ROWS: gl.constexpr = q_buf.type.shape[0]
+    HEAD_DIM: gl.constexpr = q_buf.type.shape[1]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
+    l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+    mbarrier.wait(q_bar.index(HALF), 0)
+    mbarrier.wait(k_bar.index(0), 0)
+    s = warpgroup_mma_wait(0, deps=[_s_matmul(q_buf, k_smem.index(0), s_init, bias)])
+    if _split_release(empty_bar, k_smem):
+        mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
+    return m_i, l_i, acc, s_init, s
+
+
+@gluon.jit
+def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init, p_layout: gl.constexpr,
+                       bias=None):
+    """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
+    in flight; waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for
+    block j runs under P~ V. Returns S_j, P~ V's accumulator and A operand, and the empty barrier
+    of block j - 1's V stage (with `_split_release`, K_j's is released here, S_j done)."""
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    V_STAGES: gl.constexpr = v_smem.type.shape[0]
+    stage = i % STAGES
+    prev = (i - 1) % V_STAGES
+    mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
+    s_tok = _s_matmul(q_buf, k_smem.index(stage), s_init, bias)
+    mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
+    p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+    s = warpgroup_mma_wait(1, deps=[s_tok])
+    if _split_release(empty_bar, k_smem):
+        mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
+        prev = STAGES + prev
+    return s, acc_tok, p_op, prev
+
+
+@gluon.jit
+def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout: gl.constexpr):
+    """Block j - 1's P~ V waited for and its V stage released (`prev`, the empty barrier
+    _fwd_block_matmuls returned: this warpgroup is done with it), then
+    line 10's rescale: O = diag(exp(m_old - m_new)) O, before P~_j V_j is added."""
+    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+    mbarrier.arrive(empty_bar.index(prev), count=1)
+    return acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+
+
+@gluon.jit
+def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout: gl.constexpr):
+    """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
+    V_STAGES: gl.constexpr = v_smem.type.shape[0]
+    V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
+    last = (n_blocks - 1) % V_STAGES
+    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // V_STAGES) & 1)
+    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
+    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+    mbarrier.arrive(empty_bar.index(V_FIRST + last), count=1)
+    return acc
+
+
+@gluon.jit
+def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                    HALF: gl.constexpr):
+    """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
+    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
+     kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+     full_lo, full_hi, kx_smem) = args
+    _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
+               kv_col0, first_block, n_blocks)
+
+
+@gluon.jit
+def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                       HALF: gl.constexpr):
+    """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
+    of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
+    n_blocks - 1 (_softmax_loop), then lines 12-15."""
+    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
+     kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
+     full_lo, full_hi, kx_smem) = args
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    # wgmma accumulators of one warpgroup, and P as the register-held A operand of P V
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_buf = q_smem.index(HALF)
+    mods = (softcap_log2, alibi_log2, q_row - kv_row0)  # ALiBi's reference row: the block's first
+    window = (window_left, window_right, full_lo, full_hi)
+
+    start_m = (q_row - kv_row0) + HALF * ROWS  # this half's first query row in its sequence
+    offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    offs_n_f = offs_n.to(gl.float32)
+    acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window,
+                                  offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout, o_layout,
+                                  p_layout, o_row_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, HALF)
+    # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
+    out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
+    lse2 = m_i + gl.log2(l_i)
+    if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
+        lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
+    gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
+    q_buf.store(out.to(dtype))  # this half's Q buffer stages its O (only this warpgroup read it)
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window, offs_m, offs_n,
+                  offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                  p_layout: gl.constexpr, o_row_layout: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, HALF: gl.constexpr):
+    """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
+    _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods: the
+    unnormalised O, l and m."""
+    ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
+    MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
+    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
+    if ALIBI_MMA:  # ALiBi's (A, B) tiles, and its key term's per-block part: slope * log2(e) * (j0 - row0)
+        bias = (_alibi_query_tile(mods[1], qk_scale, k_smem.dtype,
+                                  gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)),
+                kx_smem.permute((1, 0)))
+    else:
+        bias = None
+    # lines 5 and 8 for key block 0, then line 9
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, o_layout, HALF,
+                                                bias)
+    if ALIBI_MMA:
+        p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (-mods[2]).to(gl.float32), offs_m,
+                                                 offs_n, 0, n_blocks, BLOCK_N)
+    elif MODS:
+        p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
+                                                CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+    else:
+        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
+    for i in range(1, n_blocks):
+        # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init,
+                                                    p_layout, bias)
+        if ALIBI_MMA:
+            p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
+                                                     offs_m, offs_n, i, n_blocks, BLOCK_N)
+        elif MODS:
+            p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
+                                                    offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+        else:
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, n_blocks, BLOCK_N, CAUSAL)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
+    return acc, l_i, m_i
+
+
+@gluon.jit
+def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Key blocks the query block [start_m, start_m + BLOCK_M) visits under a window (query and
+    key lengths equal): first, count, and [full_lo, full_hi), the blocks every row sees whole
+    (kernels/features.py's _window_key_blocks; sides are non-negative, UNBOUNDED for no bound)."""
+    first = gl.maximum(start_m - window_left, 0) // BLOCK_N
+    end = (gl.minimum(start_m + BLOCK_M + window_right, seqlen) + BLOCK_N - 1) // BLOCK_N
+    full_lo = (gl.maximum(start_m + BLOCK_M - 1 - window_left, 0) + BLOCK_N - 1) // BLOCK_N
+    full_hi = gl.maximum(gl.minimum(start_m + window_right + 1, seqlen) // BLOCK_N, full_lo)
+    return first, end - first, full_lo, full_hi
+
+
+@gluon.jit
+def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
+                             kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
+                             STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                             WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
+    """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
+    FA3 does. The descriptors view (batch * seqlen, heads * head dim); K and V have
+    num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
+    partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
+    no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
+    sliding window: only the key blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of
+    shape (heads,) or (batch, heads), batch stride stride_alibi_b). STAGES K blocks and V_STAGES V
+    blocks in flight (fewer V than K where ALiBi's B tile needs the room: `_fwd_shared_buffers`)."""
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = 2 * ROWS
+    # the causal loop's block count and its one masked (diagonal) block assume square blocks
+    gl.static_assert(BLOCK_M == BLOCK_N)
+    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
+    start_m = pid_m * BLOCK_M
+    q_row = b * seqlen + start_m
+    kv_row0 = b * seqlen
+    col0 = h * HEAD_DIM
+    kv_col0 = (h // kv_group) * HEAD_DIM
+    full_lo = 0
+    full_hi = 0
+    if WINDOW:
+        first_block, n_blocks, full_lo, full_hi = _window_key_blocks(start_m, seqlen, window_left, window_right,
+                                                                     BLOCK_M, BLOCK_N)
+    elif CAUSAL:  # key blocks up to the diagonal, the last one masked
+        first_block = 0
+        n_blocks = (start_m + BLOCK_M) // BLOCK_N
+        full_hi = n_blocks - 1
+    else:
+        first_block = 0
+        n_blocks = seqlen // BLOCK_N
+    alibi_log2 = 0.0
+    if ALIBI:
+        alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
+
+    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(
+        q_desc, k_desc, v_desc, STAGES, V_STAGES)
+    if _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI):
+        kx_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, 16],
+                                            gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
+        _alibi_key_tile(kx_smem)
+    else:
+        kx_smem = q_smem  # not read
+
+    args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
+            col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
+            window_right, full_lo, full_hi, kx_smem)
+    # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
+    # call (a tuple assigned to a name holds run-time values: the flags would be). The default
+    # partition (4 warps) and one worker (4 warps) consume, one function HALF apart; one warp
+    # loads. Registers: 240 per consumer thread, 24 for the loader.
+    gl.warp_specialize([
+        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)),
+        (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+    ], [4, 1], [240, 24])
+
+
+# --------------------------------------------------------------------------------------
+# Forward over packed variable lengths (flash_attn_varlen_func): the same warp layout
+# --------------------------------------------------------------------------------------
+@gluon.jit
+def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from, seqlen_k, shift,
+                         BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """_softmax_step for one sequence of a packed batch: from block `mask_from` on, keys past the
+    sequence's end (and, causal, keys past the row's diagonal, bottom-right aligned: key j is
+    visible to query row i when j <= i + shift, shift = seqlen_k - seqlen_q) are masked. A row
+    may see no key of a block (or none at all)."""
+    if block >= mask_from:
+        cols = block * BLOCK_N + offs_n
+        visible = cols[None, :] < seqlen_k
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+        s = gl.where(visible, s, float("-inf"))
+    return _online_softmax(s, m_i, l_i, qk_scale, True)
+
+
+@gluon.jit
+def _varlen_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+    """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
+    (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
+     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale) = args
+    _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
+               kv_col0, 0, n_blocks)
+
+
+@gluon.jit
+def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+    """_softmax_partition for one sequence of a packed batch: rows [start_m + HALF * 64, + 64) of
+    the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
+    one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
+    of a query tile past the sequence's end are the next sequence's: their results are not
+    written (a masked store where the tile crosses the end, TMA where it does not)."""
+    (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
+     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale) = args
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
+    o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+    q_buf = q_smem.index(HALF)
+
+    first_row = start_m + HALF * ROWS  # this half's first query row in its sequence
+    offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, o_layout, HALF)
+    p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
+                                              BLOCK_N, CAUSAL)
+    for i in range(1, n_blocks):
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init,
+                                                    p_layout)
+        p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
+                                                  shift, BLOCK_N, CAUSAL)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
+
+    # lines 12-15; a row that saw no key: O = 0, L = +inf
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    out = acc / gl.convert_layout(l_safe, o_row_layout)[:, None]
+    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < seqlen_q)
+    if first_row + ROWS <= seqlen_q:  # the whole half is this sequence's: one TMA store
+        q_buf.store(out.to(dtype))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
+        tma.store_wait(pendings=0)
+    else:  # the tile crosses the sequence's end: the rows past it belong to the next sequence
+        o_rows = first_row + gl.arange(0, ROWS, layout=o_row_layout)
+        o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        ptrs = Out + (q_row - start_m + o_rows).to(gl.int64)[:, None] * stride_o + (col0 + o_cols)[None, :]
+        gl.store(ptrs, out.to(dtype), mask=(o_rows < seqlen_q)[:, None])
+
+
+@gluon.jit
+def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, CuSeqQ, CuSeqK, num_heads, total_q,
+                                    stride_o, qk_scale, kv_group, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
+    sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
+    heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; LSE is (heads, total_q).
+    Causal is bottom-right aligned per sequence. A program past its sequence's last query block
+    does nothing."""
+    ROWS: gl.constexpr = q_desc.block_type.shape[0]
+    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    BLOCK_M: gl.constexpr = 2 * ROWS
+    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
+    q_start = gl.load(CuSeqQ + b)
+    seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
+    kv_row0 = gl.load(CuSeqK + b)
+    seqlen_k = gl.load(CuSeqK + b + 1) - kv_row0
+    start_m = pid_m * BLOCK_M
+    if start_m < seqlen_q:
+        shift = seqlen_k - seqlen_q
+        keys = seqlen_k
+        if CAUSAL:  # the keys the block's last row sees (bottom-right), at most the sequence's
+            keys = gl.minimum(gl.maximum(start_m + BLOCK_M + shift, 0), seqlen_k)
+        n_blocks = gl.maximum((keys + BLOCK_N - 1) // BLOCK_N, 1)  # one masked block if no key is seen
+        mask_from = seqlen_k // BLOCK_N  # the sequence's partial last block
+        if CAUSAL:  # from the block holding the first row's diagonal
+            mask_from = gl.minimum(mask_from, gl.maximum(start_m + shift, 0) // BLOCK_N)
+        q_row = q_start + start_m
+        col0 = h * HEAD_DIM
+        kv_col0 = (h // kv_group) * HEAD_DIM
+        lse_row0 = h.to(gl.int64) * total_q + q_start
+        q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
+                                                                                     STAGES)
+        args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
+                q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
+                stride_o, qk_scale)
+        gl.warp_specialize([
+            (_varlen_softmax_partition, (args, CAUSAL, 0)),
+            (_varlen_softmax_partition, (args, CAUSAL, 1)),
+            (_varlen_load_partition, (args, CAUSAL, 0)),
+        ], [4, 1], [240, 24])
+

@@ -1,0 +1,83 @@
+"""tools/compare_configs.py on the CPU (Triton's interpreter, tiny shapes): it runs end to end,
+writes long-format rows with the environment, alternates the configs, checks both against the
+float64 reference first, and refuses unknown or ambiguous config fields by name."""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import compare_configs
+
+from reports.environment import ROW_ENV_COLUMNS
+
+
+def test_two_configs_are_timed_in_alternating_rounds_into_long_rows(tmp_path, capsys):
+    out = compare_configs.main(["--call", "fwd_bwd", "--shape", "1,64,2,32", "--causal", "--dtype", "fp16",
+                                "--a", "block_m=32", "--b", "block_m=16,bwd.block_m1=16", "--rounds", "2",
+                                "--out", str(tmp_path / "rows.csv")])
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [row["config"] for row in rows] == ["A", "B", "B", "A"]  # A first in even rounds, B in odd
+    assert [row["fields"] for row in rows[:2]] == ["block_m=32", "block_m=16,bwd.block_m1=16"]
+    assert all(float(row["ms"]) > 0 and row["call"] == "fwd_bwd" and row["causal"] == "True" for row in rows)
+    assert set(ROW_ENV_COLUMNS) <= set(rows[0]) and rows[0]["torch"] == torch.__version__
+    printed = capsys.readouterr().out
+    assert "B / A" in printed and "block_m=16" in printed
+
+
+def test_a_packed_call_is_checked_and_timed(tmp_path):
+    out = compare_configs.main(["--call", "bwd", "--shape", "0,0,2,32", "--lengths", "40,0,70", "--causal", "--dtype", "fp16",
+                                "--a", "", "--b", "bwd.block_n1=16", "--rounds", "1",
+                                "--out", str(tmp_path / "rows.csv")])
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [row["config"] for row in rows] == ["A", "B"] and rows[0]["lengths"] == "40 0 70"
+
+
+@pytest.mark.parametrize("fields,call,message", [
+    ("blok_m=64", "fwd", "unknown config field 'blok_m'"),
+    ("block_m1=64", "fwd", "unknown config field 'block_m1'"),  # a BwdConfig field, for the forward
+    ("hopper_gluon_min_keys=0", "fwd_bwd", "write fwd.hopper_gluon_min_keys or bwd.hopper_gluon_min_keys"),
+    ("bwd.block_m=64", "fwd_bwd", "unknown config field 'bwd.block_m'"),
+    ("bwd.block_m1=64", "fwd", "the prefix must be one of fwd."),
+    ("block_m", "fwd", "name=value"),
+])
+def test_unknown_or_ambiguous_fields_are_refused_by_name(fields, call, message):
+    with pytest.raises(ValueError, match=message):
+        compare_configs.parse_fields(fields, call)
+
+
+def test_a_bad_field_on_the_command_line_exits_with_the_fields_listed(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        compare_configs.main(["--call", "fwd", "--shape", "1,64,2,32", "--a", "block_m=32", "--b", "warps=8",
+                              "--out", str(tmp_path / "rows.csv")])
+    err = capsys.readouterr().err
+    assert "unknown config field 'warps'" in err and "num_warps" in err
+    assert not (tmp_path / "rows.csv").exists()
+
+
+def test_values_are_python_literals_or_bare_strings():
+    fields = compare_configs.parse_fields("hopper_gluon_dq_first=None,hopper_gluon_head_section=l2,num_warps=8", "bwd")
+    assert fields["bwd"] == {"hopper_gluon_dq_first": None, "hopper_gluon_head_section": "l2", "num_warps": 8}
+
+
+def test_a_config_off_the_reference_is_not_timed():
+    """check_accuracy passes the kernels' output and fails one 2% off it: more than twice PyTorch's
+    own fp16 error against float64."""
+    class Args:
+        shape, kv_heads, dtype, causal, lengths = (1, 32, 2, 32), 0, "fp16", False, None
+
+    call = compare_configs.Call(Args, torch.device("cpu"))
+    fwd, bwd = compare_configs.make_configs({"fwd": {}, "bwd": {}}, 32, False, torch.device("cpu"))
+    ref, same = call.reference(double=True), call.reference(double=False)
+    compare_configs.check_accuracy(call, "A", fwd, bwd, ref, same)
+    run = call.run
+    call.run = lambda *args: run(*args) * 1.02
+    with pytest.raises(SystemExit, match="config B: out is off the float64 reference"):
+        compare_configs.check_accuracy(call, "B", fwd, bwd, ref, same)

@@ -1,0 +1,229 @@
+"""Time two configs of the same attention call against each other, in one process.
+
+A config is the table's (kernels/configs.py: FwdConfig, BwdConfig) with some fields set on the
+command line; every field the kernels take as an argument can be compared so (block sizes,
+warps, stages, memory paths, the Gluon kernels' thresholds and hopper_gluon_dq_first,
+hopper_gluon_head_section, hopper_gluon_varlen_grid). Both configs are first checked against
+the float64 reference (baselines/reference.py: each output within twice the same-dtype PyTorch
+error, flash-attn's criterion); then rounds alternate A and B (A first in even rounds, B in odd)
+so that drift of clocks and temperature falls on both. Every measurement is one row of a
+long-format CSV with the environment beside it; a short table gives each config's median and
+the ratio B / A of this run.
+
+    python tools/compare_configs.py --call fwd --shape 4,4096,16,128 --causal --a block_m=128 --b block_m=64
+    python tools/compare_configs.py --call fwd_bwd --shape 2,8192,16,128 --kv-heads 4 \\
+        --a hopper_gluon_dq_first=False --b hopper_gluon_dq_first=True
+    python tools/compare_configs.py --call bwd --shape 8,0,16,128 --lengths 8192,512,512,512 --causal \\
+        --a hopper_gluon_varlen_grid=longest --b hopper_gluon_varlen_grid=packed
+
+--shape is batch,seqlen,heads,headdim (with --lengths, the packed sequences' lengths, batch and
+seqlen are ignored). In a field list (comma-separated name=value), a name both configs have
+(hopper_gluon_min_keys) takes a `fwd.` or `bwd.` prefix. On a CPU (Triton's interpreter) the
+tool runs end to end, but its times say nothing of a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import dataclasses
+import itertools
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from baselines.reference import attention_reference, attention_reference_varlen, attention_same_dtype
+from harness.timing import benchmark
+from kernels import BwdConfig, FwdConfig, flash_attn_func, flash_attn_varlen_func
+from kernels.configs import default_bwd_config, default_fwd_config
+from reports.environment import ROW_ENV_COLUMNS, capture_environment
+
+CALLS = ("fwd", "bwd", "fwd_bwd")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+COLUMNS = ("tool", "call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dtype",
+           "config", "fields", "round", "ms", "p20_ms", "p80_ms", *ROW_ENV_COLUMNS)
+
+
+def parse_fields(text: str, call: str) -> dict[str, dict]:
+    """`name=value,...` as {"fwd": {...}, "bwd": {...}}: each name a field of FwdConfig or BwdConfig
+    (the one the call runs; `fwd.` or `bwd.` prefixed where both have it), each value a Python
+    literal (128, True, None, 'l2') or else a bare string (l2). Unknown or ambiguous names raise
+    a ValueError that lists the fields there are."""
+    classes = {"fwd": FwdConfig, "bwd": BwdConfig}
+    used = ("fwd",) if call == "fwd" else ("bwd",) if call == "bwd" else ("fwd", "bwd")
+    names = {side: {f.name for f in dataclasses.fields(classes[side])} for side in used}
+    fields: dict[str, dict] = {side: {} for side in classes}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"a config field is name=value, got {item!r}")
+        name = name.strip()
+        side, _, bare = name.rpartition(".")
+        if side and side not in used:
+            raise ValueError(f"{name!r}: the prefix must be one of {', '.join(s + '.' for s in used)} for --call {call}")
+        sides = [side] if side else [s for s in used if bare in names[s]]
+        if not sides or bare not in names[sides[0]]:
+            listing = "; ".join(f"{classes[s].__name__}: {', '.join(sorted(names[s]))}" for s in used)
+            raise ValueError(f"unknown config field {name!r} for --call {call}; the fields are {listing}")
+        if len(sides) > 1:
+            raise ValueError(f"{bare!r} is a field of both configs: write fwd.{bare} or bwd.{bare}")
+        try:
+            value = ast.literal_eval(raw.strip())
+        except (ValueError, SyntaxError):
+            value = raw.strip()
+        fields[sides[0]][bare] = value
+    return fields
+
+
+def make_configs(fields: dict[str, dict], headdim: int, causal: bool, device: torch.device):
+    """The table's configs for this call with `fields` set (dataclasses.replace)."""
+    fwd = dataclasses.replace(default_fwd_config(headdim, causal, device), **fields["fwd"])
+    bwd = dataclasses.replace(default_bwd_config(headdim, device), **fields["bwd"])
+    return fwd, bwd
+
+
+class Call:
+    """Fresh random inputs for one attention call (dense, or packed with `lengths`), its float64
+    reference, and the call itself under a config pair."""
+
+    def __init__(self, args, device: torch.device):
+        batch, seqlen, heads, headdim = args.shape
+        kv_heads = args.kv_heads or heads
+        dtype = DTYPES[args.dtype]
+        generator = torch.Generator(device="cpu").manual_seed(0)
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype).requires_grad_()
+
+        self.causal, self.lengths = args.causal, args.lengths
+        if args.lengths:
+            total = sum(args.lengths)
+            self.q, self.k, self.v = randn(total, heads, headdim), randn(total, kv_heads, headdim), randn(
+                total, kv_heads, headdim)
+            self.cu = torch.tensor([0, *torch.tensor(args.lengths).cumsum(0).tolist()], dtype=torch.int32,
+                                   device=device)
+        else:
+            self.q, self.k, self.v = (randn(batch, seqlen, h, headdim) for h in (heads, kv_heads, kv_heads))
+        self.dout = torch.randn(self.q.shape, generator=generator).to(device=device, dtype=dtype)
+
+    def run(self, fwd: FwdConfig, bwd: BwdConfig, q=None, k=None, v=None):
+        q, k, v = q if q is not None else self.q, k if k is not None else self.k, v if v is not None else self.v
+        if self.lengths:
+            longest = max(self.lengths)
+            return flash_attn_varlen_func(q, k, v, self.cu, self.cu, longest, longest, causal=self.causal,
+                                          fwd_config=fwd, bwd_config=bwd)
+        return flash_attn_func(q, k, v, causal=self.causal, fwd_config=fwd, bwd_config=bwd)
+
+    def reference(self, double: bool):
+        """(out, dq, dk, dv) of the float64 reference (double) or of PyTorch in the inputs' dtype."""
+        q, k, v = ((t.detach().double() if double else t.detach()).requires_grad_() for t in (self.q, self.k, self.v))
+        if self.lengths and double:
+            out = attention_reference_varlen(q, k, v, self.cu, self.cu, causal=self.causal)[0]
+        elif self.lengths:  # each sequence on its own, in the inputs' dtype
+            bounds = self.cu.tolist()
+            out = torch.cat([attention_same_dtype(q[None, a:b], k[None, a:b], v[None, a:b], causal=self.causal)[0]
+                             for a, b in itertools.pairwise(bounds)])
+        elif double:
+            out = attention_reference(q, k, v, causal=self.causal)[0]
+        else:
+            out = attention_same_dtype(q, k, v, causal=self.causal)
+        grads = torch.autograd.grad(out, (q, k, v), self.dout.to(out.dtype))
+        return (out, *grads)
+
+    def timed(self, call: str, fwd: FwdConfig, bwd: BwdConfig):
+        """The function `call` times: the forward alone (no autograd), the backward alone (of one
+        forward, kept), or both."""
+        if call == "fwd":
+            q, k, v = (t.detach() for t in (self.q, self.k, self.v))
+            return lambda: self.run(fwd, bwd, q, k, v)
+        if call == "bwd":
+            out = self.run(fwd, bwd)
+            inputs = (self.q, self.k, self.v)
+            return lambda: torch.autograd.grad(out, inputs, self.dout, retain_graph=True)
+        return lambda: torch.autograd.grad(self.run(fwd, bwd), (self.q, self.k, self.v), self.dout)
+
+
+def check_accuracy(call: Call, label: str, fwd: FwdConfig, bwd: BwdConfig, ref, same) -> None:
+    """Each of out, dq, dk, dv within twice PyTorch's same-dtype error of float64 (plus 1e-5), else
+    a SystemExit naming the config and the output: a config that computes something else is not
+    timed."""
+    out = call.run(fwd, bwd)
+    got = (out, *torch.autograd.grad(out, (call.q, call.k, call.v), call.dout))
+    for name, g, r, s in zip(("out", "dq", "dk", "dv"), got, ref, same):
+        err = (g.double() - r).abs().max().item()
+        bound = 2 * (s.double() - r).abs().max().item() + 1e-5
+        if not err <= bound:
+            raise SystemExit(f"config {label}: {name} is off the float64 reference by {err:.3g} "
+                             f"(at most {bound:.3g} allowed: twice PyTorch's same-dtype error); not timed")
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--call", choices=CALLS, required=True)
+    parser.add_argument("--shape", required=True, metavar="B,S,H,D",
+                        type=lambda text: tuple(int(x) for x in text.split(",")))
+    parser.add_argument("--kv-heads", type=int, default=0, help="GQA/MQA: kv heads (default: as many as q heads)")
+    parser.add_argument("--lengths", type=lambda text: [int(x) for x in text.split(",")], default=None,
+                        help="packed variable lengths (flash_attn_varlen_func), comma-separated")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    parser.add_argument("--a", default="", metavar="FIELDS", help="config A: name=value,... (empty: the table's)")
+    parser.add_argument("--b", default="", metavar="FIELDS", help="config B: name=value,...")
+    parser.add_argument("--rounds", type=int, default=6, help="timed rounds of each config, interleaved")
+    parser.add_argument("--out", type=Path, default=Path("compare_configs.csv"), help="the rows (CSV)")
+    args = parser.parse_args(argv)
+    if len(args.shape) != 4:
+        parser.error(f"--shape takes batch,seqlen,heads,headdim, got {args.shape}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
+    headdim = args.shape[3]
+    try:
+        configs = {label: make_configs(parse_fields(text, args.call), headdim, args.causal, device)
+                   for label, text in (("A", args.a), ("B", args.b))}
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+
+    call = Call(args, device)
+    ref, same = call.reference(double=True), call.reference(double=False)
+    for label, (fwd, bwd) in configs.items():
+        check_accuracy(call, label, fwd, bwd, ref, same)
+    env = capture_environment()
+    batch, seqlen, heads, _ = args.shape
+    common = {"tool": "tools/compare_configs.py", "call": args.call,
+              "batch": len(args.lengths) if args.lengths else batch, "seqlen": 0 if args.lengths else seqlen,
+              "lengths": " ".join(map(str, args.lengths or ())), "heads": heads, "kv_heads": args.kv_heads or heads,
+              "headdim": headdim, "causal": args.causal, "dtype": args.dtype, **{k: env[k] for k in ROW_ENV_COLUMNS}}
+    fields = {"A": args.a, "B": args.b}
+    functions = {label: call.timed(args.call, *configs[label]) for label in configs}
+    rows = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        for round_ in range(args.rounds):
+            for label in ("A", "B") if round_ % 2 == 0 else ("B", "A"):
+                timing = benchmark(functions[label], device, cpu_reps=1)
+                row = {**common, "config": label, "fields": fields[label], "round": round_, "ms": timing.ms,
+                       "p20_ms": timing.ms_p20, "p80_ms": timing.ms_p80}
+                writer.writerow(row)
+                rows.append(row)
+    medians = {label: statistics.median(r["ms"] for r in rows if r["config"] == label) for label in ("A", "B")}
+    print(f"{args.call} {args.shape} causal={args.causal} {args.dtype} on {env['gpu'] or device.type}, "
+          f"{args.rounds} interleaved rounds (median ms):")
+    for label in ("A", "B"):
+        print(f"  {label}  {medians[label]:10.4f}  {fields[label] or '(the table)'}")
+    ratio = medians["B"] / medians["A"] if medians["A"] > 0 else math.nan
+    print(f"  B / A  {ratio:.3f}   rows: {args.out}")
+    return args.out
+
+
+if __name__ == "__main__":
+    main()
