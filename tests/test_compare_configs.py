@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 import compare_configs
 
-from reports.environment import ROW_ENV_COLUMNS
+from harness.environment import ROW_ENV_COLUMNS
 
 
 def test_two_configs_are_timed_in_alternating_rounds_into_long_rows(tmp_path, capsys):

@@ -40,10 +40,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baselines.reference import attention_reference, attention_reference_varlen, attention_same_dtype
+from harness.environment import ROW_ENV_COLUMNS, capture_environment
 from harness.timing import benchmark
 from kernels import BwdConfig, FwdConfig, flash_attn_func, flash_attn_varlen_func
 from kernels.configs import default_bwd_config, default_fwd_config
-from reports.environment import ROW_ENV_COLUMNS, capture_environment
 
 CALLS = ("fwd", "bwd", "fwd_bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
