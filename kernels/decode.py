@@ -22,12 +22,12 @@ without `cache_batch_idx`, the cache's batch must equal q's.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 import triton
 
+from .checks import check_flag, check_scalars, softmax_scale_or_default, window_sides
 from .decode_kernels import (
     _fwd_kvcache_combine_kernel,
     _fwd_kvcache_split_kernel,
@@ -197,26 +197,22 @@ def _page_checks(block_table: torch.Tensor, first_page: torch.Tensor, end_page: 
 def kvcache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    cache_seqlens: torch.Tensor, cache_batch_idx: torch.Tensor | None,
                    block_table: torch.Tensor | None, rotary_cos: torch.Tensor | None,
-                   rotary_sin: torch.Tensor | None, rotary_interleaved: bool,
-                   cache_leftpad: torch.Tensor | None = None) -> None:
-    """Write k (rotated at positions cache_seqlens[b] + i when cos/sin are given, minus
-    cache_leftpad[b]) and v into the caches at cache_seqlens[b] + i, in place. Shapes are checked
-    by `flash_attn_with_kvcache`."""
+                   rotary_sin: torch.Tensor | None, rotary_interleaved: bool) -> None:
+    """Write k (rotated at its cache index cache_seqlens[b] + i when cos/sin are given) and v
+    into the caches at cache_seqlens[b] + i, in place. Shapes are checked by
+    `flash_attn_with_kvcache`."""
     batch, seqlen_new = k.shape[:2]
     capacity = _capacity(k_cache, block_table)
 
     def checks():
-        first_position = cache_seqlens.long() if cache_leftpad is None else cache_seqlens.long() - cache_leftpad
         masks = [(cache_seqlens < 0, "cache_seqlens must be >= 0"),
-                 *([] if cache_leftpad is None else [((cache_leftpad < 0) | (cache_leftpad > cache_seqlens),
-                                                      "cache_leftpad must hold values in [0, cache_seqlens]")]),
                  (cache_seqlens.long() + seqlen_new > capacity,
                   (f"appending {seqlen_new} new keys at cache_seqlens must stay within the cache's "
                    f"{capacity} keys per sequence"))]
         if rotary_cos is not None:
-            masks.append((first_position + seqlen_new > rotary_cos.shape[0],
+            masks.append((cache_seqlens.long() + seqlen_new > rotary_cos.shape[0],
                           (f"rotary_cos/rotary_sin have {rotary_cos.shape[0]} positions; appending at "
-                           f"cache_seqlens needs cache_seqlens - cache_leftpad + {seqlen_new}")))
+                           f"cache_seqlens needs cache_seqlens + {seqlen_new}")))
         if block_table is not None:
             page = k_cache.shape[1]
             masks.append(_page_checks(block_table, cache_seqlens.long() // page,
@@ -235,17 +231,17 @@ def kvcache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
     _append_launcher[(batch * seqlen_new, k.shape[2])](
         k, v, k_cache, v_cache, cache_seqlens, dummy if cache_batch_idx is None else cache_batch_idx,
         block_table if paged else dummy, k if rotary_cos is None else rotary_cos,
-        k if rotary_sin is None else rotary_sin, dummy if cache_leftpad is None else cache_leftpad,
+        k if rotary_sin is None else rotary_sin,
         *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_table.stride(0) if paged else 0, 0 if rotary_cos is None else rotary_cos.stride(0),
         seqlen_new, **_rotary_meta(k.shape[3], rotary_cos), INTERLEAVED=rotary_interleaved,
         PAGE_SIZE=k_cache.shape[1] if paged else 0, HAS_BATCH_IDX=cache_batch_idx is not None,
-        HAS_LEFTPAD=cache_leftpad is not None, num_warps=1, num_stages=1)
+        num_warps=1, num_stages=1)
 
 
 @kvcache_append.register_fake
 def _(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table, rotary_cos, rotary_sin,
-      rotary_interleaved, cache_leftpad=None) -> None:
+      rotary_interleaved) -> None:
     return None
 
 
@@ -394,8 +390,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary_dim / 2) they rotate k at those positions and q at cache_seqlens[b] + i when causal or
     local, else all of q at cache_seqlens[b]. `cache_batch_idx` (batch,) int32 picks each
     sequence's row of a contiguous cache. `cache_leftpad` (batch,) int32 (contiguous caches only):
-    sequence b's keys start at cache index cache_leftpad[b] (left padding; its rotary positions
-    count from there, as flash-attn's). causal aligns to the end of each sequence's keys;
+    sequence b's keys start at cache index cache_leftpad[b] (left padding; rotary positions stay
+    cache indices, as flash-attn's). causal aligns to the end of each sequence's keys;
     window_size, softcap and alibi_slopes ((heads,) or (batch, heads) float32) as flash-attn.
     num_splits: 1 no split, 0 the heuristic (`choose_num_splits`), n > 1 that many (at most 128).
     Returns out (batch, seqlen_q, heads, headdim), and with return_softmax_lse also lse (batch,
@@ -489,33 +485,26 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                 tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)) or alibi_slopes.device != device:
             raise ValueError(f"alibi_slopes must be float32 of shape ({heads},) or ({batch}, {heads}) on {device}")
         alibi_slopes = alibi_slopes.contiguous()
-    if len(window_size) != 2 or any(not isinstance(w, int) or w < -1 for w in window_size):
-        raise ValueError(f"window_size must be two ints >= -1 (-1: unbounded), got {window_size!r}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if not softcap >= 0:
-        raise ValueError(f"softcap must be >= 0 (0: off), got {softcap}")
+    causal = check_flag("causal", causal)
+    local = window_sides(window_size, False) != (-1, -1)  # rotary: q steps with the new keys when causal or local
+    window_left, window_right = window_sides(window_size, causal)
+    _, softcap = check_scalars(0.0, softcap)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0 (0: heuristic, 1: no split), got {num_splits!r}")
-    softmax_scale = 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
-    window_left, window_right = window_size
-    if causal:
-        window_right = 0
+    softmax_scale = softmax_scale_or_default(softmax_scale, headdim)
 
     q = q if q.stride(-1) == 1 else q.contiguous()
     seqlens_k = cache_seqlens
     if k is not None:
         k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (k, v))
         if rotary_cos is not None:  # flash-attn: q steps with the new keys when causal or local
-            start = cache_seqlens if cache_leftpad is None else cache_seqlens - cache_leftpad
-            q = torch.ops.fa2.rotary(q, rotary_cos, rotary_sin, start,
-                                     causal or tuple(window_size) != (-1, -1), rotary_interleaved)
+            q = torch.ops.fa2.rotary(q, rotary_cos, rotary_sin, cache_seqlens, causal or local, rotary_interleaved)
         torch.ops.fa2.kvcache_append(k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, block_table,
-                                     rotary_cos, rotary_sin, rotary_interleaved, cache_leftpad)
+                                     rotary_cos, rotary_sin, rotary_interleaved)
         seqlens_k = cache_seqlens + k.shape[1]
     elif seqlens_k is None:
         seqlens_k = torch.full((batch,), capacity, dtype=torch.int32, device=device)
     out, lse = torch.ops.fa2.fwd_kvcache(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table,
-                                         alibi_slopes, softmax_scale, window_left, window_right, float(softcap),
+                                         alibi_slopes, softmax_scale, window_left, window_right, softcap,
                                          num_splits, cache_leftpad)
     return (out, lse) if return_softmax_lse else out
