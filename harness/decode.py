@@ -258,8 +258,9 @@ def run_experiment(description: str, csv_name: str, tool: str, variants: dict, s
             measure_each([(case.batch, case.cache_len, case.kv_heads)], device, measure)
 
 
-def _time_call(call: Callable, inputs: Inputs, device) -> tuple[object, str]:
-    """Timing of call(inputs, copy), copies cycling, by CUDA-graph replay or else do_bench."""
+def _time_call(call: Callable, inputs: Inputs, device, eager: bool = False) -> tuple[object, str]:
+    """Timing of call(inputs, copy), copies cycling, by CUDA-graph replay or else do_bench;
+    `eager`: by do_bench (host time included, as `model.generate` runs by default)."""
     counter = itertools.count()
 
     def fn():
@@ -267,6 +268,8 @@ def _time_call(call: Callable, inputs: Inputs, device) -> tuple[object, str]:
 
     if device.type != "cuda":
         return benchmark(fn, device), "cpu interpreter (not performance)"
+    if eager:
+        return benchmark(fn, device, rep_ms=REP_MS), "do_bench (eager)"
     try:
         return benchmark(fn, device, rep_ms=REP_MS, cuda_graph=True), "cuda-graph"
     except Exception as exc:  # noqa: BLE001 -- a provider whose call cannot be captured
@@ -299,14 +302,15 @@ def run_suite(args, out_dir) -> int:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not getattr(args, "report_only", False):
-        measure_suite(bool(getattr(args, "quick", False)), out_dir)
+        measure_suite(bool(getattr(args, "quick", False)), out_dir, eager=bool(getattr(args, "eager", False)))
     print(write_decode_report(out_dir).read_text())
     return 0
 
 
-def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None) -> None:
+def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None, eager: bool = False) -> None:
     """The grid's rows into out_dir/decode.csv (a new file), and notes.txt. `device` cpu (tests
-    only) runs the pipeline in Triton's interpreter; its times are not performance."""
+    only) runs the pipeline in Triton's interpreter; its times are not performance. `eager`:
+    every call timed by do_bench, host time included (`_time_call`)."""
     device = device or torch.device("cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("the decode suite times GPU kernels: it needs CUDA (the CPU interpreter's times "
@@ -343,7 +347,7 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                     continue
                 config = _our_config(name, batch, cache_len, kv_heads, device) if name.startswith("ours") else ""
                 writer.writerow(_row(env, **base, config=config,
-                                     **_measure(call, inputs, reference, device, nbytes)))
+                                     **_measure(call, inputs, reference, device, nbytes, eager)))
                 f.flush()
             del inputs
             if device.type == "cuda":
@@ -356,13 +360,13 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
     (out_dir / "notes.txt").write_text("\n".join(notes) + ("\n" if notes else ""))
 
 
-def _measure(call, inputs: Inputs, reference, device, nbytes) -> dict:
+def _measure(call, inputs: Inputs, reference, device, nbytes, eager: bool = False) -> dict:
     try:
         out = call(inputs, 0)
         _sync(device)
         ref_max = reference.abs().max().item()
         rel_err = (out[0, 0].double() - reference).abs().max().item() / ref_max
-        timing, how = _time_call(call, inputs, device)
+        timing, how = _time_call(call, inputs, device, eager)
     except torch.cuda.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         return {"status": "oom", "reason": " ".join(str(exc).split())[:200]}
@@ -593,6 +597,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="folder for decode.csv, report.md and plots/")
     parser.add_argument("--quick", action="store_true", help="a small grid (2 batches x 2 cache lengths)")
     parser.add_argument("--report-only", action="store_true", help="rewrite the report from the folder's rows")
+    parser.add_argument("--eager", action="store_true", help="time every call by do_bench, host time included "
+                        "(as model.generate runs), not by CUDA-graph replay: a folder of its own")
     parser.add_argument("--tune", action="store_true", help="instead: our kernel's tiles and split counts "
                         "at the bar's shapes, into tuning.csv")
     args = parser.parse_args(argv)
