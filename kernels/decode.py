@@ -27,6 +27,7 @@ without `cache_batch_idx`, the cache's batch must equal q's.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -41,7 +42,7 @@ from .decode_kernels import (
     _kvcache_append_kernel,
     _rotary_kernel,
 )
-from .launch import CachedLauncher, PlanCache
+from .launch import CachedLauncher, DirectLaunch, PlanCache
 from .ops import tracing
 
 PAGE_MULTIPLE = 16  # page sizes the paged cache takes: multiples of this many tokens
@@ -309,16 +310,43 @@ def _fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """Attention of q (batch, seqlen_q, heads, headdim) over the first seqlens_k[b] keys of each
     sequence's cache (from key cache_leftpad[b] on, when given). Returns (out like q, contiguous;
     lse (batch, heads, seqlen_q) float32). window_right = 0 is causal; num_splits = 0 picks the
-    split count (choose_num_splits)."""
+    split count (choose_num_splits). The launches are planned once per combination of the
+    tensors' shapes, strides, dtypes, devices and 16-byte alignment, the window, softcap and
+    split arguments and the module's settings (`_attend_plan`), as the dense forward's
+    (kernels/forward.py)."""
+    if q.numel() == 0:
+        return (torch.empty_like(q, memory_format=torch.contiguous_format),
+                q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
+    tensors = (q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad)
+    # the module's tile and addressing settings too: experiments and tests set them between calls
+    key = (window_left, window_right, softcap > 0, num_splits, INTERPRETER_CONFIG, TILE_OVERRIDE, PAGED_PREFETCH,
+           INTERLEAVED_SPLITS, HOISTED_ADDRESSES,
+           *(None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() % 16) for t in tensors))
+    plan = _ATTEND_PLANS.get(key) or _ATTEND_PLANS.put(key, _attend_plan(*tensors, window_left, window_right,
+                                                                            softcap, num_splits))
+    return plan(*tensors, softmax_scale, softcap)
+
+
+_ATTEND_PLANS = PlanCache()
+
+
+def _contiguous_strides(shape: tuple) -> tuple:
+    """The strides of a contiguous tensor of this shape (as torch.empty gives it)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def _attend_plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
+                 window_left: int, window_right: int, softcap: float, num_splits: int):
+    """_fwd_kvcache for tensors like these: the tile, the split count, the grids and every
+    constant argument decided once, as a function of (the tensors, softmax_scale, softcap)."""
     batch, seqlen_q, heads, headdim = q.shape
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
     capacity = _capacity(k_cache, block_table)
-
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
-    if out.numel() == 0:
-        return out, lse
     interpreted = q.device.type != "cuda"
     # the same tiles for both layouts: 128 keys over 8 warps read a paged cache faster at batch
     # 1 x 64k (reports/h200/decode/tuning.csv, one run) but slower from batch 8 on (a suite run
@@ -333,43 +361,55 @@ def _fwd_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     if not interpreted and TILE_OVERRIDE is None:
         block_n, num_warps, num_stages = choose_tile(num_splits * batch * kv_heads * m_blocks, num_sms,
                                                      next_power_of_2(headdim))
-    if num_splits > 1:
-        o_dst = torch.empty((num_splits, batch, seqlen_q, heads, headdim), device=q.device, dtype=torch.float32)
-        l_dst = torch.empty((num_splits, batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
-        o_split_stride, l_split_stride = o_dst.stride(0), l_dst.stride(0)
-        o_strides, l_strides = o_dst.stride()[1:4], l_dst.stride()[1:3]
+    split = num_splits > 1
+    out_shape, lse_shape = (batch, seqlen_q, heads, headdim), (batch, heads, seqlen_q)
+    if split:  # the partial results' strides, as the buffers each call allocates will have them
+        o_split_stride, *o_strides = _contiguous_strides((num_splits, *out_shape))[:4]
+        l_split_stride, *l_strides = _contiguous_strides((num_splits, *lse_shape))[:3]
     else:
-        o_dst, l_dst = out, lse
         o_split_stride = l_split_stride = 0
-        o_strides, l_strides = out.stride()[:3], lse.stride()[:2]
-    slopes = alibi_slopes
+        o_strides, l_strides = _contiguous_strides(out_shape)[:3], _contiguous_strides(lse_shape)[:2]
     slope_batch_stride = 0 if alibi_slopes is None or alibi_slopes.dim() == 1 else alibi_slopes.stride(0)
-    dummy = seqlens_k  # stands for absent optional tensors (never read)
     paged = block_table is not None
-    _split_launcher[(num_splits, batch * kv_heads, m_blocks)](
-        q, k_cache, v_cache, o_dst, l_dst, seqlens_k,
-        dummy if cache_batch_idx is None else cache_batch_idx, block_table if paged else dummy,
-        dummy if slopes is None else slopes, dummy if cache_leftpad is None else cache_leftpad,
-        *q.stride()[:3], *(k_cache.stride()[:3]), *(v_cache.stride()[:3]),
-        o_split_stride, *o_strides, l_split_stride, *l_strides,
-        block_table.stride(0) if paged else 0, slope_batch_stride,
-        block_table.shape[1] * k_cache.shape[1] if paged else 0,
-        seqlen_q, kv_heads, softmax_scale, softcap, window_left, window_right,
+    # the split kernel's integer arguments between the tensors and the scale
+    sizes = (*q.stride()[:3], *(k_cache.stride()[:3]), *(v_cache.stride()[:3]),
+             o_split_stride, *o_strides, l_split_stride, *l_strides,
+             block_table.stride(0) if paged else 0, slope_batch_stride,
+             block_table.shape[1] * k_cache.shape[1] if paged else 0, seqlen_q, kv_heads)
+    module = sys.modules[__name__]
+    split_launch = DirectLaunch(module, "_split_launcher", (num_splits, batch * kv_heads, m_blocks), dict(
         GROUP=group, HEAD_DIM=headdim, BLOCK_D=next_power_of_2(headdim),
         BLOCK_M=block_m, BLOCK_N=block_n, PAGE_SIZE=k_cache.shape[1] if paged else 0,
         HAS_BATCH_IDX=cache_batch_idx is not None, HAS_LEFT=window_left >= 0, HAS_RIGHT=window_right >= 0,
-        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=num_splits > 1,
+        HAS_SOFTCAP=softcap > 0, HAS_ALIBI=alibi_slopes is not None, SPLIT=split,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HAS_LEFTPAD=cache_leftpad is not None,
         PREFETCH_PAGES=paged and PAGED_PREFETCH, INTERLEAVE_SPLITS=interleave_splits(paged, window_left),
         **kv_addressing(k_cache.shape[1] if paged else 0, block_n,
                         not interpreted and (block_n, num_warps, num_stages) == SHALLOW_CONFIG, k_cache, v_cache),
-        num_warps=num_warps, num_stages=num_stages)
-    if num_splits > 1:
-        _combine_launcher[(batch * seqlen_q * heads,)](
-            o_dst, l_dst, out, lse, o_split_stride, l_split_stride, num_splits, heads, seqlen_q,
-            HEAD_DIM=headdim, BLOCK_D=next_power_of_2(headdim),
-            BLOCK_S=max(2, next_power_of_2(num_splits)), num_warps=4, num_stages=1)
-    return out, lse
+        num_warps=num_warps, num_stages=num_stages))
+    combine_launch = DirectLaunch(module, "_combine_launcher", (batch * seqlen_q * heads,), {
+        "HEAD_DIM": headdim, "BLOCK_D": next_power_of_2(headdim), "BLOCK_S": max(2, next_power_of_2(num_splits)),
+        "num_warps": 4, "num_stages": 1})
+
+    def run(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, alibi_slopes, cache_leftpad,
+            softmax_scale: float, softcap: float):
+        out = torch.empty(out_shape, device=q.device, dtype=q.dtype)
+        lse = torch.empty(lse_shape, device=q.device, dtype=torch.float32)
+        o_dst, l_dst = out, lse
+        if split:
+            o_dst = torch.empty((num_splits, *out_shape), device=q.device, dtype=torch.float32)
+            l_dst = torch.empty((num_splits, *lse_shape), device=q.device, dtype=torch.float32)
+        dummy = seqlens_k  # stands for absent optional tensors (never read)
+        split_launch(q, k_cache, v_cache, o_dst, l_dst, seqlens_k,
+                     dummy if cache_batch_idx is None else cache_batch_idx,
+                     dummy if block_table is None else block_table, dummy if alibi_slopes is None else alibi_slopes,
+                     dummy if cache_leftpad is None else cache_leftpad,
+                     *sizes, softmax_scale, softcap, window_left, window_right)
+        if split:
+            combine_launch(o_dst, l_dst, out, lse, o_split_stride, l_split_stride, num_splits, heads, seqlen_q)
+        return out, lse
+
+    return run
 
 
 fwd_kvcache = torch.library.custom_op("fa2::fwd_kvcache", _fwd_kvcache, mutates_args=())

@@ -119,3 +119,14 @@ def test_eager_calls_skip_the_dispatcher(monkeypatch):
         monkeypatch.setattr(decode._EAGER_OPS, name, spy)
     flash_attn_with_kvcache(**_step_inputs())
     assert called == ["rotary", "kvcache_append", "fwd_kvcache"]
+
+
+def test_the_attention_is_planned_once_per_shape(monkeypatch):
+    """Repeated decode steps reuse one launch plan; another batch size plans anew."""
+    monkeypatch.setattr(decode, "_ATTEND_PLANS", decode.PlanCache())
+    inputs = _step_inputs(16)
+    _steps(inputs, 3)
+    assert len(decode._ATTEND_PLANS) == 1
+    flash_attn_with_kvcache(inputs["q"][:2], inputs["k_cache"], inputs["v_cache"],
+                            cache_seqlens=inputs["cache_seqlens"][:2], block_table=inputs["block_table"][:2])
+    assert len(decode._ATTEND_PLANS) == 2
