@@ -13,17 +13,24 @@ def index_first_axis(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, *x.shape[2:])[indices]
 
 
+def padding_indices(attention_mask: torch.Tensor, unused_mask: torch.Tensor | None = None):
+    """What `unpad_input` packs by, without packing: (indices into the flattened batch (total,),
+    cu_seqlens (batch + 1,) int32, max_seqlen (an int: one device-to-host read), seqused (batch,)
+    int32)."""
+    keep = attention_mask.bool() if unused_mask is None else attention_mask.bool() | unused_mask.bool()
+    seqlens = keep.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(keep.flatten()).flatten()
+    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    return indices, cu_seqlens, int(seqlens.max()), attention_mask.bool().sum(dim=-1, dtype=torch.int32)
+
+
 def unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor, unused_mask: torch.Tensor | None = None):
     """Pack the tokens a (batch, seqlen) mask keeps (nonzero: a token; `unused_mask` marks more rows
     to keep, allocated but unused, as flash-attn's). Returns (packed (total, ...), indices into the
     flattened batch (total,), cu_seqlens (batch + 1,) int32, max_seqlen (an int: one device-to-host
     read), seqused (batch,) int32: the tokens `attention_mask` alone keeps per sequence)."""
-    keep = attention_mask.bool() if unused_mask is None else attention_mask.bool() | unused_mask.bool()
-    seqlens = keep.sum(dim=-1, dtype=torch.int32)
-    indices = torch.nonzero(keep.flatten()).flatten()
-    cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
-    seqused = attention_mask.bool().sum(dim=-1, dtype=torch.int32)
-    return index_first_axis(hidden_states, indices), indices, cu_seqlens, int(seqlens.max()), seqused
+    indices, cu_seqlens, max_seqlen, seqused = padding_indices(attention_mask, unused_mask)
+    return index_first_axis(hidden_states, indices), indices, cu_seqlens, max_seqlen, seqused
 
 
 def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:

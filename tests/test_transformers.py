@@ -198,3 +198,22 @@ def test_gpu_bf16_model_is_as_close_to_float32_as_sdpa(family):
                                  pad_token_id=0)
             assert out.shape == (2, 72)
     assert errors[NAME] <= 2 * errors["sdpa"] + 1e-2, errors
+
+
+def test_a_forwards_layers_share_one_packing_of_the_mask(monkeypatch):
+    """The padding mask's lengths are read back from the device once per forward, not per layer."""
+    from kernels.integrations import transformers as integration
+
+    calls = []
+    original = integration.padding_indices
+
+    def counted(mask):
+        calls.append(mask.shape)
+        return original(mask)
+
+    monkeypatch.setattr(integration, "padding_indices", counted)
+    _, ours = _models("llama")  # two layers
+    ids, mask = _batch("left")
+    with torch.no_grad():
+        ours(ids, attention_mask=mask)
+    assert len(calls) == 2  # the keys' packing and the queries', for both layers

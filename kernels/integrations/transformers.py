@@ -23,12 +23,13 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
 
 from ..interface import flash_attn_func, flash_attn_varlen_func
-from ..padding import index_first_axis, pad_input, unpad_input
+from ..padding import index_first_axis, pad_input, padding_indices
 
 NAME = "fa2_triton"
 
@@ -50,15 +51,37 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         options["window_size"] = (sliding_window - 1, sliding_window - 1)
     if attention_mask is None:
         return flash_attn_func(q, k, v, **options), None
-    mask = attention_mask[:, -k.shape[1]:]  # a static cache's mask covers its keys; its keys may be longer
-    k, v = k[:, :mask.shape[1]], v[:, :mask.shape[1]]
-    k_packed, indices_k, cu_seqlens_k, max_seqlen_k, _ = unpad_input(k, mask)
-    v_packed = index_first_axis(v, indices_k)
-    # the queries are the last q_len positions of each row's keys
-    q_packed, indices_q, cu_seqlens_q, max_seqlen_q, _ = unpad_input(q, mask[:, -q_len:])
-    out = flash_attn_varlen_func(q_packed, k_packed, v_packed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    kv_len = min(k.shape[1], attention_mask.shape[1])  # a static cache's keys may outnumber its mask's
+    (indices_k, cu_seqlens_k, max_seqlen_k), (indices_q, cu_seqlens_q, max_seqlen_q) = _packing(
+        attention_mask, kv_len, q_len)
+    k, v = k[:, :kv_len], v[:, :kv_len]
+    out = flash_attn_varlen_func(index_first_axis(q, indices_q), index_first_axis(k, indices_k),
+                                 index_first_axis(v, indices_k), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                  max_seqlen_k, **options)
     return pad_input(out, indices_q, batch, q_len), None
+
+
+# padding mask (by id) -> (a weak reference to it, its version counter, kv_len, q_len, its packing):
+# a model's layers get one mask tensor per forward, whose packing the first of them works out
+_PACKINGS: dict[int, tuple] = {}
+_PACKINGS_MAX = 64
+
+
+def _packing(attention_mask: torch.Tensor, kv_len: int, q_len: int) -> tuple[tuple, tuple]:
+    """The keys' and the queries' (indices, cu_seqlens, max_seqlen) of the padding mask's last
+    kv_len positions, the queries being each row's last q_len of them. Each max_seqlen is read back
+    from the device (a synchronisation): once per mask tensor and lengths, not once per layer."""
+    seen = _PACKINGS.get(id(attention_mask))
+    if seen is not None and seen[0]() is attention_mask and seen[1:4] == (attention_mask._version, kv_len, q_len):
+        return seen[4]
+    mask = attention_mask[:, -kv_len:]
+    indices_k, cu_seqlens_k, max_seqlen_k, _ = padding_indices(mask)
+    indices_q, cu_seqlens_q, max_seqlen_q, _ = padding_indices(mask[:, -q_len:])
+    packing = (indices_k, cu_seqlens_k, max_seqlen_k), (indices_q, cu_seqlens_q, max_seqlen_q)
+    if len(_PACKINGS) >= _PACKINGS_MAX:
+        _PACKINGS.clear()
+    _PACKINGS[id(attention_mask)] = (weakref.ref(attention_mask), attention_mask._version, kv_len, q_len, packing)
+    return packing
 
 
 def _hide_shadowed_hub_kernels() -> None:
