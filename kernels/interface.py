@@ -57,9 +57,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     q: (batch, seqlen_q, heads, headdim); k, v: (batch, seqlen_k, kv_heads, headdim) with kv_heads
     dividing heads (GQA/MQA); float16, bfloat16 (or float32). Returns out (batch, seqlen_q, heads,
     headdim), or with `return_attn_probs=True` the tuple (out, softmax_lse, S_dmask): softmax_lse
-    (batch, heads, seqlen_q) float32, S_dmask the attention probabilities with dropped entries
-    negated (flash-attn's testing output). Causal and sliding-window masks are aligned to the
-    bottom right. `deterministic=True` keeps the backward bit-identical between runs (where a
+    (batch, heads, seqlen_q) float32, S_dmask flash-attn's testing output: empty without dropout,
+    with it the unnormalised probabilities with dropped entries negated (kernels/probs.py has the
+    convention). Arguments are read as flash-attn's are (docs/api.md: bool-like flags, numpy and
+    0-d tensor scalars, window_size as a pair or a 2-element int tensor). Causal and
+    sliding-window masks are aligned to the bottom right. `deterministic=True` keeps the backward bit-identical between runs (where a
     kernel would otherwise add dQ with atomics). `fwd_config`/`bwd_config` override the
     block-size tables (benchmarks use them; results are identical up to rounding).
     """
