@@ -206,8 +206,9 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_call(call: Callable, inputs: Inputs, device) -> tuple[object, str]:
-    """Timing of call(inputs, copy), copies cycling, by CUDA-graph replay or else do_bench."""
+def _time_call(call: Callable, inputs: Inputs, device, eager: bool = False) -> tuple[object, str]:
+    """Timing of call(inputs, copy), copies cycling, by CUDA-graph replay or else do_bench;
+    `eager`: by do_bench (host time included, as `model.generate` runs by default)."""
     counter = itertools.count()
 
     def fn():
@@ -215,6 +216,8 @@ def _time_call(call: Callable, inputs: Inputs, device) -> tuple[object, str]:
 
     if device.type != "cuda":
         return benchmark(fn, device), "cpu interpreter (not performance)"
+    if eager:
+        return benchmark(fn, device, rep_ms=REP_MS), "do_bench (eager)"
     try:
         return benchmark(fn, device, rep_ms=REP_MS, cuda_graph=True), "cuda-graph"
     except Exception as exc:  # noqa: BLE001 -- a provider whose call cannot be captured
@@ -241,14 +244,15 @@ def _row(env, **fields) -> dict:
 
 
 def measure_rows(args, out_dir: Path) -> None:
-    """The decode grid's rows (args.quick: the small one) into out_dir/decode.csv; reports.decode
-    makes report.md and plots/ from them."""
-    measure_suite(bool(args.quick), Path(out_dir))
+    """The decode grid's rows (args.quick: the small one; args.eager: timed by do_bench, host
+    time included) into out_dir/decode.csv; reports.decode makes report.md and plots/ from them."""
+    measure_suite(bool(args.quick), Path(out_dir), eager=bool(getattr(args, "eager", False)))
 
 
-def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None) -> None:
+def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None, eager: bool = False) -> None:
     """The grid's rows into out_dir/decode.csv (a new file), and notes.txt. `device` cpu (tests
-    only) runs the pipeline in Triton's interpreter; its times are not performance."""
+    only) runs the pipeline in Triton's interpreter; its times are not performance. `eager`:
+    every call timed by do_bench, host time included (`_time_call`)."""
     device = device or torch.device("cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("the decode suite times GPU kernels: it needs CUDA (the CPU interpreter's times "
@@ -279,19 +283,20 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                     rows.write(_row(env, **base, status=refused[0], reason=refused[1]))
                     continue
                 config = _our_config(name, batch, cache_len, kv_heads, device) if name.startswith("ours") else ""
-                rows.write(_row(env, **base, config=config, **_measure(call, inputs, reference, device, nbytes)))
+                rows.write(_row(env, **base, config=config,
+                                **_measure(call, inputs, reference, device, nbytes, eager)))
             del inputs
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
 
-def _measure(call, inputs: Inputs, reference, device, nbytes) -> dict:
+def _measure(call, inputs: Inputs, reference, device, nbytes, eager: bool = False) -> dict:
     try:
         out = call(inputs, 0)
         _sync(device)
         ref_max = reference.abs().max().item()
         rel_err = (out[0, 0].double() - reference).abs().max().item() / ref_max
-        timing, how = _time_call(call, inputs, device)
+        timing, how = _time_call(call, inputs, device, eager)
     except torch.cuda.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         return {"status": "oom", "reason": " ".join(str(exc).split())[:200]}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import weakref
 from dataclasses import dataclass
 
@@ -116,29 +117,60 @@ def _check_qkv(q, k, v, varlen: bool) -> None:
         raise ValueError(f"k and v heads ({kv_heads}) must divide q heads ({heads})")
 
 
+def _python_scalar(value):
+    """A numpy scalar or a 0-d tensor as the Python number it holds (flash-attn's arguments are
+    read by Python, which takes both); anything else unchanged. A 0-d CUDA tensor is read with
+    one device-to-host copy, as flash-attn's conversion to a C++ float does."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        return value.item()
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def _real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def softmax_scale_or_default(softmax_scale, headdim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(headdim)
-    if not isinstance(softmax_scale, (int, float)) or isinstance(softmax_scale, bool):
+    softmax_scale = _python_scalar(softmax_scale)
+    if not _real(softmax_scale):
         raise TypeError(f"softmax_scale must be a float, got {type(softmax_scale).__name__}")
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale}")
     return float(softmax_scale)
 
 
-def check_flag(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
+def check_flag(name: str, value, default: bool | None = None) -> bool:
+    """A flag as Python reads flash-attn's: a bool, 0 or 1, a numpy bool or a 0-d tensor of one;
+    None is `default` where the argument has one (flash-attn's `deterministic`)."""
+    if value is None and default is not None:
+        return default
+    value = _python_scalar(value)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (or 0/1), got {value!r}")
 
 
 def window_sides(window_size, causal: bool) -> tuple[int, int]:
-    """(left, right) from flash-attn's window_size, -1 meaning unbounded; causal sets right to 0
-    (and keeps a tighter right side), as flash-attn does."""
+    """(left, right) from flash-attn's window_size (a pair of ints: a tuple, a list, a 2-element
+    integer tensor), -1 meaning unbounded; causal sets right to 0 (and keeps a tighter right
+    side), as flash-attn does. A side that is not a whole number is refused, not truncated."""
+    if isinstance(window_size, torch.Tensor):
+        if window_size.dtype.is_floating_point or window_size.dtype.is_complex or window_size.dim() != 1:
+            raise TypeError(f"window_size must be a pair of ints (left, right), got a tensor {window_size!r}")
+        window_size = window_size.tolist()
     try:
-        left, right = (int(side) for side in window_size)
-    except (TypeError, ValueError):
+        sides = [_python_scalar(side) for side in window_size]
+    except TypeError:
         raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}") from None
+    if len(sides) != 2 or not all(_real(side) and math.isfinite(side) and side == int(side) for side in sides):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+    left, right = (int(side) for side in sides)
     if left < -1 or right < -1:
         raise ValueError(f"window_size sides must be >= -1 (-1 = unbounded), got {(left, right)}")
     if causal:
@@ -147,10 +179,14 @@ def window_sides(window_size, causal: bool) -> tuple[int, int]:
 
 
 def check_scalars(dropout_p, softcap) -> tuple[float, float]:
-    if not isinstance(dropout_p, (int, float)) or isinstance(dropout_p, bool) or not 0.0 <= dropout_p < 1.0:
+    dropout_p, softcap = _python_scalar(dropout_p), _python_scalar(softcap)
+    if not _real(dropout_p) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
-    if not isinstance(softcap, (int, float)) or isinstance(softcap, bool) or not math.isfinite(softcap) or softcap < 0:
+    if not _real(softcap) or not math.isfinite(softcap) or softcap < 0:
         raise ValueError(f"softcap must be a finite float >= 0 (0 = off), got {softcap!r}")
+    if softcap and dropout_p:
+        raise ValueError(f"softcap ({softcap}) cannot be combined with dropout_p ({dropout_p}): flash-attn "
+                         "refuses the pair (its backward has no softcapped dropout); pass one of them")
     return float(dropout_p), float(softcap)
 
 

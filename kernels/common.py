@@ -97,6 +97,12 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1) on the host, as triton.next_power_of_2
+    without its constexpr-function wrapper (host time, as `cdiv`)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 @functools.cache
 def l2_cache_bytes(device_index: int) -> int:
     """The L2 cache of CUDA device `device_index` in bytes, as torch reports it; a torch without

@@ -265,7 +265,7 @@ def _rotate_row(Src, Dst, CosRow, SinRow, HEAD_DIM: tl.constexpr, BLOCK_D: tl.co
 
 @triton.jit
 def _kvcache_append_kernel(
-    K, V, KCache, VCache, CacheSeqlens, BatchIdx, BlockTable, Cos, Sin, LeftPad,
+    K, V, KCache, VCache, CacheSeqlens, BatchIdx, BlockTable, Cos, Sin,
     stride_kb, stride_ks, stride_kh,
     stride_vb, stride_vs, stride_vh,
     stride_kcb, stride_kcn, stride_kch,
@@ -274,17 +274,14 @@ def _kvcache_append_kernel(
     seqlen_new,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, ROTARY_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
     INTERLEAVED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_BATCH_IDX: tl.constexpr,
-    HAS_LEFTPAD: tl.constexpr = False,
 ):
     """Program (batch x new token, kv head): the new key, rotated at its position
-    cache_seqlens[b] + i (minus LeftPad[b]: a left-padded sequence counts positions from its
-    first key, as flash-attn does), and the new value go into cache slot cache_seqlens[b] + i;
-    nothing else is written."""
+    cache_seqlens[b] + i (its cache index, left padding or not, as flash-attn does), and the new
+    value go into cache slot cache_seqlens[b] + i; nothing else is written."""
     batch = tl.program_id(0) // seqlen_new
     token = tl.program_id(0) % seqlen_new
     kv_head = tl.program_id(1)
     position = tl.load(CacheSeqlens + batch) + token
-    angle = position - tl.load(LeftPad + batch) if HAS_LEFTPAD else position
     if PAGE_SIZE > 0:
         page = tl.load(BlockTable + batch * stride_btb + position // PAGE_SIZE).to(tl.int64)
         k_row = page * stride_kcb + (position % PAGE_SIZE) * stride_kcn
@@ -297,7 +294,7 @@ def _kvcache_append_kernel(
         k_row = cache_row * stride_kcb + position.to(tl.int64) * stride_kcn
         v_row = cache_row * stride_vcb + position.to(tl.int64) * stride_vcn
     _rotate_row(K + batch * stride_kb + token * stride_ks + kv_head * stride_kh,
-                KCache + k_row + kv_head * stride_kch, Cos + angle * stride_cos, Sin + angle * stride_cos,
+                KCache + k_row + kv_head * stride_kch, Cos + position * stride_cos, Sin + position * stride_cos,
                 HEAD_DIM, BLOCK_D, ROTARY_HALF, BLOCK_HALF, INTERLEAVED)
     _rotate_row(V + batch * stride_vb + token * stride_vs + kv_head * stride_vh,
                 VCache + v_row + kv_head * stride_vch, Cos, Sin, HEAD_DIM, BLOCK_D, 0, BLOCK_HALF, INTERLEAVED)

@@ -48,7 +48,7 @@ def test_bad_softmax_scale_raises(scale):
         flash_attn_func(*_valid(), softmax_scale=scale)
 
 
-@pytest.mark.parametrize("causal", [None, 1, "yes"])
+@pytest.mark.parametrize("causal", [None, 2, "yes"])
 def test_causal_must_be_a_bool(causal):
     with pytest.raises(TypeError, match="causal must be a bool"):
         flash_attn_func(*_valid(), causal=causal)
@@ -57,7 +57,7 @@ def test_causal_must_be_a_bool(causal):
 def test_deterministic_must_be_a_bool():
     q, k, v = make_qkv(1, 8, 8, 1, 16, torch.float16, "cpu")
     with pytest.raises(TypeError, match="deterministic"):
-        flash_attn_func(q, k, v, deterministic=None)
+        flash_attn_func(q, k, v, deterministic="yes")
 
 
 def test_packed_inputs_of_the_wrong_layout_raise_naming_the_argument():

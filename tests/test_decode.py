@@ -291,7 +291,8 @@ def check_append(batch, seqlen_new, heads, kv_heads, headdim, capacity, old, dty
     """Append k/v (k rotated) at each sequence's end, then attend: the new slots hold the new
     keys and values, every other cache element is unchanged, the output matches the reference.
     `leftpad` (a list): sequence b's keys start at cache index leftpad[b] (the padding before is
-    NaN, and rotary positions count from the pad); the reference sees the cache shifted left."""
+    NaN; rotary positions stay cache indices, as flash-attn's); the reference sees the cache
+    shifted left."""
     k_cache, v_cache, block_table = make_cache(batch, capacity, kv_heads, headdim, dtype, device, old, page_size)
     pads = leftpad or [0] * batch
     for b, pad in enumerate(pads):
@@ -307,8 +308,7 @@ def check_append(batch, seqlen_new, heads, kv_heads, headdim, capacity, old, dty
                                        rotary_interleaved=interleaved, num_splits=2, return_softmax_lse=True,
                                        cache_leftpad=None if leftpad is None else pad_tensor)
     new_positions = lengths.long()[:, None] + torch.arange(seqlen_new, device=device)  # (B, S_new)
-    logical = new_positions - pad_tensor.long()[:, None]  # rotary positions count from the pad
-    k_rotated = rotary_reference(k_new, cos, sin, logical, interleaved)
+    k_rotated = rotary_reference(k_new, cos, sin, new_positions, interleaved)  # at their cache indices
     written = torch.zeros(k_cache.shape[:2], dtype=torch.bool, device=device)
     for b in range(batch):
         index = slots(k_cache, block_table, b, old[b], seqlen_new)
@@ -321,7 +321,7 @@ def check_append(batch, seqlen_new, heads, kv_heads, headdim, capacity, old, dty
     assert torch.equal(k_cache[untouched].nan_to_num(), before_k[untouched].nan_to_num()), "k_cache changed elsewhere"
     assert torch.equal(v_cache[untouched].nan_to_num(), before_v[untouched].nan_to_num()), "v_cache changed elsewhere"
 
-    q_positions = logical if causal else (lengths - pad_tensor).long()[:, None].expand(batch, seqlen_new)
+    q_positions = new_positions if causal else lengths.long()[:, None].expand(batch, seqlen_new)
     q_rotated = rotary_reference(q, cos, sin, q_positions, interleaved)
     keys, values = gathered(k_cache, block_table, None, batch), gathered(v_cache, block_table, None, batch)
     keys, values = shifted_left(keys, pads), shifted_left(values, pads)
@@ -345,7 +345,7 @@ def test_append_then_attend_writes_only_the_new_slots(page_size, interleaved, ca
 @pytest.mark.parametrize("causal", [True, False])
 def test_left_padded_caches_start_at_cache_leftpad(causal, device):
     """cache_leftpad: keys before each sequence's pad (NaN here) are neither read nor seen, the
-    new keys go in at cache_seqlens and rotate at cache_seqlens - cache_leftpad (flash-attn's
+    new keys go in at cache_seqlens and rotate there, at their cache index (flash-attn's
     convention), and the output equals attention over the cache shifted left by the pad."""
     check_append(3, 2, 4, 2, 32, 64, [9, 3, 50], torch.float16, device, 0, True, causal,
                  leftpad=[4, 3, 17])

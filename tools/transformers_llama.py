@@ -1,0 +1,128 @@
+"""A Llama-style model in transformers on the kernels against attn_implementation="sdpa" (GPU, bf16).
+
+The model is built from a config with random weights (no download): Llama 3.2 1B's shape by
+default (16 layers, hidden 2048, 32 query and 8 kv heads of head dim 64, a 128k vocabulary).
+Per provider ('fa2_triton': kernels/integrations/transformers.py, 'sdpa': PyTorch's), timed with
+harness.timing.benchmark (do_bench):
+
+* prefill: a forward over a left-padded batch (the padded rows through the varlen kernels);
+* train: forward and backward of the loss over a right-padded batch;
+* generate: `generate` of `--new-tokens` greedy tokens through the KV cache (wall time, one call).
+
+It first checks that the two implementations agree: the prefill logits' largest difference on the
+real tokens (`max_logit_diff`, bf16 on both sides) and whether greedy generation gives the same
+tokens. Rows (long format, one measurement per row, with the environment) go to
+OUT/transformers_llama.csv:
+
+    python -m tools.transformers_llama --out $OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import time
+from pathlib import Path
+
+import torch
+
+from harness.timing import benchmark
+from kernels.integrations.transformers import register
+from reports.environment import ENV_COLUMNS, capture_environment
+
+COLUMNS = ("provider", "phase", "batch", "seqlen", "new_tokens", "ms", "ms_p20", "ms_p80", "peak_mem_mb",
+           "max_logit_diff", "same_tokens", *ENV_COLUMNS)
+
+
+def llama_config(layers: int):
+    import transformers
+
+    return transformers.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                                    num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8,
+                                    head_dim=64, max_position_embeddings=131072, rope_theta=500000.0,
+                                    tie_word_embeddings=True)
+
+
+def padded_batch(batch: int, seqlen: int, side: str, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random tokens and a mask whose row b holds seqlen - b * seqlen // (2 * batch) tokens."""
+    ids = torch.randint(0, 128256, (batch, seqlen), device=device)
+    mask = torch.ones(batch, seqlen, dtype=torch.long, device=device)
+    for b in range(batch):
+        pad = b * seqlen // (2 * batch)
+        if side == "left":
+            mask[b, :pad] = 0
+        else:
+            mask[b, seqlen - pad:] = 0
+    return ids, mask
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seqlen", type=int, default=2048)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    args = parser.parse_args()
+    import transformers
+
+    device = torch.device("cuda")
+    name = register()
+    torch.manual_seed(0)
+    models = {}
+    for provider in (name, "sdpa"):
+        models[provider] = transformers.AutoModelForCausalLM.from_config(
+            llama_config(args.layers), attn_implementation=provider, dtype=torch.bfloat16).to(device)
+    models["sdpa"].load_state_dict(models[name].state_dict())
+
+    ids, mask = padded_batch(args.batch, args.seqlen, "left", device)
+    with torch.no_grad():
+        logits = {p: m(ids, attention_mask=mask).logits for p, m in models.items()}
+    real = mask.bool()
+    max_diff = (logits[name][real].float() - logits["sdpa"][real].float()).abs().max().item()
+    del logits
+    prompt_ids, prompt_mask = ids[:, -256:], mask[:, -256:]
+    generate_kw = {"attention_mask": prompt_mask, "max_new_tokens": args.new_tokens, "do_sample": False,
+                   "pad_token_id": 0, "min_new_tokens": args.new_tokens}
+    tokens = {p: m.generate(prompt_ids, **generate_kw) for p, m in models.items()}
+    same_tokens = torch.equal(tokens[name], tokens["sdpa"])
+
+    env = capture_environment()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "transformers_llama.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+
+        def write(provider, phase, seqlen, new_tokens, timing):
+            writer.writerow({"provider": provider, "phase": phase, "batch": args.batch, "seqlen": seqlen,
+                             "new_tokens": new_tokens, "ms": timing[0], "ms_p20": timing[1], "ms_p80": timing[2],
+                             "peak_mem_mb": timing[3], "max_logit_diff": max_diff, "same_tokens": same_tokens,
+                             **{c: env[c] for c in ENV_COLUMNS}})
+            f.flush()
+
+        train_ids, train_mask = padded_batch(args.batch, args.seqlen, "right", device)
+        labels = train_ids.masked_fill(train_mask == 0, -100)
+        for provider, model in models.items():
+            def prefill(model=model):
+                with torch.no_grad():
+                    model(ids, attention_mask=mask)
+
+            def train(model=model):
+                model(train_ids, attention_mask=train_mask, labels=labels).loss.backward()
+
+            write(provider, "prefill", args.seqlen, 0, benchmark(prefill, device))
+            model.train()
+            write(provider, "train", args.seqlen, 0, benchmark(train, device, grad_to_none=list(model.parameters())))
+            model.eval()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            model.generate(prompt_ids, **generate_kw)
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - start) * 1e3
+            write(provider, "generate", prompt_ids.shape[1], args.new_tokens, (ms, ms, ms, float("nan")))
+    print(f"max_logit_diff {max_diff:.4f}, same_tokens {same_tokens}; rows in {path}")
+
+
+if __name__ == "__main__":
+    main()
