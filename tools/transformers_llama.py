@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 import torch
+from reports.environment import ENV_COLUMNS, capture_environment
 
 from harness.timing import benchmark
 from kernels.integrations.transformers import register
-from reports.environment import ENV_COLUMNS, capture_environment
 
 COLUMNS = ("provider", "phase", "batch", "seqlen", "new_tokens", "ms", "ms_p20", "ms_p80", "peak_mem_mb",
            "max_logit_diff", "same_tokens", *ENV_COLUMNS)
