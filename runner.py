@@ -210,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     timing.add_argument("--rep-ms", type=_number("--rep-ms", lambda x: x > 0, "a number > 0"),
                         help=f"do_bench timing time per measurement in ms (default: {DEFAULT_REP_MS}; "
                              f"--quick: {QUICK_REP_MS})")
+    timing.add_argument("--eager", action="store_true",
+                        help="--suite decode: time each call by do_bench with its host time included, as "
+                             "model.generate calls it by default, instead of by CUDA-graph replay (a folder of its "
+                             "own; reports.decode puts the two side by side)")
     timing.add_argument("--cuda-graph", action="store_true",
                         help="time by replaying a CUDA graph of back-to-back calls (triton's "
                              "do_bench_cudagraph): no host launch overhead and no L2 flush between calls. "

@@ -245,19 +245,30 @@ def _row(env, **fields) -> dict:
 
 def measure_rows(args, out_dir: Path) -> None:
     """The decode grid's rows (args.quick: the small one; args.eager: timed by do_bench, host
-    time included) into out_dir/decode.csv; reports.decode makes report.md and plots/ from them."""
-    measure_suite(bool(args.quick), Path(out_dir), eager=bool(getattr(args, "eager", False)))
+    time included; args.providers: only these peers beside ours) into out_dir/decode.csv;
+    reports.decode makes report.md and plots/ from them."""
+    peers = getattr(args, "providers", None)
+    measure_suite(bool(args.quick), Path(out_dir), eager=bool(getattr(args, "eager", False)),
+                  peers=None if not peers else tuple(peers.split(",")))
 
 
-def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None, eager: bool = False) -> None:
+def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None, eager: bool = False,
+                  peers: tuple[str, ...] | None = None) -> None:
     """The grid's rows into out_dir/decode.csv (a new file), and notes.txt. `device` cpu (tests
     only) runs the pipeline in Triton's interpreter; its times are not performance. `eager`:
-    every call timed by do_bench, host time included (`_time_call`)."""
+    every call timed by do_bench, host time included (`_time_call`). `peers`: the providers
+    measured beside ours (None: every one)."""
     device = device or torch.device("cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("the decode suite times GPU kernels: it needs CUDA (the CPU interpreter's times "
                          "are not performance; tests/test_decode.py checks correctness there)")
     entries = providers()
+    if peers is not None:
+        known = {entry[0] for entry in entries}
+        unknown = sorted(set(peers) - known)
+        if unknown:
+            raise ValueError(f"--providers: unknown decode providers {unknown}; known: {sorted(known)}")
+        entries = [entry for entry in entries if entry[0].startswith("ours") or entry[0] in peers]
     with SuiteRows(out_dir, DECODE_CSV, COLUMNS, BUDGET_S["quick" if quick else "full"]) as rows:
         env = rows.env
         copy_bytes = COPY_BYTES if device.type == "cuda" else 1 << 20
