@@ -45,9 +45,10 @@ from harness.plan import (
 from harness.regression import DEFAULT_FALSE_POSITIVE_RATE
 from harness.reproduce import TARGETS, help_text, steps
 from harness.timing import DEFAULT_REP_MS, DEFAULT_WARMUP_MS
+from harness.train import add_arguments as add_train_arguments
 
 REPO_ROOT = Path(__file__).resolve().parent
-SUITES = ("paper", "features", "decode")
+SUITES = ("paper", "features", "decode", "train")
 BANNER = ("=" * 88 + "\nNO GPU: Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny sizes.\n"
           "These numbers are NOT performance; they show that the pipeline works.\n" + "=" * 88)
 EXAMPLES = """examples:
@@ -145,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--suite", choices=SUITES, help="paper: the paper's Figures 4-7 (modes x head dims x causal x "
                        "seqlen 512..16384 with batch = 16384/seqlen and heads = 2048/hdim; the default); features: "
                        "the kernels' features beyond the paper (harness/features.py); decode: decoding against a "
-                       "KV cache (harness/decode.py)")
+                       "KV cache (harness/decode.py); train: GPT-3 training with each attention provider, the paper's Table 1 "
+                       "(harness/train.py)")
     sweep.add_argument("--reproduce", choices=tuple(TARGETS), metavar="TARGET",
                        help=f"regenerate one committed H200 result from scratch: {', '.join(TARGETS)} (the exact "
                             "commands are listed at the end of --help); --out defaults to results/reproduce/TARGET")
@@ -246,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     ncu.add_argument("--ncu-only", dest="ncu", action="store_const", const="only",
                      help="profile with Nsight Compute, without timing")
     parser.set_defaults(ncu=None)
+    add_train_arguments(parser)
     return parser
 
 
@@ -265,7 +268,7 @@ def _reproduce(args) -> int:
 
 
 def _other_suite(parser, args, out_dir: Path) -> int:
-    """--suite features|decode: harness/<name>.py's run_suite(args, out_dir)."""
+    """--suite features|decode|train: harness/<name>.py's run_suite(args, out_dir)."""
     module_name = f"harness.{args.suite}"
     try:
         module = importlib.import_module(module_name)
@@ -341,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print_provider_list(extra.values())
         return 0
-    if args.suite in ("features", "decode"):
+    if args.suite in ("features", "decode", "train"):
         return _other_suite(parser, args, out_dir)
     if args.ablation in REVIEWER_PARTS:  # one reviewers' study alone (ablations/reviewers.py)
         from ablations import reviewers
