@@ -102,6 +102,15 @@ def _positive(kind, name):
     return parse
 
 
+def _non_negative_int(name):
+    def parse(text: str) -> int:
+        if not text.isdigit():
+            raise argparse.ArgumentTypeError(f"{name} must be a non-negative integer, got {text!r}")
+        return int(text)
+
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The training suite's options (defaults: _defaults, by device)."""
     group = parser.add_argument_group("the training suite (--suite train; defaults on a GPU / without one)")
@@ -125,7 +134,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="sequences per step over all GPUs, instead of --batch-tokens (must divide by the number "
                             "of processes)")
     group.add_argument("--steps", type=_positive(int, "--steps"), default=5, help="timed steps (default: %(default)s)")
-    group.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default: %(default)s)")
+    group.add_argument("--warmup-steps", type=_non_negative_int("--warmup-steps"), default=3,
+                       help="untimed steps first (default: %(default)s)")
     group.add_argument("--compile", action="store_true", help="torch.compile each transformer block")
     group.add_argument("--checkpointing", choices=("on", "off"), default="on",
                        help="activation checkpointing of every block (default: %(default)s)")
@@ -203,7 +213,7 @@ def measure(rows: Rows, part: str, config: TrainConfig, steps: int, warmup: int,
     except Exception as exc:  # noqa: BLE001 -- a failing provider is a row; the sweep goes on
         outcome = ("error", one_line(f"{type(exc).__name__}: {exc}"))
     _free_memory()  # after the except blocks: their tracebacks held the failed step's tensors
-    # every rank's outcome: one rank running out of memory fails the collective step of all
+    # the outcome of every rank: the rows say what failed on any of them
     outcomes = ranks.gather(outcome)
     failed = next((o for o in outcomes if o is not None), None)
     if failed is not None:

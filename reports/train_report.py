@@ -116,17 +116,30 @@ def plot_tokens_per_second(rows: pd.DataFrame, path: Path) -> Path | None:
     return save_figure(fig, path, dpi=120, bbox_inches="tight")
 
 
+def final_loss(losses: list[float]) -> float:
+    """The mean loss over the last PARITY_TAIL of the steps."""
+    tail = max(1, int(len(losses) * PARITY_TAIL))
+    return sum(losses[-tail:]) / tail
+
+
+def halving_step(losses: list[float]) -> int | None:
+    """The first step whose loss is below half the first step's (None if none is): where the
+    copying task is learnt."""
+    return next((step for step, loss in enumerate(losses) if loss < losses[0] / 2), None)
+
+
 def parity_summary(losses: pd.DataFrame) -> pd.DataFrame:
-    """Per provider: the first and final loss and the largest step-by-step gap to PyTorch eager."""
+    """Per provider: the first and final loss, the step where the loss halved, and the gaps to
+    PyTorch eager's loss at the same step."""
     parity = losses[losses.part == "parity"]
     curves = {provider: group.set_index("step").loss for provider, group in parity.groupby("provider", sort=False)}
     reference = curves.get("pytorch")
     lines = []
     for provider, curve in curves.items():
-        tail = max(1, int(len(curve) * PARITY_TAIL))
         gap = (curve - reference).abs() if reference is not None else None
         lines.append({"provider": provider, "steps": len(curve), "first loss": f"{curve.iloc[0]:.3f}",
-                      "final loss (last tenth)": f"{curve.iloc[-tail:].mean():.4f}",
+                      "loss halved at step": halving_step(curve.tolist()),
+                      "final loss (last tenth)": f"{final_loss(curve.tolist()):.4f}",
                       "max gap to pytorch": "" if gap is None else f"{gap.max():.2e}",
                       "mean gap to pytorch": "" if gap is None else f"{gap.mean():.2e}"})
     return pd.DataFrame(lines)

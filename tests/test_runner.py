@@ -411,7 +411,7 @@ def test_report_only_survives_a_half_written_results_json(tmp_path):
     assert (tmp_path / "report.md").exists()
 
 
-@pytest.mark.parametrize("suite", ["features", "decode"])
+@pytest.mark.parametrize("suite", ["features", "decode", "train"])
 def test_other_suites_dispatch_to_their_module_or_say_it_is_missing(suite, tmp_path, monkeypatch, capsys):
     import types
 

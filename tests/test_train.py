@@ -22,7 +22,7 @@ from harness.train import LOSSES_CSV, TRAIN_CSV, Rows, _defaults, _global_batch,
 from models.gpt import CONFIGS, GPT, get_config
 from models.train import CannotTrain, TrainConfig, resolve, synthetic_batch, train
 from reports.environment import capture_environment
-from reports.train_report import write_report
+from reports.train_report import final_loss, halving_step, write_report
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,8 +33,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # spikes at different steps, so there the curves are compared as window means.
 PARITY_STEPWISE, PARITY_STEPWISE_STEPS = 1e-3, 60
 PARITY_WINDOW, PARITY_WINDOW_GAP = 15, 0.05
-# On the GPU in bf16 the two kernels round differently from the first step: window means only.
-GPU_PARITY_WINDOW_GAP = 0.1
+# On the GPU in bf16 the two kernels round differently from the first step, which may move the
+# steep fall by a few steps: the curves are compared by where the loss halves and where it ends.
+GPU_HALVING_GAP_STEPS, GPU_FINAL_LOSS_GAP = 30, 0.1
 
 
 def _windows(losses: list[float], size: int) -> list[float]:
@@ -182,9 +183,9 @@ def test_suite_refuses_unknown_names_naming_the_option(tmp_path, capsys):
 
 @pytest.mark.gpu
 def test_gpu_bf16_loss_curves_of_our_kernel_follow_eager_attention(tmp_path):
-    """The `small` model (4 layers, head dim 64) on the copying task in bf16: both losses fall
-    and their window means stay within GPU_PARITY_WINDOW_GAP; the report's plot of both curves
-    is written from the rows."""
+    """The `small` model (4 layers, head dim 64) on the copying task in bf16: both losses fall,
+    halve within GPU_HALVING_GAP_STEPS of each other and end within GPU_FINAL_LOSS_GAP; the
+    report's plot of both curves is written from the rows."""
     settings = {**_defaults(cuda=True), "providers": ("pytorch", "fa2")}
     run_parity(argparse.Namespace(), Rows(tmp_path, capture_environment()), settings)
     losses = pd.read_csv(tmp_path / LOSSES_CSV)
@@ -193,8 +194,8 @@ def test_gpu_bf16_loss_curves_of_our_kernel_follow_eager_attention(tmp_path):
     assert all(math.isfinite(x) for x in eager + ours)
     for curve in (eager, ours):
         assert sum(curve[-30:]) / 30 < 0.3 * sum(curve[:10]) / 10, "the loss must really fall"
-    window = settings["parity_steps"] // 10
-    gaps = [abs(a - b) for a, b in zip(_windows(eager, window), _windows(ours, window))]
-    assert max(gaps) <= GPU_PARITY_WINDOW_GAP, gaps
+    halved = [halving_step(curve) for curve in (eager, ours)]
+    assert None not in halved and abs(halved[0] - halved[1]) <= GPU_HALVING_GAP_STEPS, halved
+    assert abs(final_loss(eager) - final_loss(ours)) <= GPU_FINAL_LOSS_GAP
     write_report(tmp_path)
     assert (tmp_path / "plots" / "loss_curves.png").exists()
