@@ -52,7 +52,7 @@ TARGETS = {
         (("--suite", "decode"),)),
     "train": Target(
         "train", "the training suite: GPT-3 1.3B and 2.7B at 2k and 8k context with each attention provider (the "
-        "paper's Table 1 on one GPU), the longest context in 40 GiB, the loss curves",
+        "paper's Table 1 on one GPU), the longest context in 60 GiB, the loss curves",
         (("--suite", "train", "--providers", TRAIN_PROVIDERS),)),
     "reviewers": Target(
         "reviewers", "the reviewers' studies one part at a time, fp16, with counters (then `python -m ablations."

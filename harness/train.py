@@ -141,7 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="activation checkpointing of every block (default: %(default)s)")
     group.add_argument("--search-model", choices=tuple(CONFIGS),
                        help=f"the longest-context search's model (default {both('search_model')})")
-    group.add_argument("--memory-budget-gib", type=_positive(float, "--memory-budget-gib"), default=40.0,
+    group.add_argument("--memory-budget-gib", type=_positive(float, "--memory-budget-gib"), default=60.0,
                        help="the search's memory budget: the allocator is capped there (default: %(default)s)")
     group.add_argument("--search-max-context", type=_positive(int, "--search-max-context"),
                        help=f"the search stops here (default {both('search_max_context')})")

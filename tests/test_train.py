@@ -122,10 +122,12 @@ def test_our_kernel_trains_the_same_loss_curve_as_eager_attention():
     assert max(gaps) <= PARITY_WINDOW_GAP, gaps
 
 
-def _torchrun(nproc: int, out: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "harness.train", "--train-parts", "table", "--models", "tiny", "--contexts", "16",
-               "--global-batch", "4", "--providers", "pytorch", "--steps", "5", "--warmup-steps", "1",
+def _train_processes(nproc: int, out: Path) -> subprocess.CompletedProcess:
+    """The suite's table for the tiny model: under torchrun with `nproc` processes, or (nproc 0)
+    as one plain process without torchrun (no process group, no FSDP)."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc else []
+    command = [sys.executable, *launcher, "-m", "harness.train", "--train-parts", "table", "--models", "tiny", "--contexts", "16",
+               "--global-batch", "4", "--providers", "pytorch,fa2", "--steps", "5", "--warmup-steps", "1",
                "--checkpointing", "off", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
@@ -133,22 +135,25 @@ def _torchrun(nproc: int, out: Path) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_two_processes_with_fsdp_train_as_one_process_on_the_same_global_batch(tmp_path):
-    """torchrun, 2 processes on gloo, FSDP2 over the tiny model with eager attention: the loss
-    of every step equals one process's on the same global batch of 4 sequences, within 1e-5
-    (fp32: only the order of the gradient sums differs)."""
-    for nproc in (1, 2):
-        done = _torchrun(nproc, tmp_path / str(nproc))
+    """torchrun, 2 processes on gloo, FSDP2 over the tiny model with eager attention and with our
+    kernel: the loss of every step equals a plain single process's on the same global batch of
+    4 sequences, within 1e-5 (fp32: only the order of the gradient sums differs)."""
+    for nproc in (0, 2):
+        done = _train_processes(nproc, tmp_path / str(nproc))
         assert done.returncode == 0, done.stderr[-3000:]
-    one, two = (pd.read_csv(tmp_path / str(n) / LOSSES_CSV) for n in (1, 2))
+    one, two = (pd.read_csv(tmp_path / str(n) / LOSSES_CSV) for n in (0, 2))
     assert list(two.world_size.unique()) == [2] and list(one.world_size.unique()) == [1]
-    assert len(one) == len(two) == 6
-    assert one.loss.tolist() == pytest.approx(two.loss.tolist(), abs=1e-5)
-    assert one.loss.iloc[-1] != pytest.approx(one.loss.iloc[0], abs=1e-3), "the steps must change the loss"
+    for provider in ("pytorch", "fa2"):
+        curves = [frame[frame.provider == provider].loss.tolist() for frame in (one, two)]
+        assert len(curves[0]) == len(curves[1]) == 6
+        assert curves[0] == pytest.approx(curves[1], abs=1e-5)
+        assert curves[0][-1] != pytest.approx(curves[0][0], abs=1e-3), "the steps must change the loss"
     rows = pd.read_csv(tmp_path / "2" / TRAIN_CSV, keep_default_na=False)
-    assert sorted(rows["rank"].astype(str)) == ["0", "1", "all"]
     assert (rows.status == "ok").all() and (rows.world_size == 2).all()
-    ranks = rows[rows["rank"].astype(str) != "all"]
-    assert rows[rows["rank"].astype(str) == "all"].tokens_per_s.iloc[0] <= ranks.tokens_per_s.sum() * 1.001
+    for _, group in rows.groupby("provider"):
+        assert sorted(group["rank"].astype(str)) == ["0", "1", "all"]
+        ranks = group[group["rank"].astype(str) != "all"]
+        assert group[group["rank"].astype(str) == "all"].tokens_per_s.iloc[0] <= ranks.tokens_per_s.sum() * 1.001
 
 
 def test_suite_through_the_runner_writes_rows_and_report(tmp_path):
