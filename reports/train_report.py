@@ -137,8 +137,9 @@ def parity_summary(losses: pd.DataFrame) -> pd.DataFrame:
     lines = []
     for provider, curve in curves.items():
         gap = (curve - reference).abs() if reference is not None else None
+        halved = halving_step(curve.tolist())
         lines.append({"provider": provider, "steps": len(curve), "first loss": f"{curve.iloc[0]:.3f}",
-                      "loss halved at step": halving_step(curve.tolist()),
+                      "loss halved at step": "-" if halved is None else halved,
                       "final loss (last tenth)": f"{final_loss(curve.tolist()):.4f}",
                       "max gap to pytorch": "" if gap is None else f"{gap.max():.2e}",
                       "mean gap to pytorch": "" if gap is None else f"{gap.mean():.2e}"})
@@ -151,13 +152,14 @@ def plot_loss_curves(losses: pd.DataFrame, path: Path) -> Path | None:
         return None
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
-    for provider, group in parity.groupby("provider", sort=False):
-        ax.plot(group.step, group.loss, label=provider, linewidth=1)
+    for index, (provider, group) in enumerate(parity.groupby("provider", sort=False)):
+        ax.plot(group.step, group.loss, label=provider, linewidth=1, linestyle="-" if index == 0 else "--")
     first = parity.iloc[0]
     ax.set_yscale("log")
     ax.set_xlabel("step")
     ax.set_ylabel("training loss")
-    ax.set_title(f"{first.model}, copying task, context {first.context}, {first.dtype}, same seed ({first.gpu})",
+    ax.set_title(f"{first['model']}, copying task, context {first['context']}, {first['dtype']}, same seed "
+                 f"({first['gpu']})",
                  fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
