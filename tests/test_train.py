@@ -204,3 +204,32 @@ def test_gpu_bf16_loss_curves_of_our_kernel_follow_eager_attention(tmp_path):
     assert abs(final_loss(eager) - final_loss(ours)) <= GPU_FINAL_LOSS_GAP
     write_report(tmp_path)
     assert (tmp_path / "plots" / "loss_curves.png").exists()
+
+
+def test_out_of_memory_is_a_row_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    """A step that runs out of memory (raised here past 32 tokens, as the allocator would) is an
+    'oom' row with the allocator's message; the search stops there, the table goes on."""
+    import harness.train
+
+    real_train = harness.train.train
+
+    def train_or_oom(config, *args, **kwargs):
+        if config.context > 32:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {config.context} GiB")
+        return real_train(config, *args, **kwargs)
+
+    monkeypatch.setattr(harness.train, "train", train_or_oom)
+    args = argparse.Namespace(compile=False, checkpointing="off", steps=1, warmup_steps=0, global_batch=None,
+                              memory_budget_gib=1.0)
+    settings = {**_defaults(cuda=False), "models": ("tiny",), "contexts": (64, 16), "providers": ("pytorch",),
+                "search_max_context": 128}
+    rows = Rows(tmp_path, capture_environment())
+    harness.train.run_table(args, rows, settings, harness.train.Ranks())
+    monkeypatch.setattr(harness.train, "SEARCH_START", 16)
+    harness.train.run_search(args, rows, settings)
+    frame = pd.read_csv(tmp_path / TRAIN_CSV, keep_default_na=False)
+    assert [(r.part, r.context, r.status) for r in frame.itertuples()] == [
+        ("table", 64, "oom"), ("table", 16, "ok"), ("search", 16, "ok"), ("search", 32, "ok"), ("search", 64, "oom")]
+    assert frame.reason.iloc[0] == "CUDA out of memory. Tried to allocate 64 GiB"
+    longest = write_report(tmp_path).read_text()
+    assert "| pytorch | tiny | 1 | 32 | 64: OOM |" in longest
