@@ -46,6 +46,7 @@ from harness.reproduce import TARGETS, help_text, steps
 from harness.stages import EXIT_ABORTED, EXIT_INTERRUPTED, EXIT_NOT_COMPARED
 from harness.suite import SUITES
 from harness.timing import DEFAULT_REP_MS, DEFAULT_WARMUP_MS
+from harness.train import add_arguments as add_train_arguments
 
 REPO_ROOT = Path(__file__).resolve().parent
 BANNER = ("=" * 88 + "\nNO GPU: Triton's CPU interpreter (TRITON_INTERPRET=1) on tiny sizes.\n"
@@ -263,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     ncu.add_argument("--ncu-only", dest="ncu", action="store_const", const="only",
                      help="profile with Nsight Compute, without timing")
     parser.set_defaults(ncu=None)
+    add_train_arguments(parser)
     return parser
 
 
@@ -329,7 +331,7 @@ def _reproduce(args) -> int:
 
 
 def _other_suite(args, out_dir: Path) -> int:
-    """--suite features|decode (harness.suite): its rows into out_dir (not with --report-only),
+    """--suite features|decode|host-overhead|train (harness.suite): its rows into out_dir (not with --report-only),
     then its report from them (reports.suites), printed."""
     from harness.io import FolderBusy, FolderLock
     from harness.suite import measure
@@ -341,7 +343,7 @@ def _other_suite(args, out_dir: Path) -> int:
             if not args.report_only:
                 measure(args.suite, args, out_dir)
             print(write_suite_report(args.suite, out_dir).read_text())
-    except FolderBusy as exc:
+    except (FolderBusy, ValueError) as exc:  # ValueError: a suite's option it cannot take, named
         print(f"runner.py: error: {exc}", file=sys.stderr)
         return 2
     return 0

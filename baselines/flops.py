@@ -6,6 +6,9 @@ Every TFLOPs/s figure in the project comes from `attention_flops`, or for masks 
 not have (sliding windows, packed variable lengths) from `visible_flops`, the same count over the
 (query, key) pairs the mask leaves visible.
 
+Training a whole model is counted as the paper counts it for its Table 1 (after Megatron-LM,
+Narayanan et al. 2021): `training_flops_per_sequence`.
+
 Decoding (one query token against a KV cache) is bound by reading the cache, so it is counted
 in bytes: `decode_kv_bytes` is the K and V a decode step must read, the yardstick of every
 decode GB/s figure.
@@ -45,6 +48,18 @@ def visible_flops(visible_pairs: int, heads: int, headdim: int, mode: str = "fwd
 def tflops_per_second(flops: float, ms: float) -> float:
     """TFLOPs/s from a FLOP count and a time in milliseconds."""
     return flops / (ms * 1e-3) / 1e12
+
+
+def training_flops_per_sequence(params: int, layers: int, hidden: int, seqlen: int) -> float:
+    """FLOPs of one training step (forward + backward) on one sequence of `seqlen` tokens, as the
+    FlashAttention-2 paper counts them (Section 4.2, after Megatron-LM): 6 x seqlen x params for
+    the weights' matmuls (2 forward, 4 backward per parameter and token) plus 12 x layers x hidden
+    x seqlen^2 for attention's (QK^T and PV, full and not halved for the causal mask). Activation
+    recomputation is not counted."""
+    for name, value in (("params", params), ("layers", layers), ("hidden", hidden), ("seqlen", seqlen)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return 6.0 * seqlen * params + 12.0 * layers * hidden * seqlen**2
 
 
 def decode_kv_bytes(cached_tokens: int, kv_heads: int, headdim: int, element_bytes: int) -> int:

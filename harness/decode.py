@@ -249,7 +249,7 @@ def measure_rows(args, out_dir: Path) -> None:
     reports.decode makes report.md and plots/ from them."""
     peers = getattr(args, "providers", None)
     measure_suite(bool(args.quick), Path(out_dir), eager=bool(getattr(args, "eager", False)),
-                  peers=None if not peers else tuple(peers.split(",")))
+                  peers=None if not peers else tuple(peers))
 
 
 def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None, eager: bool = False,

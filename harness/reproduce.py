@@ -16,6 +16,7 @@ PAPER_PROVIDERS = ("fa2,sdpa-flash,sdpa-cudnn,sdpa-efficient,pytorch,xformers-cu
 # the strongest peers (FA4, cuDNN) and the compilers (Inductor, FlexAttention), measured next to ours
 PEER_PROVIDERS_FP16 = "fa2,fa4,sdpa-flash,sdpa-cudnn"
 PEER_PROVIDERS = PEER_PROVIDERS_FP16 + ",torch-compile,flex-attention"
+TRAIN_PROVIDERS = "pytorch,sdpa-flash,sdpa-cudnn,fa2,fa4"
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ TARGETS = {
     "decode": Target(
         "decode", "the decode suite: split-KV against the decode peers over batch x cache length",
         (("--suite", "decode"),)),
+    "train": Target(
+        "train", "the training suite: GPT-3 1.3B and 2.7B at 2k and 8k context with each attention provider (the "
+        "paper's Table 1 on one GPU), the longest context in 60 GiB, the loss curves",
+        (("--suite", "train", "--providers", TRAIN_PROVIDERS),)),
     "reviewers": Target(
         "reviewers", "the reviewers' studies one part at a time, fp16, with counters (then `python -m ablations."
         "reviewers --decode-rows DECODE_CSV --out DIR` adds the decode suite's rows)",

@@ -38,6 +38,9 @@ SUITES = {
     "host-overhead": Suite("host-overhead", "host against GPU time per call, ours and SDPA's backends, eager and "
                            "compiled (harness/host_overhead.py; --providers and --modes narrow it)",
                            "harness.host_overhead", "host_overhead.csv"),
+    "train": Suite("train", "GPT-3 training with each attention provider: the paper's Table 1, the longest context "
+                   "in a memory budget, loss curves (harness/train.py; --models, --contexts, --train-parts)",
+                   "harness.train", "train.csv"),
 }
 
 

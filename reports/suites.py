@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reports import decode, features, host_overhead
+from reports import decode, features, host_overhead, train_report
 
 REPORTS = {"features": features.write_features_report, "decode": decode.write_decode_report,
-           "host-overhead": host_overhead.write_host_overhead_report}
+           "host-overhead": host_overhead.write_host_overhead_report, "train": train_report.write_report}
 
 
 def write_suite_report(name: str, out_dir: Path) -> Path:

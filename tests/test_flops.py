@@ -2,7 +2,13 @@
 
 import pytest
 
-from baselines.flops import attention_flops, decode_kv_bytes, gigabytes_per_second, tflops_per_second
+from baselines.flops import (
+    attention_flops,
+    decode_kv_bytes,
+    gigabytes_per_second,
+    tflops_per_second,
+    training_flops_per_sequence,
+)
 
 
 def test_forward_is_four_b_h_n_squared_d():
@@ -55,3 +61,24 @@ def test_visible_flops_is_the_paper_count_over_the_visible_pairs():
         assert visible_flops(2 * 300 * 500, 3, 64, mode) == attention_flops(2, 3, 300, 500, 64, False, mode)
     with pytest.raises(ValueError, match="mode"):
         visible_flops(10, 1, 16, "decode")
+
+
+def test_training_flops_by_hand():
+    # 6 x 4 tokens x 1000 params = 24000; 12 x 2 layers x 8 wide x 4^2 = 3072
+    assert training_flops_per_sequence(params=1000, layers=2, hidden=8, seqlen=4) == 27072.0
+
+
+def test_training_attention_term_is_three_non_causal_forwards_per_layer():
+    """Megatron's attention term counts the backward as twice the forward (3x in all), over the
+    full (not causally halved) score matrix: 3 x attention_flops' forward, per layer."""
+    layers, heads, headdim, seqlen = 3, 4, 16, 256
+    hidden = heads * headdim
+    attention = training_flops_per_sequence(1, layers, hidden, seqlen) - 6.0 * seqlen
+    assert attention == 3 * layers * attention_flops(1, heads, seqlen, seqlen, headdim, causal=False)
+
+
+@pytest.mark.parametrize("name", ["params", "layers", "hidden", "seqlen"])
+def test_training_flops_refuse_bad_counts_naming_them(name):
+    counts = {"params": 10, "layers": 1, "hidden": 8, "seqlen": 4, name: 0}
+    with pytest.raises(ValueError, match=name):
+        training_flops_per_sequence(**counts)

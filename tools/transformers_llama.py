@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-from reports.environment import ENV_COLUMNS, capture_environment
 
+from harness.environment import ENV_COLUMNS, capture_environment
 from harness.timing import benchmark
 from kernels.integrations.transformers import register
 
