@@ -22,6 +22,7 @@ from reports.host_overhead import host_engine_table, host_overhead_table
 from reports.tables import ratio_cell
 
 H200 = Path(__file__).resolve().parent / "h200"
+H100 = Path(__file__).resolve().parent / "h100"
 DECISIONS = H200 / "decisions"
 KERNEL_VS_FA2_CSV = H200 / "kernel_vs_fa2.csv"  # bf16, as the paper
 KERNEL_VS_FA2_FP16_CSV = H200 / "kernel_vs_fa2_fp16.csv"
@@ -500,6 +501,62 @@ def alibi_column_term_table(path: Path) -> str:
     return "\n".join(lines + ["", f"{source}; {check_note}."])
 
 
+DECODE_ANCHORS = ((1, 65536), (8, 8192), (32, 4096))
+
+
+def _decode_rows(folder: Path) -> pd.DataFrame:
+    rows = pd.read_csv(Path(folder) / "decode.csv", keep_default_na=False)
+    rows = rows[rows.provider != "device-copy"]
+    return rows.assign(gbps=pd.to_numeric(rows.gbps, errors="coerce"))
+
+
+def decode_peers_table(folder: Path) -> str:
+    """GB/s of K and V read per (provider, layout) at the decode suite's anchor shapes, then each
+    provider that has no ok row with its reason: every decode peer of one run."""
+    rows = _decode_rows(folder)
+    anchors = rows[rows[["batch", "cache_len"]].apply(tuple, axis=1).isin(DECODE_ANCHORS)]
+    ok = anchors[anchors.status == "ok"]
+    wide = ok.pivot_table(index=["label", "layout"], columns=["kv_heads", "batch", "cache_len"], values="gbps",
+                          aggfunc="first", sort=False)
+    columns = list(wide.columns)
+    lines = ["| provider | cache | " + " | ".join(f"{b} x {n // 1024}k, {h} kv heads" for h, b, n in columns) + " |",
+             "|---|---|" + "---|" * len(columns)]
+    for (label, layout), values in wide.iterrows():
+        lines.append(f"| {label} | {layout} | " + " | ".join("" if pd.isna(v) else f"{v:,.0f}" for v in values) + " |")
+    never = rows.groupby(["label", "layout"], sort=False).filter(lambda g: not (g.status == "ok").any())
+    notes = [f"- {label} ({layout}): {status}, {reason}" for (label, layout), (status, reason) in
+             never.groupby(["label", "layout"], sort=False)[["status", "reason"]].first().iterrows()]
+    env = rows.iloc[0]
+    source = (f"GB/s of K and V read, one run ({env.gpu}, torch {env.torch}), rows: "
+              f"{_repository_path(Path(folder) / 'decode.csv')}.")
+    return "\n".join(lines + ["", source] + (["", "Providers without a measured row here:", ""] + notes if notes else []))
+
+
+def decode_eager_table(graph_folder: Path, eager_folder: Path) -> str:
+    """Ours and cuDNN (SDPA) per shape, timed by CUDA-graph replay and eagerly (do_bench with host
+    time, as model.generate calls it), the two runs back to back: GB/s and ours / cuDNN."""
+    both = []
+    for how, folder in (("CUDA graph", graph_folder), ("eager", eager_folder)):
+        rows = _decode_rows(folder)
+        rows = rows[(rows.status == "ok") & (rows.layout == "contiguous")
+                    & rows.provider.isin(["ours-splitkv", "sdpa-cudnn"])]
+        both.append(rows.assign(how=how))
+    wide = pd.concat(both).pivot_table(index=["kv_heads", "batch", "cache_len"], columns=["how", "provider"],
+                                       values="gbps", sort=False)
+    lines = ["| kv heads | batch x cache | ours, CUDA graph | cuDNN, CUDA graph | ours / cuDNN | ours, eager | "
+             "cuDNN, eager | ours / cuDNN, eager |", "|---|---|---|---|---|---|---|---|"]
+    for (heads, batch, cache_len), r in wide.sort_index().iterrows():
+        cells = []
+        for how in ("CUDA graph", "eager"):
+            ours, cudnn = r[(how, "ours-splitkv")], r[(how, "sdpa-cudnn")]
+            cells += [f"{ours:,.0f}", f"{cudnn:,.0f}", f"{ours / cudnn:.2f}x"]
+        lines.append(f"| {heads} | {batch} x {cache_len // 1024}k | " + " | ".join(cells) + " |")
+    env = _decode_rows(eager_folder).iloc[0]
+    return "\n".join(lines + ["", f"GB/s of K and V read ({env.gpu}, torch {env.torch}); rows: "
+                              f"{_repository_path(Path(graph_folder) / 'decode.csv')}, "
+                              f"{_repository_path(Path(eager_folder) / 'decode.csv')}."])
+
+
 SECTIONS = {
     "ablation": lambda: file_section(H200 / "ablation" / "ablation.md", stop_at="## Sweep"),
     "anchors": lambda: anchor_table(load_results(H200 / "paper"),
@@ -518,6 +575,14 @@ SECTIONS = {
                                          start_at="## The bar"),
     "decode_targets": lambda: file_section(H200 / "decode" / "report.md", stop_at="## 8 kv heads",
                                            start_at="## The targets"),
+    "train_table1_h100": lambda: file_section(H100 / "train" / "report.md", stop_at="### Every measurement",
+                                              start_at="## Table 1"),
+    "train_longest_h100": lambda: file_section(H100 / "train" / "report.md", stop_at="![tokens/s",
+                                               start_at="## The longest context"),
+    "train_parity_h100": lambda: file_section(H100 / "train" / "report.md", stop_at="![loss curves",
+                                              start_at="## The same model"),
+    "decode_peers_h100": lambda: decode_peers_table(H100 / "decode"),
+    "decode_eager_h100": lambda: decode_eager_table(H100 / "decode_graph_quick", H100 / "decode_eager_quick"),
     "ladder_code_facts": lambda: ladder_code_facts_table(LADDER_PROBE / "code_facts_sm90.csv"),
     **{name: (lambda name=name, ratios=ratios: decision_table(DECISIONS / f"{name}.csv", ratios))
        for name, ratios in DECISION_RATIOS.items()},
