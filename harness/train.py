@@ -335,7 +335,8 @@ def measure_rows(args, out_dir) -> None:
             run_search(args, rows, settings)
         if "parity" in args.train_parts:
             run_parity(args, rows, settings)
-    if ranks.mesh is not None:
+    if ranks.mesh is not None:  # every rank done before any tears the group down (gloo aborts otherwise)
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
