@@ -341,26 +341,23 @@ def measure_rows(args, out_dir) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m harness.train` (under torchrun or alone): the suite without runner.py."""
+    """`python -m harness.train` (under torchrun or alone): the suite's rows without runner.py
+    (which holds the folder's lock, one process only); `runner.py --suite train --report-only`
+    then makes the report from them."""
     parser = argparse.ArgumentParser(prog="python -m harness.train", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     parser.add_argument("--providers", type=_csv(str, "--providers"),
                         help="attention providers (runner.py --list; default: _defaults)")
     parser.add_argument("--out", type=Path, required=True, help="output folder (rows are appended)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print every row")
-    parser.add_argument("--report-only", action="store_true", help="only rewrite report.md from the folder's rows")
     args = parser.parse_args(argv)
-    from reports.train_report import write_report
-
-    if not args.report_only:
-        try:
-            measure_rows(args, args.out)
-        except ValueError as exc:
-            parser.error(str(exc))
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(write_report(args.out).read_text())
+    try:
+        measure_rows(args, args.out)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if int(os.environ.get("RANK", "0")) == 0:  # the report is made from the rows (reports/ reads harness/)
+        print(f"rows: {Path(args.out) / TRAIN_CSV}; report: python runner.py --suite train --report-only --out {args.out}")
     return 0
-
 
 if __name__ == "__main__":
     if not torch.cuda.is_available():

@@ -543,8 +543,8 @@ def decode_eager_table(graph_folder: Path, eager_folder: Path) -> str:
         both.append(rows.assign(how=how))
     wide = pd.concat(both).pivot_table(index=["kv_heads", "batch", "cache_len"], columns=["how", "provider"],
                                        values="gbps", sort=False)
-    lines = ["| kv heads | batch x cache | ours, CUDA graph | cuDNN, CUDA graph | ours / cuDNN | ours, eager | "
-             "cuDNN, eager | ours / cuDNN, eager |", "|---|---|---|---|---|---|---|---|"]
+    lines = [("| kv heads | batch x cache | ours, CUDA graph | cuDNN, CUDA graph | ours / cuDNN | ours, eager | "
+             "cuDNN, eager | ours / cuDNN, eager |"), "|---|---|---|---|---|---|---|---|"]
     for (heads, batch, cache_len), r in wide.sort_index().iterrows():
         cells = []
         for how in ("CUDA graph", "eager"):
@@ -552,9 +552,9 @@ def decode_eager_table(graph_folder: Path, eager_folder: Path) -> str:
             cells += [f"{ours:,.0f}", f"{cudnn:,.0f}", f"{ours / cudnn:.2f}x"]
         lines.append(f"| {heads} | {batch} x {cache_len // 1024}k | " + " | ".join(cells) + " |")
     env = _decode_rows(eager_folder).iloc[0]
-    return "\n".join(lines + ["", f"GB/s of K and V read ({env.gpu}, torch {env.torch}); rows: "
+    return "\n".join(lines + ["", (f"GB/s of K and V read ({env.gpu}, torch {env.torch}); rows: "
                               f"{_repository_path(Path(graph_folder) / 'decode.csv')}, "
-                              f"{_repository_path(Path(eager_folder) / 'decode.csv')}."])
+                              f"{_repository_path(Path(eager_folder) / 'decode.csv')}.")])
 
 
 SECTIONS = {

@@ -157,3 +157,16 @@ def test_the_readme_is_a_few_screens():
     live in the results page per GPU (reports/<gpu>/README.md)."""
     lines = len((ROOT / "README.md").read_text().splitlines())
     assert lines <= MAX_README_LINES, f"README.md has {lines} lines, at most {MAX_README_LINES}"
+
+
+def test_the_measuring_layer_does_not_import_the_rendering_layer():
+    """harness/ measures and writes rows; reports/ renders them: no module of harness/ imports
+    reports/ (at its top or inside a function)."""
+    offenders = []
+    for path in sorted((ROOT / "harness").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            offenders += [f"{path.name}:{node.lineno} {name}" for name in names
+                          if name == "reports" or name.startswith("reports.")]
+    assert not offenders, offenders
