@@ -58,7 +58,7 @@ EXAMPLES = """examples:
   python runner.py --suite paper --providers fa2,sdpa-flash --modes fwd --hdims 128 --causal true
   python runner.py --suite paper --providers pytorch --out results/h200 --resume   # add to a folder
   python runner.py --ablation all --dtype fp16
-  python runner.py --suite features --quick --out results/features   # also: decode, host-overhead
+  python runner.py --suite features --quick --out results/features   # also: coverage, decode, host-overhead
   python runner.py --ablation warp-partitioning --ncu
   python runner.py --quick --save-baseline                 # reports/<gpu>/regression/baseline.json
   python runner.py --quick --providers fa2,sdpa-flash --dtype bf16 --repeats 3 --compare
@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     timing = parser.add_argument_group("timing and output")
     timing.add_argument("--repeats", type=_positive_int("--repeats"), default=1,
                         help="independent measurements per configuration, each a do_bench median; "
-                             "--suite features: rounds over the whole suite, the bar's ratios taken within "
+                             "--suite features and coverage: rounds over the whole suite, the bar's ratios taken within "
                              "each round (default: %(default)s)")
     timing.add_argument("--warmup-ms", type=_number("--warmup-ms", lambda x: x > 0, "a number > 0"),
                         help=f"do_bench warm-up time per measurement in ms (default: {DEFAULT_WARMUP_MS}; "
@@ -331,7 +331,7 @@ def _reproduce(args) -> int:
 
 
 def _other_suite(args, out_dir: Path) -> int:
-    """--suite features|decode|host-overhead|train (harness.suite): its rows into out_dir (not with --report-only),
+    """--suite features|coverage|decode|host-overhead|train (harness.suite): its rows into out_dir (not with --report-only),
     then its report from them (reports.suites), printed."""
     from harness.io import FolderBusy, FolderLock
     from harness.suite import measure

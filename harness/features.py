@@ -70,6 +70,11 @@ class Case:
     alibi: bool = False
     lengths: tuple[int, ...] = field(default=())  # varlen and padded: the sequences' lengths
     hdim: int = HDIM
+    seqlen_k: int = 0  # dense: keys per sequence where they differ from seqlen (masks align bottom-right)
+
+    @property
+    def keys(self) -> int:
+        return self.seqlen_k or self.seqlen
 
     @property
     def packed(self) -> bool:
@@ -77,14 +82,15 @@ class Case:
 
     def visible_pairs(self) -> int:
         """(query, key) pairs the mask leaves visible, summed over sequences (one head): for the
-        padded batch, the useful pairs (its sequences' own), so TFLOPs/s compare with varlen's."""
-        lengths = self.lengths or (self.seqlen,) * self.batch
+        padded batch, the useful pairs (its sequences' own), so TFLOPs/s compare with varlen's.
+        Query row i's diagonal is key i + keys - seqlen (bottom-right alignment)."""
+        lengths = [(n, n) for n in self.lengths] or [(self.seqlen, self.keys)] * self.batch
         left, right = self.window
         right = 0 if self.causal else right
         total = 0
-        for n in lengths:
-            rows = torch.arange(n, dtype=torch.int64)
-            hi = torch.clamp(rows + (right if right >= 0 else n), max=n - 1)
+        for n, keys in lengths:
+            rows = torch.arange(n, dtype=torch.int64) + (keys - n)
+            hi = torch.clamp(rows + (right if right >= 0 else keys), max=keys - 1)
             lo = torch.clamp(rows - left, min=0) if left >= 0 else torch.zeros_like(rows)
             total += int((hi - lo + 1).clamp(min=0).sum())
         return total
@@ -137,7 +143,7 @@ class Inputs:
         else:
             cu = None
             q = randn(case.batch, case.seqlen, case.heads, d)
-            k, v = (randn(case.batch, case.seqlen, case.kv_heads, d) for _ in range(2))
+            k, v = (randn(case.batch, case.keys, case.kv_heads, d) for _ in range(2))
         slopes = (torch.exp2(-8.0 * torch.arange(1, case.heads + 1, device=device) / case.heads)
                   if case.alibi else None)  # ALiBi's geometric slopes (Press et al., 2022)
         return cls(q, k, v, cu, slopes, d ** -0.5)
@@ -199,11 +205,12 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
             "tflops": tflops_per_second(flops, timing.ms), "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err}
 
 
-def _our_config(case: Case, device, provider: str) -> str:
+def our_config(case: Case, device, provider: str) -> str:
     """Which kernels serve our call, as kernels/dispatch.py decides for this case's shapes:
     'kernels' names the forward's path ('gluon-ws', the Gluon kernel of flash_attn_hopper.py, or
-    the Triton kernel's memory path) and the backward's dK/dV kernel ('gluon-ws' or 'triton'),
-    with the block configs."""
+    the Triton kernel's memory path), the backward's dK/dV kernel ('gluon-ws' or 'triton') and
+    where dQ is made ('fused' into the dK/dV kernel, or by the 'dq-kernel'), with the block
+    configs."""
     from kernels import dispatch
     from kernels.checks import DENSE, Features
     from kernels.configs import default_bwd_config, default_fwd_config
@@ -219,7 +226,7 @@ def _our_config(case: Case, device, provider: str) -> str:
     else:
         batch = len(case.lengths) if case.lengths else case.batch
         q = torch.empty(batch, case.seqlen, case.heads, case.hdim, device=device, dtype=DTYPE)
-        kv = torch.empty(batch, case.seqlen, case.kv_heads, case.hdim, device=device, dtype=DTYPE)
+        kv = torch.empty(batch, case.keys, case.kv_heads, case.hdim, device=device, dtype=DTYPE)
         left, right = case.window
         features = Features(window_left=left, window_right=-1 if case.causal else right, softcap=case.softcap,
                             alibi_slopes=torch.empty(case.heads, device=device) if case.alibi else None)
@@ -244,7 +251,14 @@ def _our_config(case: Case, device, provider: str) -> str:
     if not gluon_device:  # the Gluon kernels run on sm_90 only; elsewhere the Triton ones
         fwd_path = fwd_path if fwd_path != dispatch.HOPPER_GLUON_PATH else "triton"
         bwd_path = "triton"
-    return json.dumps({"kernels": {"fwd": fwd_path, "bwd": bwd_path}, "fwd": asdict(fwd), "bwd": asdict(bwd)})
+    # kernels/backward.py: the Gluon kernels fuse dQ where bwd_gluon_fuses_dq says so (packed lengths'
+    # always); the Triton feature kernels (features or GQA) never do, the dense one by bwd_fuses_dq
+    if bwd_path == dispatch.HOPPER_GLUON_PATH:
+        fused = case.packed or dispatch.bwd_gluon_fuses_dq(dense_bwd, case.hdim)
+    else:
+        fused = not uses_features and dispatch.bwd_fuses_dq(bwd, case.seqlen)
+    return json.dumps({"kernels": {"fwd": fwd_path, "bwd": bwd_path, "dq": "fused" if fused else "dq-kernel"},
+                       "fwd": asdict(fwd), "bwd": asdict(bwd)})
 
 
 def _measured(case: Case, provider: str, mode: str) -> bool:
@@ -261,11 +275,12 @@ def _measured(case: Case, provider: str, mode: str) -> bool:
     return provider != "flex-attention" or (case.group, 0 if case.packed else case.seqlen) in FLEX_SHAPES
 
 
-def _row(env, case: Case, dtype, **fields) -> dict:
+def case_row(env, case: Case, dtype, **fields) -> dict:
+    """One row of the features suite's COLUMNS: the case, the environment, then `fields`."""
     row = dict.fromkeys(COLUMNS, "")
     row.update({k: env[k] for k in ROW_ENV_COLUMNS})
     row.update(group=case.group, variant=case.variant, causal=case.causal, batch=case.batch, seqlen_q=case.seqlen,
-               seqlen_k=case.seqlen, heads=case.heads, kv_heads=case.kv_heads, hdim=case.hdim,
+               seqlen_k=case.keys, heads=case.heads, kv_heads=case.kv_heads, hdim=case.hdim,
                dtype={torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype],
                window_left=case.window[0], window_right=case.window[1], softcap=case.softcap, alibi=case.alibi,
                lengths=" ".join(map(str, case.lengths)), visible_pairs=case.visible_pairs(),
@@ -304,16 +319,16 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                 unavailable = unavailable_reason(entry)
                 if unavailable:
                     for mode in modes:
-                        rows.write(_row(env, case, dtype, provider=provider, label=label, mode=mode, repeat=repeat,
+                        rows.write(case_row(env, case, dtype, provider=provider, label=label, mode=mode, repeat=repeat,
                                         status="unavailable", reason=unavailable))
                     continue
-                config = _our_config(case, device, provider) if ours else ""
+                config = our_config(case, device, provider) if ours else ""
                 for mode in modes:
                     if spent.get(provider, 0.0) > PROVIDER_BUDGET_S.get(provider, math.inf) * repeats:
                         rows.skip(f"{provider} {mode} on {case.group}/{case.variant} at {case.seqlen}{where}")
                         continue
                     began = time.monotonic()
-                    rows.write(_row(env, case, dtype, provider=provider, label=label, mode=mode, config=config,
+                    rows.write(case_row(env, case, dtype, provider=provider, label=label, mode=mode, config=config,
                                     repeat=repeat, **measure(case, provider, mode, device, dtype)))
                     if provider in spent:
                         spent[provider] += time.monotonic() - began
@@ -328,9 +343,10 @@ def measure_rows(args, out_dir: Path) -> None:
     measure_suite(bool(args.quick), Path(out_dir), repeats=int(args.repeats or 1))
 
 
-def load_rows(out_dir) -> pd.DataFrame:
-    """The suite's rows; rows from before rounds were counted are round 0."""
-    df = pd.read_csv(Path(out_dir) / FEATURES_CSV, keep_default_na=False,
+def load_rows(out_dir, csv_name: str = FEATURES_CSV) -> pd.DataFrame:
+    """The suite's rows (or another suite's of the same columns, in csv_name); rows from before
+    rounds were counted are round 0."""
+    df = pd.read_csv(Path(out_dir) / csv_name, keep_default_na=False,
                      na_values={c: [""] for c in ("ms", "tflops", "rel_err", "ms_p20", "ms_p80", "repeat")})
     df["repeat"] = df["repeat"].fillna(0).astype(int) if "repeat" in df else 0
     return df

@@ -33,6 +33,10 @@ class Suite:
 SUITES = {
     "features": Suite("features", "GQA, sliding windows, packed variable lengths, ALiBi and softcap against the "
                       "peers that have them (harness/features.py)", "harness.features", "features.csv"),
+    "coverage": Suite("coverage", "the shapes a model meets (the paper sweep's head dims, off-grid lengths, queries "
+                      "against more keys, GQA, varlen), forward and backward, against FA4, cuDNN and SDPA flash, "
+                      "with the kernel that served each of ours (harness/coverage.py)", "harness.coverage",
+                      "coverage.csv"),
     "decode": Suite("decode", "one query token against a KV cache: split-KV over batch x cache length against the "
                     "decode peers (harness/decode.py)", "harness.decode", "decode.csv"),
     "host-overhead": Suite("host-overhead", "host against GPU time per call, ours and SDPA's backends, eager and "

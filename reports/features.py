@@ -20,37 +20,37 @@ def _ms_rounds(df, group, variant, provider, mode, seqlen=None) -> pd.Series:
     return sel.groupby("repeat").ms.median().astype(float)
 
 
-def _ratio_rounds(numerator: pd.Series, denominator: pd.Series) -> pd.Series:
+def ratio_rounds(numerator: pd.Series, denominator: pd.Series) -> pd.Series:
     """numerator / denominator within each round both measured (a same-run ratio per round)."""
     return (numerator / denominator).dropna()
 
 
-def _ratio_cell(ratios: pd.Series, fmt: str) -> str:
+def ratio_cell(ratios: pd.Series, fmt: str) -> str:
     """Per-round ratios as a cell: their median, with their range when there are several rounds."""
     if not len(ratios):
-        return _cell(math.nan)
-    cell = _cell(float(ratios.median()), fmt)
+        return cell(math.nan)
+    text = cell(float(ratios.median()), fmt)
     if len(ratios) > 1:
-        cell += f" ({_cell(float(ratios.min()), fmt)}-{_cell(float(ratios.max()), fmt)} over {len(ratios)} rounds)"
-    return cell
+        text += f" ({cell(float(ratios.min()), fmt)}-{cell(float(ratios.max()), fmt)} over {len(ratios)} rounds)"
+    return text
 
 
 def _check(name: str, ratios: pd.Series, fmt: str, passes) -> tuple[str, str, str]:
-    """A bar check from per-round ratios: _ratio_cell and the verdict on their median, noting the
+    """A bar check from per-round ratios: ratio_cell and the verdict on their median, noting the
     rounds that disagree with it."""
     if not len(ratios):
-        return name, _cell(math.nan), "n/a"
+        return name, cell(math.nan), "n/a"
     value = float(ratios.median())
-    cell = _ratio_cell(ratios, fmt)
+    text = ratio_cell(ratios, fmt)
     ok = bool(passes(value))
     dissent = sum(bool(passes(r)) != ok for r in ratios)
     verdict = "met" if ok else "not met"
     if dissent:
         verdict += f" ({'not met' if ok else 'met'} in {dissent} of {len(ratios)} rounds)"
-    return name, cell, verdict
+    return name, text, verdict
 
 
-def _cell(value: float, fmt: str = "{:.0f}") -> str:
+def cell(value: float, fmt: str = "{:.0f}") -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
 
 
@@ -70,7 +70,7 @@ def _tflops_table(df: pd.DataFrame, group: str) -> list[str]:
             if not len(row):
                 cells.append("")
             elif len(ok):
-                cells.append(_cell(float(ok.tflops.astype(float).median()), "{:.3g}"))
+                cells.append(cell(float(ok.tflops.astype(float).median()), "{:.3g}"))
             else:
                 cells.append(row.status.iloc[0])
         lines.append(f"| {variant} | {provider} | {mode} | " + " | ".join(cells) + " |")
@@ -97,7 +97,7 @@ def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
         for mode in ("fwd", "bwd"):
             ours = _ms_rounds(df, "gqa", "gqa", "ours", mode, n)
             for peer, bar in (("fa4", 0.9), ("sdpa-flash", 1.2)):
-                speed = _ratio_rounds(_ms_rounds(df, "gqa", "gqa", peer, mode, n), ours)
+                speed = ratio_rounds(_ms_rounds(df, "gqa", "gqa", peer, mode, n), ours)
                 checks.append(_check(f"GQA {n} {mode}: speed over {peer} >= {bar}", speed, "{:.2f}x", at_least(bar)))
     window = df[(df.group == "window") & (df.variant == "window")]
     for n in sorted(set(window.seqlen_q)):
@@ -107,22 +107,22 @@ def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
         sides = (int(row.window_left), int(row.window_right))
         for mode in ("fwd", "bwd"):
             ours = _ms_rounds(df, "window", "window", "ours", mode, n)
-            ratio = _ratio_rounds(ours, _ms_rounds(df, "window", "full-causal", "ours", mode, n))
+            ratio = ratio_rounds(ours, _ms_rounds(df, "window", "full-causal", "ours", mode, n))
             checks.append(_check(f"window {sides} at {n} {mode}: time / full causal within 10% of visible "
                                  f"{visible:.2f}", ratio, "{:.2f}", at_most(1.1 * visible)))
-            speed = _ratio_rounds(_ms_rounds(df, "window", "window", "fa4", mode, n), ours)
+            speed = ratio_rounds(_ms_rounds(df, "window", "window", "fa4", mode, n), ours)
             checks.append(_check(f"window {sides} at {n} {mode}: speed over fa4 >= 0.9", speed, "{:.2f}x",
                                  at_least(0.9)))
     for mode in ("fwd", "bwd"):
         varlen = _ms_rounds(df, "varlen", "varlen", "ours", mode)
-        padded = _ratio_rounds(_ms_rounds(df, "varlen", "padded", "ours", mode), varlen)
+        padded = ratio_rounds(_ms_rounds(df, "varlen", "padded", "ours", mode), varlen)
         checks.append((f"varlen {mode}: padding to the longest costs (x the varlen time)",
-                       _ratio_cell(padded, "{:.2f}x"), "info"))
-        speed = _ratio_rounds(_ms_rounds(df, "varlen", "varlen", "fa4", mode), varlen)
+                       ratio_cell(padded, "{:.2f}x"), "info"))
+        speed = ratio_rounds(_ms_rounds(df, "varlen", "varlen", "fa4", mode), varlen)
         checks.append(_check(f"varlen {mode}: speed over fa4 >= 0.9", speed, "{:.2f}x", at_least(0.9)))
         dense = _ms_rounds(df, "score", "dense", "ours", mode)
         for variant, bar in (("alibi", 1.1), ("softcap", 1.5)):
-            ratio = _ratio_rounds(_ms_rounds(df, "score", variant, "ours", mode), dense)
+            ratio = ratio_rounds(_ms_rounds(df, "score", variant, "ours", mode), dense)
             checks.append(_check(f"{variant} {mode}: time over dense <= {bar}", ratio, "{:.2f}x", at_most(bar)))
     return checks
 

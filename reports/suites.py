@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reports import decode, features, host_overhead, train_report
+from reports import coverage, decode, features, host_overhead, train_report
 
-REPORTS = {"features": features.write_features_report, "decode": decode.write_decode_report,
+REPORTS = {"features": features.write_features_report, "coverage": coverage.write_coverage_report,
+           "decode": decode.write_decode_report,
            "host-overhead": host_overhead.write_host_overhead_report, "train": train_report.write_report}
 
 

@@ -428,7 +428,7 @@ def test_report_only_survives_a_half_written_results_json(tmp_path):
     assert (tmp_path / "report.md").exists()
 
 
-@pytest.mark.parametrize("suite", ["features", "decode", "host-overhead", "train"])
+@pytest.mark.parametrize("suite", ["features", "coverage", "decode", "host-overhead", "train"])
 def test_other_suites_measure_their_rows_then_report_from_them(suite, tmp_path, monkeypatch, capsys):
     """--suite NAME: harness.suite's measure_rows into the folder, then reports.suites' report
     from those rows; --report-only measures nothing."""

@@ -6,7 +6,8 @@ features suite (harness/features.py). Registered in the one registry with kind '
 
 - case: the feature case (harness.features.Case): group, variant, causal, window (left,
   right), softcap, alibi, lengths (packed variable lengths when `packed`), heads, kv_heads
-  (GQA/MQA: q head h reads kv head h // (heads // kv_heads)), seqlen, hdim.
+  (GQA/MQA: q head h reads kv head h // (heads // kv_heads)), seqlen, keys (the key length,
+  masks aligned bottom-right), hdim.
 - inputs (harness.features.Inputs): q, k, v in flash-attn's layout, dense (batch, seqlen,
   heads, hdim) or packed (total, heads, hdim) with cu_seqlens; ALiBi's slopes; the scale.
 - mode 'fwd' or 'bwd': the call is the forward; 'bwd' times out.backward through autograd.
@@ -21,9 +22,11 @@ from collections.abc import Callable
 
 import torch
 
+from baselines.providers.builtin import sdpa_call
 from baselines.providers.core import (
     Provider,
     UnsupportedInput,
+    check_causal_lengths,
     cuda_available,
     everywhere,
     first,
@@ -64,13 +67,16 @@ def _ours_dense_bwd_table(case, x, mode: str):
 
 def _sdpa(backend: str):
     def make(case, x, mode: str):
-        if case.group != "gqa" and case.variant != "dense":
+        if case.window != (-1, -1) or case.softcap or case.alibi or case.packed:
             raise UnsupportedInput("SDPA has no sliding window, softcap, ALiBi or packed variable lengths in its "
                                    "fused backends")
+        check_causal_lengths(x.q, x.k, case.causal, f"SDPA {backend}")
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         chosen = getattr(SDPBackend, backend)
         q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))  # (B, H, S, D) views
+        # a backend that refuses the shape (a head dim, a length) says why, as an unsupported row
+        sdpa_call(backend, q, k, v, is_causal=case.causal, scale=x.scale, enable_gqa=True)
 
         def call():
             with sdpa_kernel(chosen):
@@ -97,7 +103,7 @@ def _flex(case, x, mode: str):
     from torch.nn.attention.flex_attention import create_block_mask
 
     device = x.q.device
-    offset = 0  # every case here has seqlen_q == seqlen_k
+    offset = case.keys - case.seqlen  # query row i's diagonal key (bottom-right alignment)
     left = case.window[0]
     if case.packed:
         doc = torch.repeat_interleave(torch.arange(len(case.lengths), device=device),
@@ -106,16 +112,16 @@ def _flex(case, x, mode: str):
         def mask_mod(b, h, q_idx, kv_idx):
             return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
 
-        length = doc.numel()
+        length = keys = doc.numel()
         q, k, v = (t[None].transpose(1, 2) for t in (x.q, x.k, x.v))  # (1, H, total, D)
     else:
         def mask_mod(b, h, q_idx, kv_idx):
             visible = kv_idx <= q_idx + offset
             return visible & (kv_idx >= q_idx + offset - left) if left >= 0 else visible
 
-        length = case.seqlen
+        length, keys = case.seqlen, case.keys
         q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
-    block_mask = create_block_mask(mask_mod, None, None, length, length, device=device)
+    block_mask = create_block_mask(mask_mod, None, None, length, keys, device=device)
     score_mod = None
     if case.softcap:
         def score_mod(score, b, h, q_idx, kv_idx):

@@ -1,0 +1,131 @@
+"""The coverage suite's report (coverage.md), from its rows alone: per case and mode, each
+provider's TFLOPs/s, ours over FA4 and over cuDNN (time ratios taken within a round), the
+kernel that served ours, and the bar's checks, each naming its worst case."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from harness.coverage import COVERAGE_CSV, COVERAGE_MD, PROVIDERS
+from harness.features import load_rows
+from reports.features import cell, ratio_cell, ratio_rounds
+
+# (peer, mode, bar): ours' speed over the peer's in every row the peer runs
+SPEED_BARS = (("fa4", "fwd", 0.95), ("fa4", "bwd", 0.9), ("sdpa-cudnn", "fwd", 1.0), ("sdpa-cudnn", "bwd", 1.0))
+
+
+def case_label(row) -> str:
+    """A case as the report names it, from its row's columns."""
+    shape = (f"{len(str(row.lengths).split())} seqs up to {row.seqlen_q}" if row.lengths
+             else f"{row.batch} x {row.seqlen_q}" + (f" q, {row.seqlen_k} k" if row.seqlen_k != row.seqlen_q else ""))
+    heads = f"{row.heads}" if row.heads == row.kv_heads else f"{row.heads}/{row.kv_heads}"
+    return f"{row.group}: {shape}, {heads} heads, d {row.hdim}, {'causal' if _true(row.causal) else 'full'}"
+
+
+def _true(value) -> bool:
+    return str(value).lower() == "true"
+
+
+def _ms_rounds(sub: pd.DataFrame, provider: str) -> pd.Series:
+    """A provider's ok times in one case and mode, by round."""
+    ok = sub[(sub.provider == provider) & (sub.status == "ok")]
+    return ok.groupby("repeat").ms.median().astype(float)
+
+
+def _speed(sub: pd.DataFrame, peer: str) -> pd.Series:
+    """Ours' speed over the peer's (the peer's time over ours) within each round."""
+    return ratio_rounds(_ms_rounds(sub, peer), _ms_rounds(sub, "ours"))
+
+
+def _by_case(df: pd.DataFrame):
+    """(label, mode, rows) per case and mode, in the rows' order."""
+    for (_, _, mode), sub in df.groupby(["group", "variant", "mode"], sort=False):
+        yield case_label(sub.iloc[0]), mode, sub
+
+
+def _peer_cell(sub: pd.DataFrame, provider: str) -> str:
+    rows = sub[sub.provider == provider]
+    ok = rows[rows.status == "ok"]
+    if len(ok):
+        return cell(float(ok.tflops.astype(float).median()), "{:.3g}")
+    return rows.status.iloc[0] if len(rows) else ""
+
+
+def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(check, worst case, verdict): ours at least 0.95x FA4 forward and 0.9x backward in every
+    case and mode FA4 measured, at least cuDNN's speed in every one cuDNN measured (a case where
+    the peer measured and ours did not fails the check), and every row of ours on a Gluon kernel
+    or with its reason."""
+    checks = []
+    for peer, mode, bar in SPEED_BARS:
+        worst, failed = None, []
+        for label, case_mode, sub in _by_case(df):
+            if case_mode != mode or not len(_ms_rounds(sub, peer)):
+                continue
+            speed = _speed(sub, peer)
+            if not len(speed):
+                failed.append(f"{label} (ours did not measure)")
+                continue
+            value = float(speed.median())
+            if worst is None or value < worst[0]:
+                worst = (value, label, speed)
+            if value < bar:
+                failed.append(label)
+        name = f"ours >= {bar}x {peer} {mode} in every case {peer} runs"
+        if worst is None and not failed:
+            checks.append((name, cell(math.nan), "n/a"))
+            continue
+        value = f"{ratio_cell(worst[2], '{:.2f}x')} at {worst[1]}" if worst else "–"
+        verdict = "met" if not failed else f"not met in {len(failed)}: " + "; ".join(failed)
+        checks.append((name, value, verdict))
+    ours = df[df.provider == "ours"].drop_duplicates(["group", "variant", "mode"])
+    unexplained = [f"{case_label(r)} {r['mode']} ({r.kernel})" for _, r in ours.iterrows()
+                   if not str(r.kernel).startswith("Gluon") and not r.kernel_reason]
+    on_gluon = int(ours.kernel.astype(str).str.startswith("Gluon").sum())
+    checks.append(("every row of ours on a Gluon kernel or with its stated reason",
+                   f"{on_gluon} of {len(ours)} on Gluon kernels",
+                   "met" if not unexplained else f"not met in {len(unexplained)}: " + "; ".join(unexplained)))
+    return checks
+
+
+def write_coverage_report(out_dir) -> Path:
+    df = load_rows(out_dir, COVERAGE_CSV)
+    env = df.iloc[0] if len(df) else {}
+    lines = ["# Coverage: the shapes a model meets, ours against FA4, cuDNN and the official FA2", "",
+             (f"TFLOPs/s on the visible (query, key) pairs (backward 2.5x the forward's count), "
+              f"{env.get('dtype', '')}; {env.get('gpu', '')}, torch {env.get('torch', '')}, triton "
+              f"{env.get('triton', '')}, commit {env.get('git_commit', '')}. Ratios are ours' speed over the "
+              f"peer's, taken within a round. Rows: `{COVERAGE_CSV}`."), ""]
+    rounds = int(df["repeat"].max()) + 1 if len(df) else 1
+    if rounds > 1:
+        lines += [f"{rounds} rounds over the suite: each cell is the median over the rounds.", ""]
+    lines += ["| case | mode | " + " | ".join(PROVIDERS) + " | ours / fa4 | ours / cudnn | our kernel |",
+              "|---|---|" + "---|" * (len(PROVIDERS) + 3)]
+    for label, mode, sub in _by_case(df):
+        ours = sub[sub.provider == "ours"]
+        kernel = ours.kernel.iloc[0] if len(ours) else ""
+        if len(ours) and ours.kernel_reason.iloc[0]:
+            kernel += f": {ours.kernel_reason.iloc[0]}"
+        cells = [_peer_cell(sub, p) for p in PROVIDERS]
+        ratios = [ratio_cell(_speed(sub, peer), "{:.2f}x") for peer in ("fa4", "sdpa-cudnn")]
+        lines.append(f"| {label} | {mode} | " + " | ".join([*cells, *ratios, kernel]) + " |")
+    lines += ["", "## The bar", "", "| check | worst | verdict |", "|---|---|---|"]
+    lines += [f"| {c} | {v} | {verdict} |" for c, v, verdict in bar_checks(df)]
+    missing = df[df.status.isin(["unsupported", "unavailable"])]
+    if len(missing):
+        lines += ["", "## Providers that did not take a case", ""]
+        lines += [f"- {provider} ({status}): {reason}" for (provider, status, reason), _ in
+                  missing.groupby(["provider", "status", "reason"], sort=False)]
+    bad = df[~df.status.isin(["ok", "unsupported", "unavailable"])]
+    if len(bad):
+        lines += ["", "## Rows that did not measure", ""]
+        lines += [f"- {case_label(r)} {r.provider} {r['mode']}: {r.status}: {r.reason}" for _, r in bad.iterrows()]
+    notes = Path(out_dir) / "notes.txt"
+    if notes.exists() and notes.read_text().strip():
+        lines += ["", "## Notes", "", *notes.read_text().strip().splitlines()]
+    path = Path(out_dir) / COVERAGE_MD
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,136 @@
+"""The coverage suite (harness/coverage.py) in Triton's CPU interpreter on tiny cases: rows in
+long format with the kernel that served ours, checked against float64, peers unavailable with
+the reason, the report from the rows; the bar's logic on synthetic rows."""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from harness import coverage
+from harness.features import Case
+from reports import coverage as coverage_report
+
+INTERPRETER_TESTS = True
+
+TINY = [
+    Case("sweep", "d16-64-full", 1, 64, 2, 2, causal=False, hdim=16),
+    Case("off-grid", "d16-40", 1, 40, 2, 2, hdim=16),
+    Case("cross", "q24-k64", 1, 24, 2, 2, hdim=16, seqlen_k=64),
+    Case("gqa", "4q-2kv-40", 1, 40, 4, 2, hdim=16),
+    Case("varlen", "varlen", 2, 40, 2, 2, lengths=(17, 40), hdim=16),
+]
+
+
+def test_visible_pairs_align_more_keys_bottom_right():
+    # query row i of 3 sees keys up to i + 5 of 8: 6 + 7 + 8
+    assert Case("g", "v", 1, 3, 1, 1, seqlen_k=8).visible_pairs() == 21
+    assert Case("g", "v", 2, 3, 1, 1, causal=False, seqlen_k=8).visible_pairs() == 2 * 24
+
+
+def test_the_case_list_covers_the_named_shapes_and_quick_is_a_subset():
+    full, quick = coverage.cases(False), coverage.cases(True)
+    sweep = [c for c in full if c.group == "sweep"]
+    assert {(c.hdim, c.seqlen, c.causal) for c in sweep} == {
+        (d, n, causal) for d in (64, 96, 128, 192, 256) for n in (2048, 8192) for causal in (False, True)}
+    assert all(c.batch * c.seqlen == 16384 and c.heads == 2048 // c.hdim for c in sweep)
+    assert {(c.group, c.seqlen, c.keys) for c in full if c.group != "sweep"} >= {
+        ("off-grid", 1000, 1000), ("off-grid", 3000, 3000), ("cross", 2048, 8192), ("gqa", 4096, 4096)}
+    varlen = next(c for c in full if c.group == "varlen")
+    assert varlen.packed and len(set(varlen.lengths)) > 1 and varlen == next(c for c in quick if c.group == "varlen")
+    assert set(quick) < set(full)
+    assert len({(c.group, c.variant) for c in full}) == len(full)  # distinct names, distinct seeds
+
+
+def test_on_cpu_the_kernel_column_says_triton_in_the_interpreter():
+    cpu = torch.device("cpu")
+    for case in TINY:
+        served = coverage.kernels_served(case, cpu, coverage.features.our_config(case, cpu, "ours"))
+        for mode in ("fwd", "bwd"):
+            kernel, reason = served[mode]
+            assert kernel.startswith("Triton") and kernel.endswith("(interpreter)"), kernel
+            assert reason == "Triton's CPU interpreter runs the Triton kernels"
+    assert served["bwd"][0] == "Triton dK/dV, dQ kernel (interpreter)"  # varlen: the atomic-free feature kernels
+
+
+def test_suite_writes_rows_with_the_kernel_and_a_report_from_them(tmp_path, monkeypatch):
+    monkeypatch.setitem(coverage.BUDGET_S, "quick", 1e9)  # every case, however slow the interpreter runs
+    coverage.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY)
+    rows = pd.read_csv(tmp_path / coverage.COVERAGE_CSV, keep_default_na=False)
+    assert len(rows) == len(TINY) * len(coverage.PROVIDERS) * 2
+    ours = rows[rows.provider == "ours"]
+    assert set(ours.status) == {"ok"}, ours[["group", "mode", "status", "reason"]]
+    assert (ours.rel_err.astype(float) < 1e-5).all() and (ours.tflops.astype(float) > 0).all()
+    assert ours.kernel.str.startswith("Triton").all() and ours.kernel.str.endswith("(interpreter)").all()
+    assert (ours.kernel_reason != "").all() and ours.config.str.contains('"kernels"').all()
+    cross = ours[ours.group == "cross"]
+    assert set(cross.seqlen_q) == {24} and set(cross.seqlen_k) == {64}
+    peers = rows[rows.provider != "ours"]
+    assert set(peers.status) == {"unavailable"} and (peers.kernel == "").all()
+    assert {"gpu", "torch", "triton", "git_commit", "timestamp"} <= set(rows.columns)
+    report = coverage_report.write_coverage_report(tmp_path).read_text()
+    assert "| cross: 1 x 24 q, 64 k, 2 heads, d 16, causal | fwd |" in report
+    assert "gqa: 1 x 40, 4/2 heads" in report and "varlen: 2 seqs up to 40" in report
+    assert "Triton's CPU interpreter runs the Triton kernels" in report
+    assert "| ours >= 0.95x fa4 fwd in every case fa4 runs | – | n/a |" in report
+    assert "| every row of ours on a Gluon kernel or with its stated reason | 0 of 10 on Gluon kernels | met |" in report
+
+
+def _rows(speeds: dict[str, float], peer: str = "fa4", mode: str = "fwd", kernel: str = "Gluon dense fwd",
+          reason: str = "") -> pd.DataFrame:
+    """Synthetic rows: per case (a sweep variant), ours at 1 ms and the peer at `speed` ms (ours'
+    speed over the peer's is `speed`)."""
+    rows = []
+    for variant, speed in speeds.items():
+        case = {"group": "sweep", "variant": variant, "mode": mode, "batch": 8, "seqlen_q": 2048, "seqlen_k": 2048,
+                "heads": 16, "kv_heads": 16, "hdim": int(variant[1:]), "causal": True, "lengths": "", "repeat": 0,
+                "status": "ok"}
+        rows.append({**case, "provider": "ours", "ms": 1.0, "kernel": kernel, "kernel_reason": reason})
+        rows.append({**case, "provider": peer, "ms": speed, "kernel": "", "kernel_reason": ""})
+    return pd.DataFrame(rows)
+
+
+def _checks(df):
+    return {name: (value, verdict) for name, value, verdict in coverage_report.bar_checks(df)}
+
+
+def test_the_bar_names_its_worst_case_and_every_case_below_it():
+    fa4 = "ours >= 0.95x fa4 fwd in every case fa4 runs"
+    met = _checks(_rows({"d64": 1.2, "d128": 0.97}))
+    assert met[fa4] == ("0.97x at sweep: 8 x 2048, 16 heads, d 128, causal", "met")
+    below = _checks(_rows({"d64": 0.9, "d128": 0.97, "d256": 0.8}))
+    assert below[fa4][0] == "0.80x at sweep: 8 x 2048, 16 heads, d 256, causal"
+    assert below[fa4][1] == ("not met in 2: sweep: 8 x 2048, 16 heads, d 64, causal; "
+                             "sweep: 8 x 2048, 16 heads, d 256, causal")
+    assert below["ours >= 0.9x fa4 bwd in every case fa4 runs"][1] == "n/a"  # no backward rows
+    cudnn = _checks(_rows({"d128": 0.99}, peer="sdpa-cudnn", mode="bwd"))
+    assert cudnn["ours >= 1.0x sdpa-cudnn bwd in every case sdpa-cudnn runs"][1].startswith("not met in 1")
+    # a case the peer ran and ours did not is a failure, named
+    failed = _rows({"d64": 1.2})
+    failed.loc[failed.provider == "ours", "status"] = "error"
+    assert _checks(failed)[fa4][1] == "not met in 1: sweep: 8 x 2048, 16 heads, d 64, causal (ours did not measure)"
+    # a peer that did not measure is no row of the bar
+    absent = _rows({"d64": 0.5})
+    absent.loc[absent.provider == "fa4", "status"] = "unsupported"
+    assert _checks(absent)[fa4] == ("–", "n/a")
+
+
+def test_a_row_of_ours_off_the_gluon_kernels_needs_its_reason():
+    gluon = "every row of ours on a Gluon kernel or with its stated reason"
+    assert _checks(_rows({"d64": 1.0, "d128": 1.0}))[gluon] == ("2 of 2 on Gluon kernels", "met")
+    explained = _rows({"d96": 1.0}, kernel="Triton fwd (tma-host)", reason="head dim 96: the Gluon kernels have ...")
+    assert _checks(explained)[gluon] == ("0 of 1 on Gluon kernels", "met")
+    silent = _rows({"d96": 1.0}, kernel="Triton fwd (tma-host)")
+    assert _checks(silent)[gluon][1] == "not met in 1: sweep: 8 x 2048, 16 heads, d 96, causal fwd (Triton fwd (tma-host))"
+
+
+def test_a_peer_that_cannot_take_a_case_is_an_unsupported_row_with_the_reason():
+    # SDPA's flash backend runs on CPU too: the features registry's call, measured as the suite does
+    cpu = torch.device("cpu")
+    cross, varlen = TINY[2], TINY[4]
+    row = coverage.features.measure(cross, "sdpa-flash", "fwd", cpu, torch.float32)
+    assert row["status"] == "unsupported" and "top-left aligned" in row["reason"]
+    row = coverage.features.measure(varlen, "sdpa-flash", "bwd", cpu, torch.float32)
+    assert row["status"] == "unsupported" and "packed variable lengths" in row["reason"]
+    row = coverage.features.measure(TINY[3], "sdpa-flash", "fwd", cpu, torch.float32)  # GQA, equal lengths
+    assert row["status"] == "ok" and row["rel_err"] < 1e-5
