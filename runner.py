@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "batch = 16384/seqlen and heads = 2048/hdim; the default); "
                             + "; ".join(f"{name}: {suite.what}" for name, suite in SUITES.items()))
     sweep.add_argument("--reproduce", choices=tuple(TARGETS), metavar="TARGET",
-                       help=f"regenerate one committed H200 result from scratch: {', '.join(TARGETS)} (the exact "
+                       help=f"regenerate one committed result from scratch: {', '.join(TARGETS)} (the exact "
                             "commands are listed at the end of --help); --out defaults to results/reproduce/TARGET")
     sweep.add_argument("--ablation", choices=(*STUDY_NAMES, *REVIEWER_PARTS),
                        help="the ablation ladder of ablations/ladder.py: the rungs of this study on its settings "
