@@ -31,7 +31,7 @@ import torch
 from ..interface import flash_attn_func, flash_attn_varlen_func
 from ..padding import index_first_axis, pad_input, padding_indices
 
-NAME = "fa2_triton"
+ATTN_IMPLEMENTATION = "fa2_triton"  # the attn_implementation name register() gives the kernels by default
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -109,7 +109,7 @@ def _hide_shadowed_hub_kernels() -> None:
                   "is off in this process (install the project to import it as `fa2_kernels`)", stacklevel=3)
 
 
-def register(name: str = NAME) -> str:
+def register(name: str = ATTN_IMPLEMENTATION) -> str:
     """Register the kernels under `name` with transformers (pass it as `attn_implementation`)."""
     _hide_shadowed_hub_kernels()
     from transformers import AttentionInterface
