@@ -99,15 +99,12 @@ def _why_not_gluon(case: Case, mode: str, device) -> str:
         return f"the head-dim-{case.hdim} {mode} config takes no Gluon kernel (hopper_gluon_min_keys 0)"
     if keys < config.hopper_gluon_min_keys:
         return f"{keys} keys: fewer than the {mode} config's hopper_gluon_min_keys {config.hopper_gluon_min_keys}"
-    if mode == "bwd" and (case.packed or case.kv_heads != case.heads) and not dispatch.bwd_gluon_fuses_dq(
+    # off the dense kernels' grid (or with unequal lengths) a dense call takes the varlen kernels
+    off_grid = not case.packed and (case.keys != case.seqlen or case.seqlen % hopper.BLOCK_M)
+    if mode == "bwd" and (case.packed or off_grid or case.kv_heads != case.heads) and not dispatch.bwd_gluon_fuses_dq(
             config, case.hdim):
-        return "packed lengths and GQA take the Gluon backward only with dQ fused (head dim 128)"
-    if case.packed:
-        return ""
-    if case.keys != case.seqlen:
-        return f"{case.seqlen} queries against {case.keys} keys: the Gluon kernels take equal lengths"
-    if case.seqlen % hopper.BLOCK_M:
-        return f"length {case.seqlen} is not a multiple of the Gluon kernels' {hopper.BLOCK_M}-row blocks"
+        return ("packed lengths, GQA and lengths off the 128-row grid take the Gluon backward only with dQ fused "
+                "(head dim 128)")
     return ""
 
 
@@ -119,12 +116,11 @@ def kernels_served(case: Case, device, config: str) -> dict[str, tuple[str, str]
     from kernels import dispatch
 
     paths = json.loads(config)["kernels"]
-    gluon = dispatch.HOPPER_GLUON_PATH
-    fwd = ("Gluon varlen fwd" if case.packed else "Gluon dense fwd") if paths["fwd"] == gluon \
-        else f"Triton fwd, {paths['fwd']}"
+    names = {dispatch.HOPPER_GLUON_PATH: "Gluon varlen" if case.packed else "Gluon dense",
+             dispatch.HOPPER_GLUON_PACKED_PATH: "Gluon varlen (batch rows packed)"}
+    fwd = f"{names[paths['fwd']]} fwd" if paths["fwd"] in names else f"Triton fwd, {paths['fwd']}"
     dq = "fused dQ" if paths["dq"] == "fused" else "dQ kernel"
-    bwd = f"{'Gluon varlen' if case.packed else 'Gluon'} dK/dV, {dq}" if paths["bwd"] == gluon \
-        else f"Triton dK/dV, {dq}"
+    bwd = f"{names[paths['bwd']]} dK/dV, {dq}" if paths["bwd"] in names else f"Triton dK/dV, {dq}"
     where = " (interpreter)" if device.type != "cuda" else ""
     return {mode: (kernel + where, "" if kernel.startswith("Gluon") else _why_not_gluon(case, mode, device))
             for mode, kernel in (("fwd", fwd), ("bwd", bwd))}

@@ -246,15 +246,18 @@ def our_config(case: Case, device, provider: str) -> str:
     else:
         bwd_path = dispatch.bwd_dkdv_path(dense_bwd, q, kv, kv, q, features)
     bwd = dense_bwd
-    if uses_features and bwd_path != dispatch.HOPPER_GLUON_PATH and provider == "ours":
+    gluon_paths = (dispatch.HOPPER_GLUON_PATH, dispatch.HOPPER_GLUON_PACKED_PATH)
+    if uses_features and bwd_path not in gluon_paths and provider == "ours":
         bwd = default_bwd_config(case.hdim, device, masked_features=masked)
     if not gluon_device:  # the Gluon kernels run on sm_90 only; elsewhere the Triton ones
-        fwd_path = fwd_path if fwd_path != dispatch.HOPPER_GLUON_PATH else "triton"
+        fwd_path = fwd_path if fwd_path not in gluon_paths else "triton"
         bwd_path = "triton"
-    # kernels/backward.py: the Gluon kernels fuse dQ where bwd_gluon_fuses_dq says so (packed lengths'
-    # always); the Triton feature kernels (features or GQA) never do, the dense one by bwd_fuses_dq
-    if bwd_path == dispatch.HOPPER_GLUON_PATH:
-        fused = case.packed or dispatch.bwd_gluon_fuses_dq(dense_bwd, case.hdim)
+    # kernels/backward.py: the Gluon kernels fuse dQ where bwd_gluon_fuses_dq says so (the varlen
+    # one, packed lengths' and batch rows packed, always); the Triton feature kernels (features or
+    # GQA) never do, the dense one by bwd_fuses_dq
+    if bwd_path in gluon_paths:
+        fused = case.packed or bwd_path == dispatch.HOPPER_GLUON_PACKED_PATH or dispatch.bwd_gluon_fuses_dq(
+            dense_bwd, case.hdim)
     else:
         fused = not uses_features and dispatch.bwd_fuses_dq(bwd, case.seqlen)
     return json.dumps({"kernels": {"fwd": fwd_path, "bwd": bwd_path, "dq": "fused" if fused else "dq-kernel"},

@@ -34,6 +34,7 @@ from .common import (
 )
 from .configs import BwdConfig, default_bwd_config, on_hopper, padded_headdim
 from .dispatch import (
+    HOPPER_GLUON_PACKED_PATH,
     HOPPER_GLUON_PATH,
     bwd_dkdv_path,
     bwd_fuses_dq,
@@ -209,8 +210,11 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
                     _PLANS.clear()
         if not features.varlen and on_hopper(q.device) and min(q.shape[1], k.shape[1], q.shape[0] * q.shape[2]):
             cfg = config or default_bwd_config(q.shape[-1], q.device)
-            if bwd_dkdv_path(cfg, q, k, v, do, features, deterministic) == HOPPER_GLUON_PATH:
+            path = bwd_dkdv_path(cfg, q, k, v, do, features, deterministic)
+            if path in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH):
                 try:
+                    if path == HOPPER_GLUON_PACKED_PATH:
+                        return backward_packed(do, q, k, v, out, lse, softmax_scale, causal, cfg)
                     return _backward_features_gluon(do, q, k, v, out, lse, softmax_scale, causal, features, cfg)
                 except dispatch.GLUON_BUILD_ERRORS as exc:
                     dispatch.disable_gluon(exc)  # the Triton kernels from now on
@@ -295,6 +299,19 @@ def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: 
     return hopper.dq_from_varlen_accumulator(dq_acc, cu_seqlens_q, features.max_seqlen_q, q.shape, q.dtype), dk, dv
 
 
+def backward_packed(do, q, k, v, out, lse, softmax_scale: float, causal: bool, config: BwdConfig):
+    """A dense call on the Gluon varlen backward (dispatch.HOPPER_GLUON_PACKED_PATH): the batch
+    rows as packed sequences; L copied to the packed (heads, batch * seqlen_q) layout the kernel
+    reads (the forward wrote the dense one)."""
+    do, q, k, v, out = (last_dim_contiguous(t) for t in (do, q, k, v, out))
+    views = [dispatch.packed_view(t) for t in (do, q, k, v, out)]
+    views = [t if t is not None else full.reshape(-1, *full.shape[2:]) for t, full in zip(views, (do, q, k, v, out))]
+    packed_lse = lse.transpose(0, 1).reshape(lse.shape[1], -1)
+    dq, dk, dv = _backward_varlen_gluon(*views, packed_lse, softmax_scale, causal, dispatch.packed_features(q, k),
+                                        config)
+    return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
 class _DensePlan:
     """The dense backward's launches for tensors like these: D = rowsum(dO * O), then dK/dV (the
     Gluon kernel or the Triton one, adding dQ into a float32 accumulator where fused), then dQ
@@ -354,7 +371,14 @@ def _dense_plan(q, k, v, do, out, dk, dv, causal: bool, cfg: BwdConfig, determin
             ensure_descriptor_allocator()
         dq_launch(q, k, v, do, lse, delta, dq, *dq_ints, softmax_scale, softmax_scale * LOG2E.value)
 
-    if bwd_dkdv_path(cfg, q, k, v, do) == HOPPER_GLUON_PATH and on_hopper(q.device):
+    path = bwd_dkdv_path(cfg, q, k, v, do, deterministic=deterministic)
+    if path == HOPPER_GLUON_PACKED_PATH and on_hopper(q.device):
+        def run_packed(do, q, k, v, out, lse, delta, dk, dv, softmax_scale):
+            return backward_packed(do, q, k, v, out, lse, softmax_scale, causal, cfg)
+
+        run_packed.gluon = True
+        return run_packed
+    if path == HOPPER_GLUON_PATH and on_hopper(q.device):
         # the Gluon kernel (compiled for sm_90 only), adding dQ itself where the config says so
         hopper = dispatch.flash_attn_hopper
         fused = bwd_gluon_fuses_dq(cfg, headdim, deterministic)

@@ -38,6 +38,45 @@ def disable_gluon(exc: BaseException) -> None:
 
 FWD_MEMORY_PATHS = ("pointer", "tma-kernel", "tma-host")  # the kernel's TMA constexpr: 0, 1, 2
 HOPPER_GLUON_PATH = "gluon-ws"  # kernels/flash_attn_hopper.py instead of _flash_fwd_kernel
+# A dense call the dense Gluon kernels do not take (a length off their 128-row grid, fewer or more
+# queries than keys) on the Gluon varlen kernels, each batch row one packed sequence: they mask
+# the partial last blocks and align causal masks to the bottom right, as FA3's and FA4's sm_90
+# kernels do for every dense call (docs/hopper_peers.md).
+HOPPER_GLUON_PACKED_PATH = "gluon-ws-packed"
+
+
+def packed_view(t: torch.Tensor) -> torch.Tensor | None:
+    """A dense (batch, seqlen, heads, headdim) tensor as packed (batch * seqlen, heads, headdim)
+    rows, a view; None where the batches are not back to back (no such view)."""
+    batch, seqlen = t.shape[:2]
+    if batch > 1 and t.stride(0) != seqlen * t.stride(1):
+        return None
+    return t.view(batch * seqlen, *t.shape[2:]) if t.is_contiguous() else t.as_strided(
+        (batch * seqlen, *t.shape[2:]), (t.stride(1), *t.stride()[2:]))
+
+
+_DENSE_CU_SEQLENS: dict = {}
+
+
+def packed_features(q: torch.Tensor, k: torch.Tensor) -> Features:
+    """The packed-sequence Features of a dense call (each batch row one sequence, seqlen_q queries
+    against seqlen_k keys): cu_seqlens made once per (batch, lengths, device) and kept."""
+    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
+    key = (batch, seqlen_q, seqlen_k, q.device)
+    cu = _DENSE_CU_SEQLENS.get(key)
+    if cu is None:
+        steps = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
+        cu = _DENSE_CU_SEQLENS[key] = (steps * seqlen_q, steps * seqlen_k)
+    return Features(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], max_seqlen_q=seqlen_q, max_seqlen_k=seqlen_k)
+
+
+def _dense_as_packed(config: FwdConfig, q, k, v, out) -> bool:
+    """Whether the Gluon varlen forward takes this dense call (HOPPER_GLUON_PACKED_PATH):
+    hopper_gluon_varlen_applies on the packed views."""
+    views = [packed_view(t) for t in (q, k, v, out)]
+    if any(t is None for t in views) or q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31:
+        return False
+    return hopper_gluon_varlen_applies(config, *views, packed_features(q, k))
 
 
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
@@ -45,7 +84,8 @@ def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Fea
     Gluon kernel of flash_attn_hopper.py, from hopper_gluon_min_keys keys where its scope holds:
     no dropout; packed variable lengths by hopper_gluon_varlen_applies), or the Triton forward with 'tma-host' (2D
     descriptors made here), 'tma-kernel' (per-head descriptors made by each program) or 'pointer'
-    (pointer tiles), by FwdConfig's rules. Packed variable lengths (q (total, heads, headdim))
+    (pointer tiles), by FwdConfig's rules; a dense call off the dense Gluon kernel's scope takes
+    'gluon-ws-packed' where the varlen Gluon kernel takes its packed views. Packed variable lengths (q (total, heads, headdim))
     take 'gluon-ws' where hopper_gluon_varlen_applies holds (the Gluon varlen kernel), else
     'tma-kernel' for K and V only (each program describes its sequence's keys; Q and O go
     by pointers, as a sequence may be empty and no descriptor has zero rows) or 'pointer',
@@ -59,6 +99,8 @@ def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Fea
     if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
             and features.gluon_kernels and hopper_gluon_applies(q, k, v, out)):
         return HOPPER_GLUON_PATH
+    if (features is DENSE or features.dense) and _dense_as_packed(config, q, k, v, out):
+        return HOPPER_GLUON_PACKED_PATH
     if not config.tma or not tma_compatible(q, k, v, out):
         return "pointer"
     keys = k.shape[1] // 2 if causal else k.shape[1]
@@ -134,7 +176,7 @@ def hopper_gluon_varlen_bwd_applies(config: BwdConfig, q, k, v, do, features: Fe
     backward): the forward's scope (hopper_gluon_varlen_applies, with the backward table's
     hopper_gluon_min_keys) at head dim 128 (the fused dQ splits it between the consumers), unless
     a deterministic backward is asked for (the dQ reduce-adds' order varies between runs)."""
-    if deterministic or not config.hopper_gluon_fused_dq or q.shape[-1] != 128:
+    if gluon_unavailable or deterministic or not config.hopper_gluon_fused_dq or q.shape[-1] != 128:
         return False
     if -(-features.max_seqlen_k // flash_attn_hopper.BWD_BLOCK_N) > flash_attn_hopper.BWD_MAX_KEY_BLOCKS:
         return False  # the grid's second axis (flash_attn_hopper.bwd_grid)
@@ -173,7 +215,9 @@ def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, de
     kernel has neither; a softcap's too, faster there than on the Triton feature kernels since the
     Gluon kernel's step reads D late: docs/performance.md, "The backward's step") or
     'triton' (_flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_features_kernel for a call with features
-    or GQA). flash_attn_backward takes 'gluon-ws' only on an sm_90 device."""
+    or GQA), or for a dense call off the dense Gluon kernel's scope 'gluon-ws-packed' (the varlen
+    Gluon kernel, each batch row one sequence: HOPPER_GLUON_PACKED_PATH). flash_attn_backward takes
+    the Gluon paths only on an sm_90 device."""
     beyond_dense = (features is not DENSE and not features.dense) or k.shape[2] != q.shape[2]
     if beyond_dense and not (features.gluon_kernels and bwd_gluon_fuses_dq(config, q.shape[3], deterministic)):
         return "triton"
@@ -181,6 +225,11 @@ def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, de
             and hopper_gluon_applies(q, k, v, do) and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0
             and k.shape[1] // flash_attn_hopper.BWD_BLOCK_N <= flash_attn_hopper.BWD_MAX_KEY_BLOCKS):
         return HOPPER_GLUON_PATH
+    if features is DENSE or features.dense:
+        views = [packed_view(t) for t in (q, k, v, do)]
+        if all(t is not None for t in views) and hopper_gluon_varlen_bwd_applies(
+                config, *views, packed_features(q, k), deterministic):
+            return HOPPER_GLUON_PACKED_PATH
     return "triton"
 
 

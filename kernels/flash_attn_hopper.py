@@ -170,17 +170,20 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None):
 
 def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                                      qk_scale: float, causal: bool) -> None:
-    """Write O into `out` (packed like q) and the natural-log logsumexp into `lse` (heads, total_q)
-    for packed sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a
-    (total, heads * d) 2D view with rows that do not overlap; d 64 or 128; fp16 or bf16);
-    `qk_scale` is the softmax scale times log2(e)."""
+    """Write O into `out` (packed like q) and the natural-log logsumexp into `lse` for packed
+    sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a (total, heads * d)
+    2D view with rows that do not overlap; d 64 or 128; fp16 or bf16); `lse` is (heads, total_q),
+    or for a dense call's batch rows packed (dispatch.HOPPER_GLUON_PACKED_PATH, every sequence
+    max_seqlen_q long) its contiguous (batch, heads, seqlen_q). `qk_scale` is the softmax scale
+    times log2(e)."""
     total_q, heads, _ = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M), batch * heads)
+    lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
     _fwd_varlen_launcher[grid](
         _packed_descriptor(q, BLOCK_M // 2), _packed_descriptor(k, BLOCK_N), _packed_descriptor(v, BLOCK_N),
-        _packed_descriptor(out, BLOCK_M // 2), out, lse, cu_seqlens_q, cu_seqlens_k, heads, total_q, out.stride(0),
-        qk_scale, heads // k.shape[1], STAGES=STAGES, CAUSAL=causal, num_warps=4, maxnreg=168)
+        _packed_descriptor(out, BLOCK_M // 2), out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides,
+        out.stride(0), qk_scale, heads // k.shape[1], STAGES=STAGES, CAUSAL=causal, num_warps=4, maxnreg=168)
 
 
 # --------------------------------------------------------------------------------------

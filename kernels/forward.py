@@ -38,7 +38,7 @@ from .common import (
     strides,
 )
 from .configs import FwdConfig, default_fwd_config, on_hopper, padded_headdim
-from .dispatch import FWD_MEMORY_PATHS, HOPPER_GLUON_PATH, flat_descriptor, fwd_memory_path
+from .dispatch import FWD_MEMORY_PATHS, HOPPER_GLUON_PACKED_PATH, HOPPER_GLUON_PATH, flat_descriptor, fwd_memory_path
 from .dropout import _dropout_keep, _rng_state
 from .features import _in_window, _scores, _seq_bounds, _window_key_blocks, feature_args
 from .launch import CachedLauncher, DirectLaunch, PlanCache, descriptor_like, descriptor_template
@@ -365,7 +365,7 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
     path = fwd_memory_path(cfg, q, k, v, out, causal)
-    if path == HOPPER_GLUON_PATH:
+    if path in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH):
         if on_hopper(q.device):
             hopper = dispatch.flash_attn_hopper
             gluon_runs = []  # made by the first call (where the kernel compiles, or fails to)
@@ -375,8 +375,12 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
                     gluon_runs.append(hopper.forward_hopper_plan(q, k, v, out, causal))
                 gluon_runs[0](q, k, v, out, lse, softmax_scale)
 
-            run_gluon.gluon = True
-            return run_gluon
+            def run_gluon_packed(q, k, v, out, lse, softmax_scale):
+                forward_packed(q, k, v, out, lse, softmax_scale * LOG2E.value, causal)
+
+            run = run_gluon if path == HOPPER_GLUON_PATH else run_gluon_packed
+            run.gluon = True
+            return run
         # a Hopper config passed for another device: the Gluon kernel is compiled for sm_90 only
         cfg = dataclasses.replace(cfg, hopper_gluon_min_keys=0)
         path = fwd_memory_path(cfg, q, k, v, out, causal)
@@ -402,6 +406,16 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
         launch(q, k, v, out, lse, *ints, softmax_scale * LOG2E.value)
 
     return run
+
+
+def forward_packed(q, k, v, out, lse, qk_scale: float, causal: bool) -> None:
+    """A dense call on the Gluon varlen forward (dispatch.HOPPER_GLUON_PACKED_PATH): the batch
+    rows of q, k, v and out as packed sequences of seqlen_q queries and seqlen_k keys each, the
+    logsumexp written straight into the dense (batch, heads, seqlen_q) `lse`."""
+    packed = dispatch.packed_features(q, k)
+    dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
+        *(dispatch.packed_view(t) for t in (q, k, v, out)), lse, packed.cu_seqlens_q, packed.cu_seqlens_k,
+        q.shape[1], qk_scale, causal)
 
 
 def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features, qk_scale: float,
@@ -456,13 +470,15 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
     cfg = config or default_fwd_config(headdim, causal, q.device)
     path = fwd_memory_path(cfg, q, k, v, out, causal, features)
     qk_scale, feature_values, flags = feature_args(q, k, softmax_scale, causal, features)
-    if path == HOPPER_GLUON_PATH:
+    if path in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH):
         if on_hopper(q.device):
             try:
                 if features.varlen:
                     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
                         q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_q,
                         qk_scale, causal)
+                elif path == HOPPER_GLUON_PACKED_PATH:
+                    forward_packed(q, k, v, out, lse, qk_scale, causal)
                 else:
                     _forward_features_gluon(q, k, v, out, lse, causal, features, qk_scale, feature_values)
                 return out, lse

@@ -152,6 +152,60 @@ def test_hopper_gluon_varlen_forward_scope():
                            features) != HOPPER_GLUON_PATH
 
 
+def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
+    """A dense call the dense Gluon kernels do not take (a length off the 128-row grid, fewer or
+    more queries than keys) goes to the Gluon varlen kernels with each batch row a packed sequence
+    ('gluon-ws-packed') where their rules hold for the packed views: forward at head dim 64 and
+    128, backward at 128 with dQ fused (not deterministic); features, other head dims and short
+    keys keep the Triton kernels."""
+    from kernels.checks import Features
+    from kernels.dispatch import HOPPER_GLUON_PACKED_PATH, packed_features, packed_view
+
+    def fwd(q_shape, k_shape=None, kv_heads=None, causal=True, features=None, dtype=torch.bfloat16):
+        q = torch.empty(*q_shape, dtype=dtype)
+        k_shape = list(k_shape or q_shape)
+        k_shape[2] = kv_heads or k_shape[2]
+        k = torch.empty(*k_shape, dtype=dtype)
+        config = HOPPER_FWD_CONFIGS[(q_shape[3] if q_shape[3] in (64, 128) else 128, causal)]
+        return fwd_memory_path(config, q, k, k, torch.empty_like(q), causal, features or dispatch.DENSE)
+
+    assert fwd((2, 3000, 4, 128)) == HOPPER_GLUON_PACKED_PATH  # off the grid
+    assert fwd((2, 2048, 4, 128), (2, 8192, 4, 128)) == HOPPER_GLUON_PACKED_PATH  # 2k queries on 8k keys
+    assert fwd((2, 8192, 4, 128), (2, 2048, 4, 128), causal=False) == HOPPER_GLUON_PACKED_PATH
+    assert fwd((2, 3000, 8, 128), kv_heads=2) == HOPPER_GLUON_PACKED_PATH  # GQA
+    assert fwd((1, 4500, 4, 64)) == HOPPER_GLUON_PACKED_PATH
+    assert fwd((2, 2048, 4, 128)) == HOPPER_GLUON_PATH  # on the grid: the dense kernel
+    assert fwd((2, 1000, 4, 128)) not in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH)  # below 1024 keys
+    assert fwd((2, 3000, 4, 64)) not in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH)  # below 4096 keys at d64
+    assert fwd((2, 3000, 4, 96)) not in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH)
+    assert fwd((2, 3000, 4, 128), dtype=torch.float32) not in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH)
+    window = Features(window_left=256)
+    assert fwd((2, 3000, 4, 128), features=window) != HOPPER_GLUON_PACKED_PATH
+    # batches not back to back: no packed view
+    spread = torch.empty(2, 3000 * 2, 4, 128, dtype=torch.bfloat16)[:, :3000]
+    assert packed_view(spread) is None
+    config = HOPPER_FWD_CONFIGS[(128, True)]
+    assert fwd_memory_path(config, spread, spread, spread, torch.empty_like(spread), True) != HOPPER_GLUON_PACKED_PATH
+    # a packed qkv's q: a strided view of its rows
+    qkv = torch.empty(2, 3000, 3, 4, 128, dtype=torch.bfloat16)
+    view = packed_view(qkv[:, :, 1])
+    assert view.shape == (6000, 4, 128) and view.data_ptr() == qkv[:, :, 1].data_ptr()
+    assert torch.equal(view[3001], qkv[1, 1, 1])
+    # the sequences: each batch row, queries and keys of their own lengths
+    packed = packed_features(torch.empty(3, 100, 1, 64), torch.empty(3, 250, 1, 64))
+    assert packed.cu_seqlens_q.tolist() == [0, 100, 200, 300] and packed.cu_seqlens_k.tolist() == [0, 250, 500, 750]
+    assert (packed.max_seqlen_q, packed.max_seqlen_k) == (100, 250)
+
+    def bwd(shape, deterministic=False):
+        q = torch.empty(*shape, dtype=torch.bfloat16)
+        return bwd_dkdv_path(HOPPER_BWD_CONFIGS[shape[3]], q, q, q, q, deterministic=deterministic)
+
+    assert bwd((2, 3000, 4, 128)) == HOPPER_GLUON_PACKED_PATH
+    assert bwd((2, 3000, 4, 128), deterministic=True) == "triton"
+    assert bwd((1, 4500, 4, 64)) == "triton"  # the varlen dK/dV kernel fuses dQ at head dim 128 only
+    assert bwd((2, 2048, 4, 128)) == HOPPER_GLUON_PATH
+
+
 def test_hopper_gluon_varlen_backward_scope():
     """The varlen backward takes the Gluon dK/dV kernel with dQ fused in the forward's scope at
     head dim 128, unless asked to be deterministic; head dim 64 keeps the Triton kernels."""
@@ -205,13 +259,15 @@ def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dim_128_from_1k_key
 
 def test_hopper_gluon_dkdv_scope():
     """The Gluon dK/dV kernel has the Gluon forward's scope (hopper_gluon_applies), with dO in the
-    output's place: anything else keeps the Triton kernel."""
+    output's place, and off it the varlen kernel's (test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels):
+    anything else keeps the Triton kernel."""
     config = HOPPER_BWD_CONFIGS[128]
     q = torch.empty(2, 2048, 4, 128, dtype=torch.bfloat16)
     assert bwd_dkdv_path(config, q, q, q, torch.empty_like(q)) == HOPPER_GLUON_PATH
     assert bwd_dkdv_path(config, q[:, :2000], q[:, :2000], q[:, :2000], q[:, :2000]) == "triton"  # ragged
     k = torch.empty(2, 4096, 4, 128, dtype=torch.bfloat16)
-    assert bwd_dkdv_path(config, q, k, k, q) == "triton"  # unequal lengths
+    # unequal lengths: the varlen kernel with each batch row a packed sequence
+    assert bwd_dkdv_path(config, q, k, k, q) == dispatch.HOPPER_GLUON_PACKED_PATH
     do_t = torch.empty(2, 4, 2048, 128, dtype=torch.bfloat16).transpose(1, 2)  # heads not side by side
     assert bwd_dkdv_path(config, q, q, q, do_t) == "triton"
     q32 = q.float()

@@ -27,6 +27,8 @@ DTYPES = [torch.bfloat16, torch.float16]
     (2, 1024, 1024, 16, 4, 128, True),
     (1, 1000, 1500, 8, 1, 64, False),   # MQA, ragged, sq < sk
     (1, 2048, 777, 8, 2, 96, True),     # sq > sk: the first rows see no key
+    (2, 3000, 3000, 8, 2, 128, True),   # off the 128-row grid: the Gluon varlen kernels, batch rows packed
+    (1, 2048, 8192, 8, 2, 128, True),   # 2k queries on 8k keys: the same
 ])
 def test_gpu_gqa(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, dtype):
     check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=causal, device="cuda")

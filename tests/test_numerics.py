@@ -340,6 +340,30 @@ def test_gpu_hopper_gluon_forward_matches_reference(shape, causal, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 3000, 3000, 3, 128), (1, 2048, 8192, 2, 128), (2, 2100, 1500, 2, 128),
+                                   (3, 1100, 1100, 2, 128), (1, 4500, 4500, 2, 64)], ids=shape_id)
+@pytest.mark.usefixtures("poisoned_allocations")
+def test_gpu_dense_calls_off_the_grid_on_the_gluon_varlen_kernels(shape, causal, dtype):
+    """Dense calls off the dense Gluon kernels' grid (lengths not a multiple of 128, fewer or more
+    queries than keys, so that with causal the first rows see no key) on the Gluon varlen kernels,
+    each batch row a packed sequence: forward (out and logsumexp in the dense layout) and backward
+    (at head dim 128; 64 keeps the Triton backward) against float64."""
+    skip_unless_hopper("the Gluon varlen kernels")
+    batch, seqlen_q, seqlen_k, heads, headdim = shape
+    q = torch.empty(batch, seqlen_q, heads, headdim, dtype=dtype, device="cuda")
+    k = torch.empty(batch, seqlen_k, heads, headdim, dtype=dtype, device="cuda")
+    config = configs.default_fwd_config(headdim, causal, q.device)
+    assert fwd_memory_path(config, q, k, k, q, causal) == dispatch.HOPPER_GLUON_PACKED_PATH
+    expected_bwd = dispatch.HOPPER_GLUON_PACKED_PATH if headdim == 128 else "triton"
+    assert dispatch.bwd_dkdv_path(configs.default_bwd_config(headdim, q.device), q, k, k, q) == expected_bwd
+    check_forward(*shape, causal, dtype, "cuda")
+    check_backward(*shape, causal, dtype, "cuda")
+    assert not dispatch.gluon_unavailable, dispatch.gluon_unavailable
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(2, 1024, 1024, 2, 64), (1, 2048, 2048, 2, 128),
                                    (1, 4096, 4096, 1, 128), (1, 1000, 1000, 1, 256), (2, 1024, 1024, 2, 256),
                                    (1, 777, 1500, 2, 96), (1, 1500, 777, 2, 59),

@@ -180,7 +180,7 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
 
     signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
                  "o_desc": desc(hopper.BLOCK_M // 2), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
-                 "CuSeqK": "*i32", "num_heads": "i32", "total_q": "i32", "stride_o": "i32", "qk_scale": "fp32",
+                 "CuSeqK": "*i32", "num_heads": "i32", "stride_lse_h": "i32", "stride_lse_b": "i32", "stride_o": "i32", "qk_scale": "fp32",
                  "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen", hopper._flash_fwd_hopper_varlen_kernel,
                         signature, {"STAGES": hopper.STAGES, "CAUSAL": causal})

@@ -580,13 +580,16 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, CuSeqQ, CuSeqK, num_heads, total_q,
-                                    stride_o, qk_scale, kv_group, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, CuSeqQ, CuSeqK, num_heads,
+                                    stride_lse_h, stride_lse_b, stride_o, qk_scale, kv_group, STAGES: gl.constexpr,
+                                    CAUSAL: gl.constexpr):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
-    heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; LSE is (heads, total_q).
-    Causal is bottom-right aligned per sequence. A program past its sequence's last query block
-    does nothing."""
+    heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
+    has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
+    total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
+    seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
+    query block does nothing."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
@@ -609,7 +612,7 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, Cu
         q_row = q_start + start_m
         col0 = h * HEAD_DIM
         kv_col0 = (h // kv_group) * HEAD_DIM
-        lse_row0 = h.to(gl.int64) * total_q + q_start
+        lse_row0 = h.to(gl.int64) * stride_lse_h + b.to(gl.int64) * stride_lse_b + q_start
         q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
                                                                                      STAGES)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
