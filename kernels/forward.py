@@ -38,7 +38,13 @@ from .common import (
     strides,
 )
 from .configs import FwdConfig, default_fwd_config, on_hopper, padded_headdim
-from .dispatch import FWD_MEMORY_PATHS, HOPPER_GLUON_PACKED_PATH, HOPPER_GLUON_PATH, flat_descriptor, fwd_memory_path
+from .dispatch import (
+    FWD_MEMORY_PATHS,
+    HOPPER_GLUON_PACKED_PATH,
+    HOPPER_GLUON_PATH,
+    flat_descriptor,
+    fwd_memory_path,
+)
 from .dropout import _dropout_keep, _rng_state
 from .features import _in_window, _scores, _seq_bounds, _window_key_blocks, feature_args
 from .launch import CachedLauncher, DirectLaunch, PlanCache, descriptor_like, descriptor_template
