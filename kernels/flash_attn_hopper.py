@@ -19,6 +19,9 @@ not overlap. Beyond dense attention they take GQA/MQA, sliding windows, softcap 
 backward with dQ fused only, `dispatch.bwd_dkdv_path`). Packed variable lengths have kernels of
 their own, causal or not and with no other feature: a forward (`dispatch.hopper_gluon_varlen_applies`)
 and, at head dim 128, a dK/dV kernel with dQ fused (`dispatch.hopper_gluon_varlen_bwd_applies`).
+A dense call off the dense kernels' scope (lengths off the 128-row grid, fewer or more queries
+than keys) runs these varlen kernels with each batch row a packed sequence
+(`dispatch.HOPPER_GLUON_PACKED_PATH`).
 `backward.flash_attn_backward` takes the dK/dV kernel at head dim 128 from 1k keys in the same
 scope (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
 (`dispatch.bwd_gluon_fuses_dq`). Dropout runs on the Triton kernels. The backward's schedule and
