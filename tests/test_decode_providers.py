@@ -127,9 +127,9 @@ def test_flashinfer_decode_maps_the_cache_to_one_page_per_sequence_and_plans_onc
 
 
 def test_xformers_splitk_decode_folds_the_batch_into_a_block_diagonal_bmghk_call(monkeypatch):
-    """The wrapper hands xformers q (1, B, Hkv, G, D) and k/v (1, B*S, Hkv, G, D) with a
-    block-diagonal padded-keys bias; a fake op that attends by that bias's lengths must give
-    the reference's answer, so the layout and the head grouping are xformers' own."""
+    """The wrapper hands xformers' split-K operator q (1, B, Hkv, G, D) and k/v (1, B*S, Hkv, G, D)
+    with a block-diagonal padded-keys bias; a fake operator that attends by that bias's lengths
+    must give the reference's answer, so the layout and the head grouping are xformers' own."""
     calls = []
 
     class FakeBias:
@@ -139,8 +139,8 @@ def test_xformers_splitk_decode_folds_the_batch_into_a_block_diagonal_bmghk_call
             bias.q_seqlen, bias.kv_padding, bias.kv_seqlen = list(q_seqlen), kv_padding, list(kv_seqlen)
             return bias
 
-    def forward(q5, k5, v5, attn_bias, scale, op):
-        calls.append((q5.shape, k5.shape, op))
+    def forward(q5, k5, v5, attn_bias, scale):
+        calls.append((q5.shape, k5.shape))
         outs = []
         for b, length in enumerate(attn_bias.kv_seqlen):
             start = b * attn_bias.kv_padding
@@ -149,16 +149,37 @@ def test_xformers_splitk_decode_folds_the_batch_into_a_block_diagonal_bmghk_call
             outs.append(attention_reference(qb, kb, vb, softmax_scale=scale)[0].reshape(q5.shape[2:]))
         return torch.stack(outs)[None].to(q5.dtype)
 
-    fmha = types.SimpleNamespace(memory_efficient_attention_forward=forward)
+    class Inputs:
+        def __init__(self, query, key, value, attn_bias, scale):
+            self.query, self.key, self.value, self.attn_bias, self.scale = query, key, value, attn_bias, scale
+
+        def validate_inputs(self):
+            pass
+
+        def normalize_bmhk(self):
+            return tuple(self.query.shape)
+
+    class FwOp:  # the split-K operator, applied itself
+        NAME = "triton_splitKF"
+
+        @staticmethod
+        def not_supported_reasons(inp):
+            return []
+
+        @staticmethod
+        def apply(inp, needs_gradient):
+            return forward(inp.query, inp.key, inp.value, inp.attn_bias, inp.scale), None
+
+    fmha = types.SimpleNamespace(Inputs=Inputs, triton_splitk=types.SimpleNamespace(FwOp=FwOp))
     modules = {"xformers": types.ModuleType("xformers"), "xformers.ops": types.SimpleNamespace(fmha=fmha),
-               "xformers.ops.fmha": types.SimpleNamespace(triton_splitk=types.SimpleNamespace(FwOp="splitK")),
+               "xformers.ops.fmha": fmha,
                "xformers.ops.fmha.attn_bias": types.SimpleNamespace(BlockDiagonalPaddedKeysMask=FakeBias)}
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
     q, k, v, cache_seqlens = _decode_inputs(seed=10)
     out = get_provider("xformers-splitk", "decode").forward(q, k, v, cache_seqlens)
-    (q_shape, k_shape, op), = calls
-    assert q_shape == (1, 3, 2, 4, 32) and k_shape == (1, 3 * 48, 2, 4, 32) and op == "splitK"
+    (q_shape, k_shape), = calls
+    assert q_shape == (1, 3, 2, 4, 32) and k_shape == (1, 3 * 48, 2, 4, 32)
     ref, _ = attention_reference(q, k, v, seqlens_k=cache_seqlens)
     assert out.shape == q.shape and ((out.double() - ref).norm() / ref.norm()).item() < 1e-3
 

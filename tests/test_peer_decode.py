@@ -5,6 +5,8 @@ xformers' split-K op on a paged cache, and xformers' dispatcher (a refusal as th
 record the calls and answer with the float64 reference; on a GPU, the real packages against
 that reference."""
 
+import importlib
+import importlib.util
 import math
 import sys
 import types
@@ -197,55 +199,109 @@ def _attend_by_bias(q5, k5, v5, attn_bias, scale):
     return torch.stack(outs)[None].to(q5.dtype)
 
 
-def _fake_xformers(monkeypatch, forward, block_n=64):
-    fmha = types.SimpleNamespace(memory_efficient_attention_forward=forward,
-                                 triton_splitk=types.SimpleNamespace(FwOp=types.SimpleNamespace(BLOCK_N=block_n)))
+class FakeInputs:
+    """xformers' fmha.Inputs: the BMGHK tensors, bias and scale, as its checks and operators read them."""
+
+    def __init__(self, query, key, value, attn_bias=None, scale=None):
+        self.query, self.key, self.value, self.attn_bias, self.scale = query, key, value, attn_bias, scale
+
+    def validate_inputs(self):
+        assert self.query.dim() == self.key.dim() == self.value.dim() == 5
+
+    def normalize_bmhk(self):
+        return tuple(self.query.shape)
+
+
+def _fake_xformers(monkeypatch, forward=None, split_k=None, reasons=()):
+    """xformers' modules: the dispatcher's entry point `forward`, and the split-K operator whose
+    apply(inp) runs `split_k` after its own checks gave `reasons`."""
+    applied = []
+
+    class FwOp:
+        NAME, BLOCK_N = "triton_splitKF", 64
+
+        @staticmethod
+        def not_supported_reasons(inp):
+            return [reason(inp) if callable(reason) else reason for reason in reasons]
+
+        @staticmethod
+        def apply(inp, needs_gradient):
+            assert not needs_gradient
+            applied.append(inp)
+            return split_k(inp.query, inp.key, inp.value, inp.attn_bias, inp.scale), None
+
+    fmha = types.SimpleNamespace(memory_efficient_attention_forward=forward, Inputs=FakeInputs,
+                                 triton_splitk=types.SimpleNamespace(FwOp=FwOp))
     attn_bias = types.SimpleNamespace(BlockDiagonalPaddedKeysMask=FakeBias,
                                       PagedBlockDiagonalPaddedKeysMask="PagedBlockDiagonalPaddedKeysMask")
     for name, module in {"xformers": types.ModuleType("xformers"), "xformers.ops": types.SimpleNamespace(fmha=fmha),
                          "xformers.ops.fmha": fmha, "xformers.ops.fmha.attn_bias": attn_bias}.items():
         monkeypatch.setitem(sys.modules, name, module)
+    FwOp.applied = applied
+    return FwOp
 
 
 def test_xformers_paged_split_k_reads_the_pages_through_its_block_table(monkeypatch):
-    calls = []
-
-    def forward(q5, k5, v5, attn_bias, scale, op):
-        calls.append((k5.shape, attn_bias.page_size, op.BLOCK_N))
-        return _attend_by_bias(q5, k5, v5, attn_bias, scale)
-
-    _fake_xformers(monkeypatch, forward)
+    """The split-K operator is applied itself (not through the dispatcher) to the pool as one
+    sequence axis, and the build refusal of a build without xformers' C++ extension, which does
+    not concern this Triton kernel, does not stop it."""
+    op = _fake_xformers(monkeypatch, split_k=_attend_by_bias, reasons=[decode.XFORMERS_BUILD_REFUSAL])
     q, k_pages, v_pages, block_table, lengths, k, v = _paged(page_size=64, pages_per_sequence=2,
                                                             lengths=(5, 128, 70), seed=11)
     out = get_provider("xformers-splitk", "decode").decode_paged(q, k_pages, v_pages, block_table, lengths)
-    assert calls == [((1, k_pages.shape[0] * 64, 2, 4, 32), 64, 64)]  # the pool as one sequence axis
+    assert [(inp.key.shape, inp.attn_bias.page_size) for inp in op.applied] == [((1, k_pages.shape[0] * 64, 2, 4, 32),
+                                                                                 64)]
     ref, _ = attention_reference(q, k, v, seqlens_k=lengths)
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-3
 
 
 def test_xformers_paged_split_k_refusal_of_small_pages_is_the_reason(monkeypatch):
-    def forward(q5, k5, v5, attn_bias, scale, op):
-        raise ValueError("Operator `memory_efficient_attention` does not support inputs:\n"
-                         "     query       : shape=(1, 3, 2, 4, 32) (torch.float16)\n"
-                         "`triton_splitKF` is not supported because:\n"
-                         "    For paged attention, page size should be divisible by the block size, but got "
-                         f"page_size={attn_bias.page_size}, cls.BLOCK_N=64.")
+    def small_pages(inp):
+        return ("For paged attention, page size should be divisible by the block size, but got "
+                f"page_size={inp.attn_bias.page_size}, cls.BLOCK_N=64.")
 
-    _fake_xformers(monkeypatch, forward)
+    op = _fake_xformers(monkeypatch, split_k=_attend_by_bias, reasons=[decode.XFORMERS_BUILD_REFUSAL, small_pages])
     q, k_pages, v_pages, block_table, lengths, _, _ = _paged(page_size=16, pages_per_sequence=3, seed=12)
-    with pytest.raises(UnsupportedInput, match="xformers' split-K op has no operator for this input: triton_splitKF: "
-                                               "For paged attention, page size should be divisible"):
+    with pytest.raises(UnsupportedInput) as caught:
         get_provider("xformers-splitk", "decode").decode_paged(q, k_pages, v_pages, block_table, lengths)
+    assert str(caught.value) == ("xformers' split-K op has no operator for this input: triton_splitKF: For paged "
+                                 "attention, page size should be divisible by the block size, but got page_size=16, "
+                                 "cls.BLOCK_N=64.")
+    assert not op.applied
 
 
 def test_an_xformers_error_that_is_no_refusal_is_raised_as_it_is(monkeypatch):
-    def forward(q5, k5, v5, attn_bias, scale, op):
+    def split_k(q5, k5, v5, attn_bias, scale):
         raise ValueError("a bug inside xformers")
 
-    _fake_xformers(monkeypatch, forward)
+    _fake_xformers(monkeypatch, split_k=split_k)
     q, _, _, _, lengths, k, v = _paged(seed=13)
     with pytest.raises(ValueError, match="a bug inside xformers"):
         get_provider("xformers-splitk", "decode").forward(q, k, v, lengths)
+
+
+def test_xformers_imports_beside_flash_attn_4(monkeypatch, tmp_path):
+    """FlashAttention-4's wheel installs a `flash_attn` package without flash_attn_interface, which
+    xformers' fmha/flash.py imports whenever a `flash_attn` package exists: xformers_fmha hides
+    that package from xformers' look-up during the import (and only then)."""
+    (tmp_path / "flash_attn").mkdir()
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    fmha = tmp_path / "xformers" / "ops" / "fmha"
+    fmha.mkdir(parents=True)
+    for package in (tmp_path / "xformers", tmp_path / "xformers" / "ops"):
+        (package / "__init__.py").write_text("")
+    (fmha / "__init__.py").write_text(  # what xformers' fmha/flash.py does at import
+        "import importlib.util\n"
+        "if importlib.util.find_spec('flash_attn'):\n"
+        "    import flash_attn.flash_attn_interface\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("flash_attn", "xformers", "xformers.ops", "xformers.ops.fmha"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(ModuleNotFoundError, match="flash_attn.flash_attn_interface"):
+        importlib.import_module("xformers.ops.fmha")
+    monkeypatch.delitem(sys.modules, "xformers.ops.fmha", raising=False)
+    assert decode.xformers_fmha().__name__ == "xformers.ops.fmha"
+    assert importlib.util.find_spec("flash_attn") is not None  # the look-up is itself again
 
 
 def test_xformers_dispatcher_refusal_is_the_row_reason_with_each_operators_reasons(monkeypatch):

@@ -158,10 +158,11 @@ def test_a_model_builds_from_the_checkout_with_hugging_faces_kernels_installed(t
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", FAMILIES)
-def test_gpu_bf16_model_is_as_close_to_float32_as_sdpa(family):
+def test_gpu_bf16_model_is_as_close_to_float32_as_pytorch(family):
     """A 4-layer model at real head counts in bf16 on the GPU, left-padded batch of 2 x 1000: the
-    logits' error against the same weights in float32 (eager) is within twice SDPA's in bf16, and
-    a training step's gradients are finite."""
+    logits' error against the same weights in float32 (eager) is within twice PyTorch's in bf16
+    (SDPA; transformers' eager attention for Gemma 2, which it does not run on SDPA), and a
+    training step's gradients are finite."""
     import transformers as tf
 
     def config():
@@ -183,7 +184,8 @@ def test_gpu_bf16_model_is_as_close_to_float32_as_sdpa(family):
     with torch.no_grad():
         expected = reference(ids, attention_mask=mask).logits[real].double()
     errors = {}
-    for provider in (NAME, "sdpa"):
+    yardstick = "eager" if family == "gemma2" else "sdpa"
+    for provider in (NAME, yardstick):
         model = tf.AutoModelForCausalLM.from_config(config(), attn_implementation=provider, dtype=torch.bfloat16)
         model.load_state_dict(reference.state_dict())
         model.cuda().eval()
@@ -197,7 +199,7 @@ def test_gpu_bf16_model_is_as_close_to_float32_as_sdpa(family):
             out = model.generate(ids[:, -64:], attention_mask=mask[:, -64:], max_new_tokens=8, do_sample=False,
                                  pad_token_id=0)
             assert out.shape == (2, 72)
-    assert errors[NAME] <= 2 * errors["sdpa"] + 1e-2, errors
+    assert errors[NAME] <= 2 * errors[yardstick] + 1e-2, errors
 
 
 def test_a_forwards_layers_share_one_packing_of_the_mask(monkeypatch):

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from harness.environment import ENV_COLUMNS, capture_environment
-from harness.timing import benchmark
+from harness.timing import Timing, benchmark
 from kernels.integrations.transformers import register
 
 COLUMNS = ("provider", "phase", "batch", "seqlen", "new_tokens", "ms", "ms_p20", "ms_p80", "peak_mem_mb",
@@ -94,11 +94,11 @@ def main() -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
 
-        def write(provider, phase, seqlen, new_tokens, timing):
+        def write(provider, phase, seqlen, new_tokens, timing: Timing):
             writer.writerow({"provider": provider, "phase": phase, "batch": args.batch, "seqlen": seqlen,
-                             "new_tokens": new_tokens, "ms": timing[0], "ms_p20": timing[1], "ms_p80": timing[2],
-                             "peak_mem_mb": timing[3], "max_logit_diff": max_diff, "same_tokens": same_tokens,
-                             **{c: env[c] for c in ENV_COLUMNS}})
+                             "new_tokens": new_tokens, "ms": timing.ms, "ms_p20": timing.ms_p20,
+                             "ms_p80": timing.ms_p80, "peak_mem_mb": timing.peak_mem_mb, "max_logit_diff": max_diff,
+                             "same_tokens": same_tokens, **{c: env[c] for c in ENV_COLUMNS}})
             f.flush()
 
         train_ids, train_mask = padded_batch(args.batch, args.seqlen, "right", device)
@@ -120,7 +120,7 @@ def main() -> None:
             model.generate(prompt_ids, **generate_kw)
             torch.cuda.synchronize()
             ms = (time.perf_counter() - start) * 1e3
-            write(provider, "generate", prompt_ids.shape[1], args.new_tokens, (ms, ms, ms, float("nan")))
+            write(provider, "generate", prompt_ids.shape[1], args.new_tokens, Timing(ms, ms, ms, float("nan")))
     print(f"max_logit_diff {max_diff:.4f}, same_tokens {same_tokens}; rows in {path}")
 
 

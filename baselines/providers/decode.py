@@ -34,8 +34,11 @@ Providers that read a paged cache also have
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import itertools
 import math
+import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -308,6 +311,32 @@ def flashinfer_single_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=N
 # --------------------------------------------------------------------------------------
 # xformers' split-K decoding op (pure Triton: it runs where xformers' compiled ops do not load)
 # --------------------------------------------------------------------------------------
+# xformers' operator check (fmha/common.py, `_built_with_cuda`) refuses every CUDA operator of a
+# build whose C++ extension does not load, its pure-Triton split-K operator too, which needs none
+XFORMERS_BUILD_REFUSAL = "xFormers wasn't build with CUDA support"
+
+
+def xformers_fmha():
+    """xformers.ops.fmha, imported with a `flash_attn` package that is not flash-attn 2's hidden
+    from it: xformers' fmha/flash.py imports flash_attn.flash_attn_interface whenever
+    `importlib.util.find_spec("flash_attn")` finds a package, and FlashAttention-4's wheel
+    (flash-attn-4) installs a `flash_attn` package without that module (ModuleNotFoundError)."""
+    if "xformers.ops.fmha" in sys.modules:
+        return sys.modules["xformers.ops.fmha"]
+    find_spec = importlib.util.find_spec
+    flash_attn_4 = find_spec("flash_attn") is not None and find_spec("flash_attn.flash_attn_interface") is None
+
+    def without_flash_attn_4(name, package=None):
+        return None if name == "flash_attn" else find_spec(name, package)
+
+    if flash_attn_4:
+        importlib.util.find_spec = without_flash_attn_4
+    try:
+        return importlib.import_module("xformers.ops.fmha")
+    finally:
+        importlib.util.find_spec = find_spec
+
+
 def _xformers_bias(host, batch, cache_len, device):
     from xformers.ops.fmha.attn_bias import BlockDiagonalPaddedKeysMask
 
@@ -341,35 +370,50 @@ def xformers_refusal(exc: Exception, who: str) -> str | None:
                     + "; ".join(f"{name}: {', '.join(reasons)}" for name, *reasons in operators))
 
 
-def _xformers_forward(q, k, v, bias, softmax_scale, op, who: str):
-    """memory_efficient_attention_forward in xformers' BMGHK layout, the batch folded into the
-    sequence axis (the block-diagonal bias separates the sequences): q (1, B, Hkv, G, D); k and v,
-    a cache (B, S, Hkv, D) or a pool of pages (P, page_size, Hkv, D) alike, as (1, B * S or
-    P * page_size, Hkv, G, D), the G q heads of a kv head a stride-0 expand (which xformers'
-    dispatcher reads as GQA). `op` None lets the dispatcher choose."""
-    from xformers.ops import fmha
-
+def _xformers_layout(q, k, v):
+    """q (1, B, Hkv, G, D); k and v, a cache (B, S, Hkv, D) or a pool of pages (P, page_size,
+    Hkv, D) alike, as (1, B * S or P * page_size, Hkv, G, D): xformers' BMGHK layout, the batch
+    folded into the sequence axis (the block-diagonal bias separates the sequences), the G q heads
+    of a kv head a stride-0 expand (which xformers reads as GQA)."""
     batch, _, heads, hdim = q.shape
     kv_heads = k.shape[2]
     group = heads // kv_heads
     q5 = q.reshape(1, batch, kv_heads, group, hdim)
     k5, v5 = (t.reshape(1, -1, kv_heads, 1, hdim).expand(-1, -1, -1, group, -1) for t in (k, v))
-    chosen = {} if op is None else {"op": op}
+    return q5, k5, v5
+
+
+def _xformers_dispatch_forward(q, k, v, bias, softmax_scale):
+    """memory_efficient_attention_forward in xformers' BMGHK layout (_xformers_layout), the
+    operator of its dispatcher's choice."""
+    fmha = xformers_fmha()
     try:
-        out = fmha.memory_efficient_attention_forward(q5, k5, v5, attn_bias=bias, scale=_scale(q, softmax_scale),
-                                                      **chosen)
+        out = fmha.memory_efficient_attention_forward(*_xformers_layout(q, k, v), attn_bias=bias,
+                                                      scale=_scale(q, softmax_scale))
     except (ValueError, NotImplementedError) as exc:
-        reason = xformers_refusal(exc, who)
+        reason = xformers_refusal(exc, "xformers' dispatcher")
         if reason is None:
             raise
         raise UnsupportedInput(reason) from exc
     return out.reshape(q.shape)
 
 
-def _splitk_op():
-    from xformers.ops.fmha import triton_splitk
-
-    return triton_splitk.FwOp
+def _xformers_splitk_forward(q, k, v, bias, softmax_scale):
+    """xformers' split-K operator (triton_splitk.FwOp) in the BMGHK layout (_xformers_layout),
+    called as memory_efficient_attention_forward calls a chosen operator (validate, normalise,
+    the operator's own checks, apply), except that XFORMERS_BUILD_REFUSAL, which does not concern
+    a Triton kernel, is not a refusal; every other reason of the operator's is the row's."""
+    fmha = xformers_fmha()
+    op = fmha.triton_splitk.FwOp
+    inp = fmha.Inputs(*_xformers_layout(q, k, v), attn_bias=bias, scale=_scale(q, softmax_scale))
+    inp.validate_inputs()
+    inp.normalize_bmhk()
+    reasons = [reason for reason in op.not_supported_reasons(inp) if reason != XFORMERS_BUILD_REFUSAL]
+    if reasons:
+        raise UnsupportedInput(one_line(f"xformers' split-K op has no operator for this input: {op.NAME}: "
+                                        + ", ".join(reasons)))
+    out, _ = op.apply(inp, needs_gradient=False)
+    return out.reshape(q.shape)
 
 
 def xformers_splitk_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
@@ -377,7 +421,7 @@ def xformers_splitk_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=Non
     batch, cache_len = k_cache.shape[:2]
     bias = _PER_LENGTHS.get(cache_seqlens, ("xformers", batch, cache_len, str(q.device)),
                             lambda host: _xformers_bias(host, batch, cache_len, q.device))
-    return _xformers_forward(q, k_cache, v_cache, bias, softmax_scale, _splitk_op(), "xformers' split-K op")
+    return _xformers_splitk_forward(q, k_cache, v_cache, bias, softmax_scale)
 
 
 def xformers_splitk_decode_paged(q, k_pages, v_pages, block_table, cache_seqlens, softmax_scale=None):
@@ -387,7 +431,7 @@ def xformers_splitk_decode_paged(q, k_pages, v_pages, block_table, cache_seqlens
     key = ("xformers-paged", block_table.data_ptr(), tuple(block_table.shape), block_table._version, page_size)
     bias = _PER_LENGTHS.get(cache_seqlens, key, lambda host: _xformers_paged_bias(host, block_table, page_size,
                                                                                   q.device))
-    return _xformers_forward(q, k_pages, v_pages, bias, softmax_scale, _splitk_op(), "xformers' split-K op")
+    return _xformers_splitk_forward(q, k_pages, v_pages, bias, softmax_scale)
 
 
 def xformers_dispatch_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=None):
@@ -397,12 +441,13 @@ def xformers_dispatch_decode(q, k_cache, v_cache, cache_seqlens, softmax_scale=N
     batch, cache_len = k_cache.shape[:2]
     bias = _PER_LENGTHS.get(cache_seqlens, ("xformers", batch, cache_len, str(q.device)),
                             lambda host: _xformers_bias(host, batch, cache_len, q.device))
-    return _xformers_forward(q, k_cache, v_cache, bias, softmax_scale, None, "xformers' dispatcher")
+    return _xformers_dispatch_forward(q, k_cache, v_cache, bias, softmax_scale)
 
 
 def _xformers_triton_probe() -> None:
     import xformers
 
+    xformers_fmha()
     if not xformers._is_triton_available():
         raise RuntimeError("xformers finds no usable Triton on this GPU (it needs sm_80 or newer)")
     decode_probe(xformers_splitk_decode)()
@@ -500,11 +545,11 @@ _register("flashinfer-single", "FlashInfer single decode", flashinfer_single_dec
               decode_probe(flashinfer_single_decode, lengths=(100,), **SUITE_PROBE), "single decode"), min_arch(8)),
           _flashinfer_single_supports, "SingleDecode|SinglePrefill")
 _register("xformers-splitk", "xformers split-K (Triton)", xformers_splitk_decode,
-          optional_cuda_package("xformers.ops.fmha.triton_splitk", "xformers", _xformers_triton_probe, min_arch(8)),
+          optional_cuda_package("xformers", "xformers", _xformers_triton_probe, min_arch(8)),
           _in_headdims(XFORMERS_SPLITK_HEADDIMS, "xformers' split-K op"), "_fwd_kernel_splitK",
           decode_paged=xformers_splitk_decode_paged)
 _register("xformers-dispatch", "xformers memory_efficient_attention (its dispatcher)", xformers_dispatch_decode,
-          optional_cuda_package("xformers.ops", "xformers", decode_probe(xformers_dispatch_decode), min_arch(8)),
+          optional_cuda_package("xformers", "xformers", decode_probe(xformers_dispatch_decode), min_arch(8)),
           _any_shape, "_fwd_kernel_splitK|fmha_cutlassF|flash_fwd")
 
 
