@@ -50,6 +50,13 @@ TARGETS = {
     "decode": Target(
         "h200/decode", "the decode suite: split-KV against the decode peers over batch x cache length",
         (("--suite", "decode"),)),
+    "decode-eager": Target(
+        "h200/decode_eager", "the decode suite timed eagerly (do_bench, host time included): ours and cuDNN",
+        (("--suite", "decode", "--eager", "--providers", "sdpa-cudnn"),)),
+    "coverage": Target(
+        "h200/coverage", "the coverage suite: the shapes a model meets, ours against FA4, cuDNN and the official FA2 "
+        "kernel, with the kernel that served each of our rows",
+        (("--suite", "coverage"),)),
     "train": Target(
         "h100/train", "the training suite: GPT-3 1.3B and 2.7B at 2k and 8k context with each attention provider (the "
         "paper's Table 1 on one GPU), the longest context in 60 GiB, the loss curves",
