@@ -219,3 +219,22 @@ def test_a_forwards_layers_share_one_packing_of_the_mask(monkeypatch):
     with torch.no_grad():
         ours(ids, attention_mask=mask)
     assert len(calls) == 2  # the keys' packing and the queries', for both layers
+
+
+def test_the_llama_example_writes_a_row_per_provider_and_phase(tmp_path):
+    """tools/transformers_llama.py end to end on a tiny config (Triton's interpreter on the CPU):
+    the two implementations agree, and every (provider, phase) row is written with its times
+    and the environment."""
+    import csv
+
+    from tools import transformers_llama
+
+    transformers_llama.main(["--out", str(tmp_path), "--tiny", "--layers", "1", "--batch", "2", "--seqlen", "40",
+                             "--new-tokens", "2"])
+    with (tmp_path / "transformers_llama.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [(row["provider"], row["phase"]) for row in rows] == [
+        (provider, phase) for provider in (NAME, "sdpa") for phase in ("prefill", "train", "generate")]
+    assert all(float(row["ms"]) > 0 and float(row["ms_p20"]) <= float(row["ms_p80"]) for row in rows)
+    assert all(row["same_tokens"] == "True" and float(row["max_logit_diff"]) < 1e-4 for row in rows)
+    assert all(row["torch"] == torch.__version__ for row in rows)

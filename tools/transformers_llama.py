@@ -30,22 +30,35 @@ from harness.environment import ENV_COLUMNS, capture_environment
 from harness.timing import Timing, benchmark
 from kernels.integrations.transformers import register
 
+VOCAB_TINY = 1000
+PROMPT_TOKENS = 256  # generate's prompt: the last tokens of the prefill batch
 COLUMNS = ("provider", "phase", "batch", "seqlen", "new_tokens", "ms", "ms_p20", "ms_p80", "peak_mem_mb",
            "max_logit_diff", "same_tokens", *ENV_COLUMNS)
 
 
-def llama_config(layers: int):
+def llama_config(layers: int, tiny: bool = False):
+    """Llama 3.2 1B's shape with `layers` layers; `tiny`: a small one of the same design (GQA 4/2,
+    head dim 32), which the CPU test runs through Triton's interpreter."""
     import transformers
 
+    if tiny:
+        return transformers.LlamaConfig(vocab_size=VOCAB_TINY, hidden_size=128, intermediate_size=256,
+                                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                        head_dim=32, max_position_embeddings=4096, tie_word_embeddings=True)
     return transformers.LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                                     num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8,
                                     head_dim=64, max_position_embeddings=131072, rope_theta=500000.0,
                                     tie_word_embeddings=True)
 
 
-def padded_batch(batch: int, seqlen: int, side: str, device) -> tuple[torch.Tensor, torch.Tensor]:
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def padded_batch(batch: int, seqlen: int, side: str, device, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random tokens and a mask whose row b holds seqlen - b * seqlen // (2 * batch) tokens."""
-    ids = torch.randint(0, 128256, (batch, seqlen), device=device)
+    ids = torch.randint(0, vocab, (batch, seqlen), device=device)
     mask = torch.ones(batch, seqlen, dtype=torch.long, device=device)
     for b in range(batch):
         pad = b * seqlen // (2 * batch)
@@ -56,32 +69,39 @@ def padded_batch(batch: int, seqlen: int, side: str, device) -> tuple[torch.Tens
     return ids, mask
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seqlen", type=int, default=2048)
     parser.add_argument("--new-tokens", type=int, default=64)
-    args = parser.parse_args()
+    parser.add_argument("--tiny", action="store_true",
+                        help="a small config of the same design, in float32 on the CPU where there is no GPU "
+                             "(the CPU test's; its times say nothing of a GPU)")
+    args = parser.parse_args(argv)
     import transformers
 
-    device = torch.device("cuda")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and not args.tiny:
+        parser.error("the Llama 1B shape needs a CUDA GPU; --tiny runs a small config on the CPU")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    vocab = VOCAB_TINY if args.tiny else 128256
     name = register()
     torch.manual_seed(0)
     models = {}
     for provider in (name, "sdpa"):
         models[provider] = transformers.AutoModelForCausalLM.from_config(
-            llama_config(args.layers), attn_implementation=provider, dtype=torch.bfloat16).to(device)
+            llama_config(args.layers, args.tiny), attn_implementation=provider, dtype=dtype).to(device)
     models["sdpa"].load_state_dict(models[name].state_dict())
 
-    ids, mask = padded_batch(args.batch, args.seqlen, "left", device)
+    ids, mask = padded_batch(args.batch, args.seqlen, "left", device, vocab)
     with torch.no_grad():
         logits = {p: m(ids, attention_mask=mask).logits for p, m in models.items()}
     real = mask.bool()
     max_diff = (logits[name][real].float() - logits["sdpa"][real].float()).abs().max().item()
     del logits
-    prompt_ids, prompt_mask = ids[:, -256:], mask[:, -256:]
+    prompt_ids, prompt_mask = ids[:, -PROMPT_TOKENS:], mask[:, -PROMPT_TOKENS:]
     generate_kw = {"attention_mask": prompt_mask, "max_new_tokens": args.new_tokens, "do_sample": False,
                    "pad_token_id": 0, "min_new_tokens": args.new_tokens}
     tokens = {p: m.generate(prompt_ids, **generate_kw) for p, m in models.items()}
@@ -101,7 +121,7 @@ def main() -> None:
                              "same_tokens": same_tokens, **{c: env[c] for c in ENV_COLUMNS}})
             f.flush()
 
-        train_ids, train_mask = padded_batch(args.batch, args.seqlen, "right", device)
+        train_ids, train_mask = padded_batch(args.batch, args.seqlen, "right", device, vocab)
         labels = train_ids.masked_fill(train_mask == 0, -100)
         for provider, model in models.items():
             def prefill(model=model):
@@ -115,10 +135,10 @@ def main() -> None:
             model.train()
             write(provider, "train", args.seqlen, 0, benchmark(train, device, grad_to_none=list(model.parameters())))
             model.eval()
-            torch.cuda.synchronize()
+            synchronize(device)
             start = time.perf_counter()
             model.generate(prompt_ids, **generate_kw)
-            torch.cuda.synchronize()
+            synchronize(device)
             ms = (time.perf_counter() - start) * 1e3
             write(provider, "generate", prompt_ids.shape[1], args.new_tokens, Timing(ms, ms, ms, float("nan")))
     print(f"max_logit_diff {max_diff:.4f}, same_tokens {same_tokens}; rows in {path}")
