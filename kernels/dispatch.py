@@ -14,6 +14,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .checks import DENSE, Features
 from .configs import BwdConfig, FwdConfig, padded_headdim
+from .launch import PlanCache
 
 # The Gluon kernels are written against Triton 3.6's Gluon API, which later releases change
 # (3.8 removed gl.thread_barrier). Where they cannot be imported or compiled, every call takes
@@ -55,7 +56,7 @@ def packed_view(t: torch.Tensor) -> torch.Tensor | None:
         (batch * seqlen, *t.shape[2:]), (t.stride(1), *t.stride()[2:]))
 
 
-_DENSE_CU_SEQLENS: dict = {}
+_DENSE_CU_SEQLENS = PlanCache()
 
 
 def packed_features(q: torch.Tensor, k: torch.Tensor) -> Features:
@@ -66,7 +67,7 @@ def packed_features(q: torch.Tensor, k: torch.Tensor) -> Features:
     cu = _DENSE_CU_SEQLENS.get(key)
     if cu is None:
         steps = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
-        cu = _DENSE_CU_SEQLENS[key] = (steps * seqlen_q, steps * seqlen_k)
+        cu = _DENSE_CU_SEQLENS.put(key, (steps * seqlen_q, steps * seqlen_k))
     return Features(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], max_seqlen_q=seqlen_q, max_seqlen_k=seqlen_k)
 
 

@@ -13,12 +13,11 @@
 #     from, as one xz tarball of about 12 MB.
 #
 # Where pip works, in the project root:   bash tools/peer_wheels.sh       (a few minutes: xz)
-#   makes .whl-peers/ (git-ignored through .git/info/exclude), about 18 MB: one call carries it
-#   beside the tree. On the GPU machine, with ".whl-peers" in the call's carry list:
+#   makes .whl-peers/ (git-ignored through .git/info/exclude), about 18 MB. Copy it beside the
+#   checkout on the GPU machine, then there:
 #     bash tools/peer_wheels.sh --install && export PYTHONPATH=/tmp/site
 #   which installs into /tmp/site with `pip install --no-index --no-deps --target /tmp/site` and
-#   unpacks FlashInfer there. FlashInfer compiles into ~/.cache/flashinfer, kept while the machine
-#   stays warm. FA4's pack (flash-attn-4) carries the same apache-tvm-ffi wheel: install both
+#   unpacks FlashInfer there. FlashInfer compiles into ~/.cache/flashinfer on first use. FA4's pack (flash-attn-4) carries the same apache-tvm-ffi wheel: install both
 #   packs into the same /tmp/site; the second install replaces the first's copy with its twin.
 set -euo pipefail
 VERS_XFORMERS=0.0.35 VERS_FLASHINFER=0.7.2.post1 VERS_TVM_FFI=0.1.15.post2
