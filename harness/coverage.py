@@ -99,8 +99,12 @@ def _why_not_gluon(case: Case, mode: str, device) -> str:
         return f"the head-dim-{case.hdim} {mode} config takes no Gluon kernel (hopper_gluon_min_keys 0)"
     if keys < config.hopper_gluon_min_keys:
         return f"{keys} keys: fewer than the {mode} config's hopper_gluon_min_keys {config.hopper_gluon_min_keys}"
-    # off the dense kernels' grid (or with unequal lengths) a dense call takes the varlen kernels
+    # off the dense kernels' grid (or with unequal lengths) a dense call takes the varlen kernels,
+    # which have no window, softcap or ALiBi
     off_grid = not case.packed and (case.keys != case.seqlen or case.seqlen % hopper.BLOCK_M)
+    if off_grid and (case.window != (-1, -1) or case.softcap or case.alibi):
+        return ("a window, softcap or ALiBi with lengths off the 128-row grid or unequal: the Gluon varlen "
+                "kernels have none of them")
     if mode == "bwd" and (case.packed or off_grid or case.kv_heads != case.heads) and not dispatch.bwd_gluon_fuses_dq(
             config, case.hdim):
         return ("packed lengths, GQA and lengths off the 128-row grid take the Gluon backward only with dQ fused "

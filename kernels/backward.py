@@ -223,19 +223,22 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
-    dk = torch.empty_like(k, memory_format=torch.contiguous_format)
-    dv = torch.empty_like(v, memory_format=torch.contiguous_format)
     if seqlen_q == 0 or seqlen_k == 0 or batch * heads == 0:
-        return torch.zeros_like(q, memory_format=torch.contiguous_format), dk.zero_(), dv.zero_()
+        return (torch.zeros_like(q, memory_format=torch.contiguous_format),
+                torch.zeros_like(k, memory_format=torch.contiguous_format),
+                torch.zeros_like(v, memory_format=torch.contiguous_format))
     device = q.device  # the config passed in the key (None: the table's, as the forward's plan key has it)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), out.stride(), q.dtype, device, causal,
            config, deterministic, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16,
            out.data_ptr() % 16, dispatch.gluon_unavailable)
-    plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, do, out, dk, dv, causal,
+    plan = _PLANS.get(key) or _PLANS.put(key, _dense_plan(q, k, v, do, out, causal,
                                                           config or default_bwd_config(headdim, device), deterministic))
-    delta = torch.empty_like(lse)
     try:
-        return plan(do, q, k, v, out, lse, delta, dk, dv, softmax_scale)
+        if getattr(plan, "packed", False):  # the varlen kernels' path makes its own outputs
+            return plan(do, q, k, v, out, lse, None, None, None, softmax_scale)
+        dk = torch.empty_like(k, memory_format=torch.contiguous_format)
+        dv = torch.empty_like(v, memory_format=torch.contiguous_format)
+        return plan(do, q, k, v, out, lse, torch.empty_like(lse), dk, dv, softmax_scale)
     except dispatch.GLUON_BUILD_ERRORS as exc:
         if not plan.gluon:
             raise
@@ -337,13 +340,13 @@ class _DensePlan:
         return dq, dk, dv
 
 
-def _dense_plan(q, k, v, do, out, dk, dv, causal: bool, cfg: BwdConfig, deterministic: bool) -> _DensePlan:
+def _dense_plan(q, k, v, do, out, causal: bool, cfg: BwdConfig, deterministic: bool) -> _DensePlan:
     """The launches of `flash_attn_backward` for tensors shaped, strided and aligned like these
-    (dk, dv: the call's fresh contiguous outputs; dq is contiguous like them)."""
+    (dq, dk and dv are fresh and contiguous)."""
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
-    dq = torch.empty_like(q, memory_format=torch.contiguous_format)  # for its strides (and a Triton plan's
-    # accumulator's); not kept by the plan
+    # for their strides (and a Triton plan's accumulator's); not kept by the plan
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     module = sys.modules[__name__]
     block_d = padded_headdim(headdim)
     pre_constexprs = {"HEAD_DIM": headdim, "BLOCK_D": block_d, "BLOCK_M": 64}
@@ -376,7 +379,7 @@ def _dense_plan(q, k, v, do, out, dk, dv, causal: bool, cfg: BwdConfig, determin
         def run_packed(do, q, k, v, out, lse, delta, dk, dv, softmax_scale):
             return backward_packed(do, q, k, v, out, lse, softmax_scale, causal, cfg)
 
-        run_packed.gluon = True
+        run_packed.gluon = run_packed.packed = True
         return run_packed
     if path == HOPPER_GLUON_PATH and on_hopper(q.device):
         # the Gluon kernel (compiled for sm_90 only), adding dQ itself where the config says so

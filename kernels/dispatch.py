@@ -61,14 +61,25 @@ _DENSE_CU_SEQLENS = PlanCache()
 
 def packed_features(q: torch.Tensor, k: torch.Tensor) -> Features:
     """The packed-sequence Features of a dense call (each batch row one sequence, seqlen_q queries
-    against seqlen_k keys): cu_seqlens made once per (batch, lengths, device) and kept."""
+    against seqlen_k keys), for the varlen kernels: cu_seqlens made on q's device once per (batch,
+    lengths, device) and kept, except while a CUDA graph is being captured (a tensor made then
+    holds its values only once the graph replays: that call's own are made for it alone)."""
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     key = (batch, seqlen_q, seqlen_k, q.device)
     cu = _DENSE_CU_SEQLENS.get(key)
     if cu is None:
         steps = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
-        cu = _DENSE_CU_SEQLENS.put(key, (steps * seqlen_q, steps * seqlen_k))
+        cu = (steps * seqlen_q, steps * seqlen_k)
+        if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            _DENSE_CU_SEQLENS.put(key, cu)
     return Features(cu_seqlens_q=cu[0], cu_seqlens_k=cu[1], max_seqlen_q=seqlen_q, max_seqlen_k=seqlen_k)
+
+
+def _packed_scope(q: torch.Tensor, k: torch.Tensor) -> Features:
+    """What the varlen rules read of a dense call's packed_features (the lengths and, from
+    cu_seqlens' length, the batch), without making its cu_seqlens on the device."""
+    counts = torch.empty(q.shape[0] + 1, dtype=torch.int32)
+    return Features(cu_seqlens_q=counts, cu_seqlens_k=counts, max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1])
 
 
 def _dense_as_packed(config: FwdConfig, q, k, v, out) -> bool:
@@ -77,7 +88,7 @@ def _dense_as_packed(config: FwdConfig, q, k, v, out) -> bool:
     views = [packed_view(t) for t in (q, k, v, out)]
     if any(t is None for t in views) or q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31:
         return False
-    return hopper_gluon_varlen_applies(config, *views, packed_features(q, k))
+    return hopper_gluon_varlen_applies(config, *views, _packed_scope(q, k))
 
 
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
@@ -229,7 +240,7 @@ def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, de
     if features is DENSE or features.dense:
         views = [packed_view(t) for t in (q, k, v, do)]
         if all(t is not None for t in views) and hopper_gluon_varlen_bwd_applies(
-                config, *views, packed_features(q, k), deterministic):
+                config, *views, _packed_scope(q, k), deterministic):
             return HOPPER_GLUON_PACKED_PATH
     return "triton"
 

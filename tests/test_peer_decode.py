@@ -294,14 +294,31 @@ def test_xformers_imports_beside_flash_attn_4(monkeypatch, tmp_path):
         "import importlib.util\n"
         "if importlib.util.find_spec('flash_attn'):\n"
         "    import flash_attn.flash_attn_interface\n")
+    (fmha / "attn_bias.py").write_text(
+        "class BlockDiagonalPaddedKeysMask:\n"
+        "    @classmethod\n"
+        "    def from_seqlens(cls, q_seqlen, kv_padding, kv_seqlen, device=None):\n"
+        "        return (q_seqlen, kv_padding, kv_seqlen)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("flash_attn", "xformers", "xformers.ops", "xformers.ops.fmha"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    modules = ("flash_attn", "xformers", "xformers.ops", "xformers.ops.fmha", "xformers.ops.fmha.attn_bias",
+               "flash_attn.flash_attn_interface")
+    for name in modules:  # set to themselves first, so that the test's imports are undone after it
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name))
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(ModuleNotFoundError, match="flash_attn.flash_attn_interface"):
         importlib.import_module("xformers.ops.fmha")
-    monkeypatch.delitem(sys.modules, "xformers.ops.fmha", raising=False)
+    for name in modules:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    # the bias, the first thing a call makes, imports xformers' fmha the same way
+    assert decode._xformers_bias((3, 5), 2, 8, "cpu") == ([1, 1], 8, [3, 5])
     assert decode.xformers_fmha().__name__ == "xformers.ops.fmha"
     assert importlib.util.find_spec("flash_attn") is not None  # the look-up is itself again
+    # flash-attn 2's package (with flash_attn_interface) is not hidden: xformers imports it as before
+    (tmp_path / "flash_attn" / "flash_attn_interface.py").write_text("")
+    for name in modules:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    decode.xformers_fmha()
+    assert "flash_attn.flash_attn_interface" in sys.modules
 
 
 def test_xformers_dispatcher_refusal_is_the_row_reason_with_each_operators_reasons(monkeypatch):

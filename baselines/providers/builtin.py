@@ -61,8 +61,9 @@ def _fa2_config(spec: Spec) -> str:
         # which dK/dV kernel: the Triton one, or the Gluon one ('gluon-ws', head dim 128 on Hopper);
         # and whether it adds dQ itself (atomics) instead of the dQ kernel
         dkdv_path = dispatch.bwd_dkdv_path(bwd, like, like, like, like)
+        # the varlen kernel a dense call off the grid takes ('gluon-ws-packed') always adds dQ
         fuses = (dispatch.bwd_gluon_fuses_dq(bwd, spec.hdim) if dkdv_path == dispatch.HOPPER_GLUON_PATH
-                 else dispatch.bwd_fuses_dq(bwd, spec.seqlen))
+                 else dkdv_path == dispatch.HOPPER_GLUON_PACKED_PATH or dispatch.bwd_fuses_dq(bwd, spec.seqlen))
         config.update(bwd=asdict(bwd), bwd_dkdv_path=dkdv_path, bwd_fuses_dq=fuses)
     return json.dumps(config, sort_keys=True)
 
@@ -71,9 +72,10 @@ register(Provider(
     name="fa2", label="FA2 (this repo, Triton)", forward=_fa2_forward,
     availability=everywhere, supports=triton_supports,
     # the forward is _flash_fwd_kernel, or the Gluon _flash_fwd_hopper_kernel (head dims 64 and 128 on
-    # Hopper); the backward's dK/dV kernel _flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_hopper_kernel
-    # (head dim 128 on Hopper from 1k keys)
-    kernel_regex="_flash_fwd(_hopper)?_kernel", bwd_kernel_regex="_flash_bwd_dkdv(_hopper)?_kernel",
+    # Hopper; its varlen variant for lengths off the 128-row grid); the backward's dK/dV kernel
+    # _flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_hopper_kernel (head dim 128 on Hopper from 1k keys;
+    # the varlen variant off the grid)
+    kernel_regex="_flash_fwd(_hopper)?(_varlen)?_kernel", bwd_kernel_regex="_flash_bwd_dkdv(_hopper)?(_varlen)?_kernel",
     config=_fa2_config,
 ))
 

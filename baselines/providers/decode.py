@@ -42,6 +42,7 @@ import sys
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -324,7 +325,13 @@ def xformers_fmha():
     if "xformers.ops.fmha" in sys.modules:
         return sys.modules["xformers.ops.fmha"]
     find_spec = importlib.util.find_spec
-    flash_attn_4 = find_spec("flash_attn") is not None and find_spec("flash_attn.flash_attn_interface") is None
+    try:
+        spec = find_spec("flash_attn")
+    except ValueError:  # a `flash_attn` module without a spec in sys.modules: left as it is
+        spec = None
+    # flash-attn 2's package has flash_attn_interface.py; FA4's has not (looked up, not imported)
+    flash_attn_4 = spec is not None and not any(Path(folder, "flash_attn_interface.py").exists()
+                                                for folder in spec.submodule_search_locations or ())
 
     def without_flash_attn_4(name, package=None):
         return None if name == "flash_attn" else find_spec(name, package)
@@ -338,6 +345,7 @@ def xformers_fmha():
 
 
 def _xformers_bias(host, batch, cache_len, device):
+    xformers_fmha()  # before any other import of xformers' fmha (it imports flash_attn's modules)
     from xformers.ops.fmha.attn_bias import BlockDiagonalPaddedKeysMask
 
     _checked_host_lengths(host, cache_len)
@@ -348,6 +356,7 @@ def _xformers_bias(host, batch, cache_len, device):
 def _xformers_paged_bias(host, block_table, page_size, device):
     """The block-diagonal bias over a paged cache: sequence b's slot j at row
     block_table[b, j // page_size] * page_size + j % page_size of the pool."""
+    xformers_fmha()
     from xformers.ops.fmha.attn_bias import PagedBlockDiagonalPaddedKeysMask
 
     bias = _xformers_bias(host, block_table.shape[0], block_table.shape[1] * page_size, device)
