@@ -601,7 +601,7 @@ SECTIONS = {
     "decode_peers_h100": lambda: decode_peers_table(H100 / "decode"),
     "decode_peers_h200": lambda: decode_peers_table(H200 / "decode"),
     "decode_eager_h200": lambda: decode_eager_table(H200 / "decode", H200 / "decode_eager"),
-    "coverage_h200": lambda: file_section(H200 / "coverage" / "coverage.md", start_at="| case",
+    "coverage_h200": lambda: file_section(H200 / "coverage" / "coverage.md", start_at="TFLOPs/s on the visible",
                                           stop_at="## Providers that did not take"),
     "decode_eager_h100": lambda: decode_eager_table(H100 / "decode_graph_quick", H100 / "decode_eager_quick"),
     "ladder_code_facts": lambda: ladder_code_facts_table(LADDER_PROBE / "code_facts_sm90.csv"),
