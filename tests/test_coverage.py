@@ -134,3 +134,29 @@ def test_a_peer_that_cannot_take_a_case_is_an_unsupported_row_with_the_reason():
     assert row["status"] == "unsupported" and "packed variable lengths" in row["reason"]
     row = coverage.features.measure(TINY[3], "sdpa-flash", "fwd", cpu, torch.float32)  # GQA, equal lengths
     assert row["status"] == "ok" and row["rel_err"] < 1e-5
+
+
+def test_on_hopper_the_kernel_column_names_the_varlen_kernels_off_the_grid(monkeypatch):
+    """On an sm_90 device (its capability stood in for): a dense call off the 128-row grid on the
+    varlen kernels is named so, with no reason; a call left on Triton says why, a feature call
+    off the grid that the varlen kernels have no feature for among them."""
+    import json
+
+    from kernels import configs
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    configs._is_hopper.cache_clear()
+    try:
+        cuda = torch.device("cuda", 0)
+        packed = json.dumps({"kernels": {"fwd": "gluon-ws-packed", "bwd": "gluon-ws-packed", "dq": "fused"}})
+        triton = json.dumps({"kernels": {"fwd": "pointer", "bwd": "triton", "dq": "dq-kernel"}})
+        off_grid = Case("off-grid", "d128-3000", 5, 3000, 16, 16)
+        assert coverage.kernels_served(off_grid, cuda, packed) == {
+            "fwd": ("Gluon varlen (batch rows packed) fwd", ""),
+            "bwd": ("Gluon varlen (batch rows packed) dK/dV, fused dQ", "")}
+        short = coverage.kernels_served(Case("off-grid", "d64-1000", 16, 1000, 32, 32, hdim=64), cuda, triton)
+        assert short["fwd"] == ("Triton fwd, pointer", "1000 keys: fewer than the fwd config's hopper_gluon_min_keys 4096")
+        window = coverage.kernels_served(Case("window", "w", 2, 3000, 16, 16, window=(256, 0)), cuda, triton)
+        assert window["fwd"][1].startswith("a window, softcap or ALiBi with lengths off the 128-row grid")
+    finally:
+        configs._is_hopper.cache_clear()
