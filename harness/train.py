@@ -336,8 +336,13 @@ def measure_rows(args, out_dir) -> None:
         if "parity" in args.train_parts:
             run_parity(args, rows, settings)
     if ranks.mesh is not None:  # every rank done before any tears the group down (gloo aborts otherwise)
+        # the trained models' reference cycles (FSDP2 modules, their collectives' tensors) freed while
+        # the group is alive: left to the interpreter's exit, gloo's worker threads can meet them
+        # there and abort the rank ("terminate called without an active exception")
+        gc.collect()
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+        gc.collect()
 
 
 def main(argv: list[str] | None = None) -> int:
