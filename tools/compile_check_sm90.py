@@ -119,6 +119,20 @@ def dq_descriptor_type() -> str:
     return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout_unswizzled()!r}>"
 
 
+def assembled(compiled, name: str) -> tuple[str, subprocess.CompletedProcess]:
+    """A compiled kernel's PTX (dumped under `name`) and ptxas's verbose report of it for sm_90a."""
+    ptx = compiled.asm["ptx"]
+    dump_ptx(name, ptx)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
+                               capture_output=True, text=True, check=True)
+    finally:
+        os.unlink(f.name)
+    return ptx, ptxas
+
+
 def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
     """A Gluon kernel of kernels/hopper/ compiled for sm_90: shared memory, spills (ptxas), and
     what makes it fast: warp specialisation (setmaxnreg), a wgmma left in flight (wait_group 1),
@@ -128,13 +142,7 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
     signature = {name: signature[name] for name in kernel.arg_names}  # in the kernel's order
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=TARGET,
                               options={"num_warps": 4, "maxnreg": 168})
-    ptx = compiled.asm["ptx"]
-    dump_ptx(f"{kernel.fn.__name__} {label}", ptx)
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
-                           capture_output=True, text=True, check=True)
-    os.unlink(f.name)
+    ptx, ptxas = assembled(compiled, f"{kernel.fn.__name__} {label}")
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)))
     serialised = " wgmma serialised (ptxas C7512)" if "C7512" in ptxas.stderr else ""
@@ -349,7 +357,7 @@ def decode_report(emit) -> None:
     rotary = {"HEAD_DIM": headdim, "BLOCK_D": headdim, "ROTARY_HALF": 32, "BLOCK_HALF": 32, "INTERLEAVED": False}
     for kernel, constexprs, num_warps in (
             (_fwd_kvcache_combine_kernel, {"HEAD_DIM": headdim, "BLOCK_D": headdim, "BLOCK_S": 32}, 4),
-            (_kvcache_append_kernel, {**rotary, "PAGE_SIZE": 16, "HAS_BATCH_IDX": False, "HAS_LEFTPAD": False}, 1),
+            (_kvcache_append_kernel, {**rotary, "PAGE_SIZE": 16, "HAS_BATCH_IDX": False}, 1),
             (_rotary_kernel, {**rotary, "STEP": True}, 1)):
         types = {name: "constexpr" if name in constexprs else
                  ("*fp32" if name in ("OutAcc", "LseAcc", "LSE") else
@@ -367,13 +375,7 @@ def compiled_report(kernel, types: dict, constexprs: dict, num_warps: int, num_s
                if types[name].startswith("*")}  # as torch allocates them
     compiled = triton.compile(ASTSource(kernel, types, constexprs, aligned), target=TARGET,
                               options={"num_warps": num_warps, "num_stages": num_stages})
-    ptx = compiled.asm["ptx"]
-    dump_ptx(f"{kernel.fn.__name__} {label}", ptx)
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
-                           capture_output=True, text=True, check=True)
-    os.unlink(f.name)
+    _, ptxas = assembled(compiled, f"{kernel.fn.__name__} {label}")
     registers = re.search(r"Used (\d+) registers", ptxas.stderr)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     return (f"{kernel.fn.__name__} {label} w{num_warps} s{num_stages}  smem {compiled.metadata.shared:6d} B  "

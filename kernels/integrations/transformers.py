@@ -31,8 +31,6 @@ import torch
 from ..interface import flash_attn_func, flash_attn_varlen_func
 from ..padding import index_first_axis, pad_input, padding_indices
 
-ATTN_IMPLEMENTATION = "fa2_triton"  # the attn_implementation name register() gives the kernels by default
-
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
@@ -109,7 +107,7 @@ def _hide_shadowed_hub_kernels() -> None:
                   "is off in this process (install the project to import it as `fa2_kernels`)", stacklevel=3)
 
 
-def register(name: str = ATTN_IMPLEMENTATION) -> str:
+def register(name: str = "fa2_triton") -> str:
     """Register the kernels under `name` with transformers (pass it as `attn_implementation`)."""
     _hide_shadowed_hub_kernels()
     from transformers import AttentionInterface
