@@ -14,7 +14,7 @@ import textwrap
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers", reason="the integration's tests need the [transformers] extra")
 
 from kernels.integrations.transformers import register
 from kernels.padding import index_first_axis, pad_input, unpad_input

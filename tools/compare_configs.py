@@ -40,6 +40,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baselines.reference import attention_reference, attention_reference_varlen, attention_same_dtype
+from harness.accuracy import within_twice_the_error
 from harness.environment import ROW_ENV_COLUMNS, capture_environment
 from harness.timing import benchmark
 from kernels import BwdConfig, FwdConfig, flash_attn_func, flash_attn_varlen_func
@@ -150,6 +151,9 @@ class Call:
         return lambda: torch.autograd.grad(self.run(fwd, bwd), (self.q, self.k, self.v), self.dout)
 
 
+ACCURACY_EPS = 1e-5  # beside twice PyTorch's same-dtype error
+
+
 def check_accuracy(call: Call, label: str, fwd: FwdConfig, bwd: BwdConfig, ref, same) -> None:
     """Each of out, dq, dk, dv within twice PyTorch's same-dtype error of float64 (plus 1e-5), else
     a SystemExit naming the config and the output: a config that computes something else is not
@@ -157,11 +161,11 @@ def check_accuracy(call: Call, label: str, fwd: FwdConfig, bwd: BwdConfig, ref, 
     out = call.run(fwd, bwd)
     got = (out, *torch.autograd.grad(out, (call.q, call.k, call.v), call.dout))
     for name, g, r, s in zip(("out", "dq", "dk", "dv"), got, ref, same):
-        err = (g.double() - r).abs().max().item()
-        bound = 2 * (s.double() - r).abs().max().item() + 1e-5
-        if not err <= bound:
-            raise SystemExit(f"config {label}: {name} is off the float64 reference by {err:.3g} "
-                             f"(at most {bound:.3g} allowed: twice PyTorch's same-dtype error); not timed")
+        ok, err, yardstick = within_twice_the_error(g, r, s, ACCURACY_EPS)
+        if not ok:
+            raise SystemExit(f"config {label}: {name} is off the float64 reference by {err:.3g}, or not finite "
+                             f"(at most {2 * yardstick + ACCURACY_EPS:.3g} allowed: twice PyTorch's same-dtype error); "
+                             "not timed")
 
 
 def main(argv: list[str] | None = None) -> Path:
