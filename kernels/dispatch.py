@@ -186,9 +186,10 @@ def hopper_gluon_varlen_bwd_applies(config: BwdConfig, q, k, v, do, features: Fe
                                     deterministic: bool = False) -> bool:
     """Packed variable lengths on the Gluon dK/dV kernel with dQ fused (flash_attn_hopper's varlen
     backward): the forward's scope (hopper_gluon_varlen_applies, with the backward table's
-    hopper_gluon_min_keys) at head dim 128 (the fused dQ splits it between the consumers), unless
-    a deterministic backward is asked for (the dQ reduce-adds' order varies between runs)."""
-    if gluon_unavailable or deterministic or not config.hopper_gluon_fused_dq or q.shape[-1] != 128:
+    hopper_gluon_min_keys) at the head dims where that kernel fuses dQ (64 and 128), unless a
+    deterministic backward is asked for (the dQ reduce-adds' order varies between runs)."""
+    if (gluon_unavailable or deterministic or not config.hopper_gluon_fused_dq
+            or q.shape[-1] not in flash_attn_hopper.FUSED_DQ_HEAD_DIMS):
         return False
     if -(-features.max_seqlen_k // flash_attn_hopper.BWD_BLOCK_N) > flash_attn_hopper.BWD_MAX_KEY_BLOCKS:
         return False  # the grid's second axis (flash_attn_hopper.bwd_grid)
@@ -256,9 +257,10 @@ def gluon_feature_flags(features: Features, causal: bool) -> dict:
 def bwd_gluon_fuses_dq(config: BwdConfig, headdim: int, deterministic: bool = False) -> bool:
     """On the 'gluon-ws' path: whether the Gluon kernel adds dQ itself (TMA reduce-adds, the sum's
     order varying between runs) instead of the dQ kernel writing it: where the config asks for it,
-    at head dim 128 (its two consumers split dQ's columns), unless a deterministic backward is
-    asked for."""
-    return config.hopper_gluon_fused_dq and headdim == 128 and not deterministic
+    at head dims 64 and 128 (its two consumers split dQ's columns at 128 and take turns by step at
+    64), unless a deterministic backward is asked for."""
+    return (config.hopper_gluon_fused_dq and flash_attn_hopper is not None
+            and headdim in flash_attn_hopper.FUSED_DQ_HEAD_DIMS and not deterministic)
 
 
 def bwd_uses_tma(config: BwdConfig, q, k, v, do) -> bool:

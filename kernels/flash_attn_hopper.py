@@ -18,7 +18,7 @@ slower); fp16 or bf16; each tensor a (batch * seqlen, heads * head dim) 2D view 
 not overlap. Beyond dense attention they take GQA/MQA, sliding windows, softcap and ALiBi (the
 backward with dQ fused only, `dispatch.bwd_dkdv_path`). Packed variable lengths have kernels of
 their own, causal or not and with no other feature: a forward (`dispatch.hopper_gluon_varlen_applies`)
-and, at head dim 128, a dK/dV kernel with dQ fused (`dispatch.hopper_gluon_varlen_bwd_applies`).
+and, at head dims 64 and 128, a dK/dV kernel with dQ fused (`dispatch.hopper_gluon_varlen_bwd_applies`).
 A dense call off the dense kernels' scope (lengths off the 128-row grid, fewer or more queries
 than keys) runs these varlen kernels with each batch row a packed sequence
 (`dispatch.HOPPER_GLUON_PACKED_PATH`).
@@ -59,6 +59,7 @@ from .hopper.shared import (
     BWD_MAX_KEY_BLOCKS,
     BWD_STAGES,
     DQ_REGISTER_BOX,
+    FUSED_DQ_HEAD_DIMS,
     HEAD_DIMS,  # noqa: F401 -- the scope dispatch.py checks
     LOG2E,
     STAGES,
@@ -222,10 +223,13 @@ def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: i
     return width, n_blocks, pairs // width
 
 
-def dq_first(config: BwdConfig, kv_group: int, flags: dict) -> bool:
-    """Whether the fused dQ's matmul goes before dK's (the dK/dV kernel's DQ_FIRST): as
+def dq_first(config: BwdConfig, kv_group: int, flags: dict, headdim: int = 128) -> bool:
+    """Whether the fused dQ's matmul goes before dK's (the dK/dV kernel's DQ_FIRST): never at head
+    dim 64, where the consumers compute dQ in turns (bwd._dq_in_turns) after dK; else as
     config.hopper_gluon_dq_first says, or where it is None with GQA/MQA, a window or ALiBi, where
     it measured faster; dense MHA measured level or slower (docs/performance.md)."""
+    if headdim != 128:
+        return False
     if config.hopper_gluon_dq_first is not None:
         return config.hopper_gluon_dq_first
     return kv_group > 1 or bool(flags["WINDOW"]) or bool(flags["ALIBI"])
@@ -238,15 +242,15 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     `features` = (qk_scale, window sides, softcap * log2(e), slopes, their batch stride) from
     kernels/features.py's feature_args; with `flags` or GQA/MQA, dQ must be fused: the dQ kernel
     has neither). `lse` and `delta` are (batch, heads, seqlen) float32; `dq_accum`, where dQ is
-    fused, a zeroed float32 tensor contiguous like q (head dim 128), which the kernel fills in
+    fused, a zeroed float32 tensor contiguous like q (head dim 64 or 128), which the kernel fills in
     register order (dq_cast.dq_from_accumulator reads it). `config`'s hopper_gluon_dq_first and
     hopper_gluon_head_section pick the schedule and the launch order."""
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
     rows = BWD_BLOCK_N // 2
     fused = dq_accum is not None
-    if fused and headdim != 128:
-        raise ValueError(f"the fused dQ splits head dim 128 between the two consumers, got {headdim}")
+    if fused and headdim not in FUSED_DQ_HEAD_DIMS:
+        raise ValueError(f"the Gluon kernel fuses dQ at head dims {FUSED_DQ_HEAD_DIMS}, got {headdim}")
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     if (any(flags.values()) or kv_heads != heads) and not fused:
         raise ValueError("the Gluon backward takes features and GQA/MQA with dQ fused only")
@@ -264,7 +268,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
                     config.hopper_gluon_head_section)
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
                           {"STAGES": BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
-                           "DQ_FIRST": fused and dq_first(config, kv_group, flags), **flags},
+                           "DQ_FIRST": fused and dq_first(config, kv_group, flags, headdim), **flags},
                           descriptors=descriptors)
 
     def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):
@@ -316,10 +320,10 @@ def varlen_bwd_grid(batch: int, total_k: int, max_seqlen_k: int, grid: str) -> s
 def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_accum, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_k: int, softmax_scale: float, causal: bool,
                                            config: BwdConfig) -> None:
-    """dK and dV of packed sequences (q, do (total_q, heads, 128), k, v, dk, dv (total_k, kv_heads,
-    128), as flash_attn_varlen_forward_hopper takes them), and dQ added into `dq_accum` (a zeroed
-    float32 accumulator from dq_cast.varlen_dq_accumulator); `lse` and `delta` (heads, total_q)
-    float32. `config`'s hopper_gluon_varlen_grid and hopper_gluon_head_section pick the grid."""
+    """dK and dV of packed sequences (q, do (total_q, heads, head dim), k, v, dk, dv (total_k,
+    kv_heads, head dim), head dim 64 or 128, as flash_attn_varlen_forward_hopper takes them), and dQ
+    added into `dq_accum` (a zeroed float32 accumulator from dq_cast.varlen_dq_accumulator); `lse`
+    and `delta` (heads, total_q) float32. `config`'s hopper_gluon_varlen_grid and hopper_gluon_head_section pick the grid."""
     total_q, heads, headdim = q.shape
     rows = BWD_BLOCK_N // 2
     batch = cu_seqlens_q.shape[0] - 1

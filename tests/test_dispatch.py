@@ -252,8 +252,9 @@ def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dim_128_from_1k_key
     # the Gluon kernel adds dQ itself at head dim 128 (FA3's scheme) unless asked to be deterministic
     assert bwd_gluon_fuses_dq(config, hdim) == (hdim == 128)
     assert not bwd_gluon_fuses_dq(config, hdim, deterministic=True)
-    # never at other head dims, even where a config asks for it (the consumers split 128 columns)
-    assert not bwd_gluon_fuses_dq(dataclasses.replace(config, hopper_gluon_fused_dq=True), 64)
+    # at head dim 64 where a config asks for it (the consumers take turns by step), never beyond 128
+    fusing = dataclasses.replace(config, hopper_gluon_fused_dq=True)
+    assert bwd_gluon_fuses_dq(fusing, 64) and not bwd_gluon_fuses_dq(fusing, 256)
     assert not bwd_fuses_dq(config, 16384)  # the Triton kernels never fuse in the table
 
 
@@ -419,11 +420,12 @@ def test_hopper_gluon_kernels_compile_for_sm90():
                             capture_output=True, text=True, env=env, check=True).stdout
     forward_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
     backward_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
-    # head dims 64 and 128, causal or not; the backward also with dQ fused at head dim 128; then
-    # each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
-    assert len(forward_lines) == 4 + 6 and len(backward_lines) == 6 + 6, report
+    # head dims 64 and 128, causal or not; the backward also with dQ fused at both (at 64 the
+    # consumers take turns); then each of the window, softcap and ALiBi, causal or not, forward
+    # and backward (dQ fused)
+    assert len(forward_lines) == 4 + 6 and len(backward_lines) == 8 + 6, report
     fused = [line for line in backward_lines if "fused dQ" in line]
-    assert len(fused) == 2 + 6 and all("tma-reduce" in line for line in fused), report
+    assert len(fused) == 4 + 6 and all("tma-reduce" in line for line in fused), report
     for flag in ("window", "softcap", "alibi"):
         assert sum(line.endswith(flag) or f" {flag} " in line for line in forward_lines + backward_lines) == 4, flag
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
@@ -431,9 +433,9 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
     assert len(varlen_lines) == 4, report  # head dims 64 and 128, causal or not
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
-    # d128, dQ fused, causal or not: the longest grid, then the packed grid
-    assert len(varlen_bwd) == 4 and all("tma-reduce" in line for line in varlen_bwd), report
-    assert sum("packed grid" in line for line in varlen_bwd) == 2, report
+    # d64 and d128, dQ fused, causal or not: the longest grid, then the packed grid
+    assert len(varlen_bwd) == 8 and all("tma-reduce" in line for line in varlen_bwd), report
+    assert sum("packed grid" in line for line in varlen_bwd) == 4, report
     varlen_lines += varlen_bwd
     for line in forward_lines + backward_lines + varlen_lines:
         assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
@@ -444,7 +446,8 @@ def test_hopper_gluon_kernels_compile_for_sm90():
 def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster():
     """flash_attn_hopper.dq_first, the Gluon backward's schedule rule (docs/performance.md, "The
     Gluon backward's schedule"), the table's hopper_gluon_dq_first None: with GQA/MQA, a window or
-    ALiBi; not for dense MHA or softcap alone; a config's True or False forces it either way."""
+    ALiBi; not for dense MHA or softcap alone; a config's True or False forces it either way, but
+    at head dim 64."""
     from kernels import flash_attn_hopper as hopper
 
     def flags(**on):
@@ -456,6 +459,9 @@ def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster():
     assert not hopper.dq_first(table, 1, flags(SOFTCAP=True))
     assert hopper.dq_first(table, 4, flags())
     assert hopper.dq_first(table, 1, flags(WINDOW=True)) and hopper.dq_first(table, 1, flags(ALIBI=True))
+    # head dim 64: never, the consumers' turns put dQ after dK (bwd._dq_in_turns), even where a config asks
+    forced = dataclasses.replace(table, hopper_gluon_dq_first=True)
+    assert hopper.dq_first(forced, 4, flags(WINDOW=True), 128) and not hopper.dq_first(forced, 4, flags(), 64)
     assert hopper.dq_first(dataclasses.replace(table, hopper_gluon_dq_first=True), 1, flags())
     assert not hopper.dq_first(dataclasses.replace(table, hopper_gluon_dq_first=False), 4, flags(WINDOW=True))
 

@@ -114,6 +114,37 @@ def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["gqa-causal", "mqa", "window-causal", "window-two-sided", "softcap-gqa",
+                                  "alibi-causal", "off-grid-causal", "cross-causal"])
+def test_gpu_gluon_backward_at_head_dim_64_adds_dq_in_turns(case, dtype):
+    """Head dim 64 on the Gluon dK/dV kernels with dQ fused (a config asks for it from 1k keys):
+    the consumers take turns by query step, each computing every other step's whole dQ tile, so
+    the step counts that are odd (a window's, a packed row's) and GQA's steps over the group's q
+    heads must each reach the accumulator once: dense features, and dense calls off the grid
+    (the varlen kernel, batch rows packed), against float64, on the Gluon kernels (asserted)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    spec = dict(GLUON_FEATURE_CASES.get(case, {}))
+    heads, kv_heads = spec.pop("heads", 4), spec.pop("kv_heads", 4)
+    seqlen_q, seqlen_k = {"off-grid-causal": (1500, 1500), "cross-causal": (1100, 2300)}.get(case, (1024, 1024))
+    spec.setdefault("causal", case.endswith("causal"))
+    if spec.pop("alibi", None) is not None:
+        spec["alibi"] = torch.rand(heads, device="cuda") * 0.25
+    like_q = torch.empty(2, seqlen_q, heads, 64, device="cuda", dtype=dtype)
+    like_k = torch.empty(2, seqlen_k, kv_heads, 64, device="cuda", dtype=dtype)
+    window = spec.get("window", (-1, -1))
+    features = Features(window_left=window[0], window_right=-1 if spec["causal"] else window[1],
+                        softcap=spec.get("softcap", 0.0), alibi_slopes=spec.get("alibi"))
+    config = dataclasses.replace(default_bwd_config(64, like_q.device), hopper_gluon_min_keys=1024,
+                                 hopper_gluon_fused_dq=True)
+    gluon = dispatch.HOPPER_GLUON_PACKED_PATH if seqlen_q % 128 or seqlen_q != seqlen_k else dispatch.HOPPER_GLUON_PATH
+    assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q, features) == gluon
+    check_dense(2, seqlen_q, seqlen_k, heads, kv_heads, 64, dtype, device="cuda", bwd_config=config, **spec)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("section", [1, 2, 4, "l2", 1000])
 def test_gpu_gluon_backward_in_every_launch_order(section):
     """The Gluon dK/dV kernels' launch order (BwdConfig.hopper_gluon_head_section, bwd_grid): each
@@ -191,10 +222,11 @@ def test_gpu_varlen(causal, window, dtype):
 ])
 @pytest.mark.parametrize("key_grid", ["longest", "packed"], ids=["longest-grid", "packed-grid"])
 def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, key_grid, monkeypatch):
-    """Packed sequences on an H100/H200 take the Gluon varlen forward and, at head dim 128, the
-    Gluon varlen dK/dV kernel with dQ fused (asserted, so a change of rule cannot quietly test the
-    Triton kernels instead), and match the float64 reference, the logsumexp too; the backward's
-    key blocks the longest sequence's for each or every sequence's on one axis
+    """Packed sequences on an H100/H200 take the Gluon varlen forward and the Gluon varlen dK/dV
+    kernel with dQ fused (head dim 64 by a config where the table does not take it: its
+    consumers compute dQ in turns), asserted, so a change of rule cannot quietly test the Triton
+    kernels instead, and match the float64 reference, the logsumexp too; the backward's key
+    blocks the longest sequence's for each or every sequence's on one axis
     (BwdConfig.hopper_gluon_varlen_grid, asserted at the launch)."""
     from kernels import flash_attn_hopper as hopper
 
@@ -216,11 +248,12 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, key_grid
     like_k = torch.empty(sum(lengths_k), 2, headdim, device="cuda", dtype=dtype)
     assert dispatch.fwd_memory_path(default_fwd_config(headdim, causal, like_q.device), like_q, like_k, like_k,
                                     like_q, causal, features) == dispatch.HOPPER_GLUON_PATH
-    config = dataclasses.replace(default_bwd_config(headdim, like_q.device), hopper_gluon_varlen_grid=key_grid)
-    assert dispatch.hopper_gluon_varlen_bwd_applies(config, like_q, like_k, like_k, like_q, features) == (headdim == 128)
+    config = dataclasses.replace(default_bwd_config(headdim, like_q.device), hopper_gluon_varlen_grid=key_grid,
+                                 hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True)
+    assert dispatch.hopper_gluon_varlen_bwd_applies(config, like_q, like_k, like_k, like_q, features)
     check_varlen(lengths_q, lengths_k, 8, 2, headdim, dtype, device="cuda", causal=causal, bwd_config=config)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-    assert set(grids) == ({key_grid} if headdim == 128 else set()), grids
+    assert set(grids) == {key_grid}, grids
 
 
 @pytest.mark.usefixtures("poisoned_allocations")

@@ -382,10 +382,10 @@ def test_gpu_backward_matches_reference(shape, causal, dtype):
 @pytest.mark.parametrize("shape", GLUON_SHAPES, ids=shape_id)
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_gpu_hopper_gluon_dkdv_matches_reference(shape, causal, dtype, fused_dq, monkeypatch):
-    """The backward with the Gluon dK/dV kernel (kernels/flash_attn_hopper.py), which the Hopper
-    table takes at head dim 128 from 1k keys with dQ fused (here also at head dim 64, and without
-    fusing, by a config), against float64. The Triton dK/dV kernel must not run; the Triton
-    dQ kernel must run exactly where dQ is not fused (always at head dim 64)."""
+    """The backward with the Gluon dK/dV kernel (kernels/flash_attn_hopper.py), with dQ fused (at
+    head dim 128 each consumer computes half of every step's columns, at 64 the consumers take
+    turns by step) and without, by a config, against float64. The Triton dK/dV kernel must not
+    run; the Triton dQ kernel must run exactly where dQ is not fused."""
     skip_unless_hopper("the Gluon dK/dV kernel")
     dkdv, dq = spy_backward_kernels(monkeypatch)
     gluon_calls = []
@@ -399,8 +399,7 @@ def test_gpu_hopper_gluon_dkdv_matches_reference(shape, causal, dtype, fused_dq,
     config = dataclasses.replace(configs.default_bwd_config(shape[4], torch.device("cuda")),
                                  hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=fused_dq)
     check_backward(*shape, causal, dtype, "cuda", bwd_config=config)
-    fuses = fused_dq and shape[4] == 128
-    assert len(gluon_calls) == 1 and not dkdv.launches and len(dq.launches) == (0 if fuses else 1)
+    assert len(gluon_calls) == 1 and not dkdv.launches and len(dq.launches) == (0 if fused_dq else 1)
 
 
 @pytest.mark.gpu

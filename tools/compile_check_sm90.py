@@ -205,7 +205,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
     key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
     dq_tile = dq_descriptor_type() if fused_dq else key_tile
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
-    schedule = {"DQ_FIRST": fused_dq and hopper.dq_first(HOPPER_BWD_CONFIGS[128], 1, flags)}
+    schedule = {"DQ_FIRST": fused_dq and hopper.dq_first(HOPPER_BWD_CONFIGS[128], 1, flags, headdim)}
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
                  "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "LSE": stats, "Delta": stats,
@@ -281,10 +281,11 @@ def main() -> None:
             for headdim in hopper.HEAD_DIMS:
                 for causal in (False, True):
                     emit(report_fn(causal, headdim=headdim))
-        for causal in (False, True):
-            emit(hopper_gluon_bwd_report(causal, headdim=128, fused_dq=True))
-            for key_grid in ("longest", "packed"):
-                emit(hopper_gluon_varlen_bwd_report(causal, headdim=128, key_grid=key_grid))
+        for headdim in hopper.FUSED_DQ_HEAD_DIMS:
+            for causal in (False, True):
+                emit(hopper_gluon_bwd_report(causal, headdim=headdim, fused_dq=True))
+                for key_grid in ("longest", "packed"):
+                    emit(hopper_gluon_varlen_bwd_report(causal, headdim=headdim, key_grid=key_grid))
         for kernel in (dq_cast._dq_rows_from_register_tiles_kernel, dq_cast._dq_rows_from_padded_register_tiles_kernel):
             emit(dq_cast_report(kernel))
         # the score modifications and the sliding window (kernels/features.py), as the features suite runs them

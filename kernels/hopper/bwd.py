@@ -4,12 +4,14 @@ in Gluon with FlashAttention-3's layout, and the steps its variant over packed v
 
 A loader warp streams Q_i and dO_i tiles (with L_i and D_i, as FA3's producer brings them); two
 consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax with the next
-matmul of the same query step. At head dim 128 the kernel can add dQ too, as FA3 does: the
-consumers exchange dS^T through shared memory, each computes half of dQ_i's columns over all 128
-keys and adds them with one TMA reduce-add per step (5 matmuls instead of the Triton backward's 7;
+matmul of the same query step. At head dims 64 and 128 the kernel can add dQ too, as FA3 does:
+the consumers exchange dS^T through shared memory and dQ_i = dS K_j over all 128 keys goes to the
+accumulator by TMA reduce-adds of 64 x 64 tiles (5 matmuls instead of the Triton backward's 7;
 with element-wise atomics instead it was 1.2-1.5x slower: docs/performance.md, "Gluon dK/dV with
-dQ fused"). The dQ tiles go to the accumulator in the consumers' register order
-(shared.DQ_TILE_BASES), which dq_cast.py puts back in rows.
+dQ fused"). At 128 each consumer computes half of dQ_i's columns every step; at 64 the consumers
+take turns, each computing every other step's whole dQ_i (_dq_in_turns). The dQ tiles go to the
+accumulator in the consumers' register order (shared.DQ_TILE_BASES), which dq_cast.py puts back
+in rows.
 
 The host side (descriptors, grid, plans) is kernels/flash_attn_hopper.py.
 """
@@ -27,6 +29,23 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..features import _scores
 from .shared import DQ_REGISTER_BOX, DQ_REGISTER_TILE, _tma_reduce_add, _wgmma_layout
+
+_DQ_TILE_COLS = 64
+DQ_COLS: gl.constexpr = gl.constexpr(_DQ_TILE_COLS)  # the columns of a consumer's dQ tile (DQ_REGISTER_TILE's)
+
+
+@gluon.constexpr_function
+def _dq_in_turns(head_dim):
+    """Whether the fused dQ's consumers take turns by query step, each computing every other step's
+    whole dQ_i (head dim 64: one tile), rather than each computing its half of every step's columns
+    (head dim 128)."""
+    return head_dim == _DQ_TILE_COLS
+
+
+@gluon.constexpr_function
+def _dq_first_col(head_dim, half):
+    """The first of dQ_i's columns a consumer computes (0 when it computes them all, in turns)."""
+    return 0 if head_dim == _DQ_TILE_COLS else half * _DQ_TILE_COLS
 
 
 @gluon.jit
@@ -89,8 +108,9 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
         # each consumer's float32 dQ tile for its reduce-add, in the consumer's register order
         # (reinterpreted by _dq_tile_buffer)
         ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc.layout)
-        gl.static_assert(BLOCK_M * HEAD_DIM // 2 == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_DIM // 2], dq_desc.layout)
+        gl.static_assert(BLOCK_M * DQ_COLS == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
+        gl.static_assert(HEAD_DIM == DQ_COLS or HEAD_DIM == 2 * DQ_COLS)
+        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_desc.layout)
         ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for parity in gl.static_range(2):
@@ -193,41 +213,43 @@ def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr):
 def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
                 num_heads, HALF: gl.constexpr):
     """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
-    columns] = dS K_j[:, columns] over both halves' keys, scaled and added into the float32
-    accumulator behind dq_desc (rows from q_row0) by one TMA reduce-add."""
+    columns] = dS K_j[:, columns] over both halves' keys (all columns in turns, _dq_in_turns),
+    scaled and added into the float32 accumulator behind dq_desc (rows from q_row0) by one TMA
+    reduce-add."""
     dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
     dq = warpgroup_mma_wait(0, deps=[dq_tok])
-    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HALF)
+    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, k_smem.type.shape[2], HALF)
 
 
 @gluon.jit
 def _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF: gl.constexpr):
     """Once both consumers' dS^T are in place, the matmul dS K_j[:, this consumer's columns] over
     both halves' keys, in flight."""
-    DQ_COLS: gl.constexpr = dq_init.shape[1]
+    FIRST_COL: gl.constexpr = _dq_first_col(k_smem.type.shape[2], HALF)
     mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
     dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
-                           k_smem.index(0).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_init,
+                           k_smem.index(0).slice(FIRST_COL, DQ_COLS, dim=1), dq_init,
                            use_acc=False, is_async=True)
     return warpgroup_mma(ds_smem.index(2 * parity + 1).permute((1, 0)),
-                         k_smem.index(1).slice(HALF * DQ_COLS, DQ_COLS, dim=1), dq_tok, is_async=True)
+                         k_smem.index(1).slice(FIRST_COL, DQ_COLS, dim=1), dq_tok, is_async=True)
 
 
 @gluon.jit
-def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HALF: gl.constexpr):
+def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HEAD_DIM: gl.constexpr,
+                   HALF: gl.constexpr):
     """dQ_i's columns (rows q_row0 + m.. of the (batch x seqlen, heads x head dim) view, this
-    consumer's columns from q_col, the head's first), scaled, added into the float32 accumulator
+    consumer's columns of the head whose first is q_col), scaled, added into the float32 accumulator
     by one TMA reduce-add as the consumer's registers lie, each thread's in turn (DQ_REGISTER_TILE:
     no bank conflicts on the store), one contiguous tile of the accumulator per (64-row block of
     the view, 64 columns), tiles in the view's order (dq_cast.dq_from_accumulator puts them back;
     the varlen kernel's q_row0 is its sequence's padded row: dq_cast.varlen_dq_accumulator)."""
     BLOCK_M: gl.constexpr = dq.shape[0]
-    DQ_COLS: gl.constexpr = dq.shape[1]
     tma.store_wait(pendings=0)  # the previous step's reduce-add has read dq_buf
     dq_buf.store(dq * softmax_scale)
     fence_async_shared()
     gl.thread_barrier()
-    tile = (q_row0 + m) // BLOCK_M * (2 * num_heads) + q_col // DQ_COLS + HALF
+    tile = ((q_row0 + m) // BLOCK_M * (num_heads * (HEAD_DIM // DQ_COLS)) + q_col // DQ_COLS
+            + _dq_first_col(HEAD_DIM, HALF) // DQ_COLS)
     _tma_reduce_add(dq_desc, [tile * DQ_REGISTER_BOX[0], 0],
                     dq_buf._reinterpret(gl.float32, [DQ_REGISTER_BOX[0], DQ_REGISTER_BOX[1]], dq_desc.layout))
 
@@ -321,6 +343,7 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         p = p * (1.0 - t * t)
     delta = delta_smem.index(stage).load(s_layout)  # D_i once P^T is made
     if FUSED_DQ and DQ_FIRST:
+        gl.static_assert(not _dq_in_turns(HEAD_DIM), "in turns, dQ's matmul goes after dK's")
         # lines 12 and 14 as below, dS^T to the other consumer before its A operand is made
         dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
         parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
@@ -330,7 +353,7 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
         dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
         dq = warpgroup_mma_wait(1, deps=[dq_tok])  # dV's and dQ's matmuls have finished
-        _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HALF)
+        _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HEAD_DIM, HALF)
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
     else:
@@ -341,9 +364,25 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
         if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
-            _bwd_add_dq(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                        softmax_scale, num_heads, HALF)
+            _bwd_add_dq_in_its_turn(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity,
+                                    step, softmax_scale, num_heads, HALF)
     return dk, dv
+
+
+@gluon.jit
+def _bwd_add_dq_in_its_turn(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
+                            softmax_scale, num_heads, HALF: gl.constexpr):
+    """_bwd_add_dq at every step, or in turns (_dq_in_turns) at the steps of this consumer's parity.
+    The other consumer may then run a step ahead, but not two: it writes a step's dS^T buffer again
+    only after it has waited for this consumer's dS^T of the step between, which this consumer
+    shares after its dQ matmul has read the buffer."""
+    if _dq_in_turns(k_smem.type.shape[2]):
+        if step % 2 == HALF:
+            _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
+                        softmax_scale, num_heads, HALF)
+    else:
+        _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
+                    softmax_scale, num_heads, HALF)
 
 
 @gluon.jit
@@ -356,8 +395,9 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     sum over them in registers.
     FUSED_DQ (line 15, FA3's scheme): both consumers put dS^T in shared memory and wait for each
     other (mbarrier ds_bar); each then computes columns [HALF * 64, HALF * 64 + 64) of
-    dQ_i = dS K_j over all 128 keys and adds them into the float32 accumulator behind dq_desc with
-    one TMA reduce-add (the sum's order varies between runs).
+    dQ_i = dS K_j over all 128 keys (head dim 64: all of them at the steps of parity HALF) and adds
+    them into the float32 accumulator behind dq_desc with one TMA reduce-add (the sum's order
+    varies between runs).
     DQ_FIRST (FA3's order): the dQ matmul is issued before dK's, and dQ goes to shared memory and
     its reduce-add while the dK matmul runs; else after dK and dV have finished.
     WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
@@ -385,7 +425,6 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     if FUSED_DQ:
-        DQ_COLS: gl.constexpr = HEAD_DIM // 2  # this consumer's columns of dQ
         dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
         dq_buf = _dq_tile_buffer(dq_smem, HALF)
     else:  # stand-ins of the right kind (unused)

@@ -16,7 +16,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .bwd import (
-    _bwd_add_dq,
+    DQ_COLS,
+    _bwd_add_dq_in_its_turn,
     _bwd_dv_ds_dk,
     _bwd_load_kv,
     _bwd_program,
@@ -129,8 +130,8 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
     parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
     dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
     mbarrier.arrive(empty_bar.index(stage), count=1)
-    _bwd_add_dq(dq_desc, dq_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
-                num_heads, HALF)
+    _bwd_add_dq_in_its_turn(dq_desc, dq_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
+                            softmax_scale, num_heads, HALF)
     return dk, dv
 
 
@@ -164,7 +165,6 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
-    DQ_COLS: gl.constexpr = HEAD_DIM // 2  # this consumer's columns of dQ
     dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
     dq_buf = _dq_tile_buffer(dq_smem, HALF)
     mbarrier.wait(kv_bar, 0)

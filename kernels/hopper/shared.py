@@ -19,6 +19,10 @@ HEAD_DIMS = (64, 128)  # the head dims the kernels serve (dispatch.hopper_gluon_
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
+# The head dims at which the dK/dV kernels can add dQ (bwd.py): at 128 each consumer computes 64 of
+# a step's dQ columns, at 64 the consumers take turns by step, each computing the step's whole tile
+# (one 64 x 64 register-order tile, DQ_TILE_BASES, per consumer and step either way)
+FUSED_DQ_HEAD_DIMS = (64, 128)
 BWD_MAX_KEY_BLOCKS = 65535  # key blocks on the grid's second axis (bwd_grid): CUDA's limit there
 # The varlen kernel's packed grid scans cu_seqlens with one lane a thread of its four warps, so it
 # takes at most this many entries (batch + 1)
