@@ -108,7 +108,7 @@ def _why_not_gluon(case: Case, mode: str, device) -> str:
     if mode == "bwd" and (case.packed or off_grid or case.kv_heads != case.heads) and not dispatch.bwd_gluon_fuses_dq(
             config, case.hdim):
         return ("packed lengths, GQA and lengths off the 128-row grid take the Gluon backward only with dQ fused "
-                "(head dim 128)")
+                "(head dims 64 and 128)")
     return ""
 
 

@@ -137,12 +137,15 @@ HOPPER_BWD_CONFIGS = {
     # tutorial 06's shape: narrow query steps against wide key blocks and vice versa.
     16: BwdConfig(32, 128, 128, 32, 4, 3),
     32: BwdConfig(32, 128, 128, 32, 4, 3),
-    64: BwdConfig(32, 128, 128, 32, 4, 3),
+    # head dim 64: from 1024 keys the Gluon dK/dV kernel with dQ fused, its consumers computing
+    # dQ in turns by query step, faster than this kernel with the dQ kernel in the same process
+    # (docs/performance.md, "Gluon dK/dV with dQ fused at head dim 64"; rows:
+    # reports/h100/decisions/gluon_backward_d64_*.csv). Without dQ fused it was not faster.
+    64: BwdConfig(32, 128, 128, 32, 4, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
     # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 1024
     # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7), faster at 1k-16k in
     # bf16 and fp16, same process, than this kernel with the dQ kernel (docs/performance.md,
     # "Gluon dK/dV with dQ fused, FA3's way"; rows: reports/h200/decisions/gluon_backward.csv).
-    # At head dim 64 the Gluon kernel without dQ was not faster than this one, so not taken there.
     128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4

@@ -81,3 +81,25 @@ def test_a_config_off_the_reference_is_not_timed():
     call.run = lambda *args: run(*args) * 1.02
     with pytest.raises(SystemExit, match="config B: out is off the float64 reference"):
         compare_configs.check_accuracy(call, "B", fwd, bwd, ref, same)
+
+
+def test_a_call_whose_reference_does_not_fit_is_checked_on_its_first_rows_and_heads():
+    """checked_args keeps the lengths, head dim and GQA group and cuts batch rows, then kv heads,
+    until the float64 reference fits REFERENCE_BYTES; a call that fits, or packed lengths, stay whole."""
+    import argparse
+
+    def args(shape, kv_heads=0, lengths=None):
+        return argparse.Namespace(shape=shape, kv_heads=kv_heads, lengths=lengths, causal=True, dtype="bf16")
+
+    small = args((2, 1024, 16, 128))
+    assert compare_configs.checked_args(small) is small
+    per_head = compare_configs.SCORE_TENSORS * 8 * 16384**2
+    fit = compare_configs.REFERENCE_BYTES // per_head
+    checked = compare_configs.checked_args(args((1, 16384, 32, 64)))
+    assert checked.shape == (1, 16384, max(fit, 1), 64) and checked.kv_heads == 0
+    # 8k keys: five heads' references fit; GQA 32/8 keeps its group of 4: one kv head, one batch row
+    assert compare_configs.REFERENCE_BYTES // (compare_configs.SCORE_TENSORS * 8 * 8192**2) == 5
+    gqa = compare_configs.checked_args(args((4, 8192, 32, 64), kv_heads=8))
+    assert gqa.shape == (1, 8192, 4, 64) and gqa.kv_heads == 1
+    packed = args((0, 0, 32, 64), lengths=[16384, 16384])
+    assert compare_configs.checked_args(packed) is packed

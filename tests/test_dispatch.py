@@ -156,7 +156,7 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
     """A dense call the dense Gluon kernels do not take (a length off the 128-row grid, fewer or
     more queries than keys) goes to the Gluon varlen kernels with each batch row a packed sequence
     ('gluon-ws-packed') where their rules hold for the packed views: forward at head dim 64 and
-    128, backward at 128 with dQ fused (not deterministic); features, other head dims and short
+    128, backward at 64 and 128 with dQ fused (not deterministic); features, other head dims and short
     keys keep the Triton kernels."""
     from kernels.checks import Features
     from kernels.dispatch import HOPPER_GLUON_PACKED_PATH, packed_features, packed_view
@@ -202,13 +202,15 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
 
     assert bwd((2, 3000, 4, 128)) == HOPPER_GLUON_PACKED_PATH
     assert bwd((2, 3000, 4, 128), deterministic=True) == "triton"
-    assert bwd((1, 4500, 4, 64)) == "triton"  # the varlen dK/dV kernel fuses dQ at head dim 128 only
+    assert bwd((1, 4500, 4, 64)) == HOPPER_GLUON_PACKED_PATH  # dQ in turns at head dim 64
+    assert bwd((1, 4500, 4, 256)) == "triton"  # the varlen dK/dV kernel fuses dQ at head dims 64 and 128 only
+    assert bwd((16, 1000, 4, 64)) == "triton"  # fewer keys than the table's hopper_gluon_min_keys
     assert bwd((2, 2048, 4, 128)) == HOPPER_GLUON_PATH
 
 
 def test_hopper_gluon_varlen_backward_scope():
     """The varlen backward takes the Gluon dK/dV kernel with dQ fused in the forward's scope at
-    head dim 128, unless asked to be deterministic; head dim 64 keeps the Triton kernels."""
+    head dims 64 and 128, unless asked to be deterministic."""
     from kernels.checks import Features
 
     cu = torch.tensor([0, 700, 1500, 3000], dtype=torch.int32)
@@ -221,7 +223,7 @@ def test_hopper_gluon_varlen_backward_scope():
 
     assert applies()
     assert not applies(deterministic=True)
-    assert not applies(headdim=64, config=HOPPER_BWD_CONFIGS[64])
+    assert applies(headdim=64, config=HOPPER_BWD_CONFIGS[64])
     assert not applies(config=dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_fused_dq=False))
     assert not applies(features=dataclasses.replace(features, max_seqlen_k=512))  # below 1k keys
     assert not applies(features=dataclasses.replace(features, softcap=1.0))
@@ -240,17 +242,17 @@ def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
 
 
 @pytest.mark.parametrize("hdim", [64, 128, 256])
-def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dim_128_from_1k_keys(hdim):
-    """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon one at head dim 128
-    from 1024 keys (measured faster there too since v8), adding dQ itself, the Triton one below
-    that and at head dims 64 (measured no faster) and 256 (outside the Gluon kernel's scope)."""
+def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dims_64_and_128_from_1k_keys(hdim):
+    """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon one at head dims 64
+    and 128 from 1024 keys (measured faster there), adding dQ itself, the Triton one below that
+    and at head dim 256 (outside the Gluon kernel's scope)."""
     config = HOPPER_BWD_CONFIGS[hdim]
     for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
         q = torch.empty(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype=torch.bfloat16)
-        gluon = hdim == 128 and seqlen >= 1024
+        gluon = hdim in (64, 128) and seqlen >= 1024
         assert (bwd_dkdv_path(config, q, q, q, q) == HOPPER_GLUON_PATH) == gluon, seqlen
-    # the Gluon kernel adds dQ itself at head dim 128 (FA3's scheme) unless asked to be deterministic
-    assert bwd_gluon_fuses_dq(config, hdim) == (hdim == 128)
+    # the Gluon kernel adds dQ itself (FA3's scheme) unless asked to be deterministic
+    assert bwd_gluon_fuses_dq(config, hdim) == (hdim in (64, 128))
     assert not bwd_gluon_fuses_dq(config, hdim, deterministic=True)
     # at head dim 64 where a config asks for it (the consumers take turns by step), never beyond 128
     fusing = dataclasses.replace(config, hopper_gluon_fused_dq=True)

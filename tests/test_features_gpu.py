@@ -86,8 +86,9 @@ GLUON_FEATURE_CASES = {
 @pytest.mark.parametrize("case", list(GLUON_FEATURE_CASES))
 def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
     """Head dim 128 (64 from 4096 keys), equal lengths of whole 128-row blocks from 1k keys: on an
-    H100/H200 these calls take the Gluon forward and (but at head dim 64) the Gluon dK/dV kernel with dQ fused (asserted, so a change of rule cannot quietly test the
-    Triton kernels instead), and match the float64 reference."""
+    H100/H200 these calls take the Gluon forward and the Gluon dK/dV kernel with dQ fused
+    (asserted, so a change of rule cannot quietly test the Triton kernels instead), and match
+    the float64 reference."""
     spec = dict(GLUON_FEATURE_CASES[case])
     heads, kv_heads = spec.pop("heads", 4), spec.pop("kv_heads", 4)
     batch, seqlen, headdim = spec.pop("batch", 2), spec.pop("seqlen", 1024), spec.pop("headdim", 128)
@@ -105,10 +106,8 @@ def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
     fwd_cfg = default_fwd_config(headdim, spec["causal"], like_q.device)
     assert dispatch.fwd_memory_path(fwd_cfg, like_q, like_k, like_k, like_q, spec["causal"],
                                     features) == dispatch.HOPPER_GLUON_PATH
-    # head dim 64's backward on Triton (the Gluon dK/dV kernel serves 128: kernels/configs.py)
-    bwd_path = "triton" if headdim != 128 else dispatch.HOPPER_GLUON_PATH
     assert dispatch.bwd_dkdv_path(default_bwd_config(headdim, like_q.device), like_q, like_k, like_k, like_q,
-                                  features) == bwd_path
+                                  features) == dispatch.HOPPER_GLUON_PATH
     check_dense(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, device="cuda", **spec)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 

@@ -5,7 +5,8 @@ command line; every field the kernels take as an argument can be compared so (bl
 warps, stages, memory paths, the Gluon kernels' thresholds and hopper_gluon_dq_first,
 hopper_gluon_head_section, hopper_gluon_varlen_grid). Both configs are first checked against
 the float64 reference (baselines/reference.py: each output within twice the same-dtype PyTorch
-error, flash-attn's criterion); then rounds alternate A and B (A first in even rounds, B in odd)
+error, flash-attn's criterion; where that reference would not fit the device, on the call's first
+batch rows and heads); then rounds alternate A and B (A first in even rounds, B in odd)
 so that drift of clocks and temperature falls on both. Every measurement is one row of a
 long-format CSV with the environment beside it; a short table gives each config's median and
 the ratio B / A of this run.
@@ -152,6 +153,29 @@ class Call:
 
 
 ACCURACY_EPS = 1e-5  # beside twice PyTorch's same-dtype error
+# What the accuracy check's references may hold on the device: the float64 one keeps about six
+# tensors of (batch, heads, seqlen_q, seqlen_k) float64 scores through its backward
+REFERENCE_BYTES = 16 << 30
+SCORE_TENSORS = 6
+
+
+def checked_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The call the accuracy check runs: the timed one, or where its float64 reference would not fit
+    REFERENCE_BYTES, its first batch rows and kv heads (each with its group of q heads) that do,
+    at least one: the same lengths, head dim, GQA group and configs, so the same kernels on a
+    smaller grid. Packed lengths are checked whole."""
+    if args.lengths:
+        return args
+    batch, seqlen, heads, headdim = args.shape
+    kv_heads = args.kv_heads or heads
+    group = heads // kv_heads
+    fit = REFERENCE_BYTES // (SCORE_TENSORS * 8 * seqlen * seqlen)
+    if batch * heads <= fit:
+        return args
+    kv = max(1, min(kv_heads, fit // group))
+    rows = max(1, min(batch, fit // (kv * group)))
+    return argparse.Namespace(**{**vars(args), "shape": (rows, seqlen, kv * group, headdim),
+                                 "kv_heads": kv if args.kv_heads else 0})
 
 
 def check_accuracy(call: Call, label: str, fwd: FwdConfig, bwd: BwdConfig, ref, same) -> None:
@@ -195,10 +219,16 @@ def main(argv: list[str] | None = None) -> Path:
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))
 
-    call = Call(args, device)
-    ref, same = call.reference(double=True), call.reference(double=False)
+    checked = checked_args(args)
+    if checked is not args:
+        print(f"accuracy checked at batch {checked.shape[0]}, {checked.shape[2]} heads (the float64 reference of "
+              f"{args.shape} would not fit {REFERENCE_BYTES >> 30} GiB)")
+    check = Call(checked, device)
+    ref, same = check.reference(double=True), check.reference(double=False)
     for label, (fwd, bwd) in configs.items():
-        check_accuracy(call, label, fwd, bwd, ref, same)
+        check_accuracy(check, label, fwd, bwd, ref, same)
+    del check, ref, same
+    call = Call(args, device)
     env = capture_environment()
     batch, seqlen, heads, _ = args.shape
     common = {"tool": "tools/compare_configs.py", "call": args.call,
