@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 import time
 from pathlib import Path
 
@@ -49,6 +50,11 @@ def llama_config(layers: int, tiny: bool = False):
                                     num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8,
                                     head_dim=64, max_position_embeddings=131072, rope_theta=500000.0,
                                     tie_word_embeddings=True)
+
+
+def progress(step: str) -> None:
+    """One line per step on stderr (building a 1B model and timing it takes minutes)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {step}", file=sys.stderr, flush=True)
 
 
 def synchronize(device: torch.device) -> None:
@@ -91,11 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     models = {}
     for provider in (name, "sdpa"):
+        progress(f"building the model for {provider} ({args.layers} layers) on {device.type}")
         models[provider] = transformers.AutoModelForCausalLM.from_config(
             llama_config(args.layers, args.tiny), attn_implementation=provider, dtype=dtype).to(device)
     models["sdpa"].load_state_dict(models[name].state_dict())
 
     ids, mask = padded_batch(args.batch, args.seqlen, "left", device, vocab)
+    progress("checking: prefill logits and greedy tokens of both")
     with torch.no_grad():
         logits = {p: m(ids, attention_mask=mask).logits for p, m in models.items()}
     real = mask.bool()
@@ -131,10 +139,13 @@ def main(argv: list[str] | None = None) -> None:
             def train(model=model):
                 model(train_ids, attention_mask=train_mask, labels=labels).loss.backward()
 
+            progress(f"timing {provider}: prefill")
             write(provider, "prefill", args.seqlen, 0, benchmark(prefill, device))
+            progress(f"timing {provider}: train")
             model.train()
             write(provider, "train", args.seqlen, 0, benchmark(train, device, grad_to_none=list(model.parameters())))
             model.eval()
+            progress(f"timing {provider}: generate")
             synchronize(device)
             start = time.perf_counter()
             model.generate(prompt_ids, **generate_kw)
