@@ -532,6 +532,56 @@ def decode_peers_table(folder: Path) -> str:
     return "\n".join(lines + ["", source] + (["", "Providers without a measured row here:", ""] + notes if notes else []))
 
 
+def compare_configs_table(path: Path, a_label: str, b_label: str) -> str:
+    """tools/compare_configs.py's rows (one or several runs, config A against config B per call
+    shape): per shape, each config's median time over its interleaved rounds and B's speed-up
+    (A's time / B's), one line per shape; `a_label` and `b_label` say what A and B ran."""
+    rows = pd.read_csv(path, keep_default_na=False)
+    shape = ["call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dtype"]
+    medians = rows.groupby(shape + ["config"], sort=False)["ms"].median().unstack("config")
+    rounds = rows.groupby(shape + ["config"], sort=False).size().min()
+    header = (f"| call | batch x seqlen | heads (kv) | head dim | causal | A: {a_label}, ms | B: {b_label}, ms "
+              "| B's speed-up |")
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    for key, ms in medians.sort_index(level=["causal", "seqlen"], sort_remaining=False).iterrows():
+        row = dict(zip(shape, key))
+        size = f"{row['batch']} sequences: {row['lengths']}" if row["lengths"] else f"{row['batch']} x {row['seqlen']}"
+        heads = f"{row['heads']}" + (f" ({row['kv_heads']})" if row["kv_heads"] != row["heads"] else "")
+        lines.append(f"| {row['call']} | {size} | {heads} | {row['headdim']} | {row['causal']} | {ms['A']:.3f} "
+                     f"| {ms['B']:.3f} | {_ratio(ms['A'], ms['B'])} |")
+    gpus = ", ".join(sorted(rows.gpu.unique()))
+    source = (f"`tools/compare_configs.py`, {rows.dtype.iloc[0]}, {gpus}: the median of at least {rounds} "
+              "interleaved rounds per config, both in one process per shape, each checked against float64 first; "
+              f"rows: `{_repository_path(path)}`.")
+    return "\n".join([*lines, "", source])
+
+
+def transformers_example_table(path: Path) -> str:
+    """tools/transformers_llama.py's rows: each phase's time per provider and ours over SDPA's,
+    with the agreement checks of the same run."""
+    rows = pd.read_csv(path)
+    ours = next(p for p in rows.provider.unique() if p != "sdpa")
+    wide = rows.pivot_table(index="phase", columns="provider", values="ms", sort=False)
+    memory = rows.pivot_table(index="phase", columns="provider", values="peak_mem_mb", sort=False, dropna=False)
+    lines = ["| phase | ours, ms | SDPA, ms | speed over SDPA | peak memory ours / SDPA, MiB |", "|---|---|---|---|---|"]
+    for phase, ms in wide.iterrows():
+        first = rows[rows.phase == phase].iloc[0]
+        what = (f"{phase} ({first.batch} x {first.seqlen} tokens)" if phase != "generate" else
+                f"generate ({first.batch} x {first.new_tokens} new tokens after {first.seqlen})")
+        mem = memory.reindex(wide.index).loc[phase]
+        peak = "-" if pd.isna(mem[ours]) else f"{mem[ours]:,.0f} / {mem['sdpa']:,.0f}"
+        lines.append(f"| {what} | {ms[ours]:.1f} | {ms['sdpa']:.1f} | {_ratio(ms['sdpa'], ms[ours])} | {peak} |")
+    env = rows.iloc[0]
+    single = (rows.ms_p20 == rows.ms_p80).all()
+    timing = ("each time one timed call after a warm-up one (these rows were timed with a do_bench window "
+              "shorter than one call)" if single else "each time the median of do_bench's calls")
+    source = (f"One run, {env.gpu}, torch {env.torch}, bf16; {timing}; generate is the wall time of one call. "
+              "Largest prefill logit difference between the two on real tokens (bf16 both): "
+              f"{float(env.max_logit_diff):.3g}; greedy tokens the same: {env.same_tokens}. "
+              f"Rows: `{_repository_path(path)}`.")
+    return "\n".join([*lines, "", source])
+
+
 EAGER_BAR = 0.9  # eager ours / cuDNN wherever the CUDA-graph timing reaches it
 
 
@@ -605,6 +655,11 @@ SECTIONS = {
                                           stop_at="## Providers that did not take"),
     "decode_eager_h100": lambda: decode_eager_table(H100 / "decode_graph_quick", H100 / "decode_eager_quick"),
     "ladder_code_facts": lambda: ladder_code_facts_table(LADDER_PROBE / "code_facts_sm90.csv"),
+    "gluon_backward_d64_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_d64.csv",
+                                                             "Triton dK/dV, then Triton dQ",
+                                                             "Gluon dK/dV adding dQ in turns"),
+    "transformers_llama_h100": lambda: transformers_example_table(H100 / "transformers" / "transformers_llama.csv"),
+    "decode_xformers_h100": lambda: decode_peers_table(H100 / "decode_xformers"),
     **{name: (lambda name=name, ratios=ratios: decision_table(DECISIONS / f"{name}.csv", ratios))
        for name, ratios in DECISION_RATIOS.items()},
 }
