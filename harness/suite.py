@@ -59,13 +59,15 @@ class SuiteRows:
     """One measuring run of a suite: its rows written to out_dir/csv_name (a new file, `columns`)
     as they are measured, each flushed, so that a killed run keeps them; the environment captured
     before (`env`, for the rows) and after; and out_dir/notes.txt at the end: the throttling seen
-    between the two, and what the time budget (`budget_s` from the start) left unmeasured."""
+    between the two, and what the time budget (`budget_s` from the start) left unmeasured (a tool
+    whose CSV shares its folder names its notes file `notes_name`)."""
 
-    def __init__(self, out_dir: Path, csv_name: str, columns, budget_s: float = math.inf):
-        self.path, self.notes_path = Path(out_dir) / csv_name, Path(out_dir) / NOTES_TXT
+    def __init__(self, out_dir: Path, csv_name: str, columns, budget_s: float = math.inf, notes_name: str = NOTES_TXT):
+        self.path, self.notes_path = Path(out_dir) / csv_name, Path(out_dir) / notes_name
         self.columns, self.budget_s, self.skipped = tuple(columns), budget_s, []
 
     def __enter__(self) -> SuiteRows:  # noqa: PYI034 (typing.Self needs Python 3.11)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.env = capture_environment()
         self.start = time.monotonic()
         self._file = self.path.open("w", newline="")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import csv
 import dataclasses
 import itertools
 import math
@@ -42,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from baselines.reference import attention_reference, attention_reference_varlen, attention_same_dtype
 from harness.accuracy import within_twice_the_error
-from harness.environment import ROW_ENV_COLUMNS, capture_environment
+from harness.environment import ROW_ENV_COLUMNS
+from harness.suite import SuiteRows
 from harness.timing import benchmark
 from kernels import BwdConfig, FwdConfig, flash_attn_func, flash_attn_varlen_func
 from kernels.configs import default_bwd_config, default_fwd_config
@@ -229,25 +229,24 @@ def main(argv: list[str] | None = None) -> Path:
         check_accuracy(check, label, fwd, bwd, ref, same)
     del check, ref, same
     call = Call(args, device)
-    env = capture_environment()
     batch, seqlen, heads, _ = args.shape
-    common = {"tool": "tools/compare_configs.py", "call": args.call,
-              "batch": len(args.lengths) if args.lengths else batch, "seqlen": 0 if args.lengths else seqlen,
-              "lengths": " ".join(map(str, args.lengths or ())), "heads": heads, "kv_heads": args.kv_heads or heads,
-              "headdim": headdim, "causal": args.causal, "dtype": args.dtype, **{k: env[k] for k in ROW_ENV_COLUMNS}}
     fields = {"A": args.a, "B": args.b}
     functions = {label: call.timed(args.call, *configs[label]) for label in configs}
     rows = []
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
+    # the rows as they are timed, and beside them OUT's stem + .notes.txt: clocks lowered by heat or power
+    with SuiteRows(args.out.parent, args.out.name, COLUMNS, notes_name=f"{args.out.stem}.notes.txt") as out:
+        env = out.env
+        common = {"tool": "tools/compare_configs.py", "call": args.call,
+                  "batch": len(args.lengths) if args.lengths else batch, "seqlen": 0 if args.lengths else seqlen,
+                  "lengths": " ".join(map(str, args.lengths or ())), "heads": heads,
+                  "kv_heads": args.kv_heads or heads, "headdim": headdim, "causal": args.causal, "dtype": args.dtype,
+                  **{k: env[k] for k in ROW_ENV_COLUMNS}}
         for round_ in range(args.rounds):
             for label in ("A", "B") if round_ % 2 == 0 else ("B", "A"):
                 timing = benchmark(functions[label], device, cpu_reps=1)
                 row = {**common, "config": label, "fields": fields[label], "round": round_, "ms": timing.ms,
                        "p20_ms": timing.ms_p20, "p80_ms": timing.ms_p80}
-                writer.writerow(row)
+                out.write(row)
                 rows.append(row)
     medians = {label: statistics.median(r["ms"] for r in rows if r["config"] == label) for label in ("A", "B")}
     print(f"{args.call} {args.shape} causal={args.causal} {args.dtype} on {env['gpu'] or device.type}, "

@@ -20,14 +20,14 @@ OUT/transformers_llama.csv:
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from harness.environment import ENV_COLUMNS, capture_environment
+from harness.environment import ROW_ENV_COLUMNS
+from harness.suite import SuiteRows
 from harness.timing import Timing, benchmark
 from kernels.integrations.transformers import register
 
@@ -37,7 +37,7 @@ PROMPT_TOKENS = 256  # generate's prompt: the last tokens of the prefill batch
 # shape, so that about ten are timed (the default window would time one)
 REP_MS = 2000
 COLUMNS = ("provider", "phase", "batch", "seqlen", "new_tokens", "ms", "ms_p20", "ms_p80", "peak_mem_mb",
-           "max_logit_diff", "same_tokens", *ENV_COLUMNS)
+           "max_logit_diff", "same_tokens", *ROW_ENV_COLUMNS)
 
 
 def llama_config(layers: int, tiny: bool = False):
@@ -118,19 +118,15 @@ def main(argv: list[str] | None = None) -> None:
     tokens = {p: m.generate(prompt_ids, **generate_kw) for p, m in models.items()}
     same_tokens = torch.equal(tokens[name], tokens["sdpa"])
 
-    env = capture_environment()
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "transformers_llama.csv"
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
+    # the rows as they are timed, and OUT/notes.txt: clocks lowered by heat or power during the run
+    with SuiteRows(args.out, "transformers_llama.csv", COLUMNS) as out:
+        path = out.path
 
         def write(provider, phase, seqlen, new_tokens, timing: Timing):
-            writer.writerow({"provider": provider, "phase": phase, "batch": args.batch, "seqlen": seqlen,
-                             "new_tokens": new_tokens, "ms": timing.ms, "ms_p20": timing.ms_p20,
-                             "ms_p80": timing.ms_p80, "peak_mem_mb": timing.peak_mem_mb, "max_logit_diff": max_diff,
-                             "same_tokens": same_tokens, **{c: env[c] for c in ENV_COLUMNS}})
-            f.flush()
+            out.write({"provider": provider, "phase": phase, "batch": args.batch, "seqlen": seqlen,
+                       "new_tokens": new_tokens, "ms": timing.ms, "ms_p20": timing.ms_p20, "ms_p80": timing.ms_p80,
+                       "peak_mem_mb": timing.peak_mem_mb, "max_logit_diff": max_diff, "same_tokens": same_tokens,
+                       **{c: out.env[c] for c in ROW_ENV_COLUMNS}})
 
         train_ids, train_mask = padded_batch(args.batch, args.seqlen, "right", device, vocab)
         labels = train_ids.masked_fill(train_mask == 0, -100)
