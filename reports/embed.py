@@ -551,7 +551,8 @@ def compare_configs_table(path: Path, a_label: str, b_label: str) -> str:
                      f"| {ms['B']:.3f} | {_ratio(ms['A'], ms['B'])} |")
     gpus = ", ".join(sorted(rows.gpu.unique()))
     source = (f"`tools/compare_configs.py`, {rows.dtype.iloc[0]}, {gpus}: the median of at least {rounds} "
-              "interleaved rounds per config, both in one process per shape, each checked against float64 first; "
+              "interleaved rounds per config, both in one process per shape, each checked against float64 first "
+              "(on the call's first batch rows and heads where the whole call's reference would not fit); "
               f"rows: `{_repository_path(path)}`.")
     return "\n".join([*lines, "", source])
 
