@@ -75,41 +75,16 @@ def _gluon_device(device) -> bool:
 
 
 def _why_not_gluon(case: Case, mode: str, device) -> str:
-    """Why our `mode` call of `case` is not on a Gluon kernel, by the scope kernels/dispatch.py
-    checks ('' where none of its stated limits applies: a row on Triton with no reason)."""
-    from kernels import dispatch
-    from kernels.configs import default_bwd_config, default_fwd_config
-
+    """Why our `mode` call of `case` is not on a Gluon kernel: the device, or kernels/dispatch.py's
+    own reason (harness.features.gluon_choice; '' where its rules pick a Gluon kernel: a row on
+    Triton with no reason)."""
     if device.type != "cuda":
         return "Triton's CPU interpreter runs the Triton kernels"
     if not _gluon_device(device):
         major, minor = torch.cuda.get_device_capability(device)
         return f"the Gluon kernels are built for sm_90; this GPU is sm_{major}{minor}"
-    if dispatch.gluon_unavailable:
-        return dispatch.gluon_unavailable
-    hopper = dispatch.flash_attn_hopper
-    if case.hdim not in hopper.HEAD_DIMS:
-        return f"head dim {case.hdim}: the Gluon kernels have head dims {hopper.HEAD_DIMS}"
-    if mode == "fwd":
-        config = default_fwd_config(case.hdim, case.causal, device)
-    else:
-        config = default_bwd_config(case.hdim, device)
-    keys = max(case.lengths) if case.packed else case.keys
-    if not config.hopper_gluon_min_keys:
-        return f"the head-dim-{case.hdim} {mode} config takes no Gluon kernel (hopper_gluon_min_keys 0)"
-    if keys < config.hopper_gluon_min_keys:
-        return f"{keys} keys: fewer than the {mode} config's hopper_gluon_min_keys {config.hopper_gluon_min_keys}"
-    # off the dense kernels' grid (or with unequal lengths) a dense call takes the varlen kernels,
-    # which have no window, softcap or ALiBi
-    off_grid = not case.packed and (case.keys != case.seqlen or case.seqlen % hopper.BLOCK_M)
-    if off_grid and (case.window != (-1, -1) or case.softcap or case.alibi):
-        return ("a window, softcap or ALiBi with lengths off the 128-row grid or unequal: the Gluon varlen "
-                "kernels have none of them")
-    if mode == "bwd" and (case.packed or off_grid or case.kv_heads != case.heads) and not dispatch.bwd_gluon_fuses_dq(
-            config, case.hdim):
-        return ("packed lengths, GQA and lengths off the 128-row grid take the Gluon backward only with dQ fused "
-                "(head dims 64 and 128)")
-    return ""
+    # dispatch's rules read shapes, strides and dtypes: the case's tensors on the CPU will do
+    return features.gluon_choice(case, mode, device, features.case_tensors(case, torch.device("cpu")))[1]
 
 
 def kernels_served(case: Case, device, config: str) -> dict[str, tuple[str, str]]:

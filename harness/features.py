@@ -205,6 +205,45 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
             "tflops": tflops_per_second(flops, timing.ms), "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err}
 
 
+def case_tensors(case: Case, device) -> tuple:
+    """(q, k-or-v, Features) shaped as our call of `case` takes them, uninitialised, for
+    kernels/dispatch.py's rules (which read shapes, strides and dtypes only)."""
+    from kernels.checks import DENSE, Features
+
+    if case.packed:
+        total = sum(case.lengths)
+        q = torch.empty(total, case.heads, case.hdim, device=device, dtype=DTYPE)
+        kv = torch.empty(total, case.kv_heads, case.hdim, device=device, dtype=DTYPE)
+        cu = torch.zeros(len(case.lengths) + 1, dtype=torch.int32, device=device)
+        return q, kv, Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(case.lengths),
+                               max_seqlen_k=max(case.lengths))
+    batch = len(case.lengths) if case.lengths else case.batch
+    q = torch.empty(batch, case.seqlen, case.heads, case.hdim, device=device, dtype=DTYPE)
+    kv = torch.empty(batch, case.keys, case.kv_heads, case.hdim, device=device, dtype=DTYPE)
+    left, right = case.window
+    features = Features(window_left=left, window_right=-1 if case.causal else right, softcap=case.softcap,
+                        alibi_slopes=torch.empty(case.heads, device=device) if case.alibi else None)
+    return q, kv, DENSE if features == Features() else features
+
+
+def gluon_choice(case: Case, mode: str, device, tensors: tuple | None = None) -> tuple[str, str]:
+    """The Gluon kernel kernels/dispatch.py picks for our `mode` call of `case` by the table's
+    configs for `device`, and why none: (path, '') or ('', the reason), from dispatch's own
+    rules; `tensors` are case_tensors' (made on `device` where not given)."""
+    from kernels import dispatch
+    from kernels.configs import default_bwd_config, default_fwd_config
+
+    q, kv, features = tensors or case_tensors(case, device)
+    if mode == "fwd":
+        fwd = default_fwd_config(case.hdim, case.causal, device)
+        return dispatch.fwd_gluon_path(fwd, q, kv, kv, q, case.causal, features)
+    bwd = default_bwd_config(case.hdim, device)
+    if case.packed:
+        refusal = dispatch.hopper_gluon_varlen_bwd_refusal(bwd, q, kv, kv, q, features)
+        return (dispatch.HOPPER_GLUON_PATH, "") if not refusal else ("", refusal)
+    return dispatch.bwd_gluon_path(bwd, q, kv, kv, q, features)
+
+
 def our_config(case: Case, device, provider: str) -> str:
     """Which kernels serve our call, as kernels/dispatch.py decides for this case's shapes:
     'kernels' names the forward's path ('gluon-ws', the Gluon kernel of flash_attn_hopper.py, or
@@ -212,26 +251,11 @@ def our_config(case: Case, device, provider: str) -> str:
     where dQ is made ('fused' into the dK/dV kernel, or by the 'dq-kernel'), with the block
     configs."""
     from kernels import dispatch
-    from kernels.checks import DENSE, Features
+    from kernels.checks import DENSE
     from kernels.configs import default_bwd_config, default_fwd_config
 
     masked = case.causal or case.window != (-1, -1) or case.softcap or case.alibi or case.packed
-    if case.packed:
-        total = sum(case.lengths)
-        q = torch.empty(total, case.heads, case.hdim, device=device, dtype=DTYPE)
-        kv = torch.empty(total, case.kv_heads, case.hdim, device=device, dtype=DTYPE)
-        cu = torch.zeros(len(case.lengths) + 1, dtype=torch.int32, device=device)
-        features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(case.lengths),
-                            max_seqlen_k=max(case.lengths))
-    else:
-        batch = len(case.lengths) if case.lengths else case.batch
-        q = torch.empty(batch, case.seqlen, case.heads, case.hdim, device=device, dtype=DTYPE)
-        kv = torch.empty(batch, case.keys, case.kv_heads, case.hdim, device=device, dtype=DTYPE)
-        left, right = case.window
-        features = Features(window_left=left, window_right=-1 if case.causal else right, softcap=case.softcap,
-                            alibi_slopes=torch.empty(case.heads, device=device) if case.alibi else None)
-        if features == Features():
-            features = DENSE
+    q, kv, features = case_tensors(case, device)
     fwd = default_fwd_config(case.hdim, case.causal, device)
     uses_features = features is not DENSE or case.kv_heads != case.heads
     # kernels/backward.py asks the dense table's config whether the Gluon kernel serves the call;
@@ -240,11 +264,7 @@ def our_config(case: Case, device, provider: str) -> str:
     dense_bwd = default_bwd_config(case.hdim, device)
     gluon_device = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
     fwd_path = dispatch.fwd_memory_path(fwd, q, kv, kv, q, case.causal, features)
-    if case.packed:
-        bwd_path = (dispatch.HOPPER_GLUON_PATH if dispatch.hopper_gluon_varlen_bwd_applies(dense_bwd, q, kv, kv, q,
-                                                                                           features) else "triton")
-    else:
-        bwd_path = dispatch.bwd_dkdv_path(dense_bwd, q, kv, kv, q, features)
+    bwd_path = gluon_choice(case, "bwd", device, (q, kv, features))[0] or "triton"
     bwd = dense_bwd
     gluon_paths = (dispatch.HOPPER_GLUON_PATH, dispatch.HOPPER_GLUON_PACKED_PATH)
     if uses_features and bwd_path not in gluon_paths and provider == "ours":

@@ -82,37 +82,75 @@ def _packed_scope(q: torch.Tensor, k: torch.Tensor) -> Features:
     return Features(cu_seqlens_q=counts, cu_seqlens_k=counts, max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1])
 
 
-def _dense_as_packed(config: FwdConfig, q, k, v, out) -> bool:
-    """Whether the Gluon varlen forward takes this dense call (HOPPER_GLUON_PACKED_PATH):
-    hopper_gluon_varlen_applies on the packed views."""
+def _dense_as_packed_refusal(config: FwdConfig, q, k, v, out) -> str:
+    """Why the Gluon varlen forward does not take this dense call as packed rows
+    (HOPPER_GLUON_PACKED_PATH): hopper_gluon_varlen_refusal of the packed views ('' where it does)."""
     views = [packed_view(t) for t in (q, k, v, out)]
-    if any(t is None for t in views) or q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31:
-        return False
-    return hopper_gluon_varlen_applies(config, *views, _packed_scope(q, k))
+    if any(t is None for t in views):
+        return "the batch rows are not back to back (no packed view)"
+    if q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31:
+        return "2^31 or more packed rows"
+    return hopper_gluon_varlen_refusal(config, *views, _packed_scope(q, k))
+
+
+def _off_the_grid(q, k) -> bool:
+    """Lengths the dense Gluon kernels do not take (unequal, or off their 128-row grid): the calls
+    HOPPER_GLUON_PACKED_PATH is for, so that a refusal names the packed rows' reason."""
+    return flash_attn_hopper is not None and (q.shape[1] != k.shape[1] or q.shape[1] % flash_attn_hopper.BLOCK_M != 0)
+
+
+def _min_keys_refusal(config, keys: int, mode: str) -> str:
+    """Why the config's hopper_gluon_min_keys keeps a call of `keys` keys off the Gluon kernels ('' where not)."""
+    if not config.hopper_gluon_min_keys:
+        return f"the {mode} config takes no Gluon kernel (hopper_gluon_min_keys 0)"
+    if keys < config.hopper_gluon_min_keys:
+        return f"{keys} keys: fewer than the {mode} config's hopper_gluon_min_keys {config.hopper_gluon_min_keys}"
+    return ""
+
+
+def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> tuple[str, str]:
+    """The Gluon forward that takes this call and why none does: (HOPPER_GLUON_PATH or
+    HOPPER_GLUON_PACKED_PATH, '') or ('', the reason). Packed variable lengths: the Gluon varlen
+    kernel where hopper_gluon_varlen_refusal has none. Dense: the dense kernel from the config's
+    hopper_gluon_min_keys keys, without dropout, where hopper_gluon_refusal has none; else, with
+    no feature but causal, the varlen kernel on each batch row as a packed sequence."""
+    if features is not DENSE and features.varlen:
+        refusal = hopper_gluon_varlen_refusal(config, q, k, v, out, features)
+        return (HOPPER_GLUON_PATH, "") if not refusal else ("", refusal)
+    refusal = _min_keys_refusal(config, k.shape[1], "forward")
+    if not refusal and not features.gluon_kernels:
+        refusal = "dropout: on the Triton kernels only"
+    refusal = refusal or hopper_gluon_refusal(q, k, v, out)
+    if not refusal:
+        return HOPPER_GLUON_PATH, ""
+    if not (features is DENSE or features.dense):
+        if _off_the_grid(q, k):
+            return "", ("a window, softcap, ALiBi or dropout with lengths off the 128-row grid or unequal: the Gluon "
+                        "varlen kernels have none of them")
+        return "", refusal
+    packed = _dense_as_packed_refusal(config, q, k, v, out)
+    if not packed:
+        return HOPPER_GLUON_PACKED_PATH, ""
+    return "", packed if _off_the_grid(q, k) else refusal
 
 
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
-    """How the forward runs for these (batch, seqlen, heads, headdim) tensors: 'gluon-ws' (the
-    Gluon kernel of flash_attn_hopper.py, from hopper_gluon_min_keys keys where its scope holds:
-    no dropout; packed variable lengths by hopper_gluon_varlen_applies), or the Triton forward with 'tma-host' (2D
-    descriptors made here), 'tma-kernel' (per-head descriptors made by each program) or 'pointer'
-    (pointer tiles), by FwdConfig's rules; a dense call off the dense Gluon kernel's scope takes
-    'gluon-ws-packed' where the varlen Gluon kernel takes its packed views. Packed variable lengths (q (total, heads, headdim))
-    take 'gluon-ws' where hopper_gluon_varlen_applies holds (the Gluon varlen kernel), else
-    'tma-kernel' for K and V only (each program describes its sequence's keys; Q and O go
-    by pointers, as a sequence may be empty and no descriptor has zero rows) or 'pointer',
-    never the host's 2D descriptors (a tile would cross into the next sequence)."""
+    """How the forward runs for these (batch, seqlen, heads, headdim) tensors: a Gluon kernel
+    where fwd_gluon_path names one ('gluon-ws': the Gluon kernels of flash_attn_hopper.py, dense or
+    over packed variable lengths; 'gluon-ws-packed': the varlen one on a dense call's batch rows),
+    or the Triton forward with 'tma-host' (2D descriptors made here), 'tma-kernel' (per-head
+    descriptors made by each program) or 'pointer' (pointer tiles), by FwdConfig's rules. Packed
+    variable lengths on Triton take 'tma-kernel' for K and V only (each program describes its
+    sequence's keys; Q and O go by pointers, as a sequence may be empty and no descriptor has zero
+    rows) or 'pointer', never the host's 2D descriptors (a tile would cross into the next
+    sequence)."""
+    gluon, _ = fwd_gluon_path(config, q, k, v, out, causal, features)
+    if gluon:
+        return gluon
     if features is not DENSE and features.varlen:
-        if hopper_gluon_varlen_applies(config, q, k, v, out, features):
-            return HOPPER_GLUON_PATH
         keys = features.max_seqlen_k // 2 if causal else features.max_seqlen_k
         tma = config.tma and tma_compatible(q, k, v, out) and keys >= config.tma_min_keys
         return "tma-kernel" if tma else "pointer"
-    if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
-            and features.gluon_kernels and hopper_gluon_applies(q, k, v, out)):
-        return HOPPER_GLUON_PATH
-    if (features is DENSE or features.dense) and _dense_as_packed(config, q, k, v, out):
-        return HOPPER_GLUON_PACKED_PATH
     if not config.tma or not tma_compatible(q, k, v, out):
         return "pointer"
     keys = k.shape[1] // 2 if causal else k.shape[1]
@@ -134,67 +172,109 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
     return all(t.stride(2) == headdim and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v, out))
 
 
-def hopper_gluon_applies(q, k, v, out) -> bool:
-    """The Gluon kernels' scope (kernels/flash_attn_hopper.py): query and key lengths equal and
-    whole blocks, head dim 64 or 128, fp16 or bf16, q heads a multiple of the kv heads (GQA/MQA),
-    and each tensor an exact 2D view for its descriptors (as the host-descriptor path needs, for
-    the Gluon kernels' 128-row blocks). `out` is the forward's output, or dO for the backward's
-    dK/dV kernel."""
+def hopper_gluon_refusal(q, k, v, out) -> str:
+    """Why the dense Gluon kernels (kernels/flash_attn_hopper.py) do not take these tensors ('' where
+    they do). Their scope: head dim 64 or 128, fp16 or bf16, q heads a multiple of the kv heads
+    (GQA/MQA), each tensor an exact 2D view for its descriptors (as the host-descriptor path needs,
+    for the Gluon kernels' 128-row blocks), and query and key lengths equal and whole blocks (checked
+    last: the lengths are what HOPPER_GLUON_PACKED_PATH is for). `out` is the forward's output, or
+    dO for the backward's dK/dV kernel."""
     hopper = flash_attn_hopper
     if gluon_unavailable:
-        return False
+        return gluon_unavailable
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
-    if not (q.shape == out.shape and k.shape == v.shape and k.shape[:2] == q.shape[:2] and k.shape[3] == headdim
-            and kv_heads and heads % kv_heads == 0 and headdim in hopper.HEAD_DIMS
-            and seqlen % hopper.BLOCK_M == 0 and batch * heads <= 65535  # the grid's y limit
-            and all(t.dtype == q.dtype for t in (k, v, out)) and q.dtype in (torch.float16, torch.bfloat16)):
-        return False
+    if headdim not in hopper.HEAD_DIMS:
+        return f"head dim {headdim}: the Gluon kernels take head dims {hopper.HEAD_DIMS}"
+    if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in (k, v, out)):
+        return "the Gluon kernels take float16 or bfloat16 tensors, all of one dtype"
+    if not (q.shape == out.shape and k.shape == v.shape and k.shape[0] == batch and k.shape[3] == headdim
+            and kv_heads and heads % kv_heads == 0):
+        return f"{heads} q heads on {kv_heads} kv heads, or shapes that do not match"
+    if batch * heads > 65535:  # the grid's y limit
+        return f"batch x heads {batch * heads}: more than the grid's 65535"
     # rows that do not overlap (no broadcast K or V with stride 0): one descriptor row each
-    if any(t.stride(1) < t.shape[2] * headdim for t in (q, k, v, out)):
-        return False
-    return tma_compatible(q, k, v, out) and _flat_view_is_exact(q, k, v, out, FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, 1))
+    if any(t.stride(1) < t.shape[2] * headdim for t in (q, k, v, out)) or not tma_compatible(q, k, v, out):
+        return "rows that overlap or are not 16-byte aligned (TMA)"
+    if k.shape[1] != seqlen or seqlen % hopper.BLOCK_M:
+        return f"{seqlen} queries on {k.shape[1]} keys: the dense Gluon kernels take equal lengths in whole " \
+               f"{hopper.BLOCK_M}-row blocks"
+    if not _flat_view_is_exact(q, k, v, out, FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, 1)):
+        return "not an exact (batch x seqlen, heads x head dim) view"
+    return ""
 
 
-def hopper_gluon_varlen_applies(config: FwdConfig, q, k, v, out, features: Features) -> bool:
-    """Packed variable lengths on the Gluon forward (flash_attn_hopper's varlen kernel): packed
-    sequences and no other feature (no window, softcap, ALiBi or dropout), from
-    hopper_gluon_min_keys keys in the longest sequence, head dim 64 or 128, fp16 or bf16, q heads
-    a multiple of the kv heads, each (total, heads, head dim) tensor's heads side by side in its
-    rows (a (total, heads * head dim) 2D view) and TMA-compatible."""
-    if gluon_unavailable or features is DENSE or not features.varlen:
-        return False
+def hopper_gluon_applies(q, k, v, out) -> bool:
+    """Whether the dense Gluon kernels take these tensors (hopper_gluon_refusal has no reason)."""
+    return not hopper_gluon_refusal(q, k, v, out)
+
+
+def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Features, mode: str = "forward") -> str:
+    """Why the Gluon varlen forward (flash_attn_hopper's varlen kernel) does not take these packed
+    sequences ('' where it does). Its scope: packed sequences and no other feature (no window,
+    softcap, ALiBi or dropout), from hopper_gluon_min_keys keys in the longest sequence, head dim
+    64 or 128, fp16 or bf16, q heads a multiple of the kv heads, each (total, heads, head dim)
+    tensor's heads side by side in its rows (a (total, heads * head dim) 2D view) and
+    TMA-compatible. `mode` names the config's table in the reason."""
+    if gluon_unavailable:
+        return gluon_unavailable
+    if features is DENSE or not features.varlen:
+        return "not packed sequences"
     if (features.window_left >= 0 or features.window_right >= 0 or features.softcap
             or features.alibi_slopes is not None or features.dropout_p):
-        return False
-    if not config.hopper_gluon_min_keys or features.max_seqlen_k < config.hopper_gluon_min_keys:
-        return False
+        return "a window, softcap, ALiBi or dropout: the Gluon varlen kernels have none of them"
+    refusal = _min_keys_refusal(config, features.max_seqlen_k, mode)
+    if refusal:
+        return refusal
     _, heads, headdim = q.shape
     kv_heads = k.shape[1]
     batch = features.cu_seqlens_q.shape[0] - 1
+    if headdim not in flash_attn_hopper.HEAD_DIMS:
+        return f"head dim {headdim}: the Gluon kernels take head dims {flash_attn_hopper.HEAD_DIMS}"
+    if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in (k, v, out)):
+        return "the Gluon kernels take float16 or bfloat16 tensors, all of one dtype"
     if not (q.shape == out.shape and k.shape == v.shape and k.shape[2] == headdim
-            and kv_heads and heads % kv_heads == 0 and headdim in flash_attn_hopper.HEAD_DIMS
-            and batch * heads <= 65535  # the grid's y limit
-            and all(t.dtype == q.dtype for t in (k, v, out)) and q.dtype in (torch.float16, torch.bfloat16)):
-        return False
+            and kv_heads and heads % kv_heads == 0):
+        return f"{heads} q heads on {kv_heads} kv heads, or shapes that do not match"
+    if batch * heads > 65535:  # the grid's y limit
+        return f"batch x heads {batch * heads}: more than the grid's 65535"
     if any(t.stride(1) != headdim or t.stride(0) < t.shape[1] * headdim for t in (q, k, v, out)):
-        return False
-    return tma_compatible(q, k, v, out)
+        return "heads not side by side in their rows"
+    if not tma_compatible(q, k, v, out):
+        return "not 16-byte aligned (TMA)"
+    return ""
+
+
+def hopper_gluon_varlen_applies(config: FwdConfig, q, k, v, out, features: Features) -> bool:
+    """Whether the Gluon varlen forward takes these packed sequences (hopper_gluon_varlen_refusal
+    has no reason)."""
+    return not hopper_gluon_varlen_refusal(config, q, k, v, out, features)
+
+
+def hopper_gluon_varlen_bwd_refusal(config: BwdConfig, q, k, v, do, features: Features,
+                                    deterministic: bool = False) -> str:
+    """Why the Gluon varlen dK/dV kernel with dQ fused does not take these packed sequences ('' where
+    it does): its scope is the forward's (hopper_gluon_varlen_refusal, with the backward table's
+    hopper_gluon_min_keys) at the head dims where that kernel fuses dQ (64 and 128), unless a
+    deterministic backward is asked for (the dQ reduce-adds' order varies between runs)."""
+    if gluon_unavailable:
+        return gluon_unavailable
+    if deterministic:
+        return "deterministic: the dQ reduce-adds' order varies between runs"
+    if not config.hopper_gluon_fused_dq or q.shape[-1] not in flash_attn_hopper.FUSED_DQ_HEAD_DIMS:
+        return (f"packed lengths, GQA and lengths off the 128-row grid take the Gluon backward only with dQ fused "
+                f"(head dims {flash_attn_hopper.FUSED_DQ_HEAD_DIMS}, where the config asks for it)")
+    if features.varlen and -(-features.max_seqlen_k // flash_attn_hopper.BWD_BLOCK_N) > flash_attn_hopper.BWD_MAX_KEY_BLOCKS:
+        return "more key blocks than the grid's second axis takes"  # flash_attn_hopper.bwd_grid
+    scope = FwdConfig(128, 128, 4, 1, hopper_gluon_min_keys=config.hopper_gluon_min_keys)
+    return hopper_gluon_varlen_refusal(scope, q, k, v, do, features, "backward")
 
 
 def hopper_gluon_varlen_bwd_applies(config: BwdConfig, q, k, v, do, features: Features,
                                     deterministic: bool = False) -> bool:
-    """Packed variable lengths on the Gluon dK/dV kernel with dQ fused (flash_attn_hopper's varlen
-    backward): the forward's scope (hopper_gluon_varlen_applies, with the backward table's
-    hopper_gluon_min_keys) at the head dims where that kernel fuses dQ (64 and 128), unless a
-    deterministic backward is asked for (the dQ reduce-adds' order varies between runs)."""
-    if (gluon_unavailable or deterministic or not config.hopper_gluon_fused_dq
-            or q.shape[-1] not in flash_attn_hopper.FUSED_DQ_HEAD_DIMS):
-        return False
-    if -(-features.max_seqlen_k // flash_attn_hopper.BWD_BLOCK_N) > flash_attn_hopper.BWD_MAX_KEY_BLOCKS:
-        return False  # the grid's second axis (flash_attn_hopper.bwd_grid)
-    scope = FwdConfig(128, 128, 4, 1, hopper_gluon_min_keys=config.hopper_gluon_min_keys)
-    return hopper_gluon_varlen_applies(scope, q, k, v, do, features)
+    """Whether the Gluon varlen dK/dV kernel with dQ fused takes these packed sequences
+    (hopper_gluon_varlen_bwd_refusal has no reason)."""
+    return not hopper_gluon_varlen_bwd_refusal(config, q, k, v, do, features, deterministic)
 
 
 def flat_descriptor(t: torch.Tensor, block_rows: int) -> TensorDescriptor:
@@ -221,29 +301,47 @@ def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) 
     return bool(config.fused_dq_min_rows) and seqlen_q >= config.fused_dq_min_rows and not deterministic
 
 
-def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, deterministic: bool = False) -> str:
-    """Which kernel computes dK and dV for these tensors by the config's rule: 'gluon-ws'
-    (flash_attn_hopper.py: from hopper_gluon_min_keys keys where hopper_gluon_applies holds; a
-    call with a feature or GQA/MQA only where it also adds dQ, `bwd_gluon_fuses_dq`, as the dQ
-    kernel has neither; a softcap's too, faster there than on the Triton feature kernels since the
-    Gluon kernel's step reads D late: docs/performance.md, "The backward's step") or
-    'triton' (_flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_features_kernel for a call with features
-    or GQA), or for a dense call off the dense Gluon kernel's scope 'gluon-ws-packed' (the varlen
-    Gluon kernel, each batch row one sequence: HOPPER_GLUON_PACKED_PATH). flash_attn_backward takes
-    the Gluon paths only on an sm_90 device."""
+def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
+                   deterministic: bool = False) -> tuple[str, str]:
+    """The Gluon dK/dV kernel that takes this dense call and why none does: (HOPPER_GLUON_PATH or
+    HOPPER_GLUON_PACKED_PATH, '') or ('', the reason). The dense kernel from the config's
+    hopper_gluon_min_keys keys where hopper_gluon_refusal has none and the keys are whole blocks
+    within the grid; a call with a feature or GQA/MQA only where it also adds dQ
+    (bwd_gluon_fuses_dq), as the dQ kernel has neither; else, with no feature but causal, the
+    varlen kernel on each batch row as a packed sequence (hopper_gluon_varlen_bwd_refusal)."""
+    headdim = q.shape[3]
     beyond_dense = (features is not DENSE and not features.dense) or k.shape[2] != q.shape[2]
-    if beyond_dense and not (features.gluon_kernels and bwd_gluon_fuses_dq(config, q.shape[3], deterministic)):
-        return "triton"
-    if (config.hopper_gluon_min_keys and k.shape[1] >= config.hopper_gluon_min_keys
-            and hopper_gluon_applies(q, k, v, do) and k.shape[1] % flash_attn_hopper.BWD_BLOCK_N == 0
-            and k.shape[1] // flash_attn_hopper.BWD_BLOCK_N <= flash_attn_hopper.BWD_MAX_KEY_BLOCKS):
-        return HOPPER_GLUON_PATH
-    if features is DENSE or features.dense:
-        views = [packed_view(t) for t in (q, k, v, do)]
-        if all(t is not None for t in views) and hopper_gluon_varlen_bwd_applies(
-                config, *views, _packed_scope(q, k), deterministic):
-            return HOPPER_GLUON_PACKED_PATH
-    return "triton"
+    if beyond_dense and not features.gluon_kernels:
+        return "", "dropout: on the Triton kernels only"
+    if beyond_dense and not bwd_gluon_fuses_dq(config, headdim, deterministic):
+        return "", ("deterministic: features and GQA take the Gluon backward only with dQ fused" if deterministic
+                    else "features, GQA, packed lengths and lengths off the 128-row grid take the Gluon backward "
+                         "only with dQ fused (head dims 64 and 128)")
+    refusal = _min_keys_refusal(config, k.shape[1], "backward") or hopper_gluon_refusal(q, k, v, do)
+    if not refusal and (k.shape[1] % flash_attn_hopper.BWD_BLOCK_N
+                        or k.shape[1] // flash_attn_hopper.BWD_BLOCK_N > flash_attn_hopper.BWD_MAX_KEY_BLOCKS):
+        refusal = "more key blocks than the grid's second axis takes"
+    if not refusal:
+        return HOPPER_GLUON_PATH, ""
+    if not (features is DENSE or features.dense):
+        return "", refusal
+    views = [packed_view(t) for t in (q, k, v, do)]
+    packed = ("the batch rows are not back to back (no packed view)" if any(t is None for t in views) else
+              hopper_gluon_varlen_bwd_refusal(config, *views, _packed_scope(q, k), deterministic))
+    if not packed:
+        return HOPPER_GLUON_PACKED_PATH, ""
+    return "", packed if _off_the_grid(q, k) else refusal
+
+
+def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, deterministic: bool = False) -> str:
+    """Which kernel computes dK and dV for these tensors by the config's rule: the Gluon one
+    bwd_gluon_path names ('gluon-ws': flash_attn_hopper.py's dense kernel, from
+    hopper_gluon_min_keys keys; a softcap's too, faster there than on the Triton feature kernels
+    since the Gluon kernel's step reads D late: docs/performance.md, "The backward's step";
+    'gluon-ws-packed': its varlen kernel on a dense call's batch rows, HOPPER_GLUON_PACKED_PATH),
+    else 'triton' (_flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_features_kernel for a call with
+    features or GQA). flash_attn_backward takes the Gluon paths only on an sm_90 device."""
+    return bwd_gluon_path(config, q, k, v, do, features, deterministic)[0] or "triton"
 
 
 def gluon_feature_flags(features: Features, causal: bool) -> dict:
