@@ -22,7 +22,7 @@ and, at head dims 64 and 128, a dK/dV kernel with dQ fused (`dispatch.hopper_glu
 A dense call off the dense kernels' scope (lengths off the 128-row grid, fewer or more queries
 than keys) runs these varlen kernels with each batch row a packed sequence
 (`dispatch.HOPPER_GLUON_PACKED_PATH`).
-`backward.flash_attn_backward` takes the dK/dV kernel at head dim 128 from 1k keys in the same
+`backward.flash_attn_backward` takes the dK/dV kernel at head dims 64 and 128 from 1k keys in the same
 scope (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
 (`dispatch.bwd_gluon_fuses_dq`). Dropout runs on the Triton kernels. The backward's schedule and
 launch order are BwdConfig fields (kernels/configs.py: hopper_gluon_dq_first,
