@@ -74,12 +74,13 @@ class BwdConfig:
     # fused_dq_min_rows.
     hopper_gluon_min_keys: int = 0
     # Whether that Gluon kernel also adds dQ (FA3's scheme: TMA reduce-adds into a float32
-    # accumulator, so the sum's order varies between runs), at head dim 128, unless
+    # accumulator, so the sum's order varies between runs), at head dims 64 and 128, unless
     # flash_attn_backward is asked to be deterministic; the dQ kernel then does not run.
     hopper_gluon_fused_dq: bool = False
     # That kernel's schedule and launch order (kernels/flash_attn_hopper.py): the fused dQ's matmul
     # issued before dK's (True), after (False), or None: before with GQA/MQA, a window or ALiBi,
-    # where it measured faster, after for dense MHA, where it measured level or slower.
+    # where it measured faster, after for dense MHA, where it measured level or slower. Head dim
+    # 64 ignores it: its consumers take turns and compute dQ after dK (flash_attn_hopper.dq_first).
     hopper_gluon_dq_first: bool | None = None
     # (batch, kv head) pairs in sections of at most this many, each section's key blocks launched
     # block-major; "l2": as many as keep their Q, dO and dQ accumulator within the L2 cache (FA4's
@@ -140,7 +141,9 @@ HOPPER_BWD_CONFIGS = {
     # head dim 64: from 1024 keys the Gluon dK/dV kernel with dQ fused, its consumers computing
     # dQ in turns by query step, faster than this kernel with the dQ kernel in the same process
     # (docs/performance.md, "Gluon dK/dV with dQ fused at head dim 64"; rows:
-    # reports/h100/decisions/gluon_backward_d64_*.csv). Without dQ fused it was not faster.
+    # reports/h100/decisions/gluon_backward_d64.csv: dense MHA, GQA and one length off the grid; the
+    # features and packed lengths with it were checked against float64, not timed). Without dQ fused
+    # it was not faster.
     64: BwdConfig(32, 128, 128, 32, 4, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
     # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 1024
     # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7), faster at 1k-16k in

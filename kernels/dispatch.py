@@ -93,10 +93,24 @@ def _dense_as_packed_refusal(config: FwdConfig, q, k, v, out) -> str:
     return hopper_gluon_varlen_refusal(config, *views, _packed_scope(q, k))
 
 
-def _off_the_grid(q, k) -> bool:
-    """Lengths the dense Gluon kernels do not take (unequal, or off their 128-row grid): the calls
-    HOPPER_GLUON_PACKED_PATH is for, so that a refusal names the packed rows' reason."""
-    return flash_attn_hopper is not None and (q.shape[1] != k.shape[1] or q.shape[1] % flash_attn_hopper.BLOCK_M != 0)
+def _listed(values) -> str:
+    """(64, 128) as '64 and 128', for a reason's text."""
+    return ", ".join(map(str, values[:-1])) + f" and {values[-1]}" if len(values) > 1 else str(values[0])
+
+
+def _lengths_refusal(q, k) -> str:
+    """Why the dense Gluon kernels do not take these lengths ('' where they do): unequal, or off
+    their 128-row grid, the calls HOPPER_GLUON_PACKED_PATH is for."""
+    block = flash_attn_hopper.BLOCK_M
+    if k.shape[1] != q.shape[1] or q.shape[1] % block:
+        return f"{q.shape[1]} queries on {k.shape[1]} keys: the dense Gluon kernels take equal lengths in whole " \
+               f"{block}-row blocks"
+    return ""
+
+
+# A call with a feature whose lengths only the varlen kernels take
+OFF_GRID_FEATURES = ("a window, softcap, ALiBi or dropout with lengths off the 128-row grid or unequal: the Gluon "
+                     "varlen kernels have none of them")
 
 
 def _min_keys_refusal(config, keys: int, mode: str) -> str:
@@ -114,6 +128,8 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
     kernel where hopper_gluon_varlen_refusal has none. Dense: the dense kernel from the config's
     hopper_gluon_min_keys keys, without dropout, where hopper_gluon_refusal has none; else, with
     no feature but causal, the varlen kernel on each batch row as a packed sequence."""
+    if gluon_unavailable:
+        return "", gluon_unavailable
     if features is not DENSE and features.varlen:
         refusal = hopper_gluon_varlen_refusal(config, q, k, v, out, features)
         return (HOPPER_GLUON_PATH, "") if not refusal else ("", refusal)
@@ -123,15 +139,14 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
     refusal = refusal or hopper_gluon_refusal(q, k, v, out)
     if not refusal:
         return HOPPER_GLUON_PATH, ""
+    # where only the lengths keep the dense kernel off, the packed rows' reason is the one that counts
+    lengths = refusal == _lengths_refusal(q, k)
     if not (features is DENSE or features.dense):
-        if _off_the_grid(q, k):
-            return "", ("a window, softcap, ALiBi or dropout with lengths off the 128-row grid or unequal: the Gluon "
-                        "varlen kernels have none of them")
-        return "", refusal
+        return "", OFF_GRID_FEATURES if lengths else refusal
     packed = _dense_as_packed_refusal(config, q, k, v, out)
     if not packed:
         return HOPPER_GLUON_PACKED_PATH, ""
-    return "", packed if _off_the_grid(q, k) else refusal
+    return "", packed if lengths else refusal
 
 
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
@@ -175,17 +190,18 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
 def hopper_gluon_refusal(q, k, v, out) -> str:
     """Why the dense Gluon kernels (kernels/flash_attn_hopper.py) do not take these tensors ('' where
     they do). Their scope: head dim 64 or 128, fp16 or bf16, q heads a multiple of the kv heads
-    (GQA/MQA), each tensor an exact 2D view for its descriptors (as the host-descriptor path needs,
-    for the Gluon kernels' 128-row blocks), and query and key lengths equal and whole blocks (checked
-    last: the lengths are what HOPPER_GLUON_PACKED_PATH is for). `out` is the forward's output, or
+    (GQA/MQA), query and key lengths equal and whole blocks (_lengths_refusal, checked after the
+    shapes, dtypes and strides: the lengths are what HOPPER_GLUON_PACKED_PATH is for), and each
+    tensor an exact 2D view for its descriptors (as the host-descriptor path needs, for the Gluon
+    kernels' 128-row blocks). `out` is the forward's output, or
     dO for the backward's dK/dV kernel."""
     hopper = flash_attn_hopper
     if gluon_unavailable:
         return gluon_unavailable
-    batch, seqlen, heads, headdim = q.shape
+    batch, _, heads, headdim = q.shape
     kv_heads = k.shape[2]
     if headdim not in hopper.HEAD_DIMS:
-        return f"head dim {headdim}: the Gluon kernels take head dims {hopper.HEAD_DIMS}"
+        return f"head dim {headdim}: the Gluon kernels take head dims {_listed(hopper.HEAD_DIMS)}"
     if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in (k, v, out)):
         return "the Gluon kernels take float16 or bfloat16 tensors, all of one dtype"
     if not (q.shape == out.shape and k.shape == v.shape and k.shape[0] == batch and k.shape[3] == headdim
@@ -195,10 +211,10 @@ def hopper_gluon_refusal(q, k, v, out) -> str:
         return f"batch x heads {batch * heads}: more than the grid's 65535"
     # rows that do not overlap (no broadcast K or V with stride 0): one descriptor row each
     if any(t.stride(1) < t.shape[2] * headdim for t in (q, k, v, out)) or not tma_compatible(q, k, v, out):
-        return "rows that overlap or are not 16-byte aligned (TMA)"
-    if k.shape[1] != seqlen or seqlen % hopper.BLOCK_M:
-        return f"{seqlen} queries on {k.shape[1]} keys: the dense Gluon kernels take equal lengths in whole " \
-               f"{hopper.BLOCK_M}-row blocks"
+        return "rows that overlap, a last stride other than 1, or not 16-byte aligned (TMA)"
+    lengths = _lengths_refusal(q, k)
+    if lengths:
+        return lengths
     if not _flat_view_is_exact(q, k, v, out, FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, 1)):
         return "not an exact (batch x seqlen, heads x head dim) view"
     return ""
@@ -230,7 +246,7 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
     kv_heads = k.shape[1]
     batch = features.cu_seqlens_q.shape[0] - 1
     if headdim not in flash_attn_hopper.HEAD_DIMS:
-        return f"head dim {headdim}: the Gluon kernels take head dims {flash_attn_hopper.HEAD_DIMS}"
+        return f"head dim {headdim}: the Gluon kernels take head dims {_listed(flash_attn_hopper.HEAD_DIMS)}"
     if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in (k, v, out)):
         return "the Gluon kernels take float16 or bfloat16 tensors, all of one dtype"
     if not (q.shape == out.shape and k.shape == v.shape and k.shape[2] == headdim
@@ -263,7 +279,7 @@ def hopper_gluon_varlen_bwd_refusal(config: BwdConfig, q, k, v, do, features: Fe
         return "deterministic: the dQ reduce-adds' order varies between runs"
     if not config.hopper_gluon_fused_dq or q.shape[-1] not in flash_attn_hopper.FUSED_DQ_HEAD_DIMS:
         return (f"packed lengths, GQA and lengths off the 128-row grid take the Gluon backward only with dQ fused "
-                f"(head dims {flash_attn_hopper.FUSED_DQ_HEAD_DIMS}, where the config asks for it)")
+                f"(head dims {_listed(flash_attn_hopper.FUSED_DQ_HEAD_DIMS)}, where the config asks for it)")
     if features.varlen and -(-features.max_seqlen_k // flash_attn_hopper.BWD_BLOCK_N) > flash_attn_hopper.BWD_MAX_KEY_BLOCKS:
         return "more key blocks than the grid's second axis takes"  # flash_attn_hopper.bwd_grid
     scope = FwdConfig(128, 128, 4, 1, hopper_gluon_min_keys=config.hopper_gluon_min_keys)
@@ -309,6 +325,8 @@ def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
     within the grid; a call with a feature or GQA/MQA only where it also adds dQ
     (bwd_gluon_fuses_dq), as the dQ kernel has neither; else, with no feature but causal, the
     varlen kernel on each batch row as a packed sequence (hopper_gluon_varlen_bwd_refusal)."""
+    if gluon_unavailable:
+        return "", gluon_unavailable
     headdim = q.shape[3]
     beyond_dense = (features is not DENSE and not features.dense) or k.shape[2] != q.shape[2]
     if beyond_dense and not features.gluon_kernels:
@@ -323,14 +341,15 @@ def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
         refusal = "more key blocks than the grid's second axis takes"
     if not refusal:
         return HOPPER_GLUON_PATH, ""
+    lengths = refusal == _lengths_refusal(q, k)
     if not (features is DENSE or features.dense):
-        return "", refusal
+        return "", OFF_GRID_FEATURES if lengths else refusal
     views = [packed_view(t) for t in (q, k, v, do)]
     packed = ("the batch rows are not back to back (no packed view)" if any(t is None for t in views) else
               hopper_gluon_varlen_bwd_refusal(config, *views, _packed_scope(q, k), deterministic))
     if not packed:
         return HOPPER_GLUON_PACKED_PATH, ""
-    return "", packed if _off_the_grid(q, k) else refusal
+    return "", packed if lengths else refusal
 
 
 def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, deterministic: bool = False) -> str:

@@ -543,17 +543,21 @@ def compare_configs_table(path: Path, a_label: str, b_label: str) -> str:
     header = (f"| call | batch x seqlen | heads (kv) | head dim | causal | A: {a_label}, ms | B: {b_label}, ms "
               "| B's speed-up |")
     lines = [header, "|---|---|---|---|---|---|---|---|"]
+    checked = (rows.groupby(shape, sort=False)["checked_shape"].first() if "checked_shape" in rows
+               else pd.Series(dtype=str))
     for key, ms in medians.sort_index(level=["causal", "seqlen"], sort_remaining=False).iterrows():
         row = dict(zip(shape, key))
         size = f"{row['batch']} sequences: {row['lengths']}" if row["lengths"] else f"{row['batch']} x {row['seqlen']}"
+        if checked.get(key, ""):
+            size += f" (checked on {checked[key]})"
         heads = f"{row['heads']}" + (f" ({row['kv_heads']})" if row["kv_heads"] != row["heads"] else "")
         lines.append(f"| {row['call']} | {size} | {heads} | {row['headdim']} | {row['causal']} | {ms['A']:.3f} "
                      f"| {ms['B']:.3f} | {_ratio(ms['A'], ms['B'])} |")
     gpus = ", ".join(sorted(rows.gpu.unique()))
     source = (f"`tools/compare_configs.py`, {rows.dtype.iloc[0]}, {gpus}: the median of at least {rounds} "
               "interleaved rounds per config, both in one process per shape, each checked against float64 first "
-              "(on the call's first batch rows and heads where the whole call's reference would not fit); "
-              f"rows: `{_repository_path(path)}`.")
+              "(where the whole call's reference would not fit, on its first batch rows and heads: named where the "
+              f"rows record it); rows: `{_repository_path(path)}`.")
     return "\n".join([*lines, "", source])
 
 

@@ -27,6 +27,7 @@ def test_two_configs_are_timed_in_alternating_rounds_into_long_rows(tmp_path, ca
     assert [row["fields"] for row in rows[:2]] == ["block_m=32", "block_m=16,bwd.block_m1=16"]
     assert all(float(row["ms"]) > 0 and row["call"] == "fwd_bwd" and row["causal"] == "True" for row in rows)
     assert set(ROW_ENV_COLUMNS) <= set(rows[0]) and rows[0]["torch"] == torch.__version__
+    assert all(row["checked_shape"] == "" for row in rows)  # the whole call was checked
     printed = capsys.readouterr().out
     assert "B / A" in printed and "block_m=16" in printed
     assert (tmp_path / "rows.notes.txt").exists()  # clocks lowered during the run, if any (none on a CPU)
@@ -102,5 +103,7 @@ def test_a_call_whose_reference_does_not_fit_is_checked_on_its_first_rows_and_he
     assert compare_configs.REFERENCE_BYTES // (compare_configs.SCORE_TENSORS * 8 * 8192**2) == 5
     gqa = compare_configs.checked_args(args((4, 8192, 32, 64), kv_heads=8))
     assert gqa.shape == (1, 8192, 4, 64) and gqa.kv_heads == 1
+    empty = args((2, 0, 32, 64))  # no rows at all: nothing to cut
+    assert compare_configs.checked_args(empty) is empty
     packed = args((0, 0, 32, 64), lengths=[16384, 16384])
     assert compare_configs.checked_args(packed) is packed

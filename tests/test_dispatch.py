@@ -208,6 +208,52 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
     assert bwd((2, 2048, 4, 128)) == HOPPER_GLUON_PATH
 
 
+def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
+    """fwd_gluon_path and bwd_gluon_path give the path or the reason, the one the coverage suite's
+    kernel_reason shows: the table's key threshold, a head dim, a feature off the grid (the varlen
+    kernels have no features), the packed rows' own reason where only the lengths keep the dense
+    kernel off, and the import failure itself where the Gluon kernels did not import."""
+    from kernels.checks import Features
+
+    def tensors(seqlen_q, headdim=128, seqlen_k=None, heads=4):
+        q = torch.empty(2, seqlen_q, heads, headdim, dtype=torch.bfloat16)
+        return q, torch.empty(2, seqlen_k or seqlen_q, heads, headdim, dtype=torch.bfloat16)
+
+    fwd, bwd = HOPPER_FWD_CONFIGS[(128, True)], HOPPER_BWD_CONFIGS[128]
+    q, k = tensors(2048)
+    assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (HOPPER_GLUON_PATH, "")
+    assert dispatch.bwd_gluon_path(bwd, q, k, k, q) == (HOPPER_GLUON_PATH, "")
+    q, k = tensors(512)
+    assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (
+        "", "512 keys: fewer than the forward config's hopper_gluon_min_keys 1024")
+    q, k = tensors(2048, headdim=96)
+    assert dispatch.bwd_gluon_path(bwd, q, k, k, q)[1] == "head dim 96: the Gluon kernels take head dims 64 and 128"
+    window = Features(window_left=256, window_right=-1)
+    q, k = tensors(3000)
+    assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True, window) == ("", dispatch.OFF_GRID_FEATURES)
+    assert dispatch.bwd_gluon_path(bwd, q, k, k, q, window) == ("", dispatch.OFF_GRID_FEATURES)
+    # a feature off the grid below the key threshold: the threshold, not the features
+    q, k = tensors(1000)
+    assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True, window)[1].startswith("1000 keys: fewer than")
+    assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (
+        "", "1000 keys: fewer than the forward config's hopper_gluon_min_keys 1024")
+    # off the grid and dense: the packed rows' path, or their reason
+    q, k = tensors(3000)
+    assert dispatch.bwd_gluon_path(bwd, q, k, k, q) == (dispatch.HOPPER_GLUON_PACKED_PATH, "")
+    assert dispatch.bwd_gluon_path(bwd, q, k, k, q, deterministic=True) == (
+        "", "deterministic: the dQ reduce-adds' order varies between runs")
+    # the Gluon kernels did not import: that reason, whatever the call
+    monkeypatch.setattr(dispatch, "flash_attn_hopper", None)
+    monkeypatch.setattr(dispatch, "gluon_unavailable", "the Gluon kernels do not import here")
+    q, k = tensors(2048, heads=8)
+    kv = torch.empty(2, 2048, 2, 128, dtype=torch.bfloat16)
+    for path in (dispatch.fwd_gluon_path(fwd, q, kv, kv, q, True, window), dispatch.bwd_gluon_path(bwd, q, kv, kv, q),
+                 dispatch.bwd_gluon_path(bwd, q, kv, kv, q, window)):
+        assert path == ("", "the Gluon kernels do not import here")
+    assert dispatch.fwd_memory_path(fwd, q, kv, kv, q, True) in dispatch.FWD_MEMORY_PATHS
+    assert dispatch.bwd_dkdv_path(bwd, q, kv, kv, q) == "triton"
+
+
 def test_hopper_gluon_varlen_backward_scope():
     """The varlen backward takes the Gluon dK/dV kernel with dQ fused in the forward's scope at
     head dims 64 and 128, unless asked to be deterministic."""

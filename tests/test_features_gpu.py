@@ -222,9 +222,9 @@ def test_gpu_varlen(causal, window, dtype):
 @pytest.mark.parametrize("key_grid", ["longest", "packed"], ids=["longest-grid", "packed-grid"])
 def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, key_grid, monkeypatch):
     """Packed sequences on an H100/H200 take the Gluon varlen forward and the Gluon varlen dK/dV
-    kernel with dQ fused (head dim 64 by a config where the table does not take it: its
-    consumers compute dQ in turns), asserted, so a change of rule cannot quietly test the Triton
-    kernels instead, and match the float64 reference, the logsumexp too; the backward's key
+    kernel with dQ fused (at head dim 64 its consumers compute dQ in turns; the config fixes the
+    Gluon thresholds so that a change of the table cannot quietly test the Triton kernels
+    instead; asserted), and match the float64 reference, the logsumexp too; the backward's key
     blocks the longest sequence's for each or every sequence's on one axis
     (BwdConfig.hopper_gluon_varlen_grid, asserted at the launch)."""
     from kernels import flash_attn_hopper as hopper

@@ -49,8 +49,9 @@ from kernels.configs import default_bwd_config, default_fwd_config
 
 CALLS = ("fwd", "bwd", "fwd_bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# checked_shape: the (batch, heads) the float64 check ran on where it was not the whole call ('' where it was)
 COLUMNS = ("tool", "call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dtype",
-           "config", "fields", "round", "ms", "p20_ms", "p80_ms", *ROW_ENV_COLUMNS)
+           "config", "fields", "round", "ms", "p20_ms", "p80_ms", "checked_shape", *ROW_ENV_COLUMNS)
 
 
 def parse_fields(text: str, call: str) -> dict[str, dict]:
@@ -169,7 +170,7 @@ def checked_args(args: argparse.Namespace) -> argparse.Namespace:
     batch, seqlen, heads, headdim = args.shape
     kv_heads = args.kv_heads or heads
     group = heads // kv_heads
-    fit = REFERENCE_BYTES // (SCORE_TENSORS * 8 * seqlen * seqlen)
+    fit = REFERENCE_BYTES // (SCORE_TENSORS * 8 * max(seqlen, 1) ** 2)
     if batch * heads <= fit:
         return args
     kv = max(1, min(kv_heads, fit // group))
@@ -240,6 +241,7 @@ def main(argv: list[str] | None = None) -> Path:
                   "batch": len(args.lengths) if args.lengths else batch, "seqlen": 0 if args.lengths else seqlen,
                   "lengths": " ".join(map(str, args.lengths or ())), "heads": heads,
                   "kv_heads": args.kv_heads or heads, "headdim": headdim, "causal": args.causal, "dtype": args.dtype,
+                  "checked_shape": "" if checked is args else f"{checked.shape[0]} x {checked.shape[2]} heads",
                   **{k: env[k] for k in ROW_ENV_COLUMNS}}
         for round_ in range(args.rounds):
             for label in ("A", "B") if round_ % 2 == 0 else ("B", "A"):
