@@ -95,8 +95,8 @@ def kernels_served(case: Case, device, config: str) -> dict[str, tuple[str, str]
     from kernels import dispatch
 
     paths = json.loads(config)["kernels"]
-    names = {dispatch.HOPPER_GLUON_PATH: "Gluon varlen" if case.packed else "Gluon dense",
-             dispatch.HOPPER_GLUON_PACKED_PATH: "Gluon varlen (batch rows packed)"}
+    names = {dispatch.GluonPath.DENSE: "Gluon varlen" if case.packed else "Gluon dense",
+             dispatch.GluonPath.PACKED: "Gluon varlen (batch rows packed)"}
     fwd = f"{names[paths['fwd']]} fwd" if paths["fwd"] in names else f"Triton fwd, {paths['fwd']}"
     dq = "fused dQ" if paths["dq"] == "fused" else "dQ kernel"
     bwd = f"{names[paths['bwd']]} dK/dV, {dq}" if paths["bwd"] in names else f"Triton dK/dV, {dq}"

@@ -240,7 +240,7 @@ def gluon_choice(case: Case, mode: str, device, tensors: tuple | None = None) ->
     bwd = default_bwd_config(case.hdim, device)
     if case.packed:
         refusal = dispatch.hopper_gluon_varlen_bwd_refusal(bwd, q, kv, kv, q, features)
-        return (dispatch.HOPPER_GLUON_PATH, "") if not refusal else ("", refusal)
+        return (dispatch.GluonPath.DENSE, "") if not refusal else ("", refusal)
     return dispatch.bwd_gluon_path(bwd, q, kv, kv, q, features)
 
 
@@ -266,7 +266,7 @@ def our_config(case: Case, device, provider: str) -> str:
     fwd_path = dispatch.fwd_memory_path(fwd, q, kv, kv, q, case.causal, features)
     bwd_path = gluon_choice(case, "bwd", device, (q, kv, features))[0] or "triton"
     bwd = dense_bwd
-    gluon_paths = (dispatch.HOPPER_GLUON_PATH, dispatch.HOPPER_GLUON_PACKED_PATH)
+    gluon_paths = (dispatch.GluonPath.DENSE, dispatch.GluonPath.PACKED)
     if uses_features and bwd_path not in gluon_paths and provider == "ours":
         bwd = default_bwd_config(case.hdim, device, masked_features=masked)
     if not gluon_device:  # the Gluon kernels run on sm_90 only; elsewhere the Triton ones
@@ -276,7 +276,7 @@ def our_config(case: Case, device, provider: str) -> str:
     # one, packed lengths' and batch rows packed, always); the Triton feature kernels (features or
     # GQA) never do, the dense one by bwd_fuses_dq
     if bwd_path in gluon_paths:
-        fused = case.packed or bwd_path == dispatch.HOPPER_GLUON_PACKED_PATH or dispatch.bwd_gluon_fuses_dq(
+        fused = case.packed or bwd_path == dispatch.GluonPath.PACKED or dispatch.bwd_gluon_fuses_dq(
             dense_bwd, case.hdim)
     else:
         fused = not uses_features and dispatch.bwd_fuses_dq(bwd, case.seqlen)

@@ -34,8 +34,7 @@ from .common import (
 )
 from .configs import BwdConfig, default_bwd_config, on_hopper, padded_headdim
 from .dispatch import (
-    HOPPER_GLUON_PACKED_PATH,
-    HOPPER_GLUON_PATH,
+    GluonPath,
     bwd_dkdv_path,
     bwd_fuses_dq,
     bwd_gluon_fuses_dq,
@@ -211,9 +210,9 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
         if not features.varlen and on_hopper(q.device) and min(q.shape[1], k.shape[1], q.shape[0] * q.shape[2]):
             cfg = config or default_bwd_config(q.shape[-1], q.device)
             path = bwd_dkdv_path(cfg, q, k, v, do, features, deterministic)
-            if path in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH):
+            if path in (GluonPath.DENSE, GluonPath.PACKED):
                 try:
-                    if path == HOPPER_GLUON_PACKED_PATH:
+                    if path == GluonPath.PACKED:
                         return backward_packed(do, q, k, v, out, lse, softmax_scale, causal, cfg)
                     return _backward_features_gluon(do, q, k, v, out, lse, softmax_scale, causal, features, cfg)
                 except dispatch.GLUON_BUILD_ERRORS as exc:
@@ -303,7 +302,7 @@ def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: 
 
 
 def backward_packed(do, q, k, v, out, lse, softmax_scale: float, causal: bool, config: BwdConfig):
-    """A dense call on the Gluon varlen backward (dispatch.HOPPER_GLUON_PACKED_PATH): the batch
+    """A dense call on the Gluon varlen backward (dispatch.GluonPath.PACKED): the batch
     rows as packed sequences; L copied to the packed (heads, batch * seqlen_q) layout the kernel
     reads (the forward wrote the dense one)."""
     do, q, k, v, out = (last_dim_contiguous(t) for t in (do, q, k, v, out))
@@ -375,13 +374,13 @@ def _dense_plan(q, k, v, do, out, causal: bool, cfg: BwdConfig, deterministic: b
         dq_launch(q, k, v, do, lse, delta, dq, *dq_ints, softmax_scale, softmax_scale * LOG2E.value)
 
     path = bwd_dkdv_path(cfg, q, k, v, do, deterministic=deterministic)
-    if path == HOPPER_GLUON_PACKED_PATH and on_hopper(q.device):
+    if path == GluonPath.PACKED and on_hopper(q.device):
         def run_packed(do, q, k, v, out, lse, delta, dk, dv, softmax_scale):
             return backward_packed(do, q, k, v, out, lse, softmax_scale, causal, cfg)
 
         run_packed.gluon = run_packed.packed = True
         return run_packed
-    if path == HOPPER_GLUON_PATH and on_hopper(q.device):
+    if path == GluonPath.DENSE and on_hopper(q.device):
         # the Gluon kernel (compiled for sm_90 only), adding dQ itself where the config says so
         hopper = dispatch.flash_attn_hopper
         fused = bwd_gluon_fuses_dq(cfg, headdim, deterministic)

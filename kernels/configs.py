@@ -120,7 +120,7 @@ HOPPER_FWD_CONFIGS = {
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
     # frees the pointer registers (ptxas: no spills with it). From 1024 keys, equal lengths in
     # whole blocks take the Gluon kernel instead (other lengths its varlen variant, dispatch's
-    # HOPPER_GLUON_PACKED_PATH), faster than this one at 1k-16k in bf16 and fp16,
+    # GluonPath.PACKED), faster than this one at 1k-16k in bf16 and fp16,
     # same process (docs/performance.md, "Gluon forward with FlashAttention-3's warp layout";
     # rows: reports/h200/decisions/gluon_forward.csv).
     (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024),

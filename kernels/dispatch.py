@@ -6,6 +6,7 @@ configs of configs.py; docs/performance.md holds the measurements behind them.""
 
 from __future__ import annotations
 
+import enum
 import warnings
 
 import torch
@@ -38,12 +39,23 @@ def disable_gluon(exc: BaseException) -> None:
                   RuntimeWarning, stacklevel=3)
 
 FWD_MEMORY_PATHS = ("pointer", "tma-kernel", "tma-host")  # the kernel's TMA constexpr: 0, 1, 2
-HOPPER_GLUON_PATH = "gluon-ws"  # kernels/flash_attn_hopper.py instead of _flash_fwd_kernel
-# A dense call the dense Gluon kernels do not take (a length off their 128-row grid, fewer or more
-# queries than keys) on the Gluon varlen kernels, each batch row one packed sequence: they mask
-# the partial last blocks and align causal masks to the bottom right, as FA3's and FA4's sm_90
-# kernels do for every dense call (docs/hopper_peers.md).
-HOPPER_GLUON_PACKED_PATH = "gluon-ws-packed"
+
+
+class GluonPath(str, enum.Enum):
+    """The Gluon kernels (kernels/flash_attn_hopper.py) a call can take: what fwd_memory_path and
+    bwd_dkdv_path return instead of a Triton path, and what plans and result rows record (the
+    values compare, hash and print as their strings)."""
+
+    # the dense kernels, or for packed variable lengths the varlen ones
+    DENSE = "gluon-ws"
+    # a dense call the dense kernels do not take (a length off their 128-row grid, fewer or more
+    # queries than keys) on the varlen kernels, each batch row one packed sequence: they mask the
+    # partial last blocks and align causal masks to the bottom right, as FA3's and FA4's sm_90
+    # kernels do for every dense call (docs/hopper_peers.md)
+    PACKED = "gluon-ws-packed"
+
+    __str__ = str.__str__
+    __hash__ = str.__hash__
 
 
 def packed_view(t: torch.Tensor) -> torch.Tensor | None:
@@ -84,7 +96,7 @@ def _packed_scope(q: torch.Tensor, k: torch.Tensor) -> Features:
 
 def _dense_as_packed_refusal(config: FwdConfig, q, k, v, out) -> str:
     """Why the Gluon varlen forward does not take this dense call as packed rows
-    (HOPPER_GLUON_PACKED_PATH): hopper_gluon_varlen_refusal of the packed views ('' where it does)."""
+    (GluonPath.PACKED): hopper_gluon_varlen_refusal of the packed views ('' where it does)."""
     views = [packed_view(t) for t in (q, k, v, out)]
     if any(t is None for t in views):
         return "the batch rows are not back to back (no packed view)"
@@ -100,7 +112,7 @@ def _listed(values) -> str:
 
 def _lengths_refusal(q, k) -> str:
     """Why the dense Gluon kernels do not take these lengths ('' where they do): unequal, or off
-    their 128-row grid, the calls HOPPER_GLUON_PACKED_PATH is for."""
+    their 128-row grid, the calls GluonPath.PACKED is for."""
     block = flash_attn_hopper.BLOCK_M
     if k.shape[1] != q.shape[1] or q.shape[1] % block:
         return f"{q.shape[1]} queries on {k.shape[1]} keys: the dense Gluon kernels take equal lengths in whole " \
@@ -123,8 +135,8 @@ def _min_keys_refusal(config, keys: int, mode: str) -> str:
 
 
 def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> tuple[str, str]:
-    """The Gluon forward that takes this call and why none does: (HOPPER_GLUON_PATH or
-    HOPPER_GLUON_PACKED_PATH, '') or ('', the reason). Packed variable lengths: the Gluon varlen
+    """The Gluon forward that takes this call and why none does: (GluonPath.DENSE or
+    GluonPath.PACKED, '') or ('', the reason). Packed variable lengths: the Gluon varlen
     kernel where hopper_gluon_varlen_refusal has none. Dense: the dense kernel from the config's
     hopper_gluon_min_keys keys, without dropout, where hopper_gluon_refusal has none; else, with
     no feature but causal, the varlen kernel on each batch row as a packed sequence."""
@@ -132,20 +144,20 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
         return "", gluon_unavailable
     if features is not DENSE and features.varlen:
         refusal = hopper_gluon_varlen_refusal(config, q, k, v, out, features)
-        return (HOPPER_GLUON_PATH, "") if not refusal else ("", refusal)
+        return (GluonPath.DENSE, "") if not refusal else ("", refusal)
     refusal = _min_keys_refusal(config, k.shape[1], "forward")
     if not refusal and not features.gluon_kernels:
         refusal = "dropout: on the Triton kernels only"
     refusal = refusal or hopper_gluon_refusal(q, k, v, out)
     if not refusal:
-        return HOPPER_GLUON_PATH, ""
+        return GluonPath.DENSE, ""
     # where only the lengths keep the dense kernel off, the packed rows' reason is the one that counts
     lengths = refusal == _lengths_refusal(q, k)
     if not (features is DENSE or features.dense):
         return "", OFF_GRID_FEATURES if lengths else refusal
     packed = _dense_as_packed_refusal(config, q, k, v, out)
     if not packed:
-        return HOPPER_GLUON_PACKED_PATH, ""
+        return GluonPath.PACKED, ""
     return "", packed if lengths else refusal
 
 
@@ -191,7 +203,7 @@ def hopper_gluon_refusal(q, k, v, out) -> str:
     """Why the dense Gluon kernels (kernels/flash_attn_hopper.py) do not take these tensors ('' where
     they do). Their scope: head dim 64 or 128, fp16 or bf16, q heads a multiple of the kv heads
     (GQA/MQA), query and key lengths equal and whole blocks (_lengths_refusal, checked after the
-    shapes, dtypes and strides: the lengths are what HOPPER_GLUON_PACKED_PATH is for), and each
+    shapes, dtypes and strides: the lengths are what GluonPath.PACKED is for), and each
     tensor an exact 2D view for its descriptors (as the host-descriptor path needs, for the Gluon
     kernels' 128-row blocks). `out` is the forward's output, or
     dO for the backward's dK/dV kernel."""
@@ -319,8 +331,8 @@ def bwd_fuses_dq(config: BwdConfig, seqlen_q: int, deterministic: bool = False) 
 
 def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
                    deterministic: bool = False) -> tuple[str, str]:
-    """The Gluon dK/dV kernel that takes this dense call and why none does: (HOPPER_GLUON_PATH or
-    HOPPER_GLUON_PACKED_PATH, '') or ('', the reason). The dense kernel from the config's
+    """The Gluon dK/dV kernel that takes this dense call and why none does: (GluonPath.DENSE or
+    GluonPath.PACKED, '') or ('', the reason). The dense kernel from the config's
     hopper_gluon_min_keys keys where hopper_gluon_refusal has none and the keys are whole blocks
     within the grid; a call with a feature or GQA/MQA only where it also adds dQ
     (bwd_gluon_fuses_dq), as the dQ kernel has neither; else, with no feature but causal, the
@@ -340,7 +352,7 @@ def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
                         or k.shape[1] // flash_attn_hopper.BWD_BLOCK_N > flash_attn_hopper.BWD_MAX_KEY_BLOCKS):
         refusal = "more key blocks than the grid's second axis takes"
     if not refusal:
-        return HOPPER_GLUON_PATH, ""
+        return GluonPath.DENSE, ""
     lengths = refusal == _lengths_refusal(q, k)
     if not (features is DENSE or features.dense):
         return "", OFF_GRID_FEATURES if lengths else refusal
@@ -348,7 +360,7 @@ def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
     packed = ("the batch rows are not back to back (no packed view)" if any(t is None for t in views) else
               hopper_gluon_varlen_bwd_refusal(config, *views, _packed_scope(q, k), deterministic))
     if not packed:
-        return HOPPER_GLUON_PACKED_PATH, ""
+        return GluonPath.PACKED, ""
     return "", packed if lengths else refusal
 
 
@@ -357,7 +369,7 @@ def bwd_dkdv_path(config: BwdConfig, q, k, v, do, features: Features = DENSE, de
     bwd_gluon_path names ('gluon-ws': flash_attn_hopper.py's dense kernel, from
     hopper_gluon_min_keys keys; a softcap's too, faster there than on the Triton feature kernels
     since the Gluon kernel's step reads D late: docs/performance.md, "The backward's step";
-    'gluon-ws-packed': its varlen kernel on a dense call's batch rows, HOPPER_GLUON_PACKED_PATH),
+    'gluon-ws-packed': its varlen kernel on a dense call's batch rows, GluonPath.PACKED),
     else 'triton' (_flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_features_kernel for a call with
     features or GQA). flash_attn_backward takes the Gluon paths only on an sm_90 device."""
     return bwd_gluon_path(config, q, k, v, do, features, deterministic)[0] or "triton"

@@ -21,7 +21,7 @@ their own, causal or not and with no other feature: a forward (`dispatch.hopper_
 and, at head dims 64 and 128, a dK/dV kernel with dQ fused (`dispatch.hopper_gluon_varlen_bwd_applies`).
 A dense call off the dense kernels' scope (lengths off the 128-row grid, fewer or more queries
 than keys) runs these varlen kernels with each batch row a packed sequence
-(`dispatch.HOPPER_GLUON_PACKED_PATH`).
+(`dispatch.GluonPath.PACKED`).
 `backward.flash_attn_backward` takes the dK/dV kernel at head dims 64 and 128 from 1k keys in the same
 scope (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
 (`dispatch.bwd_gluon_fuses_dq`). Dropout runs on the Triton kernels. The backward's schedule and
@@ -177,7 +177,7 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     """Write O into `out` (packed like q) and the natural-log logsumexp into `lse` for packed
     sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a (total, heads * d)
     2D view with rows that do not overlap; d 64 or 128; fp16 or bf16); `lse` is (heads, total_q),
-    or for a dense call's batch rows packed (dispatch.HOPPER_GLUON_PACKED_PATH, every sequence
+    or for a dense call's batch rows packed (dispatch.GluonPath.PACKED, every sequence
     max_seqlen_q long) its contiguous (batch, heads, seqlen_q). `qk_scale` is the softmax scale
     times log2(e)."""
     total_q, heads, _ = q.shape

@@ -40,8 +40,7 @@ from .common import (
 from .configs import FwdConfig, default_fwd_config, on_hopper, padded_headdim
 from .dispatch import (
     FWD_MEMORY_PATHS,
-    HOPPER_GLUON_PACKED_PATH,
-    HOPPER_GLUON_PATH,
+    GluonPath,
     flat_descriptor,
     fwd_memory_path,
 )
@@ -371,7 +370,7 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
     path = fwd_memory_path(cfg, q, k, v, out, causal)
-    if path in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH):
+    if path in (GluonPath.DENSE, GluonPath.PACKED):
         if on_hopper(q.device):
             hopper = dispatch.flash_attn_hopper
             gluon_runs = []  # made by the first call (where the kernel compiles, or fails to)
@@ -384,7 +383,7 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
             def run_gluon_packed(q, k, v, out, lse, softmax_scale):
                 forward_packed(q, k, v, out, lse, softmax_scale * LOG2E.value, causal)
 
-            run = run_gluon if path == HOPPER_GLUON_PATH else run_gluon_packed
+            run = run_gluon if path == GluonPath.DENSE else run_gluon_packed
             run.gluon = True
             return run
         # a Hopper config passed for another device: the Gluon kernel is compiled for sm_90 only
@@ -415,7 +414,7 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
 
 
 def forward_packed(q, k, v, out, lse, qk_scale: float, causal: bool) -> None:
-    """A dense call on the Gluon varlen forward (dispatch.HOPPER_GLUON_PACKED_PATH): the batch
+    """A dense call on the Gluon varlen forward (dispatch.GluonPath.PACKED): the batch
     rows of q, k, v and out as packed sequences of seqlen_q queries and seqlen_k keys each, the
     logsumexp written straight into the dense (batch, heads, seqlen_q) `lse`."""
     packed = dispatch.packed_features(q, k)
@@ -476,14 +475,14 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
     cfg = config or default_fwd_config(headdim, causal, q.device)
     path = fwd_memory_path(cfg, q, k, v, out, causal, features)
     qk_scale, feature_values, flags = feature_args(q, k, softmax_scale, causal, features)
-    if path in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH):
+    if path in (GluonPath.DENSE, GluonPath.PACKED):
         if on_hopper(q.device):
             try:
                 if features.varlen:
                     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
                         q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_q,
                         qk_scale, causal)
-                elif path == HOPPER_GLUON_PACKED_PATH:
+                elif path == GluonPath.PACKED:
                     forward_packed(q, k, v, out, lse, qk_scale, causal)
                 else:
                     _forward_features_gluon(q, k, v, out, lse, causal, features, qk_scale, feature_values)

@@ -19,7 +19,7 @@ from baselines.reference import attention_reference, attention_same_dtype
 from kernels import backward, configs, dispatch, flash_attn_func, forward
 from kernels.configs import HOPPER_BWD_CONFIGS, HOPPER_FWD_CONFIGS, INTERPRETER_BWD_CONFIG, FwdConfig
 from kernels.dispatch import (
-    HOPPER_GLUON_PATH,
+    GluonPath,
     bwd_dkdv_path,
     bwd_fuses_dq,
     bwd_gluon_fuses_dq,
@@ -72,7 +72,7 @@ def test_hopper_head_dim_128_paths_at_paper_lengths(causal, paths):
     for seqlen, path in paths.items():
         q = torch.empty(16384 // seqlen, seqlen, 1, 128, dtype=torch.float16)
         assert fwd_memory_path(triton_only, q, q, q, q, causal) == path, seqlen
-        expected = HOPPER_GLUON_PATH if seqlen >= 1024 else path
+        expected = GluonPath.DENSE if seqlen >= 1024 else path
         assert fwd_memory_path(config, q, q, q, q, causal) == expected, seqlen
 
 
@@ -88,31 +88,31 @@ def test_hopper_gluon_forward_scope():
             q = torch.empty(q_shape[0], q_shape[2], q_shape[1], q_shape[3], dtype=dtype).transpose(1, 2)
         return fwd_memory_path(config, q, k, k, torch.empty_like(q, memory_format=torch.contiguous_format), False)
 
-    assert path((2, 1024, 4, 128)) == HOPPER_GLUON_PATH
-    assert path((2, 1024, 4, 128), dtype=torch.float16) == HOPPER_GLUON_PATH
-    assert path((2, 1024, 4, 128), k_shape=(2, 2048, 4, 128)) != HOPPER_GLUON_PATH  # unequal lengths
-    assert path((2, 1000, 4, 128)) != HOPPER_GLUON_PATH  # not whole blocks
-    assert path((2, 1024, 4, 96)) != HOPPER_GLUON_PATH  # head dims other than 64 and 128
-    assert path((2, 1024, 4, 256)) != HOPPER_GLUON_PATH
-    assert path((2, 1024, 4, 128), dtype=torch.float32) != HOPPER_GLUON_PATH
-    assert path((2, 1024, 4, 128), transpose=True) != HOPPER_GLUON_PATH  # heads not side by side
-    assert path((2, 512, 4, 128)) != HOPPER_GLUON_PATH  # below hopper_gluon_min_keys
+    assert path((2, 1024, 4, 128)) == GluonPath.DENSE
+    assert path((2, 1024, 4, 128), dtype=torch.float16) == GluonPath.DENSE
+    assert path((2, 1024, 4, 128), k_shape=(2, 2048, 4, 128)) != GluonPath.DENSE  # unequal lengths
+    assert path((2, 1000, 4, 128)) != GluonPath.DENSE  # not whole blocks
+    assert path((2, 1024, 4, 96)) != GluonPath.DENSE  # head dims other than 64 and 128
+    assert path((2, 1024, 4, 256)) != GluonPath.DENSE
+    assert path((2, 1024, 4, 128), dtype=torch.float32) != GluonPath.DENSE
+    assert path((2, 1024, 4, 128), transpose=True) != GluonPath.DENSE  # heads not side by side
+    assert path((2, 512, 4, 128)) != GluonPath.DENSE  # below hopper_gluon_min_keys
     # broadcast K and V (stride 0 between rows): not one descriptor row per key
     q = torch.empty(2, 1024, 4, 128, dtype=torch.bfloat16)
     kv = torch.empty(1, 1, 4, 128, dtype=torch.bfloat16).expand(2, 1024, 4, 128)
-    assert fwd_memory_path(config, q, kv, kv, torch.empty_like(q), False) != HOPPER_GLUON_PATH
+    assert fwd_memory_path(config, q, kv, kv, torch.empty_like(q), False) != GluonPath.DENSE
     # more batch x heads than the grid's y dimension takes
     wide = torch.empty(1, 1024, 65536, 128, dtype=torch.bfloat16, device="meta")
-    assert fwd_memory_path(config, wide, wide, wide, wide, False) != HOPPER_GLUON_PATH
+    assert fwd_memory_path(config, wide, wide, wide, wide, False) != GluonPath.DENSE
     # mixed dtypes
     k16 = torch.empty(2, 1024, 4, 128, dtype=torch.float16)
-    assert fwd_memory_path(config, q, k16, k16, torch.empty_like(q), False) != HOPPER_GLUON_PATH
+    assert fwd_memory_path(config, q, k16, k16, torch.empty_like(q), False) != GluonPath.DENSE
     # views whose rows are longer than heads x head dim: q, k, v of a packed qkv, padded rows
     qkv = torch.empty(2, 1024, 3, 4, 128, dtype=torch.bfloat16)
     out = torch.empty(2, 1024, 4, 128, dtype=torch.bfloat16)
-    assert fwd_memory_path(config, qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], out, False) == HOPPER_GLUON_PATH
+    assert fwd_memory_path(config, qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], out, False) == GluonPath.DENSE
     padded = torch.empty(2, 1024, 4 * 128 + 64, dtype=torch.bfloat16)[..., :512].unflatten(-1, (4, 128))
-    assert fwd_memory_path(config, padded, padded, padded, out, False) == HOPPER_GLUON_PATH
+    assert fwd_memory_path(config, padded, padded, padded, out, False) == GluonPath.DENSE
 
 
 def test_hopper_gluon_varlen_forward_scope():
@@ -130,26 +130,26 @@ def test_hopper_gluon_varlen_forward_scope():
         features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500, max_seqlen_k=max_k, **feature)
         return fwd_memory_path(config, q, k, k, torch.empty_like(q), True, features)
 
-    assert path() == HOPPER_GLUON_PATH
-    assert path(dtype=torch.float16, kv_heads=1) == HOPPER_GLUON_PATH
-    assert path(headdim=64, config=HOPPER_FWD_CONFIGS[(64, True)]) != HOPPER_GLUON_PATH  # below 4096 keys
-    assert path(headdim=64, max_k=4096, config=HOPPER_FWD_CONFIGS[(64, True)]) == HOPPER_GLUON_PATH
-    assert path(max_k=512) != HOPPER_GLUON_PATH  # below hopper_gluon_min_keys
-    assert path(headdim=96) != HOPPER_GLUON_PATH and path(dtype=torch.float32) != HOPPER_GLUON_PATH
-    assert path(kv_heads=3) != HOPPER_GLUON_PATH  # 3 does not divide 8
-    assert path(window_left=256) != HOPPER_GLUON_PATH and path(softcap=1.0) != HOPPER_GLUON_PATH
-    assert path(alibi_slopes=torch.ones(8)) != HOPPER_GLUON_PATH
-    assert path(dropout_p=0.1, rng_seed=torch.zeros(2, dtype=torch.int64)) != HOPPER_GLUON_PATH
-    assert path(config=dataclasses.replace(config, hopper_gluon_min_keys=0)) != HOPPER_GLUON_PATH
+    assert path() == GluonPath.DENSE
+    assert path(dtype=torch.float16, kv_heads=1) == GluonPath.DENSE
+    assert path(headdim=64, config=HOPPER_FWD_CONFIGS[(64, True)]) != GluonPath.DENSE  # below 4096 keys
+    assert path(headdim=64, max_k=4096, config=HOPPER_FWD_CONFIGS[(64, True)]) == GluonPath.DENSE
+    assert path(max_k=512) != GluonPath.DENSE  # below hopper_gluon_min_keys
+    assert path(headdim=96) != GluonPath.DENSE and path(dtype=torch.float32) != GluonPath.DENSE
+    assert path(kv_heads=3) != GluonPath.DENSE  # 3 does not divide 8
+    assert path(window_left=256) != GluonPath.DENSE and path(softcap=1.0) != GluonPath.DENSE
+    assert path(alibi_slopes=torch.ones(8)) != GluonPath.DENSE
+    assert path(dropout_p=0.1, rng_seed=torch.zeros(2, dtype=torch.int64)) != GluonPath.DENSE
+    assert path(config=dataclasses.replace(config, hopper_gluon_min_keys=0)) != GluonPath.DENSE
     # a packed qkv's q, k and v (rows of 3 x heads x head dim): still one 2D view each
     qkv = torch.empty(3000, 3, 8, 128, dtype=torch.bfloat16)
     features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500, max_seqlen_k=1500)
     assert fwd_memory_path(config, qkv[:, 0], qkv[:, 1], qkv[:, 2], torch.empty(3000, 8, 128, dtype=torch.bfloat16),
-                           True, features) == HOPPER_GLUON_PATH
+                           True, features) == GluonPath.DENSE
     # heads not side by side in a row (a transposed view)
     q = torch.empty(8, 3000, 128, dtype=torch.bfloat16).transpose(0, 1)
     assert fwd_memory_path(config, q, q, q, torch.empty(3000, 8, 128, dtype=torch.bfloat16), True,
-                           features) != HOPPER_GLUON_PATH
+                           features) != GluonPath.DENSE
 
 
 def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
@@ -159,7 +159,7 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
     128, backward at 64 and 128 with dQ fused (not deterministic); features, other head dims and short
     keys keep the Triton kernels."""
     from kernels.checks import Features
-    from kernels.dispatch import HOPPER_GLUON_PACKED_PATH, packed_features, packed_view
+    from kernels.dispatch import GluonPath, packed_features, packed_view
 
     def fwd(q_shape, k_shape=None, kv_heads=None, causal=True, features=None, dtype=torch.bfloat16):
         q = torch.empty(*q_shape, dtype=dtype)
@@ -169,23 +169,23 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
         config = HOPPER_FWD_CONFIGS[(q_shape[3] if q_shape[3] in (64, 128) else 128, causal)]
         return fwd_memory_path(config, q, k, k, torch.empty_like(q), causal, features or dispatch.DENSE)
 
-    assert fwd((2, 3000, 4, 128)) == HOPPER_GLUON_PACKED_PATH  # off the grid
-    assert fwd((2, 2048, 4, 128), (2, 8192, 4, 128)) == HOPPER_GLUON_PACKED_PATH  # 2k queries on 8k keys
-    assert fwd((2, 8192, 4, 128), (2, 2048, 4, 128), causal=False) == HOPPER_GLUON_PACKED_PATH
-    assert fwd((2, 3000, 8, 128), kv_heads=2) == HOPPER_GLUON_PACKED_PATH  # GQA
-    assert fwd((1, 4500, 4, 64)) == HOPPER_GLUON_PACKED_PATH
-    assert fwd((2, 2048, 4, 128)) == HOPPER_GLUON_PATH  # on the grid: the dense kernel
-    assert fwd((2, 1000, 4, 128)) not in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH)  # below 1024 keys
-    assert fwd((2, 3000, 4, 64)) not in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH)  # below 4096 keys at d64
-    assert fwd((2, 3000, 4, 96)) not in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH)
-    assert fwd((2, 3000, 4, 128), dtype=torch.float32) not in (HOPPER_GLUON_PATH, HOPPER_GLUON_PACKED_PATH)
+    assert fwd((2, 3000, 4, 128)) == GluonPath.PACKED  # off the grid
+    assert fwd((2, 2048, 4, 128), (2, 8192, 4, 128)) == GluonPath.PACKED  # 2k queries on 8k keys
+    assert fwd((2, 8192, 4, 128), (2, 2048, 4, 128), causal=False) == GluonPath.PACKED
+    assert fwd((2, 3000, 8, 128), kv_heads=2) == GluonPath.PACKED  # GQA
+    assert fwd((1, 4500, 4, 64)) == GluonPath.PACKED
+    assert fwd((2, 2048, 4, 128)) == GluonPath.DENSE  # on the grid: the dense kernel
+    assert fwd((2, 1000, 4, 128)) not in (GluonPath.DENSE, GluonPath.PACKED)  # below 1024 keys
+    assert fwd((2, 3000, 4, 64)) not in (GluonPath.DENSE, GluonPath.PACKED)  # below 4096 keys at d64
+    assert fwd((2, 3000, 4, 96)) not in (GluonPath.DENSE, GluonPath.PACKED)
+    assert fwd((2, 3000, 4, 128), dtype=torch.float32) not in (GluonPath.DENSE, GluonPath.PACKED)
     window = Features(window_left=256)
-    assert fwd((2, 3000, 4, 128), features=window) != HOPPER_GLUON_PACKED_PATH
+    assert fwd((2, 3000, 4, 128), features=window) != GluonPath.PACKED
     # batches not back to back: no packed view
     spread = torch.empty(2, 3000 * 2, 4, 128, dtype=torch.bfloat16)[:, :3000]
     assert packed_view(spread) is None
     config = HOPPER_FWD_CONFIGS[(128, True)]
-    assert fwd_memory_path(config, spread, spread, spread, torch.empty_like(spread), True) != HOPPER_GLUON_PACKED_PATH
+    assert fwd_memory_path(config, spread, spread, spread, torch.empty_like(spread), True) != GluonPath.PACKED
     # a packed qkv's q: a strided view of its rows
     qkv = torch.empty(2, 3000, 3, 4, 128, dtype=torch.bfloat16)
     view = packed_view(qkv[:, :, 1])
@@ -200,12 +200,12 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
         q = torch.empty(*shape, dtype=torch.bfloat16)
         return bwd_dkdv_path(HOPPER_BWD_CONFIGS[shape[3]], q, q, q, q, deterministic=deterministic)
 
-    assert bwd((2, 3000, 4, 128)) == HOPPER_GLUON_PACKED_PATH
+    assert bwd((2, 3000, 4, 128)) == GluonPath.PACKED
     assert bwd((2, 3000, 4, 128), deterministic=True) == "triton"
-    assert bwd((1, 4500, 4, 64)) == HOPPER_GLUON_PACKED_PATH  # dQ in turns at head dim 64
+    assert bwd((1, 4500, 4, 64)) == GluonPath.PACKED  # dQ in turns at head dim 64
     assert bwd((1, 4500, 4, 256)) == "triton"  # the varlen dK/dV kernel fuses dQ at head dims 64 and 128 only
     assert bwd((16, 1000, 4, 64)) == "triton"  # fewer keys than the table's hopper_gluon_min_keys
-    assert bwd((2, 2048, 4, 128)) == HOPPER_GLUON_PATH
+    assert bwd((2, 2048, 4, 128)) == GluonPath.DENSE
 
 
 def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
@@ -221,8 +221,8 @@ def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
 
     fwd, bwd = HOPPER_FWD_CONFIGS[(128, True)], HOPPER_BWD_CONFIGS[128]
     q, k = tensors(2048)
-    assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (HOPPER_GLUON_PATH, "")
-    assert dispatch.bwd_gluon_path(bwd, q, k, k, q) == (HOPPER_GLUON_PATH, "")
+    assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (GluonPath.DENSE, "")
+    assert dispatch.bwd_gluon_path(bwd, q, k, k, q) == (GluonPath.DENSE, "")
     q, k = tensors(512)
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (
         "", "512 keys: fewer than the forward config's hopper_gluon_min_keys 1024")
@@ -239,7 +239,7 @@ def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
         "", "1000 keys: fewer than the forward config's hopper_gluon_min_keys 1024")
     # off the grid and dense: the packed rows' path, or their reason
     q, k = tensors(3000)
-    assert dispatch.bwd_gluon_path(bwd, q, k, k, q) == (dispatch.HOPPER_GLUON_PACKED_PATH, "")
+    assert dispatch.bwd_gluon_path(bwd, q, k, k, q) == (dispatch.GluonPath.PACKED, "")
     assert dispatch.bwd_gluon_path(bwd, q, k, k, q, deterministic=True) == (
         "", "deterministic: the dQ reduce-adds' order varies between runs")
     # the Gluon kernels did not import: that reason, whatever the call
@@ -284,7 +284,7 @@ def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
     config = HOPPER_FWD_CONFIGS[(64, causal)]
     for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
         q = torch.empty(16384 // seqlen, seqlen, 1, 64, dtype=torch.bfloat16)
-        assert (fwd_memory_path(config, q, q, q, q, causal) == HOPPER_GLUON_PATH) == (seqlen >= 4096), seqlen
+        assert (fwd_memory_path(config, q, q, q, q, causal) == GluonPath.DENSE) == (seqlen >= 4096), seqlen
 
 
 @pytest.mark.parametrize("hdim", [64, 128, 256])
@@ -296,7 +296,7 @@ def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dims_64_and_128_fro
     for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
         q = torch.empty(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype=torch.bfloat16)
         gluon = hdim in (64, 128) and seqlen >= 1024
-        assert (bwd_dkdv_path(config, q, q, q, q) == HOPPER_GLUON_PATH) == gluon, seqlen
+        assert (bwd_dkdv_path(config, q, q, q, q) == GluonPath.DENSE) == gluon, seqlen
     # the Gluon kernel adds dQ itself (FA3's scheme) unless asked to be deterministic
     assert bwd_gluon_fuses_dq(config, hdim) == (hdim in (64, 128))
     assert not bwd_gluon_fuses_dq(config, hdim, deterministic=True)
@@ -312,11 +312,11 @@ def test_hopper_gluon_dkdv_scope():
     anything else keeps the Triton kernel."""
     config = HOPPER_BWD_CONFIGS[128]
     q = torch.empty(2, 2048, 4, 128, dtype=torch.bfloat16)
-    assert bwd_dkdv_path(config, q, q, q, torch.empty_like(q)) == HOPPER_GLUON_PATH
+    assert bwd_dkdv_path(config, q, q, q, torch.empty_like(q)) == GluonPath.DENSE
     assert bwd_dkdv_path(config, q[:, :2000], q[:, :2000], q[:, :2000], q[:, :2000]) == "triton"  # ragged
     k = torch.empty(2, 4096, 4, 128, dtype=torch.bfloat16)
     # unequal lengths: the varlen kernel with each batch row a packed sequence
-    assert bwd_dkdv_path(config, q, k, k, q) == dispatch.HOPPER_GLUON_PACKED_PATH
+    assert bwd_dkdv_path(config, q, k, k, q) == dispatch.GluonPath.PACKED
     do_t = torch.empty(2, 4, 2048, 128, dtype=torch.bfloat16).transpose(1, 2)  # heads not side by side
     assert bwd_dkdv_path(config, q, q, q, do_t) == "triton"
     q32 = q.float()
@@ -324,7 +324,7 @@ def test_hopper_gluon_dkdv_scope():
     # more key blocks than the grid's second axis takes (flash_attn_hopper.bwd_grid): the Triton kernel
     from kernels import flash_attn_hopper as hopper
 
-    for blocks, path in ((hopper.BWD_MAX_KEY_BLOCKS, HOPPER_GLUON_PATH), (hopper.BWD_MAX_KEY_BLOCKS + 1, "triton")):
+    for blocks, path in ((hopper.BWD_MAX_KEY_BLOCKS, GluonPath.DENSE), (hopper.BWD_MAX_KEY_BLOCKS + 1, "triton")):
         long = torch.empty(1, blocks * hopper.BWD_BLOCK_N, 1, 128, dtype=torch.bfloat16, device="meta")
         assert bwd_dkdv_path(config, long, long, long, long) == path, blocks
 
@@ -337,7 +337,7 @@ def test_a_hopper_bwd_config_elsewhere_takes_the_triton_dkdv_kernel(monkeypatch)
     dkdv, dq = spy_backward_kernels(monkeypatch)
     config = dataclasses.replace(INTERPRETER_BWD_CONFIG, hopper_gluon_min_keys=128, hopper_gluon_fused_dq=True)
     q = torch.empty(1, 128, 1, 64, dtype=torch.float16)
-    assert bwd_dkdv_path(config, q, q, q, q) == HOPPER_GLUON_PATH
+    assert bwd_dkdv_path(config, q, q, q, q) == GluonPath.DENSE
     check_backward(1, 128, 128, 1, 64, True, torch.float16, "cpu", bwd_config=config)
     assert [launch["FUSED_DQ"] for launch in dkdv.launches] == [0] and len(dq.launches) == 1
 
@@ -348,7 +348,7 @@ def test_a_hopper_config_elsewhere_falls_back_to_the_triton_kernel():
     not launch the sm_90-only Gluon kernel: the Triton kernel runs, with the right result."""
     config = HOPPER_FWD_CONFIGS[(128, False)]
     q, k, v = make_qkv(1, 1024, 1024, 1, 128, torch.float16, "cpu")
-    assert fwd_memory_path(config, q, k, v, torch.empty_like(q), False) == HOPPER_GLUON_PATH
+    assert fwd_memory_path(config, q, k, v, torch.empty_like(q), False) == GluonPath.DENSE
     out, lse = flash_attn_forward(q, k, v, 128 ** -0.5, False, config)
     ref, ref_lse = attention_reference(q, k, v, 128 ** -0.5, False)
     assert_close_to_reference("out", out, ref, attention_same_dtype(q, k, v, 128 ** -0.5, False))
@@ -399,14 +399,14 @@ def test_a_gluon_forward_that_fails_to_build_warns_once_and_routes_to_triton(glu
     calls go to the Triton kernel without trying the Gluon one again."""
     q, k, v = make_qkv(*GLUON_SHAPE, torch.float16, "cpu")
     out_like = torch.empty_like(q)
-    assert fwd_memory_path(GLUON_FWD_CONFIG, q, k, v, out_like, True) == HOPPER_GLUON_PATH
+    assert fwd_memory_path(GLUON_FWD_CONFIG, q, k, v, out_like, True) == GluonPath.DENSE
     outs = []
     caught = calls_and_warnings(lambda: outs.append(flash_attn_func(q, k, v, causal=True,
                                                                     fwd_config=GLUON_FWD_CONFIG)), times=2)
     assert len(gluon_that_fails_to_build) == 1, "a later call tried the Gluon forward again"
     assert len(caught) == 1 and "thread_barrier" in str(caught[0].message), [str(w.message) for w in caught]
     assert "failed to compile" in dispatch.gluon_unavailable and "thread_barrier" in dispatch.gluon_unavailable
-    assert fwd_memory_path(GLUON_FWD_CONFIG, q, k, v, out_like, True) != HOPPER_GLUON_PATH
+    assert fwd_memory_path(GLUON_FWD_CONFIG, q, k, v, out_like, True) != GluonPath.DENSE
     ref, _ = attention_reference(q, k, v, causal=True)
     for out in outs:
         assert_close_to_reference("out", out, ref, attention_same_dtype(q, k, v, causal=True))
@@ -418,7 +418,7 @@ def test_a_gluon_dkdv_kernel_that_fails_to_build_warns_once_and_routes_to_triton
     """The same for the backward's Gluon dK/dV kernel: one warning, the Triton dK/dV and dQ
     kernels give the gradients, and the next backward does not try the Gluon kernel."""
     q = torch.empty(GLUON_SHAPE[0], GLUON_SHAPE[1], GLUON_SHAPE[3], GLUON_SHAPE[4], dtype=torch.float16)
-    assert bwd_dkdv_path(GLUON_BWD_CONFIG, q, q, q, q) == HOPPER_GLUON_PATH
+    assert bwd_dkdv_path(GLUON_BWD_CONFIG, q, q, q, q) == GluonPath.DENSE
     dkdv, dq = spy_backward_kernels(monkeypatch)
     caught = calls_and_warnings(lambda: check_backward(*GLUON_SHAPE, True, torch.float16, "cpu",
                                                        bwd_config=GLUON_BWD_CONFIG), times=2)

@@ -368,5 +368,5 @@ def test_rung4_is_the_triton_kernel_not_the_gluon_forward(monkeypatch):
     RUNGS[4].forward(q, q, q, True, None)
     hopper = configs.HOPPER_FWD_CONFIGS[(128, True)]
     assert seen and seen[0].hopper_gluon_min_keys == 0
-    assert dispatch.fwd_memory_path(seen[0], q, q, q, q, True) != dispatch.HOPPER_GLUON_PATH
-    assert dispatch.fwd_memory_path(hopper, q, q, q, q, True) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.fwd_memory_path(seen[0], q, q, q, q, True) != dispatch.GluonPath.DENSE
+    assert dispatch.fwd_memory_path(hopper, q, q, q, q, True) == dispatch.GluonPath.DENSE

@@ -261,12 +261,12 @@ def test_memory_paths_send_features_to_the_gluon_kernels_but_dropout_and_varlen(
     q = torch.randn(1, 256, 4, 128, dtype=torch.float16)
     kv = q[:, :, :2]
     config = FwdConfig(128, 128, 8, 3, tma=True, tma_min_keys=0, hopper_gluon_min_keys=128)
-    assert dispatch.fwd_memory_path(config, q, q, q, q, True) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.fwd_memory_path(config, q, q, q, q, True) == dispatch.GluonPath.DENSE
     window = Features(window_left=64)
     slopes = torch.rand(4)
     for features in (window, Features(softcap=5.0), Features(alibi_slopes=slopes), DENSE):
-        assert dispatch.fwd_memory_path(config, q, q, q, q, True, features) == dispatch.HOPPER_GLUON_PATH
-    assert dispatch.fwd_memory_path(config, q, kv.contiguous(), kv.contiguous(), q, True) == dispatch.HOPPER_GLUON_PATH
+        assert dispatch.fwd_memory_path(config, q, q, q, q, True, features) == dispatch.GluonPath.DENSE
+    assert dispatch.fwd_memory_path(config, q, kv.contiguous(), kv.contiguous(), q, True) == dispatch.GluonPath.DENSE
     dropout = Features(dropout_p=0.1, rng_seed=torch.zeros(2, dtype=torch.int64))
     assert dispatch.fwd_memory_path(config, q, q, q, q, True, dropout) == "tma-kernel"
     packed = q[0]
@@ -280,11 +280,11 @@ def test_memory_paths_send_features_to_the_gluon_kernels_but_dropout_and_varlen(
     bwd = BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=128)
     assert dispatch.bwd_dkdv_path(bwd, q, q, q, q, window) == "triton"  # dQ not fused by this config
     fused = dataclasses.replace(bwd, hopper_gluon_fused_dq=True)
-    assert dispatch.bwd_dkdv_path(fused, q, q, q, q, window) == dispatch.HOPPER_GLUON_PATH
-    assert dispatch.bwd_dkdv_path(fused, q, kv.contiguous(), kv.contiguous(), q) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.bwd_dkdv_path(fused, q, q, q, q, window) == dispatch.GluonPath.DENSE
+    assert dispatch.bwd_dkdv_path(fused, q, kv.contiguous(), kv.contiguous(), q) == dispatch.GluonPath.DENSE
     assert dispatch.bwd_dkdv_path(fused, q, q, q, q, window, deterministic=True) == "triton"
     assert dispatch.bwd_dkdv_path(fused, q, q, q, q, dropout) == "triton"
-    assert dispatch.bwd_dkdv_path(fused, q, q, q, q, Features(softcap=5.0)) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.bwd_dkdv_path(fused, q, q, q, q, Features(softcap=5.0)) == dispatch.GluonPath.DENSE
 
 
 def test_custom_ops_carry_every_feature():

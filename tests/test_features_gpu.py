@@ -105,9 +105,9 @@ def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     fwd_cfg = default_fwd_config(headdim, spec["causal"], like_q.device)
     assert dispatch.fwd_memory_path(fwd_cfg, like_q, like_k, like_k, like_q, spec["causal"],
-                                    features) == dispatch.HOPPER_GLUON_PATH
+                                    features) == dispatch.GluonPath.DENSE
     assert dispatch.bwd_dkdv_path(default_bwd_config(headdim, like_q.device), like_q, like_k, like_k, like_q,
-                                  features) == dispatch.HOPPER_GLUON_PATH
+                                  features) == dispatch.GluonPath.DENSE
     check_dense(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, device="cuda", **spec)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
@@ -137,7 +137,7 @@ def test_gpu_gluon_backward_at_head_dim_64_adds_dq_in_turns(case, dtype):
                         softcap=spec.get("softcap", 0.0), alibi_slopes=spec.get("alibi"))
     config = dataclasses.replace(default_bwd_config(64, like_q.device), hopper_gluon_min_keys=1024,
                                  hopper_gluon_fused_dq=True)
-    gluon = dispatch.HOPPER_GLUON_PACKED_PATH if seqlen_q % 128 or seqlen_q != seqlen_k else dispatch.HOPPER_GLUON_PATH
+    gluon = dispatch.GluonPath.PACKED if seqlen_q % 128 or seqlen_q != seqlen_k else dispatch.GluonPath.DENSE
     assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q, features) == gluon
     check_dense(2, seqlen_q, seqlen_k, heads, kv_heads, 64, dtype, device="cuda", bwd_config=config, **spec)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
@@ -158,7 +158,7 @@ def test_gpu_gluon_backward_in_every_launch_order(section):
     like_q = torch.empty(3, 1024, 8, 128, device="cuda", dtype=torch.bfloat16)
     like_k = torch.empty(3, 1024, 2, 128, device="cuda", dtype=torch.bfloat16)
     assert dispatch.bwd_dkdv_path(default_bwd_config(128, like_q.device), like_q, like_k, like_k,
-                                  like_q) == dispatch.HOPPER_GLUON_PATH
+                                  like_q) == dispatch.GluonPath.DENSE
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     packed = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
     packed_q = torch.empty(sum(lengths), 8, 128, device="cuda", dtype=torch.bfloat16)
@@ -185,7 +185,7 @@ def test_gpu_gluon_backward_in_each_schedule(dq_first, dtype):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     like_q = torch.empty(2, 1024, 8, 128, device="cuda", dtype=dtype)
     config = dataclasses.replace(default_bwd_config(128, like_q.device), hopper_gluon_dq_first=dq_first)
-    assert dispatch.bwd_dkdv_path(config, like_q, like_q, like_q, like_q) == dispatch.HOPPER_GLUON_PATH
+    assert dispatch.bwd_dkdv_path(config, like_q, like_q, like_q, like_q) == dispatch.GluonPath.DENSE
     for causal in (False, True):
         check_dense(2, 1024, 1024, 8, 8, 128, dtype, device="cuda", causal=causal, bwd_config=config)
     check_dense(2, 1024, 1024, 8, 2, 128, dtype, device="cuda", causal=True, bwd_config=config)
@@ -246,7 +246,7 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, key_grid
     like_q = torch.empty(sum(lengths_q), 8, headdim, device="cuda", dtype=dtype)
     like_k = torch.empty(sum(lengths_k), 2, headdim, device="cuda", dtype=dtype)
     assert dispatch.fwd_memory_path(default_fwd_config(headdim, causal, like_q.device), like_q, like_k, like_k,
-                                    like_q, causal, features) == dispatch.HOPPER_GLUON_PATH
+                                    like_q, causal, features) == dispatch.GluonPath.DENSE
     config = dataclasses.replace(default_bwd_config(headdim, like_q.device), hopper_gluon_varlen_grid=key_grid,
                                  hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True)
     assert dispatch.hopper_gluon_varlen_bwd_applies(config, like_q, like_k, like_k, like_q, features)

@@ -12,7 +12,7 @@ from baselines.reference import attention_reference, attention_same_dtype
 from kernels import common, configs, flash_attn_func, forward
 from kernels.backward import flash_attn_backward
 from kernels.configs import INTERPRETER_BWD_CONFIG, FwdConfig
-from kernels.dispatch import HOPPER_GLUON_PATH, bwd_uses_tma, fwd_memory_path, tma_compatible
+from kernels.dispatch import GluonPath, bwd_uses_tma, fwd_memory_path, tma_compatible
 from kernels.forward import flash_attn_forward
 from tests.attention_checks import (  # noqa: F401 (poisoned_allocations: a fixture, used by name)
     assert_close_to_reference,
@@ -201,7 +201,7 @@ def test_gpu_hopper_gluon_forward_on_strided_views(layout, causal):
     assert q.stride(1) > heads * headdim
     config = configs.default_fwd_config(headdim, causal, q.device)
     assert fwd_memory_path(config, q, k, v, torch.empty_like(q, memory_format=torch.contiguous_format),
-                           causal) == HOPPER_GLUON_PATH
+                           causal) == GluonPath.DENSE
     out = flash_attn_func(q, k, v, causal=causal)
     ref, _ = attention_reference(q, k, v, causal=causal)
     assert_close_to_reference("out", out, ref, attention_same_dtype(q, k, v, causal=causal))

@@ -25,7 +25,7 @@ from kernels import (
 )
 from kernels.checks import DENSE
 from kernels.configs import FwdConfig
-from kernels.dispatch import HOPPER_GLUON_PATH, fwd_memory_path
+from kernels.dispatch import GluonPath, fwd_memory_path
 from kernels.forward import flash_attn_forward
 from kernels.ops import FlashAttnFunc
 from tests.attention_checks import (  # noqa: F401 (poisoned_allocations: a fixture, used by name)
@@ -331,7 +331,7 @@ def test_gpu_hopper_gluon_forward_matches_reference(shape, causal, dtype):
     skip_unless_hopper("the Gluon forward")
     q = torch.empty(shape[0], shape[1], shape[3], shape[4], dtype=dtype, device="cuda")
     config = configs.default_fwd_config(shape[4], causal, q.device)
-    assert fwd_memory_path(config, q, q, q, q, causal) == HOPPER_GLUON_PATH
+    assert fwd_memory_path(config, q, q, q, q, causal) == GluonPath.DENSE
     check_forward(*shape, causal, dtype, "cuda")
     # the Gluon kernel ran: a build error would have sent the call to Triton with only a warning
     assert not dispatch.gluon_unavailable, dispatch.gluon_unavailable
@@ -353,8 +353,8 @@ def test_gpu_dense_calls_off_the_grid_on_the_gluon_varlen_kernels(shape, causal,
     q = torch.empty(batch, seqlen_q, heads, headdim, dtype=dtype, device="cuda")
     k = torch.empty(batch, seqlen_k, heads, headdim, dtype=dtype, device="cuda")
     config = configs.default_fwd_config(headdim, causal, q.device)
-    assert fwd_memory_path(config, q, k, k, q, causal) == dispatch.HOPPER_GLUON_PACKED_PATH
-    expected_bwd = dispatch.HOPPER_GLUON_PACKED_PATH if headdim == 128 else "triton"
+    assert fwd_memory_path(config, q, k, k, q, causal) == dispatch.GluonPath.PACKED
+    expected_bwd = dispatch.GluonPath.PACKED if headdim == 128 else "triton"
     assert dispatch.bwd_dkdv_path(configs.default_bwd_config(headdim, q.device), q, k, k, q) == expected_bwd
     check_forward(*shape, causal, dtype, "cuda")
     check_backward(*shape, causal, dtype, "cuda")

@@ -62,8 +62,8 @@ def _fa2_config(spec: Spec) -> str:
         # and whether it adds dQ itself (atomics) instead of the dQ kernel
         dkdv_path = dispatch.bwd_dkdv_path(bwd, like, like, like, like)
         # the varlen kernel a dense call off the grid takes ('gluon-ws-packed') always adds dQ
-        fuses = (dispatch.bwd_gluon_fuses_dq(bwd, spec.hdim) if dkdv_path == dispatch.HOPPER_GLUON_PATH
-                 else dkdv_path == dispatch.HOPPER_GLUON_PACKED_PATH or dispatch.bwd_fuses_dq(bwd, spec.seqlen))
+        fuses = (dispatch.bwd_gluon_fuses_dq(bwd, spec.hdim) if dkdv_path == dispatch.GluonPath.DENSE
+                 else dkdv_path == dispatch.GluonPath.PACKED or dispatch.bwd_fuses_dq(bwd, spec.seqlen))
         config.update(bwd=asdict(bwd), bwd_dkdv_path=dkdv_path, bwd_fuses_dq=fuses)
     return json.dumps(config, sort_keys=True)
 
