@@ -12,6 +12,7 @@ import pandas as pd
 from harness.coverage import COVERAGE_CSV, COVERAGE_MD, PROVIDERS
 from harness.features import load_rows
 from reports.features import cell, ratio_cell, ratio_rounds
+from reports.tables import run_environment
 
 # (peer, mode, bar): ours' speed over the peer's in every row the peer runs
 SPEED_BARS = (("fa4", "fwd", 0.95), ("fa4", "bwd", 0.9), ("sdpa-cudnn", "fwd", 1.0), ("sdpa-cudnn", "bwd", 1.0))
@@ -96,8 +97,7 @@ def write_coverage_report(out_dir) -> Path:
     env = df.iloc[0] if len(df) else {}
     lines = ["# Coverage: the shapes a model meets, ours against FA4, cuDNN and the official FA2", "",
              (f"TFLOPs/s on the visible (query, key) pairs (backward 2.5x the forward's count), "
-              f"{env.get('dtype', '')}; {env.get('gpu', '')}, torch {env.get('torch', '')}, triton "
-              f"{env.get('triton', '')}, commit {env.get('git_commit', '')}. Ratios are ours' speed over the "
+              f"{env.get('dtype', '')}; {run_environment(env)}. Ratios are ours' speed over the "
               f"peer's, taken within a round. Rows: `{COVERAGE_CSV}`."), ""]
     rounds = int(df["repeat"].max()) + 1 if len(df) else 1
     if rounds > 1:

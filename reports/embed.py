@@ -19,7 +19,7 @@ import pandas as pd
 
 from harness.results import load_results
 from reports.host_overhead import host_engine_table, host_overhead_table
-from reports.tables import ratio_cell
+from reports.tables import ratio_cell, run_environment
 
 H200 = Path(__file__).resolve().parent / "h200"
 H100 = Path(__file__).resolve().parent / "h100"
@@ -427,7 +427,7 @@ def peers_table(rows: pd.DataFrame, folder: Path = PAPER_PEERS_DIR) -> str:
     env = rows.iloc[0]
     lines += ["", "Each cell: this repo's kernels in TFLOPs/s · their speed over " +
               ", ".join(label for _, label in PEERS) + f", measured in the same run ({env['dtype']}, "
-              f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['git_commit']}; rows: "
+              f"{run_environment(env)}; rows: "
               f"`reports/h200/{folder.name}/results.csv`).", ""]
     processes = rows.timestamp.nunique()
     if processes > 1:  # a run resumed (--resume) in another process: say which configurations span two

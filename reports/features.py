@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.features import FEATURES_CSV, FEATURES_MD, load_rows
+from reports.tables import run_environment
 
 
 def _ms_rounds(df, group, variant, provider, mode, seqlen=None) -> pd.Series:
@@ -132,8 +133,7 @@ def write_features_report(out_dir) -> Path:
     env = df.iloc[0] if len(df) else {}
     lines = ["# Features: GQA, sliding window, variable lengths, ALiBi, softcap", "",
              (f"TFLOPs/s on the visible (query, key) pairs (backward 2.5x the forward's count), "
-              f"{env.get('dtype', '')}, head dim {env.get('hdim', '')}; {env.get('gpu', '')}, torch "
-              f"{env.get('torch', '')}, triton {env.get('triton', '')}, commit {env.get('git_commit', '')}. "
+              f"{env.get('dtype', '')}, head dim {env.get('hdim', '')}; {run_environment(env)}. "
               f"Rows: `{FEATURES_CSV}`."), ""]
     rounds = int(df["repeat"].max()) + 1 if len(df) else 1
     if rounds > 1:

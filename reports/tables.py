@@ -44,3 +44,10 @@ def summary_table(df, max_rows: int = 60) -> str:
     return table.to_string(float_format=lambda v: f"{v:.4g}")
 
 
+
+
+def run_environment(env) -> str:
+    """Where a run's rows were measured, as the reports name it: GPU, torch, Triton and commit of
+    a row (a dict or a pandas row; missing fields empty)."""
+    return (f"{env.get('gpu', '')}, torch {env.get('torch', '')}, triton {env.get('triton', '')}, "
+            f"commit {env.get('git_commit', '')}")
