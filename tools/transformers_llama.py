@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from harness.environment import ROW_ENV_COLUMNS
 from harness.suite import SuiteRows
@@ -53,11 +54,6 @@ def llama_config(layers: int, tiny: bool = False):
                                     num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8,
                                     head_dim=64, max_position_embeddings=131072, rope_theta=500000.0,
                                     tie_word_embeddings=True)
-
-
-def progress(step: str) -> None:
-    """One line per step on stderr (building a 1B model and timing it takes minutes)."""
-    print(f"[{time.strftime('%H:%M:%S')}] {step}", file=sys.stderr, flush=True)
 
 
 def synchronize(device: torch.device) -> None:
@@ -97,6 +93,18 @@ def main(argv: list[str] | None = None) -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     vocab = VOCAB_TINY if args.tiny else 128256
     name = register()
+    # building a 1B model twice and timing it takes minutes: a bar over the steps, on stderr
+    steps = tqdm(total=9, unit="step", desc="transformers example", file=sys.stderr)
+
+    begun = []
+
+    def progress(step: str) -> None:
+        """Name the step now running; the one before it is done."""
+        if begun:
+            steps.update()
+        begun.append(step)
+        steps.set_description(step)
+
     torch.manual_seed(0)
     models = {}
     for provider in (name, "sdpa"):
@@ -152,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
             synchronize(device)
             ms = (time.perf_counter() - start) * 1e3
             write(provider, "generate", prompt_ids.shape[1], args.new_tokens, Timing(ms, ms, ms, float("nan")))
+    steps.update()
+    steps.close()
     print(f"max_logit_diff {max_diff:.4f}, same_tokens {same_tokens}; rows in {path}")
 
 
