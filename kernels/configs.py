@@ -40,6 +40,10 @@ class FwdConfig:
     # a loader warp, two consumer warpgroups, the softmax under the P V matmul) where its scope
     # holds (hopper_gluon_applies); 0 = never.
     hopper_gluon_min_keys: int = 0
+    # That kernel's keys per block (a divisor of its 128 query rows): 128 where Q, K and V tiles
+    # of the head dim fit shared memory 3 blocks deep; fewer at head dims 192 and 256, where a
+    # 128-key block leaves room for 1 or no V block in flight (flash_attn_hopper.forward_stages).
+    hopper_gluon_block_n: int = 128
 
 
 @dataclass(frozen=True)
@@ -128,11 +132,15 @@ HOPPER_FWD_CONFIGS = {
     # visit all 8192), faster than host ones there in the same process (forward_memory_path.csv);
     # this applies to shapes outside the Gluon kernel's scope, and to the ablation's rung 4.
     (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=4096, hopper_gluon_min_keys=1024),
-    # head dim 256: only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
+    # head dim 256 (and 192): only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
     # (host descriptors to 4k keys, in-kernel from 8k) measured level with pointer tiles up to
     # 4k keys and faster at 16k by tools/tune_fa2.py (those head-dim-256 rows are not kept).
-    (256, False): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192),
-    (256, True): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192),
+    # From 1024 keys the Gluon forward with 64-key blocks instead (3 K and 2 V blocks in flight at
+    # 256, 3 and 3 at 192).
+    (256, False): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024,
+                            hopper_gluon_block_n=64),
+    (256, True): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024,
+                           hopper_gluon_block_n=64),
 }
 HOPPER_BWD_CONFIGS = {
     # tutorial 06's shape: narrow query steps against wide key blocks and vice versa.

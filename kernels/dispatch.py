@@ -199,9 +199,10 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
     return all(t.stride(2) == headdim and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v, out))
 
 
-def hopper_gluon_refusal(q, k, v, out) -> str:
+def hopper_gluon_refusal(q, k, v, out, mode: str = "forward") -> str:
     """Why the dense Gluon kernels (kernels/flash_attn_hopper.py) do not take these tensors ('' where
-    they do). Their scope: head dim 64 or 128, fp16 or bf16, q heads a multiple of the kv heads
+    they do). Their scope: a head dim of the forward's (FWD_HEAD_DIMS: 64, 128 and 256) or, with
+    `mode` "backward", the dK/dV kernel's (BWD_HEAD_DIMS: 64 and 128), fp16 or bf16, q heads a multiple of the kv heads
     (GQA/MQA), query and key lengths equal and whole blocks (_lengths_refusal, checked after the
     shapes, dtypes and strides: the lengths are what GluonPath.PACKED is for), and each
     tensor an exact 2D view for its descriptors (as the host-descriptor path needs, for the Gluon
@@ -212,8 +213,9 @@ def hopper_gluon_refusal(q, k, v, out) -> str:
         return gluon_unavailable
     batch, _, heads, headdim = q.shape
     kv_heads = k.shape[2]
-    if headdim not in hopper.HEAD_DIMS:
-        return f"head dim {headdim}: the Gluon kernels take head dims {_listed(hopper.HEAD_DIMS)}"
+    head_dims = hopper.BWD_HEAD_DIMS if mode == "backward" else hopper.FWD_HEAD_DIMS
+    if headdim not in head_dims:
+        return f"head dim {headdim}: the Gluon {mode} kernels take head dims {_listed(head_dims)}"
     if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in (k, v, out)):
         return "the Gluon kernels take float16 or bfloat16 tensors, all of one dtype"
     if not (q.shape == out.shape and k.shape == v.shape and k.shape[0] == batch and k.shape[3] == headdim
@@ -232,9 +234,9 @@ def hopper_gluon_refusal(q, k, v, out) -> str:
     return ""
 
 
-def hopper_gluon_applies(q, k, v, out) -> bool:
+def hopper_gluon_applies(q, k, v, out, mode: str = "forward") -> bool:
     """Whether the dense Gluon kernels take these tensors (hopper_gluon_refusal has no reason)."""
-    return not hopper_gluon_refusal(q, k, v, out)
+    return not hopper_gluon_refusal(q, k, v, out, mode)
 
 
 def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Features, mode: str = "forward") -> str:
@@ -257,8 +259,8 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
     _, heads, headdim = q.shape
     kv_heads = k.shape[1]
     batch = features.cu_seqlens_q.shape[0] - 1
-    if headdim not in flash_attn_hopper.HEAD_DIMS:
-        return f"head dim {headdim}: the Gluon kernels take head dims {_listed(flash_attn_hopper.HEAD_DIMS)}"
+    if headdim not in flash_attn_hopper.FWD_HEAD_DIMS:
+        return f"head dim {headdim}: the Gluon kernels take head dims {_listed(flash_attn_hopper.FWD_HEAD_DIMS)}"
     if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in (k, v, out)):
         return "the Gluon kernels take float16 or bfloat16 tensors, all of one dtype"
     if not (q.shape == out.shape and k.shape == v.shape and k.shape[2] == headdim
@@ -347,7 +349,7 @@ def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
         return "", ("deterministic: features and GQA take the Gluon backward only with dQ fused" if deterministic
                     else "features, GQA, packed lengths and lengths off the 128-row grid take the Gluon backward "
                          "only with dQ fused (head dims 64 and 128)")
-    refusal = _min_keys_refusal(config, k.shape[1], "backward") or hopper_gluon_refusal(q, k, v, do)
+    refusal = _min_keys_refusal(config, k.shape[1], "backward") or hopper_gluon_refusal(q, k, v, do, "backward")
     if not refusal and (k.shape[1] % flash_attn_hopper.BWD_BLOCK_N
                         or k.shape[1] // flash_attn_hopper.BWD_BLOCK_N > flash_attn_hopper.BWD_MAX_KEY_BLOCKS):
         refusal = "more key blocks than the grid's second axis takes"

@@ -12,13 +12,14 @@ The kernels (FA2 Algorithms 1 and 2 in FlashAttention-3's warp layout, Shah et a
 
 Scope (`dispatch.fwd_memory_path` picks this path, "gluon-ws", only where
 `dispatch.hopper_gluon_applies` holds, and `forward.flash_attn_forward` only on an sm_90 device):
-query and key lengths equal and whole 128-row blocks; head dim 128 (from 1k keys) or 64 (from 4k
-keys, where it measured 0.97-1.10x the Triton kernel, faster on average; at 2k causal it was
-slower); fp16 or bf16; each tensor a (batch * seqlen, heads * head dim) 2D view with rows that do
+query and key lengths equal and whole 128-row blocks; head dim 128 or 256 (from 1k keys; 256 in
+64-key blocks, FwdConfig.hopper_gluon_block_n) or 64 (from 4k keys, where it measured 0.97-1.10x
+the Triton kernel, faster on average; at 2k causal it was slower); fp16 or bf16; each tensor a (batch * seqlen, heads * head dim) 2D view with rows that do
 not overlap. Beyond dense attention they take GQA/MQA, sliding windows, softcap and ALiBi (the
 backward with dQ fused only, `dispatch.bwd_dkdv_path`). Packed variable lengths have kernels of
 their own, causal or not and with no other feature: a forward (`dispatch.hopper_gluon_varlen_applies`)
-and, at head dims 64 and 128, a dK/dV kernel with dQ fused (`dispatch.hopper_gluon_varlen_bwd_applies`).
+and, at head dims 64 and 128 (BWD_HEAD_DIMS), a dK/dV kernel with dQ fused
+(`dispatch.hopper_gluon_varlen_bwd_applies`).
 A dense call off the dense kernels' scope (lengths off the 128-row grid, fewer or more queries
 than keys) runs these varlen kernels with each batch row a packed sequence
 (`dispatch.GluonPath.PACKED`).
@@ -56,12 +57,14 @@ from .hopper.shared import (
     BLOCK_N,
     BWD_BLOCK_M,
     BWD_BLOCK_N,
+    BWD_HEAD_DIMS,  # noqa: F401 -- the scope dispatch.py checks
     BWD_MAX_KEY_BLOCKS,
     BWD_STAGES,
     DQ_REGISTER_BOX,
     FUSED_DQ_HEAD_DIMS,
-    HEAD_DIMS,  # noqa: F401 -- the scope dispatch.py checks
+    FWD_HEAD_DIMS,  # noqa: F401 -- the scope dispatch.py checks
     LOG2E,
+    SHARED_MEMORY_BYTES,
     STAGES,
     VARLEN_SCAN_LANES,
 )
@@ -134,32 +137,57 @@ _fwd_launcher = CachedLauncher(_flash_fwd_hopper_kernel)  # kernels/launch.py
 _fwd_varlen_launcher = CachedLauncher(_flash_fwd_hopper_varlen_kernel)
 
 
-def forward_constexprs(causal: bool, head_dim: int, flags: dict | None) -> dict:
-    """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, and V_STAGES: V
-    blocks in flight, STAGES but where ALiBi's key term is added by matmul (`_alibi_by_matmul`) at
-    head dim 128, whose 4 KiB B tile beside 3 K and 3 V stages of 32 KiB and Q's 32 KiB passes
-    the 227 KiB limit: 2 there."""
+def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False) -> tuple[int, int]:
+    """The K and V blocks in flight (STAGES, V_STAGES) of the forward at this head dim and block_n
+    keys a block: STAGES of each where they fit beside Q's [BLOCK_M, head dim] tile (and, with
+    `alibi_tile`, ALiBi's [block_n, 16] key tile: `_alibi_by_matmul`) in SHARED_MEMORY_BYTES, less
+    a margin for the mbarriers; else one V block fewer, then one K block fewer, in turn (FA3 sizes
+    its forward tiles to the same limit). At head dim 128 with 128 keys a block: 3 and 3 (224 KiB),
+    2 V blocks with ALiBi's tile; at 256 with 64 keys: 3 and 2."""
+    element = 2  # fp16 and bf16
+
+    def fits(k_stages: int, v_stages: int) -> bool:
+        tiles = BLOCK_M * head_dim + (k_stages + v_stages) * block_n * head_dim + (block_n * 16 if alibi_tile else 0)
+        return tiles * element + 1024 <= SHARED_MEMORY_BYTES
+
+    k_stages = v_stages = STAGES
+    while not fits(k_stages, v_stages):
+        if v_stages == k_stages:
+            v_stages -= 1
+        else:
+            k_stages -= 1
+        if not v_stages:
+            raise ValueError(f"no K and V block of {block_n} keys at head dim {head_dim} fits beside Q in shared memory")
+    return k_stages, v_stages
+
+
+def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n: int = BLOCK_N) -> dict:
+    """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, and its K and V
+    blocks in flight for this head dim and block_n keys a block (forward_stages)."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
-    return {**flags, "V_STAGES": 2 if by_matmul and head_dim > 64 else STAGES}
+    stages, v_stages = forward_stages(head_dim, block_n, by_matmul)
+    return {**flags, "STAGES": stages, "V_STAGES": v_stages}
 
 
-def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None):
+def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, block_n: int = BLOCK_N):
     """The launch for tensors shaped, strided and aligned like these, as a function of (q, k, v,
     out, lse, softmax_scale, features=()): descriptors are copied from ones made (and validated)
     here, and the compiled kernel is launched directly after the first call (launch.DirectLaunch).
     `flags`: the GLUON_FEATURE_FLAGS constexprs of kernels/features.py's `feature_args`; `features`
     then holds its run-time values (qk_scale, window sides, softcap * log2(e), the slopes and their
-    batch stride)."""
+    batch stride). `block_n`: keys a block (FwdConfig.hopper_gluon_block_n), a divisor of BLOCK_M."""
     batch, seqlen, heads, _ = q.shape
-    templates = (_row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, BLOCK_N), _row_descriptor(v, BLOCK_N),
+    if BLOCK_M % block_n:
+        raise ValueError(f"hopper_gluon_block_n must divide the Gluon forward's {BLOCK_M} query rows, got {block_n}")
+    templates = (_row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, block_n), _row_descriptor(v, block_n),
                  _row_descriptor(out, BLOCK_M // 2))
-    flags = forward_constexprs(causal, q.shape[-1], flags)
+    constexprs = forward_constexprs(causal, q.shape[-1], flags, block_n)
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),
-                          {"STAGES": STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **flags},
+                          {"CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **constexprs},
                           descriptors=dict(enumerate(map(descriptor_template, templates))))
     kv_group = heads // k.shape[2]
 
@@ -173,21 +201,23 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None):
 
 
 def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                                     qk_scale: float, causal: bool) -> None:
+                                     qk_scale: float, causal: bool, block_n: int = BLOCK_N) -> None:
     """Write O into `out` (packed like q) and the natural-log logsumexp into `lse` for packed
     sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a (total, heads * d)
-    2D view with rows that do not overlap; d 64 or 128; fp16 or bf16); `lse` is (heads, total_q),
-    or for a dense call's batch rows packed (dispatch.GluonPath.PACKED, every sequence
+    2D view with rows that do not overlap; d one of FWD_HEAD_DIMS; fp16 or bf16); `lse` is (heads,
+    total_q), or for a dense call's batch rows packed (dispatch.GluonPath.PACKED, every sequence
     max_seqlen_q long) its contiguous (batch, heads, seqlen_q). `qk_scale` is the softmax scale
-    times log2(e)."""
-    total_q, heads, _ = q.shape
+    times log2(e); `block_n` keys a block (FwdConfig.hopper_gluon_block_n)."""
+    total_q, heads, headdim = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M), batch * heads)
     lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
+    stages, v_stages = forward_stages(headdim, block_n)
     _fwd_varlen_launcher[grid](
-        _packed_descriptor(q, BLOCK_M // 2), _packed_descriptor(k, BLOCK_N), _packed_descriptor(v, BLOCK_N),
+        _packed_descriptor(q, BLOCK_M // 2), _packed_descriptor(k, block_n), _packed_descriptor(v, block_n),
         _packed_descriptor(out, BLOCK_M // 2), out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides,
-        out.stride(0), qk_scale, heads // k.shape[1], STAGES=STAGES, CAUSAL=causal, num_warps=4, maxnreg=168)
+        out.stride(0), qk_scale, heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, num_warps=4,
+        maxnreg=168)
 
 
 # --------------------------------------------------------------------------------------

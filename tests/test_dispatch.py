@@ -78,7 +78,7 @@ def test_hopper_head_dim_128_paths_at_paper_lengths(causal, paths):
 
 def test_hopper_gluon_forward_scope():
     """The Gluon forward takes only what it implements: equal lengths in whole 128-row blocks,
-    head dim 64 or 128, fp16/bf16, exact 2D views; anything else keeps the Triton kernel."""
+    head dim 64, 128 or 256, fp16/bf16, exact 2D views; anything else keeps the Triton kernel."""
     config = HOPPER_FWD_CONFIGS[(128, False)]
 
     def path(q_shape, k_shape=None, dtype=torch.bfloat16, transpose=False):
@@ -92,8 +92,8 @@ def test_hopper_gluon_forward_scope():
     assert path((2, 1024, 4, 128), dtype=torch.float16) == GluonPath.DENSE
     assert path((2, 1024, 4, 128), k_shape=(2, 2048, 4, 128)) != GluonPath.DENSE  # unequal lengths
     assert path((2, 1000, 4, 128)) != GluonPath.DENSE  # not whole blocks
-    assert path((2, 1024, 4, 96)) != GluonPath.DENSE  # head dims other than 64 and 128
-    assert path((2, 1024, 4, 256)) != GluonPath.DENSE
+    assert path((2, 1024, 4, 96)) != GluonPath.DENSE  # head dims other than 64, 128 and 256
+    assert path((2, 1024, 4, 256)) == GluonPath.DENSE
     assert path((2, 1024, 4, 128), dtype=torch.float32) != GluonPath.DENSE
     assert path((2, 1024, 4, 128), transpose=True) != GluonPath.DENSE  # heads not side by side
     assert path((2, 512, 4, 128)) != GluonPath.DENSE  # below hopper_gluon_min_keys
@@ -227,7 +227,11 @@ def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (
         "", "512 keys: fewer than the forward config's hopper_gluon_min_keys 1024")
     q, k = tensors(2048, headdim=96)
-    assert dispatch.bwd_gluon_path(bwd, q, k, k, q)[1] == "head dim 96: the Gluon kernels take head dims 64 and 128"
+    assert dispatch.bwd_gluon_path(bwd, q, k, k, q)[1] == "head dim 96: the Gluon backward kernels take head dims 64 and 128"
+    assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True)[1] == (
+        "head dim 96: the Gluon forward kernels take head dims 64, 128 and 256")
+    q, k = tensors(2048, headdim=256)
+    assert dispatch.fwd_gluon_path(HOPPER_FWD_CONFIGS[(256, True)], q, k, k, q, True) == (GluonPath.DENSE, "")
     window = Features(window_left=256, window_right=-1)
     q, k = tensors(3000)
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True, window) == ("", dispatch.OFF_GRID_FEATURES)
@@ -468,18 +472,19 @@ def test_hopper_gluon_kernels_compile_for_sm90():
                             capture_output=True, text=True, env=env, check=True).stdout
     forward_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
     backward_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
-    # head dims 64 and 128, causal or not; the backward also with dQ fused at both (at 64 the
-    # consumers take turns); then each of the window, softcap and ALiBi, causal or not, forward
-    # and backward (dQ fused)
-    assert len(forward_lines) == 4 + 6 and len(backward_lines) == 8 + 6, report
+    # the forward at head dims 64, 128 and 256 (in 64-key blocks), the backward at 64 and 128,
+    # causal or not; the backward also with dQ fused at both (at 64 the consumers take turns);
+    # then each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
+    assert len(forward_lines) == 6 + 6 and len(backward_lines) == 8 + 6, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 4 + 6 and all("tma-reduce" in line for line in fused), report
     for flag in ("window", "softcap", "alibi"):
         assert sum(line.endswith(flag) or f" {flag} " in line for line in forward_lines + backward_lines) == 4, flag
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
+    assert all("spill stores 0 B" in line and "64 keys x 3/2" in line for line in forward_lines if "d256" in line)
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
-    assert len(varlen_lines) == 4, report  # head dims 64 and 128, causal or not
+    assert len(varlen_lines) == 6, report  # head dims 64, 128 and 256, causal or not
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
     # d64 and d128, dQ fused, causal or not: the longest grid, then the packed grid
     assert len(varlen_bwd) == 8 and all("tma-reduce" in line for line in varlen_bwd), report
@@ -762,13 +767,13 @@ def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype):
 
 
 class _RecordedLaunches(list):
-    """In place of a Gluon kernel's launcher: each launch's grid and keyword arguments (the
-    constexprs), the kernel not run (Gluon has no CPU interpreter)."""
+    """In place of a Gluon kernel's launcher: each launch's grid, arguments ("args") and keyword
+    arguments (the constexprs), the kernel not run (Gluon has no CPU interpreter)."""
 
     def __getitem__(self, grid):
         if not isinstance(grid, tuple):
             return super().__getitem__(grid)
-        return lambda *args, **kwargs: self.append({"grid": grid, **kwargs})
+        return lambda *args, **kwargs: self.append({"grid": grid, "args": args, **kwargs})
 
 
 @pytest.mark.parametrize("dq_first", [None, True, False])
@@ -838,3 +843,42 @@ def test_the_gluon_forward_holds_v_in_two_stages_only_beside_alibis_matmul_tile(
     (launch,) = launches
     assert launch["V_STAGES"] == v_stages and launch["STAGES"] == hopper.STAGES == 3
     assert launch["ALIBI"] is bool(flags.get("ALIBI")) and launch["grid"] == (2, 2)
+
+
+@pytest.mark.parametrize("headdim,block_n,alibi_tile,stages", [
+    (64, 128, False, (3, 3)), (128, 128, False, (3, 3)), (128, 128, True, (3, 2)), (192, 64, False, (3, 3)),
+    (256, 64, False, (3, 2)), (256, 64, True, (3, 2)), (256, 128, False, (1, 1)), (192, 128, False, (2, 1))])
+def test_the_gluon_forward_keeps_as_many_key_blocks_in_flight_as_shared_memory_holds(headdim, block_n, alibi_tile,
+                                                                                     stages):
+    """forward_stages: 3 K and 3 V blocks where they fit beside Q (and ALiBi's key tile) in an sm_90
+    program's shared memory, else one V block fewer, then one K block fewer, in turn; the tiles it
+    picks fit (the compile check reports the compiled kernels' own use) and one more would not."""
+    from kernels import flash_attn_hopper as hopper
+
+    assert hopper.forward_stages(headdim, block_n, alibi_tile) == stages
+
+    def tile_bytes(k_stages, v_stages):
+        return 2 * (128 * headdim + (k_stages + v_stages) * block_n * headdim + (16 * block_n if alibi_tile else 0))
+
+    assert tile_bytes(*stages) <= hopper.SHARED_MEMORY_BYTES
+    more = (stages[0], stages[1] + 1) if stages[1] < stages[0] else (stages[0] + 1, stages[1])
+    assert stages == (3, 3) or tile_bytes(*more) > hopper.SHARED_MEMORY_BYTES - 1024
+
+
+def test_the_gluon_forward_at_head_dim_256_launches_64_key_blocks(monkeypatch):
+    """The table's head-dim-256 entries take the Gluon forward with 64-key blocks: the launch's K and
+    V descriptors hold 64 rows, Q's and O's 64 (half a 128-row query block), 3 K and 2 V blocks in
+    flight; a block_n that does not divide the 128 query rows is refused."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_fwd_launcher", launches)
+    q, k, v = (torch.randn(1, 256, 2, 256, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
+    block_n = HOPPER_FWD_CONFIGS[(256, True)].hopper_gluon_block_n
+    hopper.forward_hopper_plan(q, k, v, out, True, block_n=block_n)(q, k, v, out, lse, 0.1)
+    (launch,) = launches
+    assert (launch["STAGES"], launch["V_STAGES"]) == (3, 2) and launch["grid"] == (2, 2)
+    assert [list(d.block_shape) for d in launch["args"][:4]] == [[64, 256], [64, 256], [64, 256], [64, 256]]
+    with pytest.raises(ValueError, match="hopper_gluon_block_n must divide"):
+        hopper.forward_hopper_plan(q, k, v, out, True, block_n=96)

@@ -347,15 +347,14 @@ def test_gpu_dense_calls_off_the_grid_on_the_gluon_varlen_kernels(shape, causal,
     """Dense calls off the dense Gluon kernels' grid (lengths not a multiple of 128, fewer or more
     queries than keys, so that with causal the first rows see no key) on the Gluon varlen kernels,
     each batch row a packed sequence: forward (out and logsumexp in the dense layout) and backward
-    (at head dim 128; 64 keeps the Triton backward) against float64."""
+    (the varlen dK/dV kernel with dQ fused, at head dims 64 and 128) against float64."""
     skip_unless_hopper("the Gluon varlen kernels")
     batch, seqlen_q, seqlen_k, heads, headdim = shape
     q = torch.empty(batch, seqlen_q, heads, headdim, dtype=dtype, device="cuda")
     k = torch.empty(batch, seqlen_k, heads, headdim, dtype=dtype, device="cuda")
     config = configs.default_fwd_config(headdim, causal, q.device)
     assert fwd_memory_path(config, q, k, k, q, causal) == dispatch.GluonPath.PACKED
-    expected_bwd = dispatch.GluonPath.PACKED if headdim == 128 else "triton"
-    assert dispatch.bwd_dkdv_path(configs.default_bwd_config(headdim, q.device), q, k, k, q) == expected_bwd
+    assert dispatch.bwd_dkdv_path(configs.default_bwd_config(headdim, q.device), q, k, k, q) == dispatch.GluonPath.PACKED
     check_forward(*shape, causal, dtype, "cuda")
     check_backward(*shape, causal, dtype, "cuda")
     assert not dispatch.gluon_unavailable, dispatch.gluon_unavailable

@@ -161,22 +161,25 @@ def feature_label(flags: dict) -> str:
     return "".join(f" {name.lower()}" for name, on in flags.items() if on)
 
 
-def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, **flags: bool) -> str:
+def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
+                        **flags: bool) -> str:
     """The Gluon forward (kernels/hopper/fwd.py) compiled for sm_90 as forward_hopper_plan launches
-    it; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs."""
+    it, with the table's hopper_gluon_block_n unless `block_n` is given; `flags`: its WINDOW,
+    SOFTCAP and ALIBI constexprs."""
     from kernels import flash_attn_hopper as hopper
 
     def desc(rows):
         return gluon_descriptor_type(rows, headdim, dtype)
 
+    block_n = block_n or HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)].hopper_gluon_block_n
     label = feature_label({name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS})
-    flags = hopper.forward_constexprs(causal, headdim, flags)  # what forward_hopper_plan launches
-    signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
+    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n)}  # as launched
+    signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(block_n), "v_desc": desc(block_n),
                  "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
-                 "qk_scale": "fp32", **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr",
-                 **{name: "constexpr" for name in flags}}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}",
-                        hopper._flash_fwd_hopper_kernel, signature, {"STAGES": hopper.STAGES, "CAUSAL": causal, **flags})
+                 "qk_scale": "fp32", **FEATURE_SIGNATURE, **{name: "constexpr" for name in constexprs}}
+    stages = f" {block_n} keys x {constexprs['STAGES']}/{constexprs['V_STAGES']}"
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}{stages}",
+                        hopper._flash_fwd_hopper_kernel, signature, constexprs)
 
 
 def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
@@ -186,12 +189,15 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     def desc(rows):
         return gluon_descriptor_type(rows, headdim, dtype)
 
-    signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(hopper.BLOCK_N), "v_desc": desc(hopper.BLOCK_N),
+    block_n = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)].hopper_gluon_block_n
+    stages, v_stages = hopper.forward_stages(headdim, block_n)
+    signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(block_n), "v_desc": desc(block_n),
                  "o_desc": desc(hopper.BLOCK_M // 2), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
                  "CuSeqK": "*i32", "num_heads": "i32", "stride_lse_h": "i32", "stride_lse_b": "i32", "stride_o": "i32", "qk_scale": "fp32",
-                 "kv_group": "i32", "STAGES": "constexpr", "CAUSAL": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen", hopper._flash_fwd_hopper_varlen_kernel,
-                        signature, {"STAGES": hopper.STAGES, "CAUSAL": causal})
+                 "kv_group": "i32", "STAGES": "constexpr", "V_STAGES": "constexpr", "CAUSAL": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen {block_n} keys x {stages}/{v_stages}",
+                        hopper._flash_fwd_hopper_varlen_kernel, signature,
+                        {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal})
 
 
 def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128, fused_dq: bool = False,
@@ -277,8 +283,10 @@ def main() -> None:
         from kernels import flash_attn_hopper as hopper
         from kernels.hopper import dq_cast
 
-        for report_fn in (hopper_gluon_report, hopper_gluon_bwd_report, hopper_gluon_varlen_report):
-            for headdim in hopper.HEAD_DIMS:
+        for report_fn, head_dims in ((hopper_gluon_report, hopper.FWD_HEAD_DIMS),
+                                     (hopper_gluon_bwd_report, hopper.BWD_HEAD_DIMS),
+                                     (hopper_gluon_varlen_report, hopper.FWD_HEAD_DIMS)):
+            for headdim in head_dims:
                 for causal in (False, True):
                     emit(report_fn(causal, headdim=headdim))
         for headdim in hopper.FUSED_DQ_HEAD_DIMS:

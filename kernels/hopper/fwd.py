@@ -62,23 +62,24 @@ def _causal_mask(s, cols, offs_m):
 
 
 @gluon.jit
-def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr,
+def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, diagonal, BLOCK_N: gl.constexpr,
                   CAUSAL: gl.constexpr):
-    """_online_softmax on unscaled scores S, the causal mask only on the diagonal block (the last
-    one), and no mask code at all in the non-causal kernel."""
+    """_online_softmax on unscaled scores S, the causal mask only on the diagonal blocks (from block
+    `diagonal` on: the last BLOCK_M / BLOCK_N), and no mask code at all in the non-causal kernel.
+    Every row has seen a key by the time it meets a masked one (key 0 is in the first block)."""
     if CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
-        if block == n_blocks - 1:
+        if block >= diagonal:
             s = _causal_mask(s, block * BLOCK_N + offs_n, offs_m)
     return _online_softmax(s, m_i, l_i, qk_scale, False)
 
 
 @gluon.jit
-def _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, block, n_blocks, BLOCK_N: gl.constexpr):
+def _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, block, diagonal, BLOCK_N: gl.constexpr):
     """_softmax_step (causal) on scores whose matmul added ALiBi's key term (`_alibi_query_tile`):
     S * scale holds scale * q.k + slope * log2(e) * (key offset in the block), and `block_bias`
     (slope * log2(e) * (the block's first key - the reference row)) completes the key term in the
     per-row math, so each element costs what the dense step's does."""
-    if block == n_blocks - 1:
+    if block >= diagonal:
         s = _causal_mask(s, block * BLOCK_N + offs_n, offs_m)
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale + block_bias)
     p = gl.exp2(s * qk_scale - (m_new - block_bias)[:, None])
@@ -120,7 +121,7 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
                        BLOCK_N: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr):
     """_softmax_step with a sliding window, softcap or ALiBi. `window` = (left, right, full_lo,
     full_hi): with WINDOW a block outside [full_lo, full_hi) is masked (a row may see no key of a
-    block at a window's edge), else causal masks the blocks from full_hi (the diagonal one). Per
+    block at a window's edge), else causal masks the blocks from full_hi (the diagonal ones). Per
     element this costs the dense step's work plus, with ALiBi, one
     add and the column term's share (from `offs_n_f`, the block's key offsets as floats, which
     the compiler recomputes per block: a thread holds 32 keys of 2 rows, so each operation per
@@ -149,7 +150,7 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
             visible = (cols[None, :] <= diag + right) & (cols[None, :] >= diag - left)
             s = gl.where(visible, s, float("-inf"))
     elif CAUSAL:  # noqa: SIM102 -- a compile-time branch around a run-time one
-        if block >= window[3]:  # the diagonal block
+        if block >= window[3]:  # the diagonal blocks
             s = _causal_mask(s, cols, offs_m)
     return _online_softmax(s, m_i, l_i, scale, WINDOW)
 
@@ -400,24 +401,24 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
                                                 bias)
     if ALIBI_MMA:
         p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (-mods[2]).to(gl.float32), offs_m,
-                                                 offs_n, 0, n_blocks, BLOCK_N)
+                                                 offs_n, 0, window[3], BLOCK_N)
     elif MODS:
         p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
                                                 CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
     else:
-        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, n_blocks, BLOCK_N, CAUSAL)
+        p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, window[3], BLOCK_N, CAUSAL)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init,
                                                     p_layout, bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
-                                                     offs_m, offs_n, i, n_blocks, BLOCK_N)
+                                                     offs_m, offs_n, i, window[3], BLOCK_N)
         elif MODS:
             p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
                                                     offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
         else:
-            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, n_blocks, BLOCK_N, CAUSAL)
+            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
     acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
     return acc, l_i, m_i
@@ -447,13 +448,13 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
     sliding window: only the key blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of
     shape (heads,) or (batch, heads), batch stride stride_alibi_b). STAGES K blocks and V_STAGES V
-    blocks in flight (fewer V than K where ALiBi's B tile needs the room: `_fwd_shared_buffers`)."""
+    blocks in flight (fewer V than K where the tiles need the room: flash_attn_hopper.forward_stages)."""
     ROWS: gl.constexpr = q_desc.block_type.shape[0]
     HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
     BLOCK_M: gl.constexpr = 2 * ROWS
-    # the causal loop's block count and its one masked (diagonal) block assume square blocks
-    gl.static_assert(BLOCK_M == BLOCK_N)
+    # the causal loop's block count and its masked (diagonal) blocks assume whole key blocks per query block
+    gl.static_assert(BLOCK_M % BLOCK_N == 0)
     pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
     start_m = pid_m * BLOCK_M
     q_row = b * seqlen + start_m
@@ -465,10 +466,10 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     if WINDOW:
         first_block, n_blocks, full_lo, full_hi = _window_key_blocks(start_m, seqlen, window_left, window_right,
                                                                      BLOCK_M, BLOCK_N)
-    elif CAUSAL:  # key blocks up to the diagonal, the last one masked
+    elif CAUSAL:  # key blocks up to the diagonal, the last BLOCK_M / BLOCK_N masked
         first_block = 0
         n_blocks = (start_m + BLOCK_M) // BLOCK_N
-        full_hi = n_blocks - 1
+        full_hi = n_blocks - BLOCK_M // BLOCK_N
     else:
         first_block = 0
         n_blocks = seqlen // BLOCK_N
@@ -582,7 +583,7 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 @gluon.jit
 def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, CuSeqQ, CuSeqK, num_heads,
                                     stride_lse_h, stride_lse_b, stride_o, qk_scale, kv_group, STAGES: gl.constexpr,
-                                    CAUSAL: gl.constexpr):
+                                    V_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
@@ -614,7 +615,7 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, Cu
         kv_col0 = (h // kv_group) * HEAD_DIM
         lse_row0 = h.to(gl.int64) * stride_lse_h + b.to(gl.int64) * stride_lse_b + q_start
         q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
-                                                                                     STAGES)
+                                                                                     V_STAGES)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                 q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
                 stride_o, qk_scale)

@@ -11,11 +11,13 @@ LOG2E = 1.4426950408889634
 
 # The forward (fwd.py)
 BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64
-BLOCK_N = 128  # keys per block
-STAGES = 3  # K/V blocks in flight (shared memory at head dim 128: Q 32 KiB + 3 x 64 KiB of K and V; half at 64)
-HEAD_DIMS = (64, 128)  # the head dims the kernels serve (dispatch.hopper_gluon_applies)
+BLOCK_N = 128  # keys per block where the config does not ask for fewer (FwdConfig.hopper_gluon_block_n)
+STAGES = 3  # K and V blocks in flight, each, where they fit (flash_attn_hopper.forward_stages)
+FWD_HEAD_DIMS = (64, 128, 256)  # the head dims the forwards serve (dispatch.hopper_gluon_refusal)
+SHARED_MEMORY_BYTES = 227 * 1024  # an sm_90 program's shared memory at most
 
 # The dK/dV kernels (bwd.py, bwd_varlen.py)
+BWD_HEAD_DIMS = (64, 128)  # the head dims the dK/dV kernels serve
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
