@@ -187,13 +187,14 @@ def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Fea
     return "tma-kernel" if keys >= config.tma_min_keys else "pointer"
 
 
-def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
+def _flat_view_is_exact(q, k, v, out, config: FwdConfig, tiles_padded: bool = True) -> bool:
     """Whether a (batch * seqlen, heads * headdim) 2D descriptor reads and writes exactly a
     (batch, head)'s tiles: whole blocks (no tile runs into the next batch's rows), a head dim
-    with no padding columns (no tile runs into the next head's), heads side by side in a row
-    and batches back to back."""
+    with no padding columns where the tiles are padded to a power of two (`tiles_padded`, the
+    Triton kernels': no tile runs into the next head's; the Gluon forward's head-dim sections
+    are not), heads side by side in a row and batches back to back."""
     headdim = q.shape[3]
-    if (headdim != padded_headdim(headdim) or q.shape[1] % config.block_m or k.shape[1] % config.block_n
+    if ((tiles_padded and headdim != padded_headdim(headdim)) or q.shape[1] % config.block_m or k.shape[1] % config.block_n
             or q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31):
         return False
     return all(t.stride(2) == headdim and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v, out))
@@ -201,7 +202,7 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig) -> bool:
 
 def hopper_gluon_refusal(q, k, v, out, mode: str = "forward") -> str:
     """Why the dense Gluon kernels (kernels/flash_attn_hopper.py) do not take these tensors ('' where
-    they do). Their scope: a head dim of the forward's (FWD_HEAD_DIMS: 64, 128 and 256) or, with
+    they do). Their scope: a head dim of the forward's (FWD_HEAD_DIMS: 64, 96, 128, 192 and 256) or, with
     `mode` "backward", the dK/dV kernel's (BWD_HEAD_DIMS: 64 and 128), fp16 or bf16, q heads a multiple of the kv heads
     (GQA/MQA), query and key lengths equal and whole blocks (_lengths_refusal, checked after the
     shapes, dtypes and strides: the lengths are what GluonPath.PACKED is for), and each
@@ -229,7 +230,7 @@ def hopper_gluon_refusal(q, k, v, out, mode: str = "forward") -> str:
     lengths = _lengths_refusal(q, k)
     if lengths:
         return lengths
-    if not _flat_view_is_exact(q, k, v, out, FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, 1)):
+    if not _flat_view_is_exact(q, k, v, out, FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, 1), tiles_padded=False):
         return "not an exact (batch x seqlen, heads x head dim) view"
     return ""
 

@@ -95,23 +95,51 @@ def _fp32_tile_layout_unswizzled() -> gl.NVMMASharedLayout:
     return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
 
 
-def _row_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+def _row_descriptor(t: torch.Tensor, rows: int, width: int | None = None) -> TensorDescriptor:
     """A (batch * seqlen, heads * head dim) 2D view of a (batch, seqlen, heads, head dim) tensor,
-    `rows` rows per tile (the layout `dispatch._flat_view_is_exact` checks)."""
+    `rows` rows per tile of `width` columns (the head dim, or one of its head_sections) (the
+    layout `dispatch._flat_view_is_exact` checks)."""
     batch, seqlen, heads, headdim = t.shape
     if t.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"the Hopper kernels take float16 or bfloat16 tensors, got {t.dtype}")
-    return TensorDescriptor(t, [batch * seqlen, heads * headdim], [t.stride(1), 1], [rows, headdim],
-                            _tile_layout(rows, headdim, t.dtype))
+    width = width or headdim
+    return TensorDescriptor(t, [batch * seqlen, heads * headdim], [t.stride(1), 1], [rows, width],
+                            _tile_layout(rows, width, t.dtype))
 
 
-def _packed_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
-    """A (total, heads * head dim) 2D view of a packed (total, heads, head dim) tensor."""
+def _packed_descriptor(t: torch.Tensor, rows: int, width: int | None = None) -> TensorDescriptor:
+    """A (total, heads * head dim) 2D view of a packed (total, heads, head dim) tensor, tiles as
+    _row_descriptor's."""
     total, heads, headdim = t.shape
     if t.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"the Hopper kernels take float16 or bfloat16 tensors, got {t.dtype}")
-    return TensorDescriptor(t, [total, heads * headdim], [t.stride(0), 1], [rows, headdim],
-                            _tile_layout(rows, headdim, t.dtype))
+    width = width or headdim
+    return TensorDescriptor(t, [total, heads * headdim], [t.stride(0), 1], [rows, width],
+                            _tile_layout(rows, width, t.dtype))
+
+
+def head_sections(head_dim: int) -> tuple[int, ...]:
+    """The forward's head-dim sections (fwd._head_sections): the head dim where it is a power of
+    two, else the largest power of two below it and the rest, which must be one too and at least
+    16 (a wgmma's depth): 96 = 64 + 32, 192 = 128 + 64. Register tiles are powers of two; each
+    section is a TMA box and a matmul of its own, so no column is padded."""
+    first = 1 << (head_dim.bit_length() - 1)
+    tail = head_dim - first
+    if tail and (tail < 16 or tail & (tail - 1)):
+        raise ValueError(f"head dim {head_dim} is not a power of two nor two of them (at least 16 each)")
+    return (first, tail) if tail else (first,)
+
+
+def _section_descriptors(describe, tensors, rows, head_dim: int) -> tuple[list, dict]:
+    """The forward's eight descriptor arguments for q, k, v and out (`tensors`, `rows` rows a tile
+    each, made by `describe`: _row_descriptor or _packed_descriptor), then their tail sections'
+    (head_sections): without a tail, placeholders the kernel does not read. Returns the
+    descriptors and the kernel's HEAD_SPLIT constexpr."""
+    sections = head_sections(head_dim)
+    first = [describe(t, r, sections[0]) for t, r in zip(tensors, rows)]
+    if len(sections) == 1:
+        return first + [None] * 4, {"HEAD_SPLIT": False}
+    return first + [describe(t, r, sections[1]) for t, r in zip(tensors, rows)], {"HEAD_SPLIT": True}
 
 
 def _stats_template(rows: int, seqlen: int) -> TensorDescriptor:
@@ -180,21 +208,24 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     batch, seqlen, heads, _ = q.shape
     if BLOCK_M % block_n:
         raise ValueError(f"hopper_gluon_block_n must divide the Gluon forward's {BLOCK_M} query rows, got {block_n}")
-    templates = (_row_descriptor(q, BLOCK_M // 2), _row_descriptor(k, block_n), _row_descriptor(v, block_n),
-                 _row_descriptor(out, BLOCK_M // 2))
-    constexprs = forward_constexprs(causal, q.shape[-1], flags, block_n)
+    descriptors, split = _section_descriptors(_row_descriptor, (q, k, v, out),
+                                              (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), q.shape[-1])
+    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n), **split}
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
+    # without a tail section the tail arguments are the logsumexp's pointer, not read
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),
                           {"CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **constexprs},
-                          descriptors=dict(enumerate(map(descriptor_template, templates))))
+                          descriptors={i: descriptor_template(d) for i, d in enumerate(descriptors) if d is not None})
     kv_group = heads // k.shape[2]
+    split = constexprs["HEAD_SPLIT"]
 
     def run(q, k, v, out, lse, softmax_scale, features=()):
         qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
-        launch(q, k, v, out, lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
+        tails = (q, k, v, out) if split else (lse, lse, lse, lse)
+        launch(q, k, v, out, *tails, lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
                alibi if alibi is not None else lse, stride_alibi_b)
 
     return run
@@ -213,11 +244,12 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M), batch * heads)
     lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
     stages, v_stages = forward_stages(headdim, block_n)
+    descriptors, split = _section_descriptors(_packed_descriptor, (q, k, v, out),
+                                              (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), headdim)
+    descriptors = [lse if d is None else d for d in descriptors]  # no tail section: not read
     _fwd_varlen_launcher[grid](
-        _packed_descriptor(q, BLOCK_M // 2), _packed_descriptor(k, block_n), _packed_descriptor(v, block_n),
-        _packed_descriptor(out, BLOCK_M // 2), out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides,
-        out.stride(0), qk_scale, heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, num_warps=4,
-        maxnreg=168)
+        *descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides, out.stride(0), qk_scale,
+        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, num_warps=4, maxnreg=168, **split)
 
 
 # --------------------------------------------------------------------------------------

@@ -159,8 +159,9 @@ def test_on_hopper_the_kernel_column_names_the_varlen_kernels_off_the_grid(monke
         assert short["bwd"] == ("Triton dK/dV, dQ kernel",
                                 "1000 keys: fewer than the backward config's hopper_gluon_min_keys 1024")
         d96 = coverage.kernels_served(Case("sweep", "d96", 4, 4096, 21, 21, hdim=96), cuda, triton)
-        assert d96["fwd"][1] == "head dim 96: the Gluon forward kernels take head dims 64, 128 and 256"
         assert d96["bwd"][1] == "head dim 96: the Gluon backward kernels take head dims 64 and 128"
+        d80 = coverage.kernels_served(Case("sweep", "d80", 4, 4096, 21, 21, hdim=80), cuda, triton)
+        assert d80["fwd"][1] == "head dim 80: the Gluon forward kernels take head dims 64, 96, 128, 192 and 256"
         window = coverage.kernels_served(Case("window", "w", 2, 3000, 16, 16, window=(256, 0)), cuda, triton)
         assert window["fwd"][1].startswith("a window, softcap, ALiBi or dropout with lengths off the 128-row grid")
     finally:

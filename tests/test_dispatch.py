@@ -78,7 +78,7 @@ def test_hopper_head_dim_128_paths_at_paper_lengths(causal, paths):
 
 def test_hopper_gluon_forward_scope():
     """The Gluon forward takes only what it implements: equal lengths in whole 128-row blocks,
-    head dim 64, 128 or 256, fp16/bf16, exact 2D views; anything else keeps the Triton kernel."""
+    head dim 64, 96, 128, 192 or 256, fp16/bf16, exact 2D views; anything else keeps the Triton kernel."""
     config = HOPPER_FWD_CONFIGS[(128, False)]
 
     def path(q_shape, k_shape=None, dtype=torch.bfloat16, transpose=False):
@@ -92,8 +92,8 @@ def test_hopper_gluon_forward_scope():
     assert path((2, 1024, 4, 128), dtype=torch.float16) == GluonPath.DENSE
     assert path((2, 1024, 4, 128), k_shape=(2, 2048, 4, 128)) != GluonPath.DENSE  # unequal lengths
     assert path((2, 1000, 4, 128)) != GluonPath.DENSE  # not whole blocks
-    assert path((2, 1024, 4, 96)) != GluonPath.DENSE  # head dims other than 64, 128 and 256
-    assert path((2, 1024, 4, 256)) == GluonPath.DENSE
+    assert path((2, 1024, 4, 80)) != GluonPath.DENSE  # head dims other than 64, 96, 128, 192 and 256
+    assert path((2, 1024, 4, 96)) == path((2, 1024, 4, 192)) == path((2, 1024, 4, 256)) == GluonPath.DENSE
     assert path((2, 1024, 4, 128), dtype=torch.float32) != GluonPath.DENSE
     assert path((2, 1024, 4, 128), transpose=True) != GluonPath.DENSE  # heads not side by side
     assert path((2, 512, 4, 128)) != GluonPath.DENSE  # below hopper_gluon_min_keys
@@ -135,7 +135,8 @@ def test_hopper_gluon_varlen_forward_scope():
     assert path(headdim=64, config=HOPPER_FWD_CONFIGS[(64, True)]) != GluonPath.DENSE  # below 4096 keys
     assert path(headdim=64, max_k=4096, config=HOPPER_FWD_CONFIGS[(64, True)]) == GluonPath.DENSE
     assert path(max_k=512) != GluonPath.DENSE  # below hopper_gluon_min_keys
-    assert path(headdim=96) != GluonPath.DENSE and path(dtype=torch.float32) != GluonPath.DENSE
+    assert path(headdim=80) != GluonPath.DENSE and path(dtype=torch.float32) != GluonPath.DENSE
+    assert path(headdim=96) == path(headdim=192) == GluonPath.DENSE  # two head-dim sections
     assert path(kv_heads=3) != GluonPath.DENSE  # 3 does not divide 8
     assert path(window_left=256) != GluonPath.DENSE and path(softcap=1.0) != GluonPath.DENSE
     assert path(alibi_slopes=torch.ones(8)) != GluonPath.DENSE
@@ -177,7 +178,8 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
     assert fwd((2, 2048, 4, 128)) == GluonPath.DENSE  # on the grid: the dense kernel
     assert fwd((2, 1000, 4, 128)) not in (GluonPath.DENSE, GluonPath.PACKED)  # below 1024 keys
     assert fwd((2, 3000, 4, 64)) not in (GluonPath.DENSE, GluonPath.PACKED)  # below 4096 keys at d64
-    assert fwd((2, 3000, 4, 96)) not in (GluonPath.DENSE, GluonPath.PACKED)
+    assert fwd((2, 3000, 4, 80)) not in (GluonPath.DENSE, GluonPath.PACKED)
+    assert fwd((2, 3000, 4, 96)) == GluonPath.PACKED
     assert fwd((2, 3000, 4, 128), dtype=torch.float32) not in (GluonPath.DENSE, GluonPath.PACKED)
     window = Features(window_left=256)
     assert fwd((2, 3000, 4, 128), features=window) != GluonPath.PACKED
@@ -228,8 +230,10 @@ def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
         "", "512 keys: fewer than the forward config's hopper_gluon_min_keys 1024")
     q, k = tensors(2048, headdim=96)
     assert dispatch.bwd_gluon_path(bwd, q, k, k, q)[1] == "head dim 96: the Gluon backward kernels take head dims 64 and 128"
+    assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (GluonPath.DENSE, "")
+    q, k = tensors(2048, headdim=80)
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True)[1] == (
-        "head dim 96: the Gluon forward kernels take head dims 64, 128 and 256")
+        "head dim 80: the Gluon forward kernels take head dims 64, 96, 128, 192 and 256")
     q, k = tensors(2048, headdim=256)
     assert dispatch.fwd_gluon_path(HOPPER_FWD_CONFIGS[(256, True)], q, k, k, q, True) == (GluonPath.DENSE, "")
     window = Features(window_left=256, window_right=-1)
@@ -472,10 +476,11 @@ def test_hopper_gluon_kernels_compile_for_sm90():
                             capture_output=True, text=True, env=env, check=True).stdout
     forward_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
     backward_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
-    # the forward at head dims 64, 128 and 256 (in 64-key blocks), the backward at 64 and 128,
-    # causal or not; the backward also with dQ fused at both (at 64 the consumers take turns);
-    # then each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
-    assert len(forward_lines) == 6 + 6 and len(backward_lines) == 8 + 6, report
+    # the forward at head dims 64, 96, 128, 192 and 256 (96 and 192 in two head-dim sections, 192
+    # and 256 in 64-key blocks), the backward at 64 and 128, causal or not; the backward also with
+    # dQ fused at both (at 64 the consumers take turns); then each of the window, softcap and
+    # ALiBi, causal or not, forward and backward (dQ fused)
+    assert len(forward_lines) == 10 + 6 and len(backward_lines) == 8 + 6, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 4 + 6 and all("tma-reduce" in line for line in fused), report
     for flag in ("window", "softcap", "alibi"):
@@ -483,8 +488,10 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
     assert all("spill stores 0 B" in line and "64 keys x 3/2" in line for line in forward_lines if "d256" in line)
+    assert all("spill stores 0 B" in line and "64 keys x 3/3" in line for line in forward_lines if "d192" in line)
+    assert all("spill stores 0 B" in line and "128 keys x 3/3" in line for line in forward_lines if "d96" in line)
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
-    assert len(varlen_lines) == 6, report  # head dims 64, 128 and 256, causal or not
+    assert len(varlen_lines) == 10, report  # head dims 64, 96, 128, 192 and 256, causal or not
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
     # d64 and d128, dQ fused, causal or not: the longest grid, then the packed grid
     assert len(varlen_bwd) == 8 and all("tma-reduce" in line for line in varlen_bwd), report
@@ -846,7 +853,7 @@ def test_the_gluon_forward_holds_v_in_two_stages_only_beside_alibis_matmul_tile(
 
 
 @pytest.mark.parametrize("headdim,block_n,alibi_tile,stages", [
-    (64, 128, False, (3, 3)), (128, 128, False, (3, 3)), (128, 128, True, (3, 2)), (192, 64, False, (3, 3)),
+    (64, 128, False, (3, 3)), (96, 128, True, (3, 3)), (128, 128, False, (3, 3)), (128, 128, True, (3, 2)), (192, 64, False, (3, 3)),
     (256, 64, False, (3, 2)), (256, 64, True, (3, 2)), (256, 128, False, (1, 1)), (192, 128, False, (2, 1))])
 def test_the_gluon_forward_keeps_as_many_key_blocks_in_flight_as_shared_memory_holds(headdim, block_n, alibi_tile,
                                                                                      stages):
@@ -882,3 +889,38 @@ def test_the_gluon_forward_at_head_dim_256_launches_64_key_blocks(monkeypatch):
     assert [list(d.block_shape) for d in launch["args"][:4]] == [[64, 256], [64, 256], [64, 256], [64, 256]]
     with pytest.raises(ValueError, match="hopper_gluon_block_n must divide"):
         hopper.forward_hopper_plan(q, k, v, out, True, block_n=96)
+
+
+@pytest.mark.parametrize("headdim,sections", [(64, (64,)), (80, (64, 16)), (96, (64, 32)), (128, (128,)),
+                                              (192, (128, 64)), (256, (256,)), (72, None), (224, None)])
+def test_the_gluon_forward_splits_a_head_dim_into_two_power_of_two_sections(headdim, sections):
+    """head_sections: register tiles are powers of two, so a head dim that is not one runs as two
+    that are (each a TMA box and a matmul), the second at least a wgmma's depth of 16; others are
+    refused with the reason."""
+    from kernels import flash_attn_hopper as hopper
+
+    if sections is None:
+        with pytest.raises(ValueError, match=f"head dim {headdim} is not a power of two"):
+            hopper.head_sections(headdim)
+    else:
+        assert hopper.head_sections(headdim) == sections and sum(sections) == headdim
+
+
+@pytest.mark.parametrize("headdim,boxes", [(96, [64, 32]), (192, [128, 64])])
+def test_the_gluon_forward_launches_a_split_head_dim_as_two_sections(headdim, boxes, monkeypatch):
+    """A head dim of two sections launches with HEAD_SPLIT and eight descriptors over the same
+    tensors: q, k, v and out in boxes of the first section's width, then of the tail's (read from
+    column first-width on by the kernel); the table's keys a block (128 at 96, 64 at 192)."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_fwd_launcher", launches)
+    q, k, v = (torch.randn(1, 256, 2, headdim, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
+    block_n = HOPPER_FWD_CONFIGS[(128 if headdim == 96 else 256, False)].hopper_gluon_block_n
+    hopper.forward_hopper_plan(q, k, v, out, False, block_n=block_n)(q, k, v, out, lse, 0.1)
+    (launch,) = launches
+    assert launch["HEAD_SPLIT"] is True and launch["grid"] == (2, 2)
+    rows = [64, block_n, block_n, 64]
+    assert [list(d.block_shape) for d in launch["args"][:8]] == [[r, boxes[0]] for r in rows] + [[r, boxes[1]] for r in rows]
+    assert all(d.base is t for d, t in zip(launch["args"][:8], (q, k, v, out) * 2))

@@ -143,7 +143,7 @@ def test_gpu_gluon_backward_at_head_dim_64_adds_dq_in_turns(case, dtype):
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
-GLUON_D256_CASES = {
+GLUON_WIDE_HEAD_CASES = {
     "full": {"causal": False},
     "causal": {"causal": True, "batch": 1, "seqlen": 4096},
     "gqa-causal": {"heads": 8, "kv_heads": 2, "causal": True},
@@ -159,31 +159,33 @@ GLUON_D256_CASES = {
 
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", list(GLUON_D256_CASES))
-def test_gpu_gluon_forward_at_head_dim_256_in_64_key_blocks(case, dtype):
-    """Head dim 256 on the Gluon forwards (the table's 64-key blocks, FwdConfig.hopper_gluon_block_n:
-    two key blocks per 128-row query block, both masked on the diagonal): dense, GQA, windows,
-    softcap, ALiBi, and calls off the grid on the varlen kernel, against float64 (out, the
-    logsumexp through the backward's use of it, and the gradients from the Triton backward), on
-    the Gluon forward (asserted)."""
+@pytest.mark.parametrize("case", list(GLUON_WIDE_HEAD_CASES))
+@pytest.mark.parametrize("headdim", [96, 192, 256])
+def test_gpu_gluon_forward_at_head_dims_96_192_and_256(headdim, case, dtype):
+    """Head dims 96 and 192 (two head-dim sections each: 64 + 32, 128 + 64) and 256 on the Gluon
+    forwards, 192 and 256 in the table's 64-key blocks (FwdConfig.hopper_gluon_block_n: two key
+    blocks per 128-row query block, both masked on the diagonal): dense, GQA, windows, softcap,
+    ALiBi, and calls off the grid on the varlen kernel, against float64 (out, the logsumexp
+    through the backward's use of it, and the gradients from the Triton backward), on the Gluon
+    forward (asserted)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    spec = dict(GLUON_D256_CASES[case])
+    spec = dict(GLUON_WIDE_HEAD_CASES[case])
     heads, kv_heads = spec.pop("heads", 4), spec.pop("kv_heads", 4)
     batch, seqlen = spec.pop("batch", 2), spec.pop("seqlen", 1024)
     seqlen_k = spec.pop("seqlen_k", seqlen)
     if spec.pop("alibi", None):
         spec["alibi"] = torch.rand(heads, device="cuda") * 0.25
-    like_q = torch.empty(batch, seqlen, heads, 256, device="cuda", dtype=dtype)
-    like_k = torch.empty(batch, seqlen_k, kv_heads, 256, device="cuda", dtype=dtype)
+    like_q = torch.empty(batch, seqlen, heads, headdim, device="cuda", dtype=dtype)
+    like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
     window = spec.get("window", (-1, -1))
     features = Features(window_left=window[0], window_right=-1 if spec["causal"] else window[1],
                         softcap=spec.get("softcap", 0.0), alibi_slopes=spec.get("alibi"))
-    config = default_fwd_config(256, spec["causal"], like_q.device)
-    assert config.hopper_gluon_block_n == 64
+    config = default_fwd_config(headdim, spec["causal"], like_q.device)
+    assert config.hopper_gluon_block_n == (128 if headdim == 96 else 64)
     gluon = dispatch.GluonPath.PACKED if seqlen % 128 or seqlen != seqlen_k else dispatch.GluonPath.DENSE
     assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, spec["causal"], features) == gluon
-    check_dense(batch, seqlen, seqlen_k, heads, kv_heads, 256, dtype, device="cuda", **spec)
+    check_dense(batch, seqlen, seqlen_k, heads, kv_heads, headdim, dtype, device="cuda", **spec)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 

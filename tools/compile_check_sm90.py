@@ -168,14 +168,12 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, b
     SOFTCAP and ALIBI constexprs."""
     from kernels import flash_attn_hopper as hopper
 
-    def desc(rows):
-        return gluon_descriptor_type(rows, headdim, dtype)
-
     block_n = block_n or HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)].hopper_gluon_block_n
     label = feature_label({name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS})
-    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n)}  # as launched
-    signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(block_n), "v_desc": desc(block_n),
-                 "o_desc": desc(hopper.BLOCK_M // 2), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
+    sections = hopper.head_sections(headdim)
+    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n),
+                  "HEAD_SPLIT": len(sections) == 2}  # as launched
+    signature = {**section_signature(sections, block_n, dtype), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
                  "qk_scale": "fp32", **FEATURE_SIGNATURE, **{name: "constexpr" for name in constexprs}}
     stages = f" {block_n} keys x {constexprs['STAGES']}/{constexprs['V_STAGES']}"
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}{stages}",
@@ -186,18 +184,29 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     """The Gluon forward over packed variable lengths (kernels/hopper/fwd.py) for sm_90."""
     from kernels import flash_attn_hopper as hopper
 
-    def desc(rows):
-        return gluon_descriptor_type(rows, headdim, dtype)
-
     block_n = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)].hopper_gluon_block_n
     stages, v_stages = hopper.forward_stages(headdim, block_n)
-    signature = {"q_desc": desc(hopper.BLOCK_M // 2), "k_desc": desc(block_n), "v_desc": desc(block_n),
-                 "o_desc": desc(hopper.BLOCK_M // 2), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
+    sections = hopper.head_sections(headdim)
+    signature = {**section_signature(sections, block_n, dtype), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
                  "CuSeqK": "*i32", "num_heads": "i32", "stride_lse_h": "i32", "stride_lse_b": "i32", "stride_o": "i32", "qk_scale": "fp32",
-                 "kv_group": "i32", "STAGES": "constexpr", "V_STAGES": "constexpr", "CAUSAL": "constexpr"}
+                 "kv_group": "i32", "STAGES": "constexpr", "V_STAGES": "constexpr", "CAUSAL": "constexpr",
+                 "HEAD_SPLIT": "constexpr"}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen {block_n} keys x {stages}/{v_stages}",
                         hopper._flash_fwd_hopper_varlen_kernel, signature,
-                        {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal})
+                        {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "HEAD_SPLIT": len(sections) == 2})
+
+
+def section_signature(sections: tuple, block_n: int, dtype: str) -> dict:
+    """The forwards' eight descriptor arguments' types: q, k, v and o tiles of the first head-dim
+    section, then of the tail (flash_attn_hopper.head_sections), or the logsumexp's pointer in
+    their place where there is none (as the launch passes it)."""
+    from kernels import flash_attn_hopper as hopper
+
+    rows = {"q": hopper.BLOCK_M // 2, "k": block_n, "v": block_n, "o": hopper.BLOCK_M // 2}
+    first = {f"{name}_desc": gluon_descriptor_type(r, sections[0], dtype) for name, r in rows.items()}
+    tail = {f"{name}_tail_desc": gluon_descriptor_type(r, sections[-1], dtype) if len(sections) == 2 else "*fp32"
+            for name, r in rows.items()}
+    return {**first, **tail}
 
 
 def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128, fused_dq: bool = False,

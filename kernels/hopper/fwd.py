@@ -179,19 +179,75 @@ def _fwd_program(num_heads, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES: gl.constexpr, V_STAGES: gl.constexpr):
+def _head_sections(desc, tail_desc, HEAD_SPLIT: gl.constexpr):
+    """A tensor's descriptors as the tuple of head-dim sections the kernels loop over: (desc,), or
+    with HEAD_SPLIT (a head dim that is not a power of two: 96 = 64 + 32, 192 = 128 + 64; register
+    tiles are powers of two) (desc, tail_desc), the second section's columns after the first's."""
+    if HEAD_SPLIT:
+        return (desc, tail_desc)
+    else:
+        return (desc,)
+
+
+@gluon.jit
+def _head_dim(descs):
+    """The head dim: the head-dim sections' widths summed."""
+    if len(descs) == 1:
+        return descs[0].block_type.shape[1]
+    else:
+        return descs[0].block_type.shape[1] + descs[1].block_type.shape[1]
+
+
+@gluon.jit
+def _allocate_sections(descs, count: gl.constexpr):
+    """`count` shared-memory tiles of each head-dim section's box (a tuple like `descs`)."""
+    ROWS: gl.constexpr = descs[0].block_type.shape[0]
+    WIDTH: gl.constexpr = descs[0].block_type.shape[1]
+    first = gl.allocate_shared_memory(descs[0].dtype, [count, ROWS, WIDTH], descs[0].layout)
+    if len(descs) == 1:
+        return (first,)
+    else:
+        TAIL: gl.constexpr = descs[1].block_type.shape[1]
+        return (first, gl.allocate_shared_memory(descs[1].dtype, [count, ROWS, TAIL], descs[1].layout))
+
+
+@gluon.jit
+def _at(sections, index):
+    """Tile `index` of each section's ring (a tuple like `sections`)."""
+    if len(sections) == 1:
+        return (sections[0].index(index),)
+    else:
+        return (sections[0].index(index), sections[1].index(index))
+
+
+@gluon.jit
+def _expect_sections(bar, descs):
+    """mbarrier.expect for one tile of every head-dim section."""
+    if len(descs) == 1:
+        mbarrier.expect(bar, descs[0].block_type.nbytes)
+    else:
+        mbarrier.expect(bar, descs[0].block_type.nbytes + descs[1].block_type.nbytes)
+
+
+@gluon.jit
+def _load_sections(descs, row, col, bar, tiles):
+    """TMA loads of one tile per head-dim section, from column `col` (the head's first) on, into
+    `tiles` (a tuple like `descs`), completing on `bar`."""
+    tma.async_copy_global_to_shared(descs[0], [row, col], bar, tiles[0])
+    if len(descs) == 2:
+        tma.async_copy_global_to_shared(descs[1], [row, col + descs[0].block_type.shape[1]], bar, tiles[1])
+
+
+@gluon.jit
+def _fwd_shared_buffers(q_descs, k_descs, v_descs, STAGES: gl.constexpr, V_STAGES: gl.constexpr):
     """The forward's shared memory: Q_i as two 64-row halves, rings of STAGES K_j and V_STAGES V_j
-    blocks, and their mbarriers (q_bar, k_bar, v_bar: a TMA load has landed; empty_bar: a stage is
-    free). With rings of one size a key block's K and V share a stage, released once P~ V is done;
-    with V's ring shorter (`_split_release`) empty_bar holds K's stages then V's, each released
-    once its matmul is done."""
-    dtype: gl.constexpr = q_desc.dtype
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [V_STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    blocks (each a tuple of head-dim sections: `_head_sections`), and their mbarriers (q_bar, k_bar,
+    v_bar: a TMA load has landed; empty_bar: a stage is free). With rings of one size a key
+    block's K and V share a stage, released once P~ V is done; with V's ring shorter
+    (`_split_release`) empty_bar holds K's stages then V's, each released once its matmul is done."""
+    q_smem = _allocate_sections(q_descs, 2)
+    k_smem = _allocate_sections(k_descs, STAGES)
+    v_smem = _allocate_sections(v_descs, V_STAGES)
     q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
@@ -216,114 +272,177 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
                kv_col0, first_block, n_blocks):
     """FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j of key blocks first_block ..
     first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
-    both consumers have released (empty_bar counts two; with `_split_release`, K's and V's apart)."""
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    STAGES: gl.constexpr = k_smem.type.shape[0]
-    V_STAGES: gl.constexpr = v_smem.type.shape[0]
+    both consumers have released (empty_bar counts two; with `_split_release`, K's and V's apart).
+    Descriptors and tiles are tuples of head-dim sections (`_head_sections`)."""
+    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
+    STAGES: gl.constexpr = k_smem[0].type.shape[0]
+    V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     for half in gl.static_range(2):
-        mbarrier.expect(q_bar.index(half), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_row + half * q_desc.block_type.shape[0], col0], q_bar.index(half),
-                                        q_smem.index(half))
+        _expect_sections(q_bar.index(half), q_desc)
+        _load_sections(q_desc, q_row + half * q_desc[0].block_type.shape[0], col0, q_bar.index(half),
+                       _at(q_smem, half))
     for i in range(n_blocks):
         stage = i % STAGES
         # a fresh mbarrier counts as having completed the phase before its first, so the first
         # STAGES waits pass at once
         mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
         row = kv_row0 + (first_block + i) * BLOCK_N
-        mbarrier.expect(k_bar.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [row, kv_col0], k_bar.index(stage), k_smem.index(stage))
+        _expect_sections(k_bar.index(stage), k_desc)
+        _load_sections(k_desc, row, kv_col0, k_bar.index(stage), _at(k_smem, stage))
         v_stage = i % V_STAGES
-        if _split_release(empty_bar, k_smem):
+        if _split_release(empty_bar, k_smem[0]):
             mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
-        mbarrier.expect(v_bar.index(v_stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [row, kv_col0], v_bar.index(v_stage), v_smem.index(v_stage))
+        _expect_sections(v_bar.index(v_stage), v_desc)
+        _load_sections(v_desc, row, kv_col0, v_bar.index(v_stage), _at(v_smem, v_stage))
 
 
 @gluon.constexpr_function
-def _split_release(empty_bar, k_smem):
-    """Whether K's and V's stages are released apart (`_fwd_shared_buffers`: V's ring is shorter)."""
-    return empty_bar.type.shape[0] > k_smem.type.shape[0]
+def _split_release(empty_bar, k_ring):
+    """Whether K's and V's stages are released apart (`_fwd_shared_buffers`: V's ring is shorter);
+    `k_ring`: K's ring of the first head-dim section."""
+    return empty_bar.type.shape[0] > k_ring.type.shape[0]
 
 
 @gluon.jit
 def _s_matmul(q_buf, k_tile, s_init, bias=None):
-    """Line 8's S = Q K_j^T (unscaled), issued asynchronously; with `bias` (ALiBi's (A, B) tiles,
+    """Line 8's S = Q K_j^T (unscaled), issued asynchronously, one matmul per head-dim section
+    (`q_buf`, `k_tile`: tuples of them) chained on the first; with `bias` (ALiBi's (A, B) tiles,
     `_alibi_by_matmul`) chained on A B, so S holds ALiBi's key term with no work per element."""
     if bias is None:
-        s_tok = warpgroup_mma(q_buf, k_tile.permute((1, 0)), s_init, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_buf[0], k_tile[0].permute((1, 0)), s_init, use_acc=False, is_async=True)
     else:
         s_tok = warpgroup_mma(bias[0], bias[1], s_init, use_acc=False, is_async=True)
-        s_tok = warpgroup_mma(q_buf, k_tile.permute((1, 0)), s_tok, is_async=True)
+        s_tok = warpgroup_mma(q_buf[0], k_tile[0].permute((1, 0)), s_tok, is_async=True)
+    if len(q_buf) == 2:
+        s_tok = warpgroup_mma(q_buf[1], k_tile[1].permute((1, 0)), s_tok, is_async=True)
     return s_tok
 
 
 @gluon.jit
-def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                     HALF: gl.constexpr, bias=None):
+def _pv_matmul(p, v_tile, acc):
+    """Line 10's P~ V added to O, one matmul per head-dim section (`v_tile`, `acc`: tuples), issued
+    asynchronously: (the accumulators' tokens, P~ as the register-held A operand)."""
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc[0].type.layout, k_width=2)
+    p_op = gl.convert_layout(p.to(v_tile[0].dtype), p_layout)
+    first = warpgroup_mma(p_op, v_tile[0], acc[0], is_async=True)
+    if len(acc) == 1:
+        return (first,), p_op
+    else:
+        tail_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc[1].type.layout, k_width=2)
+        return (first, warpgroup_mma(gl.convert_layout(p_op, tail_layout), v_tile[1], acc[1], is_async=True)), p_op
+
+
+@gluon.jit
+def _pv_wait(acc_tok, p_op):
+    """The P~ V matmuls of `_pv_matmul` waited for: the accumulators."""
+    if len(acc_tok) == 1:
+        acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok[0], p_op])
+        return (acc,)
+    else:
+        acc, tail, p_op = warpgroup_mma_wait(0, deps=[acc_tok[0], acc_tok[1], p_op])
+        return (acc, tail)
+
+
+@gluon.jit
+def _zero_accumulators(q_buf):
+    """O = 0 of one consumer: a float32 wgmma accumulator per head-dim section of its Q tiles."""
+    ROWS: gl.constexpr = q_buf[0].type.shape[0]
+    WIDTH: gl.constexpr = q_buf[0].type.shape[1]
+    first = gl.zeros([ROWS, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
+    if len(q_buf) == 1:
+        return (first,)
+    else:
+        TAIL: gl.constexpr = q_buf[1].type.shape[1]
+        return (first, gl.zeros([ROWS, TAIL], gl.float32, layout=_wgmma_layout(TAIL)))
+
+
+@gluon.jit
+def _scale_rows(acc, factor):
+    """diag(factor) O, each head-dim section's accumulator (a tuple) times the row's factor."""
+    first = acc[0] * gl.convert_layout(factor, gl.SliceLayout(1, acc[0].type.layout))[:, None]
+    if len(acc) == 1:
+        return (first,)
+    else:
+        return (first, acc[1] * gl.convert_layout(factor, gl.SliceLayout(1, acc[1].type.layout))[:, None])
+
+
+@gluon.jit
+def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.constexpr, HALF: gl.constexpr, bias=None):
     """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
     unscaled, waited for, through `_s_matmul`), then K_0's stage released: (m, l, O, the zero
-    accumulator every S matmul starts from, S)."""
-    ROWS: gl.constexpr = q_buf.type.shape[0]
-    HEAD_DIM: gl.constexpr = q_buf.type.shape[1]
-    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
+    accumulator every S matmul starts from, S). Q's tiles, K's rings and O are tuples of head-dim
+    sections (`_head_sections`)."""
+    ROWS: gl.constexpr = q_buf[0].type.shape[0]
+    BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
-    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+    acc = _zero_accumulators(q_buf)
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(q_bar.index(HALF), 0)
     mbarrier.wait(k_bar.index(0), 0)
-    s = warpgroup_mma_wait(0, deps=[_s_matmul(q_buf, k_smem.index(0), s_init, bias)])
-    if _split_release(empty_bar, k_smem):
+    s = warpgroup_mma_wait(0, deps=[_s_matmul(q_buf, _at(k_smem, 0), s_init, bias)])
+    if _split_release(empty_bar, k_smem[0]):
         mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
     return m_i, l_i, acc, s_init, s
 
 
 @gluon.jit
-def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init, p_layout: gl.constexpr,
-                       bias=None):
+def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init, bias=None):
     """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
     in flight; waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for
-    block j runs under P~ V. Returns S_j, P~ V's accumulator and A operand, and the empty barrier
-    of block j - 1's V stage (with `_split_release`, K_j's is released here, S_j done)."""
-    STAGES: gl.constexpr = k_smem.type.shape[0]
-    V_STAGES: gl.constexpr = v_smem.type.shape[0]
+    block j runs under P~ V. Returns S_j, P~ V's accumulator tokens and A operand, and the empty
+    barrier of block j - 1's V stage (with `_split_release`, K_j's is released here, S_j done)."""
+    STAGES: gl.constexpr = k_smem[0].type.shape[0]
+    V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     stage = i % STAGES
     prev = (i - 1) % V_STAGES
     mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
-    s_tok = _s_matmul(q_buf, k_smem.index(stage), s_init, bias)
+    s_tok = _s_matmul(q_buf, _at(k_smem, stage), s_init, bias)
     mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
-    p_op = gl.convert_layout(p.to(q_buf.dtype), p_layout)
-    acc_tok = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+    acc_tok, p_op = _pv_matmul(p, _at(v_smem, prev), acc)
     s = warpgroup_mma_wait(1, deps=[s_tok])
-    if _split_release(empty_bar, k_smem):
+    if _split_release(empty_bar, k_smem[0]):
         mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
         prev = STAGES + prev
     return s, acc_tok, p_op, prev
 
 
 @gluon.jit
-def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout: gl.constexpr):
+def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar):
     """Block j - 1's P~ V waited for and its V stage released (`prev`, the empty barrier
     _fwd_block_matmuls returned: this warpgroup is done with it), then
     line 10's rescale: O = diag(exp(m_old - m_new)) O, before P~_j V_j is added."""
-    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+    acc = _pv_wait(acc_tok, p_op)
     mbarrier.arrive(empty_bar.index(prev), count=1)
-    return acc * gl.convert_layout(alpha, o_row_layout)[:, None]
+    return _scale_rows(acc, alpha)
 
 
 @gluon.jit
-def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout: gl.constexpr):
+def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar):
     """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
-    V_STAGES: gl.constexpr = v_smem.type.shape[0]
+    V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
     last = (n_blocks - 1) % V_STAGES
     mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // V_STAGES) & 1)
-    p_op = gl.convert_layout(p.to(v_smem.dtype), p_layout)
-    acc_tok = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+    acc_tok, p_op = _pv_matmul(p, _at(v_smem, last), acc)
+    acc = _pv_wait(acc_tok, p_op)
     mbarrier.arrive(empty_bar.index(V_FIRST + last), count=1)
     return acc
+
+
+@gluon.jit
+def _store_output(out, l_i, q_buf, o_desc, row, col0):
+    """Lines 12 and 15 of one consumer: O = diag(l)^-1 O, each head-dim section staged in this
+    half's Q tile (only this warpgroup read it) and written by TMA from column col0 on."""
+    for section in gl.static_range(len(out)):
+        tile = out[section] / gl.convert_layout(l_i, gl.SliceLayout(1, out[section].type.layout))[:, None]
+        q_buf[section].store(tile.to(q_buf[section].dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc[0], [row, col0], q_buf[0])
+    if len(out) == 2:
+        tma.async_copy_shared_to_global(o_desc[1], [row, col0 + o_desc[0].block_type.shape[1]], q_buf[1])
+    tma.store_wait(pendings=0)
 
 
 @gluon.jit
@@ -346,17 +465,12 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
      full_lo, full_hi, kx_smem) = args
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    dtype: gl.constexpr = q_desc.dtype
-    # wgmma accumulators of one warpgroup, and P as the register-held A operand of P V
+    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
+    ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
+    # the S accumulator of one warpgroup (O's, one per head-dim section, are made by _zero_accumulators)
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
-    o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    q_buf = q_smem.index(HALF)
+    q_buf = _at(q_smem, HALF)
     mods = (softcap_log2, alibi_log2, q_row - kv_row0)  # ALiBi's reference row: the block's first
     window = (window_left, window_right, full_lo, full_hi)
 
@@ -365,40 +479,34 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
     acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window,
-                                  offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout, o_layout,
-                                  p_layout, o_row_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, HALF)
+                                  offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout, CAUSAL, WINDOW,
+                                  SOFTCAP, ALIBI, HALF)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
-    out = acc / gl.convert_layout(l_i, o_row_layout)[:, None]
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
         lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
     gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
-    q_buf.store(out.to(dtype))  # this half's Q buffer stages its O (only this warpgroup read it)
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
-    tma.store_wait(pendings=0)
+    _store_output(acc, l_i, q_buf, o_desc, q_row + HALF * ROWS, col0)
 
 
 @gluon.jit
 def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window, offs_m, offs_n,
-                  offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                  p_layout: gl.constexpr, o_row_layout: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                  SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, HALF: gl.constexpr):
+                  offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
+                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, HALF: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods: the
     unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
-    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
+    BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
     if ALIBI_MMA:  # ALiBi's (A, B) tiles, and its key term's per-block part: slope * log2(e) * (j0 - row0)
-        bias = (_alibi_query_tile(mods[1], qk_scale, k_smem.dtype,
+        bias = (_alibi_query_tile(mods[1], qk_scale, k_smem[0].dtype,
                                   gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)),
                 kx_smem.permute((1, 0)))
     else:
         bias = None
     # lines 5 and 8 for key block 0, then line 9
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, o_layout, HALF,
-                                                bias)
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, HALF, bias)
     if ALIBI_MMA:
         p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (-mods[2]).to(gl.float32), offs_m,
                                                  offs_n, 0, window[3], BLOCK_N)
@@ -410,7 +518,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init,
-                                                    p_layout, bias)
+                                                    bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
                                                      offs_m, offs_n, i, window[3], BLOCK_N)
@@ -419,8 +527,8 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
                                                     offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
-        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
-    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
     return acc, l_i, m_i
 
 
@@ -437,10 +545,11 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 
 
 @gluon.jit
-def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seqlen, qk_scale,
-                             kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
-                             STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                             WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
+def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc, LSE,
+                             num_heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2, Alibi,
+                             stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                             WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
+                             HEAD_SPLIT: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does. The descriptors view (batch * seqlen, heads * head dim); K and V have
     num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
@@ -448,10 +557,16 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
     sliding window: only the key blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of
     shape (heads,) or (batch, heads), batch stride stride_alibi_b). STAGES K blocks and V_STAGES V
-    blocks in flight (fewer V than K where the tiles need the room: flash_attn_hopper.forward_stages)."""
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    blocks in flight (fewer V than K where the tiles need the room: flash_attn_hopper.forward_stages).
+    With HEAD_SPLIT the head dim is two sections (`_head_sections`), the *_tail_desc descriptors'
+    boxes the second's; without, the tail arguments are not read."""
+    q_desc = _head_sections(q_desc, q_tail_desc, HEAD_SPLIT)
+    k_desc = _head_sections(k_desc, k_tail_desc, HEAD_SPLIT)
+    v_desc = _head_sections(v_desc, v_tail_desc, HEAD_SPLIT)
+    o_desc = _head_sections(o_desc, o_tail_desc, HEAD_SPLIT)
+    ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
+    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     BLOCK_M: gl.constexpr = 2 * ROWS
     # the causal loop's block count and its masked (diagonal) blocks assume whole key blocks per query block
     gl.static_assert(BLOCK_M % BLOCK_N == 0)
@@ -480,11 +595,11 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, LSE, num_heads, seq
     q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(
         q_desc, k_desc, v_desc, STAGES, V_STAGES)
     if _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI):
-        kx_smem = gl.allocate_shared_memory(q_desc.dtype, [BLOCK_N, 16],
+        kx_smem = gl.allocate_shared_memory(q_desc[0].dtype, [BLOCK_N, 16],
                                             gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
         _alibi_key_tile(kx_smem)
     else:
-        kx_smem = q_smem  # not read
+        kx_smem = q_smem[0]  # not read
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
             col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
@@ -537,53 +652,57 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     written (a masked store where the tile crosses the end, TMA where it does not)."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
      col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale) = args
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    dtype: gl.constexpr = q_desc.dtype
+    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
+    ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
-    o_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
-    q_buf = q_smem.index(HALF)
+    q_buf = _at(q_smem, HALF)
 
     first_row = start_m + HALF * ROWS  # this half's first query row in its sequence
     offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, o_layout, HALF)
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, HALF)
     p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
                                               BLOCK_N, CAUSAL)
     for i in range(1, n_blocks):
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init,
-                                                    p_layout)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
-        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, o_row_layout)
-    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, p_layout)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
 
     # lines 12-15; a row that saw no key: O = 0, L = +inf
     empty = l_i == 0.0
     l_safe = gl.where(empty, 1.0, l_i)
-    out = acc / gl.convert_layout(l_safe, o_row_layout)[:, None]
     lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
     gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < seqlen_q)
-    if first_row + ROWS <= seqlen_q:  # the whole half is this sequence's: one TMA store
-        q_buf.store(out.to(dtype))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(o_desc, [q_row + HALF * ROWS, col0], q_buf)
-        tma.store_wait(pendings=0)
+    if first_row + ROWS <= seqlen_q:  # the whole half is this sequence's: one TMA store a section
+        _store_output(acc, l_safe, q_buf, o_desc, q_row + HALF * ROWS, col0)
     else:  # the tile crosses the sequence's end: the rows past it belong to the next sequence
-        o_rows = first_row + gl.arange(0, ROWS, layout=o_row_layout)
-        o_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        ptrs = Out + (q_row - start_m + o_rows).to(gl.int64)[:, None] * stride_o + (col0 + o_cols)[None, :]
-        gl.store(ptrs, out.to(dtype), mask=(o_rows < seqlen_q)[:, None])
+        _store_rows_within(acc[0], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o, col0)
+        if len(acc) == 2:
+            _store_rows_within(acc[1], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o,
+                               col0 + acc[0].type.shape[1])
 
 
 @gluon.jit
-def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, CuSeqQ, CuSeqK, num_heads,
-                                    stride_lse_h, stride_lse_b, stride_o, qk_scale, kv_group, STAGES: gl.constexpr,
-                                    V_STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def _store_rows_within(acc, l_i, Out, seq_row0, first_row, seqlen_q, stride_o, col):
+    """O = diag(l)^-1 O of one head-dim section, stored by pointers from column `col` on, only the
+    rows before the sequence's end (its query row `first_row` on; the sequence's first row is
+    row `seq_row0` of Out)."""
+    o_layout: gl.constexpr = acc.type.layout
+    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    o_rows = first_row + gl.arange(0, acc.type.shape[0], layout=gl.SliceLayout(1, o_layout))
+    o_cols = gl.arange(0, acc.type.shape[1], layout=gl.SliceLayout(0, o_layout))
+    ptrs = Out + (seq_row0 + o_rows).to(gl.int64)[:, None] * stride_o + (col + o_cols)[None, :]
+    gl.store(ptrs, out.to(Out.dtype.element_ty), mask=(o_rows < seqlen_q)[:, None])
+
+
+@gluon.jit
+def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc,
+                                    Out, LSE, CuSeqQ, CuSeqK, num_heads, stride_lse_h, stride_lse_b, stride_o,
+                                    qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
+                                    CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
@@ -591,9 +710,13 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, Out, LSE, Cu
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
     query block does nothing."""
-    ROWS: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[0]
+    q_desc = _head_sections(q_desc, q_tail_desc, HEAD_SPLIT)  # HEAD_SPLIT: as the dense kernel's
+    k_desc = _head_sections(k_desc, k_tail_desc, HEAD_SPLIT)
+    v_desc = _head_sections(v_desc, v_tail_desc, HEAD_SPLIT)
+    o_desc = _head_sections(o_desc, o_tail_desc, HEAD_SPLIT)
+    ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
+    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     BLOCK_M: gl.constexpr = 2 * ROWS
     pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
     q_start = gl.load(CuSeqQ + b)

@@ -13,7 +13,7 @@ LOG2E = 1.4426950408889634
 BLOCK_M = 128  # query rows per program: two consumer warpgroups of 64
 BLOCK_N = 128  # keys per block where the config does not ask for fewer (FwdConfig.hopper_gluon_block_n)
 STAGES = 3  # K and V blocks in flight, each, where they fit (flash_attn_hopper.forward_stages)
-FWD_HEAD_DIMS = (64, 128, 256)  # the head dims the forwards serve (dispatch.hopper_gluon_refusal)
+FWD_HEAD_DIMS = (64, 96, 128, 192, 256)  # the head dims the forwards serve (dispatch.hopper_gluon_refusal)
 SHARED_MEMORY_BYTES = 227 * 1024  # an sm_90 program's shared memory at most
 
 # The dK/dV kernels (bwd.py, bwd_varlen.py)
