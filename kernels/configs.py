@@ -127,7 +127,8 @@ HOPPER_FWD_CONFIGS = {
     # GluonPath.PACKED), faster than this one at 1k-16k in bf16 and fp16,
     # same process (docs/performance.md, "Gluon forward with FlashAttention-3's warp layout";
     # rows: reports/h200/decisions/gluon_forward.csv). Head dim 96 (padded to 128 here) takes the
-    # Gluon forward in two head-dim sections, 64 + 32 (flash_attn_hopper.head_sections).
+    # Gluon forward in two head-dim sections, 64 + 32 (flash_attn_hopper.head_sections), faster
+    # than this kernel at 1k-8k keys (reports/h100/decisions/gluon_forward_wide_heads.csv).
     (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024),
     # causal: in-kernel descriptors from 4096 visited keys (seqlen 8k, whose longest programs
     # visit all 8192), faster than host ones there in the same process (forward_memory_path.csv);
@@ -136,11 +137,13 @@ HOPPER_FWD_CONFIGS = {
     # head dim 256 (and 192): only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
     # (host descriptors to 4k keys, in-kernel from 8k) measured level with pointer tiles up to
     # 4k keys and faster at 16k by tools/tune_fa2.py (those head-dim-256 rows are not kept).
-    # From 1024 keys the Gluon forward with 64-key blocks instead (3 K and 2 V blocks in flight at
-    # 256; 192 runs in two head-dim sections, 128 + 64, with 3 and 3).
-    (256, False): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024,
+    # From 512 keys the Gluon forward with 64-key blocks instead (3 K and 2 V blocks in flight at
+    # 256; 192 runs in two head-dim sections, 128 + 64, with 3 and 3), faster at 512-8192 keys in
+    # the same process; 128-key blocks at 192 were slower (docs/performance.md, "The Gluon forward
+    # at head dims 96, 192 and 256"; rows: reports/h100/decisions/gluon_forward_*.csv).
+    (256, False): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=512,
                             hopper_gluon_block_n=64),
-    (256, True): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024,
+    (256, True): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=512,
                            hopper_gluon_block_n=64),
 }
 HOPPER_BWD_CONFIGS = {

@@ -243,8 +243,8 @@ def hopper_gluon_applies(q, k, v, out, mode: str = "forward") -> bool:
 def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Features, mode: str = "forward") -> str:
     """Why the Gluon varlen forward (flash_attn_hopper's varlen kernel) does not take these packed
     sequences ('' where it does). Its scope: packed sequences and no other feature (no window,
-    softcap, ALiBi or dropout), from hopper_gluon_min_keys keys in the longest sequence, head dim
-    64 or 128, fp16 or bf16, q heads a multiple of the kv heads, each (total, heads, head dim)
+    softcap, ALiBi or dropout), from hopper_gluon_min_keys keys in the longest sequence, a head dim
+    of FWD_HEAD_DIMS (64, 96, 128, 192 and 256), fp16 or bf16, q heads a multiple of the kv heads, each (total, heads, head dim)
     tensor's heads side by side in its rows (a (total, heads * head dim) 2D view) and
     TMA-compatible. `mode` names the config's table in the reason."""
     if gluon_unavailable:

@@ -660,6 +660,16 @@ SECTIONS = {
                                           stop_at="## Providers that did not take"),
     "decode_eager_h100": lambda: decode_eager_table(H100 / "decode_graph_quick", H100 / "decode_eager_quick"),
     "ladder_code_facts": lambda: ladder_code_facts_table(LADDER_PROBE / "code_facts_sm90.csv"),
+    "coverage_h100": lambda: file_section(H100 / "coverage" / "coverage.md", start_at="TFLOPs/s on the visible",
+                                          stop_at="## Providers that did not take"),
+    "gluon_forward_wide_heads_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_forward_wide_heads.csv", "Triton forward", "Gluon forward"),
+    "gluon_forward_min_keys_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_forward_min_keys.csv", "the table's (Triton below hopper_gluon_min_keys)",
+        "Gluon forward (hopper_gluon_min_keys lowered to the call's keys)"),
+    "gluon_forward_block_n_d192_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_forward_block_n_d192.csv", "64-key blocks (the table's)",
+        "128-key blocks (hopper_gluon_block_n=128)"),
     "gluon_backward_d64_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_d64.csv",
                                                              "Triton dK/dV, then Triton dQ",
                                                              "Gluon dK/dV adding dQ in turns"),
