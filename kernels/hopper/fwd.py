@@ -17,7 +17,11 @@ when a matmul is waited for. These kernels (FA3, Shah et al. 2024):
   then O += P_{j-1} V_{j-1}, and waits for S_j alone (`warpgroup_mma_wait(1)`): the softmax of
   S_j runs under the P V matmul.
 - FA2's non-matmul savings are kept: O unnormalised until one final rescale, the softmax scale
-  folded into the exponent's FMA, logsumexp stored, the causal mask only on the diagonal block.
+  folded into the exponent's FMA, logsumexp stored, the causal mask only on the diagonal blocks.
+- **Every head dim FA3's table has, unpadded:** register tiles are powers of two, so head dims 96
+  and 192 run as two head-dim sections (64 + 32, 128 + 64), each its own TMA box, S matmul and O
+  accumulator (`_head_sections`); the host sizes the key block and the K/V rings to shared memory
+  (flash_attn_hopper.forward_stages: 64-key blocks at 192 and 256).
 
 The host side (descriptors, plans, launches) is kernels/flash_attn_hopper.py.
 """
