@@ -41,8 +41,9 @@ class FwdConfig:
     # holds (hopper_gluon_applies); 0 = never.
     hopper_gluon_min_keys: int = 0
     # That kernel's keys per block (a divisor of its 128 query rows): 128 where Q, K and V tiles
-    # of the head dim fit shared memory 3 blocks deep; fewer at head dims 192 and 256, where a
-    # 128-key block leaves room for 1 or no V block in flight (flash_attn_hopper.forward_stages).
+    # of the head dim fit shared memory 3 blocks deep; 64 at head dims 192 and 256, where 128-key
+    # blocks leave room for 2 K and 1 V block at 192 and too few at 256 (flash_attn_hopper.forward_stages;
+    # dispatch refuses a config whose blocks do not fit).
     hopper_gluon_block_n: int = 128
 
 

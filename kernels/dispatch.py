@@ -149,6 +149,8 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
     if not refusal and not features.gluon_kernels:
         refusal = "dropout: on the Triton kernels only"
     refusal = refusal or hopper_gluon_refusal(q, k, v, out)
+    if not refusal and _forward_tile_refusal(config, q.shape[-1]):
+        return "", _forward_tile_refusal(config, q.shape[-1])
     if not refusal:
         return GluonPath.DENSE, ""
     # where only the lengths keep the dense kernel off, the packed rows' reason is the one that counts
@@ -159,6 +161,21 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
     if not packed:
         return GluonPath.PACKED, ""
     return "", packed if lengths else refusal
+
+
+def _forward_tile_refusal(config: FwdConfig, headdim: int) -> str:
+    """Why the config's hopper_gluon_block_n keeps the Gluon forward off this head dim ('' where
+    its key blocks divide the 128-row query block and at least 2 K blocks of them fit shared
+    memory: flash_attn_hopper.forward_stages)."""
+    block_n = config.hopper_gluon_block_n
+    if flash_attn_hopper.BLOCK_M % block_n:
+        return (f"hopper_gluon_block_n {block_n}: not a divisor of the Gluon forward's "
+                f"{flash_attn_hopper.BLOCK_M} query rows")
+    try:
+        flash_attn_hopper.forward_stages(headdim, block_n)
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
@@ -194,8 +211,8 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig, tiles_padded: bool = Tr
     Triton kernels': no tile runs into the next head's; the Gluon forward's head-dim sections
     are not), heads side by side in a row and batches back to back."""
     headdim = q.shape[3]
-    if ((tiles_padded and headdim != padded_headdim(headdim)) or q.shape[1] % config.block_m or k.shape[1] % config.block_n
-            or q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31):
+    if ((tiles_padded and headdim != padded_headdim(headdim)) or q.shape[1] % config.block_m
+            or k.shape[1] % config.block_n or q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31):
         return False
     return all(t.stride(2) == headdim and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v, out))
 
@@ -244,9 +261,11 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
     """Why the Gluon varlen forward (flash_attn_hopper's varlen kernel) does not take these packed
     sequences ('' where it does). Its scope: packed sequences and no other feature (no window,
     softcap, ALiBi or dropout), from hopper_gluon_min_keys keys in the longest sequence, a head dim
-    of FWD_HEAD_DIMS (64, 96, 128, 192 and 256), fp16 or bf16, q heads a multiple of the kv heads, each (total, heads, head dim)
-    tensor's heads side by side in its rows (a (total, heads * head dim) 2D view) and
-    TMA-compatible. `mode` names the config's table in the reason."""
+    of FWD_HEAD_DIMS (64, 96, 128, 192 and 256) whose key blocks fit (`_forward_tile_refusal`) or,
+    with `mode` "backward", of BWD_HEAD_DIMS (64 and 128), fp16 or bf16, q heads a multiple of the
+    kv heads, each (total, heads, head dim) tensor's heads side by side in its rows (a (total,
+    heads * head dim) 2D view) and TMA-compatible. `mode` also names the config's table in the
+    reason."""
     if gluon_unavailable:
         return gluon_unavailable
     if features is DENSE or not features.varlen:
@@ -260,8 +279,11 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
     _, heads, headdim = q.shape
     kv_heads = k.shape[1]
     batch = features.cu_seqlens_q.shape[0] - 1
-    if headdim not in flash_attn_hopper.FWD_HEAD_DIMS:
-        return f"head dim {headdim}: the Gluon kernels take head dims {_listed(flash_attn_hopper.FWD_HEAD_DIMS)}"
+    head_dims = flash_attn_hopper.BWD_HEAD_DIMS if mode == "backward" else flash_attn_hopper.FWD_HEAD_DIMS
+    if headdim not in head_dims:
+        return f"head dim {headdim}: the Gluon {mode} kernels take head dims {_listed(head_dims)}"
+    if mode == "forward" and _forward_tile_refusal(config, headdim):
+        return _forward_tile_refusal(config, headdim)
     if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in (k, v, out)):
         return "the Gluon kernels take float16 or bfloat16 tensors, all of one dtype"
     if not (q.shape == out.shape and k.shape == v.shape and k.shape[2] == headdim

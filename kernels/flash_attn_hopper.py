@@ -12,10 +12,11 @@ The kernels (FA2 Algorithms 1 and 2 in FlashAttention-3's warp layout, Shah et a
 
 Scope (`dispatch.fwd_memory_path` picks this path, "gluon-ws", only where
 `dispatch.hopper_gluon_applies` holds, and `forward.flash_attn_forward` only on an sm_90 device):
-query and key lengths equal and whole 128-row blocks; head dim 128 or 256 (from 1k keys; 256 in
-64-key blocks, FwdConfig.hopper_gluon_block_n) or 64 (from 4k keys, where it measured 0.97-1.10x
-the Triton kernel, faster on average; at 2k causal it was slower); fp16 or bf16; each tensor a (batch * seqlen, heads * head dim) 2D view with rows that do
-not overlap. Beyond dense attention they take GQA/MQA, sliding windows, softcap and ALiBi (the
+query and key lengths equal and whole 128-row blocks; head dims 96 and 128 from 1k keys, 192 and
+256 from 512 (in 64-key blocks, FwdConfig.hopper_gluon_block_n; 96 and 192 as two head-dim
+sections, `head_sections`), 64 from 4k (where it measured 0.97-1.10x the Triton kernel, faster
+on average; at 2k causal it was slower); fp16 or bf16; each tensor a (batch * seqlen, heads *
+head dim) 2D view with rows that do not overlap. Beyond dense attention they take GQA/MQA, sliding windows, softcap and ALiBi (the
 backward with dQ fused only, `dispatch.bwd_dkdv_path`). Packed variable lengths have kernels of
 their own, causal or not and with no other feature: a forward (`dispatch.hopper_gluon_varlen_applies`)
 and, at head dims 64 and 128 (BWD_HEAD_DIMS), a dK/dV kernel with dQ fused
@@ -171,7 +172,9 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False) -> tup
     `alibi_tile`, ALiBi's [block_n, 16] key tile: `_alibi_by_matmul`) in SHARED_MEMORY_BYTES, less
     a margin for the mbarriers; else one V block fewer, then one K block fewer, in turn (FA3 sizes
     its forward tiles to the same limit). At head dim 128 with 128 keys a block: 3 and 3 (224 KiB),
-    2 V blocks with ALiBi's tile; at 256 with 64 keys: 3 and 2."""
+    2 V blocks with ALiBi's tile; at 256 with 64 keys: 3 and 2. Refuses fewer than 2 K blocks: with
+    one, K_{j+1}'s load waits for the stage that block j's P V still holds (the kernel's loop
+    issues S_{j+1} before it releases block j)."""
     element = 2  # fp16 and bf16
 
     def fits(k_stages: int, v_stages: int) -> bool:
@@ -184,8 +187,9 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False) -> tup
             v_stages -= 1
         else:
             k_stages -= 1
-        if not v_stages:
-            raise ValueError(f"no K and V block of {block_n} keys at head dim {head_dim} fits beside Q in shared memory")
+        if k_stages < 2:
+            raise ValueError(f"fewer than 2 K blocks of {block_n} keys at head dim {head_dim} fit beside Q in shared "
+                             f"memory (hopper_gluon_block_n)")
     return k_stages, v_stages
 
 
@@ -208,9 +212,9 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     batch, seqlen, heads, _ = q.shape
     if BLOCK_M % block_n:
         raise ValueError(f"hopper_gluon_block_n must divide the Gluon forward's {BLOCK_M} query rows, got {block_n}")
-    descriptors, split = _section_descriptors(_row_descriptor, (q, k, v, out),
-                                              (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), q.shape[-1])
-    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n), **split}
+    descriptors, split_constexprs = _section_descriptors(_row_descriptor, (q, k, v, out),
+                                                         (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), q.shape[-1])
+    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n), **split_constexprs}
     # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
     # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
@@ -219,12 +223,12 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
                           {"CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **constexprs},
                           descriptors={i: descriptor_template(d) for i, d in enumerate(descriptors) if d is not None})
     kv_group = heads // k.shape[2]
-    split = constexprs["HEAD_SPLIT"]
+    head_split = constexprs["HEAD_SPLIT"]
 
     def run(q, k, v, out, lse, softmax_scale, features=()):
         qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
-        tails = (q, k, v, out) if split else (lse, lse, lse, lse)
+        tails = (q, k, v, out) if head_split else (lse, lse, lse, lse)
         launch(q, k, v, out, *tails, lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
                alibi if alibi is not None else lse, stride_alibi_b)
 
@@ -244,12 +248,13 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     grid = (triton.cdiv(max_seqlen_q, BLOCK_M), batch * heads)
     lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
     stages, v_stages = forward_stages(headdim, block_n)
-    descriptors, split = _section_descriptors(_packed_descriptor, (q, k, v, out),
-                                              (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), headdim)
+    descriptors, split_constexprs = _section_descriptors(_packed_descriptor, (q, k, v, out),
+                                                         (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), headdim)
     descriptors = [lse if d is None else d for d in descriptors]  # no tail section: not read
     _fwd_varlen_launcher[grid](
         *descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides, out.stride(0), qk_scale,
-        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, num_warps=4, maxnreg=168, **split)
+        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, num_warps=4, maxnreg=168,
+        **split_constexprs)
 
 
 # --------------------------------------------------------------------------------------
@@ -383,9 +388,10 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
                                            max_seqlen_k: int, softmax_scale: float, causal: bool,
                                            config: BwdConfig) -> None:
     """dK and dV of packed sequences (q, do (total_q, heads, head dim), k, v, dk, dv (total_k,
-    kv_heads, head dim), head dim 64 or 128, as flash_attn_varlen_forward_hopper takes them), and dQ
-    added into `dq_accum` (a zeroed float32 accumulator from dq_cast.varlen_dq_accumulator); `lse`
-    and `delta` (heads, total_q) float32. `config`'s hopper_gluon_varlen_grid and hopper_gluon_head_section pick the grid."""
+    kv_heads, head dim), head dim 64 or 128 (BWD_HEAD_DIMS), laid out as
+    flash_attn_varlen_forward_hopper takes them), and dQ added into `dq_accum` (a zeroed float32
+    accumulator from dq_cast.varlen_dq_accumulator); `lse` and `delta` (heads, total_q) float32.
+    `config`'s hopper_gluon_varlen_grid and hopper_gluon_head_section pick the grid."""
     total_q, heads, headdim = q.shape
     rows = BWD_BLOCK_N // 2
     batch = cu_seqlens_q.shape[0] - 1

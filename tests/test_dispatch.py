@@ -93,7 +93,8 @@ def test_hopper_gluon_forward_scope():
     assert path((2, 1024, 4, 128), k_shape=(2, 2048, 4, 128)) != GluonPath.DENSE  # unequal lengths
     assert path((2, 1000, 4, 128)) != GluonPath.DENSE  # not whole blocks
     assert path((2, 1024, 4, 80)) != GluonPath.DENSE  # head dims other than 64, 96, 128, 192 and 256
-    assert path((2, 1024, 4, 96)) == path((2, 1024, 4, 192)) == path((2, 1024, 4, 256)) == GluonPath.DENSE
+    assert path((2, 1024, 4, 96)) == path((2, 1024, 4, 192)) == GluonPath.DENSE
+    assert path((2, 1024, 4, 256)) != GluonPath.DENSE  # this config's 128-key blocks: 1 K block would fit
     assert path((2, 1024, 4, 128), dtype=torch.float32) != GluonPath.DENSE
     assert path((2, 1024, 4, 128), transpose=True) != GluonPath.DENSE  # heads not side by side
     assert path((2, 512, 4, 128)) != GluonPath.DENSE  # below hopper_gluon_min_keys
@@ -117,8 +118,9 @@ def test_hopper_gluon_forward_scope():
 
 def test_hopper_gluon_varlen_forward_scope():
     """Packed sequences take the Gluon varlen forward with nothing but causal beside them, from
-    hopper_gluon_min_keys keys in the longest sequence, head dim 64 or 128, fp16/bf16, heads side
-    by side in each row; anything else keeps the Triton kernel."""
+    hopper_gluon_min_keys keys in the longest sequence, head dim 64, 96, 128, 192 or 256 (in key
+    blocks that fit), fp16/bf16, heads side by side in each row; anything else keeps the Triton
+    kernel. The varlen backward's scope (mode "backward") has the dK/dV kernel's head dims."""
     from kernels.checks import Features
 
     config = HOPPER_FWD_CONFIGS[(128, True)]
@@ -137,6 +139,13 @@ def test_hopper_gluon_varlen_forward_scope():
     assert path(max_k=512) != GluonPath.DENSE  # below hopper_gluon_min_keys
     assert path(headdim=80) != GluonPath.DENSE and path(dtype=torch.float32) != GluonPath.DENSE
     assert path(headdim=96) == path(headdim=192) == GluonPath.DENSE  # two head-dim sections
+    wide = HOPPER_FWD_CONFIGS[(256, True)]
+    assert path(headdim=256, config=wide) == GluonPath.DENSE
+    assert path(headdim=256, config=dataclasses.replace(wide, hopper_gluon_block_n=128)) != GluonPath.DENSE
+    q, k = torch.empty(3000, 8, 96, dtype=torch.bfloat16), torch.empty(3000, 2, 96, dtype=torch.bfloat16)
+    features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500, max_seqlen_k=1500)
+    assert dispatch.hopper_gluon_varlen_refusal(config, q, k, k, q, features, "backward") == (
+        "head dim 96: the Gluon backward kernels take head dims 64 and 128")
     assert path(kv_heads=3) != GluonPath.DENSE  # 3 does not divide 8
     assert path(window_left=256) != GluonPath.DENSE and path(softcap=1.0) != GluonPath.DENSE
     assert path(alibi_slopes=torch.ones(8)) != GluonPath.DENSE
@@ -315,8 +324,8 @@ def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dims_64_and_128_fro
 
 
 def test_hopper_gluon_dkdv_scope():
-    """The Gluon dK/dV kernel has the Gluon forward's scope (hopper_gluon_applies), with dO in the
-    output's place, and off it the varlen kernel's (test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels):
+    """The Gluon dK/dV kernel has the dense Gluon kernels' scope (hopper_gluon_applies with mode
+    "backward": head dims 64 and 128), with dO in the output's place, and off it the varlen kernel's (test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels):
     anything else keeps the Triton kernel."""
     config = HOPPER_BWD_CONFIGS[128]
     q = torch.empty(2, 2048, 4, 128, dtype=torch.bfloat16)
@@ -853,8 +862,8 @@ def test_the_gluon_forward_holds_v_in_two_stages_only_beside_alibis_matmul_tile(
 
 
 @pytest.mark.parametrize("headdim,block_n,alibi_tile,stages", [
-    (64, 128, False, (3, 3)), (96, 128, True, (3, 3)), (128, 128, False, (3, 3)), (128, 128, True, (3, 2)), (192, 64, False, (3, 3)),
-    (256, 64, False, (3, 2)), (256, 64, True, (3, 2)), (256, 128, False, (1, 1)), (192, 128, False, (2, 1))])
+    (64, 128, False, (3, 3)), (96, 128, True, (3, 3)), (128, 128, False, (3, 3)), (128, 128, True, (3, 2)),
+    (192, 64, False, (3, 3)), (256, 64, False, (3, 2)), (256, 64, True, (3, 2)), (192, 128, False, (2, 1))])
 def test_the_gluon_forward_keeps_as_many_key_blocks_in_flight_as_shared_memory_holds(headdim, block_n, alibi_tile,
                                                                                      stages):
     """forward_stages: 3 K and 3 V blocks where they fit beside Q (and ALiBi's key tile) in an sm_90
@@ -870,6 +879,25 @@ def test_the_gluon_forward_keeps_as_many_key_blocks_in_flight_as_shared_memory_h
     assert tile_bytes(*stages) <= hopper.SHARED_MEMORY_BYTES
     more = (stages[0], stages[1] + 1) if stages[1] < stages[0] else (stages[0] + 1, stages[1])
     assert stages == (3, 3) or tile_bytes(*more) > hopper.SHARED_MEMORY_BYTES - 1024
+
+
+def test_a_key_block_that_leaves_fewer_than_two_k_blocks_in_flight_keeps_the_gluon_forward_off():
+    """With one K block in flight the forward's loop would wait for K_{j+1} while block j holds the
+    stage (it issues S_{j+1} before it releases block j): forward_stages refuses such a block
+    (head dim 256 in 128-key blocks), and dispatch names why the Gluon forward does not take the
+    call, dense or packed, as it does for a block that does not divide the 128 query rows."""
+    from kernels import flash_attn_hopper as hopper
+
+    with pytest.raises(ValueError, match="fewer than 2 K blocks of 128 keys at head dim 256"):
+        hopper.forward_stages(256, 128)
+    q = torch.empty(2, 2048, 4, 256, dtype=torch.bfloat16)
+    wide = HOPPER_FWD_CONFIGS[(256, True)]
+    assert dispatch.fwd_gluon_path(wide, q, q, q, q, True) == (GluonPath.DENSE, "")
+    for config, reason in ((dataclasses.replace(wide, hopper_gluon_block_n=128), "fewer than 2 K blocks"),
+                           (dataclasses.replace(wide, hopper_gluon_block_n=96), "not a divisor")):
+        assert reason in dispatch.fwd_gluon_path(config, q, q, q, q, True)[1]
+        off_grid = torch.empty(2, 2000, 4, 256, dtype=torch.bfloat16)
+        assert reason in dispatch.fwd_gluon_path(config, off_grid, off_grid, off_grid, off_grid, True)[1]
 
 
 def test_the_gluon_forward_at_head_dim_256_launches_64_key_blocks(monkeypatch):

@@ -153,6 +153,7 @@ GLUON_WIDE_HEAD_CASES = {
     "alibi-causal": {"causal": True, "alibi": True},  # the key term by matmul: 3 K and 2 V blocks beside its tile
     "alibi-full": {"causal": False, "alibi": True},
     "off-grid-causal": {"causal": True, "seqlen": 1500},  # the varlen kernel, batch rows packed
+    "off-grid-full": {"causal": False, "seqlen": 1500},
     "cross-causal": {"causal": True, "seqlen": 1100, "seqlen_k": 2300},  # the first rows see no key
 }
 

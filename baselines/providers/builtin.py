@@ -71,8 +71,8 @@ def _fa2_config(spec: Spec) -> str:
 register(Provider(
     name="fa2", label="FA2 (this repo, Triton)", forward=_fa2_forward,
     availability=everywhere, supports=triton_supports,
-    # the forward is _flash_fwd_kernel, or the Gluon _flash_fwd_hopper_kernel (head dims 64 to 256 on
-    # Hopper; its varlen variant for lengths off the 128-row grid); the backward's dK/dV kernel
+    # the forward is _flash_fwd_kernel, or the Gluon _flash_fwd_hopper_kernel (head dims 64, 96, 128,
+    # 192 and 256 on Hopper; its varlen variant for lengths off the 128-row grid); the backward's dK/dV kernel
     # _flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_hopper_kernel (head dims 64 and 128 on Hopper from 1k
     # keys; the varlen variant off the grid)
     kernel_regex="_flash_fwd(_hopper)?(_varlen)?_kernel", bwd_kernel_regex="_flash_bwd_dkdv(_hopper)?(_varlen)?_kernel",

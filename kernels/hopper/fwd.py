@@ -128,8 +128,8 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
     block at a window's edge), else causal masks the blocks from full_hi (the diagonal ones). Per
     element this costs the dense step's work plus, with ALiBi, one
     add and the column term's share (from `offs_n_f`, the block's key offsets as floats, which
-    the compiler recomputes per block: a thread holds 32 keys of 2 rows, so each operation per
-    key costs about half a one per element; docs/performance.md has the counters) and, with a
+    the compiler recomputes per block: a thread holds BLOCK_N / 4 keys of 2 rows, so each
+    operation per key costs about half a one per element; docs/performance.md has the counters) and, with a
     softcap, its tanh."""
     cols = block * BLOCK_N + offs_n
     if SOFTCAP:
@@ -161,12 +161,12 @@ def _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs
 
 @gluon.constexpr_function
 def _alibi_by_matmul(causal, window, softcap, alibi):
-    """Whether the forward adds ALiBi's key term by the tensor cores: a 128-key wgmma of depth 16
-    that each S matmul chains on (`_alibi_query_tile`, `_alibi_key_tile`), faster than adding it per
-    element in registers (docs/performance.md, "ALiBi's key term"). Causal, without a window or
+    """Whether the forward adds ALiBi's key term by the tensor cores: a BLOCK_N-key wgmma of depth
+    16 that each S matmul chains on (`_alibi_query_tile`, `_alibi_key_tile`), faster than adding it
+    per element in registers (docs/performance.md, "ALiBi's key term"). Causal, without a window or
     softcap only: the bias is linear in the key index only where every visible key is at or before
-    the query, and a softcap comes before it. Its 4 KiB B tile fits beside K's 3-stage ring at head
-    dim 128 once V's ring holds 2 blocks (flash_attn_hopper.forward_constexprs)."""
+    the query, and a softcap comes before it. Its B tile takes shared memory that V's ring gives up
+    where they do not fit together (flash_attn_hopper.forward_stages: 2 V blocks at head dim 128)."""
     return bool(alibi) and bool(causal) and not window and not softcap
 
 
