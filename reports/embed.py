@@ -558,6 +558,10 @@ def compare_configs_table(path: Path, a_label: str, b_label: str) -> str:
               "interleaved rounds per config, both in one process per shape, each checked against float64 first "
               "(where the whole call's reference would not fit, on its first batch rows and heads: named where the "
               f"rows record it); rows: `{_repository_path(path)}`.")
+    notes = path.with_name(path.stem + ".notes.txt")  # harness.suite.SuiteRows' throttle notes
+    if notes.exists() and "throttled" in notes.read_text():
+        source += (" Clocks were throttled during some of these runs (A and B alike, in turn): "
+                   f"`{_repository_path(notes)}`.")
     return "\n".join([*lines, "", source])
 
 

@@ -314,3 +314,20 @@ def test_the_host_overhead_suite_reports_from_its_rows(tmp_path):
     report = write_host_overhead_report(tmp_path).read_text()
     assert report.startswith("# Host time per call") and "## The backward's engine" in report
     assert "rows: `host_overhead.csv`" in report and "nan" not in report
+
+
+def test_the_compare_configs_table_says_where_clocks_were_throttled(tmp_path, monkeypatch):
+    """compare_configs_table: per shape each config's median and B's speed-up over A, and, where the
+    rows' notes file (harness.suite.SuiteRows) records throttled clocks, a sentence naming it."""
+    columns = ["call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dtype", "config",
+               "ms", "gpu"]
+    rows = [["fwd", 2, 1024, "", 4, 4, 96, False, "bf16", config, ms, "GPU X"]
+            for config, ms in (("A", 2.0), ("B", 1.0), ("A", 4.0), ("B", 1.0))]
+    path = tmp_path / "ab.csv"
+    pd.DataFrame(rows, columns=columns).to_csv(path, index=False)
+    monkeypatch.setattr(embed, "_repository_path", lambda p: p.name)  # rows outside the repository
+    table = embed.compare_configs_table(path, "old", "new")
+    assert "| fwd | 2 x 1024 | 4 | 96 | False | 3.000 | 1.000 | 3.00x |" in table
+    assert "median of at least 2 interleaved rounds" in table and "throttled" not in table
+    (tmp_path / "ab.notes.txt").write_text("clocks were power-throttled for 12.0 ms during the run: numbers may be low\n")
+    assert "Clocks were throttled during some of these runs" in embed.compare_configs_table(path, "old", "new")
