@@ -61,6 +61,14 @@ def test_gpu_alibi(per_batch, causal, dtype):
     check_dense(2, 1024, 1100, 8, 8, 64, dtype, causal=causal, alibi=slopes, device="cuda")
 
 
+def _case_features(spec: dict) -> Features:
+    """The Features a case's flash_attn_func keywords (causal, window, softcap, alibi) make, as
+    dispatch reads them (causal bounds the window's right side)."""
+    window = spec.get("window", (-1, -1))
+    return Features(window_left=window[0], window_right=-1 if spec["causal"] else window[1],
+                    softcap=spec.get("softcap", 0.0), alibi_slopes=spec.get("alibi"))
+
+
 GLUON_FEATURE_CASES = {
     "gqa-causal": {"heads": 16, "kv_heads": 4, "causal": True},
     "mqa": {"heads": 8, "kv_heads": 1, "causal": False},
@@ -98,9 +106,7 @@ def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
         spec["alibi"] = torch.rand(shape, device="cuda") * 0.25
     like_q = torch.empty(batch, seqlen, heads, headdim, device="cuda", dtype=dtype)
     like_k = torch.empty(batch, seqlen, kv_heads, headdim, device="cuda", dtype=dtype)
-    window = spec.get("window", (-1, -1))
-    features = Features(window_left=window[0], window_right=-1 if spec["causal"] else window[1],
-                        softcap=spec.get("softcap", 0.0), alibi_slopes=spec.get("alibi"))
+    features = _case_features(spec)
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     fwd_cfg = default_fwd_config(headdim, spec["causal"], like_q.device)
@@ -132,9 +138,7 @@ def test_gpu_gluon_backward_at_head_dim_64_adds_dq_in_turns(case, dtype):
         spec["alibi"] = torch.rand(heads, device="cuda") * 0.25
     like_q = torch.empty(2, seqlen_q, heads, 64, device="cuda", dtype=dtype)
     like_k = torch.empty(2, seqlen_k, kv_heads, 64, device="cuda", dtype=dtype)
-    window = spec.get("window", (-1, -1))
-    features = Features(window_left=window[0], window_right=-1 if spec["causal"] else window[1],
-                        softcap=spec.get("softcap", 0.0), alibi_slopes=spec.get("alibi"))
+    features = _case_features(spec)
     config = dataclasses.replace(default_bwd_config(64, like_q.device), hopper_gluon_min_keys=1024,
                                  hopper_gluon_fused_dq=True)
     gluon = dispatch.GluonPath.PACKED if seqlen_q % 128 or seqlen_q != seqlen_k else dispatch.GluonPath.DENSE
@@ -179,9 +183,7 @@ def test_gpu_gluon_forward_at_head_dims_96_192_and_256(headdim, case, dtype):
         spec["alibi"] = torch.rand(heads, device="cuda") * 0.25
     like_q = torch.empty(batch, seqlen, heads, headdim, device="cuda", dtype=dtype)
     like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
-    window = spec.get("window", (-1, -1))
-    features = Features(window_left=window[0], window_right=-1 if spec["causal"] else window[1],
-                        softcap=spec.get("softcap", 0.0), alibi_slopes=spec.get("alibi"))
+    features = _case_features(spec)
     config = default_fwd_config(headdim, spec["causal"], like_q.device)
     assert config.hopper_gluon_block_n == (128 if headdim == 96 else 64)
     gluon = dispatch.GluonPath.PACKED if seqlen % 128 or seqlen != seqlen_k else dispatch.GluonPath.DENSE

@@ -194,6 +194,14 @@ def _head_sections(desc, tail_desc, HEAD_SPLIT: gl.constexpr):
 
 
 @gluon.jit
+def _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc,
+                         HEAD_SPLIT: gl.constexpr):
+    """Q's, K's, V's and O's descriptors, each as its tuple of head-dim sections (`_head_sections`)."""
+    return (_head_sections(q_desc, q_tail_desc, HEAD_SPLIT), _head_sections(k_desc, k_tail_desc, HEAD_SPLIT),
+            _head_sections(v_desc, v_tail_desc, HEAD_SPLIT), _head_sections(o_desc, o_tail_desc, HEAD_SPLIT))
+
+
+@gluon.jit
 def _head_dim(descs):
     """The head dim: the head-dim sections' widths summed."""
     if len(descs) == 1:
@@ -564,10 +572,8 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     blocks in flight (fewer V than K where the tiles need the room: flash_attn_hopper.forward_stages).
     With HEAD_SPLIT the head dim is two sections (`_head_sections`), the *_tail_desc descriptors'
     boxes the second's; without, the tail arguments are not read."""
-    q_desc = _head_sections(q_desc, q_tail_desc, HEAD_SPLIT)
-    k_desc = _head_sections(k_desc, k_tail_desc, HEAD_SPLIT)
-    v_desc = _head_sections(v_desc, v_tail_desc, HEAD_SPLIT)
-    o_desc = _head_sections(o_desc, o_tail_desc, HEAD_SPLIT)
+    q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
+                                                          v_tail_desc, o_tail_desc, HEAD_SPLIT)
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
@@ -714,10 +720,8 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
     query block does nothing."""
-    q_desc = _head_sections(q_desc, q_tail_desc, HEAD_SPLIT)  # HEAD_SPLIT: as the dense kernel's
-    k_desc = _head_sections(k_desc, k_tail_desc, HEAD_SPLIT)
-    v_desc = _head_sections(v_desc, v_tail_desc, HEAD_SPLIT)
-    o_desc = _head_sections(o_desc, o_tail_desc, HEAD_SPLIT)
+    q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
+                                                          v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
