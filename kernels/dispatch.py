@@ -220,7 +220,7 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig, tiles_padded: bool = Tr
 def hopper_gluon_refusal(q, k, v, out, mode: str = "forward") -> str:
     """Why the dense Gluon kernels (kernels/flash_attn_hopper.py) do not take these tensors ('' where
     they do). Their scope: a head dim of the forward's (FWD_HEAD_DIMS: 64, 96, 128, 192 and 256) or, with
-    `mode` "backward", the dK/dV kernel's (BWD_HEAD_DIMS: 64 and 128), fp16 or bf16, q heads a multiple of the kv heads
+    `mode` "backward", the dK/dV kernel's (BWD_HEAD_DIMS: 64, 96 and 128), fp16 or bf16, q heads a multiple of the kv heads
     (GQA/MQA), query and key lengths equal and whole blocks (_lengths_refusal, checked after the
     shapes, dtypes and strides: the lengths are what GluonPath.PACKED is for), and each
     tensor an exact 2D view for its descriptors (as the host-descriptor path needs, for the Gluon
@@ -262,7 +262,7 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
     sequences ('' where it does). Its scope: packed sequences and no other feature (no window,
     softcap, ALiBi or dropout), from hopper_gluon_min_keys keys in the longest sequence, a head dim
     of FWD_HEAD_DIMS (64, 96, 128, 192 and 256) whose key blocks fit (`_forward_tile_refusal`) or,
-    with `mode` "backward", of BWD_HEAD_DIMS (64 and 128), fp16 or bf16, q heads a multiple of the
+    with `mode` "backward", of BWD_HEAD_DIMS (64, 96 and 128), fp16 or bf16, q heads a multiple of the
     kv heads, each (total, heads, head dim) tensor's heads side by side in its rows (a (total,
     heads * head dim) 2D view) and TMA-compatible. `mode` also names the config's table in the
     reason."""
@@ -308,7 +308,7 @@ def hopper_gluon_varlen_bwd_refusal(config: BwdConfig, q, k, v, do, features: Fe
                                     deterministic: bool = False) -> str:
     """Why the Gluon varlen dK/dV kernel with dQ fused does not take these packed sequences ('' where
     it does): its scope is the forward's (hopper_gluon_varlen_refusal, with the backward table's
-    hopper_gluon_min_keys) at the head dims where that kernel fuses dQ (64 and 128), unless a
+    hopper_gluon_min_keys) at the head dims where that kernel fuses dQ (64, 96 and 128), unless a
     deterministic backward is asked for (the dQ reduce-adds' order varies between runs)."""
     if gluon_unavailable:
         return gluon_unavailable
@@ -411,8 +411,8 @@ def gluon_feature_flags(features: Features, causal: bool) -> dict:
 def bwd_gluon_fuses_dq(config: BwdConfig, headdim: int, deterministic: bool = False) -> bool:
     """On the 'gluon-ws' path: whether the Gluon kernel adds dQ itself (TMA reduce-adds, the sum's
     order varying between runs) instead of the dQ kernel writing it: where the config asks for it,
-    at head dims 64 and 128 (its two consumers split dQ's columns at 128 and take turns by step at
-    64), unless a deterministic backward is asked for."""
+    at head dims 64, 96 and 128 (its two consumers split dQ's columns at 128 and take turns by step
+    at 64 and 96), unless a deterministic backward is asked for."""
     return (config.hopper_gluon_fused_dq and flash_attn_hopper is not None
             and headdim in flash_attn_hopper.FUSED_DQ_HEAD_DIMS and not deterministic)
 

@@ -19,12 +19,12 @@ on average; at 2k causal it was slower); fp16 or bf16; each tensor a (batch * se
 head dim) 2D view with rows that do not overlap. Beyond dense attention they take GQA/MQA, sliding windows, softcap and ALiBi (the
 backward with dQ fused only, `dispatch.bwd_dkdv_path`). Packed variable lengths have kernels of
 their own, causal or not and with no other feature: a forward (`dispatch.hopper_gluon_varlen_applies`)
-and, at head dims 64 and 128 (BWD_HEAD_DIMS), a dK/dV kernel with dQ fused
+and, at head dims 64, 96 and 128 (BWD_HEAD_DIMS), a dK/dV kernel with dQ fused
 (`dispatch.hopper_gluon_varlen_bwd_applies`).
 A dense call off the dense kernels' scope (lengths off the 128-row grid, fewer or more queries
 than keys) runs these varlen kernels with each batch row a packed sequence
 (`dispatch.GluonPath.PACKED`).
-`backward.flash_attn_backward` takes the dK/dV kernel at head dims 64 and 128 from 1k keys in the same
+`backward.flash_attn_backward` takes the dK/dV kernel at head dims 64, 96 and 128 from 1k keys in the same
 scope (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
 (`dispatch.bwd_gluon_fuses_dq`). Dropout runs on the Triton kernels. The backward's schedule and
 launch order are BwdConfig fields (kernels/configs.py: hopper_gluon_dq_first,
@@ -62,6 +62,7 @@ from .hopper.shared import (
     BWD_MAX_KEY_BLOCKS,
     BWD_STAGES,
     DQ_REGISTER_BOX,
+    DQ_TAIL_REGISTER_BOX,
     FUSED_DQ_HEAD_DIMS,
     FWD_HEAD_DIMS,  # noqa: F401 -- the scope dispatch.py checks
     LOG2E,
@@ -152,11 +153,31 @@ def _stats_template(rows: int, seqlen: int) -> TensorDescriptor:
     return template
 
 
-def _register_order_descriptor(dq_accum: torch.Tensor) -> TensorDescriptor:
-    """The descriptor of a register-order dQ accumulator (contiguous, whole 4096-float tiles, dense
-    or varlen): its floats as rows of DQ_REGISTER_BOX[1], one [16, 256] box per 64 x 64 tile."""
-    return TensorDescriptor(dq_accum, [dq_accum.numel() // DQ_REGISTER_BOX[1], DQ_REGISTER_BOX[1]],
-                            [DQ_REGISTER_BOX[1], 1], list(DQ_REGISTER_BOX), _fp32_tile_layout_unswizzled())
+def _register_order_descriptor(dq_accum: torch.Tensor, box=DQ_REGISTER_BOX) -> TensorDescriptor:
+    """The descriptor of a register-order dQ accumulator (contiguous, dense or varlen): its floats as
+    rows of DQ_REGISTER_BOX[1], one [16, 256] box per 64 x 64 tile (`box` DQ_TAIL_REGISTER_BOX:
+    [8, 256] per 64 x 32 tile, head dim 96's second section)."""
+    return TensorDescriptor(dq_accum, [dq_accum.numel() // box[1], box[1]], [box[1], 1], list(box),
+                            _fp32_tile_layout_unswizzled())
+
+
+def _backward_descriptors(describe, q, k, v, do, dk, dv, dq_accum) -> tuple[list, list, dict]:
+    """The dK/dV kernels' fourteen descriptor arguments (made by `describe`: _row_descriptor or
+    _packed_descriptor): q, k, v, do, dk, dv and dQ's accumulator (without one, dk's in its place,
+    not read), then their tail sections' (head_sections; dQ's the [8, 256] boxes of its 64 x 32
+    tiles), or placeholders the kernel does not read where the head dim is one section. Returns
+    the first seven, the tails (None for placeholders) and the kernel's HEAD_SPLIT constexpr."""
+    headdim = q.shape[-1]
+    sections = head_sections(headdim)
+    rows = (BWD_BLOCK_M, BWD_BLOCK_N // 2, BWD_BLOCK_N // 2, BWD_BLOCK_M, BWD_BLOCK_N // 2, BWD_BLOCK_N // 2)
+    tensors = (q, k, v, do, dk, dv)
+    first = [describe(t, r, sections[0]) for t, r in zip(tensors, rows)]
+    first.append(_register_order_descriptor(dq_accum) if dq_accum is not None else first[4])
+    if len(sections) == 1:
+        return first, [None] * 7, {"HEAD_SPLIT": False}
+    tails = [describe(t, r, sections[1]) for t, r in zip(tensors, rows)]
+    tails.append(_register_order_descriptor(dq_accum, DQ_TAIL_REGISTER_BOX) if dq_accum is not None else tails[4])
+    return first, tails, {"HEAD_SPLIT": True}
 
 
 # --------------------------------------------------------------------------------------
@@ -292,10 +313,10 @@ def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: i
 
 def dq_first(config: BwdConfig, kv_group: int, flags: dict, headdim: int = 128) -> bool:
     """Whether the fused dQ's matmul goes before dK's (the dK/dV kernel's DQ_FIRST): never at head
-    dim 64, where the consumers compute dQ in turns (bwd._dq_in_turns) after dK; else as
+    dims 64 and 96, where the consumers compute dQ in turns (bwd._dq_in_turns) after dK; else as
     config.hopper_gluon_dq_first says, or where it is None with GQA/MQA, a window or ALiBi, where
     it measured faster; dense MHA measured level or slower (docs/performance.md)."""
-    if headdim != 128:
+    if headdim != 128:  # in turns
         return False
     if config.hopper_gluon_dq_first is not None:
         return config.hopper_gluon_dq_first
@@ -309,33 +330,33 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     `features` = (qk_scale, window sides, softcap * log2(e), slopes, their batch stride) from
     kernels/features.py's feature_args; with `flags` or GQA/MQA, dQ must be fused: the dQ kernel
     has neither). `lse` and `delta` are (batch, heads, seqlen) float32; `dq_accum`, where dQ is
-    fused, a zeroed float32 tensor contiguous like q (head dim 64 or 128), which the kernel fills in
+    fused, a zeroed float32 tensor contiguous like q (head dim 64, 96 or 128), which the kernel fills in
     register order (dq_cast.dq_from_accumulator reads it). `config`'s hopper_gluon_dq_first and
     hopper_gluon_head_section pick the schedule and the launch order."""
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
-    rows = BWD_BLOCK_N // 2
     fused = dq_accum is not None
     if fused and headdim not in FUSED_DQ_HEAD_DIMS:
         raise ValueError(f"the Gluon kernel fuses dQ at head dims {FUSED_DQ_HEAD_DIMS}, got {headdim}")
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     if (any(flags.values()) or kv_heads != heads) and not fused:
         raise ValueError("the Gluon backward takes features and GQA/MQA with dQ fused only")
-    templates = (_row_descriptor(q, BWD_BLOCK_M), _row_descriptor(k, rows), _row_descriptor(v, rows),
-                 _row_descriptor(do, BWD_BLOCK_M), _row_descriptor(dk, rows), _row_descriptor(dv, rows))
+    first, tails, split_constexprs = _backward_descriptors(_row_descriptor, q, k, v, do, dk, dv, dq_accum)
+    head_split = split_constexprs["HEAD_SPLIT"]
     kv_group = heads // kv_heads
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch): Q, K, V, dO,
-    # dK, dV, then dQ's accumulator (contiguous like q, backward.py makes it so: whole 4096-float tiles;
-    # without the fused dQ, unused: dK's again), then L and D (seqlen is a multiple of BWD_BLOCK_N:
-    # their rows are aligned)
-    descriptors = dict(enumerate(map(descriptor_template, templates)))
-    descriptors[6] = descriptor_template(_register_order_descriptor(dq_accum)) if fused else descriptors[4]
-    descriptors[7] = descriptors[8] = _stats_template(batch * heads, seqlen)
+    # dK, dV, then dQ's accumulator (contiguous like q, backward.py makes it so: whole tiles; without
+    # the fused dQ, unused: dK's again), the same seven's tail sections (without them, L's pointer
+    # in their place, not read), then L and D (seqlen is a multiple of BWD_BLOCK_N: their rows are
+    # aligned)
+    descriptors = {i: descriptor_template(d) for i, d in enumerate(first + tails) if d is not None}
+    descriptors[14] = descriptors[15] = _stats_template(batch * heads, seqlen)
     grid = bwd_grid(seqlen // BWD_BLOCK_N, batch * kv_heads, kv_group, seqlen, headdim, q.element_size(), q.device,
                     config.hopper_gluon_head_section)
     launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
                           {"STAGES": BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
-                           "DQ_FIRST": fused and dq_first(config, kv_group, flags, headdim), **flags},
+                           "DQ_FIRST": fused and dq_first(config, kv_group, flags, headdim), **flags,
+                           **split_constexprs},
                           descriptors=descriptors)
 
     def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):
@@ -343,9 +364,10 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
         if not lse.is_contiguous() or lse.data_ptr() % 16:  # another caller's L: a contiguous, aligned copy
             lse = lse.clone(memory_format=torch.contiguous_format)
-        launch(q, k, v, do, dk, dv, dk if dq_accum is None else dq_accum, lse, delta, heads, seqlen, softmax_scale,
-               qk_scale, kv_group, window_left, window_right, softcap_log2, alibi if alibi is not None else lse,
-               stride_alibi_b)
+        dq_or_dk = dk if dq_accum is None else dq_accum
+        tails = (q, k, v, do, dk, dv, dq_or_dk) if head_split else (lse,) * 7
+        launch(q, k, v, do, dk, dv, dq_or_dk, *tails, lse, delta, heads, seqlen, softmax_scale, qk_scale, kv_group,
+               window_left, window_right, softcap_log2, alibi if alibi is not None else lse, stride_alibi_b)
 
     return run
 
@@ -388,15 +410,15 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
                                            max_seqlen_k: int, softmax_scale: float, causal: bool,
                                            config: BwdConfig) -> None:
     """dK and dV of packed sequences (q, do (total_q, heads, head dim), k, v, dk, dv (total_k,
-    kv_heads, head dim), head dim 64 or 128 (BWD_HEAD_DIMS), laid out as
+    kv_heads, head dim), head dim 64, 96 or 128 (BWD_HEAD_DIMS), laid out as
     flash_attn_varlen_forward_hopper takes them), and dQ added into `dq_accum` (a zeroed float32
     accumulator from dq_cast.varlen_dq_accumulator); `lse` and `delta` (heads, total_q) float32.
     `config`'s hopper_gluon_varlen_grid and hopper_gluon_head_section pick the grid."""
     total_q, heads, headdim = q.shape
-    rows = BWD_BLOCK_N // 2
     batch = cu_seqlens_q.shape[0] - 1
     check_varlen_dq_accumulator(dq_accum, q.shape, batch)
-    dq_desc = _register_order_descriptor(dq_accum)  # whole 4096-float tiles, one TMA box each
+    first, tails, split_constexprs = _backward_descriptors(_packed_descriptor, q, k, v, do, dk, dv, dq_accum)
+    tails = [lse if d is None else d for d in tails]  # no tail section: not read
     kv_heads = k.shape[1]
     key_grid = varlen_bwd_grid(batch, k.shape[0], max_seqlen_k, config.hopper_gluon_varlen_grid)
     key_blocks = varlen_bwd_key_blocks(key_grid, batch, k.shape[0], max_seqlen_k)
@@ -407,8 +429,6 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     grid = bwd_grid(key_blocks, pairs, heads // kv_heads, max(total_q // max(batch, 1), 1), headdim,
                     q.element_size(), q.device, config.hopper_gluon_head_section)
     _bwd_dkdv_varlen_launcher[grid](
-        _packed_descriptor(q, BWD_BLOCK_M), _packed_descriptor(k, rows), _packed_descriptor(v, rows),
-        _packed_descriptor(do, BWD_BLOCK_M), _packed_descriptor(dk, rows), _packed_descriptor(dv, rows), dq_desc,
-        dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
+        *first, *tails, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
         softmax_scale, softmax_scale * LOG2E, heads // kv_heads, batch, STAGES=BWD_STAGES, CAUSAL=causal,
-        SCAN=scan, num_warps=4, maxnreg=168)
+        SCAN=scan, num_warps=4, maxnreg=168, **split_constexprs)

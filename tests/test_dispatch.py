@@ -142,10 +142,12 @@ def test_hopper_gluon_varlen_forward_scope():
     wide = HOPPER_FWD_CONFIGS[(256, True)]
     assert path(headdim=256, config=wide) == GluonPath.DENSE
     assert path(headdim=256, config=dataclasses.replace(wide, hopper_gluon_block_n=128)) != GluonPath.DENSE
-    q, k = torch.empty(3000, 8, 96, dtype=torch.bfloat16), torch.empty(3000, 2, 96, dtype=torch.bfloat16)
+    q, k = torch.empty(3000, 8, 192, dtype=torch.bfloat16), torch.empty(3000, 2, 192, dtype=torch.bfloat16)
     features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500, max_seqlen_k=1500)
     assert dispatch.hopper_gluon_varlen_refusal(config, q, k, k, q, features, "backward") == (
-        "head dim 96: the Gluon backward kernels take head dims 64 and 128")
+        "head dim 192: the Gluon backward kernels take head dims 64, 96 and 128")
+    q, k = torch.empty(3000, 8, 96, dtype=torch.bfloat16), torch.empty(3000, 2, 96, dtype=torch.bfloat16)
+    assert not dispatch.hopper_gluon_varlen_refusal(config, q, k, k, q, features, "backward")
     assert path(kv_heads=3) != GluonPath.DENSE  # 3 does not divide 8
     assert path(window_left=256) != GluonPath.DENSE and path(softcap=1.0) != GluonPath.DENSE
     assert path(alibi_slopes=torch.ones(8)) != GluonPath.DENSE
@@ -165,9 +167,9 @@ def test_hopper_gluon_varlen_forward_scope():
 def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
     """A dense call the dense Gluon kernels do not take (a length off the 128-row grid, fewer or
     more queries than keys) goes to the Gluon varlen kernels with each batch row a packed sequence
-    ('gluon-ws-packed') where their rules hold for the packed views: forward at head dim 64 and
-    128, backward at 64 and 128 with dQ fused (not deterministic); features, other head dims and short
-    keys keep the Triton kernels."""
+    ('gluon-ws-packed') where their rules hold for the packed views: forward at head dims 64, 96,
+    128, 192 and 256, backward at 64, 96 and 128 with dQ fused (not deterministic); features, other
+    head dims and short keys keep the Triton kernels."""
     from kernels.checks import Features
     from kernels.dispatch import GluonPath, packed_features, packed_view
 
@@ -209,12 +211,14 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
 
     def bwd(shape, deterministic=False):
         q = torch.empty(*shape, dtype=torch.bfloat16)
-        return bwd_dkdv_path(HOPPER_BWD_CONFIGS[shape[3]], q, q, q, q, deterministic=deterministic)
+        config = HOPPER_BWD_CONFIGS[128 if shape[3] == 96 else shape[3]]
+        return bwd_dkdv_path(config, q, q, q, q, deterministic=deterministic)
 
     assert bwd((2, 3000, 4, 128)) == GluonPath.PACKED
     assert bwd((2, 3000, 4, 128), deterministic=True) == "triton"
     assert bwd((1, 4500, 4, 64)) == GluonPath.PACKED  # dQ in turns at head dim 64
-    assert bwd((1, 4500, 4, 256)) == "triton"  # the varlen dK/dV kernel fuses dQ at head dims 64 and 128 only
+    assert bwd((2, 3000, 4, 96)) == GluonPath.PACKED  # two head-dim sections, dQ in turns
+    assert bwd((1, 4500, 4, 256)) == "triton"  # the varlen dK/dV kernel fuses dQ at head dims 64, 96 and 128 only
     assert bwd((16, 1000, 4, 64)) == "triton"  # fewer keys than the table's hopper_gluon_min_keys
     assert bwd((2, 2048, 4, 128)) == GluonPath.DENSE
 
@@ -238,8 +242,11 @@ def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (
         "", "512 keys: fewer than the forward config's hopper_gluon_min_keys 1024")
     q, k = tensors(2048, headdim=96)
-    assert dispatch.bwd_gluon_path(bwd, q, k, k, q)[1] == "head dim 96: the Gluon backward kernels take head dims 64 and 128"
+    assert dispatch.bwd_gluon_path(bwd, q, k, k, q) == (GluonPath.DENSE, "")
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (GluonPath.DENSE, "")
+    q, k = tensors(2048, headdim=192)
+    assert dispatch.bwd_gluon_path(bwd, q, k, k, q)[1] == (
+        "head dim 192: the Gluon backward kernels take head dims 64, 96 and 128")
     q, k = tensors(2048, headdim=80)
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True)[1] == (
         "head dim 80: the Gluon forward kernels take head dims 64, 96, 128, 192 and 256")
@@ -273,7 +280,7 @@ def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
 
 def test_hopper_gluon_varlen_backward_scope():
     """The varlen backward takes the Gluon dK/dV kernel with dQ fused in the forward's scope at
-    head dims 64 and 128, unless asked to be deterministic."""
+    head dims 64, 96 and 128, unless asked to be deterministic."""
     from kernels.checks import Features
 
     cu = torch.tensor([0, 700, 1500, 3000], dtype=torch.int32)
@@ -287,6 +294,7 @@ def test_hopper_gluon_varlen_backward_scope():
     assert applies()
     assert not applies(deterministic=True)
     assert applies(headdim=64, config=HOPPER_BWD_CONFIGS[64])
+    assert applies(headdim=96) and not applies(headdim=192)
     assert not applies(config=dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_fused_dq=False))
     assert not applies(features=dataclasses.replace(features, max_seqlen_k=512))  # below 1k keys
     assert not applies(features=dataclasses.replace(features, softcap=1.0))
@@ -304,18 +312,18 @@ def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
         assert (fwd_memory_path(config, q, q, q, q, causal) == GluonPath.DENSE) == (seqlen >= 4096), seqlen
 
 
-@pytest.mark.parametrize("hdim", [64, 128, 256])
-def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dims_64_and_128_from_1k_keys(hdim):
-    """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon one at head dims 64
-    and 128 from 1024 keys (measured faster there), adding dQ itself, the Triton one below that
-    and at head dim 256 (outside the Gluon kernel's scope)."""
-    config = HOPPER_BWD_CONFIGS[hdim]
+@pytest.mark.parametrize("hdim", [64, 96, 128, 256])
+def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dims_64_96_and_128_from_1k_keys(hdim):
+    """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon one at head dims 64,
+    96 (the head-dim-128 entry's) and 128 from 1024 keys, adding dQ itself, the Triton one below
+    that and at head dim 256 (outside the Gluon kernel's scope)."""
+    config = HOPPER_BWD_CONFIGS[128 if hdim == 96 else hdim]
     for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
         q = torch.empty(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype=torch.bfloat16)
-        gluon = hdim in (64, 128) and seqlen >= 1024
+        gluon = hdim in (64, 96, 128) and seqlen >= 1024
         assert (bwd_dkdv_path(config, q, q, q, q) == GluonPath.DENSE) == gluon, seqlen
     # the Gluon kernel adds dQ itself (FA3's scheme) unless asked to be deterministic
-    assert bwd_gluon_fuses_dq(config, hdim) == (hdim in (64, 128))
+    assert bwd_gluon_fuses_dq(config, hdim) == (hdim in (64, 96, 128))
     assert not bwd_gluon_fuses_dq(config, hdim, deterministic=True)
     # at head dim 64 where a config asks for it (the consumers take turns by step), never beyond 128
     fusing = dataclasses.replace(config, hopper_gluon_fused_dq=True)
@@ -325,7 +333,7 @@ def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dims_64_and_128_fro
 
 def test_hopper_gluon_dkdv_scope():
     """The Gluon dK/dV kernel has the dense Gluon kernels' scope (hopper_gluon_applies with mode
-    "backward": head dims 64 and 128), with dO in the output's place, and off it the varlen kernel's (test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels):
+    "backward": head dims 64, 96 and 128), with dO in the output's place, and off it the varlen kernel's (test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels):
     anything else keeps the Triton kernel."""
     config = HOPPER_BWD_CONFIGS[128]
     q = torch.empty(2, 2048, 4, 128, dtype=torch.bfloat16)
@@ -486,12 +494,12 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     forward_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
     backward_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
     # the forward at head dims 64, 96, 128, 192 and 256 (96 and 192 in two head-dim sections, 192
-    # and 256 in 64-key blocks), the backward at 64 and 128, causal or not; the backward also with
-    # dQ fused at both (at 64 the consumers take turns); then each of the window, softcap and
-    # ALiBi, causal or not, forward and backward (dQ fused)
-    assert len(forward_lines) == 10 + 6 and len(backward_lines) == 8 + 6, report
+    # and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two sections), causal or
+    # not; the backward also with dQ fused at each (at 64 and 96 the consumers take turns); then
+    # each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
+    assert len(forward_lines) == 10 + 6 and len(backward_lines) == 12 + 6, report
     fused = [line for line in backward_lines if "fused dQ" in line]
-    assert len(fused) == 4 + 6 and all("tma-reduce" in line for line in fused), report
+    assert len(fused) == 6 + 6 and all("tma-reduce" in line for line in fused), report
     for flag in ("window", "softcap", "alibi"):
         assert sum(line.endswith(flag) or f" {flag} " in line for line in forward_lines + backward_lines) == 4, flag
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
@@ -502,13 +510,14 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
     assert len(varlen_lines) == 10, report  # head dims 64, 96, 128, 192 and 256, causal or not
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
-    # d64 and d128, dQ fused, causal or not: the longest grid, then the packed grid
-    assert len(varlen_bwd) == 8 and all("tma-reduce" in line for line in varlen_bwd), report
-    assert sum("packed grid" in line for line in varlen_bwd) == 4, report
+    # d64, d96 and d128, dQ fused, causal or not: the longest grid, then the packed grid
+    assert len(varlen_bwd) == 12 and all("tma-reduce" in line for line in varlen_bwd), report
+    assert sum("packed grid" in line for line in varlen_bwd) == 6, report
     varlen_lines += varlen_bwd
     for line in forward_lines + backward_lines + varlen_lines:
         assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
-        assert "1" in re.search(r"wait_group values ([\d ]+)", line).group(1).split(), line
+        # some wait leaves a matmul in flight (the next one's, or the tail section's)
+        assert set(re.search(r"wait_group values ([\d ]+)", line).group(1).split()) - {"0"}, line
         assert int(re.search(r"smem (\d+) B", line).group(1)) <= 232448, line  # sm_90's per-block limit
 
 
@@ -598,17 +607,19 @@ def test_the_register_order_dq_tile_lays_each_threads_registers_side_by_side():
     assert [list(b) for b in DQ_TILE_BASES] == [list(b) for b in expected]
 
 
-def _register_order(dq: torch.Tensor) -> torch.Tensor:
+def _register_order(dq: torch.Tensor, tile_cols: int = 64) -> torch.Tensor:
     """dq (batch, seqlen, heads, head dim) as the register-order accumulator holds it, built from
-    DQ_TILE_BASES alone: tiles of the (batch x seqlen, heads x head dim) view's 64 x 64 blocks in
-    that view's order, each tile's element at offset o the one its set bits' bases reach."""
+    DQ_TILE_BASES alone: tiles of the (batch x seqlen, heads x head dim) view's 64 x tile_cols
+    blocks in that view's order (64 x 32: the bases without the last, column 32), each tile's
+    element at offset o the one its set bits' bases reach."""
     from kernels.hopper.shared import DQ_TILE_BASES
 
-    offsets = torch.arange(4096)
-    rows = sum(((offsets >> bit) & 1) * r for bit, (r, _) in enumerate(DQ_TILE_BASES))
-    cols = sum(((offsets >> bit) & 1) * c for bit, (_, c) in enumerate(DQ_TILE_BASES))
+    bases = DQ_TILE_BASES if tile_cols == 64 else DQ_TILE_BASES[:-1]
+    offsets = torch.arange(64 * tile_cols)
+    rows = sum(((offsets >> bit) & 1) * r for bit, (r, _) in enumerate(bases))
+    cols = sum(((offsets >> bit) & 1) * c for bit, (_, c) in enumerate(bases))
     view = dq.reshape(-1, dq.shape[-2] * dq.shape[-1])
-    blocks = view.reshape(view.shape[0] // 64, 64, view.shape[1] // 64, 64).permute(0, 2, 1, 3)
+    blocks = view.reshape(view.shape[0] // 64, 64, view.shape[1] // tile_cols, tile_cols).permute(0, 2, 1, 3)
     return blocks[:, :, rows, cols].reshape(dq.shape).contiguous()
 
 
@@ -628,7 +639,7 @@ def _varlen_register_order(dq: torch.Tensor, lengths: list[int]) -> torch.Tensor
         blocks = -(-length // 64) * 64
         seq = torch.zeros(blocks, heads, headdim)
         seq[:length] = dq[start:start + length]
-        padded[row0:row0 + blocks] = _register_order(seq)
+        padded[row0:row0 + blocks] = _register_order(seq, 32)  # the same floats as 64-column tiles
         start += length
     return padded
 
@@ -683,16 +694,20 @@ def test_the_varlen_backward_packs_its_grid_where_the_longest_would_be_mostly_em
 @pytest.mark.parametrize("lengths", [[130, 0, 64, 1, 200], [63, 65, 127, 129], [200, 1]])  # the last sequence the shortest
 # (the cast's return past a sequence's tiles only keeps its reads within the accumulator: the
 # interpreter does not fault on a read past it, so no case here fails without that return)
-def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
+@pytest.mark.parametrize("heads,headdim", [(2, 64), (3, 96)], ids=["d64", "d96"])
+def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths, heads, headdim):
     """hopper/dq_cast.py's dq_from_varlen_accumulator puts each sequence's padded register-order
     tiles back into its packed rows (the accumulator's padding is NaN here, so a value from another
     tile or row shows), each sequence writing only its own rows; an accumulator of the wrong size,
-    or packed tokens with no sequence, are refused by name."""
+    or packed tokens with no sequence, are refused by name. Two heads of 64 columns: two 64-column
+    tiles a row block; three of 96: nine 32-column ones."""
     from kernels.hopper import dq_cast
 
     launcher = dq_cast._dq_rows_from_padded_register_tiles_launcher
     torch.manual_seed(0)
-    dq = torch.randn(sum(lengths), 2, 64)  # two heads x 64 columns: two 64-column tiles a row block
+    dq = torch.randn(sum(lengths), heads, headdim)
+    tile_cols = dq_cast._tile_cols(heads * headdim)
+    assert tile_cols == (64 if headdim == 64 else 32)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     accumulator = _varlen_register_order(dq, lengths)
     got = dq_cast.dq_from_varlen_accumulator(accumulator, cu, max(lengths), tuple(dq.shape), torch.float32)
@@ -703,7 +718,8 @@ def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths):
         start = int(cu[b])
         alone = torch.tensor([start] * (b + 1) + [start + length], dtype=torch.int32)  # b empty ones first
         out = torch.full_like(dq, -7.0)
-        launcher[(-(-max(length, 1) // 64), b + 1, 2)](accumulator, out, alone, 2)
+        tiles = heads * headdim // tile_cols
+        launcher[(-(-max(length, 1) // 64), b + 1, tiles)](accumulator, out, alone, tiles, COLS=tile_cols)
         written = torch.zeros(dq.shape[0], dtype=torch.bool)
         written[start:start + length] = True
         torch.testing.assert_close(out[written], dq[written], rtol=0, atol=0)
@@ -769,16 +785,21 @@ def test_the_varlen_preprocess_zeroes_the_whole_padded_accumulator():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype):
     """hopper/dq_cast.py's dq_from_accumulator undoes the register order the dense Gluon dK/dV
-    kernel adds dQ in (its Triton kernel, here in the interpreter); a tensor of partial 64 x 64
-    blocks is refused by name."""
+    kernel adds dQ in (its Triton kernel, here in the interpreter): 64 x 64 tiles, and at head dim
+    96 64 x 32 ones, which read two at a time are the 64 x 64 ones; a tensor of partial blocks is
+    refused by name."""
     from kernels.hopper.dq_cast import dq_from_accumulator
 
     torch.manual_seed(0)
     dq = torch.randn(2, 128, 3, 128)  # rows of 3 heads x 128 columns: six 64-column tiles a row block
     accumulator = _register_order(dq)
     assert not torch.equal(accumulator, dq)
+    assert torch.equal(accumulator, _register_order(dq, 32))  # a 64 x 64 tile is two 64 x 32 ones side by side
     torch.testing.assert_close(dq_from_accumulator(accumulator, dtype), dq.to(dtype), rtol=0, atol=0)
-    with pytest.raises(ValueError, match="64 x 64 blocks"):
+    for heads in (3, 2):  # head dim 96: 32-column tiles for the cast (3 heads), or 64-column ones (2 heads)
+        dq = torch.randn(1, 128, heads, 96)
+        torch.testing.assert_close(dq_from_accumulator(_register_order(dq, 32), dtype), dq.to(dtype), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="64 x 32 blocks"):
         dq_from_accumulator(torch.zeros(1, 96, 1, 128), dtype)
 
 

@@ -121,29 +121,35 @@ def test_gpu_gluon_kernels_serve_gqa_windows_softcap_and_alibi(case, dtype):
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["gqa-causal", "mqa", "window-causal", "window-two-sided", "softcap-gqa",
-                                  "alibi-causal", "off-grid-causal", "cross-causal"])
-def test_gpu_gluon_backward_at_head_dim_64_adds_dq_in_turns(case, dtype):
-    """Head dim 64 on the Gluon dK/dV kernels with dQ fused (a config asks for it from 1k keys):
-    the consumers take turns by query step, each computing every other step's whole dQ tile, so
-    the step counts that are odd (a window's, a packed row's) and GQA's steps over the group's q
-    heads must each reach the accumulator once: dense features, and dense calls off the grid
-    (the varlen kernel, batch rows packed), against float64, on the Gluon kernels (asserted)."""
+                                  "alibi-causal", "off-grid-causal", "cross-causal", "three-heads"])
+@pytest.mark.parametrize("headdim", [64, 96])
+def test_gpu_gluon_backward_adds_dq_in_turns_at_head_dims_64_and_96(headdim, case, dtype):
+    """Head dims 64 and 96 (two head-dim sections, 64 + 32) on the Gluon dK/dV kernels with dQ
+    fused (at 64 a config asks for it from 1k keys; 96 takes the head-dim-128 entry's): the
+    consumers take turns by query step, each computing every other step's whole dQ (at 96 a
+    64- and a 32-column tile), so the step counts that are odd (a window's, a packed row's) and
+    GQA's steps over the group's q heads must each reach the accumulator once: dense features,
+    dense calls off the grid (the varlen kernel, batch rows packed) and three heads (at 96 rows of
+    288 columns: the cast's 32-column tiles), against float64, on the Gluon kernels (asserted)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     spec = dict(GLUON_FEATURE_CASES.get(case, {}))
-    heads, kv_heads = spec.pop("heads", 4), spec.pop("kv_heads", 4)
+    heads, kv_heads = spec.pop("heads", 3 if case == "three-heads" else 4), spec.pop("kv_heads", None)
+    kv_heads = kv_heads or heads
     seqlen_q, seqlen_k = {"off-grid-causal": (1500, 1500), "cross-causal": (1100, 2300)}.get(case, (1024, 1024))
     spec.setdefault("causal", case.endswith("causal"))
     if spec.pop("alibi", None) is not None:
         spec["alibi"] = torch.rand(heads, device="cuda") * 0.25
-    like_q = torch.empty(2, seqlen_q, heads, 64, device="cuda", dtype=dtype)
-    like_k = torch.empty(2, seqlen_k, kv_heads, 64, device="cuda", dtype=dtype)
+    like_q = torch.empty(2, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
+    like_k = torch.empty(2, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
     features = _case_features(spec)
-    config = dataclasses.replace(default_bwd_config(64, like_q.device), hopper_gluon_min_keys=1024,
-                                 hopper_gluon_fused_dq=True)
+    config = default_bwd_config(headdim, like_q.device)
+    if headdim == 64:
+        config = dataclasses.replace(config, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True)
     gluon = dispatch.GluonPath.PACKED if seqlen_q % 128 or seqlen_q != seqlen_k else dispatch.GluonPath.DENSE
     assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q, features) == gluon
-    check_dense(2, seqlen_q, seqlen_k, heads, kv_heads, 64, dtype, device="cuda", bwd_config=config, **spec)
+    assert dispatch.bwd_gluon_fuses_dq(config, headdim)
+    check_dense(2, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, device="cuda", bwd_config=config, **spec)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
@@ -171,8 +177,8 @@ def test_gpu_gluon_forward_at_head_dims_96_192_and_256(headdim, case, dtype):
     forwards, 192 and 256 in the table's 64-key blocks (FwdConfig.hopper_gluon_block_n: two key
     blocks per 128-row query block, both masked on the diagonal): dense, GQA, windows, softcap,
     ALiBi, and calls off the grid on the varlen kernel, against float64 (out, the logsumexp
-    through the backward's use of it, and the gradients from the Triton backward), on the Gluon
-    forward (asserted)."""
+    through the backward's use of it, and the gradients: at 96 from the Gluon backward, at 192
+    and 256 from the Triton one), on the Gluon forward (asserted)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     spec = dict(GLUON_WIDE_HEAD_CASES[case])
@@ -262,6 +268,7 @@ def test_gpu_varlen(causal, window, dtype):
     # query lengths above the key lengths (causal: the first rows see no key) and below
     (128, [1500, 0, 700, 2000, 129, 1024], [1100, 300, 700, 2048, 0, 1024]),
     (64, [4200, 300, 17, 4096], [4096, 600, 17, 3000]),
+    (96, [1500, 0, 700, 2000, 129, 1024], [1100, 300, 700, 2048, 0, 1024]),  # two head-dim sections
     # one sequence; and many shorter than one 64-row dQ tile, each its own tile in register order,
     # beside one long enough for the Gluon kernels (hopper_gluon_min_keys)
     (128, [2500], [2300]),
@@ -271,7 +278,7 @@ def test_gpu_varlen(causal, window, dtype):
 @pytest.mark.parametrize("key_grid", ["longest", "packed"], ids=["longest-grid", "packed-grid"])
 def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, key_grid, monkeypatch):
     """Packed sequences on an H100/H200 take the Gluon varlen forward and the Gluon varlen dK/dV
-    kernel with dQ fused (at head dim 64 its consumers compute dQ in turns; the config fixes the
+    kernel with dQ fused (at head dims 64 and 96 its consumers compute dQ in turns; the config fixes the
     Gluon thresholds so that a change of the table cannot quietly test the Triton kernels
     instead; asserted), and match the float64 reference, the logsumexp too; the backward's key
     blocks the longest sequence's for each or every sequence's on one axis

@@ -286,9 +286,10 @@ def test_training_step_reduces_the_loss():
 # ---------------------------------------------------------------------------------------
 # GPU: the same checks in bf16 and fp16 at real sizes (skipped without CUDA).
 # ---------------------------------------------------------------------------------------
-# The shapes the Hopper table sends to the Gluon kernels (head dim 128 from 1k keys, 64 from 4k).
+# The shapes the Hopper table sends to the Gluon kernels (head dims 96 and 128 from 1k keys, 64 from 4k).
 GLUON_SHAPES = [(2, 1024, 1024, 3, 128), (1, 4096, 4096, 2, 128), (4, 2048, 2048, 1, 128),
-                (1, 16384, 16384, 1, 128), (2, 4096, 4096, 3, 64), (1, 8192, 8192, 2, 64)]
+                (1, 16384, 16384, 1, 128), (2, 4096, 4096, 3, 64), (1, 8192, 8192, 2, 64),
+                (2, 2048, 2048, 3, 96), (1, 4096, 4096, 2, 96)]  # 96: two head-dim sections
 
 
 @pytest.mark.gpu
@@ -341,13 +342,14 @@ def test_gpu_hopper_gluon_forward_matches_reference(shape, causal, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(2, 3000, 3000, 3, 128), (1, 2048, 8192, 2, 128), (2, 2100, 1500, 2, 128),
-                                   (3, 1100, 1100, 2, 128), (1, 4500, 4500, 2, 64)], ids=shape_id)
+                                   (3, 1100, 1100, 2, 128), (1, 4500, 4500, 2, 64), (2, 2100, 3000, 3, 96)],
+                         ids=shape_id)
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_gpu_dense_calls_off_the_grid_on_the_gluon_varlen_kernels(shape, causal, dtype):
     """Dense calls off the dense Gluon kernels' grid (lengths not a multiple of 128, fewer or more
     queries than keys, so that with causal the first rows see no key) on the Gluon varlen kernels,
     each batch row a packed sequence: forward (out and logsumexp in the dense layout) and backward
-    (the varlen dK/dV kernel with dQ fused, at head dims 64 and 128) against float64."""
+    (the varlen dK/dV kernel with dQ fused, at head dims 64, 96 and 128) against float64."""
     skip_unless_hopper("the Gluon varlen kernels")
     batch, seqlen_q, seqlen_k, heads, headdim = shape
     q = torch.empty(batch, seqlen_q, heads, headdim, dtype=dtype, device="cuda")
@@ -382,8 +384,8 @@ def test_gpu_backward_matches_reference(shape, causal, dtype):
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_gpu_hopper_gluon_dkdv_matches_reference(shape, causal, dtype, fused_dq, monkeypatch):
     """The backward with the Gluon dK/dV kernel (kernels/flash_attn_hopper.py), with dQ fused (at
-    head dim 128 each consumer computes half of every step's columns, at 64 the consumers take
-    turns by step) and without, by a config, against float64. The Triton dK/dV kernel must not
+    head dim 128 each consumer computes half of every step's columns, at 64 and 96 the consumers
+    take turns by step) and without, by a config, against float64. The Triton dK/dV kernel must not
     run; the Triton dQ kernel must run exactly where dQ is not fused."""
     skip_unless_hopper("the Gluon dK/dV kernel")
     dkdv, dq = spy_backward_kernels(monkeypatch)

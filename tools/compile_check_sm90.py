@@ -110,13 +110,34 @@ def gluon_descriptor_type(rows: int, headdim: int, dtype: str = "bf16") -> str:
     return f"tensordesc<{dtype}[{rows},{headdim}],{layout!r}>"
 
 
-def dq_descriptor_type() -> str:
+def dq_descriptor_type(tail: bool = False) -> str:
     """The signature type of the fused dQ's float32 accumulator descriptor, with the box and layout
-    the backward's plans give it (its 64 x 64 tiles in register order, one [16, 256] box each)."""
+    the backward's plans give it (its 64 x 64 tiles in register order, one [16, 256] box each;
+    `tail`: head dim 96's 64 x 32 tiles, [8, 256] boxes)."""
     from kernels import flash_attn_hopper as hopper
 
-    rows, cols = hopper.DQ_REGISTER_BOX
+    rows, cols = hopper.DQ_TAIL_REGISTER_BOX if tail else hopper.DQ_REGISTER_BOX
     return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout_unswizzled()!r}>"
+
+
+def backward_section_signature(headdim: int, fused_dq: bool, dtype: str) -> dict:
+    """The dK/dV kernels' fourteen descriptor arguments' types: q, k, v, do, dk, dv tiles of the
+    first head-dim section and dQ's accumulator (without the fused dQ, dK's in its place), then of
+    the tail (flash_attn_hopper.head_sections), or the logsumexp's pointer in their place where
+    there is none (as the launches pass them)."""
+    from kernels import flash_attn_hopper as hopper
+
+    sections = hopper.head_sections(headdim)
+    rows = {"q": hopper.BWD_BLOCK_M, "k": hopper.BWD_BLOCK_N // 2, "v": hopper.BWD_BLOCK_N // 2,
+            "do": hopper.BWD_BLOCK_M, "dk": hopper.BWD_BLOCK_N // 2, "dv": hopper.BWD_BLOCK_N // 2}
+
+    def section(width: int, tail: bool) -> dict:
+        tiles = {name: gluon_descriptor_type(r, width, dtype) for name, r in rows.items()}
+        return {**tiles, "dq": dq_descriptor_type(tail) if fused_dq else tiles["dk"]}
+
+    first = {f"{name}_desc": t for name, t in section(sections[0], False).items()}
+    tail = section(sections[-1], True) if len(sections) == 2 else dict.fromkeys(first, "*fp32")
+    return {**first, **{f"{name.removesuffix('_desc')}_tail_desc": t for name, t in zip(first, tail.values())}}
 
 
 def assembled(compiled, name: str) -> tuple[str, subprocess.CompletedProcess]:
@@ -216,14 +237,11 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
     (backward_dkdv_hopper_plan); `flags` as hopper_gluon_report's."""
     from kernels import flash_attn_hopper as hopper
 
-    query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
-    key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
-    dq_tile = dq_descriptor_type() if fused_dq else key_tile
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
-    schedule = {"DQ_FIRST": fused_dq and hopper.dq_first(HOPPER_BWD_CONFIGS[128], 1, flags, headdim)}
+    schedule = {"DQ_FIRST": fused_dq and hopper.dq_first(HOPPER_BWD_CONFIGS[128], 1, flags, headdim),
+                "HEAD_SPLIT": len(hopper.head_sections(headdim)) == 2}
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
-    signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
-                 "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "LSE": stats, "Delta": stats,
+    signature = {**backward_section_signature(headdim, fused_dq, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
                  **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "FUSED_DQ": "constexpr",
                  **{name: "constexpr" for name in flags}, **{name: "constexpr" for name in schedule}}
@@ -239,18 +257,15 @@ def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: i
     features suite's lengths; "packed" scans VARLEN_SCAN_LANES lanes of cu_seqlens)."""
     from kernels import flash_attn_hopper as hopper
 
-    query_tile = gluon_descriptor_type(hopper.BWD_BLOCK_M, headdim, dtype)
-    key_tile = gluon_descriptor_type(hopper.BWD_BLOCK_N // 2, headdim, dtype)
-    dq_tile = dq_descriptor_type()
-    signature = {"q_desc": query_tile, "k_desc": key_tile, "v_desc": key_tile, "do_desc": query_tile,
-                 "dk_desc": key_tile, "dv_desc": key_tile, "dq_desc": dq_tile, "DK": f"*{dtype}", "DV": f"*{dtype}",
+    head_split = len(hopper.head_sections(headdim)) == 2
+    signature = {**backward_section_signature(headdim, True, dtype), "DK": f"*{dtype}", "DV": f"*{dtype}",
                  "LSE": "*fp32", "Delta": "*fp32", "CuSeqQ": "*i32", "CuSeqK": "*i32", "num_heads": "i32",
                  "total_q": "i32", "stride_dk": "i32", "stride_dv": "i32", "softmax_scale": "fp32",
                  "qk_scale": "fp32", "kv_group": "i32", "batch": "i32", "STAGES": "constexpr",
-                 "CAUSAL": "constexpr", "SCAN": "constexpr"}
+                 "CAUSAL": "constexpr", "SCAN": "constexpr", "HEAD_SPLIT": "constexpr"}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ varlen, {key_grid} grid",
                         hopper._flash_bwd_dkdv_hopper_varlen_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal,
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "HEAD_SPLIT": head_split,
                          "SCAN": hopper.VARLEN_SCAN_LANES if key_grid == "packed" else 0})
 
 
@@ -304,7 +319,8 @@ def main() -> None:
                 for key_grid in ("longest", "packed"):
                     emit(hopper_gluon_varlen_bwd_report(causal, headdim=headdim, key_grid=key_grid))
         for kernel in (dq_cast._dq_rows_from_register_tiles_kernel, dq_cast._dq_rows_from_padded_register_tiles_kernel):
-            emit(dq_cast_report(kernel))
+            for cols in (64, 32):
+                emit(dq_cast_report(kernel, cols))
         # the score modifications and the sliding window (kernels/features.py), as the features suite runs them
         for flag in hopper.GLUON_FEATURE_FLAGS:
             for causal in (False, True):
@@ -316,20 +332,22 @@ def main() -> None:
         args.out.write_text("\n".join(lines) + "\n")
 
 
-def dq_cast_report(kernel) -> str:
+def dq_cast_report(kernel, cols: int = 64) -> str:
     """One of the register-order dQ accumulator's casts (kernels/hopper/dq_cast.py) compiled as
     launched (float32 accumulator, bf16 dQ, pointers 16-byte aligned, 4 warps): its global loads
     and stores by width, per thread."""
     from collections import Counter
 
-    signature = {name: {"DQAccum": "*fp32", "DQ": "*bf16", "CuSeqQ": "*i32"}.get(name, "i32")
-                 for name in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name[0].isupper()}
-    compiled = triton.compile(ASTSource(kernel, signature, {}, aligned), target=TARGET, options={"num_warps": 4})
+    types = {"DQAccum": "*fp32", "DQ": "*bf16", "CuSeqQ": "*i32", "COLS": "constexpr"}
+    signature = {name: types.get(name, "i32") for name in kernel.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if signature[name].startswith("*")}
+    compiled = triton.compile(ASTSource(kernel, signature, {"COLS": cols}, aligned), target=TARGET,
+                              options={"num_warps": 4})
     ptx = compiled.asm["ptx"]
-    dump_ptx(kernel.fn.__name__, ptx)
+    dump_ptx(f"{kernel.fn.__name__}_{cols}", ptx)
     widths = {op: dict(Counter(re.findall(rf"{op}\.global((?:\.v\d)?\.b\d+)", ptx))) for op in ("ld", "st")}
-    return (f"{kernel.fn.__name__:44s} loads {widths['ld']}  stores {widths['st']}  "
+    return (f"{kernel.fn.__name__:44s} {cols} columns  loads {widths['ld']}  stores {widths['st']}  "
             f"smem {compiled.metadata.shared:6d} B")
 
 

@@ -4,14 +4,15 @@ in Gluon with FlashAttention-3's layout, and the steps its variant over packed v
 
 A loader warp streams Q_i and dO_i tiles (with L_i and D_i, as FA3's producer brings them); two
 consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax with the next
-matmul of the same query step. At head dims 64 and 128 the kernel can add dQ too, as FA3 does:
-the consumers exchange dS^T through shared memory and dQ_i = dS K_j over all 128 keys goes to the
-accumulator by TMA reduce-adds of 64 x 64 tiles (5 matmuls instead of the Triton backward's 7;
+matmul of the same query step. The kernel can add dQ too, as FA3 does: the consumers exchange
+dS^T through shared memory and dQ_i = dS K_j over all 128 keys goes to the accumulator by TMA
+reduce-adds of 64 x 64 tiles (and a 64 x 32 one at head dim 96) (5 matmuls instead of the Triton backward's 7;
 with element-wise atomics instead it was 1.2-1.5x slower: docs/performance.md, "Gluon dK/dV with
-dQ fused"). At 128 each consumer computes half of dQ_i's columns every step; at 64 the consumers
-take turns, each computing every other step's whole dQ_i (_dq_in_turns). The dQ tiles go to the
-accumulator in the consumers' register order (shared.DQ_TILE_BASES), which dq_cast.py puts back
-in rows.
+dQ fused"). At 128 each consumer computes half of dQ_i's columns every step; at 64 and 96 the
+consumers take turns, each computing every other step's whole dQ_i (_dq_in_turns). The dQ tiles go
+to the accumulator in the consumers' register order (shared.DQ_TILE_BASES), which dq_cast.py puts
+back in rows. Head dim 96 runs as two head-dim sections (64 + 32, shared._head_sections), as the
+forward does: every tile, matmul and accumulator with a head-dim side is a tuple of them.
 
 The host side (descriptors, grid, plans) is kernels/flash_attn_hopper.py.
 """
@@ -28,7 +29,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..features import _scores
-from .shared import DQ_REGISTER_BOX, DQ_REGISTER_TILE, _tma_reduce_add, _wgmma_layout
+from .shared import (
+    DQ_REGISTER_BOX,
+    DQ_REGISTER_TILE,
+    DQ_TAIL_REGISTER_TILE,
+    _allocate_sections,
+    _at,
+    _head_dim,
+    _head_sections,
+    _load_sections,
+    _tma_reduce_add,
+    _wgmma_layout,
+)
 
 _DQ_TILE_COLS = 64
 DQ_COLS: gl.constexpr = gl.constexpr(_DQ_TILE_COLS)  # the columns of a consumer's dQ tile (DQ_REGISTER_TILE's)
@@ -37,23 +49,41 @@ DQ_COLS: gl.constexpr = gl.constexpr(_DQ_TILE_COLS)  # the columns of a consumer
 @gluon.constexpr_function
 def _dq_in_turns(head_dim):
     """Whether the fused dQ's consumers take turns by query step, each computing every other step's
-    whole dQ_i (head dim 64: one tile), rather than each computing its half of every step's columns
-    (head dim 128)."""
-    return head_dim == _DQ_TILE_COLS
+    whole dQ_i (head dims 64 and 96: one tile, or a 64- and a 32-column one), rather than each
+    computing its half of every step's columns (head dim 128)."""
+    return head_dim != 2 * _DQ_TILE_COLS
+
+
+@gluon.constexpr_function
+def _dq_fuses(head_dim):
+    """Whether the kernel can add dQ at this head dim: one or two 64-column tiles, or 64 + 32."""
+    return head_dim in (_DQ_TILE_COLS, 2 * _DQ_TILE_COLS, _DQ_TILE_COLS + _DQ_TILE_COLS // 2)
 
 
 @gluon.constexpr_function
 def _dq_first_col(head_dim, half):
     """The first of dQ_i's columns a consumer computes (0 when it computes them all, in turns)."""
-    return 0 if head_dim == _DQ_TILE_COLS else half * _DQ_TILE_COLS
+    return 0 if _dq_in_turns(head_dim) else half * _DQ_TILE_COLS
 
 
 @gluon.jit
 def _dq_tile_buffer(dq_smem, HALF: gl.constexpr):
-    """This consumer's float32 dQ tile of the [2, 64, 64] dq_smem reinterpreted as DQ_REGISTER_TILE
-    (register order: the store writes each thread's registers side by side)."""
-    buf = dq_smem.index(HALF)
-    return buf._reinterpret(gl.float32, [buf.shape[0], buf.shape[1]], DQ_REGISTER_TILE)
+    """This consumer's float32 dQ tiles (a tuple, one per dQ section: the [2, 64, 64] ring of
+    dq_smem[0] and at head dim 96 the [2, 64, 32] one of dq_smem[1]) reinterpreted in register order
+    (DQ_REGISTER_TILE, DQ_TAIL_REGISTER_TILE: the store writes each thread's registers side by side)."""
+    buf = dq_smem[0].index(HALF)
+    first = buf._reinterpret(gl.float32, [buf.shape[0], buf.shape[1]], DQ_REGISTER_TILE)
+    if len(dq_smem) == 1:
+        return (first,)
+    else:
+        tail = dq_smem[1].index(HALF)
+        return (first, tail._reinterpret(gl.float32, [tail.shape[0], tail.shape[1]], DQ_TAIL_REGISTER_TILE))
+
+
+@gluon.constexpr_function
+def _ring_head_dim(ring):
+    """The head dim of a ring of shared-memory tiles (a tuple of head-dim sections, [n, rows, width] each)."""
+    return sum(int(gl._unwrap_if_constexpr(tiles.type.shape[2])) for tiles in ring)
 
 
 @gluon.jit
@@ -81,19 +111,31 @@ def _bwd_program(num_heads, kv_group, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
+def _bwd_descriptors(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc,
+                     v_tail_desc, do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, HEAD_SPLIT: gl.constexpr):
+    """The dK/dV kernels' descriptors, each as its tuple of head-dim sections (shared._head_sections;
+    dQ's: with HEAD_SPLIT, the 64 x 64 and 64 x 32 register-order tiles' boxes)."""
+    return (_head_sections(q_desc, q_tail_desc, HEAD_SPLIT), _head_sections(k_desc, k_tail_desc, HEAD_SPLIT),
+            _head_sections(v_desc, v_tail_desc, HEAD_SPLIT), _head_sections(do_desc, do_tail_desc, HEAD_SPLIT),
+            _head_sections(dk_desc, dk_tail_desc, HEAD_SPLIT), _head_sections(dv_desc, dv_tail_desc, HEAD_SPLIT),
+            _head_sections(dq_desc, dq_tail_desc, HEAD_SPLIT))
+
+
+@gluon.jit
 def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, FUSED_DQ: gl.constexpr):
     """The dK/dV kernel's shared memory: K_j and V_j as two 64-key halves (loaded once: kv_bar), a
     ring of STAGES Q_i and dO_i tiles (q_bar, do_bar: a TMA load has landed; empty_bar: a stage is
     free) and, with FUSED_DQ, the dQ exchange's buffers and mbarriers (ds_smem, dq_smem, ds_bar,
-    done_bar; without it, stand-ins of the right kinds)."""
-    dtype: gl.constexpr = q_desc.dtype
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    ROWS: gl.constexpr = k_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    k_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], do_desc.layout)
+    done_bar; without it, stand-ins of the right kinds). Descriptors and tiles with a head-dim side
+    are tuples of head-dim sections (shared._head_sections)."""
+    dtype: gl.constexpr = q_desc[0].dtype
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
+    k_smem = _allocate_sections(k_desc, 2)
+    v_smem = _allocate_sections(v_desc, 2)
+    q_smem = _allocate_sections(q_desc, STAGES)
+    do_smem = _allocate_sections(do_desc, STAGES)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -105,31 +147,39 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
     if FUSED_DQ:
         # dS^T of both consumers for two steps (the A operands of dQ = dS K, read transposed) and
-        # each consumer's float32 dQ tile for its reduce-add, in the consumer's register order
+        # each consumer's float32 dQ tiles for its reduce-adds, in the consumer's register order
         # (reinterpreted by _dq_tile_buffer)
-        ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc.layout)
+        ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc[0].layout)
         gl.static_assert(BLOCK_M * DQ_COLS == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
-        gl.static_assert(HEAD_DIM == DQ_COLS or HEAD_DIM == 2 * DQ_COLS)
-        dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_desc.layout)
+        gl.static_assert(_dq_fuses(HEAD_DIM))
+        first = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_desc[0].layout)
+        if len(dq_desc) == 1:
+            dq_smem = (first,)
+        else:
+            dq_smem = (first, gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS // 2], dq_desc[1].layout))
         ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for parity in gl.static_range(2):
             mbarrier.init(ds_bar.index(parity), count=2)  # both consumers' dS^T are in place
         mbarrier.init(done_bar, count=2)
     else:  # the fused path's buffers and barriers are not used: stand-ins of the right kinds
-        ds_smem, dq_smem, ds_bar, done_bar = q_smem, q_smem, q_bar, kv_bar
+        ds_smem, dq_smem, ds_bar, done_bar = q_smem[0], q_smem, q_bar, kv_bar
     return k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar, done_bar
 
 
 @gluon.jit
 def _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0):
     """FA2 Alg. 2 line 6: K_j and V_j from row kv_row0 + start_n as two 64-key halves, once, on kv_bar."""
-    ROWS: gl.constexpr = k_desc.block_type.shape[0]
-    mbarrier.expect(kv_bar, 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+    ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
+    if len(k_desc) == 1:
+        mbarrier.expect(kv_bar, 2 * k_desc[0].block_type.nbytes + 2 * v_desc[0].block_type.nbytes)
+    else:
+        mbarrier.expect(kv_bar, 2 * (k_desc[0].block_type.nbytes + k_desc[1].block_type.nbytes
+                                     + v_desc[0].block_type.nbytes + v_desc[1].block_type.nbytes))
     for half in gl.static_range(2):
         kv_row = kv_row0 + start_n + half * ROWS
-        tma.async_copy_global_to_shared(k_desc, [kv_row, col0], kv_bar, k_smem.index(half))
-        tma.async_copy_global_to_shared(v_desc, [kv_row, col0], kv_bar, v_smem.index(half))
+        _load_sections(k_desc, kv_row, col0, kv_bar, _at(k_smem, half))
+        _load_sections(v_desc, kv_row, col0, kv_bar, _at(v_smem, half))
 
 
 @gluon.jit
@@ -142,9 +192,9 @@ def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_
     seqlen) views) travel with Q_i and dO_i, on the same mbarriers, as FlashAttention-3's producer
     brings them: the consumers read them from shared memory instead of waiting on global loads at
     every step (docs/performance.md, "The backward's step")."""
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    STAGES: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
+    STAGES: gl.constexpr = q_smem[0].type.shape[0]
     _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0)
     for step in range(n_steps * kv_group):
         stage = step % STAGES
@@ -152,39 +202,64 @@ def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_
                                                 HEAD_DIM)
         # a fresh mbarrier counts as having completed the phase before its first
         mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
-        _load_tile_and_stats(q_desc, [q_row0 + m, q_col], q_smem.index(stage), lse_desc, [lse_row, m],
+        _load_tile_and_stats(q_desc, q_row0 + m, q_col, _at(q_smem, stage), lse_desc, [lse_row, m],
                              lse_smem.index(stage), q_bar.index(stage))
-        _load_tile_and_stats(do_desc, [q_row0 + m, q_col], do_smem.index(stage), delta_desc, [lse_row, m],
+        _load_tile_and_stats(do_desc, q_row0 + m, q_col, _at(do_smem, stage), delta_desc, [lse_row, m],
                              delta_smem.index(stage), do_bar.index(stage))
 
 
 @gluon.jit
-def _load_tile_and_stats(desc, coord, buf, stats_desc, stats_coord, stats_buf, bar):
-    """One TMA load of a query step's tile into `buf` and of its [1, BLOCK_M] row of L or D into
-    `stats_buf`, both completing `bar`'s phase."""
-    mbarrier.expect(bar, desc.block_type.nbytes + stats_desc.block_type.nbytes)
+def _load_tile_and_stats(desc, row, col, tiles, stats_desc, stats_coord, stats_buf, bar):
+    """One TMA load of a query step's tile (a tuple of head-dim sections, from (row, col) on) into
+    `tiles` and of its [1, BLOCK_M] row of L or D into `stats_buf`, all completing `bar`'s phase."""
+    if len(desc) == 1:
+        mbarrier.expect(bar, desc[0].block_type.nbytes + stats_desc.block_type.nbytes)
+    else:
+        mbarrier.expect(bar, desc[0].block_type.nbytes + desc[1].block_type.nbytes + stats_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(stats_desc, stats_coord, bar, stats_buf)
-    tma.async_copy_global_to_shared(desc, coord, bar, buf)
+    _load_sections(desc, row, col, bar, tiles)
+
+
+@gluon.jit
+def _chained_matmul(a, b, init):
+    """sum over head-dim sections of a[s] b[s]^T (a, b: tuples of [rows, section] shared tiles),
+    one asynchronous wgmma per section chained on the first, which overwrites `init`."""
+    tok = warpgroup_mma(a[0], b[0].permute((1, 0)), init, use_acc=False, is_async=True)
+    if len(a) == 2:
+        tok = warpgroup_mma(a[1], b[1].permute((1, 0)), tok, is_async=True)
+    return tok
 
 
 @gluon.jit
 def _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init):
     """Line 10: S^T = K_j Q_i^T (unscaled) and line 13: dP^T = V_j dO_i^T, each issued once its
-    tile has landed; both left in flight."""
+    tile has landed (one wgmma per head-dim section, chained); both left in flight."""
     mbarrier.wait(q_bar.index(stage), phase)
-    s_tok = warpgroup_mma(k_buf, q_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    s_tok = _chained_matmul(k_buf, q_buf, s_init)
     mbarrier.wait(do_bar.index(stage), phase)
-    dp_tok = warpgroup_mma(v_buf, do_buf.permute((1, 0)), s_init, use_acc=False, is_async=True)
+    dp_tok = _chained_matmul(v_buf, do_buf, s_init)
     return s_tok, dp_tok
+
+
+@gluon.jit
+def _section_matmuls(a_op, b, acc):
+    """acc[s] += a_op b[s] for each head-dim section s (b and acc: tuples), issued asynchronously,
+    `a_op` a register-held A operand of the first section's accumulator layout: the tokens."""
+    first = warpgroup_mma(a_op, b[0], acc[0], is_async=True)
+    if len(acc) == 1:
+        return (first,)
+    else:
+        tail_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc[1].type.layout, k_width=2)
+        return (first, warpgroup_mma(gl.convert_layout(a_op, tail_layout), b[1], acc[1], is_async=True))
 
 
 @gluon.jit
 def _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv):
     """Line 12: dV_j += P^T dO_i; line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul (delta:
-    D_i as a [1, BLOCK_M] row). Returns the dV matmul in flight and dS^T in the inputs' dtype."""
-    dv_tok = warpgroup_mma(p_op, do_buf, dv, is_async=True)
-    dp = warpgroup_mma_wait(1, deps=[dp_tok])
-    return dv_tok, (p * (dp - delta)).to(do_buf.dtype)
+    D_i as a [1, BLOCK_M] row). Returns the dV matmuls in flight and dS^T in the inputs' dtype."""
+    dv_tok = _section_matmuls(p_op, do_buf, dv)
+    dp = warpgroup_mma_wait(len(dv), deps=[dp_tok])
+    return dv_tok, (p * (dp - delta)).to(do_buf[0].dtype)
 
 
 @gluon.jit
@@ -193,8 +268,20 @@ def _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout: gl.c
     Returns the dV and dK matmuls in flight, dS^T and its A operand."""
     dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
     ds_op = gl.convert_layout(ds, op_layout)
-    dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
+    dk_tok = _section_matmuls(ds_op, q_buf, dk)
     return dv_tok, dk_tok, ds, ds_op
+
+
+@gluon.jit
+def _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op):
+    """The dV and dK matmuls waited for (all wgmmas in flight): dV_j, dK_j (tuples) and the operands."""
+    if len(dv_tok) == 1:
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok[0], dk_tok[0], p_op, ds_op])
+        return (dv,), (dk,), p_op, ds_op
+    else:
+        dv, dv_tail, dk, dk_tail, p_op, ds_op = warpgroup_mma_wait(
+            0, deps=[dv_tok[0], dv_tok[1], dk_tok[0], dk_tok[1], p_op, ds_op])
+        return (dv, dv_tail), (dk, dk_tail), p_op, ds_op
 
 
 @gluon.jit
@@ -214,44 +301,76 @@ def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_i
                 num_heads, HALF: gl.constexpr):
     """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
     columns] = dS K_j[:, columns] over both halves' keys (all columns in turns, _dq_in_turns),
-    scaled and added into the float32 accumulator behind dq_desc (rows from q_row0) by one TMA
-    reduce-add."""
-    dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
-    dq = warpgroup_mma_wait(0, deps=[dq_tok])
-    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, k_smem.type.shape[2], HALF)
+    scaled and added into the float32 accumulator behind dq_desc (rows from q_row0) by TMA
+    reduce-adds."""
+    dq_tok = _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
+    dq = _bwd_wait_dq(0, dq_tok)
+    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, _ring_head_dim(k_smem), HALF)
 
 
 @gluon.jit
-def _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF: gl.constexpr):
-    """Once both consumers' dS^T are in place, the matmul dS K_j[:, this consumer's columns] over
-    both halves' keys, in flight."""
-    FIRST_COL: gl.constexpr = _dq_first_col(k_smem.type.shape[2], HALF)
+def _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF: gl.constexpr):
+    """Once both consumers' dS^T are in place, the matmuls dS K_j[:, this consumer's columns] over
+    both halves' keys, one per dQ section (`dq_init`: their zero accumulators), in flight."""
+    FIRST_COL: gl.constexpr = _dq_first_col(_ring_head_dim(k_smem), HALF)
     mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
-    dq_tok = warpgroup_mma(ds_smem.index(2 * parity).permute((1, 0)),
-                           k_smem.index(0).slice(FIRST_COL, DQ_COLS, dim=1), dq_init,
+    ds_first = ds_smem.index(2 * parity).permute((1, 0))
+    ds_second = ds_smem.index(2 * parity + 1).permute((1, 0))
+    dq_tok = warpgroup_mma(ds_first, k_smem[0].index(0).slice(FIRST_COL, DQ_COLS, dim=1), dq_init[0],
                            use_acc=False, is_async=True)
-    return warpgroup_mma(ds_smem.index(2 * parity + 1).permute((1, 0)),
-                         k_smem.index(1).slice(FIRST_COL, DQ_COLS, dim=1), dq_tok, is_async=True)
+    dq_tok = warpgroup_mma(ds_second, k_smem[0].index(1).slice(FIRST_COL, DQ_COLS, dim=1), dq_tok, is_async=True)
+    if len(dq_init) == 1:
+        return (dq_tok,)
+    else:  # head dim 96, in turns: the 32-column section too
+        tail_tok = warpgroup_mma(ds_first, k_smem[1].index(0), dq_init[1], use_acc=False, is_async=True)
+        return (dq_tok, warpgroup_mma(ds_second, k_smem[1].index(1), tail_tok, is_async=True))
+
+
+@gluon.jit
+def _bwd_wait_dq(pendings: gl.constexpr, dq_tok):
+    """The dQ matmuls waited for, leaving `pendings` later wgmma groups in flight: the tiles (a tuple)."""
+    if len(dq_tok) == 1:
+        return (warpgroup_mma_wait(pendings, deps=[dq_tok[0]]),)
+    else:
+        dq, dq_tail = warpgroup_mma_wait(pendings, deps=[dq_tok[0], dq_tok[1]])
+        return (dq, dq_tail)
 
 
 @gluon.jit
 def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HEAD_DIM: gl.constexpr,
                    HALF: gl.constexpr):
     """dQ_i's columns (rows q_row0 + m.. of the (batch x seqlen, heads x head dim) view, this
-    consumer's columns of the head whose first is q_col), scaled, added into the float32 accumulator
-    by one TMA reduce-add as the consumer's registers lie, each thread's in turn (DQ_REGISTER_TILE:
-    no bank conflicts on the store), one contiguous tile of the accumulator per (64-row block of
-    the view, 64 columns), tiles in the view's order (dq_cast.dq_from_accumulator puts them back;
-    the varlen kernel's q_row0 is its sequence's padded row: dq_cast.varlen_dq_accumulator)."""
-    BLOCK_M: gl.constexpr = dq.shape[0]
-    tma.store_wait(pendings=0)  # the previous step's reduce-add has read dq_buf
-    dq_buf.store(dq * softmax_scale)
+    consumer's columns of the head whose first is q_col; `dq`, `dq_buf` and `dq_desc` tuples, one
+    per dQ section), scaled, added into the float32 accumulator by one TMA reduce-add a section as
+    the consumer's registers lie, each thread's in turn (DQ_REGISTER_TILE: no bank conflicts on
+    the store). The accumulator holds, per 64-row block of the view, its columns as 64-row,
+    32-column register-order tiles in the view's order (a 64-column tile is two of them: its
+    highest offset bit is column 32), so the tile of columns c.. starts at float
+    64 * (block * columns + c) (dq_cast.dq_from_accumulator puts them back; the varlen kernel's
+    q_row0 is its sequence's padded row: dq_cast.varlen_dq_accumulator)."""
+    BLOCK_M: gl.constexpr = dq[0].shape[0]
+    FIRST_COL: gl.constexpr = _dq_first_col(HEAD_DIM, HALF)
+    tma.store_wait(pendings=0)  # the previous step's reduce-adds have read dq_buf
+    for section in gl.static_range(len(dq)):
+        dq_buf[section].store(dq[section] * softmax_scale)
     fence_async_shared()
     gl.thread_barrier()
-    tile = ((q_row0 + m) // BLOCK_M * (num_heads * (HEAD_DIM // DQ_COLS)) + q_col // DQ_COLS
-            + _dq_first_col(HEAD_DIM, HALF) // DQ_COLS)
-    _tma_reduce_add(dq_desc, [tile * DQ_REGISTER_BOX[0], 0],
-                    dq_buf._reinterpret(gl.float32, [DQ_REGISTER_BOX[0], DQ_REGISTER_BOX[1]], dq_desc.layout))
+    # the tile's first row in the boxes' view (rows of DQ_REGISTER_BOX[1] floats), counting tiles of
+    # UNIT columns: 64 where the head dim is one section, 32 at 96 (heads start at multiples of 96)
+    UNIT: gl.constexpr = DQ_COLS if len(dq) == 1 else DQ_COLS // 2
+    BOX_ROWS: gl.constexpr = BLOCK_M * UNIT // DQ_REGISTER_BOX[1]  # box rows a 64 x UNIT tile spans
+    tile = (q_row0 + m) // BLOCK_M * (num_heads * (HEAD_DIM // UNIT)) + q_col // UNIT + FIRST_COL // UNIT
+    _tma_reduce_add(dq_desc[0], [tile * BOX_ROWS, 0], _register_box(dq_buf[0], dq_desc[0]))
+    if len(dq) == 2:
+        _tma_reduce_add(dq_desc[1], [(tile + DQ_COLS // UNIT) * BOX_ROWS, 0], _register_box(dq_buf[1], dq_desc[1]))
+
+
+@gluon.jit
+def _register_box(buf, desc):
+    """A register-order dQ tile `buf` as the TMA box of `desc` (the same floats, row-major)."""
+    ROWS: gl.constexpr = desc.block_type.shape[0]
+    COLS: gl.constexpr = desc.block_type.shape[1]
+    return buf._reinterpret(gl.float32, [ROWS, COLS], desc.layout)
 
 
 @gluon.jit
@@ -292,34 +411,33 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
     partition's per-program values, the constexprs its own. DIAGONAL (causal without a window):
     the step's rows cross the key block's diagonal, so P^T is masked. L_i and D_i come from the
     stage's shared memory (the loader's, with Q_i and dO_i); D_i is read once P^T is made, so its
-    registers are not held through the softmax. Returns dK_j and dV_j."""
+    registers are not held through the softmax. Returns dK_j and dV_j (tuples of head-dim sections)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
      window_right, full_lo, full_hi, num_heads) = args
     k_buf, v_buf, offs_n, offs_m_base, s_init, dq_init, dq_buf = ctx
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    STAGES: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
+    STAGES: gl.constexpr = q_smem[0].type.shape[0]
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
-    dtype: gl.constexpr = q_desc.dtype
+    dtype: gl.constexpr = q_desc[0].dtype
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
-    acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk[0].type.layout, k_width=2)
     stage = step % STAGES
     phase = (step // STAGES) & 1
     m, q_col, _, group = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
                                           HEAD_DIM)
     offs_m = m + offs_m_base
-    q_buf = q_smem.index(stage)
-    do_buf = do_smem.index(stage)
+    q_buf = _at(q_smem, stage)
+    do_buf = _at(do_smem, stage)
     # line 10: S^T = K_j Q_i^T (unscaled); line 13: dP^T = V_j dO_i^T; both in flight
     s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
     # L_i (natural log -> log2) as a [1, BLOCK_M] row of the transposed tiles, landed with Q_i (the
     # score matmuls waited for it)
     lse = lse_smem.index(stage).load(s_layout) * 1.4426950408889634
     # line 11: P^T = exp(S^T - L) in the log2 domain, under the dP^T matmul
-    s = warpgroup_mma_wait(1, deps=[s_tok])
+    s = warpgroup_mma_wait(len(k_buf), deps=[s_tok])
     if MODS:
         alibi_log2 = 0.0
         if ALIBI:  # the slope of this step's q head
@@ -350,18 +468,18 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         ds_op = gl.convert_layout(ds, op_layout)
         # line 15 (this consumer's columns of dQ_i), then line 16: dK_j += dS^T Q_i; dQ is
         # written and reduce-added while the dK matmul runs
-        dq_tok = _bwd_issue_dq(dq_desc, ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
-        dk_tok = warpgroup_mma(ds_op, q_buf, dk, is_async=True)
-        dq = warpgroup_mma_wait(1, deps=[dq_tok])  # dV's and dQ's matmuls have finished
+        dq_tok = _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
+        dk_tok = _section_matmuls(ds_op, q_buf, dk)
+        dq = _bwd_wait_dq(len(dk), dq_tok)  # dV's and dQ's matmuls have finished
         _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HEAD_DIM, HALF)
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+        dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
     else:
         # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul; line 16: dK_j += dS^T Q_i
         dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
         if FUSED_DQ:  # dS^T to the other consumer: line 15 needs both halves' keys
             parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+        dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
         if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
             _bwd_add_dq_in_its_turn(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity,
@@ -376,13 +494,37 @@ def _bwd_add_dq_in_its_turn(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, 
     The other consumer may then run a step ahead, but not two: it writes a step's dS^T buffer again
     only after it has waited for this consumer's dS^T of the step between, which this consumer
     shares after its dQ matmul has read the buffer."""
-    if _dq_in_turns(k_smem.type.shape[2]):
+    if _dq_in_turns(_ring_head_dim(k_smem)):
         if step % 2 == HALF:
             _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
                         softmax_scale, num_heads, HALF)
     else:
         _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
                     softmax_scale, num_heads, HALF)
+
+
+@gluon.jit
+def _zero_sections(rows: gl.constexpr, ring):
+    """A float32 wgmma accumulator of `rows` rows per head-dim section of `ring` (shared tiles
+    [n, rows', width] each), zeroed: a tuple."""
+    WIDTH: gl.constexpr = ring[0].type.shape[2]
+    first = gl.zeros([rows, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
+    if len(ring) == 1:
+        return (first,)
+    else:
+        TAIL: gl.constexpr = ring[1].type.shape[2]
+        return (first, gl.zeros([rows, TAIL], gl.float32, layout=_wgmma_layout(TAIL)))
+
+
+@gluon.jit
+def _bwd_dq_init(dq_smem, BLOCK_M: gl.constexpr):
+    """The fused dQ matmuls' zero accumulators, one per dQ section (the shapes of dq_smem's tiles)."""
+    first = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
+    if len(dq_smem) == 1:
+        return (first,)
+    else:
+        TAIL: gl.constexpr = dq_smem[1].type.shape[2]
+        return (first, gl.zeros([BLOCK_M, TAIL], gl.float32, layout=_wgmma_layout(TAIL)))
 
 
 @gluon.jit
@@ -395,9 +537,9 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     sum over them in registers.
     FUSED_DQ (line 15, FA3's scheme): both consumers put dS^T in shared memory and wait for each
     other (mbarrier ds_bar); each then computes columns [HALF * 64, HALF * 64 + 64) of
-    dQ_i = dS K_j over all 128 keys (head dim 64: all of them at the steps of parity HALF) and adds
-    them into the float32 accumulator behind dq_desc with one TMA reduce-add (the sum's order
-    varies between runs).
+    dQ_i = dS K_j over all 128 keys (head dims 64 and 96: all of them at the steps of parity HALF)
+    and adds them into the float32 accumulator behind dq_desc with TMA reduce-adds (the sum's
+    order varies between runs).
     DQ_FIRST (FA3's order): the dQ matmul is issued before dK's, and dQ goes to shared memory and
     its reduce-add while the dK matmul runs; else after dK and dV have finished.
     WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
@@ -407,28 +549,25 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
      window_right, full_lo, full_hi, num_heads) = args
-    ROWS: gl.constexpr = k_desc.block_type.shape[0]
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
-    acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    k_buf = k_smem.index(HALF)
-    v_buf = v_smem.index(HALF)
+    k_buf = _at(k_smem, HALF)
+    v_buf = _at(v_smem, HALF)
 
     kv_row = row0 + start_n + HALF * ROWS  # this half's first key row in the descriptors
     offs_n = start_n + HALF * ROWS + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     offs_m_base = gl.arange(0, BLOCK_M, layout=col_layout)
     # line 7: dK_j = dV_j = 0
-    dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
-    dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+    dk = _zero_sections(ROWS, k_smem)
+    dv = _zero_sections(ROWS, k_smem)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     if FUSED_DQ:
-        dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
+        dq_init = _bwd_dq_init(dq_smem, BLOCK_M)
         dq_buf = _dq_tile_buffer(dq_smem, HALF)
     else:  # stand-ins of the right kind (unused)
-        dq_init, dq_buf = s_init, k_buf
+        dq_init, dq_buf = (s_init,), k_buf
     mbarrier.wait(kv_bar, 0)
     ctx = (k_buf, v_buf, offs_n, offs_m_base, s_init, dq_init, dq_buf)
     if CAUSAL and not WINDOW:
@@ -451,11 +590,14 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         mbarrier.arrive(done_bar, count=1)
         mbarrier.wait(done_bar, 0)
     # line 18: write dK_j, dV_j, staged through this half's K and V buffers
-    k_buf.store((dk * softmax_scale).to(dtype))
-    v_buf.store(dv.to(dtype))
+    for section in gl.static_range(len(dk)):
+        k_buf[section].store((dk[section] * softmax_scale).to(k_buf[section].dtype))
+        v_buf[section].store(dv[section].to(v_buf[section].dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(dk_desc, [kv_row, col0], k_buf)
-    tma.async_copy_shared_to_global(dv_desc, [kv_row, col0], v_buf)
+    for section in gl.static_range(len(dk)):
+        col = col0 + section * dk_desc[0].block_type.shape[1]
+        tma.async_copy_shared_to_global(dk_desc[section], [kv_row, col], k_buf[section])
+        tma.async_copy_shared_to_global(dv_desc[section], [kv_row, col], v_buf[section])
     tma.store_wait(pendings=0)
 
 
@@ -471,11 +613,13 @@ def _window_query_steps(start_n, seqlen, window_left, window_right, BLOCK_M: gl.
 
 
 @gluon.jit
-def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, num_heads,
-                                  seqlen, softmax_scale, qk_scale, kv_group, window_left, window_right, softcap_log2,
-                                  Alibi, stride_alibi_b, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                  FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr, WINDOW: gl.constexpr = False,
-                                  SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False):
+def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc,
+                                  k_tail_desc, v_tail_desc, do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc,
+                                  LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale, kv_group, window_left,
+                                  window_right, softcap_log2, Alibi, stride_alibi_b, STAGES: gl.constexpr,
+                                  CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr,
+                                  WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
+                                  ALIBI: gl.constexpr = False, HEAD_SPLIT: gl.constexpr = False):
     """One program per (batch, kv head, key block) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks; placed by flash_attn_hopper.bwd_grid and _bwd_program),
     partitioned as FA3's backward: a loader warp and two consumer warpgroups of 64 keys each that
@@ -485,10 +629,15 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     float32 accumulator's with [16, 256] boxes, each a 64 x 64 tile in register order
     (_bwd_reduce_dq). WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only: the dQ kernel
     has none of them). LSE and Delta: descriptors of their (batch x heads, seqlen) float32 views,
-    [1, BLOCK_M] tiles; DQ_FIRST: _bwd_dkdv_partition's."""
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    ROWS: gl.constexpr = k_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    [1, BLOCK_M] tiles; DQ_FIRST: _bwd_dkdv_partition's. HEAD_SPLIT (head dim 96, dQ fused): the
+    head dim is two sections, the *_tail_desc descriptors' 32 columns after the others' 64 (dQ's
+    with [8, 256] boxes, 64 x 32 tiles); without it the tail arguments are not read."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
+        do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, HEAD_SPLIT)
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     BLOCK_N: gl.constexpr = 2 * ROWS
     b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
     row0 = b * seqlen
@@ -525,5 +674,3 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
         (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 1)),
         (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0)),
     ], [4, 1], [240, 24])
-
-

@@ -16,8 +16,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .bwd import (
-    DQ_COLS,
     _bwd_add_dq_in_its_turn,
+    _bwd_descriptors,
+    _bwd_dq_init,
     _bwd_dv_ds_dk,
     _bwd_load_kv,
     _bwd_program,
@@ -25,9 +26,11 @@ from .bwd import (
     _bwd_share_ds,
     _bwd_shared_buffers,
     _bwd_step_coords,
+    _bwd_wait_dkdv,
     _dq_tile_buffer,
+    _zero_sections,
 )
-from .shared import _wgmma_layout
+from .shared import _at, _expect_sections, _head_dim, _load_sections, _wgmma_layout
 
 
 @gluon.jit
@@ -40,9 +43,9 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
      qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    STAGES: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
+    STAGES: gl.constexpr = q_smem[0].type.shape[0]
     row_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])  # the loader's one warp
     offs = gl.arange(0, BLOCK_M, layout=row_layout)
     _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0)
@@ -55,10 +58,10 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
         lse = gl.load(LSE + stats_row + rows, mask=rows < seqlen_q, other=float("inf"))  # before the wait
         delta = gl.load(Delta + stats_row + rows, mask=rows < seqlen_q, other=0.0)
         mbarrier.wait(empty_bar.index(stage), ((step // STAGES) & 1) ^ 1)
-        mbarrier.expect(q_bar.index(stage), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_start + m, q_col], q_bar.index(stage), q_smem.index(stage))
-        mbarrier.expect(do_bar.index(stage), do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(do_desc, [q_start + m, q_col], do_bar.index(stage), do_smem.index(stage))
+        _expect_sections(q_bar.index(stage), q_desc)
+        _load_sections(q_desc, q_start + m, q_col, q_bar.index(stage), _at(q_smem, stage))
+        _expect_sections(do_bar.index(stage), do_desc)
+        _load_sections(do_desc, q_start + m, q_col, do_bar.index(stage), _at(do_smem, stage))
         lse_smem.index(stage).store(lse)
         delta_smem.index(stage).store(delta)
         gl.thread_barrier()  # the warp's stores, before one thread arrives
@@ -66,11 +69,14 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit, layout: gl.constexpr,
-                       ROWS: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """Write a [ROWS, HEAD_DIM] tile whose rows are sequence positions first.. (row0 + first in
-    the packed view): by TMA where every row is before `limit`, else only those rows, by a masked
-    pointer store (the rows past it belong to the next sequence)."""
+def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit):
+    """Write a [ROWS, width] tile (`value`, `buf` and `desc` one head-dim section's) whose rows are
+    sequence positions first.. (row0 + first in the packed view), from column col0 on: by TMA where
+    every row is before `limit`, else only those rows, by a masked pointer store (the rows past it
+    belong to the next sequence)."""
+    ROWS: gl.constexpr = value.shape[0]
+    WIDTH: gl.constexpr = value.shape[1]
+    layout: gl.constexpr = value.type.layout
     if first + ROWS <= limit:
         buf.store(value)
         fence_async_shared()
@@ -78,7 +84,7 @@ def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit, 
         tma.store_wait(pendings=0)
     else:
         rows = first + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+        cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
         ptrs = Ptr + (row0 + rows).to(gl.int64)[:, None] * stride + (col0 + cols)[None, :]
         gl.store(ptrs, value, mask=(rows < limit)[:, None])
 
@@ -96,25 +102,24 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
      qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
     k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys = ctx
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    ROWS: gl.constexpr = k_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    STAGES: gl.constexpr = q_smem.type.shape[0]
-    dtype: gl.constexpr = q_desc.dtype
-    acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
+    STAGES: gl.constexpr = q_smem[0].type.shape[0]
+    dtype: gl.constexpr = q_desc[0].dtype
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk[0].type.layout, k_width=2)
     stage = step % STAGES
     phase = (step // STAGES) & 1
     m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, q_col0 // HEAD_DIM, 0, kv_group, BLOCK_M,
                                       HEAD_DIM)
     offs_m = m + offs_m_base
-    q_buf = q_smem.index(stage)
-    do_buf = do_smem.index(stage)
+    q_buf = _at(q_smem, stage)
+    do_buf = _at(do_smem, stage)
     s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
     # the loader's copies of L_i and D_i; D_i read once P^T is made (as bwd._bwd_dkdv_step does)
     mbarrier.wait(stats_bar.index(stage), phase)
     lse = lse_smem.index(stage).load(offs_m_base.type.layout)[None, :] * 1.4426950408889634
-    s = warpgroup_mma_wait(1, deps=[s_tok])
+    s = warpgroup_mma_wait(len(k_buf), deps=[s_tok])
     p = gl.exp2(s * qk_scale - lse)
     # keys past the sequence's end and, causal, past a row's diagonal, where the step needs it: row
     # m + shift sees keys up to itself
@@ -128,7 +133,7 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
     delta = delta_smem.index(stage).load(offs_m_base.type.layout)[None, :]
     dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
     parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
-    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+    dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
     mbarrier.arrive(empty_bar.index(stage), count=1)
     _bwd_add_dq_in_its_turn(dq_desc, dq_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
                             softmax_scale, num_heads, HALF)
@@ -147,25 +152,22 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
      q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
      qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
-    ROWS: gl.constexpr = k_desc.block_type.shape[0]
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
-    dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
-    acc_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
-    k_buf = k_smem.index(HALF)
-    v_buf = v_smem.index(HALF)
+    k_buf = _at(k_smem, HALF)
+    v_buf = _at(v_smem, HALF)
 
     first_key = start_n + HALF * ROWS  # this half's first key in its sequence
     offs_n = first_key + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
     offs_m_base = gl.arange(0, BLOCK_M, layout=col_layout)
     keys_ok = offs_n < seqlen_k
     partial_keys = start_n + 2 * ROWS > seqlen_k
-    dk = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
-    dv = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=acc_layout)
+    dk = _zero_sections(ROWS, k_smem)
+    dv = _zero_sections(ROWS, k_smem)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
-    dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
+    dq_init = _bwd_dq_init(dq_smem, BLOCK_M)
     dq_buf = _dq_tile_buffer(dq_smem, HALF)
     mbarrier.wait(kv_bar, 0)
     ctx = (k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys)
@@ -176,10 +178,12 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     tma.store_wait(pendings=0)
-    _varlen_store_rows(dk_desc, DK, stride_dk, k_buf, (dk * softmax_scale).to(dtype), first_key, kv_row0, col0,
-                       seqlen_k, acc_layout, ROWS, HEAD_DIM)
-    _varlen_store_rows(dv_desc, DV, stride_dv, v_buf, dv.to(dtype), first_key, kv_row0, col0, seqlen_k, acc_layout,
-                       ROWS, HEAD_DIM)
+    for section in gl.static_range(len(dk)):
+        col = col0 + section * dk_desc[0].block_type.shape[1]
+        _varlen_store_rows(dk_desc[section], DK, stride_dk, k_buf[section],
+                           (dk[section] * softmax_scale).to(k_buf[section].dtype), first_key, kv_row0, col, seqlen_k)
+        _varlen_store_rows(dv_desc[section], DV, stride_dv, v_buf[section], dv[section].to(v_buf[section].dtype),
+                           first_key, kv_row0, col, seqlen_k)
 
 
 @gluon.jit
@@ -223,10 +227,12 @@ def _varlen_packed_program(CuSeqQ, CuSeqK, batch, BLOCK_N: gl.constexpr, SCAN: g
 
 
 @gluon.jit
-def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE,
-                                         Delta, CuSeqQ, CuSeqK, num_heads, total_q, stride_dk, stride_dv,
-                                         softmax_scale, qk_scale, kv_group, batch, STAGES: gl.constexpr,
-                                         CAUSAL: gl.constexpr, SCAN: gl.constexpr):
+def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc,
+                                         k_tail_desc, v_tail_desc, do_tail_desc, dk_tail_desc, dv_tail_desc,
+                                         dq_tail_desc, DK, DV, LSE, Delta, CuSeqQ, CuSeqK, num_heads, total_q,
+                                         stride_dk, stride_dv, softmax_scale, qk_scale, kv_group, batch,
+                                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, SCAN: gl.constexpr,
+                                         HEAD_SPLIT: gl.constexpr = False):
     """The Gluon dK/dV kernel with dQ fused over packed sequences: program (sequence, kv head, key
     block), placed by flash_attn_hopper.bwd_grid and, with SCAN 0, _bwd_program ((sequence, kv
     head) pairs), else _varlen_packed_program (kv heads; every sequence's key blocks on the second
@@ -235,10 +241,13 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
     program past its sequence's last key block does nothing. The loader warp brings each step's
     L_i and D_i into shared memory (_varlen_bwd_load_partition). SCAN: 0, the grid gives every
     sequence the longest one's key blocks; else the key blocks of the `batch` sequences lie on one
-    axis (SCAN lanes >= batch + 1)."""
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[0]
-    ROWS: gl.constexpr = k_desc.block_type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[1]
+    axis (SCAN lanes >= batch + 1). HEAD_SPLIT: the dense kernel's (head dim 96 as 64 + 32)."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
+        q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
+        do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, HEAD_SPLIT)
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     BLOCK_N: gl.constexpr = 2 * ROWS
     if SCAN:
         b, kv_head, start_n, q_start, seqlen_q, kv_row0, seqlen_k = _varlen_packed_program(

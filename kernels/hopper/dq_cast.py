@@ -1,7 +1,10 @@
 """The fused dQ's float32 accumulator and its cast to dQ. The Gluon dK/dV kernels add each 64 x 64
-tile of dQ into the accumulator as their consumers' registers lie (shared.DQ_TILE_BASES); these
-Triton kernels put each tile back in rows, then cast and store it (each row's columns side by side:
-faster than scattering each element to its place, docs/performance.md). The varlen accumulator
+tile of dQ (and 64 x 32 at head dim 96) into the accumulator as their consumers' registers lie
+(shared.DQ_TILE_BASES): a 64 x 64 tile is two 64 x 32 ones side by side, so the accumulator is, per
+64-row block, its columns' 64 x 32 tiles in order, and any two neighbours read as one 64 x 64 tile.
+These Triton kernels put each tile back in rows, then cast and store it (each row's columns side by
+side: faster than scattering each element to its place, docs/performance.md); 64-column tiles
+where the row's columns (heads x head dim) are a multiple of 64, else 32-column ones. The varlen accumulator
 holds each sequence's tiles from a padded row of its own (FA3's layout for its dQaccum), so that
 no tile holds two sequences."""
 from __future__ import annotations
@@ -15,31 +18,32 @@ from .shared import BWD_BLOCK_M
 
 
 @triton.jit
-def _register_tile_in_rows(acc):
-    """A register-order tile's 4096 floats (DQ_TILE_BASES) as its [64, 64] block in rows: the
-    offsets' bit groups, from the highest (columns 32-8, rows 32-16, rows 4-1, columns 4-2, row 8,
-    column 1), as dimensions, permuted to the block's (rows 32-16, row 8, rows 4-1, columns 32-8,
-    columns 4-2, column 1), so that each row's columns are side by side for the stores."""
-    return tl.reshape(tl.permute(tl.reshape(acc, (8, 4, 8, 4, 2, 2)), (1, 4, 2, 0, 3, 5)), (64, 64))
+def _register_tile_in_rows(acc, COLS: tl.constexpr):
+    """A register-order tile's 64 * COLS floats (DQ_TILE_BASES, COLS 64 or 32) as its [64, COLS]
+    block in rows: the offsets' bit groups, from the highest (columns 32-8 or 16-8, rows 32-16,
+    rows 4-1, columns 4-2, row 8, column 1), as dimensions, permuted to the block's (rows 32-16,
+    row 8, rows 4-1, columns 32-8, columns 4-2, column 1), so that each row's columns are side by
+    side for the stores."""
+    return tl.reshape(tl.permute(tl.reshape(acc, (COLS // 8, 4, 8, 4, 2, 2)), (1, 4, 2, 0, 3, 5)), (64, COLS))
 
 
 @triton.jit
-def _dq_rows_from_register_tiles_kernel(DQAccum, DQ, col_tiles):
-    """One 64 x 64 tile of the fused dQ's accumulator in register order (DQ_TILE_BASES; tiles in
-    the order of the (batch x seqlen, heads x head dim) view's 64 x 64 blocks, `col_tiles` to a
+def _dq_rows_from_register_tiles_kernel(DQAccum, DQ, col_tiles, COLS: tl.constexpr):
+    """One 64 x COLS tile of the fused dQ's accumulator in register order (DQ_TILE_BASES; tiles in
+    the order of the (batch x seqlen, heads x head dim) view's 64 x COLS blocks, `col_tiles` to a
     row of blocks) put in rows (_register_tile_in_rows) and cast into its block of DQ, that view of
-    a contiguous tensor, each row's 64 columns stored side by side."""
+    a contiguous tensor, each row's COLS columns stored side by side."""
     tile = tl.program_id(0)
-    acc = _register_tile_in_rows(tl.load(DQAccum + tile.to(tl.int64) * 4096 + tl.arange(0, 4096)))
+    acc = _register_tile_in_rows(tl.load(DQAccum + tile.to(tl.int64) * (64 * COLS) + tl.arange(0, 64 * COLS)), COLS)
     block_row, block_col = tile // col_tiles, tile % col_tiles
-    rows, cols = tl.arange(0, 64)[:, None], tl.arange(0, 64)[None, :]
-    dst = (block_row.to(tl.int64) * 64 + rows) * (col_tiles * 64) + block_col * 64 + cols
+    rows, cols = tl.arange(0, 64)[:, None], tl.arange(0, COLS)[None, :]
+    dst = (block_row.to(tl.int64) * 64 + rows) * (col_tiles * COLS) + block_col * COLS + cols
     tl.store(DQ + dst, acc.to(DQ.dtype.element_ty))
 
 
 @triton.jit
-def _dq_rows_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles):
-    """One 64 x 64 tile (query block j of sequence b, column block c: the program's place) of the
+def _dq_rows_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles, COLS: tl.constexpr):
+    """One 64 x COLS tile (query block j of sequence b, column block c: the program's place) of the
     varlen accumulator (varlen_dq_accumulator's padded rows, DQ_TILE_BASES' tiles) put in rows and
     cast into sequence b's rows of DQ, a contiguous (total_q, heads, head dim) tensor: a program
     past its sequence's tiles does nothing, the others read their whole padded tile (within the
@@ -50,10 +54,16 @@ def _dq_rows_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles):
     seqlen = tl.load(CuSeqQ + b + 1) - q_start
     if j * 64 < seqlen:
         tile = ((q_start + b * 64) // 64 + j).to(tl.int64) * col_tiles + c
-        acc = _register_tile_in_rows(tl.load(DQAccum + tile * 4096 + tl.arange(0, 4096)))
-        rows, cols = tl.arange(0, 64)[:, None], tl.arange(0, 64)[None, :]
-        dst = (q_start + j * 64 + rows).to(tl.int64) * (col_tiles * 64) + c * 64 + cols
+        acc = _register_tile_in_rows(tl.load(DQAccum + tile * (64 * COLS) + tl.arange(0, 64 * COLS)), COLS)
+        rows, cols = tl.arange(0, 64)[:, None], tl.arange(0, COLS)[None, :]
+        dst = (q_start + j * 64 + rows).to(tl.int64) * (col_tiles * COLS) + c * COLS + cols
         tl.store(DQ + dst, acc.to(DQ.dtype.element_ty), mask=j * 64 + rows < seqlen)
+
+
+def _tile_cols(columns: int) -> int:
+    """The cast's tile width for rows of `columns` floats (heads x head dim): 64 where they hold
+    whole 64-column tiles, else 32 (head dim 96 with an odd number of heads)."""
+    return 64 if columns % 64 == 0 else 32
 
 
 _dq_rows_from_register_tiles_launcher = CachedLauncher(_dq_rows_from_register_tiles_kernel)
@@ -64,11 +74,12 @@ def dq_from_accumulator(dq_accum: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     """dQ in `dtype`, shaped like the fused dQ's float32 accumulator `dq_accum` (contiguous like q,
     its 64 x 64 tiles in register order), from that accumulator."""
     columns = dq_accum.shape[-2] * dq_accum.shape[-1]  # heads x head dim
-    if not dq_accum.is_contiguous() or columns % 64 or dq_accum.numel() % (64 * columns):
+    if not dq_accum.is_contiguous() or columns % 32 or dq_accum.numel() % (64 * columns):
         raise ValueError("the register-order accumulator is a contiguous (..., heads, head dim) float32 tensor "
-                         f"of whole 64 x 64 blocks; got shape {tuple(dq_accum.shape)}")
+                         f"of whole 64 x 32 blocks; got shape {tuple(dq_accum.shape)}")
     dq = torch.empty(dq_accum.shape, device=dq_accum.device, dtype=dtype)
-    _dq_rows_from_register_tiles_launcher[(dq_accum.numel() // 4096,)](dq_accum, dq, columns // 64)
+    cols = _tile_cols(columns)
+    _dq_rows_from_register_tiles_launcher[(dq_accum.numel() // (64 * cols),)](dq_accum, dq, columns // cols, COLS=cols)
     return dq
 
 
@@ -115,6 +126,8 @@ def dq_from_varlen_accumulator(dq_accum: torch.Tensor, cu_seqlens_q: torch.Tenso
     if total_q:
         # query blocks on the axis CUDA does not limit to 65535; the batch within it (the varlen
         # kernels' dispatch keeps batch x heads so), the column tiles too (2 x heads at head dim 128)
-        grid = (triton.cdiv(max_seqlen_q, BWD_BLOCK_M), batch, heads * headdim // 64)
-        _dq_rows_from_padded_register_tiles_launcher[grid](dq_accum, dq, cu_seqlens_q, heads * headdim // 64)
+        cols = _tile_cols(heads * headdim)
+        grid = (triton.cdiv(max_seqlen_q, BWD_BLOCK_M), batch, heads * headdim // cols)
+        _dq_rows_from_padded_register_tiles_launcher[grid](dq_accum, dq, cu_seqlens_q, heads * headdim // cols,
+                                                           COLS=cols)
     return dq

@@ -38,7 +38,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..features import _tanh
-from .shared import _wgmma_layout
+from .shared import (
+    _allocate_sections,
+    _at,
+    _descriptor_sections,
+    _expect_sections,
+    _head_dim,
+    _load_sections,
+    _wgmma_layout,
+)
 
 
 @gluon.jit
@@ -180,74 +188,6 @@ def _fwd_program(num_heads, CAUSAL: gl.constexpr):
         pid_m = gl.program_id(0)
     pid_bh = gl.program_id(1)
     return pid_m, pid_bh, pid_bh // num_heads, pid_bh % num_heads
-
-
-@gluon.jit
-def _head_sections(desc, tail_desc, HEAD_SPLIT: gl.constexpr):
-    """A tensor's descriptors as the tuple of head-dim sections the kernels loop over: (desc,), or
-    with HEAD_SPLIT (a head dim that is not a power of two: 96 = 64 + 32, 192 = 128 + 64; register
-    tiles are powers of two) (desc, tail_desc), the second section's columns after the first's."""
-    if HEAD_SPLIT:
-        return (desc, tail_desc)
-    else:
-        return (desc,)
-
-
-@gluon.jit
-def _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc,
-                         HEAD_SPLIT: gl.constexpr):
-    """Q's, K's, V's and O's descriptors, each as its tuple of head-dim sections (`_head_sections`)."""
-    return (_head_sections(q_desc, q_tail_desc, HEAD_SPLIT), _head_sections(k_desc, k_tail_desc, HEAD_SPLIT),
-            _head_sections(v_desc, v_tail_desc, HEAD_SPLIT), _head_sections(o_desc, o_tail_desc, HEAD_SPLIT))
-
-
-@gluon.jit
-def _head_dim(descs):
-    """The head dim: the head-dim sections' widths summed."""
-    if len(descs) == 1:
-        return descs[0].block_type.shape[1]
-    else:
-        return descs[0].block_type.shape[1] + descs[1].block_type.shape[1]
-
-
-@gluon.jit
-def _allocate_sections(descs, count: gl.constexpr):
-    """`count` shared-memory tiles of each head-dim section's box (a tuple like `descs`)."""
-    ROWS: gl.constexpr = descs[0].block_type.shape[0]
-    WIDTH: gl.constexpr = descs[0].block_type.shape[1]
-    first = gl.allocate_shared_memory(descs[0].dtype, [count, ROWS, WIDTH], descs[0].layout)
-    if len(descs) == 1:
-        return (first,)
-    else:
-        TAIL: gl.constexpr = descs[1].block_type.shape[1]
-        return (first, gl.allocate_shared_memory(descs[1].dtype, [count, ROWS, TAIL], descs[1].layout))
-
-
-@gluon.jit
-def _at(sections, index):
-    """Tile `index` of each section's ring (a tuple like `sections`)."""
-    if len(sections) == 1:
-        return (sections[0].index(index),)
-    else:
-        return (sections[0].index(index), sections[1].index(index))
-
-
-@gluon.jit
-def _expect_sections(bar, descs):
-    """mbarrier.expect for one tile of every head-dim section."""
-    if len(descs) == 1:
-        mbarrier.expect(bar, descs[0].block_type.nbytes)
-    else:
-        mbarrier.expect(bar, descs[0].block_type.nbytes + descs[1].block_type.nbytes)
-
-
-@gluon.jit
-def _load_sections(descs, row, col, bar, tiles):
-    """TMA loads of one tile per head-dim section, from column `col` (the head's first) on, into
-    `tiles` (a tuple like `descs`), completing on `bar`."""
-    tma.async_copy_global_to_shared(descs[0], [row, col], bar, tiles[0])
-    if len(descs) == 2:
-        tma.async_copy_global_to_shared(descs[1], [row, col + descs[0].block_type.shape[1]], bar, tiles[1])
 
 
 @gluon.jit

@@ -6,6 +6,7 @@ from triton._C.libtriton import ir as _ir
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 LOG2E = 1.4426950408889634
 
@@ -17,14 +18,14 @@ FWD_HEAD_DIMS = (64, 96, 128, 192, 256)  # the head dims the forwards serve (dis
 SHARED_MEMORY_BYTES = 227 * 1024  # an sm_90 program's shared memory at most
 
 # The dK/dV kernels (bwd.py, bwd_varlen.py)
-BWD_HEAD_DIMS = (64, 128)  # the head dims the dK/dV kernels serve
+BWD_HEAD_DIMS = (64, 96, 128)  # the head dims the dK/dV kernels serve (96 as 64 + 32: _head_sections)
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 # The head dims at which the dK/dV kernels can add dQ (bwd.py): at 128 each consumer computes 64 of
-# a step's dQ columns, at 64 the consumers take turns by step, each computing the step's whole tile
-# (one 64 x 64 register-order tile, DQ_TILE_BASES, per consumer and step either way)
-FUSED_DQ_HEAD_DIMS = (64, 128)
+# a step's dQ columns, at 64 and 96 the consumers take turns by step, each computing the step's
+# whole dQ_i (64 x 64 register-order tiles, DQ_TILE_BASES; at 96 a 64 x 32 one beside)
+FUSED_DQ_HEAD_DIMS = (64, 96, 128)
 BWD_MAX_KEY_BLOCKS = 65535  # key blocks on the grid's second axis (bwd_grid): CUDA's limit there
 # The varlen kernel's packed grid scans cu_seqlens with one lane a thread of its four warps, so it
 # takes at most this many entries (batch + 1)
@@ -42,6 +43,11 @@ VARLEN_SCAN_LANES = 128
 DQ_TILE_BASES = ((0, 1), (8, 0), (0, 2), (0, 4), (1, 0), (2, 0), (4, 0), (16, 0), (32, 0), (0, 8), (0, 16), (0, 32))
 DQ_REGISTER_BOX: gl.constexpr = gl.constexpr((16, 256))  # the tile's 4096 floats as one TMA box
 DQ_REGISTER_TILE: gl.constexpr = gl.SharedLinearLayout(offset_bases=[[row, col] for row, col in DQ_TILE_BASES])
+# A 64 x 32 tile (head dim 96's second section) in the same order: the bases without the last
+# (column 32), so a 64 x 64 tile is two of them side by side in memory; one [8, 256] box
+DQ_TAIL_REGISTER_BOX: gl.constexpr = gl.constexpr((8, 256))
+DQ_TAIL_REGISTER_TILE: gl.constexpr = gl.SharedLinearLayout(
+    offset_bases=[[row, col] for row, col in DQ_TILE_BASES[:-1]])
 
 
 @gluon.constexpr_function
@@ -58,3 +64,68 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     Hopper module does not wrap it; this calls the same builder method."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(_ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _head_sections(desc, tail_desc, HEAD_SPLIT: gl.constexpr):
+    """A tensor's descriptors as the tuple of head-dim sections the kernels loop over: (desc,), or
+    with HEAD_SPLIT (a head dim that is not a power of two: 96 = 64 + 32, 192 = 128 + 64; register
+    tiles are powers of two) (desc, tail_desc), the second section's columns after the first's."""
+    if HEAD_SPLIT:
+        return (desc, tail_desc)
+    else:
+        return (desc,)
+
+
+@gluon.jit
+def _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc,
+                         HEAD_SPLIT: gl.constexpr):
+    """Q's, K's, V's and O's descriptors, each as its tuple of head-dim sections (`_head_sections`)."""
+    return (_head_sections(q_desc, q_tail_desc, HEAD_SPLIT), _head_sections(k_desc, k_tail_desc, HEAD_SPLIT),
+            _head_sections(v_desc, v_tail_desc, HEAD_SPLIT), _head_sections(o_desc, o_tail_desc, HEAD_SPLIT))
+
+
+@gluon.constexpr_function
+def _head_dim(descs):
+    """The head dim: the head-dim sections' widths summed (`descs` a tuple of descriptors)."""
+    return sum(int(gl._unwrap_if_constexpr(desc.block_type.shape[1])) for desc in descs)
+
+
+@gluon.jit
+def _allocate_sections(descs, count: gl.constexpr):
+    """`count` shared-memory tiles of each head-dim section's box (a tuple like `descs`)."""
+    ROWS: gl.constexpr = descs[0].block_type.shape[0]
+    WIDTH: gl.constexpr = descs[0].block_type.shape[1]
+    first = gl.allocate_shared_memory(descs[0].dtype, [count, ROWS, WIDTH], descs[0].layout)
+    if len(descs) == 1:
+        return (first,)
+    else:
+        TAIL: gl.constexpr = descs[1].block_type.shape[1]
+        return (first, gl.allocate_shared_memory(descs[1].dtype, [count, ROWS, TAIL], descs[1].layout))
+
+
+@gluon.jit
+def _at(sections, index):
+    """Tile `index` of each section's ring (a tuple like `sections`)."""
+    if len(sections) == 1:
+        return (sections[0].index(index),)
+    else:
+        return (sections[0].index(index), sections[1].index(index))
+
+
+@gluon.jit
+def _expect_sections(bar, descs):
+    """mbarrier.expect for one tile of every head-dim section."""
+    if len(descs) == 1:
+        mbarrier.expect(bar, descs[0].block_type.nbytes)
+    else:
+        mbarrier.expect(bar, descs[0].block_type.nbytes + descs[1].block_type.nbytes)
+
+
+@gluon.jit
+def _load_sections(descs, row, col, bar, tiles):
+    """TMA loads of one tile per head-dim section, from column `col` (the head's first) on, into
+    `tiles` (a tuple like `descs`), completing on `bar`."""
+    tma.async_copy_global_to_shared(descs[0], [row, col], bar, tiles[0])
+    if len(descs) == 2:
+        tma.async_copy_global_to_shared(descs[1], [row, col + descs[0].block_type.shape[1]], bar, tiles[1])
