@@ -79,7 +79,7 @@ class BwdConfig:
     # fused_dq_min_rows.
     hopper_gluon_min_keys: int = 0
     # Whether that Gluon kernel also adds dQ (FA3's scheme: TMA reduce-adds into a float32
-    # accumulator, so the sum's order varies between runs), at head dims 64 and 128, unless
+    # accumulator, so the sum's order varies between runs), at head dims 64, 96 and 128, unless
     # flash_attn_backward is asked to be deterministic; the dQ kernel then does not run.
     hopper_gluon_fused_dq: bool = False
     # That kernel's schedule and launch order (kernels/flash_attn_hopper.py): the fused dQ's matmul
@@ -169,8 +169,11 @@ HOPPER_BWD_CONFIGS = {
     # head-dim-256 backward"; rows: reports/h200/decisions/query_major_backward_d256.csv).
     # Descriptor loads free the address registers that spilled (ptxas: no spills with them) and
     # took time off at 4k-16k (backward_descriptors_d256.csv); at head dims 128 and 64 the whole
-    # backward was slower with them, so those keep pointer loads.
-    256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True, tma=True),
+    # backward was slower with them, so those keep pointer loads. Head dim 192 (which this entry
+    # serves) takes the Gluon kernel for wide heads from 1024 keys (kernels/hopper/bwd_wide.py, dQ
+    # fused; docs/performance.md, "The Gluon backward at head dim 192"); 256 is outside its scope.
+    256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True, tma=True,
+                   hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
 }
 # The backward of calls with a window (causal included), softcap, ALiBi, dropout or packed
 # variable lengths (kernels/backward_features.py), where it differs from HOPPER_BWD_CONFIGS. Head dim 128: the

@@ -220,7 +220,7 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig, tiles_padded: bool = Tr
 def hopper_gluon_refusal(q, k, v, out, mode: str = "forward") -> str:
     """Why the dense Gluon kernels (kernels/flash_attn_hopper.py) do not take these tensors ('' where
     they do). Their scope: a head dim of the forward's (FWD_HEAD_DIMS: 64, 96, 128, 192 and 256) or, with
-    `mode` "backward", the dK/dV kernel's (BWD_HEAD_DIMS: 64, 96 and 128), fp16 or bf16, q heads a multiple of the kv heads
+    `mode` "backward", the dK/dV kernels' (BWD_HEAD_DIMS: 64, 96, 128 and 192), fp16 or bf16, q heads a multiple of the kv heads
     (GQA/MQA), query and key lengths equal and whole blocks (_lengths_refusal, checked after the
     shapes, dtypes and strides: the lengths are what GluonPath.PACKED is for), and each
     tensor an exact 2D view for its descriptors (as the host-descriptor path needs, for the Gluon
@@ -262,7 +262,7 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
     sequences ('' where it does). Its scope: packed sequences and no other feature (no window,
     softcap, ALiBi or dropout), from hopper_gluon_min_keys keys in the longest sequence, a head dim
     of FWD_HEAD_DIMS (64, 96, 128, 192 and 256) whose key blocks fit (`_forward_tile_refusal`) or,
-    with `mode` "backward", of BWD_HEAD_DIMS (64, 96 and 128), fp16 or bf16, q heads a multiple of the
+    with `mode` "backward", of VARLEN_BWD_HEAD_DIMS (64, 96 and 128), fp16 or bf16, q heads a multiple of the
     kv heads, each (total, heads, head dim) tensor's heads side by side in its rows (a (total,
     heads * head dim) 2D view) and TMA-compatible. `mode` also names the config's table in the
     reason."""
@@ -279,9 +279,9 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
     _, heads, headdim = q.shape
     kv_heads = k.shape[1]
     batch = features.cu_seqlens_q.shape[0] - 1
-    head_dims = flash_attn_hopper.BWD_HEAD_DIMS if mode == "backward" else flash_attn_hopper.FWD_HEAD_DIMS
+    head_dims = flash_attn_hopper.VARLEN_BWD_HEAD_DIMS if mode == "backward" else flash_attn_hopper.FWD_HEAD_DIMS
     if headdim not in head_dims:
-        return f"head dim {headdim}: the Gluon {mode} kernels take head dims {_listed(head_dims)}"
+        return f"head dim {headdim}: the Gluon varlen {mode} kernels take head dims {_listed(head_dims)}"
     if mode == "forward" and _forward_tile_refusal(config, headdim):
         return _forward_tile_refusal(config, headdim)
     if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in (k, v, out)):
@@ -371,11 +371,16 @@ def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
     if beyond_dense and not bwd_gluon_fuses_dq(config, headdim, deterministic):
         return "", ("deterministic: features and GQA take the Gluon backward only with dQ fused" if deterministic
                     else "features, GQA, packed lengths and lengths off the 128-row grid take the Gluon backward "
-                         "only with dQ fused (head dims 64 and 128)")
+                         f"only with dQ fused (head dims {_listed(flash_attn_hopper.FUSED_DQ_HEAD_DIMS)})")
     refusal = _min_keys_refusal(config, k.shape[1], "backward") or hopper_gluon_refusal(q, k, v, do, "backward")
     if not refusal and (k.shape[1] % flash_attn_hopper.BWD_BLOCK_N
-                        or k.shape[1] // flash_attn_hopper.BWD_BLOCK_N > flash_attn_hopper.BWD_MAX_KEY_BLOCKS):
+                        or k.shape[1] // flash_attn_hopper.bwd_key_block(headdim) > flash_attn_hopper.BWD_MAX_KEY_BLOCKS):
         refusal = "more key blocks than the grid's second axis takes"
+    if not refusal and headdim in flash_attn_hopper.WIDE_BWD_HEAD_DIMS:
+        if not bwd_gluon_fuses_dq(config, headdim, deterministic):
+            refusal = f"head dim {headdim}: its Gluon backward fuses dQ (not deterministic, where the config asks)"
+        elif not (features is DENSE or features.dense):
+            refusal = f"head dim {headdim}: its Gluon backward takes no window, softcap or ALiBi"
     if not refusal:
         return GluonPath.DENSE, ""
     lengths = refusal == _lengths_refusal(q, k)

@@ -46,6 +46,7 @@ from .common import l2_cache_bytes
 from .configs import BwdConfig
 from .hopper.bwd import _flash_bwd_dkdv_hopper_kernel
 from .hopper.bwd_varlen import _flash_bwd_dkdv_hopper_varlen_kernel
+from .hopper.bwd_wide import _flash_bwd_dkdv_hopper_wide_kernel
 from .hopper.dq_cast import (  # noqa: F401 -- the accumulators' API, for backward.py
     check_varlen_dq_accumulator,
     dq_from_accumulator,
@@ -68,7 +69,9 @@ from .hopper.shared import (
     LOG2E,
     SHARED_MEMORY_BYTES,
     STAGES,
+    VARLEN_BWD_HEAD_DIMS,  # noqa: F401 -- the scope dispatch.py checks
     VARLEN_SCAN_LANES,
+    WIDE_BWD_HEAD_DIMS,
 )
 from .launch import CachedLauncher, DirectLaunch, descriptor_template
 
@@ -283,6 +286,13 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
 # --------------------------------------------------------------------------------------
 _bwd_dkdv_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_kernel)  # kernels/launch.py
 _bwd_dkdv_varlen_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_varlen_kernel)
+_bwd_dkdv_wide_launcher = CachedLauncher(_flash_bwd_dkdv_hopper_wide_kernel)
+
+
+def bwd_key_block(headdim: int) -> int:
+    """Keys a dense dK/dV program owns: BWD_BLOCK_N (two consumers of 64), or at the wide head dims
+    (WIDE_BWD_HEAD_DIMS, bwd_wide.py) 64, both consumers on the same keys."""
+    return BWD_BLOCK_N // 2 if headdim in WIDE_BWD_HEAD_DIMS else BWD_BLOCK_N
 
 
 def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: int, element_size: int,
@@ -341,6 +351,10 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     if (any(flags.values()) or kv_heads != heads) and not fused:
         raise ValueError("the Gluon backward takes features and GQA/MQA with dQ fused only")
+    wide = headdim in WIDE_BWD_HEAD_DIMS
+    if wide and (any(flags.values()) or not fused):
+        raise ValueError(f"the Gluon backward at head dim {headdim} (bwd_wide.py) fuses dQ and takes no window, "
+                         "softcap or ALiBi")
     first, tails, split_constexprs = _backward_descriptors(_row_descriptor, q, k, v, do, dk, dv, dq_accum)
     head_split = split_constexprs["HEAD_SPLIT"]
     kv_group = heads // kv_heads
@@ -351,13 +365,18 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     # aligned)
     descriptors = {i: descriptor_template(d) for i, d in enumerate(first + tails) if d is not None}
     descriptors[14] = descriptors[15] = _stats_template(batch * heads, seqlen)
-    grid = bwd_grid(seqlen // BWD_BLOCK_N, batch * kv_heads, kv_group, seqlen, headdim, q.element_size(), q.device,
-                    config.hopper_gluon_head_section)
-    launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
-                          {"STAGES": BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4, "maxnreg": 168,
-                           "DQ_FIRST": fused and dq_first(config, kv_group, flags, headdim), **flags,
-                           **split_constexprs},
-                          descriptors=descriptors)
+    grid = bwd_grid(seqlen // bwd_key_block(headdim), batch * kv_heads, kv_group, seqlen, headdim, q.element_size(),
+                    q.device, config.hopper_gluon_head_section)
+    if wide:
+        launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_wide_launcher", grid,
+                              {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168},
+                              descriptors=descriptors)
+    else:
+        launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
+                              {"STAGES": BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4,
+                               "maxnreg": 168, "DQ_FIRST": fused and dq_first(config, kv_group, flags, headdim),
+                               **flags, **split_constexprs},
+                              descriptors=descriptors)
 
     def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):
         qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (

@@ -145,7 +145,7 @@ def test_hopper_gluon_varlen_forward_scope():
     q, k = torch.empty(3000, 8, 192, dtype=torch.bfloat16), torch.empty(3000, 2, 192, dtype=torch.bfloat16)
     features = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500, max_seqlen_k=1500)
     assert dispatch.hopper_gluon_varlen_refusal(config, q, k, k, q, features, "backward") == (
-        "head dim 192: the Gluon backward kernels take head dims 64, 96 and 128")
+        "head dim 192: the Gluon varlen backward kernels take head dims 64, 96 and 128")
     q, k = torch.empty(3000, 8, 96, dtype=torch.bfloat16), torch.empty(3000, 2, 96, dtype=torch.bfloat16)
     assert not dispatch.hopper_gluon_varlen_refusal(config, q, k, k, q, features, "backward")
     assert path(kv_heads=3) != GluonPath.DENSE  # 3 does not divide 8
@@ -211,14 +211,14 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
 
     def bwd(shape, deterministic=False):
         q = torch.empty(*shape, dtype=torch.bfloat16)
-        config = HOPPER_BWD_CONFIGS[128 if shape[3] == 96 else shape[3]]
+        config = HOPPER_BWD_CONFIGS[{96: 128, 192: 256}.get(shape[3], shape[3])]
         return bwd_dkdv_path(config, q, q, q, q, deterministic=deterministic)
 
     assert bwd((2, 3000, 4, 128)) == GluonPath.PACKED
     assert bwd((2, 3000, 4, 128), deterministic=True) == "triton"
     assert bwd((1, 4500, 4, 64)) == GluonPath.PACKED  # dQ in turns at head dim 64
     assert bwd((2, 3000, 4, 96)) == GluonPath.PACKED  # two head-dim sections, dQ in turns
-    assert bwd((1, 4500, 4, 256)) == "triton"  # the varlen dK/dV kernel fuses dQ at head dims 64, 96 and 128 only
+    assert bwd((1, 4500, 4, 192)) == "triton"  # the varlen dK/dV kernel takes head dims 64, 96 and 128 only
     assert bwd((16, 1000, 4, 64)) == "triton"  # fewer keys than the table's hopper_gluon_min_keys
     assert bwd((2, 2048, 4, 128)) == GluonPath.DENSE
 
@@ -244,9 +244,21 @@ def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
     q, k = tensors(2048, headdim=96)
     assert dispatch.bwd_gluon_path(bwd, q, k, k, q) == (GluonPath.DENSE, "")
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (GluonPath.DENSE, "")
-    q, k = tensors(2048, headdim=192)
+    q, k = tensors(2048, headdim=256)
     assert dispatch.bwd_gluon_path(bwd, q, k, k, q)[1] == (
-        "head dim 192: the Gluon backward kernels take head dims 64, 96 and 128")
+        "head dim 256: the Gluon backward kernels take head dims 64, 96, 128 and 192")
+    # head dim 192: the kernel for wide heads, dense or GQA, dQ fused; no window, softcap or ALiBi
+    wide = HOPPER_BWD_CONFIGS[256]
+    q, k = tensors(2048, headdim=192)
+    assert dispatch.bwd_gluon_path(wide, q, k, k, q) == (GluonPath.DENSE, "")
+    assert dispatch.bwd_gluon_path(wide, q, k[:, :, :2], k[:, :, :2], q) == (GluonPath.DENSE, "")
+    assert dispatch.bwd_gluon_path(wide, q, k, k, q, Features(softcap=1.0))[1] == (
+        "head dim 192: its Gluon backward takes no window, softcap or ALiBi")
+    assert dispatch.bwd_gluon_path(wide, q, k, k, q, deterministic=True)[1] == (
+        "head dim 192: its Gluon backward fuses dQ (not deterministic, where the config asks)")
+    q, k = tensors(3000, headdim=192)  # off the grid: the varlen kernel has no head dim 192
+    assert dispatch.bwd_gluon_path(wide, q, k, k, q)[1] == (
+        "head dim 192: the Gluon varlen backward kernels take head dims 64, 96 and 128")
     q, k = tensors(2048, headdim=80)
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True)[1] == (
         "head dim 80: the Gluon forward kernels take head dims 64, 96, 128, 192 and 256")
@@ -312,18 +324,19 @@ def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
         assert (fwd_memory_path(config, q, q, q, q, causal) == GluonPath.DENSE) == (seqlen >= 4096), seqlen
 
 
-@pytest.mark.parametrize("hdim", [64, 96, 128, 256])
-def test_hopper_backward_takes_the_gluon_dkdv_kernel_at_head_dims_64_96_and_128_from_1k_keys(hdim):
-    """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon one at head dims 64,
-    96 (the head-dim-128 entry's) and 128 from 1024 keys, adding dQ itself, the Triton one below
-    that and at head dim 256 (outside the Gluon kernel's scope)."""
-    config = HOPPER_BWD_CONFIGS[128 if hdim == 96 else hdim]
+@pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
+def test_hopper_backward_takes_the_gluon_dkdv_kernels_at_head_dims_64_to_192_from_1k_keys(hdim):
+    """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon ones at head dims 64,
+    96 (the head-dim-128 entry's), 128 and 192 (the head-dim-256 entry's, the kernel for wide
+    heads) from 1024 keys, adding dQ themselves, the Triton one below that and at head dim 256
+    (outside the Gluon kernels' scope)."""
+    config = HOPPER_BWD_CONFIGS[{96: 128, 192: 256}.get(hdim, hdim)]
     for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
-        q = torch.empty(16384 // seqlen, seqlen, 2048 // hdim, hdim, dtype=torch.bfloat16)
-        gluon = hdim in (64, 96, 128) and seqlen >= 1024
+        q = torch.empty(16384 // seqlen, seqlen, max(2048 // hdim, 1), hdim, dtype=torch.bfloat16)
+        gluon = hdim in (64, 96, 128, 192) and seqlen >= 1024
         assert (bwd_dkdv_path(config, q, q, q, q) == GluonPath.DENSE) == gluon, seqlen
     # the Gluon kernel adds dQ itself (FA3's scheme) unless asked to be deterministic
-    assert bwd_gluon_fuses_dq(config, hdim) == (hdim in (64, 96, 128))
+    assert bwd_gluon_fuses_dq(config, hdim) == (hdim in (64, 96, 128, 192))
     assert not bwd_gluon_fuses_dq(config, hdim, deterministic=True)
     # at head dim 64 where a config asks for it (the consumers take turns by step), never beyond 128
     fusing = dataclasses.replace(config, hopper_gluon_fused_dq=True)
@@ -493,6 +506,9 @@ def test_hopper_gluon_kernels_compile_for_sm90():
                             capture_output=True, text=True, env=env, check=True).stdout
     forward_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
     backward_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
+    wide_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_wide_kernel ")]
+    # head dim 192's kernel (bwd_wide.py), causal or not, dQ fused, within 227 KiB without spills
+    assert len(wide_lines) == 2 and all("tma-reduce" in line and "spill stores 0 B" in line for line in wide_lines)
     # the forward at head dims 64, 96, 128, 192 and 256 (96 and 192 in two head-dim sections, 192
     # and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two sections), causal or
     # not; the backward also with dQ fused at each (at 64 and 96 the consumers take turns); then
@@ -514,6 +530,9 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert len(varlen_bwd) == 12 and all("tma-reduce" in line for line in varlen_bwd), report
     assert sum("packed grid" in line for line in varlen_bwd) == 6, report
     varlen_lines += varlen_bwd
+    for line in wide_lines:  # each warpgroup waits for all its matmuls: the two overlap each other
+        assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
+        assert int(re.search(r"smem (\d+) B", line).group(1)) <= 232448, line
     for line in forward_lines + backward_lines + varlen_lines:
         assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
         # some wait leaves a matmul in flight (the next one's, or the tail section's)

@@ -250,6 +250,19 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq, **flags, **schedule})
 
 
+def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192) -> str:
+    """The Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: dQ fused, no feature)
+    compiled for sm_90 as backward_dkdv_hopper_plan launches it."""
+    from kernels import flash_attn_hopper as hopper
+
+    stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
+    signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
+                 "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
+                 **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ", hopper._flash_bwd_dkdv_hopper_wide_kernel,
+                        signature, {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
+
+
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,
                                    key_grid: str = "longest") -> str:
     """The Gluon dK/dV kernel with dQ fused over packed variable lengths (kernels/hopper/bwd_varlen.py),
@@ -307,17 +320,20 @@ def main() -> None:
         from kernels import flash_attn_hopper as hopper
         from kernels.hopper import dq_cast
 
+        narrow = [d for d in hopper.BWD_HEAD_DIMS if d not in hopper.WIDE_BWD_HEAD_DIMS]  # bwd.py's
         for report_fn, head_dims in ((hopper_gluon_report, hopper.FWD_HEAD_DIMS),
-                                     (hopper_gluon_bwd_report, hopper.BWD_HEAD_DIMS),
-                                     (hopper_gluon_varlen_report, hopper.FWD_HEAD_DIMS)):
+                                     (hopper_gluon_bwd_report, narrow),
+                                     (hopper_gluon_varlen_report, hopper.FWD_HEAD_DIMS),
+                                     (hopper_gluon_wide_bwd_report, hopper.WIDE_BWD_HEAD_DIMS)):
             for headdim in head_dims:
                 for causal in (False, True):
                     emit(report_fn(causal, headdim=headdim))
-        for headdim in hopper.FUSED_DQ_HEAD_DIMS:
+        for headdim in narrow:
             for causal in (False, True):
                 emit(hopper_gluon_bwd_report(causal, headdim=headdim, fused_dq=True))
-                for key_grid in ("longest", "packed"):
-                    emit(hopper_gluon_varlen_bwd_report(causal, headdim=headdim, key_grid=key_grid))
+                if headdim in hopper.VARLEN_BWD_HEAD_DIMS:
+                    for key_grid in ("longest", "packed"):
+                        emit(hopper_gluon_varlen_bwd_report(causal, headdim=headdim, key_grid=key_grid))
         for kernel in (dq_cast._dq_rows_from_register_tiles_kernel, dq_cast._dq_rows_from_padded_register_tiles_kernel):
             for cols in (64, 32):
                 emit(dq_cast_report(kernel, cols))

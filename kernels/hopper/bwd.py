@@ -192,10 +192,19 @@ def _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_
     seqlen) views) travel with Q_i and dO_i, on the same mbarriers, as FlashAttention-3's producer
     brings them: the consumers read them from shared memory instead of waiting on global loads at
     every step (docs/performance.md, "The backward's step")."""
+    _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0)
+    _bwd_load_query_steps(q_desc, do_desc, q_smem, do_smem, q_bar, do_bar, empty_bar, q_row0, first_m, q_col0,
+                          n_steps, kv_group, lse_desc, delta_desc, lse_smem, delta_smem, lse_row0)
+
+
+@gluon.jit
+def _bwd_load_query_steps(q_desc, do_desc, q_smem, do_smem, q_bar, do_bar, empty_bar, q_row0, first_m, q_col0,
+                          n_steps, kv_group, lse_desc, delta_desc, lse_smem, delta_smem, lse_row0):
+    """Line 9's loads of _bwd_load_tiles: Q_i with L_i on q_bar, dO_i with D_i on do_bar, each
+    query step into the ring stage both consumers have released (empty_bar)."""
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     STAGES: gl.constexpr = q_smem[0].type.shape[0]
-    _bwd_load_kv(k_desc, v_desc, k_smem, v_smem, kv_bar, kv_row0, start_n, col0)
     for step in range(n_steps * kv_group):
         stage = step % STAGES
         m, q_col, lse_row, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, 0, kv_group, BLOCK_M,

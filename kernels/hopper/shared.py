@@ -18,14 +18,16 @@ FWD_HEAD_DIMS = (64, 96, 128, 192, 256)  # the head dims the forwards serve (dis
 SHARED_MEMORY_BYTES = 227 * 1024  # an sm_90 program's shared memory at most
 
 # The dK/dV kernels (bwd.py, bwd_varlen.py)
-BWD_HEAD_DIMS = (64, 96, 128)  # the head dims the dK/dV kernels serve (96 as 64 + 32: _head_sections)
+BWD_HEAD_DIMS = (64, 96, 128, 192)  # the head dims the dense dK/dV kernels serve (96, 192 in two _head_sections)
+WIDE_BWD_HEAD_DIMS = (192,)  # those bwd_wide.py's kernel serves: 64-key blocks, the warpgroups split by role
+VARLEN_BWD_HEAD_DIMS = (64, 96, 128)  # those the varlen dK/dV kernel serves
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 # The head dims at which the dK/dV kernels can add dQ (bwd.py): at 128 each consumer computes 64 of
 # a step's dQ columns, at 64 and 96 the consumers take turns by step, each computing the step's
 # whole dQ_i (64 x 64 register-order tiles, DQ_TILE_BASES; at 96 a 64 x 32 one beside)
-FUSED_DQ_HEAD_DIMS = (64, 96, 128)
+FUSED_DQ_HEAD_DIMS = (64, 96, 128, 192)  # at 192 (bwd_wide.py) one warpgroup computes dQ, always fused
 BWD_MAX_KEY_BLOCKS = 65535  # key blocks on the grid's second axis (bwd_grid): CUDA's limit there
 # The varlen kernel's packed grid scans cu_seqlens with one lane a thread of its four warps, so it
 # takes at most this many entries (batch + 1)
