@@ -6,7 +6,7 @@ The kernels (FA2 Algorithms 1 and 2 in FlashAttention-3's warp layout, Shah et a
   constexpr flags) and over packed variable lengths;
 - kernels/hopper/bwd.py: the dK/dV kernel, with line 15's dQ fused (TMA reduce-adds into a
   float32 accumulator) or not, and the steps kernels/hopper/bwd_varlen.py's packed-sequence
-  variant shares with it;
+  variant and kernels/hopper/bwd_wide.py's kernel for head dim 192 share with it;
 - kernels/hopper/dq_cast.py: the fused dQ's accumulator and its cast to dQ;
 - kernels/hopper/shared.py: tile sizes, layouts, the TMA reduce-add.
 
@@ -24,7 +24,8 @@ and, at head dims 64, 96 and 128 (BWD_HEAD_DIMS), a dK/dV kernel with dQ fused
 A dense call off the dense kernels' scope (lengths off the 128-row grid, fewer or more queries
 than keys) runs these varlen kernels with each batch row a packed sequence
 (`dispatch.GluonPath.PACKED`).
-`backward.flash_attn_backward` takes the dK/dV kernel at head dims 64, 96 and 128 from 1k keys in the same
+`backward.flash_attn_backward` takes the dK/dV kernels at head dims 64, 96, 128 and 192 (dense, no window,
+softcap or ALiBi at 192) from 1k keys in the same
 scope (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
 (`dispatch.bwd_gluon_fuses_dq`). Dropout runs on the Triton kernels. The backward's schedule and
 launch order are BwdConfig fields (kernels/configs.py: hopper_gluon_dq_first,

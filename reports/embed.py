@@ -681,6 +681,9 @@ SECTIONS = {
     "gluon_backward_d96_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_d96.csv",
                                                              "Triton dK/dV, then Triton dQ",
                                                              "Gluon dK/dV in two head-dim sections, dQ in turns"),
+    "gluon_backward_d192_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_d192.csv",
+                                                              "Triton dK/dV, then Triton dQ",
+                                                              "Gluon dK/dV for wide heads, dQ fused"),
     "transformers_llama_h100": lambda: transformers_example_table(H100 / "transformers" / "transformers_llama.csv"),
     "decode_xformers_h100": lambda: decode_peers_table(H100 / "decode_xformers"),
     **{name: (lambda name=name, ratios=ratios: decision_table(DECISIONS / f"{name}.csv", ratios))

@@ -854,6 +854,32 @@ def test_the_gluon_backward_takes_its_schedule_and_launch_order_from_the_config(
     assert launch["grid"] == (2, 2, 4)  # sections of 2 of the 8 (batch, kv head) pairs, 2 key blocks each
 
 
+def test_head_dim_192_launches_the_kernel_for_wide_heads(monkeypatch):
+    """The dense Gluon dK/dV plan at head dim 192 launches bwd_wide.py's kernel (recorded on the
+    CPU) over 64-key blocks, with the head dim's two sections' descriptors; it refuses dQ unfused
+    and the features it does not have, by name."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_bwd_dkdv_wide_launcher", launches)
+    monkeypatch.setattr(hopper, "_bwd_dkdv_launcher", None)  # not this one
+    q, k, v, do = (torch.randn(2, 256, 4, 192, dtype=torch.bfloat16) for _ in range(4))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dq_acc = torch.zeros(q.shape, dtype=torch.float32)
+    lse, delta = torch.randn(2, 4, 256), torch.randn(2, 4, 256)
+    config = dataclasses.replace(HOPPER_BWD_CONFIGS[256], hopper_gluon_head_section=8)
+    plan = hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, True, config)
+    plan(q, k, v, do, lse, delta, dk, dv, dq_acc, 0.1)
+    (launch,) = launches
+    assert launch["grid"] == (8, 4, 1) and launch["CAUSAL"]  # 256 keys in 64-key blocks, 8 pairs
+    assert [d.block_shape for d in launch["args"][:2]] == [[64, 128], [64, 128]]
+    assert [d.block_shape for d in launch["args"][7:9]] == [[64, 64], [64, 64]]  # the tail sections
+    with pytest.raises(ValueError, match="head dim 192"):
+        hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, None, True, config)
+    with pytest.raises(ValueError, match="head dim 192"):
+        hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, True, config, {"SOFTCAP": True})
+
+
 @pytest.mark.parametrize("key_grid,scan", [("longest", 0), ("packed", 128), ("auto", 0)])
 def test_the_gluon_varlen_backward_takes_its_grid_from_the_config(key_grid, scan, monkeypatch):
     """The varlen Gluon dK/dV launch's key blocks are BwdConfig.hopper_gluon_varlen_grid's ("auto"
