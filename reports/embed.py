@@ -684,6 +684,10 @@ SECTIONS = {
     "gluon_backward_d192_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_d192.csv",
                                                               "Triton dK/dV, then Triton dQ",
                                                               "Gluon dK/dV for wide heads, dQ fused"),
+    "gluon_backward_min_keys_d192_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_min_keys_d192.csv",
+        "the table's when measured (1k keys: the Gluon kernel; 512: the Triton one)",
+        "the other kernel (hopper_gluon_min_keys 0, or 512)"),
     "transformers_llama_h100": lambda: transformers_example_table(H100 / "transformers" / "transformers_llama.csv"),
     "decode_xformers_h100": lambda: decode_peers_table(H100 / "decode_xformers"),
     **{name: (lambda name=name, ratios=ratios: decision_table(DECISIONS / f"{name}.csv", ratios))
