@@ -526,17 +526,6 @@ def _zero_sections(rows: gl.constexpr, ring):
 
 
 @gluon.jit
-def _bwd_dq_init(dq_smem, BLOCK_M: gl.constexpr):
-    """The fused dQ matmuls' zero accumulators, one per dQ section (the shapes of dq_smem's tiles)."""
-    first = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
-    if len(dq_smem) == 1:
-        return (first,)
-    else:
-        TAIL: gl.constexpr = dq_smem[1].type.shape[2]
-        return (first, gl.zeros([BLOCK_M, TAIL], gl.float32, layout=_wgmma_layout(TAIL)))
-
-
-@gluon.jit
 def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                         FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
@@ -573,7 +562,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     dv = _zero_sections(ROWS, k_smem)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     if FUSED_DQ:
-        dq_init = _bwd_dq_init(dq_smem, BLOCK_M)
+        dq_init = _zero_sections(BLOCK_M, dq_smem)  # one per dQ section
         dq_buf = _dq_tile_buffer(dq_smem, HALF)
     else:  # stand-ins of the right kind (unused)
         dq_init, dq_buf = (s_init,), k_buf

@@ -18,7 +18,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .bwd import (
     _bwd_add_dq_in_its_turn,
     _bwd_descriptors,
-    _bwd_dq_init,
     _bwd_dv_ds_dk,
     _bwd_load_kv,
     _bwd_program,
@@ -167,7 +166,7 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     dk = _zero_sections(ROWS, k_smem)
     dv = _zero_sections(ROWS, k_smem)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
-    dq_init = _bwd_dq_init(dq_smem, BLOCK_M)
+    dq_init = _zero_sections(BLOCK_M, dq_smem)  # one per dQ section
     dq_buf = _dq_tile_buffer(dq_smem, HALF)
     mbarrier.wait(kv_bar, 0)
     ctx = (k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys)
