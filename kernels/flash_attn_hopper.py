@@ -19,14 +19,14 @@ on average; at 2k causal it was slower); fp16 or bf16; each tensor a (batch * se
 head dim) 2D view with rows that do not overlap. Beyond dense attention they take GQA/MQA, sliding windows, softcap and ALiBi (the
 backward with dQ fused only, `dispatch.bwd_dkdv_path`). Packed variable lengths have kernels of
 their own, causal or not and with no other feature: a forward (`dispatch.hopper_gluon_varlen_applies`)
-and, at head dims 64, 96 and 128 (BWD_HEAD_DIMS), a dK/dV kernel with dQ fused
+and, at head dims 64, 96 and 128 (VARLEN_BWD_HEAD_DIMS), a dK/dV kernel with dQ fused
 (`dispatch.hopper_gluon_varlen_bwd_applies`).
 A dense call off the dense kernels' scope (lengths off the 128-row grid, fewer or more queries
 than keys) runs these varlen kernels with each batch row a packed sequence
 (`dispatch.GluonPath.PACKED`).
-`backward.flash_attn_backward` takes the dK/dV kernels at head dims 64, 96, 128 and 192 (dense, no window,
-softcap or ALiBi at 192) from 1k keys in the same
-scope (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
+`backward.flash_attn_backward` takes the dK/dV kernels at head dims 64, 96, 128 and 192
+(BWD_HEAD_DIMS; at 192 with GQA but no window, softcap or ALiBi) from 1k keys in the same scope
+(`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
 (`dispatch.bwd_gluon_fuses_dq`). Dropout runs on the Triton kernels. The backward's schedule and
 launch order are BwdConfig fields (kernels/configs.py: hopper_gluon_dq_first,
 hopper_gluon_head_section, hopper_gluon_varlen_grid).
