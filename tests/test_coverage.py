@@ -158,6 +158,10 @@ def test_on_hopper_the_kernel_column_names_the_varlen_kernels_off_the_grid(monke
         assert short["fwd"] == ("Triton fwd, pointer", "1000 keys: fewer than the forward config's hopper_gluon_min_keys 4096")
         assert short["bwd"] == ("Triton dK/dV, dQ kernel",
                                 "1000 keys: fewer than the backward config's hopper_gluon_min_keys 1024")
+        dense = json.dumps({"kernels": {"fwd": "gluon-ws", "bwd": "gluon-ws", "dq": "fused"}})
+        d192 = coverage.kernels_served(Case("sweep", "d192", 4, 4096, 10, 10, hdim=192), cuda, dense)
+        assert d192["bwd"] == ("Gluon dense dK/dV for wide heads (bwd_wide.py), fused dQ", "")
+        assert d192["fwd"] == ("Gluon dense fwd", "")
         d256 = coverage.kernels_served(Case("sweep", "d256", 4, 4096, 8, 8, hdim=256), cuda, triton)
         assert d256["bwd"][1] == "head dim 256: the Gluon backward kernels take head dims 64, 96, 128 and 192"
         d80 = coverage.kernels_served(Case("sweep", "d80", 4, 4096, 21, 21, hdim=80), cuda, triton)
