@@ -101,7 +101,8 @@ def kernels_served(case: Case, device, config: str) -> dict[str, tuple[str, str]
     dq = "fused dQ" if paths["dq"] == "fused" else "dQ kernel"
     bwd = f"{names[paths['bwd']]} dK/dV, {dq}" if paths["bwd"] in names else f"Triton dK/dV, {dq}"
     hopper = dispatch.flash_attn_hopper
-    if paths["bwd"] == dispatch.GluonPath.DENSE and hopper is not None and case.hdim in hopper.WIDE_BWD_HEAD_DIMS:
+    if (paths["bwd"] == dispatch.GluonPath.DENSE and not case.packed and hopper is not None
+            and case.hdim in hopper.WIDE_BWD_HEAD_DIMS):
         bwd = f"Gluon dense dK/dV for wide heads (bwd_wide.py), {dq}"
     where = " (interpreter)" if device.type != "cuda" else ""
     return {mode: (kernel + where, "" if kernel.startswith("Gluon") else _why_not_gluon(case, mode, device))

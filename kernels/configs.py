@@ -79,7 +79,7 @@ class BwdConfig:
     # fused_dq_min_rows.
     hopper_gluon_min_keys: int = 0
     # Whether that Gluon kernel also adds dQ (FA3's scheme: TMA reduce-adds into a float32
-    # accumulator, so the sum's order varies between runs), at head dims 64, 96 and 128, unless
+    # accumulator, so the sum's order varies between runs), at head dims 64 to 192, unless
     # flash_attn_backward is asked to be deterministic; the dQ kernel then does not run.
     hopper_gluon_fused_dq: bool = False
     # That kernel's schedule and launch order (kernels/flash_attn_hopper.py): the fused dQ's matmul
@@ -162,6 +162,8 @@ HOPPER_BWD_CONFIGS = {
     # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7), faster at 1k-16k in
     # bf16 and fp16, same process, than this kernel with the dQ kernel (docs/performance.md,
     # "Gluon dK/dV with dQ fused, FA3's way"; rows: reports/h200/decisions/gluon_backward.csv).
+    # Head dim 96 (which this entry serves) takes the same kernel in two head-dim sections
+    # (docs/performance.md, "The Gluon backward at head dim 96").
     128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4

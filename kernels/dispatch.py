@@ -314,9 +314,9 @@ def hopper_gluon_varlen_bwd_refusal(config: BwdConfig, q, k, v, do, features: Fe
         return gluon_unavailable
     if deterministic:
         return "deterministic: the dQ reduce-adds' order varies between runs"
-    if not config.hopper_gluon_fused_dq or q.shape[-1] not in flash_attn_hopper.FUSED_DQ_HEAD_DIMS:
-        return (f"packed lengths, GQA and lengths off the 128-row grid take the Gluon backward only with dQ fused "
-                f"(head dims {_listed(flash_attn_hopper.FUSED_DQ_HEAD_DIMS)}, where the config asks for it)")
+    if not config.hopper_gluon_fused_dq:
+        return ("packed lengths, GQA and lengths off the 128-row grid take the Gluon backward only with dQ fused, "
+                "where the config asks for it")
     if features.varlen and -(-features.max_seqlen_k // flash_attn_hopper.BWD_BLOCK_N) > flash_attn_hopper.BWD_MAX_KEY_BLOCKS:
         return "more key blocks than the grid's second axis takes"  # flash_attn_hopper.bwd_grid
     scope = FwdConfig(128, 128, 4, 1, hopper_gluon_min_keys=config.hopper_gluon_min_keys)
@@ -416,8 +416,9 @@ def gluon_feature_flags(features: Features, causal: bool) -> dict:
 def bwd_gluon_fuses_dq(config: BwdConfig, headdim: int, deterministic: bool = False) -> bool:
     """On the 'gluon-ws' path: whether the Gluon kernel adds dQ itself (TMA reduce-adds, the sum's
     order varying between runs) instead of the dQ kernel writing it: where the config asks for it,
-    at head dims 64, 96 and 128 (its two consumers split dQ's columns at 128 and take turns by step
-    at 64 and 96), unless a deterministic backward is asked for."""
+    at head dims 64, 96, 128 and 192 (bwd.py's two consumers split dQ's columns at 128 and take
+    turns by step at 64 and 96; bwd_wide.py's dP warpgroup computes it at 192), unless a
+    deterministic backward is asked for."""
     return (config.hopper_gluon_fused_dq and flash_attn_hopper is not None
             and headdim in flash_attn_hopper.FUSED_DQ_HEAD_DIMS and not deterministic)
 

@@ -70,7 +70,7 @@ from .hopper.shared import (
     LOG2E,
     SHARED_MEMORY_BYTES,
     STAGES,
-    VARLEN_BWD_HEAD_DIMS,  # noqa: F401 -- the scope dispatch.py checks
+    VARLEN_BWD_HEAD_DIMS,
     VARLEN_SCAN_LANES,
     WIDE_BWD_HEAD_DIMS,
 )
@@ -341,8 +341,9 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     `features` = (qk_scale, window sides, softcap * log2(e), slopes, their batch stride) from
     kernels/features.py's feature_args; with `flags` or GQA/MQA, dQ must be fused: the dQ kernel
     has neither). `lse` and `delta` are (batch, heads, seqlen) float32; `dq_accum`, where dQ is
-    fused, a zeroed float32 tensor contiguous like q (head dim 64, 96 or 128), which the kernel fills in
-    register order (dq_cast.dq_from_accumulator reads it). `config`'s hopper_gluon_dq_first and
+    fused, a zeroed float32 tensor contiguous like q (head dim 64, 96, 128 or 192), which the kernel
+    fills in register order (dq_cast.dq_from_accumulator reads it). At the wide head dims
+    (WIDE_BWD_HEAD_DIMS: 192) the launch is bwd_wide.py's kernel, dQ fused and no feature. `config`'s hopper_gluon_dq_first and
     hopper_gluon_head_section pick the schedule and the launch order."""
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
@@ -430,11 +431,13 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
                                            max_seqlen_k: int, softmax_scale: float, causal: bool,
                                            config: BwdConfig) -> None:
     """dK and dV of packed sequences (q, do (total_q, heads, head dim), k, v, dk, dv (total_k,
-    kv_heads, head dim), head dim 64, 96 or 128 (BWD_HEAD_DIMS), laid out as
+    kv_heads, head dim), head dim 64, 96 or 128 (VARLEN_BWD_HEAD_DIMS), laid out as
     flash_attn_varlen_forward_hopper takes them), and dQ added into `dq_accum` (a zeroed float32
     accumulator from dq_cast.varlen_dq_accumulator); `lse` and `delta` (heads, total_q) float32.
     `config`'s hopper_gluon_varlen_grid and hopper_gluon_head_section pick the grid."""
     total_q, heads, headdim = q.shape
+    if headdim not in VARLEN_BWD_HEAD_DIMS:
+        raise ValueError(f"the Gluon varlen dK/dV kernel takes head dims {VARLEN_BWD_HEAD_DIMS}, got {headdim}")
     batch = cu_seqlens_q.shape[0] - 1
     check_varlen_dq_accumulator(dq_accum, q.shape, batch)
     first, tails, split_constexprs = _backward_descriptors(_packed_descriptor, q, k, v, do, dk, dv, dq_accum)

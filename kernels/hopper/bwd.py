@@ -627,9 +627,9 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     float32 accumulator's with [16, 256] boxes, each a 64 x 64 tile in register order
     (_bwd_reduce_dq). WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only: the dQ kernel
     has none of them). LSE and Delta: descriptors of their (batch x heads, seqlen) float32 views,
-    [1, BLOCK_M] tiles; DQ_FIRST: _bwd_dkdv_partition's. HEAD_SPLIT (head dim 96, dQ fused): the
-    head dim is two sections, the *_tail_desc descriptors' 32 columns after the others' 64 (dQ's
-    with [8, 256] boxes, 64 x 32 tiles); without it the tail arguments are not read."""
+    [1, BLOCK_M] tiles; DQ_FIRST: _bwd_dkdv_partition's. HEAD_SPLIT (head dim 96): the head dim
+    is two sections, the *_tail_desc descriptors' 32 columns after the others' 64 (with dQ fused,
+    dQ's with [8, 256] boxes, 64 x 32 tiles); without it the tail arguments are not read."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
         do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, HEAD_SPLIT)

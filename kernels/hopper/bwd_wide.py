@@ -15,8 +15,8 @@ backward between warpgroups (hopper/flash_bwd_launch_template.h runs 192 on thre
   reading P^T and dS^T from shared memory; dQ goes to the float32 accumulator as three 64 x 64
   register-order tiles by TMA reduce-adds, as in bwd.py.
 
-Per query step the S warpgroup does 3 + 2 + 2 and the dP warpgroup 3 + 1 + 1 + 3 sixths of the
-step's matmul work. One buffer each carries dP^T - D_i (float32, the warpgroup's register order)
+Per query step the S warpgroup does 3 + 2 + 2 and the dP warpgroup 3 + 1 + 1 + 3 fifteenths of
+the step's matmul work (each of the five matmuls is three). One buffer each carries dP^T - D_i (float32, the warpgroup's register order)
 and P^T, dS^T (the inputs' dtype) between them, each with an mbarrier that says it is full and
 one that says it has been read. K_j and V_j (64 keys, loaded once) and a ring of 2 Q_i and dO_i
 tiles stream as in bwd.py; shared memory holds 225 KiB.

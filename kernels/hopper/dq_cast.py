@@ -72,7 +72,7 @@ _dq_rows_from_padded_register_tiles_launcher = CachedLauncher(_dq_rows_from_padd
 
 def dq_from_accumulator(dq_accum: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """dQ in `dtype`, shaped like the fused dQ's float32 accumulator `dq_accum` (contiguous like q,
-    its 64 x 64 tiles in register order), from that accumulator."""
+    its 64 x 32 tiles in register order, pairs of them the 64 x 64 ones), from that accumulator."""
     columns = dq_accum.shape[-2] * dq_accum.shape[-1]  # heads x head dim
     if not dq_accum.is_contiguous() or columns % 32 or dq_accum.numel() % (64 * columns):
         raise ValueError("the register-order accumulator is a contiguous (..., heads, head dim) float32 tensor "

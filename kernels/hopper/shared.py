@@ -17,7 +17,7 @@ STAGES = 3  # K and V blocks in flight, each, where they fit (flash_attn_hopper.
 FWD_HEAD_DIMS = (64, 96, 128, 192, 256)  # the head dims the forwards serve (dispatch.hopper_gluon_refusal)
 SHARED_MEMORY_BYTES = 227 * 1024  # an sm_90 program's shared memory at most
 
-# The dK/dV kernels (bwd.py, bwd_varlen.py)
+# The dK/dV kernels (bwd.py, bwd_varlen.py, bwd_wide.py)
 BWD_HEAD_DIMS = (64, 96, 128, 192)  # the head dims the dense dK/dV kernels serve (96, 192 in two _head_sections)
 WIDE_BWD_HEAD_DIMS = (192,)  # those bwd_wide.py's kernel serves: 64-key blocks, the warpgroups split by role
 VARLEN_BWD_HEAD_DIMS = (64, 96, 128)  # those the varlen dK/dV kernel serves
