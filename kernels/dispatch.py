@@ -378,7 +378,8 @@ def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
         refusal = "more key blocks than the grid's second axis takes"
     if not refusal and headdim in flash_attn_hopper.WIDE_BWD_HEAD_DIMS:
         if not bwd_gluon_fuses_dq(config, headdim, deterministic):
-            refusal = f"head dim {headdim}: its Gluon backward fuses dQ (not deterministic, where the config asks)"
+            refusal = (f"head dim {headdim}: its Gluon backward always fuses dQ (not with deterministic=True "
+                       "or a config without hopper_gluon_fused_dq)")
         elif not (features is DENSE or features.dense):
             refusal = f"head dim {headdim}: its Gluon backward takes no window, softcap or ALiBi"
     if not refusal:

@@ -255,7 +255,8 @@ def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
     assert dispatch.bwd_gluon_path(wide, q, k, k, q, Features(softcap=1.0))[1] == (
         "head dim 192: its Gluon backward takes no window, softcap or ALiBi")
     assert dispatch.bwd_gluon_path(wide, q, k, k, q, deterministic=True)[1] == (
-        "head dim 192: its Gluon backward fuses dQ (not deterministic, where the config asks)")
+        "head dim 192: its Gluon backward always fuses dQ (not with deterministic=True or a config without "
+        "hopper_gluon_fused_dq)")
     q, k = tensors(3000, headdim=192)  # off the grid: the varlen kernel has no head dim 192
     assert dispatch.bwd_gluon_path(wide, q, k, k, q)[1] == (
         "head dim 192: the Gluon varlen backward kernels take head dims 64, 96 and 128")
