@@ -210,6 +210,8 @@ def test_kernel_regexes_select_the_project_kernels_by_name():
     assert not re.search(fa2.kernel_regex, backward._flash_bwd_dkdv_kernel.fn.__name__)
     assert re.search(fa2.bwd_kernel_regex, backward._flash_bwd_dkdv_kernel.fn.__name__)
     assert re.search(fa2.bwd_kernel_regex, flash_attn_hopper._flash_bwd_dkdv_hopper_kernel.fn.__name__)
+    assert re.search(fa2.bwd_kernel_regex, flash_attn_hopper._flash_bwd_dkdv_hopper_varlen_kernel.fn.__name__)
+    assert re.search(fa2.bwd_kernel_regex, flash_attn_hopper._flash_bwd_dkdv_hopper_wide_kernel.fn.__name__)
     assert not re.search(fa2.bwd_kernel_regex, forward._flash_fwd_kernel.fn.__name__)
     assert not re.search(fa2.kernel_regex, flash_attn_hopper._flash_bwd_dkdv_hopper_kernel.fn.__name__)
 

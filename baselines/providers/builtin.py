@@ -73,9 +73,10 @@ register(Provider(
     availability=everywhere, supports=triton_supports,
     # the forward is _flash_fwd_kernel, or the Gluon _flash_fwd_hopper_kernel (head dims 64, 96, 128,
     # 192 and 256 on Hopper; its varlen variant for lengths off the 128-row grid); the backward's dK/dV kernel
-    # _flash_bwd_dkdv_kernel, or _flash_bwd_dkdv_hopper_kernel (head dims 64 and 128 on Hopper from 1k
-    # keys; the varlen variant off the grid)
-    kernel_regex="_flash_fwd(_hopper)?(_varlen)?_kernel", bwd_kernel_regex="_flash_bwd_dkdv(_hopper)?(_varlen)?_kernel",
+    # _flash_bwd_dkdv_kernel, or on Hopper from 1k keys _flash_bwd_dkdv_hopper_kernel (head dims 64, 96
+    # and 128; the varlen variant off the grid) or _flash_bwd_dkdv_hopper_wide_kernel (head dim 192)
+    kernel_regex="_flash_fwd(_hopper)?(_varlen)?_kernel",
+    bwd_kernel_regex="_flash_bwd_dkdv(_hopper)?(_varlen|_wide)?_kernel",
     config=_fa2_config,
 ))
 

@@ -40,6 +40,7 @@ from .shared import (
     _load_sections,
     _tma_reduce_add,
     _wgmma_layout,
+    _zero_sections,
 )
 
 _DQ_TILE_COLS = 64
@@ -510,19 +511,6 @@ def _bwd_add_dq_in_its_turn(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, 
     else:
         _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
                     softmax_scale, num_heads, HALF)
-
-
-@gluon.jit
-def _zero_sections(rows: gl.constexpr, ring):
-    """A float32 wgmma accumulator of `rows` rows per head-dim section of `ring` (shared tiles
-    [n, rows', width] each), zeroed: a tuple."""
-    WIDTH: gl.constexpr = ring[0].type.shape[2]
-    first = gl.zeros([rows, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
-    if len(ring) == 1:
-        return (first,)
-    else:
-        TAIL: gl.constexpr = ring[1].type.shape[2]
-        return (first, gl.zeros([rows, TAIL], gl.float32, layout=_wgmma_layout(TAIL)))
 
 
 @gluon.jit

@@ -27,9 +27,8 @@ from .bwd import (
     _bwd_step_coords,
     _bwd_wait_dkdv,
     _dq_tile_buffer,
-    _zero_sections,
 )
-from .shared import _at, _expect_sections, _head_dim, _load_sections, _wgmma_layout
+from .shared import _at, _expect_sections, _head_dim, _load_sections, _wgmma_layout, _zero_sections
 
 
 @gluon.jit

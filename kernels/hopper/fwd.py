@@ -46,6 +46,7 @@ from .shared import (
     _head_dim,
     _load_sections,
     _wgmma_layout,
+    _zero_sections,
 )
 
 
@@ -296,19 +297,6 @@ def _pv_wait(acc_tok, p_op):
 
 
 @gluon.jit
-def _zero_accumulators(q_buf):
-    """O = 0 of one consumer: a float32 wgmma accumulator per head-dim section of its Q tiles."""
-    ROWS: gl.constexpr = q_buf[0].type.shape[0]
-    WIDTH: gl.constexpr = q_buf[0].type.shape[1]
-    first = gl.zeros([ROWS, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
-    if len(q_buf) == 1:
-        return (first,)
-    else:
-        TAIL: gl.constexpr = q_buf[1].type.shape[1]
-        return (first, gl.zeros([ROWS, TAIL], gl.float32, layout=_wgmma_layout(TAIL)))
-
-
-@gluon.jit
 def _scale_rows(acc, factor):
     """diag(factor) O, each head-dim section's accumulator (a tuple) times the row's factor."""
     first = acc[0] * gl.convert_layout(factor, gl.SliceLayout(1, acc[0].type.layout))[:, None]
@@ -329,7 +317,7 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.conste
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
-    acc = _zero_accumulators(q_buf)
+    acc = _zero_sections(ROWS, q_buf)
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(q_bar.index(HALF), 0)
     mbarrier.wait(k_bar.index(0), 0)
@@ -419,7 +407,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
      full_lo, full_hi, kx_smem) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
-    # the S accumulator of one warpgroup (O's, one per head-dim section, are made by _zero_accumulators)
+    # the S accumulator of one warpgroup (O's, one per head-dim section, are made by _zero_sections)
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     q_buf = _at(q_smem, HALF)

@@ -131,3 +131,16 @@ def _load_sections(descs, row, col, bar, tiles):
     tma.async_copy_global_to_shared(descs[0], [row, col], bar, tiles[0])
     if len(descs) == 2:
         tma.async_copy_global_to_shared(descs[1], [row, col + descs[0].block_type.shape[1]], bar, tiles[1])
+
+
+@gluon.jit
+def _zero_sections(rows: gl.constexpr, tiles):
+    """A zeroed float32 wgmma accumulator of `rows` rows per head-dim section of `tiles` (shared
+    tiles or rings of them, a tuple; each section's width their last dimension): a tuple."""
+    WIDTH: gl.constexpr = tiles[0].type.shape[-1]
+    first = gl.zeros([rows, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
+    if len(tiles) == 1:
+        return (first,)
+    else:
+        TAIL: gl.constexpr = tiles[1].type.shape[-1]
+        return (first, gl.zeros([rows, TAIL], gl.float32, layout=_wgmma_layout(TAIL)))
