@@ -45,6 +45,11 @@ class FwdConfig:
     # blocks leave room for 2 K and 1 V block at 192 and too few at 256 (flash_attn_hopper.forward_stages;
     # dispatch refuses a config whose blocks do not fit).
     hopper_gluon_block_n: int = 128
+    # That kernel's query rows a program, one consumer warpgroup of 64 each: 128, or 192 (three
+    # consumers at 160 registers a thread, FA3's tile at head dims 64 and 96). The dense kernel
+    # takes lengths in whole blocks of both; others run its varlen variant (dispatch's GluonPath.PACKED).
+    # Calls with a window, softcap or ALiBi take 128 (dispatch.fwd_gluon_rows).
+    hopper_gluon_block_m: int = 128
 
 
 @dataclass(frozen=True)

@@ -110,13 +110,18 @@ def _listed(values) -> str:
     return ", ".join(map(str, values[:-1])) + f" and {values[-1]}" if len(values) > 1 else str(values[0])
 
 
-def _lengths_refusal(q, k) -> str:
+def _lengths_refusal(q, k, block_m: int | None = None, block_n: int | None = None, causal: bool = False) -> str:
     """Why the dense Gluon kernels do not take these lengths ('' where they do): unequal, or off
-    their 128-row grid, the calls GluonPath.PACKED is for."""
-    block = flash_attn_hopper.BLOCK_M
-    if k.shape[1] != q.shape[1] or q.shape[1] % block:
-        return f"{q.shape[1]} queries on {k.shape[1]} keys: the dense Gluon kernels take equal lengths in whole " \
-               f"{block}-row blocks"
+    their grid of block_m query rows and block_n keys (128 and 128 unless given; causal, the key
+    blocks whole within a query block), the calls GluonPath.PACKED is for."""
+    block_m = block_m or flash_attn_hopper.BLOCK_M
+    block_n = block_n or flash_attn_hopper.BLOCK_N
+    grid = f"{block_m}-row blocks" if block_m % block_n == 0 else f"{block_m}-row and {block_n}-key blocks"
+    if k.shape[1] != q.shape[1] or q.shape[1] % block_m or q.shape[1] % block_n:
+        return f"{q.shape[1]} queries on {k.shape[1]} keys: the dense Gluon kernels take equal lengths in whole {grid}"
+    if causal and block_m % block_n:
+        return (f"causal on {block_m}-row blocks of {block_n} keys: the dense Gluon forward's causal blocks are whole "
+                f"key blocks of a query block")
     return ""
 
 
@@ -148,13 +153,14 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
     refusal = _min_keys_refusal(config, k.shape[1], "forward")
     if not refusal and not features.gluon_kernels:
         refusal = "dropout: on the Triton kernels only"
-    refusal = refusal or hopper_gluon_refusal(q, k, v, out)
-    if not refusal and _forward_tile_refusal(config, q.shape[-1]):
-        return "", _forward_tile_refusal(config, q.shape[-1])
+    rows, block_n = fwd_gluon_rows(config, features), config.hopper_gluon_block_n
+    refusal = refusal or hopper_gluon_refusal(q, k, v, out, block_m=rows, block_n=block_n, causal=causal)
+    if not refusal and _forward_tile_refusal(config, q.shape[-1], rows):
+        return "", _forward_tile_refusal(config, q.shape[-1], rows)
     if not refusal:
         return GluonPath.DENSE, ""
     # where only the lengths keep the dense kernel off, the packed rows' reason is the one that counts
-    lengths = refusal == _lengths_refusal(q, k)
+    lengths = refusal == _lengths_refusal(q, k, rows, block_n, causal)
     if not (features is DENSE or features.dense):
         return "", OFF_GRID_FEATURES if lengths else refusal
     packed = _dense_as_packed_refusal(config, q, k, v, out)
@@ -163,19 +169,32 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
     return "", packed if lengths else refusal
 
 
-def _forward_tile_refusal(config: FwdConfig, headdim: int) -> str:
-    """Why the config's hopper_gluon_block_n keeps the Gluon forward off this head dim ('' where
-    its key blocks divide the 128-row query block and at least 2 K blocks of them fit shared
-    memory: flash_attn_hopper.forward_stages)."""
+def _forward_tile_refusal(config: FwdConfig, headdim: int, rows: int | None = None) -> str:
+    """Why the config's hopper_gluon_block_n and hopper_gluon_block_m keep the Gluon forward off
+    this head dim ('' where the key blocks are power-of-two tiles of at most 128 keys, `rows`
+    (fwd_gluon_rows; the config's unless given) is a query block the kernels have warps for, and
+    at least 2 K blocks fit beside it in shared memory: flash_attn_hopper.forward_stages)."""
+    rows = rows or config.hopper_gluon_block_m
     block_n = config.hopper_gluon_block_n
-    if flash_attn_hopper.BLOCK_M % block_n:
-        return (f"hopper_gluon_block_n {block_n}: not a divisor of the Gluon forward's "
-                f"{flash_attn_hopper.BLOCK_M} query rows")
+    if flash_attn_hopper.BLOCK_N % block_n:
+        return (f"hopper_gluon_block_n {block_n}: not a divisor of {flash_attn_hopper.BLOCK_N} (the key blocks are "
+                f"power-of-two tiles of at most {flash_attn_hopper.BLOCK_N} keys)")
     try:
-        flash_attn_hopper.forward_stages(headdim, block_n)
+        flash_attn_hopper.forward_launch_options(rows)
+        flash_attn_hopper.forward_stages(headdim, config.hopper_gluon_block_n, block_m=rows)
     except ValueError as exc:
         return str(exc)
     return ""
+
+
+def fwd_gluon_rows(config: FwdConfig, features: Features = DENSE) -> int:
+    """The Gluon forward's query rows a program for a call: the config's hopper_gluon_block_m, but
+    128 (two consumer warpgroups) with a window, softcap or ALiBi, whose score code takes the
+    registers a third consumer would need."""
+    if (features.window_left >= 0 or features.window_right >= 0 or features.softcap
+            or features.alibi_slopes is not None):
+        return flash_attn_hopper.BLOCK_M
+    return config.hopper_gluon_block_m
 
 
 def fwd_memory_path(config: FwdConfig, q, k, v, out, causal: bool, features: Features = DENSE) -> str:
@@ -217,7 +236,8 @@ def _flat_view_is_exact(q, k, v, out, config: FwdConfig, tiles_padded: bool = Tr
     return all(t.stride(2) == headdim and t.stride(0) == t.shape[1] * t.stride(1) for t in (q, k, v, out))
 
 
-def hopper_gluon_refusal(q, k, v, out, mode: str = "forward") -> str:
+def hopper_gluon_refusal(q, k, v, out, mode: str = "forward", block_m: int | None = None, block_n: int | None = None,
+                         causal: bool = False) -> str:
     """Why the dense Gluon kernels (kernels/flash_attn_hopper.py) do not take these tensors ('' where
     they do). Their scope: a head dim of the forward's (FWD_HEAD_DIMS: 64, 96, 128, 192 and 256) or, with
     `mode` "backward", the dK/dV kernels' (BWD_HEAD_DIMS: 64, 96, 128 and 192), fp16 or bf16, q heads a multiple of the kv heads
@@ -225,7 +245,8 @@ def hopper_gluon_refusal(q, k, v, out, mode: str = "forward") -> str:
     shapes, dtypes and strides: the lengths are what GluonPath.PACKED is for), and each
     tensor an exact 2D view for its descriptors (as the host-descriptor path needs, for the Gluon
     kernels' 128-row blocks). `out` is the forward's output, or
-    dO for the backward's dK/dV kernel."""
+    dO for the backward's dK/dV kernel; block_m, block_n and causal: the forward's grid
+    (_lengths_refusal)."""
     hopper = flash_attn_hopper
     if gluon_unavailable:
         return gluon_unavailable
@@ -244,10 +265,11 @@ def hopper_gluon_refusal(q, k, v, out, mode: str = "forward") -> str:
     # rows that do not overlap (no broadcast K or V with stride 0): one descriptor row each
     if any(t.stride(1) < t.shape[2] * headdim for t in (q, k, v, out)) or not tma_compatible(q, k, v, out):
         return "rows that overlap, a last stride other than 1, or not 16-byte aligned (TMA)"
-    lengths = _lengths_refusal(q, k)
+    lengths = _lengths_refusal(q, k, block_m, block_n, causal)
     if lengths:
         return lengths
-    if not _flat_view_is_exact(q, k, v, out, FwdConfig(hopper.BLOCK_M, hopper.BLOCK_N, 4, 1), tiles_padded=False):
+    grid = FwdConfig(block_m or hopper.BLOCK_M, block_n or hopper.BLOCK_N, 4, 1)
+    if not _flat_view_is_exact(q, k, v, out, grid, tiles_padded=False):
         return "not an exact (batch x seqlen, heads x head dim) view"
     return ""
 
@@ -282,8 +304,8 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
     head_dims = flash_attn_hopper.VARLEN_BWD_HEAD_DIMS if mode == "backward" else flash_attn_hopper.FWD_HEAD_DIMS
     if headdim not in head_dims:
         return f"head dim {headdim}: the Gluon varlen {mode} kernels take head dims {_listed(head_dims)}"
-    if mode == "forward" and _forward_tile_refusal(config, headdim):
-        return _forward_tile_refusal(config, headdim)
+    if mode == "forward" and _forward_tile_refusal(config, headdim, fwd_gluon_rows(config, features)):
+        return _forward_tile_refusal(config, headdim, fwd_gluon_rows(config, features))
     if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in (k, v, out)):
         return "the Gluon kernels take float16 or bfloat16 tensors, all of one dtype"
     if not (q.shape == out.shape and k.shape == v.shape and k.shape[2] == headdim

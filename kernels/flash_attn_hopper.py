@@ -67,6 +67,7 @@ from .hopper.shared import (
     DQ_TAIL_REGISTER_BOX,
     FUSED_DQ_HEAD_DIMS,
     FWD_HEAD_DIMS,  # noqa: F401 -- the scope dispatch.py checks
+    FWD_LAUNCH_REGISTERS,
     LOG2E,
     SHARED_MEMORY_BYTES,
     STAGES,
@@ -191,9 +192,9 @@ _fwd_launcher = CachedLauncher(_flash_fwd_hopper_kernel)  # kernels/launch.py
 _fwd_varlen_launcher = CachedLauncher(_flash_fwd_hopper_varlen_kernel)
 
 
-def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False) -> tuple[int, int]:
+def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_m: int = BLOCK_M) -> tuple[int, int]:
     """The K and V blocks in flight (STAGES, V_STAGES) of the forward at this head dim and block_n
-    keys a block: STAGES of each where they fit beside Q's [BLOCK_M, head dim] tile (and, with
+    keys a block: STAGES of each where they fit beside Q's [block_m, head dim] tile (and, with
     `alibi_tile`, ALiBi's [block_n, 16] key tile: `_alibi_by_matmul`) in SHARED_MEMORY_BYTES, less
     a margin for the mbarriers; else one V block fewer, then one K block fewer, in turn (FA3 sizes
     its forward tiles to the same limit). At head dim 128 with 128 keys a block: 3 and 3 (224 KiB),
@@ -203,7 +204,7 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False) -> tup
     element = 2  # fp16 and bf16
 
     def fits(k_stages: int, v_stages: int) -> bool:
-        tiles = BLOCK_M * head_dim + (k_stages + v_stages) * block_n * head_dim + (block_n * 16 if alibi_tile else 0)
+        tiles = block_m * head_dim + (k_stages + v_stages) * block_n * head_dim + (block_n * 16 if alibi_tile else 0)
         return tiles * element + 1024 <= SHARED_MEMORY_BYTES
 
     k_stages = v_stages = STAGES
@@ -218,34 +219,47 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False) -> tup
     return k_stages, v_stages
 
 
-def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n: int = BLOCK_N) -> dict:
-    """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, and its K and V
-    blocks in flight for this head dim and block_n keys a block (forward_stages)."""
+def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n: int = BLOCK_N,
+                       block_m: int = BLOCK_M) -> dict:
+    """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, its K and V
+    blocks in flight for this head dim, block_n keys a block and block_m query rows
+    (forward_stages), and its launch options (forward_launch_options)."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
-    stages, v_stages = forward_stages(head_dim, block_n, by_matmul)
-    return {**flags, "STAGES": stages, "V_STAGES": v_stages}
+    stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m)
+    return {**flags, "STAGES": stages, "V_STAGES": v_stages, **forward_launch_options(block_m)}
 
 
-def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, block_n: int = BLOCK_N):
+def forward_launch_options(block_m: int) -> dict:
+    """The forwards' consumer warpgroups for block_m query rows (FwdConfig.hopper_gluon_block_m, a
+    key of FWD_LAUNCH_REGISTERS), their warps and registers at launch."""
+    if block_m not in FWD_LAUNCH_REGISTERS:
+        raise ValueError(f"hopper_gluon_block_m must be one of {tuple(FWD_LAUNCH_REGISTERS)}, got {block_m}")
+    return {"CONSUMERS": block_m // (BLOCK_M // 2), "num_warps": 4, "maxnreg": FWD_LAUNCH_REGISTERS[block_m]}
+
+
+def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, block_n: int = BLOCK_N,
+                        block_m: int = BLOCK_M):
     """The launch for tensors shaped, strided and aligned like these, as a function of (q, k, v,
     out, lse, softmax_scale, features=()): descriptors are copied from ones made (and validated)
     here, and the compiled kernel is launched directly after the first call (launch.DirectLaunch).
     `flags`: the GLUON_FEATURE_FLAGS constexprs of kernels/features.py's `feature_args`; `features`
     then holds its run-time values (qk_scale, window sides, softcap * log2(e), the slopes and their
-    batch stride). `block_n`: keys a block (FwdConfig.hopper_gluon_block_n), a divisor of BLOCK_M."""
+    batch stride). `block_n`: keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
+    program (FwdConfig.hopper_gluon_block_m); the lengths a multiple of both, and causal block_n a
+    divisor of block_m."""
     batch, seqlen, heads, _ = q.shape
-    if BLOCK_M % block_n:
-        raise ValueError(f"hopper_gluon_block_n must divide the Gluon forward's {BLOCK_M} query rows, got {block_n}")
+    if block_m % block_n and causal:
+        raise ValueError(f"hopper_gluon_block_n must divide the Gluon forward's {block_m} query rows, got {block_n}")
     descriptors, split_constexprs = _section_descriptors(_row_descriptor, (q, k, v, out),
                                                          (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), q.shape[-1])
-    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n), **split_constexprs}
-    # 4 warps in the default partition, 4 + 1 in the workers: 9, padded to 12 (registers are
-    # reallocated per warpgroup); 168 registers each at launch, moved by setmaxnreg
+    # 4 warps in the default partition and 4 a further consumer, 1 loader warp: padded to whole
+    # warpgroups, FWD_LAUNCH_REGISTERS each at launch, moved by setmaxnreg (forward_launch_options)
+    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m), **split_constexprs}
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
     # without a tail section the tail arguments are the logsumexp's pointer, not read
-    launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // BLOCK_M, batch * heads),
-                          {"CAUSAL": causal, "num_warps": 4, "maxnreg": 168, **constexprs},
+    launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // block_m, batch * heads),
+                          {"CAUSAL": causal, **constexprs},
                           descriptors={i: descriptor_template(d) for i, d in enumerate(descriptors) if d is not None})
     kv_group = heads // k.shape[2]
     head_split = constexprs["HEAD_SPLIT"]
@@ -261,24 +275,26 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
 
 
 def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                                     qk_scale: float, causal: bool, block_n: int = BLOCK_N) -> None:
+                                     qk_scale: float, causal: bool, block_n: int = BLOCK_N,
+                                     block_m: int = BLOCK_M) -> None:
     """Write O into `out` (packed like q) and the natural-log logsumexp into `lse` for packed
     sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a (total, heads * d)
     2D view with rows that do not overlap; d one of FWD_HEAD_DIMS; fp16 or bf16); `lse` is (heads,
     total_q), or for a dense call's batch rows packed (dispatch.GluonPath.PACKED, every sequence
     max_seqlen_q long) its contiguous (batch, heads, seqlen_q). `qk_scale` is the softmax scale
-    times log2(e); `block_n` keys a block (FwdConfig.hopper_gluon_block_n)."""
+    times log2(e); `block_n` keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
+    program (FwdConfig.hopper_gluon_block_m)."""
     total_q, heads, headdim = q.shape
     batch = cu_seqlens_q.shape[0] - 1
-    grid = (triton.cdiv(max_seqlen_q, BLOCK_M), batch * heads)
+    grid = (triton.cdiv(max_seqlen_q, block_m), batch * heads)
     lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
-    stages, v_stages = forward_stages(headdim, block_n)
+    stages, v_stages = forward_stages(headdim, block_n, block_m=block_m)
     descriptors, split_constexprs = _section_descriptors(_packed_descriptor, (q, k, v, out),
                                                          (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), headdim)
     descriptors = [lse if d is None else d for d in descriptors]  # no tail section: not read
     _fwd_varlen_launcher[grid](
         *descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides, out.stride(0), qk_scale,
-        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, num_warps=4, maxnreg=168,
+        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, **forward_launch_options(block_m),
         **split_constexprs)
 
 

@@ -325,6 +325,40 @@ def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
         assert (fwd_memory_path(config, q, q, q, q, causal) == GluonPath.DENSE) == (seqlen >= 4096), seqlen
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_the_forward_on_192_query_rows_takes_the_dense_kernel_on_its_grid_and_the_varlen_one_elsewhere(causal):
+    """FwdConfig.hopper_gluon_block_m = 192 (three consumer warpgroups): the dense Gluon forward takes
+    equal lengths in whole 192-row and 128-key blocks, not causal (whose diagonal blocks must be whole
+    key blocks of a query block); other lengths, unequal ones and causal take its varlen kernel on the
+    batch rows; with 64-key blocks causal stays dense. A window, softcap or ALiBi keeps 128 rows
+    (fwd_gluon_rows), so the dense kernel; a row count the kernels have no warps for is refused,
+    naming the field; the plan refuses causal blocks that are not whole key blocks of a query block."""
+    from kernels.checks import Features
+
+    config = dataclasses.replace(HOPPER_FWD_CONFIGS[(64, causal)], hopper_gluon_min_keys=1024,
+                                 hopper_gluon_block_m=192)
+
+    def path(seqlen_q, seqlen_k=None, features=dispatch.DENSE, cfg=config):
+        q = torch.empty(2, seqlen_q, 4, 64, dtype=torch.bfloat16)
+        k = torch.empty(2, seqlen_k or seqlen_q, 4, 64, dtype=torch.bfloat16)
+        return dispatch.fwd_gluon_path(cfg, q, k, k, q, causal, features)
+
+    for seqlen in (1152, 3072):  # 6 and 16 blocks of 192 rows, 9 and 24 of 128 keys
+        assert path(seqlen) == (GluonPath.PACKED if causal else GluonPath.DENSE, ""), seqlen
+    for lengths in ((2048,), (8192,), (3000,), (2048, 4096)):
+        assert path(*lengths) == (GluonPath.PACKED, ""), lengths
+    narrow = dataclasses.replace(config, hopper_gluon_block_n=64)
+    assert path(1152, cfg=narrow) == (GluonPath.DENSE, "")
+    window = Features(window_left=256, window_right=-1 if causal else 256)
+    assert (dispatch.fwd_gluon_rows(config), dispatch.fwd_gluon_rows(config, window)) == (192, 128)
+    assert path(2048, features=window) == (GluonPath.DENSE, "")
+    wide = dataclasses.replace(config, hopper_gluon_block_m=256)
+    assert "hopper_gluon_block_m must be one of (128, 192), got 256" in path(3072, cfg=wide)[1]
+    q = torch.empty(1, 3072, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="must divide the Gluon forward's 192 query rows"):
+        dispatch.flash_attn_hopper.forward_hopper_plan(q, q, q, q, True, block_n=128, block_m=192)
+
+
 @pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 def test_hopper_backward_takes_the_gluon_dkdv_kernels_at_head_dims_64_to_192_from_1k_keys(hdim):
     """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon ones at head dims 64,
@@ -514,18 +548,24 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two sections), causal or
     # not; the backward also with dQ fused at each (at 64 and 96 the consumers take turns); then
     # each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
-    assert len(forward_lines) == 10 + 6 and len(backward_lines) == 12 + 6, report
+    assert len(forward_lines) == 10 + 6 + 3 and len(backward_lines) == 12 + 6, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 6 + 6 and all("tma-reduce" in line for line in fused), report
     for flag in ("window", "softcap", "alibi"):
         assert sum(line.endswith(flag) or f" {flag} " in line for line in forward_lines + backward_lines) == 4, flag
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
-    assert all("spill stores 0 B" in line and "64 keys x 3/2" in line for line in forward_lines if "d256" in line)
-    assert all("spill stores 0 B" in line and "64 keys x 3/3" in line for line in forward_lines if "d192" in line)
-    assert all("spill stores 0 B" in line and "128 keys x 3/3" in line for line in forward_lines if "d96" in line)
+    assert all("spill stores 0 B" in line and "128x64 x 3/2" in line for line in forward_lines if "d256" in line)
+    assert all("spill stores 0 B" in line and "128x64 x 3/3" in line for line in forward_lines if "d192" in line)
+    assert all("spill stores 0 B" in line and "128x128 x 3/3" in line for line in forward_lines
+               if "d96" in line and "192x" not in line)
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
-    assert len(varlen_lines) == 10, report  # head dims 64, 96, 128, 192 and 256, causal or not
+    assert len(varlen_lines) == 10 + 4, report  # head dims 64, 96, 128, 192 and 256, causal or not; then 192 rows
+    # three consumer warpgroups at 160 registers a thread (FwdConfig.hopper_gluon_block_m = 192): at head
+    # dim 64 in 128-key blocks (causal: the varlen kernel only), at 96 in 64-key blocks, without spills
+    three = [line for line in forward_lines + varlen_lines if " 192x" in line]
+    assert len(three) == 7 and sum(" d64 " in line for line in three) == 3, report
+    assert all("spill stores 0 B" in line for line in three), report
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
     # d64, d96 and d128, dQ fused, causal or not: the longest grid, then the packed grid
     assert len(varlen_bwd) == 12 and all("tma-reduce" in line for line in varlen_bwd), report

@@ -32,13 +32,15 @@ def grads(fn, inputs, dout):
 
 
 def check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=False, window=(-1, -1),
-                softcap=0.0, alibi=None, device="cpu", bwd_config=None):
-    """out, dq, dk, dv of flash_attn_func with these features against float64 (flash-attn's criterion)."""
+                softcap=0.0, alibi=None, device="cpu", bwd_config=None, fwd_config=None):
+    """out, dq, dk, dv of flash_attn_func with these features (and configs, where given) against
+    float64 (flash-attn's criterion)."""
     q = torch.randn(batch, seqlen_q, heads, headdim, dtype=dtype, device=device)
     k, v = (torch.randn(batch, seqlen_k, kv_heads, headdim, dtype=dtype, device=device) for _ in range(2))
     dout = torch.randn_like(q)
     kw = {"causal": causal, "window_size": window, "softcap": softcap, "alibi_slopes": alibi}
-    got = grads(lambda q, k, v: flash_attn_func(q, k, v, bwd_config=bwd_config, **kw), (q, k, v), dout)
+    got = grads(lambda q, k, v: flash_attn_func(q, k, v, fwd_config=fwd_config, bwd_config=bwd_config, **kw), (q, k, v),
+                dout)
     ref = grads(lambda q, k, v: attention_reference(q, k, v, None, **kw)[0],
                 (q.double(), k.double(), v.double()), dout.double())
     same = grads(lambda q, k, v: attention_same_dtype(q, k, v, None, **kw), (q, k, v), dout)
@@ -192,14 +194,15 @@ def test_varlen_matches_the_reference_per_sequence(lengths_q, lengths_k, heads, 
     check_varlen(lengths_q, lengths_k, heads, kv_heads, 16, dtype, causal=causal, window_size=window)
 
 
-def check_varlen(lengths_q, lengths_k, heads, kv_heads, headdim, dtype, device="cpu", bwd_config=None, **kw):
+def check_varlen(lengths_q, lengths_k, heads, kv_heads, headdim, dtype, device="cpu", bwd_config=None, fwd_config=None,
+                 **kw):
     """out, dq, dk, dv and lse of flash_attn_varlen_func against float64, per sequence."""
     q, k, v, cu_q, cu_k = packed(lengths_q, lengths_k, heads, kv_heads, headdim, dtype, device)
     dout = torch.randn_like(q)
 
     def kernel(q, k, v):
-        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), bwd_config=bwd_config,
-                                      **kw)
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), fwd_config=fwd_config,
+                                      bwd_config=bwd_config, **kw)
 
     got = grads(kernel, (q, k, v), dout)
     ref = grads(lambda q, k, v: attention_reference_varlen(q, k, v, cu_q, cu_k, None, **kw)[0],
@@ -209,7 +212,7 @@ def check_varlen(lengths_q, lengths_k, heads, kv_heads, headdim, dtype, device="
         assert g.shape == r.shape and g.dtype == dtype, name
         assert_close_to_reference(name, g, r, s)
     _, lse, _ = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), return_attn_probs=True,
-                                       **kw)
+                                       fwd_config=fwd_config, **kw)
     ref_lse = attention_reference_varlen(q, k, v, cu_q, cu_k, None, **kw)[1]
     assert lse.shape == (heads, q.shape[0]) and torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
     finite = torch.isfinite(ref_lse)

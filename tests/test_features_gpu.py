@@ -153,6 +153,47 @@ def test_gpu_gluon_backward_adds_dq_in_turns_at_head_dims_64_and_96(headdim, cas
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
+# (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, keys a block) on 192 query rows
+THREE_CONSUMER_CASES = {
+    "d64-dense": (2, 3072, 3072, 3, 3, 64, False, 128),  # whole 192-row and 128-key blocks: the dense kernel
+    "d64-causal-gqa": (2, 2048, 2048, 4, 2, 64, True, 128),  # the varlen kernel on the batch rows
+    "d64-full-packed": (1, 2048, 2048, 2, 2, 64, False, 128),  # 2048 rows: 10 programs of 192 and one of 128
+    "d64-off-grid-causal": (2, 1500, 1500, 2, 2, 64, True, 128),
+    "d64-cross-causal": (1, 1100, 2300, 2, 2, 64, True, 128),  # the first rows see no key
+    "d96-dense-causal": (2, 2112, 2112, 3, 3, 96, True, 64),  # 11 blocks of 192 rows, 64 keys
+    "d96-dense-full": (1, 3072, 3072, 2, 2, 96, False, 64),
+    "d96-off-grid-full": (2, 1300, 1300, 2, 1, 96, False, 64),
+}
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(THREE_CONSUMER_CASES))
+def test_gpu_gluon_forward_on_192_query_rows(case, dtype):
+    """The Gluon forwards with three consumer warpgroups (FwdConfig.hopper_gluon_block_m = 192, FA3's
+    tile at head dims 64 and 96): the dense kernel where the lengths are whole 192-row and key blocks
+    (and causal, whole key blocks a query block), else its varlen variant on the batch rows, which
+    also takes the query rows past a sequence's end in a program's last consumers (asserted: the
+    path; no Gluon build error), and packed sequences; out, logsumexp and gradients against float64."""
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, block_n = THREE_CONSUMER_CASES[case]
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=1024,
+                                 hopper_gluon_block_m=192, hopper_gluon_block_n=block_n)
+    like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
+    like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
+    dense = (seqlen_q == seqlen_k and seqlen_q % 192 == 0 and seqlen_q % block_n == 0
+             and not (causal and 192 % block_n))
+    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, causal) == (
+        dispatch.GluonPath.DENSE if dense else dispatch.GluonPath.PACKED)
+    check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=causal, device="cuda",
+                fwd_config=config)
+    if case == "d64-causal-gqa":  # packed sequences, one empty and one of a single row
+        check_varlen([1500, 0, 700, 2100, 1], [1100, 300, 700, 2100, 1], 4, 2, headdim, dtype, device="cuda",
+                     causal=causal, fwd_config=config)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
 GLUON_WIDE_HEAD_CASES = {
     "full": {"causal": False},
     "causal": {"causal": True, "batch": 1, "seqlen": 4096},

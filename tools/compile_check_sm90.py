@@ -154,7 +154,7 @@ def assembled(compiled, name: str) -> tuple[str, subprocess.CompletedProcess]:
     return ptx, ptxas
 
 
-def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
+def gluon_report(label: str, kernel, signature: dict, constexprs: dict, options: dict | None = None) -> str:
     """A Gluon kernel of kernels/hopper/ compiled for sm_90: shared memory, spills (ptxas), and
     what makes it fast: warp specialisation (setmaxnreg), a wgmma left in flight (wait_group 1),
     TMA loads."""
@@ -162,7 +162,7 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict) -> str:
 
     signature = {name: signature[name] for name in kernel.arg_names}  # in the kernel's order
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=TARGET,
-                              options={"num_warps": 4, "maxnreg": 168})
+                              options=options or {"num_warps": 4, "maxnreg": 168})
     ptx, ptxas = assembled(compiled, f"{kernel.fn.__name__} {label}")
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)))
@@ -183,38 +183,50 @@ def feature_label(flags: dict) -> str:
 
 
 def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
-                        **flags: bool) -> str:
+                        block_m: int | None = None, **flags: bool) -> str:
     """The Gluon forward (kernels/hopper/fwd.py) compiled for sm_90 as forward_hopper_plan launches
-    it, with the table's hopper_gluon_block_n unless `block_n` is given; `flags`: its WINDOW,
-    SOFTCAP and ALIBI constexprs."""
+    it, with the table's hopper_gluon_block_n and hopper_gluon_block_m unless `block_n`, `block_m`
+    are given; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs."""
     from kernels import flash_attn_hopper as hopper
 
-    block_n = block_n or HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)].hopper_gluon_block_n
+    config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+    block_n = block_n or config.hopper_gluon_block_n
+    block_m = block_m or config.hopper_gluon_block_m
+    if any(flags.values()) or (causal and block_m % block_n):  # what takes the dense kernel then (dispatch.fwd_gluon_rows)
+        block_m = hopper.BLOCK_M
     label = feature_label({name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS})
     sections = hopper.head_sections(headdim)
-    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n),
+    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m),
                   "HEAD_SPLIT": len(sections) == 2}  # as launched
+    options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")}
     signature = {**section_signature(sections, block_n, dtype), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
                  "qk_scale": "fp32", **FEATURE_SIGNATURE, **{name: "constexpr" for name in constexprs}}
-    stages = f" {block_n} keys x {constexprs['STAGES']}/{constexprs['V_STAGES']}"
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}{stages}",
-                        hopper._flash_fwd_hopper_kernel, signature, constexprs)
+    tiles = f" {block_m}x{block_n} x {constexprs['STAGES']}/{constexprs['V_STAGES']}"
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}{tiles}",
+                        hopper._flash_fwd_hopper_kernel, signature, constexprs, options)
 
 
-def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int = 128) -> str:
-    """The Gluon forward over packed variable lengths (kernels/hopper/fwd.py) for sm_90."""
+def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
+                               block_m: int | None = None) -> str:
+    """The Gluon forward over packed variable lengths (kernels/hopper/fwd.py) for sm_90, with the
+    table's hopper_gluon_block_n and hopper_gluon_block_m unless `block_n`, `block_m` are given."""
     from kernels import flash_attn_hopper as hopper
 
-    block_n = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)].hopper_gluon_block_n
-    stages, v_stages = hopper.forward_stages(headdim, block_n)
+    config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+    block_n = block_n or config.hopper_gluon_block_n
+    block_m = block_m or config.hopper_gluon_block_m
+    stages, v_stages = hopper.forward_stages(headdim, block_n, block_m=block_m)
+    options = hopper.forward_launch_options(block_m)
+    consumers = options.pop("CONSUMERS")
     sections = hopper.head_sections(headdim)
     signature = {**section_signature(sections, block_n, dtype), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
                  "CuSeqK": "*i32", "num_heads": "i32", "stride_lse_h": "i32", "stride_lse_b": "i32", "stride_o": "i32", "qk_scale": "fp32",
                  "kv_group": "i32", "STAGES": "constexpr", "V_STAGES": "constexpr", "CAUSAL": "constexpr",
-                 "HEAD_SPLIT": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen {block_n} keys x {stages}/{v_stages}",
+                 "HEAD_SPLIT": "constexpr", "CONSUMERS": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen {block_m}x{block_n} x {stages}/{v_stages}",
                         hopper._flash_fwd_hopper_varlen_kernel, signature,
-                        {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "HEAD_SPLIT": len(sections) == 2})
+                        {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "HEAD_SPLIT": len(sections) == 2,
+                         "CONSUMERS": consumers}, options)
 
 
 def section_signature(sections: tuple, block_n: int, dtype: str) -> dict:
@@ -342,6 +354,13 @@ def main() -> None:
             for causal in (False, True):
                 emit(hopper_gluon_report(causal, **{flag: True}))
                 emit(hopper_gluon_bwd_report(causal, fused_dq=True, **{flag: True}))
+        # the forward on 192 query rows (three consumer warpgroups: FwdConfig.hopper_gluon_block_m)
+        # in FA3's 128-key blocks at head dim 64 and in 64-key blocks at 96, dense and varlen
+        for headdim, block_n in ((64, 128), (96, 64)):
+            for causal in (False, True):
+                if not causal or 192 % block_n == 0:  # else causal takes the varlen kernel
+                    emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
+                emit(hopper_gluon_varlen_report(causal, headdim=headdim, block_n=block_n, block_m=192))
     else:
         production_report(args, emit)
     if args.out:

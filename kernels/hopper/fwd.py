@@ -8,10 +8,11 @@ under a matmul of the same warps (docs/performance.md, "Gluon forward with Flash
 warp layout"). Gluon, Triton's lower-level language, lets a kernel say which warps do what and
 when a matmul is waited for. These kernels (FA3, Shah et al. 2024):
 
-- **Warp specialisation:** a producer warp issues the TMA loads of Q, K and V; two consumer
-  warpgroups own 64 query rows each. They synchronise only through mbarriers (a K/V stage is
-  refilled once both consumers have released it), with no CTA-wide barrier in the key loop, so
-  one consumer's softmax can run while the other's matmuls do. Nothing orders them (FA3 adds
+- **Warp specialisation:** a producer warp issues the TMA loads of Q, K and V; two or three
+  consumer warpgroups (CONSUMERS; FwdConfig.hopper_gluon_block_m: 128 or 192 query rows, FA3's
+  choice at head dims 64 and 96 being 192) own 64 query rows each. They synchronise only through
+  mbarriers (a K/V stage is refilled once every consumer has released it), with no CTA-wide
+  barrier in the key loop, so one consumer's softmax can run while the others' matmuls do. Nothing orders them (FA3 adds
   named barriers for a strict ping-pong); the overlap is what the warp schedulers make of it.
 - **Intra-warpgroup overlap (FA3's Algorithm 2):** for key block j a consumer issues S_j = Q K_j^T,
   then O += P_{j-1} V_{j-1}, and waits for S_j alone (`warpgroup_mma_wait(1)`): the softmax of
@@ -192,48 +193,50 @@ def _fwd_program(num_heads, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _fwd_shared_buffers(q_descs, k_descs, v_descs, STAGES: gl.constexpr, V_STAGES: gl.constexpr):
-    """The forward's shared memory: Q_i as two 64-row halves, rings of STAGES K_j and V_STAGES V_j
+def _fwd_shared_buffers(q_descs, k_descs, v_descs, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
+                        CONSUMERS: gl.constexpr):
+    """The forward's shared memory: Q_i as one 64-row part a consumer warpgroup, rings of STAGES K_j and V_STAGES V_j
     blocks (each a tuple of head-dim sections: `_head_sections`), and their mbarriers (q_bar, k_bar,
     v_bar: a TMA load has landed; empty_bar: a stage is free). With rings of one size a key
     block's K and V share a stage, released once P~ V is done; with V's ring shorter
     (`_split_release`) empty_bar holds K's stages then V's, each released once its matmul is done."""
-    q_smem = _allocate_sections(q_descs, 2)
+    q_smem = _allocate_sections(q_descs, CONSUMERS)
     k_smem = _allocate_sections(k_descs, STAGES)
     v_smem = _allocate_sections(v_descs, V_STAGES)
-    q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     RELEASES: gl.constexpr = STAGES + V_STAGES if V_STAGES != STAGES else STAGES
     empty_bar = gl.allocate_shared_memory(gl.int64, [RELEASES, 1], mbarrier.MBarrierLayout())
-    for half in gl.static_range(2):
-        mbarrier.init(q_bar.index(half), count=1)
+    for part in gl.static_range(CONSUMERS):
+        mbarrier.init(q_bar.index(part), count=1)
     for stage in gl.static_range(STAGES):
         mbarrier.init(k_bar.index(stage), count=1)
         if V_STAGES == STAGES:
             mbarrier.init(v_bar.index(stage), count=1)
-        mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
+        mbarrier.init(empty_bar.index(stage), count=CONSUMERS)  # released by every consumer warpgroup
     if V_STAGES != STAGES:
         for stage in gl.static_range(V_STAGES):
             mbarrier.init(v_bar.index(stage), count=1)
-            mbarrier.init(empty_bar.index(STAGES + stage), count=2)
+            mbarrier.init(empty_bar.index(STAGES + stage), count=CONSUMERS)
     return q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar
 
 
 @gluon.jit
 def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, first_block, n_blocks):
-    """FA2 Alg. 1 line 4 (Q_i, as two 64-row halves) and line 7 (K_j, V_j of key blocks first_block ..
+    """FA2 Alg. 1 line 4 (Q_i, as one 64-row part a consumer) and line 7 (K_j, V_j of key blocks first_block ..
     first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
-    both consumers have released (empty_bar counts two; with `_split_release`, K's and V's apart).
+    every consumer has released (empty_bar counts them; with `_split_release`, K's and V's apart).
     Descriptors and tiles are tuples of head-dim sections (`_head_sections`)."""
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     STAGES: gl.constexpr = k_smem[0].type.shape[0]
     V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
-    for half in gl.static_range(2):
-        _expect_sections(q_bar.index(half), q_desc)
-        _load_sections(q_desc, q_row + half * q_desc[0].block_type.shape[0], col0, q_bar.index(half),
-                       _at(q_smem, half))
+    CONSUMERS: gl.constexpr = q_smem[0].type.shape[0]
+    for part in gl.static_range(CONSUMERS):
+        _expect_sections(q_bar.index(part), q_desc)
+        _load_sections(q_desc, q_row + part * q_desc[0].block_type.shape[0], col0, q_bar.index(part),
+                       _at(q_smem, part))
     for i in range(n_blocks):
         stage = i % STAGES
         # a fresh mbarrier counts as having completed the phase before its first, so the first
@@ -272,11 +275,34 @@ def _s_matmul(q_buf, k_tile, s_init, bias=None):
 
 
 @gluon.jit
+def _p_operand(p, acc, dtype: gl.constexpr):
+    """P~ in `dtype` as the register-held A operand of line 10's matmul on `acc` (a tuple of head-dim
+    sections)."""
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc[0].type.layout, k_width=2)
+    return gl.convert_layout(p.to(dtype), p_layout)
+
+
+@gluon.jit
+def _held_p(p, acc, dtype: gl.constexpr, EARLY: gl.constexpr):
+    """P~ as the key loop holds it until the next block's P~ V: with EARLY (three consumers, 160
+    registers a thread) already the A operand (`_p_operand`), made once the block before's P~ V is
+    waited for, as FA3 does, so that the float32 P~ and the next S never hold registers together;
+    else in float32, converted by `_pv_matmul` after the next S is issued (off that issue's path;
+    two consumers' 240 registers hold both)."""
+    if EARLY:
+        return _p_operand(p, acc, dtype)
+    else:
+        return p
+
+
+@gluon.jit
 def _pv_matmul(p, v_tile, acc):
     """Line 10's P~ V added to O, one matmul per head-dim section (`v_tile`, `acc`: tuples), issued
-    asynchronously: (the accumulators' tokens, P~ as the register-held A operand)."""
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc[0].type.layout, k_width=2)
-    p_op = gl.convert_layout(p.to(v_tile[0].dtype), p_layout)
+    asynchronously from P~ as `_held_p` holds it: (the accumulators' tokens, P~'s A operand)."""
+    if p.dtype == gl.float32:
+        p_op = _p_operand(p, acc, v_tile[0].dtype)
+    else:
+        p_op = p
     first = warpgroup_mma(p_op, v_tile[0], acc[0], is_async=True)
     if len(acc) == 1:
         return (first,), p_op
@@ -307,7 +333,7 @@ def _scale_rows(acc, factor):
 
 
 @gluon.jit
-def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.constexpr, HALF: gl.constexpr, bias=None):
+def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.constexpr, PART: gl.constexpr, bias=None):
     """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
     unscaled, waited for, through `_s_matmul`), then K_0's stage released: (m, l, O, the zero
     accumulator every S matmul starts from, S). Q's tiles, K's rings and O are tuples of head-dim
@@ -319,7 +345,7 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.conste
     l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
     acc = _zero_sections(ROWS, q_buf)
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bar.index(HALF), 0)
+    mbarrier.wait(q_bar.index(PART), 0)
     mbarrier.wait(k_bar.index(0), 0)
     s = warpgroup_mma_wait(0, deps=[_s_matmul(q_buf, _at(k_smem, 0), s_init, bias)])
     if _split_release(empty_bar, k_smem[0]):
@@ -374,7 +400,7 @@ def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar):
 @gluon.jit
 def _store_output(out, l_i, q_buf, o_desc, row, col0):
     """Lines 12 and 15 of one consumer: O = diag(l)^-1 O, each head-dim section staged in this
-    half's Q tile (only this warpgroup read it) and written by TMA from column col0 on."""
+    part's Q tile (only this warpgroup read it) and written by TMA from column col0 on."""
     for section in gl.static_range(len(out)):
         tile = out[section] / gl.convert_layout(l_i, gl.SliceLayout(1, out[section].type.layout))[:, None]
         q_buf[section].store(tile.to(q_buf[section].dtype))
@@ -387,7 +413,7 @@ def _store_output(out, l_i, q_buf, o_desc, row, col0):
 
 @gluon.jit
 def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                    HALF: gl.constexpr):
+                    PART: gl.constexpr):
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
@@ -398,8 +424,8 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       HALF: gl.constexpr):
-    """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [HALF * 64, HALF * 64 + 64)
+                       PART: gl.constexpr):
+    """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1 (_softmax_loop), then lines 12-15."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
@@ -410,34 +436,35 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     # the S accumulator of one warpgroup (O's, one per head-dim section, are made by _zero_sections)
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_buf = _at(q_smem, HALF)
+    q_buf = _at(q_smem, PART)
     mods = (softcap_log2, alibi_log2, q_row - kv_row0)  # ALiBi's reference row: the block's first
     window = (window_left, window_right, full_lo, full_hi)
 
-    start_m = (q_row - kv_row0) + HALF * ROWS  # this half's first query row in its sequence
+    start_m = (q_row - kv_row0) + PART * ROWS  # this part's first query row in its sequence
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
     acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window,
                                   offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout, CAUSAL, WINDOW,
-                                  SOFTCAP, ALIBI, HALF)
+                                  SOFTCAP, ALIBI, PART)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
         lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
     gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
-    _store_output(acc, l_i, q_buf, o_desc, q_row + HALF * ROWS, col0)
+    _store_output(acc, l_i, q_buf, o_desc, q_row + PART * ROWS, col0)
 
 
 @gluon.jit
 def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window, offs_m, offs_n,
                   offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
-                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, HALF: gl.constexpr):
+                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods: the
     unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
+    EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
     BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
     if ALIBI_MMA:  # ALiBi's (A, B) tiles, and its key term's per-block part: slope * log2(e) * (j0 - row0)
         bias = (_alibi_query_tile(mods[1], qk_scale, k_smem[0].dtype,
@@ -446,7 +473,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
     else:
         bias = None
     # lines 5 and 8 for key block 0, then line 9
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, HALF, bias)
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, PART, bias)
     if ALIBI_MMA:
         p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (-mods[2]).to(gl.float32), offs_m,
                                                  offs_n, 0, window[3], BLOCK_N)
@@ -455,10 +482,11 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
                                                 CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
     else:
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, window[3], BLOCK_N, CAUSAL)
+    p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init,
-                                                    bias)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc,
+                                                    s_init, bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
                                                      offs_m, offs_n, i, window[3], BLOCK_N)
@@ -468,6 +496,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
     return acc, l_i, m_i
 
@@ -489,9 +518,9 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              num_heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2, Alibi,
                              stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
-                             HEAD_SPLIT: gl.constexpr = False):
+                             HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
-    FA3 does. The descriptors view (batch * seqlen, heads * head dim); K and V have
+    FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp. The descriptors view (batch * seqlen, heads * head dim); K and V have
     num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
@@ -505,9 +534,9 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
-    BLOCK_M: gl.constexpr = 2 * ROWS
+    BLOCK_M: gl.constexpr = CONSUMERS * ROWS
     # the causal loop's block count and its masked (diagonal) blocks assume whole key blocks per query block
-    gl.static_assert(BLOCK_M % BLOCK_N == 0)
+    gl.static_assert(not CAUSAL or BLOCK_M % BLOCK_N == 0)
     pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
     start_m = pid_m * BLOCK_M
     q_row = b * seqlen + start_m
@@ -531,7 +560,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
         alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
 
     q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(
-        q_desc, k_desc, v_desc, STAGES, V_STAGES)
+        q_desc, k_desc, v_desc, STAGES, V_STAGES, CONSUMERS)
     if _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI):
         kx_smem = gl.allocate_shared_memory(q_desc[0].dtype, [BLOCK_N, 16],
                                             gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
@@ -544,13 +573,22 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
             window_right, full_lo, full_hi, kx_smem)
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
-    # partition (4 warps) and one worker (4 warps) consume, one function HALF apart; one warp
-    # loads. Registers: 240 per consumer thread, 24 for the loader.
-    gl.warp_specialize([
-        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
-        (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)),
-        (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
-    ], [4, 1], [240, 24])
+    # partition (4 warps) and one or two workers (4 warps each) consume, one function PART apart;
+    # one warp loads. Registers (FWD_LAUNCH_REGISTERS at launch, then moved): two consumers 240 a
+    # thread, three 168, 160 and 160 (FA3's 160), the loader 24.
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2)),
+            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+        ], [4, 4, 1], [160, 160, 24])
+    else:
+        gl.warp_specialize([
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)),
+            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+        ], [4, 1], [240, 24])
 
 
 # --------------------------------------------------------------------------------------
@@ -573,7 +611,7 @@ def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from
 
 
 @gluon.jit
-def _varlen_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
+def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
     """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
      col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale) = args
@@ -582,8 +620,8 @@ def _varlen_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
-    """_softmax_partition for one sequence of a packed batch: rows [start_m + HALF * 64, + 64) of
+def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
+    """_softmax_partition for one sequence of a packed batch: rows [start_m + PART * 64, + 64) of
     the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
     one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
     of a query tile past the sequence's end are the next sequence's: their results are not
@@ -594,19 +632,22 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_buf = _at(q_smem, HALF)
+    q_buf = _at(q_smem, PART)
 
-    first_row = start_m + HALF * ROWS  # this half's first query row in its sequence
+    first_row = start_m + PART * ROWS  # this part's first query row in its sequence
     offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, HALF)
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, PART)
     p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
                                               BLOCK_N, CAUSAL)
+    EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
+    p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
 
     # lines 12-15; a row that saw no key: O = 0, L = +inf
@@ -614,8 +655,8 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
     gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < seqlen_q)
-    if first_row + ROWS <= seqlen_q:  # the whole half is this sequence's: one TMA store a section
-        _store_output(acc, l_safe, q_buf, o_desc, q_row + HALF * ROWS, col0)
+    if first_row + ROWS <= seqlen_q:  # the whole part is this sequence's: one TMA store a section
+        _store_output(acc, l_safe, q_buf, o_desc, q_row + PART * ROWS, col0)
     else:  # the tile crosses the sequence's end: the rows past it belong to the next sequence
         _store_rows_within(acc[0], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o, col0)
         if len(acc) == 2:
@@ -640,20 +681,21 @@ def _store_rows_within(acc, l_i, Out, seq_row0, first_row, seqlen_q, stride_o, c
 def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc,
                                     Out, LSE, CuSeqQ, CuSeqK, num_heads, stride_lse_h, stride_lse_b, stride_o,
                                     qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
-                                    CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False):
+                                    CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
+                                    CONSUMERS: gl.constexpr = 2):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
     has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing."""
+    query block does nothing. CONSUMERS as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
-    BLOCK_M: gl.constexpr = 2 * ROWS
+    BLOCK_M: gl.constexpr = CONSUMERS * ROWS
     pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
     q_start = gl.load(CuSeqQ + b)
     seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
@@ -674,13 +716,21 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
         kv_col0 = (h // kv_group) * HEAD_DIM
         lse_row0 = h.to(gl.int64) * stride_lse_h + b.to(gl.int64) * stride_lse_b + q_start
         q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
-                                                                                     V_STAGES)
+                                                                                     V_STAGES, CONSUMERS)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                 q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
                 stride_o, qk_scale)
-        gl.warp_specialize([
-            (_varlen_softmax_partition, (args, CAUSAL, 0)),
-            (_varlen_softmax_partition, (args, CAUSAL, 1)),
-            (_varlen_load_partition, (args, CAUSAL, 0)),
-        ], [4, 1], [240, 24])
+        if CONSUMERS == 3:  # registers as the dense kernel's
+            gl.warp_specialize([
+                (_varlen_softmax_partition, (args, CAUSAL, 0)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1)),
+                (_varlen_softmax_partition, (args, CAUSAL, 2)),
+                (_varlen_load_partition, (args, CAUSAL, 0)),
+            ], [4, 4, 1], [160, 160, 24])
+        else:
+            gl.warp_specialize([
+                (_varlen_softmax_partition, (args, CAUSAL, 0)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1)),
+                (_varlen_load_partition, (args, CAUSAL, 0)),
+            ], [4, 1], [240, 24])
 
