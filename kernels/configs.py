@@ -50,6 +50,10 @@ class FwdConfig:
     # takes lengths in whole blocks of both; others run its varlen variant (dispatch's GluonPath.PACKED).
     # Calls with a window, softcap or ALiBi take 128 (dispatch.fwd_gluon_rows).
     hopper_gluon_block_m: int = 128
+    # Where that kernel's key loop rescales O by exp(m_old - m_new): False, once P V is waited for;
+    # True, in the next block's step between its S matmul and P V, so a wide O's multiplies run
+    # under S (FA3's RescaleOBeforeGemm, which it takes above head dim 128).
+    hopper_gluon_rescale_first: bool = False
 
 
 @dataclass(frozen=True)

@@ -378,12 +378,12 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
             def run_gluon(q, k, v, out, lse, softmax_scale):
                 if not gluon_runs:
                     gluon_runs.append(hopper.forward_hopper_plan(q, k, v, out, causal, block_n=cfg.hopper_gluon_block_n,
-                                                                 block_m=cfg.hopper_gluon_block_m))
+                                                                 block_m=cfg.hopper_gluon_block_m,
+                                                                 rescale_first=cfg.hopper_gluon_rescale_first))
                 gluon_runs[0](q, k, v, out, lse, softmax_scale)
 
             def run_gluon_packed(q, k, v, out, lse, softmax_scale):
-                forward_packed(q, k, v, out, lse, softmax_scale * LOG2E.value, causal, cfg.hopper_gluon_block_n,
-                               cfg.hopper_gluon_block_m)
+                forward_packed(q, k, v, out, lse, softmax_scale * LOG2E.value, causal, cfg, cfg.hopper_gluon_block_m)
 
             run = run_gluon if path == GluonPath.DENSE else run_gluon_packed
             run.gluon = True
@@ -415,28 +415,30 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
     return run
 
 
-def forward_packed(q, k, v, out, lse, qk_scale: float, causal: bool, block_n: int, block_m: int) -> None:
+def forward_packed(q, k, v, out, lse, qk_scale: float, causal: bool, cfg: FwdConfig, block_m: int) -> None:
     """A dense call on the Gluon varlen forward (dispatch.GluonPath.PACKED): the batch
     rows of q, k, v and out as packed sequences of seqlen_q queries and seqlen_k keys each, the
-    logsumexp written straight into the dense (batch, heads, seqlen_q) `lse`; `block_n` keys a
-    block, `block_m` query rows a program (FwdConfig.hopper_gluon_block_n, dispatch.fwd_gluon_rows)."""
+    logsumexp written straight into the dense (batch, heads, seqlen_q) `lse`; `block_m` query rows a
+    program (dispatch.fwd_gluon_rows), the rest of the kernel's tiles as `cfg` says."""
     packed = dispatch.packed_features(q, k)
     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
         *(dispatch.packed_view(t) for t in (q, k, v, out)), lse, packed.cu_seqlens_q, packed.cu_seqlens_k,
-        q.shape[1], qk_scale, causal, block_n, block_m)
+        q.shape[1], qk_scale, causal, cfg.hopper_gluon_block_n, block_m, cfg.hopper_gluon_rescale_first)
 
 
 def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features, qk_scale: float,
-                            feature_values: tuple, block_n: int, block_m: int) -> None:
+                            feature_values: tuple, cfg: FwdConfig, block_m: int) -> None:
     """The Gluon forward (kernels/flash_attn_hopper.py) for a call with GQA/MQA, a window, softcap
-    or ALiBi, through a per-shape plan keyed like the dense one's plus the feature flags, `block_n`
-    and `block_m` (FwdConfig.hopper_gluon_block_n, dispatch.fwd_gluon_rows)."""
+    or ALiBi, through a per-shape plan keyed like the dense one's plus the feature flags, the
+    config's Gluon tiles and `block_m` (dispatch.fwd_gluon_rows)."""
     hopper = dispatch.flash_attn_hopper
     flags = dispatch.gluon_feature_flags(features, causal)
     key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal,
-           tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, block_n, block_m)
-    plan = _PLANS.get(key) or _PLANS.put(key, hopper.forward_hopper_plan(q, k, v, out, causal, flags=flags,
-                                                                         block_n=block_n, block_m=block_m))
+           tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, cfg.hopper_gluon_block_n,
+           block_m, cfg.hopper_gluon_rescale_first)
+    plan = _PLANS.get(key) or _PLANS.put(key, hopper.forward_hopper_plan(
+        q, k, v, out, causal, flags=flags, block_n=cfg.hopper_gluon_block_n, block_m=block_m,
+        rescale_first=cfg.hopper_gluon_rescale_first))
     _, window_left, window_right, softcap_log2, _, alibi, stride_alibi_b = feature_values[:7]
     plan(q, k, v, out, lse, qk_scale, (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b))
 
@@ -487,12 +489,11 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
                 if features.varlen:
                     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
                         q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_q,
-                        qk_scale, causal, cfg.hopper_gluon_block_n, rows)
+                        qk_scale, causal, cfg.hopper_gluon_block_n, rows, cfg.hopper_gluon_rescale_first)
                 elif path == GluonPath.PACKED:
-                    forward_packed(q, k, v, out, lse, qk_scale, causal, cfg.hopper_gluon_block_n, rows)
+                    forward_packed(q, k, v, out, lse, qk_scale, causal, cfg, rows)
                 else:
-                    _forward_features_gluon(q, k, v, out, lse, causal, features, qk_scale, feature_values,
-                                            cfg.hopper_gluon_block_n, rows)
+                    _forward_features_gluon(q, k, v, out, lse, causal, features, qk_scale, feature_values, cfg, rows)
                 return out, lse
             except dispatch.GLUON_BUILD_ERRORS as exc:
                 dispatch.disable_gluon(exc)  # a Triton whose Gluon cannot build it: the Triton kernel from now on

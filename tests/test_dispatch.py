@@ -548,13 +548,15 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two sections), causal or
     # not; the backward also with dQ fused at each (at 64 and 96 the consumers take turns); then
     # each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
-    assert len(forward_lines) == 10 + 6 + 3 and len(backward_lines) == 12 + 6, report
+    assert len(forward_lines) == 10 + 6 + 3 + 4 and len(backward_lines) == 12 + 6, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 6 + 6 and all("tma-reduce" in line for line in fused), report
     for flag in ("window", "softcap", "alibi"):
         assert sum(line.endswith(flag) or f" {flag} " in line for line in forward_lines + backward_lines) == 4, flag
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
+    # head dims 192 and 256 also with O rescaled between S and P V (FwdConfig.hopper_gluon_rescale_first)
+    assert sum(line.endswith("rescale first") or " rescale first " in line for line in forward_lines) == 4, report
     assert all("spill stores 0 B" in line and "128x64 x 3/2" in line for line in forward_lines if "d256" in line)
     assert all("spill stores 0 B" in line and "128x64 x 3/3" in line for line in forward_lines if "d192" in line)
     assert all("spill stores 0 B" in line and "128x128 x 3/3" in line for line in forward_lines

@@ -183,25 +183,27 @@ def feature_label(flags: dict) -> str:
 
 
 def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
-                        block_m: int | None = None, **flags: bool) -> str:
+                        block_m: int | None = None, rescale_first: bool | None = None, **flags: bool) -> str:
     """The Gluon forward (kernels/hopper/fwd.py) compiled for sm_90 as forward_hopper_plan launches
-    it, with the table's hopper_gluon_block_n and hopper_gluon_block_m unless `block_n`, `block_m`
-    are given; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs."""
+    it, with the table's hopper_gluon_block_n, hopper_gluon_block_m and hopper_gluon_rescale_first
+    unless `block_n`, `block_m`, `rescale_first` are given; `flags`: its WINDOW, SOFTCAP and ALIBI
+    constexprs."""
     from kernels import flash_attn_hopper as hopper
 
     config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
     block_n = block_n or config.hopper_gluon_block_n
     block_m = block_m or config.hopper_gluon_block_m
+    rescale_first = config.hopper_gluon_rescale_first if rescale_first is None else rescale_first
     if any(flags.values()) or (causal and block_m % block_n):  # what takes the dense kernel then (dispatch.fwd_gluon_rows)
         block_m = hopper.BLOCK_M
     label = feature_label({name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS})
     sections = hopper.head_sections(headdim)
-    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m),
+    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, rescale_first),
                   "HEAD_SPLIT": len(sections) == 2}  # as launched
     options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")}
     signature = {**section_signature(sections, block_n, dtype), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
                  "qk_scale": "fp32", **FEATURE_SIGNATURE, **{name: "constexpr" for name in constexprs}}
-    tiles = f" {block_m}x{block_n} x {constexprs['STAGES']}/{constexprs['V_STAGES']}"
+    tiles = f" {block_m}x{block_n} x {constexprs['STAGES']}/{constexprs['V_STAGES']}" + (" rescale first" if rescale_first else "")
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}{tiles}",
                         hopper._flash_fwd_hopper_kernel, signature, constexprs, options)
 
@@ -222,11 +224,11 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     signature = {**section_signature(sections, block_n, dtype), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
                  "CuSeqK": "*i32", "num_heads": "i32", "stride_lse_h": "i32", "stride_lse_b": "i32", "stride_o": "i32", "qk_scale": "fp32",
                  "kv_group": "i32", "STAGES": "constexpr", "V_STAGES": "constexpr", "CAUSAL": "constexpr",
-                 "HEAD_SPLIT": "constexpr", "CONSUMERS": "constexpr"}
+                 "HEAD_SPLIT": "constexpr", "CONSUMERS": "constexpr", "RESCALE_FIRST": "constexpr"}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen {block_m}x{block_n} x {stages}/{v_stages}",
                         hopper._flash_fwd_hopper_varlen_kernel, signature,
                         {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "HEAD_SPLIT": len(sections) == 2,
-                         "CONSUMERS": consumers}, options)
+                         "CONSUMERS": consumers, "RESCALE_FIRST": config.hopper_gluon_rescale_first}, options)
 
 
 def section_signature(sections: tuple, block_n: int, dtype: str) -> dict:
@@ -361,6 +363,10 @@ def main() -> None:
                 if not causal or 192 % block_n == 0:  # else causal takes the varlen kernel
                     emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
                 emit(hopper_gluon_varlen_report(causal, headdim=headdim, block_n=block_n, block_m=192))
+        # O rescaled between S and P V (FwdConfig.hopper_gluon_rescale_first, FA3's above head dim 128)
+        for headdim in (192, 256):
+            for causal in (False, True):
+                emit(hopper_gluon_report(causal, headdim=headdim, rescale_first=True))
     else:
         production_report(args, emit)
     if args.out:

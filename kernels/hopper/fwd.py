@@ -354,17 +354,23 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.conste
 
 
 @gluon.jit
-def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init, bias=None):
+def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, alpha, s_init,
+                       RESCALE_FIRST: gl.constexpr, bias=None):
     """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
     in flight; waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for
-    block j runs under P~ V. Returns S_j, P~ V's accumulator tokens and A operand, and the empty
-    barrier of block j - 1's V stage (with `_split_release`, K_j's is released here, S_j done)."""
+    block j runs under P~ V. With RESCALE_FIRST line 10's rescale of O by `alpha` (block j - 1's)
+    runs between the two, under S_j's matmul (FwdConfig.hopper_gluon_rescale_first; FA3's
+    `RescaleOBeforeGemm`, which it takes above head dim 128: the multiplies of a wide O run under S). Returns S_j, P~ V's accumulator tokens and A operand,
+    and the empty barrier of block j - 1's V stage (with `_split_release`, K_j's is released here,
+    S_j done)."""
     STAGES: gl.constexpr = k_smem[0].type.shape[0]
     V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     stage = i % STAGES
     prev = (i - 1) % V_STAGES
     mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
     s_tok = _s_matmul(q_buf, _at(k_smem, stage), s_init, bias)
+    if RESCALE_FIRST:
+        acc = _scale_rows(acc, alpha)
     mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
     acc_tok, p_op = _pv_matmul(p, _at(v_smem, prev), acc)
     s = warpgroup_mma_wait(1, deps=[s_tok])
@@ -375,21 +381,28 @@ def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc
 
 
 @gluon.jit
-def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar):
+def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, RESCALE_FIRST: gl.constexpr):
     """Block j - 1's P~ V waited for and its V stage released (`prev`, the empty barrier
-    _fwd_block_matmuls returned: this warpgroup is done with it), then
-    line 10's rescale: O = diag(exp(m_old - m_new)) O, before P~_j V_j is added."""
+    _fwd_block_matmuls returned: this warpgroup is done with it), then, unless RESCALE_FIRST (the next
+    step rescales: `_fwd_block_matmuls`), line 10's rescale: O = diag(exp(m_old - m_new)) O, before
+    P~_j V_j is added."""
     acc = _pv_wait(acc_tok, p_op)
     mbarrier.arrive(empty_bar.index(prev), count=1)
-    return _scale_rows(acc, alpha)
+    if not RESCALE_FIRST:
+        acc = _scale_rows(acc, alpha)
+    return acc
+
 
 
 @gluon.jit
-def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar):
-    """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
+def _fwd_last_block(n_blocks, p, acc, alpha, v_smem, v_bar, empty_bar, RESCALE_FIRST: gl.constexpr):
+    """Line 10 for the last key block: O += P~ V (with RESCALE_FIRST, O rescaled by `alpha` first:
+    `_fwd_block_matmuls`), waited for, and its stage released."""
     V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
     last = (n_blocks - 1) % V_STAGES
+    if RESCALE_FIRST:
+        acc = _scale_rows(acc, alpha)
     mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // V_STAGES) & 1)
     acc_tok, p_op = _pv_matmul(p, _at(v_smem, last), acc)
     acc = _pv_wait(acc_tok, p_op)
@@ -424,7 +437,7 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PART: gl.constexpr):
+                       PART: gl.constexpr, RESCALE_FIRST: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1 (_softmax_loop), then lines 12-15."""
@@ -446,7 +459,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n_f = offs_n.to(gl.float32)
     acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window,
                                   offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout, CAUSAL, WINDOW,
-                                  SOFTCAP, ALIBI, PART)
+                                  SOFTCAP, ALIBI, PART, RESCALE_FIRST)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
@@ -458,10 +471,11 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
 @gluon.jit
 def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window, offs_m, offs_n,
                   offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
-                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr):
+                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
+                  RESCALE_FIRST: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
-    _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods: the
-    unnormalised O, l and m."""
+    _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, O rescaled
+    where RESCALE_FIRST says (`_fwd_block_matmuls`): the unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
@@ -485,8 +499,8 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc,
-                                                    s_init, bias)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, alpha,
+                                                    s_init, RESCALE_FIRST, bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
                                                      offs_m, offs_n, i, window[3], BLOCK_N)
@@ -495,9 +509,9 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
                                                     offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
-        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, RESCALE_FIRST)
         p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
+    acc = _fwd_last_block(n_blocks, p, acc, alpha, v_smem, v_bar, empty_bar, RESCALE_FIRST)
     return acc, l_i, m_i
 
 
@@ -518,10 +532,12 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              num_heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2, Alibi,
                              stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
-                             HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2):
+                             HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
+                             RESCALE_FIRST: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
-    FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp. The descriptors view (batch * seqlen, heads * head dim); K and V have
-    num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
+    FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; RESCALE_FIRST: where
+    the key loop rescales O (`_fwd_block_matmuls`). The descriptors view (batch * seqlen, heads *
+    head dim); K and V have num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
     sliding window: only the key blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of
@@ -578,15 +594,15 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, RESCALE_FIRST)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])
 
@@ -620,7 +636,7 @@ def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
 
 
 @gluon.jit
-def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
+def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, RESCALE_FIRST: gl.constexpr):
     """_softmax_partition for one sequence of a packed batch: rows [start_m + PART * 64, + 64) of
     the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
     one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
@@ -643,12 +659,13 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
     EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, s_init)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, alpha,
+                                                    s_init, RESCALE_FIRST)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
-        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, RESCALE_FIRST)
         p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
+    acc = _fwd_last_block(n_blocks, p, acc, alpha, v_smem, v_bar, empty_bar, RESCALE_FIRST)
 
     # lines 12-15; a row that saw no key: O = 0, L = +inf
     empty = l_i == 0.0
@@ -682,14 +699,14 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                     Out, LSE, CuSeqQ, CuSeqK, num_heads, stride_lse_h, stride_lse_b, stride_o,
                                     qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
-                                    CONSUMERS: gl.constexpr = 2):
+                                    CONSUMERS: gl.constexpr = 2, RESCALE_FIRST: gl.constexpr = False):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
     has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS as the dense kernel's."""
+    query block does nothing. CONSUMERS and RESCALE_FIRST as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
@@ -722,15 +739,15 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                 stride_o, qk_scale)
         if CONSUMERS == 3:  # registers as the dense kernel's
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1)),
-                (_varlen_softmax_partition, (args, CAUSAL, 2)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, RESCALE_FIRST)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, RESCALE_FIRST)),
+                (_varlen_softmax_partition, (args, CAUSAL, 2, RESCALE_FIRST)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 4, 1], [160, 160, 24])
         else:
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, RESCALE_FIRST)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, RESCALE_FIRST)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 1], [240, 24])
 
