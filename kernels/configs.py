@@ -54,6 +54,11 @@ class FwdConfig:
     # True, in the next block's step between its S matmul and P V, so a wide O's multiplies run
     # under S (FA3's RescaleOBeforeGemm, which it takes above head dim 128).
     hopper_gluon_rescale_first: bool = False
+    # Whether that kernel's consumer warpgroups issue their matmuls in turns (a ring of mbarriers),
+    # as FA3's and FA4's warp-scheduler barriers order them at head dims up to 128 ("ping-pong"):
+    # one's softmax runs while another's matmuls do, in a fixed order; else the warp schedulers
+    # interleave them as they come.
+    hopper_gluon_pingpong: bool = False
 
 
 @dataclass(frozen=True)

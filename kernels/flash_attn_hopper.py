@@ -220,16 +220,26 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_
 
 
 def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n: int = BLOCK_N,
-                       block_m: int = BLOCK_M, rescale_first: bool = False) -> dict:
+                       block_m: int = BLOCK_M, schedule: dict | None = None) -> dict:
     """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, its K and V
     blocks in flight for this head dim, block_n keys a block and block_m query rows
-    (forward_stages), where its key loop rescales O (FwdConfig.hopper_gluon_rescale_first) and its
-    launch options (forward_launch_options)."""
+    (forward_stages), its key loop's `schedule` (forward_schedule) and its launch options
+    (forward_launch_options)."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
     stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m)
-    return {**flags, "STAGES": stages, "V_STAGES": v_stages, "RESCALE_FIRST": rescale_first,
+    return {**flags, "STAGES": stages, "V_STAGES": v_stages, **forward_schedule(schedule),
             **forward_launch_options(block_m)}
+
+
+def forward_schedule(config=None) -> dict:
+    """The forwards' key-loop constexprs from a FwdConfig (or a dict of them, as made here; None:
+    the defaults): RESCALE_FIRST (hopper_gluon_rescale_first: O rescaled under the next S matmul)
+    and PINGPONG (hopper_gluon_pingpong: the consumers issue their matmuls in turns)."""
+    if isinstance(config, dict):
+        return config
+    return {"RESCALE_FIRST": bool(config and config.hopper_gluon_rescale_first),
+            "PINGPONG": bool(config and config.hopper_gluon_pingpong)}
 
 
 def forward_launch_options(block_m: int) -> dict:
@@ -241,7 +251,7 @@ def forward_launch_options(block_m: int) -> dict:
 
 
 def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, block_n: int = BLOCK_N,
-                        block_m: int = BLOCK_M, rescale_first: bool = False):
+                        block_m: int = BLOCK_M, schedule=None):
     """The launch for tensors shaped, strided and aligned like these, as a function of (q, k, v,
     out, lse, softmax_scale, features=()): descriptors are copied from ones made (and validated)
     here, and the compiled kernel is launched directly after the first call (launch.DirectLaunch).
@@ -249,7 +259,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     then holds its run-time values (qk_scale, window sides, softcap * log2(e), the slopes and their
     batch stride). `block_n`: keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
     program (FwdConfig.hopper_gluon_block_m); the lengths a multiple of both, and causal block_n a
-    divisor of block_m. `rescale_first`: FwdConfig.hopper_gluon_rescale_first."""
+    divisor of block_m. `schedule`: the config whose key-loop fields the kernel takes (forward_schedule)."""
     batch, seqlen, heads, _ = q.shape
     if block_m % block_n and causal:
         raise ValueError(f"hopper_gluon_block_n must divide the Gluon forward's {block_m} query rows, got {block_n}")
@@ -257,7 +267,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
                                                          (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), q.shape[-1])
     # 4 warps in the default partition and 4 a further consumer, 1 loader warp: padded to whole
     # warpgroups, FWD_LAUNCH_REGISTERS each at launch, moved by setmaxnreg (forward_launch_options)
-    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, rescale_first), **split_constexprs}
+    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule), **split_constexprs}
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
     # without a tail section the tail arguments are the logsumexp's pointer, not read
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // block_m, batch * heads),
@@ -278,14 +288,15 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
 
 def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                                      qk_scale: float, causal: bool, block_n: int = BLOCK_N,
-                                     block_m: int = BLOCK_M, rescale_first: bool = False) -> None:
+                                     block_m: int = BLOCK_M, schedule=None) -> None:
     """Write O into `out` (packed like q) and the natural-log logsumexp into `lse` for packed
     sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a (total, heads * d)
     2D view with rows that do not overlap; d one of FWD_HEAD_DIMS; fp16 or bf16); `lse` is (heads,
     total_q), or for a dense call's batch rows packed (dispatch.GluonPath.PACKED, every sequence
     max_seqlen_q long) its contiguous (batch, heads, seqlen_q). `qk_scale` is the softmax scale
     times log2(e); `block_n` keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
-    program (FwdConfig.hopper_gluon_block_m), `rescale_first` FwdConfig.hopper_gluon_rescale_first."""
+    program (FwdConfig.hopper_gluon_block_m), `schedule` the config whose key-loop fields it takes
+    (forward_schedule)."""
     total_q, heads, headdim = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     grid = (triton.cdiv(max_seqlen_q, block_m), batch * heads)
@@ -296,7 +307,7 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     descriptors = [lse if d is None else d for d in descriptors]  # no tail section: not read
     _fwd_varlen_launcher[grid](
         *descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides, out.stride(0), qk_scale,
-        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, RESCALE_FIRST=rescale_first,
+        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, **forward_schedule(schedule),
         **forward_launch_options(block_m),
         **split_constexprs)
 

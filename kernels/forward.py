@@ -379,7 +379,7 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
                 if not gluon_runs:
                     gluon_runs.append(hopper.forward_hopper_plan(q, k, v, out, causal, block_n=cfg.hopper_gluon_block_n,
                                                                  block_m=cfg.hopper_gluon_block_m,
-                                                                 rescale_first=cfg.hopper_gluon_rescale_first))
+                                                                 schedule=cfg))
                 gluon_runs[0](q, k, v, out, lse, softmax_scale)
 
             def run_gluon_packed(q, k, v, out, lse, softmax_scale):
@@ -423,7 +423,7 @@ def forward_packed(q, k, v, out, lse, qk_scale: float, causal: bool, cfg: FwdCon
     packed = dispatch.packed_features(q, k)
     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
         *(dispatch.packed_view(t) for t in (q, k, v, out)), lse, packed.cu_seqlens_q, packed.cu_seqlens_k,
-        q.shape[1], qk_scale, causal, cfg.hopper_gluon_block_n, block_m, cfg.hopper_gluon_rescale_first)
+        q.shape[1], qk_scale, causal, cfg.hopper_gluon_block_n, block_m, cfg)
 
 
 def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features, qk_scale: float,
@@ -435,10 +435,10 @@ def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features,
     flags = dispatch.gluon_feature_flags(features, causal)
     key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal,
            tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, cfg.hopper_gluon_block_n,
-           block_m, cfg.hopper_gluon_rescale_first)
+           block_m, cfg.hopper_gluon_rescale_first, cfg.hopper_gluon_pingpong)
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.forward_hopper_plan(
         q, k, v, out, causal, flags=flags, block_n=cfg.hopper_gluon_block_n, block_m=block_m,
-        rescale_first=cfg.hopper_gluon_rescale_first))
+        schedule=cfg))
     _, window_left, window_right, softcap_log2, _, alibi, stride_alibi_b = feature_values[:7]
     plan(q, k, v, out, lse, qk_scale, (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b))
 
@@ -489,7 +489,7 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
                 if features.varlen:
                     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
                         q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_q,
-                        qk_scale, causal, cfg.hopper_gluon_block_n, rows, cfg.hopper_gluon_rescale_first)
+                        qk_scale, causal, cfg.hopper_gluon_block_n, rows, cfg)
                 elif path == GluonPath.PACKED:
                     forward_packed(q, k, v, out, lse, qk_scale, causal, cfg, rows)
                 else:

@@ -548,7 +548,7 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two sections), causal or
     # not; the backward also with dQ fused at each (at 64 and 96 the consumers take turns); then
     # each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
-    assert len(forward_lines) == 10 + 6 + 3 + 4 and len(backward_lines) == 12 + 6, report
+    assert len(forward_lines) == 10 + 6 + 3 + 4 + 3 and len(backward_lines) == 12 + 6, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 6 + 6 and all("tma-reduce" in line for line in fused), report
     for flag in ("window", "softcap", "alibi"):
@@ -562,11 +562,14 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert all("spill stores 0 B" in line and "128x128 x 3/3" in line for line in forward_lines
                if "d96" in line and "192x" not in line)
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
-    assert len(varlen_lines) == 10 + 4, report  # head dims 64, 96, 128, 192 and 256, causal or not; then 192 rows
+    # head dims 64, 96, 128, 192 and 256, causal or not; then 192 rows; then 192 rows in turns
+    assert len(varlen_lines) == 10 + 4 + 1, report
     # three consumer warpgroups at 160 registers a thread (FwdConfig.hopper_gluon_block_m = 192): at head
     # dim 64 in 128-key blocks (causal: the varlen kernel only), at 96 in 64-key blocks, without spills
     three = [line for line in forward_lines + varlen_lines if " 192x" in line]
-    assert len(three) == 7 and sum(" d64 " in line for line in three) == 3, report
+    assert len(three) == 9 and sum(" d64 " in line for line in three) == 5, report
+    # the consumers' matmuls in turns (FwdConfig.hopper_gluon_pingpong): two consumers at 128, three at 64
+    assert sum(" pingpong " in line for line in forward_lines + varlen_lines) == 4, report
     assert all("spill stores 0 B" in line for line in three), report
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
     # d64, d96 and d128, dQ fused, causal or not: the longest grid, then the packed grid

@@ -214,6 +214,39 @@ def test_gpu_gluon_forward_with_o_rescaled_before_p_v(headdim, seqlen, causal, d
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
+# (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, query rows a program)
+PINGPONG_CASES = {
+    "d128-full": (2, 2048, 2048, 3, 3, 128, False, (-1, -1), 128),
+    "d128-causal-gqa": (2, 2048, 2048, 4, 2, 128, True, (-1, -1), 128),
+    "d128-window": (2, 2048, 2048, 2, 2, 128, True, (300, 0), 128),  # the features' kernel
+    "d128-off-grid-causal": (2, 1500, 1500, 2, 2, 128, True, (-1, -1), 128),  # varlen, batch rows packed
+    "d64-three-full": (1, 3072, 3072, 2, 2, 64, False, (-1, -1), 192),  # three consumers in a ring
+    "d64-three-causal": (2, 2048, 2048, 2, 2, 64, True, (-1, -1), 192),
+}
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(PINGPONG_CASES))
+def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype):
+    """FwdConfig.hopper_gluon_pingpong (the consumer warpgroups issue their matmuls in turns, a ring
+    of mbarriers, as FA3's and FA4's warp-scheduler barriers order them) on the dense, features and
+    varlen Gluon forwards, two and three consumers: out, logsumexp and gradients against float64 (a
+    turn passed out of order would deadlock or race, not only slow down), on the Gluon kernel."""
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, rows = PINGPONG_CASES[case]
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=1024,
+                                 hopper_gluon_block_m=rows, hopper_gluon_pingpong=True)
+    like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
+    like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
+    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, causal, _case_features(
+        {"causal": causal, "window": window})) in (dispatch.GluonPath.DENSE, dispatch.GluonPath.PACKED)
+    check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=causal, window=window,
+                device="cuda", fwd_config=config)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
 GLUON_WIDE_HEAD_CASES = {
     "full": {"causal": False},
     "causal": {"causal": True, "batch": 1, "seqlen": 4096},

@@ -183,40 +183,47 @@ def feature_label(flags: dict) -> str:
 
 
 def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
-                        block_m: int | None = None, rescale_first: bool | None = None, **flags: bool) -> str:
+                        block_m: int | None = None, schedule: dict | None = None, **flags: bool) -> str:
     """The Gluon forward (kernels/hopper/fwd.py) compiled for sm_90 as forward_hopper_plan launches
-    it, with the table's hopper_gluon_block_n, hopper_gluon_block_m and hopper_gluon_rescale_first
-    unless `block_n`, `block_m`, `rescale_first` are given; `flags`: its WINDOW, SOFTCAP and ALIBI
-    constexprs."""
+    it, with the table's hopper_gluon_block_n, hopper_gluon_block_m and key-loop schedule
+    (flash_attn_hopper.forward_schedule) unless `block_n`, `block_m`, `schedule` (a dict of its
+    constexprs set) are given; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs."""
     from kernels import flash_attn_hopper as hopper
 
     config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
     block_n = block_n or config.hopper_gluon_block_n
     block_m = block_m or config.hopper_gluon_block_m
-    rescale_first = config.hopper_gluon_rescale_first if rescale_first is None else rescale_first
+    schedule = {**hopper.forward_schedule(config), **(schedule or {})}
     if any(flags.values()) or (causal and block_m % block_n):  # what takes the dense kernel then (dispatch.fwd_gluon_rows)
         block_m = hopper.BLOCK_M
     label = feature_label({name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS})
     sections = hopper.head_sections(headdim)
-    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, rescale_first),
+    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, schedule),
                   "HEAD_SPLIT": len(sections) == 2}  # as launched
     options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")}
     signature = {**section_signature(sections, block_n, dtype), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
                  "qk_scale": "fp32", **FEATURE_SIGNATURE, **{name: "constexpr" for name in constexprs}}
-    tiles = f" {block_m}x{block_n} x {constexprs['STAGES']}/{constexprs['V_STAGES']}" + (" rescale first" if rescale_first else "")
+    tiles = f" {block_m}x{block_n} x {constexprs['STAGES']}/{constexprs['V_STAGES']}" + schedule_label(schedule)
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}{tiles}",
                         hopper._flash_fwd_hopper_kernel, signature, constexprs, options)
 
 
+def schedule_label(schedule: dict) -> str:
+    """The forward's key-loop constexprs set (flash_attn_hopper.forward_schedule), for a report line."""
+    return "".join(f" {name.lower().replace('_', ' ')}" for name, on in schedule.items() if on)
+
+
 def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
-                               block_m: int | None = None) -> str:
+                               block_m: int | None = None, schedule: dict | None = None) -> str:
     """The Gluon forward over packed variable lengths (kernels/hopper/fwd.py) for sm_90, with the
-    table's hopper_gluon_block_n and hopper_gluon_block_m unless `block_n`, `block_m` are given."""
+    table's hopper_gluon_block_n, hopper_gluon_block_m and schedule unless `block_n`, `block_m`,
+    `schedule` are given (as hopper_gluon_report's)."""
     from kernels import flash_attn_hopper as hopper
 
     config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
     block_n = block_n or config.hopper_gluon_block_n
     block_m = block_m or config.hopper_gluon_block_m
+    schedule = {**hopper.forward_schedule(config), **(schedule or {})}
     stages, v_stages = hopper.forward_stages(headdim, block_n, block_m=block_m)
     options = hopper.forward_launch_options(block_m)
     consumers = options.pop("CONSUMERS")
@@ -224,11 +231,12 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     signature = {**section_signature(sections, block_n, dtype), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
                  "CuSeqK": "*i32", "num_heads": "i32", "stride_lse_h": "i32", "stride_lse_b": "i32", "stride_o": "i32", "qk_scale": "fp32",
                  "kv_group": "i32", "STAGES": "constexpr", "V_STAGES": "constexpr", "CAUSAL": "constexpr",
-                 "HEAD_SPLIT": "constexpr", "CONSUMERS": "constexpr", "RESCALE_FIRST": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen {block_m}x{block_n} x {stages}/{v_stages}",
+                 "HEAD_SPLIT": "constexpr", "CONSUMERS": "constexpr", **{name: "constexpr" for name in schedule}}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen {block_m}x{block_n} x {stages}/{v_stages}"
+                        f"{schedule_label(schedule)}",
                         hopper._flash_fwd_hopper_varlen_kernel, signature,
                         {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "HEAD_SPLIT": len(sections) == 2,
-                         "CONSUMERS": consumers, "RESCALE_FIRST": config.hopper_gluon_rescale_first}, options)
+                         "CONSUMERS": consumers, **schedule}, options)
 
 
 def section_signature(sections: tuple, block_n: int, dtype: str) -> dict:
@@ -366,7 +374,13 @@ def main() -> None:
         # O rescaled between S and P V (FwdConfig.hopper_gluon_rescale_first, FA3's above head dim 128)
         for headdim in (192, 256):
             for causal in (False, True):
-                emit(hopper_gluon_report(causal, headdim=headdim, rescale_first=True))
+                emit(hopper_gluon_report(causal, headdim=headdim, schedule={"RESCALE_FIRST": True}))
+        # the consumers' matmuls in turns (FwdConfig.hopper_gluon_pingpong), two consumers at head dim
+        # 128 and three at 64 (dense and varlen)
+        for causal in (False, True):
+            emit(hopper_gluon_report(causal, headdim=128, schedule={"PINGPONG": True}))
+        emit(hopper_gluon_report(False, headdim=64, block_m=192, schedule={"PINGPONG": True}))
+        emit(hopper_gluon_varlen_report(True, headdim=64, block_m=192, schedule={"PINGPONG": True}))
     else:
         production_report(args, emit)
     if args.out:

@@ -333,11 +333,49 @@ def _scale_rows(acc, factor):
 
 
 @gluon.jit
-def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.constexpr, PART: gl.constexpr, bias=None):
+def _await_turn(turn_bar, t, PART: gl.constexpr, PINGPONG: gl.constexpr):
+    """With PINGPONG (FwdConfig.hopper_gluon_pingpong; FA3's and FA4's warp-scheduler barriers at head
+    dims up to 128) the consumers issue their matmuls in turns, a ring 0, 1(, 2), 0, ...: before its
+    t-th step (the first block's S, then one step a loop iteration) consumer PART waits until the
+    one before it in the ring has issued its t-th (consumer 0: the last one's (t-1)-th; its first
+    turn is free, as a fresh mbarrier counts as having completed the phase before its first), so
+    one consumer's softmax runs while another's matmuls do, in a fixed order."""
+    if PINGPONG:
+        if PART == 0:
+            mbarrier.wait(turn_bar.index(0), (t & 1) ^ 1)
+        else:
+            mbarrier.wait(turn_bar.index(PART), t & 1)
+
+
+@gluon.jit
+def _turn_barriers(q_bar, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr):
+    """`_await_turn`'s mbarriers, one a consumer, each completed once per turn by the consumer before
+    it in the ring; without PINGPONG none (`q_bar` in their place, not read by the turns)."""
+    if PINGPONG:
+        turn_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for part in gl.static_range(CONSUMERS):
+            mbarrier.init(turn_bar.index(part), count=1)
+    else:
+        turn_bar = q_bar
+    return turn_bar
+
+
+@gluon.jit
+def _pass_turn(turn_bar, PART: gl.constexpr, PINGPONG: gl.constexpr):
+    """`_await_turn`'s other half: once consumer PART has issued a step's matmuls, the next in the
+    ring may issue its own."""
+    if PINGPONG:
+        CONSUMERS: gl.constexpr = turn_bar.type.shape[0]
+        mbarrier.arrive(turn_bar.index((PART + 1) % CONSUMERS), count=1)
+
+
+@gluon.jit
+def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout: gl.constexpr, PART: gl.constexpr,
+                     PINGPONG: gl.constexpr, bias=None):
     """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
-    unscaled, waited for, through `_s_matmul`), then K_0's stage released: (m, l, O, the zero
-    accumulator every S matmul starts from, S). Q's tiles, K's rings and O are tuples of head-dim
-    sections (`_head_sections`)."""
+    unscaled, waited for, through `_s_matmul`, issued in its turn: `_await_turn`), then K_0's stage
+    released: (m, l, O, the zero accumulator every S matmul starts from, S). Q's tiles, K's rings
+    and O are tuples of head-dim sections (`_head_sections`)."""
     ROWS: gl.constexpr = q_buf[0].type.shape[0]
     BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -347,20 +385,24 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout: gl.conste
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(q_bar.index(PART), 0)
     mbarrier.wait(k_bar.index(0), 0)
-    s = warpgroup_mma_wait(0, deps=[_s_matmul(q_buf, _at(k_smem, 0), s_init, bias)])
+    _await_turn(turn_bar, 0, PART, PINGPONG)
+    s_tok = _s_matmul(q_buf, _at(k_smem, 0), s_init, bias)
+    _pass_turn(turn_bar, PART, PINGPONG)
+    s = warpgroup_mma_wait(0, deps=[s_tok])
     if _split_release(empty_bar, k_smem[0]):
         mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
     return m_i, l_i, acc, s_init, s
 
 
 @gluon.jit
-def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, alpha, s_init,
-                       RESCALE_FIRST: gl.constexpr, bias=None):
+def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, alpha, s_init,
+                       RESCALE_FIRST: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr, bias=None):
     """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
     in flight; waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for
     block j runs under P~ V. With RESCALE_FIRST line 10's rescale of O by `alpha` (block j - 1's)
     runs between the two, under S_j's matmul (FwdConfig.hopper_gluon_rescale_first; FA3's
-    `RescaleOBeforeGemm`, which it takes above head dim 128: the multiplies of a wide O run under S). Returns S_j, P~ V's accumulator tokens and A operand,
+    `RescaleOBeforeGemm`, which it takes above head dim 128: the multiplies of a wide O run under S).
+    Both matmuls are issued in the consumer's i-th turn (`_await_turn`). Returns S_j, P~ V's accumulator tokens and A operand,
     and the empty barrier of block j - 1's V stage (with `_split_release`, K_j's is released here,
     S_j done)."""
     STAGES: gl.constexpr = k_smem[0].type.shape[0]
@@ -368,11 +410,13 @@ def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc
     stage = i % STAGES
     prev = (i - 1) % V_STAGES
     mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
+    _await_turn(turn_bar, i, PART, PINGPONG)
     s_tok = _s_matmul(q_buf, _at(k_smem, stage), s_init, bias)
     if RESCALE_FIRST:
         acc = _scale_rows(acc, alpha)
     mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
     acc_tok, p_op = _pv_matmul(p, _at(v_smem, prev), acc)
+    _pass_turn(turn_bar, PART, PINGPONG)
     s = warpgroup_mma_wait(1, deps=[s_tok])
     if _split_release(empty_bar, k_smem[0]):
         mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
@@ -430,20 +474,20 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem) = args
+     full_lo, full_hi, kx_smem, turn_bar) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, first_block, n_blocks)
 
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PART: gl.constexpr, RESCALE_FIRST: gl.constexpr):
+                       PART: gl.constexpr, RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1 (_softmax_loop), then lines 12-15."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem) = args
+     full_lo, full_hi, kx_smem, turn_bar) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     # the S accumulator of one warpgroup (O's, one per head-dim section, are made by _zero_sections)
@@ -457,9 +501,9 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
-    acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window,
-                                  offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout, CAUSAL, WINDOW,
-                                  SOFTCAP, ALIBI, PART, RESCALE_FIRST)
+    acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods,
+                                  window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout, CAUSAL,
+                                  WINDOW, SOFTCAP, ALIBI, PART, RESCALE_FIRST, PINGPONG)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
@@ -469,13 +513,14 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
 
 
 @gluon.jit
-def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scale, mods, window, offs_m, offs_n,
-                  offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
+def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods, window, offs_m,
+                  offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
-                  RESCALE_FIRST: gl.constexpr):
+                  RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, O rescaled
-    where RESCALE_FIRST says (`_fwd_block_matmuls`): the unnormalised O, l and m."""
+    where RESCALE_FIRST says (`_fwd_block_matmuls`), the matmuls issued in turns with PINGPONG
+    (`_await_turn`): the unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
@@ -487,7 +532,8 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
     else:
         bias = None
     # lines 5 and 8 for key block 0, then line 9
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, PART, bias)
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout, PART,
+                                                PINGPONG, bias)
     if ALIBI_MMA:
         p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (-mods[2]).to(gl.float32), offs_m,
                                                  offs_n, 0, window[3], BLOCK_N)
@@ -499,8 +545,8 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, qk_scal
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, alpha,
-                                                    s_init, RESCALE_FIRST, bias)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
+                                                    acc, alpha, s_init, RESCALE_FIRST, PART, PINGPONG, bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
                                                      offs_m, offs_n, i, window[3], BLOCK_N)
@@ -533,10 +579,11 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
-                             RESCALE_FIRST: gl.constexpr = False):
+                             RESCALE_FIRST: gl.constexpr = False, PINGPONG: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; RESCALE_FIRST: where
-    the key loop rescales O (`_fwd_block_matmuls`). The descriptors view (batch * seqlen, heads *
+    the key loop rescales O (`_fwd_block_matmuls`); PINGPONG: the consumers issue their matmuls in
+    turns (`_await_turn`). The descriptors view (batch * seqlen, heads *
     head dim); K and V have num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
@@ -586,7 +633,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
             col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-            window_right, full_lo, full_hi, kx_smem)
+            window_right, full_lo, full_hi, kx_smem, _turn_barriers(q_bar, CONSUMERS, PINGPONG))
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one or two workers (4 warps each) consume, one function PART apart;
@@ -594,15 +641,15 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, RESCALE_FIRST)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, RESCALE_FIRST, PINGPONG)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])
 
@@ -630,20 +677,23 @@ def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from
 def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
     """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale) = args
+     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
+     turn_bar) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, 0, n_blocks)
 
 
 @gluon.jit
-def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, RESCALE_FIRST: gl.constexpr):
+def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, RESCALE_FIRST: gl.constexpr,
+                              PINGPONG: gl.constexpr):
     """_softmax_partition for one sequence of a packed batch: rows [start_m + PART * 64, + 64) of
     the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
     one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
     of a query tile past the sequence's end are the next sequence's: their results are not
     written (a masked store where the tile crosses the end, TMA where it does not)."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale) = args
+     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
+     turn_bar) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
@@ -653,14 +703,15 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, RE
     first_row = start_m + PART * ROWS  # this part's first query row in its sequence
     offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, s_layout, PART)
+    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout, PART,
+                                                PINGPONG)
     p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
                                               BLOCK_N, CAUSAL)
     EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, p, acc, alpha,
-                                                    s_init, RESCALE_FIRST)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
+                                                    acc, alpha, s_init, RESCALE_FIRST, PART, PINGPONG)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, RESCALE_FIRST)
@@ -699,14 +750,15 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                     Out, LSE, CuSeqQ, CuSeqK, num_heads, stride_lse_h, stride_lse_b, stride_o,
                                     qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
-                                    CONSUMERS: gl.constexpr = 2, RESCALE_FIRST: gl.constexpr = False):
+                                    CONSUMERS: gl.constexpr = 2, RESCALE_FIRST: gl.constexpr = False,
+                                    PINGPONG: gl.constexpr = False):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
     has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS and RESCALE_FIRST as the dense kernel's."""
+    query block does nothing. CONSUMERS, RESCALE_FIRST and PINGPONG as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
@@ -736,18 +788,18 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                                                                      V_STAGES, CONSUMERS)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                 q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
-                stride_o, qk_scale)
+                stride_o, qk_scale, _turn_barriers(q_bar, CONSUMERS, PINGPONG))
         if CONSUMERS == 3:  # registers as the dense kernel's
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, RESCALE_FIRST)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, RESCALE_FIRST)),
-                (_varlen_softmax_partition, (args, CAUSAL, 2, RESCALE_FIRST)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, RESCALE_FIRST, PINGPONG)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, RESCALE_FIRST, PINGPONG)),
+                (_varlen_softmax_partition, (args, CAUSAL, 2, RESCALE_FIRST, PINGPONG)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 4, 1], [160, 160, 24])
         else:
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, RESCALE_FIRST)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, RESCALE_FIRST)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, RESCALE_FIRST, PINGPONG)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, RESCALE_FIRST, PINGPONG)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 1], [240, 24])
 
