@@ -109,6 +109,10 @@ class BwdConfig:
     # "packed" (every sequence's on one axis, FA3's padded offsets) or "auto" (packed where the
     # longest grid would be more than half empty, where it measured faster).
     hopper_gluon_varlen_grid: str = "auto"
+    # The wide-head kernel's (kernels/hopper/bwd_wide.py): whether its dP warpgroup issues each query
+    # step's dP^T in the step before, behind that step's dK, dV and dQ matmuls, so that it runs
+    # while dQ is added and the S warpgroup gets dP^T - D sooner.
+    hopper_gluon_wide_dp_ahead: bool = False
 
     @property
     def dq_warps(self) -> int:

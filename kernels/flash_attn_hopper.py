@@ -374,7 +374,8 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     fused, a zeroed float32 tensor contiguous like q (head dim 64, 96, 128 or 192), which the kernel
     fills in register order (dq_cast.dq_from_accumulator reads it). At the wide head dims
     (WIDE_BWD_HEAD_DIMS: 192) the launch is bwd_wide.py's kernel, dQ fused and no feature. `config`'s hopper_gluon_dq_first and
-    hopper_gluon_head_section pick the schedule and the launch order."""
+    hopper_gluon_head_section pick the schedule and the launch order (hopper_gluon_wide_dp_ahead
+    the wide kernel's)."""
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
     fused = dq_accum is not None
@@ -401,7 +402,8 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
                     q.device, config.hopper_gluon_head_section)
     if wide:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_wide_launcher", grid,
-                              {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168},
+                              {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168,
+                               "DP_AHEAD": config.hopper_gluon_wide_dp_ahead},
                               descriptors=descriptors)
     else:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,

@@ -272,17 +272,19 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq, **flags, **schedule})
 
 
-def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192) -> str:
+def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192, dp_ahead: bool = False) -> str:
     """The Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: dQ fused, no feature)
-    compiled for sm_90 as backward_dkdv_hopper_plan launches it."""
+    compiled for sm_90 as backward_dkdv_hopper_plan launches it; `dp_ahead`:
+    BwdConfig.hopper_gluon_wide_dp_ahead."""
     from kernels import flash_attn_hopper as hopper
 
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
-                 **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ", hopper._flash_bwd_dkdv_hopper_wide_kernel,
-                        signature, {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
+                 **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "DP_AHEAD": "constexpr"}
+    label = f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (" dP ahead" if dp_ahead else "")
+    return gluon_report(label, hopper._flash_bwd_dkdv_hopper_wide_kernel, signature,
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DP_AHEAD": dp_ahead})
 
 
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,
@@ -375,6 +377,9 @@ def main() -> None:
         for headdim in (192, 256):
             for causal in (False, True):
                 emit(hopper_gluon_report(causal, headdim=headdim, schedule={"RESCALE_FIRST": True}))
+        # the wide-head backward with each step's dP^T issued a step ahead (BwdConfig.hopper_gluon_wide_dp_ahead)
+        for causal in (False, True):
+            emit(hopper_gluon_wide_bwd_report(causal, dp_ahead=True))
         # the consumers' matmuls in turns (FwdConfig.hopper_gluon_pingpong), two consumers at head dim
         # 128 and three at 64 (dense and varlen)
         for causal in (False, True):

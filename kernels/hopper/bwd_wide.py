@@ -254,6 +254,69 @@ def _wide_dp_step(args, ctx, step, dk, dv):
 
 
 @gluon.jit
+def _wide_dp_issue(args, ctx, step):
+    """Line 13 for query step `step`: dP^T = V_j dO_i^T issued once dO_i has landed (one wgmma per
+    head-dim section, chained), left in flight."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
+     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
+     dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     softmax_scale, qk_scale, num_heads) = args
+    k_buf, v_buf, s_init, dq_init = ctx
+    STAGES: gl.constexpr = q_smem[0].type.shape[0]
+    stage = step % STAGES
+    mbarrier.wait(do_bar.index(stage), (step // STAGES) & 1)
+    return _chained_matmul(v_buf, _at(do_smem, stage), s_init)
+
+
+@gluon.jit
+def _wide_dp_step_ahead(args, ctx, step, dk, dv, dp_tok, NEXT: gl.constexpr):
+    """_wide_dp_step with query step `step`'s dP^T already in flight (`dp_tok`, issued the step
+    before: BwdConfig.hopper_gluon_wide_dp_ahead) and, with NEXT, the next step's issued right
+    behind this step's five matmuls, so that it runs while this warpgroup adds dQ_i and the S
+    warpgroup gets the next dP^T - D_i sooner: returns dK_j, dV_j of the second section and the
+    next step's dP^T token (`dp_tok` again without NEXT, not read)."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
+     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
+     dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     softmax_scale, qk_scale, num_heads) = args
+    k_buf, v_buf, s_init, dq_init = ctx
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
+    STAGES: gl.constexpr = q_smem[0].type.shape[0]
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    stage = step % STAGES
+    phase = (step // STAGES) & 1
+    m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M, HEAD_DIM)
+    q_buf = _at(q_smem, stage)
+    do_buf = _at(do_smem, stage)
+    delta = delta_smem.index(stage).load(s_layout)
+    dp = warpgroup_mma_wait(0, deps=[dp_tok])  # the only matmul in flight
+    # dP^T - D_i to the S warpgroup, once it has read the previous step's
+    mbarrier.wait(dp_free, (step & 1) ^ 1)
+    dpmd_smem.store(dp - delta)
+    gl.thread_barrier()
+    mbarrier.arrive(dp_bar, count=1)
+    # lines 12, 16 (second section) and 15, as _wide_dp_step's
+    mbarrier.wait(q_bar.index(stage), phase)
+    mbarrier.wait(pds_bar, step & 1)
+    dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
+    dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
+    ds_t = ds_smem.permute((1, 0))
+    dq0_tok = warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
+    dq1_tok = warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
+    dq2_tok = warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True)
+    if NEXT:  # the next step's line 13 behind them (its dO is another ring stage): wait for all but it
+        dp_tok = _wide_dp_issue(args, ctx, step + 1)
+        dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(len(v_buf), deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
+    else:
+        dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
+    mbarrier.arrive(pds_free, count=1)
+    mbarrier.arrive(empty_bar.index(stage), count=1)
+    _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), softmax_scale, num_heads, HEAD_DIM)
+    return dk, dv, dp_tok
+
+
+@gluon.jit
 def _wide_reduce_dq(dq_desc, row, q_col, dq_smem, dq, softmax_scale, num_heads, HEAD_DIM: gl.constexpr):
     """dQ_i's 64 x 64 tiles (rows from `row` of the (batch x seqlen, heads x head dim) view, columns
     from q_col), scaled, each staged in register order and added into the float32 accumulator by
@@ -271,10 +334,10 @@ def _wide_reduce_dq(dq_desc, row, q_col, dq_smem, dq, softmax_scale, num_heads, 
 
 
 @gluon.jit
-def _wide_dp_partition(args, CAUSAL: gl.constexpr):
+def _wide_dp_partition(args, CAUSAL: gl.constexpr, DP_AHEAD: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
     dQ over every query step that sees the block; the sections written once both warpgroups are
-    past K (line 18)."""
+    past K (line 18). DP_AHEAD: each step's dP^T issued in the step before (_wide_dp_step_ahead)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -290,8 +353,14 @@ def _wide_dp_partition(args, CAUSAL: gl.constexpr):
     dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
     ctx = (k_buf, v_buf, s_init, dq_init)
     mbarrier.wait(kv_bar, 0)
-    for step in range(n_steps * kv_group):
-        dk, dv = _wide_dp_step(args, ctx, step, dk, dv)
+    if DP_AHEAD:
+        dp_tok = _wide_dp_issue(args, ctx, 0)
+        for step in range(n_steps * kv_group - 1):
+            dk, dv, dp_tok = _wide_dp_step_ahead(args, ctx, step, dk, dv, dp_tok, True)
+        dk, dv, dp_tok = _wide_dp_step_ahead(args, ctx, n_steps * kv_group - 1, dk, dv, dp_tok, False)
+    else:
+        for step in range(n_steps * kv_group):
+            dk, dv = _wide_dp_step(args, ctx, step, dk, dv)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     k_buf[1].store((dk * softmax_scale).to(k_buf[1].dtype))
@@ -308,12 +377,14 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        k_tail_desc, v_tail_desc, do_tail_desc, dk_tail_desc, dv_tail_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
-                                       STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, DP_AHEAD: gl.constexpr = False):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup
     and the dP warpgroup (the module's docstring). The arguments are bwd.py's dense kernel's, the
     head dim two sections (HEAD_SPLIT) and dQ fused; the feature arguments (window, softcap,
-    ALiBi) and dq_tail_desc are not read: this kernel has none of the features."""
+    ALiBi) and dq_tail_desc are not read: this kernel has none of the features. DP_AHEAD
+    (BwdConfig.hopper_gluon_wide_dp_ahead): the dP warpgroup issues each step's dP^T in the step
+    before (_wide_dp_step_ahead)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
         do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, True)
@@ -341,6 +412,6 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
         (_wide_s_partition, (args, CAUSAL)),
-        (_wide_dp_partition, (args, CAUSAL)),
+        (_wide_dp_partition, (args, CAUSAL, DP_AHEAD)),
         (_wide_load_partition, (args, CAUSAL)),
     ], [4, 1], [240, 24])
