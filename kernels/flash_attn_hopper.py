@@ -3,7 +3,7 @@ per-shape launch plans and the entry points forward.py and backward.py call.
 
 The kernels (FA2 Algorithms 1 and 2 in FlashAttention-3's warp layout, Shah et al. 2024), by role:
 - kernels/hopper/fwd.py: the forward, dense (GQA/MQA, sliding windows, softcap, ALiBi as
-  constexpr flags) and over packed variable lengths;
+  constexpr flags), and kernels/hopper/fwd_varlen.py over packed variable lengths;
 - kernels/hopper/bwd.py: the dK/dV kernel, with line 15's dQ fused (TMA reduce-adds into a
   float32 accumulator) or not, and the steps kernels/hopper/bwd_varlen.py's packed-sequence
   variant and kernels/hopper/bwd_wide.py's kernel for head dim 192 share with it;
@@ -27,7 +27,8 @@ than keys) runs these varlen kernels with each batch row a packed sequence
 `backward.flash_attn_backward` takes the dK/dV kernels at head dims 64, 96, 128 and 192
 (BWD_HEAD_DIMS; at 192 with GQA but no window, softcap or ALiBi) from 1k keys in the same scope
 (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
-(`dispatch.bwd_gluon_fuses_dq`). Dropout runs on the Triton kernels. The backward's schedule and
+(`dispatch.bwd_gluon_fuses_dq`). Dropout runs on the Triton kernels, its forward on the Gluon ones
+where FwdConfig.hopper_gluon_dropout asks (kernels/hopper/dropout.py: the same keep-mask). The backward's schedule and
 launch order are BwdConfig fields (kernels/configs.py: hopper_gluon_dq_first,
 hopper_gluon_head_section, hopper_gluon_varlen_grid).
 
@@ -54,7 +55,8 @@ from .hopper.dq_cast import (  # noqa: F401 -- the accumulators' API, for backwa
     dq_from_varlen_accumulator,
     varlen_dq_accumulator,
 )
-from .hopper.fwd import _alibi_by_matmul, _flash_fwd_hopper_kernel, _flash_fwd_hopper_varlen_kernel
+from .hopper.fwd import _alibi_by_matmul, _flash_fwd_hopper_kernel
+from .hopper.fwd_varlen import _flash_fwd_hopper_varlen_kernel
 from .hopper.shared import (
     BLOCK_M,
     BLOCK_N,
@@ -78,7 +80,8 @@ from .hopper.shared import (
 from .launch import CachedLauncher, DirectLaunch, descriptor_template
 
 # The score modifications and masks the Gluon kernels take (kernels/features.py's constexprs);
-# dropout runs on the Triton kernels only (packed variable lengths: the varlen kernels).
+# dropout is a constexpr of the forwards of its own (DROPOUT: forward_constexprs), the backward's
+# on the Triton kernels only (packed variable lengths: the varlen kernels).
 GLUON_FEATURE_FLAGS = ("WINDOW", "SOFTCAP", "ALIBI")
 VARLEN_BWD_GRIDS = ("longest", "packed", "auto")  # BwdConfig.hopper_gluon_varlen_grid's values
 
@@ -220,15 +223,15 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_
 
 
 def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n: int = BLOCK_N,
-                       block_m: int = BLOCK_M, schedule: dict | None = None) -> dict:
-    """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, its K and V
+                       block_m: int = BLOCK_M, schedule: dict | None = None, dropout: bool = False) -> dict:
+    """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags` and DROPOUT, its K and V
     blocks in flight for this head dim, block_n keys a block and block_m query rows
     (forward_stages), its key loop's `schedule` (forward_schedule) and its launch options
     (forward_launch_options)."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
     stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m)
-    return {**flags, "STAGES": stages, "V_STAGES": v_stages, **forward_schedule(schedule),
+    return {**flags, "DROPOUT": dropout, "STAGES": stages, "V_STAGES": v_stages, **forward_schedule(schedule),
             **forward_launch_options(block_m)}
 
 
@@ -251,7 +254,7 @@ def forward_launch_options(block_m: int) -> dict:
 
 
 def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, block_n: int = BLOCK_N,
-                        block_m: int = BLOCK_M, schedule=None):
+                        block_m: int = BLOCK_M, schedule=None, dropout: bool = False):
     """The launch for tensors shaped, strided and aligned like these, as a function of (q, k, v,
     out, lse, softmax_scale, features=()): descriptors are copied from ones made (and validated)
     here, and the compiled kernel is launched directly after the first call (launch.DirectLaunch).
@@ -259,7 +262,9 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     then holds its run-time values (qk_scale, window sides, softcap * log2(e), the slopes and their
     batch stride). `block_n`: keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
     program (FwdConfig.hopper_gluon_block_m); the lengths a multiple of both, and causal block_n a
-    divisor of block_m. `schedule`: the config whose key-loop fields the kernel takes (forward_schedule)."""
+    divisor of block_m. `schedule`: the config whose key-loop fields the kernel takes (forward_schedule).
+    `dropout`: the kernel drops entries of P (FwdConfig.hopper_gluon_dropout), `features` then
+    ending with dropout_p and the (seed, offset) tensor."""
     batch, seqlen, heads, _ = q.shape
     if block_m % block_n and causal:
         raise ValueError(f"hopper_gluon_block_n must divide the Gluon forward's {block_m} query rows, got {block_n}")
@@ -267,7 +272,8 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
                                                          (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), q.shape[-1])
     # 4 warps in the default partition and 4 a further consumer, 1 loader warp: padded to whole
     # warpgroups, FWD_LAUNCH_REGISTERS each at launch, moved by setmaxnreg (forward_launch_options)
-    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule), **split_constexprs}
+    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule, dropout),
+                  **split_constexprs}
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
     # without a tail section the tail arguments are the logsumexp's pointer, not read
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // block_m, batch * heads),
@@ -277,18 +283,20 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     head_split = constexprs["HEAD_SPLIT"]
 
     def run(q, k, v, out, lse, softmax_scale, features=()):
-        qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
-            features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
+        qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b, dropout_p, rng_seed = (
+            features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0, 0.0, None))
         tails = (q, k, v, out) if head_split else (lse, lse, lse, lse)
         launch(q, k, v, out, *tails, lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
-               alibi if alibi is not None else lse, stride_alibi_b)
+               alibi if alibi is not None else lse, stride_alibi_b, rng_seed if rng_seed is not None else lse,
+               dropout_p)
 
     return run
 
 
 def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                                      qk_scale: float, causal: bool, block_n: int = BLOCK_N,
-                                     block_m: int = BLOCK_M, schedule=None) -> None:
+                                     block_m: int = BLOCK_M, schedule=None, dropout_p: float = 0.0,
+                                     rng_seed: torch.Tensor | None = None) -> None:
     """Write O into `out` (packed like q) and the natural-log logsumexp into `lse` for packed
     sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a (total, heads * d)
     2D view with rows that do not overlap; d one of FWD_HEAD_DIMS; fp16 or bf16); `lse` is (heads,
@@ -296,7 +304,7 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     max_seqlen_q long) its contiguous (batch, heads, seqlen_q). `qk_scale` is the softmax scale
     times log2(e); `block_n` keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
     program (FwdConfig.hopper_gluon_block_m), `schedule` the config whose key-loop fields it takes
-    (forward_schedule)."""
+    (forward_schedule); with `dropout_p`, entries dropped by the (seed, offset) tensor `rng_seed`."""
     total_q, heads, headdim = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     grid = (triton.cdiv(max_seqlen_q, block_m), batch * heads)
@@ -307,7 +315,8 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     descriptors = [lse if d is None else d for d in descriptors]  # no tail section: not read
     _fwd_varlen_launcher[grid](
         *descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides, out.stride(0), qk_scale,
-        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, **forward_schedule(schedule),
+        heads // k.shape[1], rng_seed if dropout_p else lse, dropout_p, STAGES=stages, V_STAGES=v_stages,
+        CAUSAL=causal, DROPOUT=bool(dropout_p), **forward_schedule(schedule),
         **forward_launch_options(block_m),
         **split_constexprs)
 

@@ -430,6 +430,77 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, key_grid
 
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seqlen,causal,window", [(1024, True, (-1, -1)), (2048, False, (-1, -1)),
+                                                  (1500, True, (-1, -1)), (1024, True, (200, 0))],
+                         ids=["dense-causal-gqa", "dense-full-gqa", "off-grid-causal", "window"])
+def test_gpu_gluon_forward_drops_what_the_triton_kernels_drop(seqlen, causal, window, dtype):
+    """Dropout on the Gluon forward (FwdConfig.hopper_gluon_dropout; the dense kernel, or its varlen
+    variant on the batch rows off the grid): under the keep-mask `return_attn_probs` reports (drawn
+    by the Triton kernels' Philox), out matches float64 and the gradients (the Triton backward,
+    drawing its own mask) match too: the two draw the same bits. On the Gluon kernel (asserted)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    config = dataclasses.replace(default_fwd_config(128, causal, torch.device("cuda")), hopper_gluon_dropout=True)
+    q, k, v = (torch.randn(2, seqlen, h, 128, device="cuda", dtype=dtype, requires_grad=True) for h in (8, 2, 2))
+    dout = torch.randn_like(q)
+    features = Features(window_left=window[0], window_right=-1 if causal else window[1], dropout_p=0.15,
+                        rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
+    expected = dispatch.GluonPath.PACKED if seqlen % 128 else dispatch.GluonPath.DENSE
+    assert dispatch.fwd_memory_path(config, q, k, v, q, causal, features) == expected
+    torch.manual_seed(0)
+    out, _, probs = flash_attn_func(q, k, v, dropout_p=0.15, causal=causal, window_size=window, return_attn_probs=True,
+                                    fwd_config=config)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = ~torch.signbit(probs)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference(q64, k64, v64, None, causal, window_size=window, dropout_p=0.15, dropout_keep=keep)[0]
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    tol = {torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
+        err = (got.double() - want).abs().max().item()
+        assert err < tol * max(1.0, want.abs().max().item()), f"{name}: {err:.3e}"
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_gluon_varlen_forward_drops_what_the_triton_kernels_drop(dtype):
+    """Dropout on the Gluon varlen forward (FwdConfig.hopper_gluon_dropout), rows and keys counted within
+    each sequence (an empty one, one shorter than its keys): out and gradients against float64 under
+    the keep-mask `return_attn_probs` reports, per sequence."""
+    from baselines.reference import attention_reference_varlen
+    from kernels import flash_attn_varlen_func
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    lengths_q, lengths_k = [1300, 0, 700, 2048], [1500, 300, 700, 2048]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for lengths in (lengths_q, lengths_k))
+    config = dataclasses.replace(default_fwd_config(128, True, torch.device("cuda")), hopper_gluon_dropout=True)
+    q = torch.randn(int(cu_q[-1]), 4, 128, device="cuda", dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(int(cu_k[-1]), 2, 128, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
+    dout = torch.randn_like(q)
+    features = Features(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=2048, max_seqlen_k=2048, dropout_p=0.2,
+                        rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
+    assert dispatch.fwd_memory_path(config, q, k, v, q, True, features) == dispatch.GluonPath.DENSE
+    torch.manual_seed(5)
+    out, _, probs = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2048, 2048, dropout_p=0.2, causal=True,
+                                           return_attn_probs=True, fwd_config=config)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = ~torch.signbit(probs)  # (batch, heads, max_seqlen_q, max_seqlen_k)
+    masks = [keep[b:b + 1, :, :lq, :lk] for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k))]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference_varlen(q64, k64, v64, cu_q, cu_k, None, True, dropout_p=0.2, dropout_keep=masks)[0]
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    tol = {torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
+        err = (got.double() - want).abs().max().item()
+        assert err < tol * max(1.0, want.abs().max().item()), f"{name}: {err:.3e}"
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_dropout_matches_the_reference_under_its_own_mask(dtype):
     q, k, v = (torch.randn(1, 1024, h, 128, device="cuda", dtype=dtype, requires_grad=True) for h in (8, 2, 2))
     dout = torch.randn_like(q)

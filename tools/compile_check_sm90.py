@@ -175,7 +175,7 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict, options:
 
 
 FEATURE_SIGNATURE = {"kv_group": "i32", "window_left": "i32", "window_right": "i32", "softcap_log2": "fp32",
-                     "Alibi": "*fp32", "stride_alibi_b": "i32"}
+                     "Alibi": "*fp32", "stride_alibi_b": "i32", "RngSeed": "*i64", "dropout_p": "fp32"}
 
 
 def feature_label(flags: dict) -> str:
@@ -183,22 +183,24 @@ def feature_label(flags: dict) -> str:
 
 
 def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
-                        block_m: int | None = None, schedule: dict | None = None, **flags: bool) -> str:
+                        block_m: int | None = None, schedule: dict | None = None, dropout: bool = False,
+                        **flags: bool) -> str:
     """The Gluon forward (kernels/hopper/fwd.py) compiled for sm_90 as forward_hopper_plan launches
     it, with the table's hopper_gluon_block_n, hopper_gluon_block_m and key-loop schedule
     (flash_attn_hopper.forward_schedule) unless `block_n`, `block_m`, `schedule` (a dict of its
-    constexprs set) are given; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs."""
+    constexprs set) are given; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs; `dropout` its DROPOUT."""
     from kernels import flash_attn_hopper as hopper
 
     config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
     block_n = block_n or config.hopper_gluon_block_n
     block_m = block_m or config.hopper_gluon_block_m
     schedule = {**hopper.forward_schedule(config), **(schedule or {})}
-    if any(flags.values()) or (causal and block_m % block_n):  # what takes the dense kernel then (dispatch.fwd_gluon_rows)
+    if any(flags.values()) or dropout or (causal and block_m % block_n):  # what takes the dense kernel then (dispatch.fwd_gluon_rows)
         block_m = hopper.BLOCK_M
-    label = feature_label({name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS})
+    label = feature_label({**{name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}, "DROPOUT": dropout})
     sections = hopper.head_sections(headdim)
-    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, schedule),
+    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, schedule,
+                                                                 dropout),
                   "HEAD_SPLIT": len(sections) == 2}  # as launched
     options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")}
     signature = {**section_signature(sections, block_n, dtype), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
@@ -214,7 +216,7 @@ def schedule_label(schedule: dict) -> str:
 
 
 def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
-                               block_m: int | None = None, schedule: dict | None = None) -> str:
+                               block_m: int | None = None, schedule: dict | None = None, dropout: bool = False) -> str:
     """The Gluon forward over packed variable lengths (kernels/hopper/fwd.py) for sm_90, with the
     table's hopper_gluon_block_n, hopper_gluon_block_m and schedule unless `block_n`, `block_m`,
     `schedule` are given (as hopper_gluon_report's)."""
@@ -230,13 +232,14 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     sections = hopper.head_sections(headdim)
     signature = {**section_signature(sections, block_n, dtype), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
                  "CuSeqK": "*i32", "num_heads": "i32", "stride_lse_h": "i32", "stride_lse_b": "i32", "stride_o": "i32", "qk_scale": "fp32",
-                 "kv_group": "i32", "STAGES": "constexpr", "V_STAGES": "constexpr", "CAUSAL": "constexpr",
-                 "HEAD_SPLIT": "constexpr", "CONSUMERS": "constexpr", **{name: "constexpr" for name in schedule}}
+                 "kv_group": "i32", "RngSeed": "*i64", "dropout_p": "fp32", "STAGES": "constexpr", "V_STAGES": "constexpr",
+                 "CAUSAL": "constexpr", "HEAD_SPLIT": "constexpr", "CONSUMERS": "constexpr", "DROPOUT": "constexpr",
+                 **{name: "constexpr" for name in schedule}}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen {block_m}x{block_n} x {stages}/{v_stages}"
-                        f"{schedule_label(schedule)}",
+                        f"{schedule_label(schedule)}{' dropout' if dropout else ''}",
                         hopper._flash_fwd_hopper_varlen_kernel, signature,
                         {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "HEAD_SPLIT": len(sections) == 2,
-                         "CONSUMERS": consumers, **schedule}, options)
+                         "CONSUMERS": consumers, "DROPOUT": dropout, **schedule}, options)
 
 
 def section_signature(sections: tuple, block_n: int, dtype: str) -> dict:
@@ -377,6 +380,10 @@ def main() -> None:
         for headdim in (192, 256):
             for causal in (False, True):
                 emit(hopper_gluon_report(causal, headdim=headdim, schedule={"RESCALE_FIRST": True}))
+        # dropout on the Gluon forwards (FwdConfig.hopper_gluon_dropout), dense and varlen, causal or not
+        for causal in (False, True):
+            emit(hopper_gluon_report(causal, dropout=True))
+            emit(hopper_gluon_varlen_report(causal, dropout=True))
         # the wide-head backward with each step's dP^T issued a step ahead (BwdConfig.hopper_gluon_wide_dp_ahead)
         for causal in (False, True):
             emit(hopper_gluon_wide_bwd_report(causal, dp_ahead=True))

@@ -1,6 +1,6 @@
 """FA2's forward (Algorithm 1) on Hopper, written in Gluon with FlashAttention-3's layout: the dense
-kernel (GQA/MQA, sliding windows, softcap, ALiBi as constexpr flags) and the kernel over packed
-variable lengths, built from the same loads, matmuls and softmax steps.
+kernel (GQA/MQA, sliding windows, softcap, ALiBi, dropout as constexpr flags) and the loads, matmuls
+and softmax steps fwd_varlen.py's kernel over packed variable lengths is built from.
 
 Triton 3.6 compiles the forward of `forward.py` to wgmma, but it waits for every matmul at
 once and its key loop synchronises all warps at CTA-wide barriers, so the softmax does not run
@@ -39,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..features import _tanh
+from .dropout import _dropout_keep
 from .shared import (
     _allocate_sections,
     _at,
@@ -67,6 +68,28 @@ def _online_softmax(s, m_i, l_i, scale, EMPTY_ROWS: gl.constexpr):
     alpha = gl.exp2(m_i - m_ref)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _drop(p, rng, offs_m, block, offs_n, BLOCK_N: gl.constexpr, DROPOUT: gl.constexpr):
+    """With DROPOUT, P~ of key block `block` with the dropped entries zeroed, after l has summed
+    them all (kernels/forward.py's order: the logsumexp is dropout's own, O takes the kept entries
+    only, their 1 / (1 - p) at the end: `_kept_norm`). `rng` = (seed, offset, batch x head, p); the
+    keep-mask hopper/dropout.py's, bit for bit the Triton kernels'."""
+    if DROPOUT:
+        seed, rng_offset, bh, dropout_p = rng
+        keep = _dropout_keep(seed, rng_offset, bh, offs_m[:, None], (block * BLOCK_N + offs_n)[None, :], dropout_p)
+        p = gl.where(keep, p, 0.0)
+    return p
+
+
+@gluon.jit
+def _kept_norm(l_i, rng, DROPOUT: gl.constexpr):
+    """What line 12 divides O by: l, times 1 - p with DROPOUT (the kept entries scaled by 1 / (1 - p))."""
+    if DROPOUT:
+        return l_i * (1.0 - rng[3])
+    else:
+        return l_i
 
 
 @gluon.jit
@@ -348,6 +371,19 @@ def _await_turn(turn_bar, t, PART: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
+def _rng_args(RngSeed, pid_bh, dropout_p, DROPOUT: gl.constexpr):
+    """`_drop`'s (seed, offset, batch x head, p): with DROPOUT the seed and offset read from the
+    (seed, offset) int64 tensor RngSeed (kernels/dropout.py's `_rng_state`); else zeros, not read."""
+    if DROPOUT:
+        seed = gl.load(RngSeed)
+        rng_offset = gl.load(RngSeed + 1).to(gl.int32)
+    else:
+        seed = 0
+        rng_offset = 0
+    return seed, rng_offset, pid_bh, dropout_p
+
+
+@gluon.jit
 def _turn_barriers(q_bar, CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr):
     """`_await_turn`'s mbarriers, one a consumer, each completed once per turn by the consumer before
     it in the ring; without PINGPONG none (`q_bar` in their place, not read by the turns)."""
@@ -474,20 +510,20 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem, turn_bar) = args
+     full_lo, full_hi, kx_smem, rng, turn_bar) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, first_block, n_blocks)
 
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PART: gl.constexpr, RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr):
+                       PART: gl.constexpr, RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr, DROPOUT: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1 (_softmax_loop), then lines 12-15."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem, turn_bar) = args
+     full_lo, full_hi, kx_smem, rng, turn_bar) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     # the S accumulator of one warpgroup (O's, one per head-dim section, are made by _zero_sections)
@@ -502,25 +538,25 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
     acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods,
-                                  window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout, CAUSAL,
-                                  WINDOW, SOFTCAP, ALIBI, PART, RESCALE_FIRST, PINGPONG)
+                                  window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, rng, s_layout,
+                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, RESCALE_FIRST, PINGPONG, DROPOUT)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
         lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
     gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
-    _store_output(acc, l_i, q_buf, o_desc, q_row + PART * ROWS, col0)
+    _store_output(acc, _kept_norm(l_i, rng, DROPOUT), q_buf, o_desc, q_row + PART * ROWS, col0)
 
 
 @gluon.jit
 def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods, window, offs_m,
-                  offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
+                  offs_n, offs_n_f, first_block, n_blocks, kx_smem, rng, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
-                  RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr):
+                  RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr, DROPOUT: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, O rescaled
     where RESCALE_FIRST says (`_fwd_block_matmuls`), the matmuls issued in turns with PINGPONG
-    (`_await_turn`): the unnormalised O, l and m."""
+    (`_await_turn`), with DROPOUT the dropped entries of P~ zeroed (`_drop`): the unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
@@ -542,7 +578,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
                                                 CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
     else:
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, window[3], BLOCK_N, CAUSAL)
-    p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
+    p = _held_p(_drop(p, rng, offs_m, first_block, offs_n, BLOCK_N, DROPOUT), acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
@@ -556,7 +592,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, RESCALE_FIRST)
-        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
+        p = _held_p(_drop(p, rng, offs_m, first_block + i, offs_n, BLOCK_N, DROPOUT), acc, v_smem[0].dtype, EARLY_P)
     acc = _fwd_last_block(n_blocks, p, acc, alpha, v_smem, v_bar, empty_bar, RESCALE_FIRST)
     return acc, l_i, m_i
 
@@ -576,14 +612,16 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 @gluon.jit
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc, LSE,
                              num_heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2, Alibi,
-                             stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                             stride_alibi_b, RngSeed, dropout_p, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
-                             RESCALE_FIRST: gl.constexpr = False, PINGPONG: gl.constexpr = False):
+                             RESCALE_FIRST: gl.constexpr = False, PINGPONG: gl.constexpr = False,
+                             DROPOUT: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; RESCALE_FIRST: where
     the key loop rescales O (`_fwd_block_matmuls`); PINGPONG: the consumers issue their matmuls in
-    turns (`_await_turn`). The descriptors view (batch * seqlen, heads *
+    turns (`_await_turn`); DROPOUT: P~ dropped with probability dropout_p, the seed and offset read
+    from RngSeed (`_drop`). The descriptors view (batch * seqlen, heads *
     head dim); K and V have num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
@@ -633,7 +671,8 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
             col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-            window_right, full_lo, full_hi, kx_smem, _turn_barriers(q_bar, CONSUMERS, PINGPONG))
+            window_right, full_lo, full_hi, kx_smem, _rng_args(RngSeed, pid_bh, dropout_p, DROPOUT),
+            _turn_barriers(q_bar, CONSUMERS, PINGPONG))
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one or two workers (4 warps each) consume, one function PART apart;
@@ -641,165 +680,14 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, RESCALE_FIRST, PINGPONG)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG, DROPOUT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG, DROPOUT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, RESCALE_FIRST, PINGPONG, DROPOUT)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG, DROPOUT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG, DROPOUT)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])
-
-
-# --------------------------------------------------------------------------------------
-# Forward over packed variable lengths (flash_attn_varlen_func): the same warp layout
-# --------------------------------------------------------------------------------------
-@gluon.jit
-def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from, seqlen_k, shift,
-                         BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """_softmax_step for one sequence of a packed batch: from block `mask_from` on, keys past the
-    sequence's end (and, causal, keys past the row's diagonal, bottom-right aligned: key j is
-    visible to query row i when j <= i + shift, shift = seqlen_k - seqlen_q) are masked. A row
-    may see no key of a block (or none at all)."""
-    if block >= mask_from:
-        cols = block * BLOCK_N + offs_n
-        visible = cols[None, :] < seqlen_k
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
-        s = gl.where(visible, s, float("-inf"))
-    return _online_softmax(s, m_i, l_i, qk_scale, True)
-
-
-@gluon.jit
-def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
-    """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
-    (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
-     turn_bar) = args
-    _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, 0, n_blocks)
-
-
-@gluon.jit
-def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, RESCALE_FIRST: gl.constexpr,
-                              PINGPONG: gl.constexpr):
-    """_softmax_partition for one sequence of a packed batch: rows [start_m + PART * 64, + 64) of
-    the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
-    one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
-    of a query tile past the sequence's end are the next sequence's: their results are not
-    written (a masked store where the tile crosses the end, TMA where it does not)."""
-    (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
-     turn_bar) = args
-    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
-    ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
-    s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_buf = _at(q_smem, PART)
-
-    first_row = start_m + PART * ROWS  # this part's first query row in its sequence
-    offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
-    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout, PART,
-                                                PINGPONG)
-    p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
-                                              BLOCK_N, CAUSAL)
-    EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
-    p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    for i in range(1, n_blocks):
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
-                                                    acc, alpha, s_init, RESCALE_FIRST, PART, PINGPONG)
-        p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
-                                                  shift, BLOCK_N, CAUSAL)
-        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, RESCALE_FIRST)
-        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    acc = _fwd_last_block(n_blocks, p, acc, alpha, v_smem, v_bar, empty_bar, RESCALE_FIRST)
-
-    # lines 12-15; a row that saw no key: O = 0, L = +inf
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < seqlen_q)
-    if first_row + ROWS <= seqlen_q:  # the whole part is this sequence's: one TMA store a section
-        _store_output(acc, l_safe, q_buf, o_desc, q_row + PART * ROWS, col0)
-    else:  # the tile crosses the sequence's end: the rows past it belong to the next sequence
-        _store_rows_within(acc[0], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o, col0)
-        if len(acc) == 2:
-            _store_rows_within(acc[1], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o,
-                               col0 + acc[0].type.shape[1])
-
-
-@gluon.jit
-def _store_rows_within(acc, l_i, Out, seq_row0, first_row, seqlen_q, stride_o, col):
-    """O = diag(l)^-1 O of one head-dim section, stored by pointers from column `col` on, only the
-    rows before the sequence's end (its query row `first_row` on; the sequence's first row is
-    row `seq_row0` of Out)."""
-    o_layout: gl.constexpr = acc.type.layout
-    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-    o_rows = first_row + gl.arange(0, acc.type.shape[0], layout=gl.SliceLayout(1, o_layout))
-    o_cols = gl.arange(0, acc.type.shape[1], layout=gl.SliceLayout(0, o_layout))
-    ptrs = Out + (seq_row0 + o_rows).to(gl.int64)[:, None] * stride_o + (col + o_cols)[None, :]
-    gl.store(ptrs, out.to(Out.dtype.element_ty), mask=(o_rows < seqlen_q)[:, None])
-
-
-@gluon.jit
-def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc,
-                                    Out, LSE, CuSeqQ, CuSeqK, num_heads, stride_lse_h, stride_lse_b, stride_o,
-                                    qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
-                                    CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
-                                    CONSUMERS: gl.constexpr = 2, RESCALE_FIRST: gl.constexpr = False,
-                                    PINGPONG: gl.constexpr = False):
-    """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
-    sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
-    heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
-    has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
-    total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
-    seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS, RESCALE_FIRST and PINGPONG as the dense kernel's."""
-    q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
-                                                          v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
-    ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
-    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
-    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
-    BLOCK_M: gl.constexpr = CONSUMERS * ROWS
-    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
-    q_start = gl.load(CuSeqQ + b)
-    seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
-    kv_row0 = gl.load(CuSeqK + b)
-    seqlen_k = gl.load(CuSeqK + b + 1) - kv_row0
-    start_m = pid_m * BLOCK_M
-    if start_m < seqlen_q:
-        shift = seqlen_k - seqlen_q
-        keys = seqlen_k
-        if CAUSAL:  # the keys the block's last row sees (bottom-right), at most the sequence's
-            keys = gl.minimum(gl.maximum(start_m + BLOCK_M + shift, 0), seqlen_k)
-        n_blocks = gl.maximum((keys + BLOCK_N - 1) // BLOCK_N, 1)  # one masked block if no key is seen
-        mask_from = seqlen_k // BLOCK_N  # the sequence's partial last block
-        if CAUSAL:  # from the block holding the first row's diagonal
-            mask_from = gl.minimum(mask_from, gl.maximum(start_m + shift, 0) // BLOCK_N)
-        q_row = q_start + start_m
-        col0 = h * HEAD_DIM
-        kv_col0 = (h // kv_group) * HEAD_DIM
-        lse_row0 = h.to(gl.int64) * stride_lse_h + b.to(gl.int64) * stride_lse_b + q_start
-        q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
-                                                                                     V_STAGES, CONSUMERS)
-        args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
-                stride_o, qk_scale, _turn_barriers(q_bar, CONSUMERS, PINGPONG))
-        if CONSUMERS == 3:  # registers as the dense kernel's
-            gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, RESCALE_FIRST, PINGPONG)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, RESCALE_FIRST, PINGPONG)),
-                (_varlen_softmax_partition, (args, CAUSAL, 2, RESCALE_FIRST, PINGPONG)),
-                (_varlen_load_partition, (args, CAUSAL, 0)),
-            ], [4, 4, 1], [160, 160, 24])
-        else:
-            gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, RESCALE_FIRST, PINGPONG)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, RESCALE_FIRST, PINGPONG)),
-                (_varlen_load_partition, (args, CAUSAL, 0)),
-            ], [4, 1], [240, 24])
-
