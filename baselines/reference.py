@@ -159,10 +159,13 @@ def attention_same_dtype(
     window_size=(-1, -1),
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention computed in the inputs' own dtype (matmuls and softmax), as plain PyTorch
     would. Its error against `attention_reference` is the yardstick of flash-attn's tests:
-    a kernel passes when its error is at most twice this one (plus a small epsilon)."""
+    a kernel passes when its error is at most twice this one (plus a small epsilon).
+    `dropout_keep`: as attention_reference's."""
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     batch, seqlen_q, heads, _ = q.shape
@@ -181,5 +184,7 @@ def attention_same_dtype(
     probs = torch.softmax(scores.float(), dim=-1)
     if masked:  # rows that see no key: softmax gives NaN, flash-attn 0
         probs = probs.nan_to_num(0.0)
+    if dropout_keep is not None:
+        probs = probs * dropout_keep / (1.0 - dropout_p)
     probs = probs.to(q.dtype)
     return torch.matmul(probs, vt).transpose(1, 2)

@@ -42,6 +42,20 @@ def test_a_packed_call_is_checked_and_timed(tmp_path):
     assert [row["config"] for row in rows] == ["A", "B"] and rows[0]["lengths"] == "40 0 70"
 
 
+def test_a_dropout_call_is_checked_under_its_own_mask_and_timed(tmp_path):
+    """--dropout: each config runs under the seed whose keep-mask the references take, so a config
+    that drops other entries (or none) would be off them; the rows carry dropout_p."""
+    out = compare_configs.main(["--call", "fwd_bwd", "--shape", "1,48,2,32", "--causal", "--dropout", "0.2",
+                                "--dtype", "fp16", "--a", "", "--b", "block_m=16", "--rounds", "1",
+                                "--out", str(tmp_path / "rows.csv")])
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [row["config"] for row in rows] == ["A", "B"] and all(row["dropout_p"] == "0.2" for row in rows)
+    with pytest.raises(SystemExit):  # a probability, and dense calls only
+        compare_configs.main(["--call", "fwd", "--shape", "1,48,2,32", "--dropout", "1.5", "--out",
+                              str(tmp_path / "x.csv")])
+
+
 @pytest.mark.parametrize("fields,call,message", [
     ("blok_m=64", "fwd", "unknown config field 'blok_m'"),
     ("block_m1=64", "fwd", "unknown config field 'block_m1'"),  # a BwdConfig field, for the forward
@@ -73,7 +87,7 @@ def test_a_config_off_the_reference_is_not_timed():
     """check_accuracy passes the kernels' output and fails one 2% off it: more than twice PyTorch's
     own fp16 error against float64."""
     class Args:
-        shape, kv_heads, dtype, causal, lengths = (1, 32, 2, 32), 0, "fp16", False, None
+        shape, kv_heads, dtype, causal, lengths, dropout = (1, 32, 2, 32), 0, "fp16", False, None, 0.0
 
     call = compare_configs.Call(Args, torch.device("cpu"))
     fwd, bwd = compare_configs.make_configs({"fwd": {}, "bwd": {}}, 32, False, torch.device("cpu"))

@@ -16,9 +16,11 @@ the ratio B / A of this run.
         --a hopper_gluon_dq_first=False --b hopper_gluon_dq_first=True
     python tools/compare_configs.py --call bwd --shape 8,0,16,128 --lengths 8192,512,512,512 --causal \\
         --a hopper_gluon_varlen_grid=longest --b hopper_gluon_varlen_grid=packed
+    python tools/compare_configs.py --call fwd --shape 4,2048,16,128 --causal --dropout 0.1 --b hopper_gluon_dropout=True
 
 --shape is batch,seqlen,heads,headdim (with --lengths, the packed sequences' lengths, batch and
-seqlen are ignored). In a field list (comma-separated name=value), a name both configs have
+seqlen are ignored). With --dropout (dense calls) the check runs each config under one seed and
+compares with the references under that call's keep-mask (`return_attn_probs`). In a field list (comma-separated name=value), a name both configs have
 (hopper_gluon_min_keys) takes a `fwd.` or `bwd.` prefix. On a CPU (Triton's interpreter) the
 tool runs end to end, but its times say nothing of a GPU.
 """
@@ -50,7 +52,7 @@ from kernels.configs import default_bwd_config, default_fwd_config
 CALLS = ("fwd", "bwd", "fwd_bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # checked_shape: the (batch, heads) the float64 check ran on where it was not the whole call ('' where it was)
-COLUMNS = ("tool", "call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dtype",
+COLUMNS = ("tool", "call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dropout_p", "dtype",
            "config", "fields", "round", "ms", "p20_ms", "p80_ms", "checked_shape", *ROW_ENV_COLUMNS)
 
 
@@ -105,7 +107,7 @@ class Call:
         def randn(*shape):
             return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype).requires_grad_()
 
-        self.causal, self.lengths = args.causal, args.lengths
+        self.causal, self.lengths, self.dropout_p = args.causal, args.lengths, args.dropout
         if args.lengths:
             total = sum(args.lengths)
             self.q, self.k, self.v = randn(total, heads, headdim), randn(total, kv_heads, headdim), randn(
@@ -116,16 +118,27 @@ class Call:
             self.q, self.k, self.v = (randn(batch, seqlen, h, headdim) for h in (heads, kv_heads, kv_heads))
         self.dout = torch.randn(self.q.shape, generator=generator).to(device=device, dtype=dtype)
 
-    def run(self, fwd: FwdConfig, bwd: BwdConfig, q=None, k=None, v=None):
+    def run(self, fwd: FwdConfig, bwd: BwdConfig, q=None, k=None, v=None, probs: bool = False):
+        """The call's out (with `probs`: out, logsumexp and the probabilities, dropped entries negated)."""
         q, k, v = q if q is not None else self.q, k if k is not None else self.k, v if v is not None else self.v
         if self.lengths:
             longest = max(self.lengths)
             return flash_attn_varlen_func(q, k, v, self.cu, self.cu, longest, longest, causal=self.causal,
                                           fwd_config=fwd, bwd_config=bwd)
-        return flash_attn_func(q, k, v, causal=self.causal, fwd_config=fwd, bwd_config=bwd)
+        return flash_attn_func(q, k, v, dropout_p=self.dropout_p, causal=self.causal, return_attn_probs=probs,
+                               fwd_config=fwd, bwd_config=bwd)
 
-    def reference(self, double: bool):
-        """(out, dq, dk, dv) of the float64 reference (double) or of PyTorch in the inputs' dtype."""
+    def keep_mask(self, fwd: FwdConfig, bwd: BwdConfig) -> torch.Tensor | None:
+        """The keep-mask a dropout call draws under seed 0 (None without dropout)."""
+        if not self.dropout_p:
+            return None
+        torch.manual_seed(0)
+        with torch.no_grad():
+            return ~torch.signbit(self.run(fwd, bwd, probs=True)[2])
+
+    def reference(self, double: bool, keep: torch.Tensor | None = None):
+        """(out, dq, dk, dv) of the float64 reference (double) or of PyTorch in the inputs' dtype,
+        under dropout's keep-mask `keep` where given."""
         q, k, v = ((t.detach().double() if double else t.detach()).requires_grad_() for t in (self.q, self.k, self.v))
         if self.lengths and double:
             out = attention_reference_varlen(q, k, v, self.cu, self.cu, causal=self.causal)[0]
@@ -134,9 +147,9 @@ class Call:
             out = torch.cat([attention_same_dtype(q[None, a:b], k[None, a:b], v[None, a:b], causal=self.causal)[0]
                              for a, b in itertools.pairwise(bounds)])
         elif double:
-            out = attention_reference(q, k, v, causal=self.causal)[0]
+            out = attention_reference(q, k, v, causal=self.causal, dropout_p=self.dropout_p, dropout_keep=keep)[0]
         else:
-            out = attention_same_dtype(q, k, v, causal=self.causal)
+            out = attention_same_dtype(q, k, v, causal=self.causal, dropout_p=self.dropout_p, dropout_keep=keep)
         grads = torch.autograd.grad(out, (q, k, v), self.dout.to(out.dtype))
         return (out, *grads)
 
@@ -182,7 +195,8 @@ def checked_args(args: argparse.Namespace) -> argparse.Namespace:
 def check_accuracy(call: Call, label: str, fwd: FwdConfig, bwd: BwdConfig, ref, same) -> None:
     """Each of out, dq, dk, dv within twice PyTorch's same-dtype error of float64 (plus 1e-5), else
     a SystemExit naming the config and the output: a config that computes something else is not
-    timed."""
+    timed. With dropout the call runs under seed 0, the references' (Call.keep_mask)."""
+    torch.manual_seed(0)
     out = call.run(fwd, bwd)
     got = (out, *torch.autograd.grad(out, (call.q, call.k, call.v), call.dout))
     for name, g, r, s in zip(("out", "dq", "dk", "dv"), got, ref, same):
@@ -202,6 +216,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--lengths", type=lambda text: [int(x) for x in text.split(",")], default=None,
                         help="packed variable lengths (flash_attn_varlen_func), comma-separated")
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--dropout", type=float, default=0.0, metavar="P", help="dropout_p (dense calls; default 0)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--a", default="", metavar="FIELDS", help="config A: name=value,... (empty: the table's)")
     parser.add_argument("--b", default="", metavar="FIELDS", help="config B: name=value,...")
@@ -212,6 +227,9 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--shape takes batch,seqlen,heads,headdim, got {args.shape}")
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if not 0.0 <= args.dropout < 1.0 or (args.dropout and args.lengths):
+        parser.error(f"--dropout takes a probability in [0, 1) for dense calls, got {args.dropout}"
+                     + (" with --lengths" if args.lengths else ""))
     device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
     headdim = args.shape[3]
     try:
@@ -225,10 +243,11 @@ def main(argv: list[str] | None = None) -> Path:
         print(f"accuracy checked at batch {checked.shape[0]}, {checked.shape[2]} heads (the float64 reference of "
               f"{args.shape} would not fit {REFERENCE_BYTES >> 30} GiB)")
     check = Call(checked, device)
-    ref, same = check.reference(double=True), check.reference(double=False)
+    keep = check.keep_mask(*configs["A"])
+    ref, same = check.reference(double=True, keep=keep), check.reference(double=False, keep=keep)
     for label, (fwd, bwd) in configs.items():
         check_accuracy(check, label, fwd, bwd, ref, same)
-    del check, ref, same
+    del check, ref, same, keep
     call = Call(args, device)
     batch, seqlen, heads, _ = args.shape
     fields = {"A": args.a, "B": args.b}
@@ -240,7 +259,8 @@ def main(argv: list[str] | None = None) -> Path:
         common = {"tool": "tools/compare_configs.py", "call": args.call,
                   "batch": len(args.lengths) if args.lengths else batch, "seqlen": 0 if args.lengths else seqlen,
                   "lengths": " ".join(map(str, args.lengths or ())), "heads": heads,
-                  "kv_heads": args.kv_heads or heads, "headdim": headdim, "causal": args.causal, "dtype": args.dtype,
+                  "kv_heads": args.kv_heads or heads, "headdim": headdim, "causal": args.causal,
+                  "dropout_p": args.dropout, "dtype": args.dtype,
                   "checked_shape": "" if checked is args else f"{checked.shape[0]} x {checked.shape[2]} heads",
                   **{k: env[k] for k in ROW_ENV_COLUMNS}}
         for round_ in range(args.rounds):
@@ -251,7 +271,8 @@ def main(argv: list[str] | None = None) -> Path:
                 out.write(row)
                 rows.append(row)
     medians = {label: statistics.median(r["ms"] for r in rows if r["config"] == label) for label in ("A", "B")}
-    print(f"{args.call} {args.shape} causal={args.causal} {args.dtype} on {env['gpu'] or device.type}, "
+    print(f"{args.call} {args.shape} causal={args.causal} {args.dtype}"
+          f"{f' dropout {args.dropout}' if args.dropout else ''} on {env['gpu'] or device.type}, "
           f"{args.rounds} interleaved rounds (median ms):")
     for label in ("A", "B"):
         print(f"  {label}  {medians[label]:10.4f}  {fields[label] or '(the table)'}")
