@@ -252,8 +252,9 @@ _PLANS = PlanCache()
 def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features,
                              config: BwdConfig):
     """The Gluon dK/dV kernel with dQ fused (kernels/flash_attn_hopper.py) for a call with GQA/MQA,
-    a window, softcap or ALiBi: D = rowsum(dO * O), then one launch that adds dQ into a float32
-    accumulator and writes dK and dV summed over the q heads that share each kv head."""
+    a window, softcap or ALiBi (or dropout, where the config asks): D = rowsum(dO * O), then one
+    launch that adds dQ into a float32 accumulator and writes dK and dV summed over the q heads that
+    share each kv head."""
     do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
     batch, seqlen, heads, headdim = q.shape
     dk = torch.empty_like(k, memory_format=torch.contiguous_format)
@@ -264,15 +265,17 @@ def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal
         out, do, delta, dq_acc, *strides(out), *strides(do), heads, seqlen, HEAD_DIM=headdim,
         BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=True)
     flags = dispatch.gluon_feature_flags(features, causal)
+    dropout = bool(features.dropout_p)
     key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device, causal,
-           tuple(flags.values()), config, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, do.data_ptr() % 16)
+           tuple(flags.values()), dropout, config, q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16,
+           do.data_ptr() % 16)
     hopper = dispatch.flash_attn_hopper
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal,
-                                                                              config, flags=flags))
+                                                                              config, flags=flags, dropout=dropout))
     qk_scale, values, _ = feature_args(q, k, softmax_scale, causal, features)
-    _, window_left, window_right, softcap_log2, _, alibi, stride_alibi_b = values[:7]
+    _, window_left, window_right, softcap_log2, dropout_p, alibi, stride_alibi_b = values[:7]
     plan(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale,
-         (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b))
+         (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b, dropout_p, values[9]))
     return hopper.dq_from_accumulator(dq_acc, q.dtype), dk, dv
 
 

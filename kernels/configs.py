@@ -117,6 +117,9 @@ class BwdConfig:
     # step's dP^T in the step before, behind that step's dK, dV and dQ matmuls, so that it runs
     # while dQ is added and the S warpgroup gets dP^T - D sooner.
     hopper_gluon_wide_dp_ahead: bool = False
+    # Whether calls with dropout take that kernel (dense calls on its grid, dQ fused, head dims 64
+    # to 128), redrawing the forward's keep-mask (kernels/hopper/dropout.py), or the Triton backward.
+    hopper_gluon_dropout: bool = False
 
     @property
     def dq_warps(self) -> int:

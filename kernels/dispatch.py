@@ -398,8 +398,8 @@ def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
         return "", gluon_unavailable
     headdim = q.shape[3]
     beyond_dense = (features is not DENSE and not features.dense) or k.shape[2] != q.shape[2]
-    if beyond_dense and not features.gluon_kernels:
-        return "", "dropout: on the Triton kernels only"
+    if features.dropout_p and not config.hopper_gluon_dropout:
+        return "", "dropout: on the Triton kernels unless the config's hopper_gluon_dropout asks for the Gluon ones"
     if beyond_dense and not bwd_gluon_fuses_dq(config, headdim, deterministic):
         return "", ("deterministic: features and GQA take the Gluon backward only with dQ fused" if deterministic
                     else "features, GQA, packed lengths and lengths off the 128-row grid take the Gluon backward "
@@ -413,7 +413,7 @@ def bwd_gluon_path(config: BwdConfig, q, k, v, do, features: Features = DENSE,
             refusal = (f"head dim {headdim}: its Gluon backward always fuses dQ (not with deterministic=True "
                        "or a config without hopper_gluon_fused_dq)")
         elif not (features is DENSE or features.dense):
-            refusal = f"head dim {headdim}: its Gluon backward takes no window, softcap or ALiBi"
+            refusal = f"head dim {headdim}: its Gluon backward takes no window, softcap, ALiBi or dropout"
     if not refusal:
         return GluonPath.DENSE, ""
     lengths = refusal == _lengths_refusal(q, k)

@@ -374,10 +374,12 @@ def dq_first(config: BwdConfig, kv_group: int, flags: dict, headdim: int = 128) 
 
 
 def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, config: BwdConfig,
-                              flags: dict | None = None):
+                              flags: dict | None = None, dropout: bool = False):
     """The dK/dV launch for tensors shaped, strided and aligned like these, as a function of (q, k,
     v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()) (see forward_hopper_plan;
-    `features` = (qk_scale, window sides, softcap * log2(e), slopes, their batch stride) from
+    `dropout`: the forward dropped entries (BwdConfig.hopper_gluon_dropout; dQ fused, bwd.py's
+    kernel); `features` = (qk_scale, window sides, softcap * log2(e), slopes, their batch stride,
+    dropout_p, the (seed, offset) tensor) from
     kernels/features.py's feature_args; with `flags` or GQA/MQA, dQ must be fused: the dQ kernel
     has neither). `lse` and `delta` are (batch, heads, seqlen) float32; `dq_accum`, where dQ is
     fused, a zeroed float32 tensor contiguous like q (head dim 64, 96, 128 or 192), which the kernel
@@ -394,6 +396,8 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     if (any(flags.values()) or kv_heads != heads) and not fused:
         raise ValueError("the Gluon backward takes features and GQA/MQA with dQ fused only")
     wide = headdim in WIDE_BWD_HEAD_DIMS
+    if dropout and (wide or not fused):
+        raise ValueError("the Gluon backward takes dropout with dQ fused, below head dim 192 (bwd.py's kernel)")
     if wide and (any(flags.values()) or not fused):
         raise ValueError(f"the Gluon backward at head dim {headdim} (bwd_wide.py) fuses dQ and takes no window, "
                          "softcap or ALiBi")
@@ -418,18 +422,19 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
                               {"STAGES": BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4,
                                "maxnreg": 168, "DQ_FIRST": fused and dq_first(config, kv_group, flags, headdim),
-                               **flags, **split_constexprs},
+                               "DROPOUT": dropout, **flags, **split_constexprs},
                               descriptors=descriptors)
 
     def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):
-        qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
-            features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
+        qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b, dropout_p, rng_seed = (
+            features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0, 0.0, None))
         if not lse.is_contiguous() or lse.data_ptr() % 16:  # another caller's L: a contiguous, aligned copy
             lse = lse.clone(memory_format=torch.contiguous_format)
         dq_or_dk = dk if dq_accum is None else dq_accum
         tails = (q, k, v, do, dk, dv, dq_or_dk) if head_split else (lse,) * 7
         launch(q, k, v, do, dk, dv, dq_or_dk, *tails, lse, delta, heads, seqlen, softmax_scale, qk_scale, kv_group,
-               window_left, window_right, softcap_log2, alibi if alibi is not None else lse, stride_alibi_b)
+               window_left, window_right, softcap_log2, alibi if alibi is not None else lse, stride_alibi_b,
+               rng_seed if rng_seed is not None else lse, dropout_p)
 
     return run
 

@@ -253,7 +253,7 @@ def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
     assert dispatch.bwd_gluon_path(wide, q, k, k, q) == (GluonPath.DENSE, "")
     assert dispatch.bwd_gluon_path(wide, q, k[:, :, :2], k[:, :, :2], q) == (GluonPath.DENSE, "")
     assert dispatch.bwd_gluon_path(wide, q, k, k, q, Features(softcap=1.0))[1] == (
-        "head dim 192: its Gluon backward takes no window, softcap or ALiBi")
+        "head dim 192: its Gluon backward takes no window, softcap, ALiBi or dropout")
     assert dispatch.bwd_gluon_path(wide, q, k, k, q, deterministic=True)[1] == (
         "head dim 192: its Gluon backward always fuses dQ (not with deterministic=True or a config without "
         "hopper_gluon_fused_dq)")
@@ -362,8 +362,8 @@ def test_the_forward_on_192_query_rows_takes_the_dense_kernel_on_its_grid_and_th
 def test_dropout_takes_the_gluon_forward_only_where_the_config_asks():
     """FwdConfig.hopper_gluon_dropout: with it, a dropout call takes the Gluon forward (dense on the
     grid, its varlen kernel off it, and packed sequences), on 128 query rows whatever the config's;
-    without it, the Triton forward, with the field named in the reason. The backward of dropout
-    stays on the Triton kernels either way."""
+    without it, the Triton forward, with the field named in the reason. BwdConfig.hopper_gluon_dropout
+    likewise for the dense dK/dV kernel."""
     from kernels.checks import Features
 
     seed = torch.zeros(2, dtype=torch.int64)
@@ -386,6 +386,15 @@ def test_dropout_takes_the_gluon_forward_only_where_the_config_asks():
     fused = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_fused_dq=True)
     assert bwd_dkdv_path(fused, q, q, q, q, dropout) == "triton"
     assert not dispatch.hopper_gluon_varlen_bwd_applies(fused, packed, packed, packed, packed, varlen)
+    # BwdConfig.hopper_gluon_dropout: the dense dK/dV kernel (dQ fused) on its grid; not off it (the
+    # varlen dK/dV kernel has no dropout), nor at head dim 192 (bwd_wide.py's has none)
+    asked = dataclasses.replace(fused, hopper_gluon_dropout=True)
+    assert bwd_dkdv_path(asked, q, q, q, q, dropout) == GluonPath.DENSE
+    assert bwd_dkdv_path(asked, off_grid, off_grid, off_grid, off_grid, dropout) == "triton"
+    wide = torch.empty(2, 2048, 4, 192, dtype=torch.bfloat16)
+    assert "dropout" in dispatch.bwd_gluon_path(dataclasses.replace(HOPPER_BWD_CONFIGS[256], hopper_gluon_dropout=True),
+                                                wide, wide, wide, wide, dropout)[1]
+    assert not dispatch.hopper_gluon_varlen_bwd_applies(asked, packed, packed, packed, packed, varlen)
 
 
 @pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
@@ -581,9 +590,12 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two sections), causal or
     # not; the backward also with dQ fused at each (at 64 and 96 the consumers take turns); then
     # each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
-    assert len(forward_lines) == 10 + 6 + 3 + 4 + 2 + 3 and len(backward_lines) == 12 + 6, report
+    assert len(forward_lines) == 10 + 6 + 3 + 4 + 2 + 3 and len(backward_lines) == 12 + 6 + 2, report
     fused = [line for line in backward_lines if "fused dQ" in line]
-    assert len(fused) == 6 + 6 and all("tma-reduce" in line for line in fused), report
+    assert len(fused) == 6 + 6 + 2 and all("tma-reduce" in line for line in fused), report
+    # the backward with dropout (BwdConfig.hopper_gluon_dropout) at head dim 128: the keep-mask held
+    # from P^T to dS^T beside the step's tiles spills (1-3 KB a thread), which its timing weighs
+    assert sum(" dropout " in line for line in backward_lines) == 2, report
     for flag in ("window", "softcap", "alibi"):
         assert sum(line.endswith(flag) or f" {flag} " in line for line in forward_lines + backward_lines) == 4, flag
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills

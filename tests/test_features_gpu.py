@@ -433,23 +433,29 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, key_grid
 @pytest.mark.parametrize("seqlen,causal,window", [(1024, True, (-1, -1)), (2048, False, (-1, -1)),
                                                   (1500, True, (-1, -1)), (1024, True, (200, 0))],
                          ids=["dense-causal-gqa", "dense-full-gqa", "off-grid-causal", "window"])
-def test_gpu_gluon_forward_drops_what_the_triton_kernels_drop(seqlen, causal, window, dtype):
+@pytest.mark.parametrize("gluon_backward", [False, True], ids=["triton-bwd", "gluon-bwd"])
+def test_gpu_gluon_forward_drops_what_the_triton_kernels_drop(seqlen, causal, window, gluon_backward, dtype):
     """Dropout on the Gluon forward (FwdConfig.hopper_gluon_dropout; the dense kernel, or its varlen
     variant on the batch rows off the grid): under the keep-mask `return_attn_probs` reports (drawn
-    by the Triton kernels' Philox), out matches float64 and the gradients (the Triton backward,
-    drawing its own mask) match too: the two draw the same bits. On the Gluon kernel (asserted)."""
+    by the Triton kernels' Philox), out matches float64 and the gradients match too, from the Triton
+    backward or (BwdConfig.hopper_gluon_dropout, on the grid) the Gluon one, each drawing its own
+    mask: they draw the same bits. On the kernels named (asserted)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     config = dataclasses.replace(default_fwd_config(128, causal, torch.device("cuda")), hopper_gluon_dropout=True)
+    bwd_config = dataclasses.replace(default_bwd_config(128, torch.device("cuda")), hopper_gluon_dropout=gluon_backward)
     q, k, v = (torch.randn(2, seqlen, h, 128, device="cuda", dtype=dtype, requires_grad=True) for h in (8, 2, 2))
     dout = torch.randn_like(q)
     features = Features(window_left=window[0], window_right=-1 if causal else window[1], dropout_p=0.15,
                         rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
     expected = dispatch.GluonPath.PACKED if seqlen % 128 else dispatch.GluonPath.DENSE
     assert dispatch.fwd_memory_path(config, q, k, v, q, causal, features) == expected
+    on_gluon = gluon_backward and expected == dispatch.GluonPath.DENSE
+    assert dispatch.bwd_dkdv_path(bwd_config, q, k, v, q, features) == (dispatch.GluonPath.DENSE if on_gluon
+                                                                          else "triton")
     torch.manual_seed(0)
     out, _, probs = flash_attn_func(q, k, v, dropout_p=0.15, causal=causal, window_size=window, return_attn_probs=True,
-                                    fwd_config=config)
+                                    fwd_config=config, bwd_config=bwd_config)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     keep = ~torch.signbit(probs)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))

@@ -256,10 +256,10 @@ def section_signature(sections: tuple, block_n: int, dtype: str) -> dict:
 
 
 def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128, fused_dq: bool = False,
-                            **flags: bool) -> str:
+                            dropout: bool = False, **flags: bool) -> str:
     """The Gluon dK/dV kernel (kernels/hopper/bwd.py) compiled for sm_90, with dQ fused (TMA
     reduce-adds into a float32 accumulator) or not, in the schedule the table's config gives it
-    (backward_dkdv_hopper_plan); `flags` as hopper_gluon_report's."""
+    (backward_dkdv_hopper_plan); `flags` and `dropout` as hopper_gluon_report's."""
     from kernels import flash_attn_hopper as hopper
 
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
@@ -269,10 +269,13 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
     signature = {**backward_section_signature(headdim, fused_dq, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
                  **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "FUSED_DQ": "constexpr",
-                 **{name: "constexpr" for name in flags}, **{name: "constexpr" for name in schedule}}
-    label = f"d{headdim} causal={causal!s:5s} {dtype}" + (" fused dQ" if fused_dq else "") + feature_label(flags)
+                 "DROPOUT": "constexpr", **{name: "constexpr" for name in flags},
+                 **{name: "constexpr" for name in schedule}}
+    label = (f"d{headdim} causal={causal!s:5s} {dtype}" + (" fused dQ" if fused_dq else "")
+             + feature_label({**flags, "DROPOUT": dropout}))
     return gluon_report(label, hopper._flash_bwd_dkdv_hopper_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq, **flags, **schedule})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq, "DROPOUT": dropout,
+                         **flags, **schedule})
 
 
 def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192, dp_ahead: bool = False) -> str:
@@ -384,6 +387,7 @@ def main() -> None:
         for causal in (False, True):
             emit(hopper_gluon_report(causal, dropout=True))
             emit(hopper_gluon_varlen_report(causal, dropout=True))
+            emit(hopper_gluon_bwd_report(causal, fused_dq=True, dropout=True))
         # the wide-head backward with each step's dP^T issued a step ahead (BwdConfig.hopper_gluon_wide_dp_ahead)
         for causal in (False, True):
             emit(hopper_gluon_wide_bwd_report(causal, dp_ahead=True))

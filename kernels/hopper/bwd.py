@@ -29,6 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..features import _scores
+from .dropout import _dropout_keep, _rng_args
 from .shared import (
     DQ_REGISTER_BOX,
     DQ_REGISTER_TILE,
@@ -264,19 +265,23 @@ def _section_matmuls(a_op, b, acc):
 
 
 @gluon.jit
-def _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv):
+def _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv, drop=None):
     """Line 12: dV_j += P^T dO_i; line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul (delta:
-    D_i as a [1, BLOCK_M] row). Returns the dV matmuls in flight and dS^T in the inputs' dtype."""
+    D_i as a [1, BLOCK_M] row). With dropout, `drop` = (keep-mask, 1 / (1 - p)): p_op holds the
+    kept P^T scaled, and dP^T (of the dropped P) is the kept entries' scaled, FA2's dropout
+    backward. Returns the dV matmuls in flight and dS^T in the inputs' dtype."""
     dv_tok = _section_matmuls(p_op, do_buf, dv)
     dp = warpgroup_mma_wait(len(dv), deps=[dp_tok])
+    if drop is not None:
+        dp = gl.where(drop[0], dp * drop[1], 0.0)
     return dv_tok, (p * (dp - delta)).to(do_buf[0].dtype)
 
 
 @gluon.jit
-def _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout: gl.constexpr):
-    """_bwd_dv_ds, then line 16: dK_j += dS^T Q_i (the softmax scale is applied once at the end).
-    Returns the dV and dK matmuls in flight, dS^T and its A operand."""
-    dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
+def _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout: gl.constexpr, drop=None):
+    """_bwd_dv_ds (`drop` its), then line 16: dK_j += dS^T Q_i (the softmax scale is applied once at
+    the end). Returns the dV and dK matmuls in flight, dS^T and its A operand."""
+    dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv, drop)
     ds_op = gl.convert_layout(ds, op_layout)
     dk_tok = _section_matmuls(ds_op, q_buf, dk)
     return dv_tok, dk_tok, ds, ds_op
@@ -390,7 +395,7 @@ def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-     window_right, full_lo, full_hi, num_heads) = args
+     window_right, full_lo, full_hi, num_heads, rng) = args
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     row0, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem, delta_smem,
                     lse_row0)
@@ -416,16 +421,18 @@ def _scores_log2(s, qk_scale, mods, rows, cols, CAUSAL: gl.constexpr, SOFTCAP: g
 @gluon.jit
 def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr,
                    ALIBI: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr,
-                   DIAGONAL: gl.constexpr):
+                   DIAGONAL: gl.constexpr, DROPOUT: gl.constexpr):
     """One query step of _bwd_dkdv_partition's loop (FA2 Alg. 2 lines 8-16 for Q_i, dO_i): `ctx` the
     partition's per-program values, the constexprs its own. DIAGONAL (causal without a window):
     the step's rows cross the key block's diagonal, so P^T is masked. L_i and D_i come from the
     stage's shared memory (the loader's, with Q_i and dO_i); D_i is read once P^T is made, so its
-    registers are not held through the softmax. Returns dK_j and dV_j (tuples of head-dim sections)."""
+    registers are not held through the softmax. DROPOUT: the forward's keep-mask redrawn
+    (hopper/dropout.py) for the step's q head (`_bwd_dv_ds`). Returns dK_j and dV_j (tuples of
+    head-dim sections)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-     window_right, full_lo, full_hi, num_heads) = args
+     window_right, full_lo, full_hi, num_heads, rng) = args
     k_buf, v_buf, offs_n, offs_m_base, s_init, dq_init, dq_buf = ctx
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
@@ -436,8 +443,8 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk[0].type.layout, k_width=2)
     stage = step % STAGES
     phase = (step // STAGES) & 1
-    m, q_col, _, group = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
-                                          HEAD_DIM)
+    m, q_col, bh, group = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
+                                           HEAD_DIM)
     offs_m = m + offs_m_base
     q_buf = _at(q_smem, stage)
     do_buf = _at(do_smem, stage)
@@ -466,14 +473,21 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
             p = gl.where(visible, p, 0.0)
     elif CAUSAL and DIAGONAL:  # a query step that crosses the diagonal of this block
         p = gl.where(offs_n[:, None] <= offs_m[None, :], p, 0.0)
-    p_op = gl.convert_layout(p.to(dtype), op_layout)
+    if DROPOUT:  # the kept entries of P^T, scaled, for dV; dP^T's in _bwd_dv_ds (keys are the rows here)
+        seed, rng_offset, _, dropout_p = rng
+        keep = _dropout_keep(seed, rng_offset, bh, offs_m[None, :], offs_n[:, None], dropout_p)
+        drop = (keep, 1.0 / (1.0 - dropout_p))
+        p_op = gl.convert_layout(gl.where(keep, p * drop[1], 0.0).to(dtype), op_layout)
+    else:
+        drop = None
+        p_op = gl.convert_layout(p.to(dtype), op_layout)
     if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2 joins P^T now: t is not kept for dS
         p = p * (1.0 - t * t)
     delta = delta_smem.index(stage).load(s_layout)  # D_i once P^T is made
     if FUSED_DQ and DQ_FIRST:
         gl.static_assert(not _dq_in_turns(HEAD_DIM), "in turns, dQ's matmul goes after dK's")
         # lines 12 and 14 as below, dS^T to the other consumer before its A operand is made
-        dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv)
+        dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv, drop)
         parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
         ds_op = gl.convert_layout(ds, op_layout)
         # line 15 (this consumer's columns of dQ_i), then line 16: dK_j += dS^T Q_i; dQ is
@@ -486,7 +500,7 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
     else:
         # line 12: dV_j += P^T dO_i; line 14: dS^T under the dV matmul; line 16: dK_j += dS^T Q_i
-        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
+        dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout, drop)
         if FUSED_DQ:  # dS^T to the other consumer: line 15 needs both halves' keys
             parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
         dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
@@ -515,7 +529,7 @@ def _bwd_add_dq_in_its_turn(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, 
 
 @gluon.jit
 def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                        FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
+                        FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr, DROPOUT: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 2 lines 7-18 for keys [HALF * 64, HALF * 64 + 64) of the
     block, key-major (the matmuls of lines 10-14 and 16 have these keys as M; K_j and V_j are
     shared-memory operands). Per query step the softmax of S^T runs under the dP^T matmul and dS^T under the dV
@@ -530,11 +544,11 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     its reduce-add while the dK matmul runs; else after dK and dV have finished.
     WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
     transposed tile; the softcap's derivative 1 - tanh^2 scales dS), the window's query steps
-    outside [full_lo, full_hi] masked."""
+    outside [full_lo, full_hi] masked. DROPOUT: the forward's dropout (_bwd_dkdv_step)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-     window_right, full_lo, full_hi, num_heads) = args
+     window_right, full_lo, full_hi, num_heads, rng) = args
     ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
@@ -563,14 +577,14 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
         for group in range(kv_group):
             for i in range(DIAGONAL_STEPS):
                 dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                                        FUSED_DQ, DQ_FIRST, HALF, True)
+                                        FUSED_DQ, DQ_FIRST, HALF, True, DROPOUT)
             for i in range(DIAGONAL_STEPS, n_steps):
                 dk, dv = _bwd_dkdv_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI,
-                                        FUSED_DQ, DQ_FIRST, HALF, False)
+                                        FUSED_DQ, DQ_FIRST, HALF, False, DROPOUT)
     else:
         for step in range(n_steps * kv_group):
             dk, dv = _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST,
-                                    HALF, False)
+                                    HALF, False, DROPOUT)
 
     if FUSED_DQ:  # the other consumer's last dQ matmul reads this half of K: wait for it
         mbarrier.arrive(done_bar, count=1)
@@ -602,10 +616,11 @@ def _window_query_steps(start_n, seqlen, window_left, window_right, BLOCK_M: gl.
 def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc,
                                   k_tail_desc, v_tail_desc, do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc,
                                   LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale, kv_group, window_left,
-                                  window_right, softcap_log2, Alibi, stride_alibi_b, STAGES: gl.constexpr,
-                                  CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr,
-                                  WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
-                                  ALIBI: gl.constexpr = False, HEAD_SPLIT: gl.constexpr = False):
+                                  window_right, softcap_log2, Alibi, stride_alibi_b, RngSeed, dropout_p,
+                                  STAGES: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
+                                  DQ_FIRST: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
+                                  ALIBI: gl.constexpr = False, HEAD_SPLIT: gl.constexpr = False,
+                                  DROPOUT: gl.constexpr = False):
     """One program per (batch, kv head, key block) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks; placed by flash_attn_hopper.bwd_grid and _bwd_program),
     partitioned as FA3's backward: a loader warp and two consumer warpgroups of 64 keys each that
@@ -650,13 +665,13 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
             do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
             start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2,
-            window_left, window_right, full_lo, full_hi, num_heads)
+            window_left, window_right, full_lo, full_hi, num_heads, _rng_args(RngSeed, 0, dropout_p, DROPOUT))
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be, and with the
     # fused branch left in the non-fused kernel Triton 3.6's lowering fails, an assertion in
     # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart.
     gl.warp_specialize([
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0)),
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 1)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0, DROPOUT)),
+        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 1, DROPOUT)),
         (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0)),
     ], [4, 1], [240, 24])

@@ -377,12 +377,12 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        k_tail_desc, v_tail_desc, do_tail_desc, dk_tail_desc, dv_tail_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
-                                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, DP_AHEAD: gl.constexpr = False):
+                                       RngSeed, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr, DP_AHEAD: gl.constexpr = False):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup
     and the dP warpgroup (the module's docstring). The arguments are bwd.py's dense kernel's, the
     head dim two sections (HEAD_SPLIT) and dQ fused; the feature arguments (window, softcap,
-    ALiBi) and dq_tail_desc are not read: this kernel has none of the features. DP_AHEAD
+    ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features. DP_AHEAD
     (BwdConfig.hopper_gluon_wide_dp_ahead): the dP warpgroup issues each step's dP^T in the step
     before (_wide_dp_step_ahead)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(

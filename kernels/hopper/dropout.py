@@ -48,3 +48,17 @@ def _dropout_keep(seed, rng_offset, bh, rows, cols, dropout_p):
     x = r.to(gl.int32, bitcast=True)
     x = gl.where(x < 0, -x - 1, x)
     return x * 4.6566127342e-10 >= dropout_p
+
+
+@gluon.jit
+def _rng_args(RngSeed, bh, dropout_p, DROPOUT: gl.constexpr):
+    """The keep-mask's (seed, offset, batch x head `bh`, p): with DROPOUT the seed and offset read
+    from the (seed, offset) int64 tensor RngSeed (kernels/dropout.py's `_rng_state`); else zeros,
+    not read."""
+    if DROPOUT:
+        seed = gl.load(RngSeed)
+        rng_offset = gl.load(RngSeed + 1).to(gl.int32)
+    else:
+        seed = 0
+        rng_offset = 0
+    return seed, rng_offset, bh, dropout_p

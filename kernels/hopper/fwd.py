@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..features import _tanh
-from .dropout import _dropout_keep
+from .dropout import _dropout_keep, _rng_args
 from .shared import (
     _allocate_sections,
     _at,
@@ -368,19 +368,6 @@ def _await_turn(turn_bar, t, PART: gl.constexpr, PINGPONG: gl.constexpr):
             mbarrier.wait(turn_bar.index(0), (t & 1) ^ 1)
         else:
             mbarrier.wait(turn_bar.index(PART), t & 1)
-
-
-@gluon.jit
-def _rng_args(RngSeed, pid_bh, dropout_p, DROPOUT: gl.constexpr):
-    """`_drop`'s (seed, offset, batch x head, p): with DROPOUT the seed and offset read from the
-    (seed, offset) int64 tensor RngSeed (kernels/dropout.py's `_rng_state`); else zeros, not read."""
-    if DROPOUT:
-        seed = gl.load(RngSeed)
-        rng_offset = gl.load(RngSeed + 1).to(gl.int32)
-    else:
-        seed = 0
-        rng_offset = 0
-    return seed, rng_offset, pid_bh, dropout_p
 
 
 @gluon.jit

@@ -12,6 +12,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from .dropout import _rng_args
 from .fwd import (
     _drop,
     _fwd_block_matmuls,
@@ -24,7 +25,6 @@ from .fwd import (
     _kept_norm,
     _load_q_kv,
     _online_softmax,
-    _rng_args,
     _store_output,
     _turn_barriers,
 )
