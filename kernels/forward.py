@@ -488,17 +488,19 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
     qk_scale, feature_values, flags = feature_args(q, k, softmax_scale, causal, features)
     if path in (GluonPath.DENSE, GluonPath.PACKED):
         if on_hopper(q.device):
-            rows = dispatch.fwd_gluon_rows(cfg, features)
+            gluon_rows = dispatch.fwd_gluon_rows(cfg, features)  # `rows` stays the Triton fallback's grid
             try:
                 if features.varlen:
                     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
                         q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_q,
-                        qk_scale, causal, cfg.hopper_gluon_block_n, rows, cfg, features.dropout_p, features.rng_seed)
+                        qk_scale, causal, cfg.hopper_gluon_block_n, gluon_rows, cfg, features.dropout_p,
+                        features.rng_seed)
                 elif path == GluonPath.PACKED:
-                    forward_packed(q, k, v, out, lse, qk_scale, causal, cfg, rows, features.dropout_p,
+                    forward_packed(q, k, v, out, lse, qk_scale, causal, cfg, gluon_rows, features.dropout_p,
                                    features.rng_seed)
                 else:
-                    _forward_features_gluon(q, k, v, out, lse, causal, features, qk_scale, feature_values, cfg, rows)
+                    _forward_features_gluon(q, k, v, out, lse, causal, features, qk_scale, feature_values, cfg,
+                                            gluon_rows)
                 return out, lse
             except dispatch.GLUON_BUILD_ERRORS as exc:
                 dispatch.disable_gluon(exc)  # a Triton whose Gluon cannot build it: the Triton kernel from now on

@@ -524,6 +524,22 @@ def test_a_gluon_forward_that_fails_to_build_warns_once_and_routes_to_triton(glu
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
+def test_a_gluon_features_forward_that_fails_to_build_computes_every_row_on_triton(gluon_that_fails_to_build):
+    """The features' path (GQA here) on a Gluon forward that fails to build: the Triton kernel's
+    grid covers every query row (more than a Gluon program's 128 or 192), not a Gluon block's."""
+    q = torch.randn(1, 384, 4, 64, dtype=torch.float16)
+    k, v = (torch.randn(1, 384, 2, 64, dtype=torch.float16) for _ in range(2))
+    config = dataclasses.replace(GLUON_FWD_CONFIG, hopper_gluon_min_keys=256)
+    assert fwd_memory_path(config, q, k, v, torch.empty_like(q), True, dispatch.DENSE) == GluonPath.DENSE
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = flash_attn_func(q, k, v, causal=True, fwd_config=config)
+    assert len(gluon_that_fails_to_build) == 1  # the Gluon forward was tried, and failed
+    ref, _ = attention_reference(q, k, v, causal=True)
+    assert_close_to_reference("out", out, ref, attention_same_dtype(q, k, v, causal=True))
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
 def test_a_gluon_dkdv_kernel_that_fails_to_build_warns_once_and_routes_to_triton(gluon_that_fails_to_build,
                                                                                 monkeypatch):
     """The same for the backward's Gluon dK/dV kernel: one warning, the Triton dK/dV and dQ

@@ -421,8 +421,9 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout:
 def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, alpha, s_init,
                        RESCALE_FIRST: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr, bias=None):
     """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
-    in flight; waits for S_j alone (wgmma groups complete in order), so the caller's line 9 for
-    block j runs under P~ V. With RESCALE_FIRST line 10's rescale of O by `alpha` (block j - 1's)
+    in flight; waits for S_j (wgmma groups complete in order; with two head-dim sections the wait
+    also takes P~ V's first, leaving its second in flight), so the caller's line 9 for block j runs
+    under P~ V. With RESCALE_FIRST line 10's rescale of O by `alpha` (block j - 1's)
     runs between the two, under S_j's matmul (FwdConfig.hopper_gluon_rescale_first; FA3's
     `RescaleOBeforeGemm`, which it takes above head dim 128: the multiplies of a wide O run under S).
     Both matmuls are issued in the consumer's i-th turn (`_await_turn`). Returns S_j, P~ V's accumulator tokens and A operand,
