@@ -59,6 +59,10 @@ class FwdConfig:
     # one's softmax runs while another's matmuls do, in a fixed order; else the warp schedulers
     # interleave them as they come.
     hopper_gluon_pingpong: bool = False
+    # Whether the key loop's wait for S_j leaves both head-dim sections of the block before's P V in
+    # flight (head dims 96 and 192; wgmma groups complete in order) rather than taking P V's first
+    # section with it, so the softmax runs under all of P V.
+    hopper_gluon_wait_s_only: bool = False
     # Whether calls with dropout take that kernel (dense on 128 query rows, off the grid and packed
     # lengths on its varlen variant), its keep-mask bit for bit the Triton kernels' (kernels/hopper/
     # dropout.py), or the Triton forward; the backward of dropout runs on the Triton kernels either way.

@@ -237,12 +237,14 @@ def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n:
 
 def forward_schedule(config=None) -> dict:
     """The forwards' key-loop constexprs from a FwdConfig (or a dict of them, as made here; None:
-    the defaults): RESCALE_FIRST (hopper_gluon_rescale_first: O rescaled under the next S matmul)
-    and PINGPONG (hopper_gluon_pingpong: the consumers issue their matmuls in turns)."""
+    the defaults): RESCALE_FIRST (hopper_gluon_rescale_first: O rescaled under the next S matmul),
+    PINGPONG (hopper_gluon_pingpong: the consumers issue their matmuls in turns) and WAIT_S_ONLY
+    (hopper_gluon_wait_s_only: every head-dim section of P V left in flight by the wait for S)."""
     if isinstance(config, dict):
         return config
     return {"RESCALE_FIRST": bool(config and config.hopper_gluon_rescale_first),
-            "PINGPONG": bool(config and config.hopper_gluon_pingpong)}
+            "PINGPONG": bool(config and config.hopper_gluon_pingpong),
+            "WAIT_S_ONLY": bool(config and config.hopper_gluon_wait_s_only)}
 
 
 def forward_launch_options(block_m: int) -> dict:

@@ -438,7 +438,7 @@ def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features,
     dropout = bool(features.dropout_p)
     key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal,
            tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, cfg.hopper_gluon_block_n,
-           block_m, cfg.hopper_gluon_rescale_first, cfg.hopper_gluon_pingpong, dropout)
+           block_m, tuple(hopper.forward_schedule(cfg).values()), dropout)
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.forward_hopper_plan(
         q, k, v, out, causal, flags=flags, block_n=cfg.hopper_gluon_block_n, block_m=block_m,
         schedule=cfg, dropout=dropout))

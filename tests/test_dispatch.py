@@ -606,7 +606,7 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two sections), causal or
     # not; the backward also with dQ fused at each (at 64 and 96 the consumers take turns); then
     # each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
-    assert len(forward_lines) == 10 + 6 + 3 + 4 + 2 + 3 and len(backward_lines) == 12 + 6 + 2, report
+    assert len(forward_lines) == 10 + 6 + 3 + 4 + 2 + 2 + 3 and len(backward_lines) == 12 + 6 + 2, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 6 + 6 + 2 and all("tma-reduce" in line for line in fused), report
     # the backward with dropout (BwdConfig.hopper_gluon_dropout) at head dim 128: the keep-mask held
@@ -618,6 +618,10 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
     # head dims 192 and 256 also with O rescaled between S and P V (FwdConfig.hopper_gluon_rescale_first)
     assert sum(line.endswith("rescale first") or " rescale first " in line for line in forward_lines) == 4, report
+    # head dims 96 and 192 with both sections of P V in flight past the wait for S (hopper_gluon_wait_s_only):
+    # its wait leaves two groups
+    wait_s = [line for line in forward_lines if " wait s only " in line]
+    assert len(wait_s) == 2 and all("wait_group values 0 2" in line for line in wait_s), report
     assert all("spill stores 0 B" in line and "128x64 x 3/2" in line for line in forward_lines if "d256" in line)
     assert all("spill stores 0 B" in line and "128x64 x 3/3" in line for line in forward_lines if "d192" in line)
     assert all("spill stores 0 B" in line and "128x128 x 3/3" in line for line in forward_lines

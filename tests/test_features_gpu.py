@@ -197,16 +197,18 @@ def test_gpu_gluon_forward_on_192_query_rows(case, dtype):
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("headdim,seqlen", [(192, 1024), (256, 1024), (128, 2048), (256, 1500)])
-def test_gpu_gluon_forward_with_o_rescaled_before_p_v(headdim, seqlen, causal, dtype):
+@pytest.mark.parametrize("headdim,seqlen", [(192, 1024), (256, 1024), (128, 2048), (256, 1500), (96, 1024)])
+@pytest.mark.parametrize("field", ["hopper_gluon_rescale_first", "hopper_gluon_wait_s_only"])
+def test_gpu_gluon_forward_with_o_rescaled_before_p_v(field, headdim, seqlen, causal, dtype):
     """FwdConfig.hopper_gluon_rescale_first (O rescaled between a block's S matmul and the previous
-    block's P V, FA3's order above head dim 128) on the Gluon forwards, dense and (1500 keys, off the
-    grid) varlen on the batch rows: out, logsumexp and gradients against float64, on the Gluon kernel
+    block's P V, FA3's order above head dim 128) and hopper_gluon_wait_s_only (both head-dim sections
+    of P V in flight past the wait for S) on the Gluon forwards, dense and (1500 keys, off the grid)
+    varlen on the batch rows: out, logsumexp and gradients against float64, on the Gluon kernel
     (asserted)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=512,
-                                 hopper_gluon_rescale_first=True)
+                                 **{field: True})
     like_q = torch.empty(2, seqlen, 3, headdim, device="cuda", dtype=dtype)
     assert dispatch.fwd_memory_path(config, like_q, like_q, like_q, like_q, causal) == (
         dispatch.GluonPath.DENSE if seqlen % 128 == 0 else dispatch.GluonPath.PACKED)

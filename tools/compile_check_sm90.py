@@ -383,6 +383,9 @@ def main() -> None:
         for headdim in (192, 256):
             for causal in (False, True):
                 emit(hopper_gluon_report(causal, headdim=headdim, schedule={"RESCALE_FIRST": True}))
+        # the wait for S leaving both head-dim sections of P V in flight (FwdConfig.hopper_gluon_wait_s_only)
+        for headdim in (96, 192):
+            emit(hopper_gluon_report(False, headdim=headdim, schedule={"WAIT_S_ONLY": True}))
         # dropout on the Gluon forwards (FwdConfig.hopper_gluon_dropout), dense and varlen, causal or not
         for causal in (False, True):
             emit(hopper_gluon_report(causal, dropout=True))

@@ -419,11 +419,12 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout:
 
 @gluon.jit
 def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, alpha, s_init,
-                       RESCALE_FIRST: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr, bias=None):
+                       RESCALE_FIRST: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
+                       WAIT_S_ONLY: gl.constexpr = False, bias=None):
     """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
     in flight; waits for S_j (wgmma groups complete in order; with two head-dim sections the wait
-    also takes P~ V's first, leaving its second in flight), so the caller's line 9 for block j runs
-    under P~ V. With RESCALE_FIRST line 10's rescale of O by `alpha` (block j - 1's)
+    also takes P~ V's first, leaving its second in flight, unless WAIT_S_ONLY:
+    FwdConfig.hopper_gluon_wait_s_only), so the caller's line 9 for block j runs under P~ V. With RESCALE_FIRST line 10's rescale of O by `alpha` (block j - 1's)
     runs between the two, under S_j's matmul (FwdConfig.hopper_gluon_rescale_first; FA3's
     `RescaleOBeforeGemm`, which it takes above head dim 128: the multiplies of a wide O run under S).
     Both matmuls are issued in the consumer's i-th turn (`_await_turn`). Returns S_j, P~ V's accumulator tokens and A operand,
@@ -441,7 +442,10 @@ def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_b
     mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
     acc_tok, p_op = _pv_matmul(p, _at(v_smem, prev), acc)
     _pass_turn(turn_bar, PART, PINGPONG)
-    s = warpgroup_mma_wait(1, deps=[s_tok])
+    if WAIT_S_ONLY:  # every section of P~ V left in flight (S_j's groups are older)
+        s = warpgroup_mma_wait(len(acc_tok), deps=[s_tok])
+    else:
+        s = warpgroup_mma_wait(1, deps=[s_tok])
     if _split_release(empty_bar, k_smem[0]):
         mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
         prev = STAGES + prev
@@ -505,7 +509,8 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PART: gl.constexpr, RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr, DROPOUT: gl.constexpr):
+                       PART: gl.constexpr, RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr, DROPOUT: gl.constexpr,
+                       WAIT_S_ONLY: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1 (_softmax_loop), then lines 12-15."""
@@ -527,7 +532,8 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n_f = offs_n.to(gl.float32)
     acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods,
                                   window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, rng, s_layout,
-                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, RESCALE_FIRST, PINGPONG, DROPOUT)
+                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, RESCALE_FIRST, PINGPONG, DROPOUT,
+                                  WAIT_S_ONLY)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
@@ -540,7 +546,8 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
 def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods, window, offs_m,
                   offs_n, offs_n_f, first_block, n_blocks, kx_smem, rng, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
-                  RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr, DROPOUT: gl.constexpr):
+                  RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr, DROPOUT: gl.constexpr,
+                  WAIT_S_ONLY: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, O rescaled
     where RESCALE_FIRST says (`_fwd_block_matmuls`), the matmuls issued in turns with PINGPONG
@@ -570,7 +577,8 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
-                                                    acc, alpha, s_init, RESCALE_FIRST, PART, PINGPONG, bias)
+                                                    acc, alpha, s_init, RESCALE_FIRST, PART, PINGPONG, WAIT_S_ONLY,
+                                                    bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
                                                      offs_m, offs_n, i, window[3], BLOCK_N)
@@ -604,11 +612,12 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
                              RESCALE_FIRST: gl.constexpr = False, PINGPONG: gl.constexpr = False,
-                             DROPOUT: gl.constexpr = False):
+                             DROPOUT: gl.constexpr = False, WAIT_S_ONLY: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; RESCALE_FIRST: where
     the key loop rescales O (`_fwd_block_matmuls`); PINGPONG: the consumers issue their matmuls in
-    turns (`_await_turn`); DROPOUT: P~ dropped with probability dropout_p, the seed and offset read
+    turns (`_await_turn`); WAIT_S_ONLY: the loop's wait for S_j leaves every head-dim section of P~ V
+    in flight (`_fwd_block_matmuls`); DROPOUT: P~ dropped with probability dropout_p, the seed and offset read
     from RngSeed (`_drop`). The descriptors view (batch * seqlen, heads *
     head dim); K and V have num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
@@ -668,14 +677,19 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG, DROPOUT)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG, DROPOUT)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, RESCALE_FIRST, PINGPONG, DROPOUT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG, DROPOUT,
+                                WAIT_S_ONLY)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG, DROPOUT,
+                                WAIT_S_ONLY)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, RESCALE_FIRST, PINGPONG, DROPOUT,
+                                WAIT_S_ONLY)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG, DROPOUT)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG, DROPOUT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG, DROPOUT,
+                                WAIT_S_ONLY)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG, DROPOUT,
+                                WAIT_S_ONLY)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])
