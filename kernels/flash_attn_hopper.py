@@ -69,7 +69,6 @@ from .hopper.shared import (
     DQ_TAIL_REGISTER_BOX,
     FUSED_DQ_HEAD_DIMS,
     FWD_HEAD_DIMS,  # noqa: F401 -- the scope dispatch.py checks
-    FWD_LAUNCH_REGISTERS,
     LOG2E,
     SHARED_MEMORY_BYTES,
     STAGES,
@@ -248,11 +247,16 @@ def forward_schedule(config=None) -> dict:
 
 
 def forward_launch_options(block_m: int) -> dict:
-    """The forwards' consumer warpgroups for block_m query rows (FwdConfig.hopper_gluon_block_m, a
-    key of FWD_LAUNCH_REGISTERS), their warps and registers at launch."""
-    if block_m not in FWD_LAUNCH_REGISTERS:
-        raise ValueError(f"hopper_gluon_block_m must be one of {tuple(FWD_LAUNCH_REGISTERS)}, got {block_m}")
-    return {"CONSUMERS": block_m // (BLOCK_M // 2), "num_warps": 4, "maxnreg": FWD_LAUNCH_REGISTERS[block_m]}
+    """The forwards' consumer warpgroups for block_m query rows (FwdConfig.hopper_gluon_block_m: 128
+    or 192, two or three warpgroups of 64 rows), their warps and registers a thread at launch: the
+    SM's 65536 shared by the consumers' warpgroups and the loader warp's, padded to a warpgroup
+    (12 warps at 168, 16 at 128), then moved between the partitions by setmaxnreg (fwd.py's
+    warp_specialize)."""
+    consumers, rest = divmod(block_m, BLOCK_M // 2)
+    if rest or consumers not in (2, 3):
+        raise ValueError(f"hopper_gluon_block_m must be one of (128, 192), got {block_m}")
+    warps = 4 * (consumers + 1)
+    return {"CONSUMERS": consumers, "num_warps": 4, "maxnreg": 65536 // (32 * warps) // 8 * 8}
 
 
 def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, block_n: int = BLOCK_N,
@@ -273,7 +277,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     descriptors, split_constexprs = _section_descriptors(_row_descriptor, (q, k, v, out),
                                                          (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), q.shape[-1])
     # 4 warps in the default partition and 4 a further consumer, 1 loader warp: padded to whole
-    # warpgroups, FWD_LAUNCH_REGISTERS each at launch, moved by setmaxnreg (forward_launch_options)
+    # warpgroups, their registers at launch moved by setmaxnreg (forward_launch_options)
     constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule, dropout),
                   **split_constexprs}
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)

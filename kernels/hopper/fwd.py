@@ -673,8 +673,8 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one or two workers (4 warps each) consume, one function PART apart;
-    # one warp loads. Registers (FWD_LAUNCH_REGISTERS at launch, then moved): two consumers 240 a
-    # thread, three 168, 160 and 160 (FA3's 160), the loader 24.
+    # one warp loads. Registers (flash_attn_hopper.forward_launch_options at launch, then moved):
+    # two consumers 240 a thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG, DROPOUT,

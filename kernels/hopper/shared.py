@@ -12,10 +12,6 @@ LOG2E = 1.4426950408889634
 
 # The forward (fwd.py)
 BLOCK_M = 128  # query rows per program where the config does not ask for 192: two consumer warpgroups of 64
-# The query rows a forward program may take (FwdConfig.hopper_gluon_block_m), one consumer warpgroup
-# of 64 each, and the registers a thread gets at launch (moved between the partitions by
-# setmaxnreg: fwd.py's warp_specialize): 12 warps at 168, or 16 at 128 (65536 in all)
-FWD_LAUNCH_REGISTERS = {128: 168, 192: 128}
 BLOCK_N = 128  # keys per block where the config does not ask for fewer (FwdConfig.hopper_gluon_block_n)
 STAGES = 3  # K and V blocks in flight, each, where they fit (flash_attn_hopper.forward_stages)
 FWD_HEAD_DIMS = (64, 96, 128, 192, 256)  # the head dims the forwards serve (dispatch.hopper_gluon_refusal)
