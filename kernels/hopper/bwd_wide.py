@@ -209,51 +209,6 @@ def _wide_s_partition(args, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _wide_dp_step(args, ctx, step, dk, dv):
-    """The dP warpgroup's query step (lines 13, 12, 16 for the second head-dim section and 15):
-    returns dK_j, dV_j of the second section."""
-    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
-     softmax_scale, qk_scale, num_heads) = args
-    k_buf, v_buf, s_init, dq_init = ctx
-    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
-    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
-    STAGES: gl.constexpr = q_smem[0].type.shape[0]
-    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
-    stage = step % STAGES
-    phase = (step // STAGES) & 1
-    m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M, HEAD_DIM)
-    q_buf = _at(q_smem, stage)
-    do_buf = _at(do_smem, stage)
-    # line 13: dP^T = V_j dO_i^T, one wgmma per head-dim section
-    mbarrier.wait(do_bar.index(stage), phase)
-    dp_tok = _chained_matmul(v_buf, do_buf, s_init)
-    delta = delta_smem.index(stage).load(s_layout)
-    dp = warpgroup_mma_wait(0, deps=[dp_tok])
-    # dP^T - D_i to the S warpgroup, once it has read the previous step's
-    mbarrier.wait(dp_free, (step & 1) ^ 1)
-    dpmd_smem.store(dp - delta)
-    gl.thread_barrier()
-    mbarrier.arrive(dp_bar, count=1)
-    # once P^T and dS^T are in place: line 12 and 16 for the second section, line 15 (dQ_i = dS K_j,
-    # 64 columns a tile)
-    mbarrier.wait(q_bar.index(stage), phase)
-    mbarrier.wait(pds_bar, step & 1)
-    dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
-    dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
-    ds_t = ds_smem.permute((1, 0))
-    dq0_tok = warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
-    dq1_tok = warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
-    dq2_tok = warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True)
-    dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
-    mbarrier.arrive(pds_free, count=1)
-    mbarrier.arrive(empty_bar.index(stage), count=1)
-    _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), softmax_scale, num_heads, HEAD_DIM)
-    return dk, dv
-
-
-@gluon.jit
 def _wide_dp_issue(args, ctx, step):
     """Line 13 for query step `step`: dP^T = V_j dO_i^T issued once dO_i has landed (one wgmma per
     head-dim section, chained), left in flight."""
@@ -269,12 +224,12 @@ def _wide_dp_issue(args, ctx, step):
 
 
 @gluon.jit
-def _wide_dp_step_ahead(args, ctx, step, dk, dv, dp_tok, NEXT: gl.constexpr):
-    """_wide_dp_step with query step `step`'s dP^T already in flight (`dp_tok`, issued the step
-    before: BwdConfig.hopper_gluon_wide_dp_ahead) and, with NEXT, the next step's issued right
-    behind this step's five matmuls, so that it runs while this warpgroup adds dQ_i and the S
-    warpgroup gets the next dP^T - D_i sooner: returns dK_j, dV_j of the second section and the
-    next step's dP^T token (`dp_tok` again without NEXT, not read)."""
+def _wide_dp_step(args, ctx, step, dk, dv, dp_tok, NEXT: gl.constexpr):
+    """The dP warpgroup's query step (lines 13, 12, 16 for the second head-dim section and 15), its
+    dP^T in flight (`dp_tok`, from _wide_dp_issue). With NEXT (BwdConfig.hopper_gluon_wide_dp_ahead)
+    the next step's dP^T is issued right behind this step's five matmuls, so that it runs while this
+    warpgroup adds dQ_i and the S warpgroup gets the next dP^T - D_i sooner. Returns dK_j, dV_j of
+    the second section and the next step's dP^T token (`dp_tok` again without NEXT, not read)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -296,7 +251,8 @@ def _wide_dp_step_ahead(args, ctx, step, dk, dv, dp_tok, NEXT: gl.constexpr):
     dpmd_smem.store(dp - delta)
     gl.thread_barrier()
     mbarrier.arrive(dp_bar, count=1)
-    # lines 12, 16 (second section) and 15, as _wide_dp_step's
+    # once P^T and dS^T are in place: line 12 and 16 for the second section, line 15 (dQ_i = dS K_j,
+    # 64 columns a tile)
     mbarrier.wait(q_bar.index(stage), phase)
     mbarrier.wait(pds_bar, step & 1)
     dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
@@ -337,7 +293,7 @@ def _wide_reduce_dq(dq_desc, row, q_col, dq_smem, dq, softmax_scale, num_heads, 
 def _wide_dp_partition(args, CAUSAL: gl.constexpr, DP_AHEAD: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
     dQ over every query step that sees the block; the sections written once both warpgroups are
-    past K (line 18). DP_AHEAD: each step's dP^T issued in the step before (_wide_dp_step_ahead)."""
+    past K (line 18). DP_AHEAD: each step's dP^T issued in the step before (_wide_dp_step)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -356,11 +312,11 @@ def _wide_dp_partition(args, CAUSAL: gl.constexpr, DP_AHEAD: gl.constexpr):
     if DP_AHEAD:
         dp_tok = _wide_dp_issue(args, ctx, 0)
         for step in range(n_steps * kv_group - 1):
-            dk, dv, dp_tok = _wide_dp_step_ahead(args, ctx, step, dk, dv, dp_tok, True)
-        dk, dv, dp_tok = _wide_dp_step_ahead(args, ctx, n_steps * kv_group - 1, dk, dv, dp_tok, False)
+            dk, dv, dp_tok = _wide_dp_step(args, ctx, step, dk, dv, dp_tok, True)
+        dk, dv, dp_tok = _wide_dp_step(args, ctx, n_steps * kv_group - 1, dk, dv, dp_tok, False)
     else:
         for step in range(n_steps * kv_group):
-            dk, dv = _wide_dp_step(args, ctx, step, dk, dv)
+            dk, dv, _ = _wide_dp_step(args, ctx, step, dk, dv, _wide_dp_issue(args, ctx, step), False)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     k_buf[1].store((dk * softmax_scale).to(k_buf[1].dtype))
@@ -384,7 +340,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
     head dim two sections (HEAD_SPLIT) and dQ fused; the feature arguments (window, softcap,
     ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features. DP_AHEAD
     (BwdConfig.hopper_gluon_wide_dp_ahead): the dP warpgroup issues each step's dP^T in the step
-    before (_wide_dp_step_ahead)."""
+    before (_wide_dp_step)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
         do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, True)
