@@ -79,6 +79,18 @@ def test_kernel_matches_the_reference_under_its_own_mask(kw):
         torch.testing.assert_close(got.double(), expected.detach(), atol=2e-5, rtol=1e-4, msg=name)
 
 
+def varlen_reference_under_mask(q, k, v, cu_q, cu_k, lengths_q, lengths_k, probs, dropout_p, dout, causal=True):
+    """(out, dq, dk, dv) of float64 attention over packed sequences under the keep-mask a kernel
+    reported in `probs` (S_dmask, (batch, heads, max_seqlen_q, max_seqlen_k), dropped entries
+    negated): sequence b's is the corner [b, :, :len_q, :len_k]."""
+    keep = ~torch.signbit(probs)
+    masks = [keep[b:b + 1, :, :lq, :lk] for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k))]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference_varlen(q64, k64, v64, cu_q, cu_k, None, causal, dropout_p=dropout_p,
+                                     dropout_keep=masks)[0]
+    return (ref, *torch.autograd.grad(ref, (q64, k64, v64), dout.double()))
+
+
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_varlen_dropout_matches_the_reference_per_sequence():
     lengths_q, lengths_k = [13, 0, 29], [21, 5, 29]
@@ -91,12 +103,8 @@ def test_varlen_dropout_matches_the_reference_per_sequence():
     out, _, probs = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 29, 29, dropout_p=0.2, causal=True,
                                            return_attn_probs=True)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    keep = ~torch.signbit(probs)  # (batch, heads, max_seqlen_q, max_seqlen_k)
-    masks = [keep[b:b + 1, :, :lq, :lk] for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k))]
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = attention_reference_varlen(q64, k64, v64, cu_q, cu_k, None, True, dropout_p=0.2, dropout_keep=masks)[0]
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
-    for name, got, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
+    refs = varlen_reference_under_mask(q, k, v, cu_q, cu_k, lengths_q, lengths_k, probs, 0.2, dout)
+    for name, got, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), refs):
         torch.testing.assert_close(got.double(), expected.detach(), atol=2e-5, rtol=1e-4, msg=name)
 
 

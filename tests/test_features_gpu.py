@@ -69,6 +69,15 @@ def _case_features(spec: dict) -> Features:
                     softcap=spec.get("softcap", 0.0), alibi_slopes=spec.get("alibi"))
 
 
+def assert_dropout_close(got, want, dtype) -> None:
+    """out, dq, dk, dv against the float64 reference under the same keep-mask: each within a
+    dtype's tolerance of the reference's scale (bf16 3e-2, fp16 4e-3)."""
+    tol = {torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        err = (g.double() - w).abs().max().item()
+        assert err < tol * max(1.0, w.abs().max().item()), f"{name}: {err:.3e}"
+
+
 GLUON_FEATURE_CASES = {
     "gqa-causal": {"heads": 16, "kv_heads": 4, "causal": True},
     "mqa": {"heads": 8, "kv_heads": 1, "causal": False},
@@ -463,10 +472,7 @@ def test_gpu_gluon_forward_drops_what_the_triton_kernels_drop(seqlen, causal, wi
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = attention_reference(q64, k64, v64, None, causal, window_size=window, dropout_p=0.15, dropout_keep=keep)[0]
     ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
-    tol = {torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
-    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
-        err = (got.double() - want).abs().max().item()
-        assert err < tol * max(1.0, want.abs().max().item()), f"{name}: {err:.3e}"
+    assert_dropout_close((out, *grads), (ref, *ref_grads), dtype)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
@@ -476,8 +482,8 @@ def test_gpu_gluon_varlen_forward_drops_what_the_triton_kernels_drop(dtype):
     """Dropout on the Gluon varlen forward (FwdConfig.hopper_gluon_dropout), rows and keys counted within
     each sequence (an empty one, one shorter than its keys): out and gradients against float64 under
     the keep-mask `return_attn_probs` reports, per sequence."""
-    from baselines.reference import attention_reference_varlen
     from kernels import flash_attn_varlen_func
+    from tests.test_features_dropout import varlen_reference_under_mask
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
@@ -495,15 +501,8 @@ def test_gpu_gluon_varlen_forward_drops_what_the_triton_kernels_drop(dtype):
     out, _, probs = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2048, 2048, dropout_p=0.2, causal=True,
                                            return_attn_probs=True, fwd_config=config)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    keep = ~torch.signbit(probs)  # (batch, heads, max_seqlen_q, max_seqlen_k)
-    masks = [keep[b:b + 1, :, :lq, :lk] for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k))]
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = attention_reference_varlen(q64, k64, v64, cu_q, cu_k, None, True, dropout_p=0.2, dropout_keep=masks)[0]
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
-    tol = {torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
-    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
-        err = (got.double() - want).abs().max().item()
-        assert err < tol * max(1.0, want.abs().max().item()), f"{name}: {err:.3e}"
+    refs = varlen_reference_under_mask(q, k, v, cu_q, cu_k, lengths_q, lengths_k, probs, 0.2, dout)
+    assert_dropout_close((out, *grads), refs, dtype)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
@@ -521,10 +520,7 @@ def test_gpu_dropout_matches_the_reference_under_its_own_mask(dtype):
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref = attention_reference(q64, k64, v64, None, True, dropout_p=0.15, dropout_keep=keep)[0]
     ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
-    tol = {torch.bfloat16: 3e-2, torch.float16: 4e-3}[dtype]
-    for name, got, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
-        err = (got.double() - expected).abs().max().item()
-        assert err < tol * max(1.0, expected.abs().max().item()), f"{name}: {err:.3e}"
+    assert_dropout_close((out, *grads), (ref, *ref_grads), dtype)
 
 
 def test_gpu_dropout_in_a_cuda_graph_draws_a_new_mask_per_replay():
