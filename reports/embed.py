@@ -532,27 +532,39 @@ def decode_peers_table(folder: Path) -> str:
     return "\n".join(lines + ["", source] + (["", "Providers without a measured row here:", ""] + notes if notes else []))
 
 
-def compare_configs_table(path: Path, a_label: str, b_label: str) -> str:
+def compare_configs_table(path: Path, a_label: str | None = None, b_label: str | None = None) -> str:
     """tools/compare_configs.py's rows (one or several runs, config A against config B per call
     shape): per shape, each config's median time over its interleaved rounds and B's speed-up
-    (A's time / B's), one line per shape; `a_label` and `b_label` say what A and B ran."""
+    (A's time / B's), one line per shape; `a_label` and `b_label` say what A and B ran. Without
+    them each run is a line of its own that names its configs' fields (a file of several fields
+    compared against the table, several of them on one shape)."""
     rows = pd.read_csv(path, keep_default_na=False)
     shape = ["call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dtype"]
-    medians = rows.groupby(shape + ["config"], sort=False)["ms"].median().unstack("config")
-    rounds = rows.groupby(shape + ["config"], sort=False).size().min()
-    header = (f"| call | batch x seqlen | heads (kv) | head dim | causal | A: {a_label}, ms | B: {b_label}, ms "
-              "| B's speed-up |")
-    lines = [header, "|---|---|---|---|---|---|---|---|"]
-    checked = (rows.groupby(shape, sort=False)["checked_shape"].first() if "checked_shape" in rows
+    per_run = a_label is None or b_label is None
+    key = shape + (["timestamp"] if per_run else [])  # a compare_configs.py run's rows share its timestamp
+    medians = rows.groupby(key + ["config"], sort=False)["ms"].median().unstack("config")
+    fields = rows.groupby(key + ["config"], sort=False)["fields"].first().unstack("config") if per_run else None
+    rounds = rows.groupby(key + ["config"], sort=False).size().min()
+    if per_run:
+        header = "| call | batch x seqlen | heads (kv) | head dim | causal | A | A, ms | B | B, ms | B's speed-up |"
+    else:
+        header = (f"| call | batch x seqlen | heads (kv) | head dim | causal | A: {a_label}, ms | B: {b_label}, ms "
+                  "| B's speed-up |")
+    lines = [header, "|---|---|---|---|---|" + "---|" * (5 if per_run else 3)]
+    checked = (rows.groupby(key, sort=False)["checked_shape"].first() if "checked_shape" in rows
                else pd.Series(dtype=str))
-    for key, ms in medians.sort_index(level=["causal", "seqlen"], sort_remaining=False).iterrows():
-        row = dict(zip(shape, key))
+    for index, ms in medians.sort_index(level=["causal", "seqlen"], sort_remaining=False).iterrows():
+        row = dict(zip(key, index))
         size = f"{row['batch']} sequences: {row['lengths']}" if row["lengths"] else f"{row['batch']} x {row['seqlen']}"
-        if checked.get(key, ""):
-            size += f" (checked on {checked[key]})"
+        if checked.get(index, ""):
+            size += f" (checked on {checked[index]})"
         heads = f"{row['heads']}" + (f" ({row['kv_heads']})" if row["kv_heads"] != row["heads"] else "")
-        lines.append(f"| {row['call']} | {size} | {heads} | {row['headdim']} | {row['causal']} | {ms['A']:.3f} "
-                     f"| {ms['B']:.3f} | {_ratio(ms['A'], ms['B'])} |")
+        a_cell, b_cell = f"{ms['A']:.3f}", f"{ms['B']:.3f}"
+        if per_run:
+            a_cell = f"{fields.loc[index, 'A'] or 'the table'} | {a_cell}"
+            b_cell = f"{fields.loc[index, 'B'] or 'the table'} | {b_cell}"
+        lines.append(f"| {row['call']} | {size} | {heads} | {row['headdim']} | {row['causal']} | {a_cell} "
+                     f"| {b_cell} | {_ratio(ms['A'], ms['B'])} |")
     gpus = ", ".join(sorted(rows.gpu.unique()))
     source = (f"`tools/compare_configs.py`, {rows.dtype.iloc[0]}, {gpus}: the median of at least {rounds} "
               "interleaved rounds per config, both in one process per shape, each checked against float64 first "

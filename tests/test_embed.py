@@ -331,3 +331,20 @@ def test_the_compare_configs_table_says_where_clocks_were_throttled(tmp_path, mo
     assert "median of at least 2 interleaved rounds" in table and "throttled" not in table
     (tmp_path / "ab.notes.txt").write_text("clocks were power-throttled for 12.0 ms during the run: numbers may be low\n")
     assert "Clocks were throttled during some of these runs" in embed.compare_configs_table(path, "old", "new")
+
+
+def test_the_compare_configs_table_without_labels_names_each_runs_fields(tmp_path, monkeypatch):
+    """compare_configs_table without labels: one line per run (its timestamp), each naming A's and
+    B's fields, so that several fields compared on one shape keep their own lines."""
+    columns = ["call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dtype", "config",
+               "fields", "ms", "gpu", "timestamp"]
+    rows = [["fwd", 2, 8192, "", 21, 21, 96, False, "bf16", config, fields, ms, "GPU X", stamp]
+            for stamp, b_fields, b_ms in (("t1", "hopper_gluon_block_m=192", 0.5), ("t2", "hopper_gluon_pingpong=True", 2.0))
+            for config, fields, ms in (("A", "", 1.0), ("B", b_fields, b_ms))]
+    path = tmp_path / "fields.csv"
+    pd.DataFrame(rows, columns=columns).to_csv(path, index=False)
+    monkeypatch.setattr(embed, "_repository_path", lambda p: p.name)
+    lines = embed.compare_configs_table(path).splitlines()
+    assert lines[0] == "| call | batch x seqlen | heads (kv) | head dim | causal | A | A, ms | B | B, ms | B's speed-up |"
+    assert "| fwd | 2 x 8192 | 21 | 96 | False | the table | 1.000 | hopper_gluon_block_m=192 | 0.500 | 2.00x |" in lines
+    assert "| fwd | 2 x 8192 | 21 | 96 | False | the table | 1.000 | hopper_gluon_pingpong=True | 2.000 | 0.50x |" in lines
