@@ -65,7 +65,8 @@ class FwdConfig:
     hopper_gluon_wait_s_only: bool = False
     # Whether calls with dropout take that kernel (dense on 128 query rows, off the grid and packed
     # lengths on its varlen variant), its keep-mask bit for bit the Triton kernels' (kernels/hopper/
-    # dropout.py), or the Triton forward; the backward of dropout runs on the Triton kernels either way.
+    # dropout.py), or the Triton forward; the backward's own field (BwdConfig.hopper_gluon_dropout) says
+    # where the backward of dropout runs.
     hopper_gluon_dropout: bool = False
 
 

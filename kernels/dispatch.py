@@ -12,6 +12,7 @@ import warnings
 
 import torch
 import triton
+from triton.runtime.errors import PTXASError
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .checks import DENSE, Features
@@ -29,7 +30,8 @@ except (ImportError, AttributeError, TypeError) as exc:  # an API the module use
     gluon_unavailable = f"the Gluon kernels do not import on Triton {triton.__version__}: {exc!r}"
 
 # What a Gluon kernel that cannot be built on this Triton raises at its first launch.
-GLUON_BUILD_ERRORS = (AttributeError, ImportError, TypeError, NotImplementedError, triton.CompilationError)
+GLUON_BUILD_ERRORS = (AttributeError, ImportError, TypeError, NotImplementedError, triton.CompilationError,
+                      PTXASError)
 
 
 def disable_gluon(exc: BaseException) -> None:
@@ -95,15 +97,19 @@ def _packed_scope(q: torch.Tensor, k: torch.Tensor) -> Features:
     return Features(cu_seqlens_q=counts, cu_seqlens_k=counts, max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1])
 
 
-def _dense_as_packed_refusal(config: FwdConfig, q, k, v, out) -> str:
+def _dense_as_packed_refusal(config: FwdConfig, q, k, v, out, features: Features = DENSE) -> str:
     """Why the Gluon varlen forward does not take this dense call as packed rows
-    (GluonPath.PACKED): hopper_gluon_varlen_refusal of the packed views ('' where it does)."""
+    (GluonPath.PACKED): hopper_gluon_varlen_refusal of the packed views, with the call's dropout
+    ('' where it does)."""
     views = [packed_view(t) for t in (q, k, v, out)]
     if any(t is None for t in views):
         return "the batch rows are not back to back (no packed view)"
     if q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31:
         return "2^31 or more packed rows"
-    return hopper_gluon_varlen_refusal(config, *views, _packed_scope(q, k))
+    scope = _packed_scope(q, k)
+    if features.dropout_p:  # the packed rows keep it, and with it 128 rows (fwd_gluon_rows)
+        scope = dataclasses.replace(scope, dropout_p=features.dropout_p, rng_seed=features.rng_seed)
+    return hopper_gluon_varlen_refusal(config, *views, scope)
 
 
 def _listed(values) -> str:
@@ -165,7 +171,7 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
     lengths = refusal == _lengths_refusal(q, k, rows, block_n, causal)
     if not (features is DENSE or _without_dropout(features).dense):
         return "", OFF_GRID_FEATURES if lengths else refusal
-    packed = _dense_as_packed_refusal(config, q, k, v, out)
+    packed = _dense_as_packed_refusal(config, q, k, v, out, features)
     if not packed:
         return GluonPath.PACKED, ""
     return "", packed if lengths else refusal
@@ -174,19 +180,20 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
 def _forward_tile_refusal(config: FwdConfig, headdim: int, rows: int | None = None) -> str:
     """Why the config's hopper_gluon_block_n and hopper_gluon_block_m keep the Gluon forward off
     this head dim ('' where the key blocks are power-of-two tiles of at most 128 keys, `rows`
-    (fwd_gluon_rows; the config's unless given) is a query block the kernels have warps for, and
-    at least 2 K blocks fit beside it in shared memory: flash_attn_hopper.forward_stages)."""
+    (fwd_gluon_rows; the config's unless given) is a query block the kernels have warps for, at
+    least 2 K blocks fit beside it in shared memory (flash_attn_hopper.forward_stages), and with
+    192 rows the head dim and key block fit three consumers' registers (three_consumer_refusal))."""
     rows = rows or config.hopper_gluon_block_m
     block_n = config.hopper_gluon_block_n
     if flash_attn_hopper.BLOCK_N % block_n:
         return (f"hopper_gluon_block_n {block_n}: not a divisor of {flash_attn_hopper.BLOCK_N} (the key blocks are "
                 f"power-of-two tiles of at most {flash_attn_hopper.BLOCK_N} keys)")
     try:
-        flash_attn_hopper.forward_launch_options(rows)
+        consumers = flash_attn_hopper.forward_launch_options(rows)["CONSUMERS"]
         flash_attn_hopper.forward_stages(headdim, config.hopper_gluon_block_n, block_m=rows)
     except ValueError as exc:
         return str(exc)
-    return ""
+    return flash_attn_hopper.three_consumer_refusal(headdim, block_n) if consumers == 3 else ""
 
 
 def _without_dropout(features: Features) -> Features:

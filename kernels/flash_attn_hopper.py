@@ -28,8 +28,9 @@ than keys) runs these varlen kernels with each batch row a packed sequence
 (BWD_HEAD_DIMS; at 192 with GQA but no window, softcap or ALiBi) from 1k keys in the same scope
 (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
 (`dispatch.bwd_gluon_fuses_dq`). Dropout runs on the Triton kernels, its forward on the Gluon ones
-where FwdConfig.hopper_gluon_dropout asks (kernels/hopper/dropout.py: the same keep-mask). The backward's schedule and
-launch order are BwdConfig fields (kernels/configs.py: hopper_gluon_dq_first,
+where FwdConfig.hopper_gluon_dropout asks and its backward on the dense dK/dV kernel with dQ fused
+where BwdConfig.hopper_gluon_dropout asks (kernels/hopper/dropout.py: the same keep-mask). The
+backward's schedule and launch order are BwdConfig fields (kernels/configs.py: hopper_gluon_dq_first,
 hopper_gluon_head_section, hopper_gluon_varlen_grid).
 
 Gluon has no CPU interpreter: the CPU tests compile these kernels for sm_90, the GPU tests run them.
@@ -246,6 +247,9 @@ def forward_schedule(config=None) -> dict:
             "WAIT_S_ONLY": bool(config and config.hopper_gluon_wait_s_only)}
 
 
+THREE_CONSUMER_ACCUMULATORS = 128  # three_consumer_refusal
+
+
 def forward_launch_options(block_m: int) -> dict:
     """The forwards' consumer warpgroups for block_m query rows (FwdConfig.hopper_gluon_block_m: 128
     or 192, two or three warpgroups of 64 rows), their warps and registers a thread at launch: the
@@ -257,6 +261,20 @@ def forward_launch_options(block_m: int) -> dict:
         raise ValueError(f"hopper_gluon_block_m must be one of (128, 192), got {block_m}")
     warps = 4 * (consumers + 1)
     return {"CONSUMERS": consumers, "num_warps": 4, "maxnreg": 65536 // (32 * warps) // 8 * 8}
+
+
+def three_consumer_refusal(headdim: int, block_n: int) -> str:
+    """Why three consumer warpgroups (192 query rows, 160 registers a consumer thread) do not take
+    this head dim and key block ('' where they do). A consumer thread holds headdim / 2 float32 of O,
+    block_n / 2 of S and block_n / 4 of P: ptxas (sm_90) keeps 112-128 of those without spills (head
+    dim 64 in 128-key blocks, 96 and 128 in 64-key blocks) and spills from 144 (96 in 128-key blocks,
+    192 in 64-key blocks; wgmma then serialised), and at 256 the kernel does not assemble."""
+    accumulators = headdim // 2 + 3 * block_n // 4
+    if accumulators > THREE_CONSUMER_ACCUMULATORS:
+        return (f"hopper_gluon_block_m 192 at head dim {headdim} in {block_n}-key blocks: O, S and P take "
+                f"{accumulators} registers a consumer thread, more than the {THREE_CONSUMER_ACCUMULATORS} "
+                "three consumer warpgroups hold without spilling")
+    return ""
 
 
 def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, block_n: int = BLOCK_N,

@@ -354,6 +354,14 @@ def test_the_forward_on_192_query_rows_takes_the_dense_kernel_on_its_grid_and_th
     assert path(2048, features=window) == (GluonPath.DENSE, "")
     wide = dataclasses.replace(config, hopper_gluon_block_m=256)
     assert "hopper_gluon_block_m must be one of (128, 192), got 256" in path(3072, cfg=wide)[1]
+    # three consumers hold O, S and P of head dims 64 in 128-key blocks and 96 and 128 in 64-key
+    # blocks; wider tiles spill (at 256 ptxas does not assemble): refused with the reason, not built
+    for headdim, block_n, fits in ((96, 64, True), (128, 64, True), (96, 128, False), (128, 128, False),
+                                   (192, 64, False), (256, 64, False)):
+        tile = dataclasses.replace(config, hopper_gluon_block_n=block_n)
+        q = torch.empty(2, 3072, 4, headdim, dtype=torch.bfloat16)
+        reason = dispatch.fwd_gluon_path(tile, q, q, q, q, False)[1]
+        assert (reason == "") == fits and (fits or f"192 at head dim {headdim} in {block_n}-key" in reason), reason
     q = torch.empty(1, 3072, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="must divide the Gluon forward's 192 query rows"):
         dispatch.flash_attn_hopper.forward_hopper_plan(q, q, q, q, True, block_n=128, block_m=192)
