@@ -121,3 +121,32 @@ def test_a_call_whose_reference_does_not_fit_is_checked_on_its_first_rows_and_he
     assert compare_configs.checked_args(empty) is empty
     packed = args((0, 0, 32, 64), lengths=[16384, 16384])
     assert compare_configs.checked_args(packed) is packed
+
+
+def test_a_plan_runs_each_line_in_one_process_and_goes_on_past_a_failed_one(tmp_path, capsys):
+    """--plan: each line a comparison after the arguments beside --plan, rows per line (OUT's stem +
+    _NN.csv unless the line names --out); a line that fails is named at the end (exit 1), the
+    lines after it still run."""
+    plan = tmp_path / "plan.txt"
+    plan.write_text("# forward, then a bad field, then the backward\n"
+                    "--call fwd --shape 1,64,2,32 --b block_m=16\n\n"
+                    "--call fwd --shape 1,64,2,32 --b warps=8\n"
+                    f"--call bwd --shape 1,64,2,32 --causal --b bwd.block_n1=16 --out {tmp_path / 'bwd.csv'}\n")
+    with pytest.raises(SystemExit) as exc:
+        compare_configs.main(["--plan", str(plan), "--dtype", "fp16", "--rounds", "1",
+                              "--out", str(tmp_path / "cmp.csv")])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert "[1] --call fwd --shape 1,64,2,32 --b warps=8: bad arguments" in err and "[0]" not in err.split("failed:")[1]
+    for path, call in ((tmp_path / "cmp_00.csv", "fwd"), (tmp_path / "bwd.csv", "bwd")):
+        with path.open() as f:
+            rows = list(csv.DictReader(f))
+        assert [row["config"] for row in rows] == ["A", "B"] and {row["call"] for row in rows} == {call}
+        assert rows[0]["dtype"] == "fp16"  # the arguments beside --plan
+    assert not (tmp_path / "cmp_01.csv").exists()
+
+
+def test_without_a_plan_the_call_and_shape_are_required(capsys):
+    with pytest.raises(SystemExit):
+        compare_configs.main(["--b", "block_m=16"])
+    assert "--call and --shape are required (or --plan FILE)" in capsys.readouterr().err

@@ -18,6 +18,14 @@ the ratio B / A of this run.
         --a hopper_gluon_varlen_grid=longest --b hopper_gluon_varlen_grid=packed
     python tools/compare_configs.py --call fwd --shape 4,2048,16,128 --causal --dropout 0.1 --b hopper_gluon_dropout=True
 
+Several comparisons in one process: `--plan FILE`, one comparison's arguments a line (blank lines
+and `#` comments aside), each after the arguments given beside --plan (e.g. `--rounds 3`); a line
+without --out writes OUT's stem + _NN.csv (NN its number in the plan). A comparison that fails (a
+config off the reference, a bad field, a kernel that does not build) is reported and the plan goes
+on; the tool then exits 1, naming each failed line.
+
+    python tools/compare_configs.py --plan plan.txt --rounds 3 --out results/compare.csv
+
 --shape is batch,seqlen,heads,headdim (with --lengths, the packed sequences' lengths, batch and
 seqlen are ignored). With --dropout (dense calls) the check runs each config under one seed and
 compares with the references under that call's keep-mask (`return_attn_probs`). In a field list (comma-separated name=value), a name both configs have
@@ -33,11 +41,13 @@ import dataclasses
 import itertools
 import math
 import os
+import shlex
 import statistics
 import sys
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -209,9 +219,11 @@ def check_accuracy(call: Call, label: str, fwd: FwdConfig, bwd: BwdConfig, ref, 
 
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--call", choices=CALLS, required=True)
-    parser.add_argument("--shape", required=True, metavar="B,S,H,D",
-                        type=lambda text: tuple(int(x) for x in text.split(",")))
+    parser.add_argument("--call", choices=CALLS, help="the call timed (required unless --plan)")
+    parser.add_argument("--shape", metavar="B,S,H,D", type=lambda text: tuple(int(x) for x in text.split(",")),
+                        help="batch,seqlen,heads,headdim (required unless --plan)")
+    parser.add_argument("--plan", type=Path, metavar="FILE",
+                        help="several comparisons in this process: one comparison's arguments a line")
     parser.add_argument("--kv-heads", type=int, default=0, help="GQA/MQA: kv heads (default: as many as q heads)")
     parser.add_argument("--lengths", type=lambda text: [int(x) for x in text.split(",")], default=None,
                         help="packed variable lengths (flash_attn_varlen_func), comma-separated")
@@ -223,6 +235,13 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--rounds", type=int, default=6, help="timed rounds of each config, interleaved")
     parser.add_argument("--out", type=Path, default=Path("compare_configs.csv"), help="the rows (CSV)")
     args = parser.parse_args(argv)
+    if args.plan:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        at = argv.index("--plan") if "--plan" in argv else next(i for i, a in enumerate(argv) if a.startswith("--plan="))
+        shared = argv[:at] + argv[at + (1 if argv[at].startswith("--plan=") else 2):]
+        return run_plan(args.plan, shared, args.out)
+    if args.call is None or args.shape is None:
+        parser.error("--call and --shape are required (or --plan FILE)")
     if len(args.shape) != 4:
         parser.error(f"--shape takes batch,seqlen,heads,headdim, got {args.shape}")
     if args.rounds < 1:
@@ -279,6 +298,37 @@ def main(argv: list[str] | None = None) -> Path:
     ratio = medians["B"] / medians["A"] if medians["A"] > 0 else math.nan
     print(f"  B / A  {ratio:.3f}   rows: {args.out}")
     return args.out
+
+
+def run_plan(plan: Path, shared: list[str], out: Path) -> Path:
+    """Each comparison of `plan` (main's arguments a line, after `shared`) in turn, in this process;
+    one that fails is reported and the plan goes on, then SystemExit(1) names the failed lines.
+    Returns the folder of the rows."""
+    if not plan.is_file():
+        raise SystemExit(f"--plan: no file {plan}")
+    lines = [line.strip() for line in plan.read_text().splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#")]
+    failed = []
+    for number, line in enumerate(tqdm(lines, desc="comparisons", unit="comparison")):
+        argv = [*shared, *shlex.split(line)]
+        if any(arg == "--plan" or arg.startswith("--plan=") for arg in argv):
+            failed.append(f"[{number}] {line}: a plan's line cannot hold --plan")
+            continue
+        if not any(arg == "--out" or arg.startswith("--out=") for arg in shlex.split(line)):
+            argv += ["--out", str(out.with_name(f"{out.stem}_{number:02d}.csv"))]
+        print(f"[{number}] {line}", flush=True)
+        try:
+            main(argv)
+        except SystemExit as exc:  # argparse's error (printed above), or a config off the reference
+            failed.append(f"[{number}] {line}: {exc.code if isinstance(exc.code, str) else 'bad arguments'}")
+        except Exception as exc:  # noqa: BLE001 (a kernel that does not build or run: the plan goes on)
+            failed.append(f"[{number}] {line}: {type(exc).__name__}: {exc}")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if failed:
+        print("failed:\n" + "\n".join(failed), file=sys.stderr)
+        raise SystemExit(1)
+    return out.parent
 
 
 if __name__ == "__main__":
