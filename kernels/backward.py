@@ -273,9 +273,9 @@ def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, causal,
                                                                               config, flags=flags, dropout=dropout))
     qk_scale, values, _ = feature_args(q, k, softmax_scale, causal, features)
-    _, window_left, window_right, softcap_log2, dropout_p, alibi, stride_alibi_b = values[:7]
+    _, window_left, window_right, softcap_log2, dropout_p, alibi, stride_alibi_b, _, _, rng_seed = values
     plan(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale,
-         (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b, dropout_p, values[9]))
+         (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b, dropout_p, rng_seed))
     return hopper.dq_from_accumulator(dq_acc, q.dtype), dk, dv
 
 

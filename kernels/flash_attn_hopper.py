@@ -80,8 +80,8 @@ from .hopper.shared import (
 from .launch import CachedLauncher, DirectLaunch, descriptor_template
 
 # The score modifications and masks the Gluon kernels take (kernels/features.py's constexprs);
-# dropout is a constexpr of the forwards of its own (DROPOUT: forward_constexprs), the backward's
-# on the Triton kernels only (packed variable lengths: the varlen kernels).
+# dropout is a constexpr of its own (DROPOUT: forward_constexprs, backward_dkdv_hopper_plan), taken
+# where FwdConfig / BwdConfig.hopper_gluon_dropout ask (packed variable lengths: the varlen kernels).
 GLUON_FEATURE_FLAGS = ("WINDOW", "SOFTCAP", "ALIBI")
 VARLEN_BWD_GRIDS = ("longest", "packed", "auto")  # BwdConfig.hopper_gluon_varlen_grid's values
 

@@ -442,9 +442,9 @@ def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features,
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.forward_hopper_plan(
         q, k, v, out, causal, flags=flags, block_n=cfg.hopper_gluon_block_n, block_m=block_m,
         schedule=cfg, dropout=dropout))
-    _, window_left, window_right, softcap_log2, dropout_p, alibi, stride_alibi_b = feature_values[:7]
+    _, window_left, window_right, softcap_log2, dropout_p, alibi, stride_alibi_b, _, _, rng_seed = feature_values
     plan(q, k, v, out, lse, qk_scale, (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b,
-                                       dropout_p, feature_values[9]))
+                                       dropout_p, rng_seed))
 
 
 def _memory_path_args(path: str, cfg: FwdConfig, q, k, v, out) -> tuple:

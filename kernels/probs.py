@@ -71,7 +71,8 @@ def _unnormalised(q, k, softmax_scale: float, causal: bool, features: Features, 
     running = block_max.flip(-1).cummax(-1).values.flip(-1)  # max over blocks j..end: the kernel's m at j
     m = running.repeat_interleave(block_n, dim=-1)[..., :seqlen_k]
     # exp in float64, rounded once to float32: PyTorch's float32 exp on CPU was seen to differ by up
-    # to 1.5e-4 (relative) between two calls on identical inputs, and a run must reproduce bit for bit.
+    # to 1.5e-4 (relative) between two calls on identical inputs; this way two calls differ by a float32
+    # rounding at most.
     return torch.exp((scores - m).double()).float().masked_fill(~visible, 0.0).nan_to_num(0.0)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baselines.reference import attention_reference, attention_same_dtype
+from baselines.reference import attention_reference, attention_reference_varlen, attention_same_dtype
 from harness.accuracy import within_twice_the_error
 from kernels import backward, flash_attn_func
 
@@ -71,6 +71,18 @@ def poisoned_allocations(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", empty)
     monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+def varlen_reference_under_mask(q, k, v, cu_q, cu_k, lengths_q, lengths_k, probs, dropout_p, dout, causal=True):
+    """(out, dq, dk, dv) of float64 attention over packed sequences under the keep-mask a kernel
+    reported in `probs` (S_dmask, (batch, heads, max_seqlen_q, max_seqlen_k), dropped entries
+    negated): sequence b's is the corner [b, :, :len_q, :len_k]."""
+    keep = ~torch.signbit(probs)
+    masks = [keep[b:b + 1, :, :lq, :lk] for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k))]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference_varlen(q64, k64, v64, cu_q, cu_k, None, causal, dropout_p=dropout_p,
+                                     dropout_keep=masks)[0]
+    return (ref, *torch.autograd.grad(ref, (q64, k64, v64), dout.double()))
 
 
 def make_qkv(batch, seqlen_q, seqlen_k, heads, headdim, dtype, device, requires_grad=False):

@@ -150,3 +150,12 @@ def test_without_a_plan_the_call_and_shape_are_required(capsys):
     with pytest.raises(SystemExit):
         compare_configs.main(["--b", "block_m=16"])
     assert "--call and --shape are required (or --plan FILE)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,shared", [
+    (["--plan", "p.txt", "--rounds", "3"], ["--rounds", "3"]),
+    (["--rounds", "3", "--plan=p.txt", "--dtype", "fp16"], ["--rounds", "3", "--dtype", "fp16"]),
+    (["--pl", "p.txt", "--out", "x.csv"], ["--out", "x.csv"]),  # argparse's abbreviation
+])
+def test_the_arguments_beside_a_plan_are_the_command_line_but_the_plan(argv, shared):
+    assert compare_configs._without_plan(argv) == shared

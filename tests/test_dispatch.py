@@ -614,7 +614,7 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two sections), causal or
     # not; the backward also with dQ fused at each (at 64 and 96 the consumers take turns); then
     # each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
-    assert len(forward_lines) == 10 + 6 + 3 + 4 + 2 + 2 + 3 and len(backward_lines) == 12 + 6 + 2, report
+    assert len(forward_lines) == 10 + 6 + 5 + 4 + 2 + 2 + 3 and len(backward_lines) == 12 + 6 + 2, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 6 + 6 + 2 and all("tma-reduce" in line for line in fused), report
     # the backward with dropout (BwdConfig.hopper_gluon_dropout) at head dim 128: the keep-mask held
@@ -636,16 +636,18 @@ def test_hopper_gluon_kernels_compile_for_sm90():
                if "d96" in line and "192x" not in line)
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
     # head dims 64, 96, 128, 192 and 256, causal or not; then 192 rows; dropout; 192 rows in turns
-    assert len(varlen_lines) == 10 + 4 + 2 + 1, report
+    assert len(varlen_lines) == 10 + 6 + 2 + 1, report
     # dropout (FwdConfig.hopper_gluon_dropout), dense and varlen: Philox's temporaries beside the
     # tile spill a few registers (20 local loads and stores a key block in the loop, by its SASS)
     dropout = [line for line in forward_lines + varlen_lines if " dropout " in line]
     assert len(dropout) == 4 and all(int(re.search(r"spill stores (\d+) B", line).group(1)) <= 128
                                      for line in dropout), report
     # three consumer warpgroups at 160 registers a thread (FwdConfig.hopper_gluon_block_m = 192): at head
-    # dim 64 in 128-key blocks (causal: the varlen kernel only), at 96 in 64-key blocks, without spills
+    # dim 64 in 128-key blocks (causal: the varlen kernel only), at 96 and 128 in 64-key blocks, without
+    # spills or serialised wgmma
     three = [line for line in forward_lines + varlen_lines if " 192x" in line]
-    assert len(three) == 9 and sum(" d64 " in line for line in three) == 5, report
+    assert len(three) == 13 and sum(" d64 " in line for line in three) == 5, report
+    assert sum(" d128 " in line for line in three) == 4 and not any("serialised" in line for line in three), report
     # the consumers' matmuls in turns (FwdConfig.hopper_gluon_pingpong): two consumers at 128, three at 64
     assert sum(" pingpong " in line for line in forward_lines + varlen_lines) == 4, report
     assert all("spill stores 0 B" in line for line in three), report

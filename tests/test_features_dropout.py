@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
-from baselines.reference import attention_reference, attention_reference_varlen
+from baselines.reference import attention_reference
 from kernels import flash_attn_func, flash_attn_varlen_func
 from kernels.dropout import dropout_keep_mask
-from tests.attention_checks import poisoned_allocations  # noqa: F401
+from tests.attention_checks import poisoned_allocations, varlen_reference_under_mask  # noqa: F401
 
 INTERPRETER_TESTS = True
 
@@ -82,18 +82,6 @@ def test_kernel_matches_the_reference_under_its_own_mask(kw):
     ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
     for name, got, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
         torch.testing.assert_close(got.double(), expected.detach(), atol=2e-5, rtol=1e-4, msg=name)
-
-
-def varlen_reference_under_mask(q, k, v, cu_q, cu_k, lengths_q, lengths_k, probs, dropout_p, dout, causal=True):
-    """(out, dq, dk, dv) of float64 attention over packed sequences under the keep-mask a kernel
-    reported in `probs` (S_dmask, (batch, heads, max_seqlen_q, max_seqlen_k), dropped entries
-    negated): sequence b's is the corner [b, :, :len_q, :len_k]."""
-    keep = ~torch.signbit(probs)
-    masks = [keep[b:b + 1, :, :lq, :lk] for b, (lq, lk) in enumerate(zip(lengths_q, lengths_k))]
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = attention_reference_varlen(q64, k64, v64, cu_q, cu_k, None, causal, dropout_p=dropout_p,
-                                     dropout_keep=masks)[0]
-    return (ref, *torch.autograd.grad(ref, (q64, k64, v64), dout.double()))
 
 
 @pytest.mark.usefixtures("poisoned_allocations")

@@ -483,7 +483,7 @@ def test_gpu_gluon_varlen_forward_drops_what_the_triton_kernels_drop(dtype):
     each sequence (an empty one, one shorter than its keys): out and gradients against float64 under
     the keep-mask `return_attn_probs` reports, per sequence."""
     from kernels import flash_attn_varlen_func
-    from tests.test_features_dropout import varlen_reference_under_mask
+    from tests.attention_checks import varlen_reference_under_mask
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")

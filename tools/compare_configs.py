@@ -236,10 +236,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", type=Path, default=Path("compare_configs.csv"), help="the rows (CSV)")
     args = parser.parse_args(argv)
     if args.plan:
-        argv = list(sys.argv[1:] if argv is None else argv)
-        at = argv.index("--plan") if "--plan" in argv else next(i for i, a in enumerate(argv) if a.startswith("--plan="))
-        shared = argv[:at] + argv[at + (1 if argv[at].startswith("--plan=") else 2):]
-        return run_plan(args.plan, shared, args.out)
+        return run_plan(args.plan, _without_plan(list(sys.argv[1:] if argv is None else argv)), args.out)
     if args.call is None or args.shape is None:
         parser.error("--call and --shape are required (or --plan FILE)")
     if len(args.shape) != 4:
@@ -300,6 +297,26 @@ def main(argv: list[str] | None = None) -> Path:
     return args.out
 
 
+def _plan_option(arg: str) -> bool:
+    """Whether a command-line word is --plan (or its argparse abbreviation, --p and longer), with or
+    without `=FILE`."""
+    name = arg.split("=", 1)[0]
+    return len(name) >= 3 and "--plan".startswith(name)
+
+
+def _without_plan(argv: list[str]) -> list[str]:
+    """The command line but --plan and its file: the arguments each line of the plan runs after."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif _plan_option(arg):
+            skip = "=" not in arg
+        else:
+            kept.append(arg)
+    return kept
+
+
 def run_plan(plan: Path, shared: list[str], out: Path) -> Path:
     """Each comparison of `plan` (main's arguments a line, after `shared`) in turn, in this process;
     one that fails is reported and the plan goes on, then SystemExit(1) names the failed lines.
@@ -311,7 +328,7 @@ def run_plan(plan: Path, shared: list[str], out: Path) -> Path:
     failed = []
     for number, line in enumerate(tqdm(lines, desc="comparisons", unit="comparison")):
         argv = [*shared, *shlex.split(line)]
-        if any(arg == "--plan" or arg.startswith("--plan=") for arg in argv):
+        if any(_plan_option(arg) for arg in argv):
             failed.append(f"[{number}] {line}: a plan's line cannot hold --plan")
             continue
         if not any(arg == "--out" or arg.startswith("--out=") for arg in shlex.split(line)):

@@ -217,7 +217,7 @@ def schedule_label(schedule: dict) -> str:
 
 def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
                                block_m: int | None = None, schedule: dict | None = None, dropout: bool = False) -> str:
-    """The Gluon forward over packed variable lengths (kernels/hopper/fwd.py) for sm_90, with the
+    """The Gluon forward over packed variable lengths (kernels/hopper/fwd_varlen.py) for sm_90, with the
     table's hopper_gluon_block_n, hopper_gluon_block_m and schedule unless `block_n`, `block_m`,
     `schedule` are given (as hopper_gluon_report's)."""
     from kernels import flash_attn_hopper as hopper
@@ -373,8 +373,9 @@ def main() -> None:
                 emit(hopper_gluon_report(causal, **{flag: True}))
                 emit(hopper_gluon_bwd_report(causal, fused_dq=True, **{flag: True}))
         # the forward on 192 query rows (three consumer warpgroups: FwdConfig.hopper_gluon_block_m)
-        # in FA3's 128-key blocks at head dim 64 and in 64-key blocks at 96, dense and varlen
-        for headdim, block_n in ((64, 128), (96, 64)):
+        # in FA3's 128-key blocks at head dim 64 and in 64-key blocks at 96 and 128 (the tiles
+        # flash_attn_hopper.three_consumer_refusal lets through), dense and varlen
+        for headdim, block_n in ((64, 128), (96, 64), (128, 64)):
             for causal in (False, True):
                 if not causal or 192 % block_n == 0:  # else causal takes the varlen kernel
                     emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
