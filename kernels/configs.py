@@ -147,11 +147,13 @@ HOPPER_FWD_CONFIGS = {
     (16, True): FwdConfig(128, 64, 8, 3),
     (32, False): FwdConfig(128, 64, 4, 3),
     (32, True): FwdConfig(128, 64, 8, 3),
-    # head dim 64 from 4096 keys: the Gluon forward (below for 128), against this kernel in the
-    # same process level or faster from 4k and not at 2k causal, so not taken there (rows:
-    # reports/h200/decisions/gluon_forward_d64.csv).
-    (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=4096),
-    (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096),
+    # head dim 64: the Gluon forward (below for 128) on 192 query rows a program (three consumer
+    # warpgroups, FA3's tile at this head dim), faster in the same process than its 128 rows at 8k
+    # keys, full and causal, and than this kernel at 2k full, so taken from 1024 keys full; causal
+    # from 4096 keys, as at 2k causal it was slower than this kernel (rows:
+    # reports/h200/decisions/gluon_fields.csv; with 128 rows, gluon_forward_d64.csv).
+    (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=1024, hopper_gluon_block_m=192),
+    (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096, hopper_gluon_block_m=192),
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
     # frees the pointer registers (ptxas: no spills with it). From 1024 keys, equal lengths in
     # whole blocks take the Gluon kernel instead (other lengths its varlen variant, dispatch's
@@ -181,13 +183,13 @@ HOPPER_BWD_CONFIGS = {
     # tutorial 06's shape: narrow query steps against wide key blocks and vice versa.
     16: BwdConfig(32, 128, 128, 32, 4, 3),
     32: BwdConfig(32, 128, 128, 32, 4, 3),
-    # head dim 64: from 1024 keys the Gluon dK/dV kernel with dQ fused, its consumers computing
+    # head dim 64: from 512 keys the Gluon dK/dV kernel with dQ fused, its consumers computing
     # dQ in turns by query step, faster than this kernel with the dQ kernel in the same process
     # (docs/performance.md, "Gluon dK/dV with dQ fused at head dim 64"; rows:
-    # reports/h100/decisions/gluon_backward_d64.csv: dense MHA, GQA and one length off the grid; the
-    # features and packed lengths with it were checked against float64, not timed). Without dQ fused
-    # it was not faster.
-    64: BwdConfig(32, 128, 128, 32, 4, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
+    # reports/h100/decisions/gluon_backward_d64.csv: dense MHA, GQA and one length off the grid, from
+    # 1024 keys; reports/h200/decisions/gluon_fields.csv: 1000 keys, causal; the features and packed
+    # lengths with it were checked against float64, not timed). Without dQ fused it was not faster.
+    64: BwdConfig(32, 128, 128, 32, 4, 3, hopper_gluon_min_keys=512, hopper_gluon_fused_dq=True),
     # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 1024
     # keys the Gluon dK/dV kernel instead, with dQ fused (5 matmuls, not 7), faster at 1k-16k in
     # bf16 and fp16, same process, than this kernel with the dQ kernel (docs/performance.md,

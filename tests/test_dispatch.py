@@ -219,7 +219,8 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
     assert bwd((1, 4500, 4, 64)) == GluonPath.PACKED  # dQ in turns at head dim 64
     assert bwd((2, 3000, 4, 96)) == GluonPath.PACKED  # two head-dim sections, dQ in turns
     assert bwd((1, 4500, 4, 192)) == "triton"  # the varlen dK/dV kernel takes head dims 64, 96 and 128 only
-    assert bwd((16, 1000, 4, 64)) == "triton"  # fewer keys than the table's hopper_gluon_min_keys
+    assert bwd((16, 1000, 4, 64)) == GluonPath.PACKED  # from 512 keys at head dim 64
+    assert bwd((16, 500, 4, 64)) == "triton"  # fewer keys than the table's hopper_gluon_min_keys
     assert bwd((2, 2048, 4, 128)) == GluonPath.DENSE
 
 
@@ -317,12 +318,18 @@ def test_hopper_gluon_varlen_backward_scope():
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_hopper_head_dim_64_takes_the_gluon_forward_from_4k_keys(causal):
-    """At head dim 64 the table takes the Gluon forward from 4096 keys, where it was measured."""
+def test_hopper_head_dim_64_takes_the_gluon_forward_on_192_rows_where_it_was_measured_faster(causal):
+    """At head dim 64 the table takes the Gluon forward on 192 query rows from 1024 keys full and
+    4096 causal (2048 causal measured slower than the Triton kernel): the dense kernel where the
+    lengths are whole 192-row blocks (full), else its varlen kernel on the batch rows."""
     config = HOPPER_FWD_CONFIGS[(64, causal)]
-    for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
-        q = torch.empty(16384 // seqlen, seqlen, 1, 64, dtype=torch.bfloat16)
-        assert (fwd_memory_path(config, q, q, q, q, causal) == GluonPath.DENSE) == (seqlen >= 4096), seqlen
+    assert config.hopper_gluon_block_m == 192
+    for seqlen in (512, 1024, 2048, 3072, 4096, 8192, 16384):
+        q = torch.empty(max(1, 16384 // seqlen), seqlen, 1, 64, dtype=torch.bfloat16)
+        gluon = fwd_memory_path(config, q, q, q, q, causal)
+        assert (gluon in (GluonPath.DENSE, GluonPath.PACKED)) == (seqlen >= (4096 if causal else 1024)), seqlen
+        if gluon in (GluonPath.DENSE, GluonPath.PACKED):
+            assert (gluon == GluonPath.DENSE) == (not causal and seqlen % 192 == 0), seqlen
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -407,14 +414,14 @@ def test_dropout_takes_the_gluon_forward_only_where_the_config_asks():
 
 @pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 def test_hopper_backward_takes_the_gluon_dkdv_kernels_at_head_dims_64_to_192_from_1k_keys(hdim):
-    """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon ones at head dims 64,
-    96 (the head-dim-128 entry's), 128 and 192 (the head-dim-256 entry's, the kernel for wide
-    heads) from 1024 keys, adding dQ themselves, the Triton one below that and at head dim 256
-    (outside the Gluon kernels' scope)."""
+    """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon ones at head dims 64
+    (from 512 keys), 96 (the head-dim-128 entry's), 128 and 192 (the head-dim-256 entry's, the
+    kernel for wide heads) from 1024 keys, adding dQ themselves, the Triton one below that and at
+    head dim 256 (outside the Gluon kernels' scope)."""
     config = HOPPER_BWD_CONFIGS[{96: 128, 192: 256}.get(hdim, hdim)]
-    for seqlen in (512, 1024, 2048, 4096, 8192, 16384):
+    for seqlen in (256, 512, 1024, 2048, 4096, 8192, 16384):
         q = torch.empty(16384 // seqlen, seqlen, max(2048 // hdim, 1), hdim, dtype=torch.bfloat16)
-        gluon = hdim in (64, 96, 128, 192) and seqlen >= 1024
+        gluon = hdim in (64, 96, 128, 192) and seqlen >= (512 if hdim == 64 else 1024)
         assert (bwd_dkdv_path(config, q, q, q, q) == GluonPath.DENSE) == gluon, seqlen
     # the Gluon kernel adds dQ itself (FA3's scheme) unless asked to be deterministic
     assert bwd_gluon_fuses_dq(config, hdim) == (hdim in (64, 96, 128, 192))
@@ -610,11 +617,13 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # with each step's dP^T a step ahead (BwdConfig.hopper_gluon_wide_dp_ahead) the dP warpgroup holds a
     # further 64 x 64 accumulator: ptxas spills a register after the loop (4 B), none in it (SASS)
     assert all(int(re.search(r"spill stores (\d+) B", line).group(1)) <= 8 for line in wide_lines), report
-    # the forward at head dims 64, 96, 128, 192 and 256 (96 and 192 in two head-dim sections, 192
-    # and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two sections), causal or
-    # not; the backward also with dQ fused at each (at 64 and 96 the consumers take turns); then
-    # each of the window, softcap and ALiBi, causal or not, forward and backward (dQ fused)
-    assert len(forward_lines) == 10 + 6 + 5 + 4 + 2 + 2 + 3 and len(backward_lines) == 12 + 6 + 2, report
+    # the forward at head dims 64 (the table's 192 query rows; causal takes them in the varlen
+    # kernel, so the dense causal one is built on 128), 96, 128, 192 and 256 (96 and 192 in two
+    # head-dim sections, 192 and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two
+    # sections), causal or not; the backward also with dQ fused at each (at 64 and 96 the consumers
+    # take turns); then each of the window, softcap and ALiBi, causal or not, forward and backward
+    # (dQ fused)
+    assert len(forward_lines) == 10 + 6 + 4 + 4 + 2 + 2 + 3 and len(backward_lines) == 12 + 6 + 2, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 6 + 6 + 2 and all("tma-reduce" in line for line in fused), report
     # the backward with dropout (BwdConfig.hopper_gluon_dropout) at head dim 128: the keep-mask held
@@ -635,16 +644,17 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert all("spill stores 0 B" in line and "128x128 x 3/3" in line for line in forward_lines
                if "d96" in line and "192x" not in line)
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
-    # head dims 64, 96, 128, 192 and 256, causal or not; then 192 rows; dropout; 192 rows in turns
-    assert len(varlen_lines) == 10 + 6 + 2 + 1, report
+    # head dims 64, 96, 128, 192 and 256, causal or not (64 on 192 rows); then 192 rows at 96 and
+    # 128; dropout; 192 rows in turns
+    assert len(varlen_lines) == 10 + 4 + 2 + 1, report
     # dropout (FwdConfig.hopper_gluon_dropout), dense and varlen: Philox's temporaries beside the
     # tile spill a few registers (20 local loads and stores a key block in the loop, by its SASS)
     dropout = [line for line in forward_lines + varlen_lines if " dropout " in line]
     assert len(dropout) == 4 and all(int(re.search(r"spill stores (\d+) B", line).group(1)) <= 128
                                      for line in dropout), report
     # three consumer warpgroups at 160 registers a thread (FwdConfig.hopper_gluon_block_m = 192): at head
-    # dim 64 in 128-key blocks (causal: the varlen kernel only), at 96 and 128 in 64-key blocks, without
-    # spills or serialised wgmma
+    # dim 64 in 128-key blocks (the table's; causal: the varlen kernel only), at 96 and 128 in 64-key
+    # blocks, without spills or serialised wgmma
     three = [line for line in forward_lines + varlen_lines if " 192x" in line]
     assert len(three) == 13 and sum(" d64 " in line for line in three) == 5, report
     assert sum(" d128 " in line for line in three) == 4 and not any("serialised" in line for line in three), report
