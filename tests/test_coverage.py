@@ -154,10 +154,10 @@ def test_on_hopper_the_kernel_column_names_the_varlen_kernels_off_the_grid(monke
         assert coverage.kernels_served(off_grid, cuda, packed) == {
             "fwd": ("Gluon varlen (batch rows packed) fwd", ""),
             "bwd": ("Gluon varlen (batch rows packed) dK/dV, fused dQ", "")}
-        short = coverage.kernels_served(Case("off-grid", "d64-1000", 16, 1000, 32, 32, hdim=64), cuda, triton)
-        assert short["fwd"] == ("Triton fwd, pointer", "1000 keys: fewer than the forward config's hopper_gluon_min_keys 4096")
+        short = coverage.kernels_served(Case("off-grid", "d64-500", 32, 500, 32, 32, hdim=64), cuda, triton)
+        assert short["fwd"] == ("Triton fwd, pointer", "500 keys: fewer than the forward config's hopper_gluon_min_keys 4096")
         assert short["bwd"] == ("Triton dK/dV, dQ kernel",
-                                "1000 keys: fewer than the backward config's hopper_gluon_min_keys 1024")
+                                "500 keys: fewer than the backward config's hopper_gluon_min_keys 512")
         dense = json.dumps({"kernels": {"fwd": "gluon-ws", "bwd": "gluon-ws", "dq": "fused"}})
         d192 = coverage.kernels_served(Case("sweep", "d192", 4, 4096, 10, 10, hdim=192), cuda, dense)
         assert d192["bwd"] == ("Gluon dense dK/dV for wide heads (bwd_wide.py), fused dQ", "")
