@@ -14,8 +14,8 @@ Scope (`dispatch.fwd_memory_path` picks this path, "gluon-ws", only where
 `dispatch.hopper_gluon_applies` holds, and `forward.flash_attn_forward` only on an sm_90 device):
 query and key lengths equal and whole 128-row blocks; head dims 96 and 128 from 1k keys, 192 and
 256 from 512 (in 64-key blocks, FwdConfig.hopper_gluon_block_n; 96 and 192 as two head-dim
-sections, `head_sections`), 64 from 4k (where it measured 0.97-1.10x the Triton kernel, faster
-on average; at 2k causal it was slower); fp16 or bf16; each tensor a (batch * seqlen, heads *
+sections, `head_sections`), 64 from 1k, causal 4k (on 192 query rows, FwdConfig.hopper_gluon_block_m;
+at 2k causal it was slower than the Triton kernel); fp16 or bf16; each tensor a (batch * seqlen, heads *
 head dim) 2D view with rows that do not overlap. Beyond dense attention they take GQA/MQA, sliding windows, softcap and ALiBi (the
 backward with dQ fused only, `dispatch.bwd_dkdv_path`). Packed variable lengths have kernels of
 their own, causal or not and with no other feature: a forward (`dispatch.hopper_gluon_varlen_applies`)

@@ -286,9 +286,10 @@ def test_training_step_reduces_the_loss():
 # ---------------------------------------------------------------------------------------
 # GPU: the same checks in bf16 and fp16 at real sizes (skipped without CUDA).
 # ---------------------------------------------------------------------------------------
-# The shapes the Hopper table sends to the Gluon kernels (head dims 96 and 128 from 1k keys, 64 from 4k).
+# The shapes the Hopper table sends to the Gluon kernels (head dims 96 and 128 from 1k keys, 64 from
+# 1k, causal 4k, on 192 query rows: 3072 on their grid, 4096 and 8192 off it).
 GLUON_SHAPES = [(2, 1024, 1024, 3, 128), (1, 4096, 4096, 2, 128), (4, 2048, 2048, 1, 128),
-                (1, 16384, 16384, 1, 128), (2, 4096, 4096, 3, 64), (1, 8192, 8192, 2, 64),
+                (1, 16384, 16384, 1, 128), (2, 4096, 4096, 3, 64), (1, 8192, 8192, 2, 64), (2, 3072, 3072, 2, 64),
                 (2, 2048, 2048, 3, 96), (1, 4096, 4096, 2, 96)]  # 96: two head-dim sections
 
 
@@ -328,11 +329,15 @@ def test_gpu_forward_matches_reference(shape, causal, dtype):
 @pytest.mark.usefixtures("poisoned_allocations")
 def test_gpu_hopper_gluon_forward_matches_reference(shape, causal, dtype):
     """The Gluon forward (kernels/flash_attn_hopper.py), which the Hopper table takes at head dim
-    128 from 1k keys and 64 from 4k, against float64: several batches and heads, both causal modes."""
+    128 from 1k keys and 64 from 1k (causal 4k) on 192 query rows, against float64: several batches
+    and heads, both causal modes; the dense kernel where the lengths are whole query and key blocks
+    (and causal, whole key blocks a query block), else its varlen kernel on the batch rows."""
     skip_unless_hopper("the Gluon forward")
     q = torch.empty(shape[0], shape[1], shape[3], shape[4], dtype=dtype, device="cuda")
     config = configs.default_fwd_config(shape[4], causal, q.device)
-    assert fwd_memory_path(config, q, q, q, q, causal) == GluonPath.DENSE
+    rows, block_n = dispatch.fwd_gluon_rows(config), config.hopper_gluon_block_n
+    on_grid = shape[1] % rows == 0 and shape[1] % block_n == 0 and not (causal and rows % block_n)
+    assert fwd_memory_path(config, q, q, q, q, causal) == (GluonPath.DENSE if on_grid else GluonPath.PACKED)
     check_forward(*shape, causal, dtype, "cuda")
     # the Gluon kernel ran: a build error would have sent the call to Triton with only a warning
     assert not dispatch.gluon_unavailable, dispatch.gluon_unavailable
