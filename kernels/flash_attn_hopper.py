@@ -12,7 +12,7 @@ The kernels (FA2 Algorithms 1 and 2 in FlashAttention-3's warp layout, Shah et a
 
 Scope (`dispatch.fwd_memory_path` picks this path, "gluon-ws", only where
 `dispatch.hopper_gluon_applies` holds, and `forward.flash_attn_forward` only on an sm_90 device):
-query and key lengths equal and whole 128-row blocks; head dims 96 and 128 from 1k keys, 192 and
+query and key lengths equal and whole query blocks (128 rows; at head dim 64 without a feature, 192); head dims 96 and 128 from 1k keys, 192 and
 256 from 512 (in 64-key blocks, FwdConfig.hopper_gluon_block_n; 96 and 192 as two head-dim
 sections, `head_sections`), 64 from 1k, causal 4k (on 192 query rows, FwdConfig.hopper_gluon_block_m;
 at 2k causal it was slower than the Triton kernel); fp16 or bf16; each tensor a (batch * seqlen, heads *
