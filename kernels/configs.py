@@ -195,8 +195,11 @@ HOPPER_BWD_CONFIGS = {
     # bf16 and fp16, same process, than this kernel with the dQ kernel (docs/performance.md,
     # "Gluon dK/dV with dQ fused, FA3's way"; rows: reports/h200/decisions/gluon_backward.csv).
     # Head dim 96 (which this entry serves) takes the same kernel in two head-dim sections
-    # (docs/performance.md, "The Gluon backward at head dim 96").
-    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
+    # (docs/performance.md, "The Gluon backward at head dim 96"). Calls with dropout take that kernel
+    # too (on its grid), faster than the Triton backward at 4k keys, causal, in the same process
+    # (rows: reports/h100/decisions/gluon_fields.csv).
+    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True,
+                   hopper_gluon_dropout=True),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
     # warps), faster in the dK/dV kernel and the whole backward (docs/performance.md, "Query-major
