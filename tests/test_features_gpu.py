@@ -508,20 +508,22 @@ def test_gpu_gluon_varlen_forward_drops_what_the_triton_kernels_drop(dtype):
 
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("headdim", [96, 128])
+@pytest.mark.parametrize("headdim", [64, 96, 128])
 def test_gpu_dropout_matches_the_reference_under_its_own_mask(headdim, dtype):
-    """Dropout by the table's configs (GQA, causal): about 1 - p of the visible entries kept, and out
-    and the gradients against float64 under the keep-mask `return_attn_probs` reports. On an H100/H200
-    the backward runs on the Gluon dK/dV kernel (BwdConfig.hopper_gluon_dropout; head dim 96 in two
-    head-dim sections), redrawing the forward's mask (asserted)."""
+    """Dropout (GQA, causal): about 1 - p of the visible entries kept, and out and the gradients
+    against float64 under the keep-mask `return_attn_probs` reports. On an H100/H200 the backward
+    runs on the Gluon dK/dV kernel (BwdConfig.hopper_gluon_dropout, the table's at head dims 64, 96
+    and 128; 96 in two head-dim sections, 64's consumers computing dQ in turns), redrawing the forward's
+    mask (asserted)."""
     q, k, v = (torch.randn(1, 1024, h, headdim, device="cuda", dtype=dtype, requires_grad=True) for h in (8, 2, 2))
     dout = torch.randn_like(q)
     features = Features(dropout_p=0.15, rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
+    bwd_config = dataclasses.replace(default_bwd_config(headdim, q.device), hopper_gluon_dropout=True)
     on_hopper = torch.cuda.get_device_capability() == (9, 0)
-    assert dispatch.bwd_dkdv_path(default_bwd_config(headdim, q.device), q, k, v, q, features) == (
+    assert dispatch.bwd_dkdv_path(bwd_config, q, k, v, q, features) == (
         dispatch.GluonPath.DENSE if on_hopper else "triton")
     torch.manual_seed(0)
-    out, _, probs = flash_attn_func(q, k, v, dropout_p=0.15, causal=True, return_attn_probs=True)
+    out, _, probs = flash_attn_func(q, k, v, dropout_p=0.15, causal=True, return_attn_probs=True, bwd_config=bwd_config)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     keep = ~torch.signbit(probs)
     visible = torch.ones(1024, 1024, device="cuda").tril().bool()

@@ -389,11 +389,11 @@ def main() -> None:
         for headdim in (96, 192):
             emit(hopper_gluon_report(False, headdim=headdim, schedule={"WAIT_S_ONLY": True}))
         # dropout on the Gluon forwards (FwdConfig.hopper_gluon_dropout), dense and varlen, causal or not;
-        # on the dK/dV kernel (BwdConfig.hopper_gluon_dropout) at head dims 128 and 96 (the table's)
+        # on the dK/dV kernel (BwdConfig.hopper_gluon_dropout) at head dims 128, 96 and 64 (the table's)
         for causal in (False, True):
             emit(hopper_gluon_report(causal, dropout=True))
             emit(hopper_gluon_varlen_report(causal, dropout=True))
-            for headdim in (128, 96):
+            for headdim in (128, 96, 64):
                 emit(hopper_gluon_bwd_report(causal, headdim=headdim, fused_dq=True, dropout=True))
         # the wide-head backward with each step's dP^T issued a step ahead (BwdConfig.hopper_gluon_wide_dp_ahead)
         for causal in (False, True):
