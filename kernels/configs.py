@@ -50,19 +50,11 @@ class FwdConfig:
     # takes lengths in whole blocks of both; others run its varlen variant (dispatch's GluonPath.PACKED).
     # Calls with a window, softcap or ALiBi take 128 (dispatch.fwd_gluon_rows).
     hopper_gluon_block_m: int = 128
-    # Where that kernel's key loop rescales O by exp(m_old - m_new): False, once P V is waited for;
-    # True, in the next block's step between its S matmul and P V, so a wide O's multiplies run
-    # under S (FA3's RescaleOBeforeGemm, which it takes above head dim 128).
-    hopper_gluon_rescale_first: bool = False
     # Whether that kernel's consumer warpgroups issue their matmuls in turns (a ring of mbarriers),
     # as FA3's and FA4's warp-scheduler barriers order them at head dims up to 128 ("ping-pong"):
     # one's softmax runs while another's matmuls do, in a fixed order; else the warp schedulers
     # interleave them as they come.
     hopper_gluon_pingpong: bool = False
-    # Whether the key loop's wait for S_j leaves both head-dim sections of the block before's P V in
-    # flight (head dims 96 and 192; wgmma groups complete in order) rather than taking P V's first
-    # section with it, so the softmax runs under all of P V.
-    hopper_gluon_wait_s_only: bool = False
     # Whether calls with dropout take that kernel (dense on 128 query rows, off the grid and packed
     # lengths on its varlen variant), its keep-mask bit for bit the Triton kernels' (kernels/hopper/
     # dropout.py), or the Triton forward; the backward's own field (BwdConfig.hopper_gluon_dropout) says
@@ -118,10 +110,6 @@ class BwdConfig:
     # "packed" (every sequence's on one axis, FA3's padded offsets) or "auto" (packed where the
     # longest grid would be more than half empty, where it measured faster).
     hopper_gluon_varlen_grid: str = "auto"
-    # The wide-head kernel's (kernels/hopper/bwd_wide.py): whether its dP warpgroup issues each query
-    # step's dP^T in the step before, behind that step's dK, dV and dQ matmuls, so that it runs
-    # while dQ is added and the S warpgroup gets dP^T - D sooner.
-    hopper_gluon_wide_dp_ahead: bool = False
     # Whether calls with dropout take that kernel (dense calls on its grid, dQ fused, head dims 64
     # to 128), redrawing the forward's keep-mask (kernels/hopper/dropout.py), or the Triton backward.
     hopper_gluon_dropout: bool = False

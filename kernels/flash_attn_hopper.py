@@ -237,14 +237,10 @@ def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n:
 
 def forward_schedule(config=None) -> dict:
     """The forwards' key-loop constexprs from a FwdConfig (or a dict of them, as made here; None:
-    the defaults): RESCALE_FIRST (hopper_gluon_rescale_first: O rescaled under the next S matmul),
-    PINGPONG (hopper_gluon_pingpong: the consumers issue their matmuls in turns) and WAIT_S_ONLY
-    (hopper_gluon_wait_s_only: every head-dim section of P V left in flight by the wait for S)."""
+    the defaults): PINGPONG (hopper_gluon_pingpong: the consumers issue their matmuls in turns)."""
     if isinstance(config, dict):
         return config
-    return {"RESCALE_FIRST": bool(config and config.hopper_gluon_rescale_first),
-            "PINGPONG": bool(config and config.hopper_gluon_pingpong),
-            "WAIT_S_ONLY": bool(config and config.hopper_gluon_wait_s_only)}
+    return {"PINGPONG": bool(config and config.hopper_gluon_pingpong)}
 
 
 THREE_CONSUMER_ACCUMULATORS = 128  # three_consumer_refusal
@@ -409,8 +405,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     fused, a zeroed float32 tensor contiguous like q (head dim 64, 96, 128 or 192), which the kernel
     fills in register order (dq_cast.dq_from_accumulator reads it). At the wide head dims
     (WIDE_BWD_HEAD_DIMS: 192) the launch is bwd_wide.py's kernel, dQ fused and no feature. `config`'s hopper_gluon_dq_first and
-    hopper_gluon_head_section pick the schedule and the launch order (hopper_gluon_wide_dp_ahead
-    the wide kernel's)."""
+    hopper_gluon_head_section pick the schedule and the launch order."""
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
     fused = dq_accum is not None
@@ -439,8 +434,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
                     q.device, config.hopper_gluon_head_section)
     if wide:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_wide_launcher", grid,
-                              {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168,
-                               "DP_AHEAD": config.hopper_gluon_wide_dp_ahead},
+                              {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168},
                               descriptors=descriptors)
     else:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,

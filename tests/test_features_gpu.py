@@ -203,28 +203,6 @@ def test_gpu_gluon_forward_on_192_query_rows(case, dtype):
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
-@pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("headdim,seqlen", [(192, 1024), (256, 1024), (128, 2048), (256, 1500), (96, 1024)])
-@pytest.mark.parametrize("field", ["hopper_gluon_rescale_first", "hopper_gluon_wait_s_only"])
-def test_gpu_gluon_forward_with_o_rescaled_before_p_v(field, headdim, seqlen, causal, dtype):
-    """FwdConfig.hopper_gluon_rescale_first (O rescaled between a block's S matmul and the previous
-    block's P V, FA3's order above head dim 128) and hopper_gluon_wait_s_only (both head-dim sections
-    of P V in flight past the wait for S) on the Gluon forwards, dense and (1500 keys, off the grid)
-    varlen on the batch rows: out, logsumexp and gradients against float64, on the Gluon kernel
-    (asserted)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=512,
-                                 **{field: True})
-    like_q = torch.empty(2, seqlen, 3, headdim, device="cuda", dtype=dtype)
-    assert dispatch.fwd_memory_path(config, like_q, like_q, like_q, like_q, causal) == (
-        dispatch.GluonPath.DENSE if seqlen % 128 == 0 else dispatch.GluonPath.PACKED)
-    check_dense(2, seqlen, seqlen, 3, 3, headdim, dtype, causal=causal, device="cuda", fwd_config=config)
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-
-
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, query rows a program)
 PINGPONG_CASES = {
     "d128-full": (2, 2048, 2048, 3, 3, 128, False, (-1, -1), 128),
@@ -305,21 +283,20 @@ def test_gpu_gluon_forward_at_head_dims_96_192_and_256(headdim, case, dtype):
 
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("dp_ahead", [False, True], ids=["dp-in-step", "dp-ahead"])
 @pytest.mark.parametrize("batch,seqlen,heads,kv_heads,causal", [
     (2, 1024, 3, 3, False), (1, 4096, 2, 2, True), (2, 2048, 8, 2, True), (1, 1024, 4, 1, False)],
     ids=["full", "causal", "gqa-causal", "mqa"])
-def test_gpu_gluon_backward_at_head_dim_192(batch, seqlen, heads, kv_heads, causal, dp_ahead, dtype):
+def test_gpu_gluon_backward_at_head_dim_192(batch, seqlen, heads, kv_heads, causal, dtype):
     """Head dim 192 on the Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: 64-key
     blocks, one warpgroup computing S and the first head-dim section of dK and dV, the other dP,
     the second section and dQ, exchanging dP^T - D, P^T and dS^T through shared memory), dense
-    and GQA/MQA, also with each step's dP^T issued a step ahead (BwdConfig.hopper_gluon_wide_dp_ahead),
-    against float64, on that kernel (asserted); a deterministic backward keeps the Triton kernels."""
+    and GQA/MQA, against float64, on that kernel (asserted); a deterministic backward keeps the
+    Triton kernels."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     like_q = torch.empty(batch, seqlen, heads, 192, device="cuda", dtype=dtype)
     like_k = torch.empty(batch, seqlen, kv_heads, 192, device="cuda", dtype=dtype)
-    config = dataclasses.replace(default_bwd_config(192, like_q.device), hopper_gluon_wide_dp_ahead=dp_ahead)
+    config = default_bwd_config(192, like_q.device)
     assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q) == dispatch.GluonPath.DENSE
     assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q, deterministic=True) == "triton"
     check_dense(batch, seqlen, seqlen, heads, kv_heads, 192, dtype, causal=causal, device="cuda", bwd_config=config)

@@ -278,19 +278,17 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
                          **flags, **schedule})
 
 
-def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192, dp_ahead: bool = False) -> str:
+def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192) -> str:
     """The Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: dQ fused, no feature)
-    compiled for sm_90 as backward_dkdv_hopper_plan launches it; `dp_ahead`:
-    BwdConfig.hopper_gluon_wide_dp_ahead."""
+    compiled for sm_90 as backward_dkdv_hopper_plan launches it."""
     from kernels import flash_attn_hopper as hopper
 
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
-                 **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "DP_AHEAD": "constexpr"}
-    label = f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (" dP ahead" if dp_ahead else "")
-    return gluon_report(label, hopper._flash_bwd_dkdv_hopper_wide_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DP_AHEAD": dp_ahead})
+                 **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ", hopper._flash_bwd_dkdv_hopper_wide_kernel,
+                        signature, {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
 
 
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,
@@ -381,13 +379,6 @@ def main() -> None:
                 if not causal or 192 % block_n == 0:  # else causal takes the varlen kernel
                     emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
                 emit(hopper_gluon_varlen_report(causal, headdim=headdim, block_n=block_n, block_m=192))
-        # O rescaled between S and P V (FwdConfig.hopper_gluon_rescale_first, FA3's above head dim 128)
-        for headdim in (192, 256):
-            for causal in (False, True):
-                emit(hopper_gluon_report(causal, headdim=headdim, schedule={"RESCALE_FIRST": True}))
-        # the wait for S leaving both head-dim sections of P V in flight (FwdConfig.hopper_gluon_wait_s_only)
-        for headdim in (96, 192):
-            emit(hopper_gluon_report(False, headdim=headdim, schedule={"WAIT_S_ONLY": True}))
         # dropout on the Gluon forwards (FwdConfig.hopper_gluon_dropout), dense and varlen, causal or not;
         # on the dK/dV kernel (BwdConfig.hopper_gluon_dropout) at head dims 128, 96 and 64 (the table's)
         for causal in (False, True):
@@ -395,9 +386,6 @@ def main() -> None:
             emit(hopper_gluon_varlen_report(causal, dropout=True))
             for headdim in (128, 96, 64):
                 emit(hopper_gluon_bwd_report(causal, headdim=headdim, fused_dq=True, dropout=True))
-        # the wide-head backward with each step's dP^T issued a step ahead (BwdConfig.hopper_gluon_wide_dp_ahead)
-        for causal in (False, True):
-            emit(hopper_gluon_wide_bwd_report(causal, dp_ahead=True))
         # the consumers' matmuls in turns (FwdConfig.hopper_gluon_pingpong), two consumers at head dim
         # 128 and three at 64 (dense and varlen)
         for causal in (False, True):

@@ -224,12 +224,10 @@ def _wide_dp_issue(args, ctx, step):
 
 
 @gluon.jit
-def _wide_dp_step(args, ctx, step, dk, dv, dp_tok, NEXT: gl.constexpr):
-    """The dP warpgroup's query step (lines 13, 12, 16 for the second head-dim section and 15), its
-    dP^T in flight (`dp_tok`, from _wide_dp_issue). With NEXT (BwdConfig.hopper_gluon_wide_dp_ahead)
-    the next step's dP^T is issued right behind this step's five matmuls, so that it runs while this
-    warpgroup adds dQ_i and the S warpgroup gets the next dP^T - D_i sooner. Returns dK_j, dV_j of
-    the second section and the next step's dP^T token (`dp_tok` again without NEXT, not read)."""
+def _wide_dp_step(args, ctx, step, dk, dv):
+    """The dP warpgroup's query step: line 13 (dP^T, `_wide_dp_issue`), then lines 12 and 16 for the
+    second head-dim section and 15. Returns dK_j, dV_j of the second section."""
+    dp_tok = _wide_dp_issue(args, ctx, step)
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -261,15 +259,11 @@ def _wide_dp_step(args, ctx, step, dk, dv, dp_tok, NEXT: gl.constexpr):
     dq0_tok = warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
     dq1_tok = warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
     dq2_tok = warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True)
-    if NEXT:  # the next step's line 13 behind them (its dO is another ring stage): wait for all but it
-        dp_tok = _wide_dp_issue(args, ctx, step + 1)
-        dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(len(v_buf), deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
-    else:
-        dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
+    dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
     mbarrier.arrive(pds_free, count=1)
     mbarrier.arrive(empty_bar.index(stage), count=1)
     _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), softmax_scale, num_heads, HEAD_DIM)
-    return dk, dv, dp_tok
+    return dk, dv
 
 
 @gluon.jit
@@ -290,10 +284,10 @@ def _wide_reduce_dq(dq_desc, row, q_col, dq_smem, dq, softmax_scale, num_heads, 
 
 
 @gluon.jit
-def _wide_dp_partition(args, CAUSAL: gl.constexpr, DP_AHEAD: gl.constexpr):
+def _wide_dp_partition(args, CAUSAL: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
     dQ over every query step that sees the block; the sections written once both warpgroups are
-    past K (line 18). DP_AHEAD: each step's dP^T issued in the step before (_wide_dp_step)."""
+    past K (line 18)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -309,14 +303,8 @@ def _wide_dp_partition(args, CAUSAL: gl.constexpr, DP_AHEAD: gl.constexpr):
     dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
     ctx = (k_buf, v_buf, s_init, dq_init)
     mbarrier.wait(kv_bar, 0)
-    if DP_AHEAD:
-        dp_tok = _wide_dp_issue(args, ctx, 0)
-        for step in range(n_steps * kv_group - 1):
-            dk, dv, dp_tok = _wide_dp_step(args, ctx, step, dk, dv, dp_tok, True)
-        dk, dv, dp_tok = _wide_dp_step(args, ctx, n_steps * kv_group - 1, dk, dv, dp_tok, False)
-    else:
-        for step in range(n_steps * kv_group):
-            dk, dv, _ = _wide_dp_step(args, ctx, step, dk, dv, _wide_dp_issue(args, ctx, step), False)
+    for step in range(n_steps * kv_group):
+        dk, dv = _wide_dp_step(args, ctx, step, dk, dv)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     k_buf[1].store((dk * softmax_scale).to(k_buf[1].dtype))
@@ -333,14 +321,12 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        k_tail_desc, v_tail_desc, do_tail_desc, dk_tail_desc, dv_tail_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
-                                       RngSeed, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr, DP_AHEAD: gl.constexpr = False):
+                                       RngSeed, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup
     and the dP warpgroup (the module's docstring). The arguments are bwd.py's dense kernel's, the
     head dim two sections (HEAD_SPLIT) and dQ fused; the feature arguments (window, softcap,
-    ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features. DP_AHEAD
-    (BwdConfig.hopper_gluon_wide_dp_ahead): the dP warpgroup issues each step's dP^T in the step
-    before (_wide_dp_step)."""
+    ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
         do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, True)
@@ -368,6 +354,6 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
         (_wide_s_partition, (args, CAUSAL)),
-        (_wide_dp_partition, (args, CAUSAL, DP_AHEAD)),
+        (_wide_dp_partition, (args, CAUSAL)),
         (_wide_load_partition, (args, CAUSAL)),
     ], [4, 1], [240, 24])

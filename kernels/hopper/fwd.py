@@ -418,16 +418,12 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout:
 
 
 @gluon.jit
-def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, alpha, s_init,
-                       RESCALE_FIRST: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
-                       WAIT_S_ONLY: gl.constexpr = False, bias=None):
+def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, s_init,
+                       PART: gl.constexpr, PINGPONG: gl.constexpr, bias=None):
     """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
     in flight; waits for S_j (wgmma groups complete in order; with two head-dim sections the wait
-    also takes P~ V's first, leaving its second in flight, unless WAIT_S_ONLY:
-    FwdConfig.hopper_gluon_wait_s_only), so the caller's line 9 for block j runs under P~ V. With RESCALE_FIRST line 10's rescale of O by `alpha` (block j - 1's)
-    runs between the two, under S_j's matmul (FwdConfig.hopper_gluon_rescale_first; FA3's
-    `RescaleOBeforeGemm`, which it takes above head dim 128: the multiplies of a wide O run under S).
-    Both matmuls are issued in the consumer's i-th turn (`_await_turn`). Returns S_j, P~ V's accumulator tokens and A operand,
+    also takes P~ V's first, leaving its second in flight), so the caller's line 9 for block j runs
+    under P~ V. Both matmuls are issued in the consumer's i-th turn (`_await_turn`). Returns S_j, P~ V's accumulator tokens and A operand,
     and the empty barrier of block j - 1's V stage (with `_split_release`, K_j's is released here,
     S_j done)."""
     STAGES: gl.constexpr = k_smem[0].type.shape[0]
@@ -437,15 +433,10 @@ def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_b
     mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
     _await_turn(turn_bar, i, PART, PINGPONG)
     s_tok = _s_matmul(q_buf, _at(k_smem, stage), s_init, bias)
-    if RESCALE_FIRST:
-        acc = _scale_rows(acc, alpha)
     mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
     acc_tok, p_op = _pv_matmul(p, _at(v_smem, prev), acc)
     _pass_turn(turn_bar, PART, PINGPONG)
-    if WAIT_S_ONLY:  # every section of P~ V left in flight (S_j's groups are older)
-        s = warpgroup_mma_wait(len(acc_tok), deps=[s_tok])
-    else:
-        s = warpgroup_mma_wait(1, deps=[s_tok])
+    s = warpgroup_mma_wait(1, deps=[s_tok])
     if _split_release(empty_bar, k_smem[0]):
         mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
         prev = STAGES + prev
@@ -453,28 +444,22 @@ def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_b
 
 
 @gluon.jit
-def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, RESCALE_FIRST: gl.constexpr):
+def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar):
     """Block j - 1's P~ V waited for and its V stage released (`prev`, the empty barrier
-    _fwd_block_matmuls returned: this warpgroup is done with it), then, unless RESCALE_FIRST (the next
-    step rescales: `_fwd_block_matmuls`), line 10's rescale: O = diag(exp(m_old - m_new)) O, before
-    P~_j V_j is added."""
+    _fwd_block_matmuls returned: this warpgroup is done with it), then line 10's rescale:
+    O = diag(exp(m_old - m_new)) O, before P~_j V_j is added."""
     acc = _pv_wait(acc_tok, p_op)
     mbarrier.arrive(empty_bar.index(prev), count=1)
-    if not RESCALE_FIRST:
-        acc = _scale_rows(acc, alpha)
-    return acc
+    return _scale_rows(acc, alpha)
 
 
 
 @gluon.jit
-def _fwd_last_block(n_blocks, p, acc, alpha, v_smem, v_bar, empty_bar, RESCALE_FIRST: gl.constexpr):
-    """Line 10 for the last key block: O += P~ V (with RESCALE_FIRST, O rescaled by `alpha` first:
-    `_fwd_block_matmuls`), waited for, and its stage released."""
+def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar):
+    """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
     V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
     last = (n_blocks - 1) % V_STAGES
-    if RESCALE_FIRST:
-        acc = _scale_rows(acc, alpha)
     mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // V_STAGES) & 1)
     acc_tok, p_op = _pv_matmul(p, _at(v_smem, last), acc)
     acc = _pv_wait(acc_tok, p_op)
@@ -509,8 +494,7 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PART: gl.constexpr, RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr, DROPOUT: gl.constexpr,
-                       WAIT_S_ONLY: gl.constexpr):
+                       PART: gl.constexpr, PINGPONG: gl.constexpr, DROPOUT: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1 (_softmax_loop), then lines 12-15."""
@@ -532,8 +516,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n_f = offs_n.to(gl.float32)
     acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods,
                                   window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, rng, s_layout,
-                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, RESCALE_FIRST, PINGPONG, DROPOUT,
-                                  WAIT_S_ONLY)
+                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG, DROPOUT)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
@@ -546,11 +529,9 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
 def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods, window, offs_m,
                   offs_n, offs_n_f, first_block, n_blocks, kx_smem, rng, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
-                  RESCALE_FIRST: gl.constexpr, PINGPONG: gl.constexpr, DROPOUT: gl.constexpr,
-                  WAIT_S_ONLY: gl.constexpr):
+                  PINGPONG: gl.constexpr, DROPOUT: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
-    _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, O rescaled
-    where RESCALE_FIRST says (`_fwd_block_matmuls`), the matmuls issued in turns with PINGPONG
+    _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, the matmuls issued in turns with PINGPONG
     (`_await_turn`), with DROPOUT the dropped entries of P~ zeroed (`_drop`): the unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
@@ -577,8 +558,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
-                                                    acc, alpha, s_init, RESCALE_FIRST, PART, PINGPONG, WAIT_S_ONLY,
-                                                    bias)
+                                                    acc, s_init, PART, PINGPONG, bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
                                                      offs_m, offs_n, i, window[3], BLOCK_N)
@@ -587,9 +567,9 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
                                                     offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
-        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, RESCALE_FIRST)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
         p = _held_p(_drop(p, rng, offs_m, first_block + i, offs_n, BLOCK_N, DROPOUT), acc, v_smem[0].dtype, EARLY_P)
-    acc = _fwd_last_block(n_blocks, p, acc, alpha, v_smem, v_bar, empty_bar, RESCALE_FIRST)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
     return acc, l_i, m_i
 
 
@@ -611,13 +591,10 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              stride_alibi_b, RngSeed, dropout_p, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
-                             RESCALE_FIRST: gl.constexpr = False, PINGPONG: gl.constexpr = False,
-                             DROPOUT: gl.constexpr = False, WAIT_S_ONLY: gl.constexpr = False):
+                             PINGPONG: gl.constexpr = False, DROPOUT: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
-    FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; RESCALE_FIRST: where
-    the key loop rescales O (`_fwd_block_matmuls`); PINGPONG: the consumers issue their matmuls in
-    turns (`_await_turn`); WAIT_S_ONLY: the loop's wait for S_j leaves every head-dim section of P~ V
-    in flight (`_fwd_block_matmuls`); DROPOUT: P~ dropped with probability dropout_p, the seed and offset read
+    FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; PINGPONG: the
+    consumers issue their matmuls in turns (`_await_turn`); DROPOUT: P~ dropped with probability dropout_p, the seed and offset read
     from RngSeed (`_drop`). The descriptors view (batch * seqlen, heads *
     head dim); K and V have num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
@@ -677,19 +654,14 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # two consumers 240 a thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG, DROPOUT,
-                                WAIT_S_ONLY)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG, DROPOUT,
-                                WAIT_S_ONLY)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, RESCALE_FIRST, PINGPONG, DROPOUT,
-                                WAIT_S_ONLY)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, DROPOUT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, DROPOUT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, DROPOUT)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, RESCALE_FIRST, PINGPONG, DROPOUT,
-                                WAIT_S_ONLY)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, RESCALE_FIRST, PINGPONG, DROPOUT,
-                                WAIT_S_ONLY)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, DROPOUT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, DROPOUT)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])

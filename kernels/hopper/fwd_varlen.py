@@ -58,8 +58,8 @@ def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
 
 
 @gluon.jit
-def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, RESCALE_FIRST: gl.constexpr,
-                              PINGPONG: gl.constexpr, DROPOUT: gl.constexpr, WAIT_S_ONLY: gl.constexpr):
+def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
+                              DROPOUT: gl.constexpr):
     """_softmax_partition for one sequence of a packed batch: rows [start_m + PART * 64, + 64) of
     the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
     one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
@@ -85,12 +85,12 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, RE
     p = _held_p(_drop(p, rng, offs_m, 0, offs_n, BLOCK_N, DROPOUT), acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
-                                                    acc, alpha, s_init, RESCALE_FIRST, PART, PINGPONG, WAIT_S_ONLY)
+                                                    acc, s_init, PART, PINGPONG)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
-        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar, RESCALE_FIRST)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
         p = _held_p(_drop(p, rng, offs_m, i, offs_n, BLOCK_N, DROPOUT), acc, v_smem[0].dtype, EARLY_P)
-    acc = _fwd_last_block(n_blocks, p, acc, alpha, v_smem, v_bar, empty_bar, RESCALE_FIRST)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
 
     # lines 12-15; a row that saw no key: O = 0, L = +inf
     empty = l_i == 0.0
@@ -125,16 +125,15 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                     Out, LSE, CuSeqQ, CuSeqK, num_heads, stride_lse_h, stride_lse_b, stride_o,
                                     qk_scale, kv_group, RngSeed, dropout_p, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
-                                    CONSUMERS: gl.constexpr = 2, RESCALE_FIRST: gl.constexpr = False,
-                                    PINGPONG: gl.constexpr = False, DROPOUT: gl.constexpr = False,
-                                    WAIT_S_ONLY: gl.constexpr = False):
+                                    CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
+                                    DROPOUT: gl.constexpr = False):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
     has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS, RESCALE_FIRST, PINGPONG, WAIT_S_ONLY and DROPOUT (RngSeed, dropout_p) as
+    query block does nothing. CONSUMERS, PINGPONG and DROPOUT (RngSeed, dropout_p) as
     the dense kernel's, rows and keys counted within the sequence."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
@@ -169,15 +168,15 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                 _turn_barriers(q_bar, CONSUMERS, PINGPONG))
         if CONSUMERS == 3:  # registers as the dense kernel's
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, RESCALE_FIRST, PINGPONG, DROPOUT, WAIT_S_ONLY)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, RESCALE_FIRST, PINGPONG, DROPOUT, WAIT_S_ONLY)),
-                (_varlen_softmax_partition, (args, CAUSAL, 2, RESCALE_FIRST, PINGPONG, DROPOUT, WAIT_S_ONLY)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, DROPOUT)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, DROPOUT)),
+                (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, DROPOUT)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 4, 1], [160, 160, 24])
         else:
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, RESCALE_FIRST, PINGPONG, DROPOUT, WAIT_S_ONLY)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, RESCALE_FIRST, PINGPONG, DROPOUT, WAIT_S_ONLY)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, DROPOUT)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, DROPOUT)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 1], [240, 24])
 
