@@ -8,8 +8,9 @@ materialised (no repeated K/V, no float32 buffer per q head, no reduction pass),
 read once per group, and every dK/dV element is still written by one program in a fixed
 order, so the backward stays atomic-free and bit-identical between runs (deterministic or not).
 The dQ program of q head h reads kv head h // kv_group. (On Hopper, a call that is not asked to
-be deterministic and has no dropout, packed lengths or softcap takes the Gluon dK/dV kernel with
-dQ fused instead, whose dQ reduce-adds may round differently run to run: kernels/backward.py.)
+be deterministic takes the Gluon dK/dV kernel with dQ fused instead where dispatch.bwd_dkdv_path
+sends it, dropout where the config's hopper_gluon_dropout asks; its dQ reduce-adds may round
+differently run to run: kernels/backward.py.)
 
 Sliding windows: the query blocks a key block's program visits and the key blocks a query
 block's program visits are bounded by the window (blocks outside are skipped, not masked).

@@ -42,12 +42,6 @@ class Features:
         return self.cu_seqlens_q is not None
 
     @property
-    def gluon_kernels(self) -> bool:
-        """What the Gluon kernels serve (kernels/flash_attn_hopper.py): everything but dropout and
-        packed variable lengths."""
-        return not self.dropout_p and not self.varlen
-
-    @property
     def dense(self) -> bool:
         """No feature but causal: the case every kernel (the Gluon ones too) serves."""
         return (self.window_left < 0 and self.window_right < 0 and not self.softcap and self.alibi_slopes is None

@@ -177,8 +177,8 @@ HOPPER_BWD_CONFIGS = {
     # reports/h100/decisions/gluon_backward_d64.csv: dense MHA, GQA and one length off the grid, from
     # 1024 keys; reports/h200/decisions/gluon_fields.csv: 1000 keys, causal; the features and packed
     # lengths with it were checked against float64, not timed). Without dQ fused it was not faster.
-    # Calls with dropout take it too (on its grid), faster than this kernel at 2k keys causal and 4k
-    # full, same process (gluon_fields.csv on the H100).
+    # Calls with dropout take it too (on its grid), faster than this kernel (no features table at this
+    # head dim: the same tiles) at 2k keys causal and 4k full, same process (gluon_fields.csv on the H100).
     64: BwdConfig(32, 128, 128, 32, 4, 3, hopper_gluon_min_keys=512, hopper_gluon_fused_dq=True,
                   hopper_gluon_dropout=True),
     # head dim 128: 64-row query steps and 8 warps keep the four dK/dV matmuls on wgmma. From 1024
@@ -186,11 +186,10 @@ HOPPER_BWD_CONFIGS = {
     # bf16 and fp16, same process, than this kernel with the dQ kernel (docs/performance.md,
     # "Gluon dK/dV with dQ fused, FA3's way"; rows: reports/h200/decisions/gluon_backward.csv).
     # Head dim 96 (which this entry serves) takes the same kernel in two head-dim sections
-    # (docs/performance.md, "The Gluon backward at head dim 96"). Calls with dropout take that kernel
-    # too (on its grid), faster than the Triton backward at 96 and 128, causal and not, in the same
-    # process (rows: reports/h100/decisions/gluon_fields.csv, reports/h200/decisions/gluon_fields.csv).
-    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True,
-                   hopper_gluon_dropout=True),
+    # (docs/performance.md, "The Gluon backward at head dim 96"). Dropout's backward stays on the
+    # Triton kernels here: its Gluon one has been timed only against the Triton kernels on this
+    # entry's tiles, not on HOPPER_FEATURE_BWD_CONFIGS' that dropout calls take.
+    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
     # warps), faster in the dK/dV kernel and the whole backward (docs/performance.md, "Query-major

@@ -27,9 +27,10 @@ than keys) runs these varlen kernels with each batch row a packed sequence
 `backward.flash_attn_backward` takes the dK/dV kernels at head dims 64, 96, 128 and 192
 (BWD_HEAD_DIMS; at 192 with GQA but no window, softcap or ALiBi) from 1k keys in the same scope
 (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
-(`dispatch.bwd_gluon_fuses_dq`). Dropout runs on the Triton kernels, its forward on the Gluon ones
-where FwdConfig.hopper_gluon_dropout asks and its backward on the dense dK/dV kernel with dQ fused
-where BwdConfig.hopper_gluon_dropout asks (kernels/hopper/dropout.py: the same keep-mask). The
+(`dispatch.bwd_gluon_fuses_dq`). Dropout's forward runs on the Gluon ones where
+FwdConfig.hopper_gluon_dropout asks, its backward on the dense dK/dV kernel with dQ fused where
+BwdConfig.hopper_gluon_dropout asks (the table's at head dim 64; kernels/hopper/dropout.py: the
+same keep-mask), else on the Triton kernels. The
 backward's schedule and launch order are BwdConfig fields (kernels/configs.py: hopper_gluon_dq_first,
 hopper_gluon_head_section, hopper_gluon_varlen_grid).
 

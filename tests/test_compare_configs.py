@@ -83,6 +83,22 @@ def test_values_are_python_literals_or_bare_strings():
     assert fields["bwd"] == {"hopper_gluon_dq_first": None, "hopper_gluon_head_section": "l2", "num_warps": 8}
 
 
+def test_a_feature_call_is_compared_on_the_tiles_it_takes_without_a_config():
+    """Dropout, packed lengths and causal GQA run the feature kernels, whose Triton backward takes its
+    tiles from HOPPER_FEATURE_BWD_CONFIGS when no config is passed, while the Gluon dispatch reads
+    the backward table's entry: the config compared as "the table" has both, and a field set on it
+    changes that field alone."""
+    from kernels.configs import HOPPER_BWD_CONFIGS, HOPPER_FEATURE_BWD_CONFIGS
+
+    table, features = HOPPER_BWD_CONFIGS[128], HOPPER_FEATURE_BWD_CONFIGS[128]
+    merged = compare_configs.feature_call_bwd_config(table, features)
+    tiles = ("block_m1", "block_n1", "block_m2", "block_n2", "num_warps", "num_stages", "dq_num_stages", "query_major")
+    assert all(getattr(merged, name) == getattr(features, name) for name in tiles)
+    assert [getattr(merged, name) for name in tiles] != [getattr(table, name) for name in tiles]
+    gluon = [name for name in vars(table) if name.startswith("hopper_gluon_")]
+    assert all(getattr(merged, name) == getattr(table, name) for name in gluon) and merged.hopper_gluon_min_keys
+
+
 def test_a_config_off_the_reference_is_not_timed():
     """check_accuracy passes the kernels' output and fails one 2% off it: more than twice PyTorch's
     own fp16 error against float64."""

@@ -378,7 +378,8 @@ def test_dropout_takes_the_gluon_forward_only_where_the_config_asks():
     """FwdConfig.hopper_gluon_dropout: with it, a dropout call takes the Gluon forward (dense on the
     grid, its varlen kernel off it, and packed sequences), on 128 query rows whatever the config's;
     without it, the Triton forward, with the field named in the reason. BwdConfig.hopper_gluon_dropout
-    likewise for the dense dK/dV kernel (the table's asks at head dims 64 to 128, the forward's does not)."""
+    likewise for the dense dK/dV kernel: the table's asks at head dim 64, where it was timed against
+    the Triton backward on the same tiles, not at 128 (nor 96, which that entry serves)."""
     from kernels.checks import Features
 
     seed = torch.zeros(2, dtype=torch.int64)
@@ -398,14 +399,13 @@ def test_dropout_takes_the_gluon_forward_only_where_the_config_asks():
     packed = torch.empty(3000, 4, 128, dtype=torch.bfloat16)
     assert dispatch.fwd_gluon_path(config, packed, packed, packed, packed, True, varlen) == (GluonPath.DENSE, "")
     assert "hopper_gluon_dropout" in dispatch.fwd_gluon_path(table, packed, packed, packed, packed, True, varlen)[1]
-    fused = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_dropout=False)
+    assert HOPPER_BWD_CONFIGS[64].hopper_gluon_dropout and not HOPPER_BWD_CONFIGS[128].hopper_gluon_dropout
+    fused = HOPPER_BWD_CONFIGS[128]
     assert bwd_dkdv_path(fused, q, q, q, q, dropout) == "triton"
     assert not dispatch.hopper_gluon_varlen_bwd_applies(fused, packed, packed, packed, packed, varlen)
-    # BwdConfig.hopper_gluon_dropout (the table's at head dim 128): the dense dK/dV kernel (dQ fused) on
-    # its grid; not off it (the varlen dK/dV kernel has no dropout), nor at head dim 192 (bwd_wide.py's
-    # has none)
-    asked = HOPPER_BWD_CONFIGS[128]
-    assert asked.hopper_gluon_dropout and asked.hopper_gluon_fused_dq
+    # BwdConfig.hopper_gluon_dropout: the dense dK/dV kernel (dQ fused) on its grid; not off it (the
+    # varlen dK/dV kernel has no dropout), nor at head dim 192 (bwd_wide.py's has none)
+    asked = dataclasses.replace(fused, hopper_gluon_dropout=True)
     assert bwd_dkdv_path(asked, q, q, q, q, dropout) == GluonPath.DENSE
     assert bwd_dkdv_path(asked, off_grid, off_grid, off_grid, off_grid, dropout) == "triton"
     wide = torch.empty(2, 2048, 4, 192, dtype=torch.bfloat16)

@@ -489,9 +489,9 @@ def test_gpu_gluon_varlen_forward_drops_what_the_triton_kernels_drop(dtype):
 def test_gpu_dropout_matches_the_reference_under_its_own_mask(headdim, dtype):
     """Dropout (GQA, causal): about 1 - p of the visible entries kept, and out and the gradients
     against float64 under the keep-mask `return_attn_probs` reports. On an H100/H200 the backward
-    runs on the Gluon dK/dV kernel (BwdConfig.hopper_gluon_dropout, the table's at head dims 64, 96
-    and 128; 96 in two head-dim sections, 64's consumers computing dQ in turns), redrawing the forward's
-    mask (asserted)."""
+    runs on the Gluon dK/dV kernel (BwdConfig.hopper_gluon_dropout, set here; the table's at head dim
+    64; 96 in two head-dim sections, 64's consumers computing dQ in turns), redrawing the forward's
+    mask (asserted, and that no Gluon build failed over to the Triton kernels)."""
     q, k, v = (torch.randn(1, 1024, h, headdim, device="cuda", dtype=dtype, requires_grad=True) for h in (8, 2, 2))
     dout = torch.randn_like(q)
     features = Features(dropout_p=0.15, rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
@@ -509,6 +509,7 @@ def test_gpu_dropout_matches_the_reference_under_its_own_mask(headdim, dtype):
     ref = attention_reference(q64, k64, v64, None, True, dropout_p=0.15, dropout_keep=keep)[0]
     ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
     assert_dropout_close((out, *grads), (ref, *ref_grads), dtype)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
 def test_gpu_dropout_in_a_cuda_graph_draws_a_new_mask_per_replay():

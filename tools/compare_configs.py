@@ -97,11 +97,26 @@ def parse_fields(text: str, call: str) -> dict[str, dict]:
     return fields
 
 
-def make_configs(fields: dict[str, dict], headdim: int, causal: bool, device: torch.device):
-    """The table's configs for this call with `fields` set (dataclasses.replace)."""
+def feature_call_bwd_config(table: BwdConfig, feature_table: BwdConfig) -> BwdConfig:
+    """The one backward config that runs a call of the feature kernels with a mask (causal or a
+    window, dropout, packed lengths) as passing none does: flash_attn_backward then reads the Gluon
+    kernels' fields from the backward table's entry (`table`), and kernels/backward_features.py the
+    Triton kernels' tiles from HOPPER_FEATURE_BWD_CONFIGS (`feature_table`), where an explicit
+    config would serve both."""
+    return dataclasses.replace(feature_table, **{f.name: getattr(table, f.name) for f in dataclasses.fields(BwdConfig)
+                                                 if f.name.startswith("hopper_gluon_")})
+
+
+def make_configs(fields: dict[str, dict], headdim: int, causal: bool, device: torch.device,
+                 feature_tiles: bool = False):
+    """The table's configs for this call with `fields` set (dataclasses.replace); `feature_tiles`: the
+    call runs the feature kernels with a mask (GQA causal, dropout, packed lengths), whose backward
+    takes its Triton tiles from the features table (feature_call_bwd_config)."""
     fwd = dataclasses.replace(default_fwd_config(headdim, causal, device), **fields["fwd"])
-    bwd = dataclasses.replace(default_bwd_config(headdim, device), **fields["bwd"])
-    return fwd, bwd
+    bwd = default_bwd_config(headdim, device)
+    if feature_tiles:
+        bwd = feature_call_bwd_config(bwd, default_bwd_config(headdim, device, masked_features=True))
+    return fwd, dataclasses.replace(bwd, **fields["bwd"])
 
 
 class Call:
@@ -248,8 +263,11 @@ def main(argv: list[str] | None = None) -> Path:
                      + (" with --lengths" if args.lengths else ""))
     device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
     headdim = args.shape[3]
+    # kernels/backward.py: dropout, packed lengths and GQA take the feature kernels, with a mask where causal
+    feature_call = bool(args.dropout or args.lengths or (args.kv_heads and args.kv_heads != args.shape[2]))
+    feature_tiles = feature_call and bool(args.causal or args.dropout or args.lengths)
     try:
-        configs = {label: make_configs(parse_fields(text, args.call), headdim, args.causal, device)
+        configs = {label: make_configs(parse_fields(text, args.call), headdim, args.causal, device, feature_tiles)
                    for label, text in (("A", args.a), ("B", args.b))}
     except (ValueError, TypeError) as exc:
         parser.error(str(exc))

@@ -380,7 +380,7 @@ def main() -> None:
                     emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
                 emit(hopper_gluon_varlen_report(causal, headdim=headdim, block_n=block_n, block_m=192))
         # dropout on the Gluon forwards (FwdConfig.hopper_gluon_dropout), dense and varlen, causal or not;
-        # on the dK/dV kernel (BwdConfig.hopper_gluon_dropout) at head dims 128, 96 and 64 (the table's)
+        # on the dK/dV kernel (BwdConfig.hopper_gluon_dropout) at head dims 128, 96 and 64 (the table's at 64)
         for causal in (False, True):
             emit(hopper_gluon_report(causal, dropout=True))
             emit(hopper_gluon_varlen_report(causal, dropout=True))

@@ -12,11 +12,12 @@ when a matmul is waited for. These kernels (FA3, Shah et al. 2024):
   consumer warpgroups (CONSUMERS; FwdConfig.hopper_gluon_block_m: 128 or 192 query rows, FA3's
   choice at head dims 64 and 96 being 192) own 64 query rows each. They synchronise only through
   mbarriers (a K/V stage is refilled once every consumer has released it), with no CTA-wide
-  barrier in the key loop, so one consumer's softmax can run while the others' matmuls do. Nothing orders them (FA3 adds
-  named barriers for a strict ping-pong); the overlap is what the warp schedulers make of it.
+  barrier in the key loop, so one consumer's softmax can run while the others' matmuls do. In the
+  table nothing orders them (FA3 adds named barriers for a strict ping-pong; ours, a ring of
+  mbarriers, is FwdConfig.hopper_gluon_pingpong); the overlap is what the warp schedulers make of it.
 - **Intra-warpgroup overlap (FA3's Algorithm 2):** for key block j a consumer issues S_j = Q K_j^T,
-  then O += P_{j-1} V_{j-1}, and waits for S_j alone (`warpgroup_mma_wait(1)`): the softmax of
-  S_j runs under the P V matmul.
+  then O += P_{j-1} V_{j-1}, and waits for S_j (`warpgroup_mma_wait(1)`; with two head-dim
+  sections that also takes P V's first): the softmax of S_j runs under (the rest of) the P V matmul.
 - FA2's non-matmul savings are kept: O unnormalised until one final rescale, the softmax scale
   folded into the exponent's FMA, logsumexp stored, the causal mask only on the diagonal blocks.
 - **Every head dim FA3's table has, unpadded:** register tiles are powers of two, so head dims 96
