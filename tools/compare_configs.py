@@ -9,7 +9,10 @@ error, flash-attn's criterion; where that reference would not fit the device, on
 batch rows and heads); then rounds alternate A and B (A first in even rounds, B in odd)
 so that drift of clocks and temperature falls on both. Every measurement is one row of a
 long-format CSV with the environment beside it; a short table gives each config's median and
-the ratio B / A of this run.
+the ratio B / A of this run. A call the feature kernels take with a mask (dropout, packed lengths,
+causal GQA) gets configs built as it runs without one: the backward table's Gluon fields with the
+features table's Triton tiles (HOPPER_FEATURE_BWD_CONFIGS), so that its Triton side is the one
+such a call takes.
 
     python tools/compare_configs.py --call fwd --shape 4,4096,16,128 --causal --a block_m=128 --b block_m=64
     python tools/compare_configs.py --call fwd_bwd --shape 2,8192,16,128 --kv-heads 4 \\
