@@ -38,7 +38,7 @@ from .common import (
     last_dim_contiguous,
     strides,
 )
-from .configs import BwdConfig, default_bwd_config, padded_headdim
+from .configs import BwdConfig, default_bwd_config, padded_headdim, takes_feature_tiles
 from .dispatch import bwd_uses_tma
 from .dropout import _rng_state
 from .features import _seq_bounds, _window_key_blocks, _window_query_blocks, feature_args
@@ -294,9 +294,8 @@ def flash_attn_backward_features(do, q, k, v, out, lse, softmax_scale: float, ca
         return dq.zero_(), dk.zero_(), dv.zero_()
     qk_scale, feature_values, flags = feature_args(q, k, softmax_scale, causal, features)
     # any mask or score modification (causal is a window here), beyond GQA alone, takes the
-    # features' table; with a softcap the dense table's tiles measured faster (H200, causal 8k:
-    # reports/h200/decisions/softcap_backward_tables.log)
-    cfg = config or default_bwd_config(headdim, q.device, masked_features=any(flags.values()) and not flags["SOFTCAP"])
+    # features' table, but a softcap (takes_feature_tiles)
+    cfg = config or default_bwd_config(headdim, q.device, masked_features=takes_feature_tiles(flags))
     block_d = padded_headdim(headdim)
     delta = torch.empty_like(lse)
     _bwd_preprocess_launcher[(cdiv(seqlen_q, 64), pre_batch * heads)](

@@ -248,6 +248,15 @@ def default_fwd_config(headdim: int, causal: bool, device: torch.device) -> FwdC
     return GENERIC_FWD_CONFIG
 
 
+def takes_feature_tiles(flags: dict) -> bool:
+    """Whether a call of the feature kernels (kernels/backward_features.py) with these constexprs
+    (kernels/features.py's feature_args: WINDOW, causal included, SOFTCAP, ALIBI, DROPOUT, VARLEN)
+    takes HOPPER_FEATURE_BWD_CONFIGS' tiles when no config is passed: any of them but a softcap,
+    whose backward measured faster on the table's tiles (H200, causal 8k:
+    reports/h200/decisions/softcap_backward_tables.log)."""
+    return any(flags.values()) and not flags["SOFTCAP"]
+
+
 def default_bwd_config(headdim: int, device: torch.device, masked_features: bool = False) -> BwdConfig:
     """The backward's table entry; `masked_features`: a feature-kernel call with a window (causal
     included), softcap, ALiBi, dropout or packed variable lengths (HOPPER_FEATURE_BWD_CONFIGS

@@ -485,20 +485,23 @@ def test_gpu_gluon_varlen_forward_drops_what_the_triton_kernels_drop(dtype):
 
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("backward", ["table", "gluon"])
 @pytest.mark.parametrize("headdim", [64, 96, 128])
-def test_gpu_dropout_matches_the_reference_under_its_own_mask(headdim, dtype):
+def test_gpu_dropout_matches_the_reference_under_its_own_mask(headdim, backward, dtype):
     """Dropout (GQA, causal): about 1 - p of the visible entries kept, and out and the gradients
-    against float64 under the keep-mask `return_attn_probs` reports. On an H100/H200 the backward
-    runs on the Gluon dK/dV kernel (BwdConfig.hopper_gluon_dropout, set here; the table's at head dim
-    64; 96 in two head-dim sections, 64's consumers computing dQ in turns), redrawing the forward's
-    mask (asserted, and that no Gluon build failed over to the Triton kernels)."""
+    against float64 under the keep-mask `return_attn_probs` reports. With `backward` "table" no config
+    is passed (on an H100/H200 the Gluon dK/dV kernel at head dim 64, BwdConfig.hopper_gluon_dropout,
+    and the Triton kernels on the features table's tiles at 96 and 128); with "gluon" the Gluon dK/dV
+    kernel at each head dim (96 in two head-dim sections, 64's consumers computing dQ in turns),
+    redrawing the forward's mask (asserted, and that no Gluon build failed over to the Triton kernels)."""
     q, k, v = (torch.randn(1, 1024, h, headdim, device="cuda", dtype=dtype, requires_grad=True) for h in (8, 2, 2))
     dout = torch.randn_like(q)
     features = Features(dropout_p=0.15, rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
-    bwd_config = dataclasses.replace(default_bwd_config(headdim, q.device), hopper_gluon_dropout=True)
-    on_hopper = torch.cuda.get_device_capability() == (9, 0)
-    assert dispatch.bwd_dkdv_path(bwd_config, q, k, v, q, features) == (
-        dispatch.GluonPath.DENSE if on_hopper else "triton")
+    table = default_bwd_config(headdim, q.device)
+    bwd_config = dataclasses.replace(table, hopper_gluon_dropout=True) if backward == "gluon" else None
+    on_gluon = torch.cuda.get_device_capability() == (9, 0) and (bwd_config or table).hopper_gluon_dropout
+    assert dispatch.bwd_dkdv_path(bwd_config or table, q, k, v, q, features) == (
+        dispatch.GluonPath.DENSE if on_gluon else "triton")
     torch.manual_seed(0)
     out, _, probs = flash_attn_func(q, k, v, dropout_p=0.15, causal=True, return_attn_probs=True, bwd_config=bwd_config)
     grads = torch.autograd.grad(out, (q, k, v), dout)

@@ -60,7 +60,7 @@ from harness.environment import ROW_ENV_COLUMNS
 from harness.suite import SuiteRows
 from harness.timing import benchmark
 from kernels import BwdConfig, FwdConfig, flash_attn_func, flash_attn_varlen_func
-from kernels.configs import default_bwd_config, default_fwd_config
+from kernels.configs import default_bwd_config, default_fwd_config, takes_feature_tiles
 
 CALLS = ("fwd", "bwd", "fwd_bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -266,9 +266,12 @@ def main(argv: list[str] | None = None) -> Path:
                      + (" with --lengths" if args.lengths else ""))
     device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
     headdim = args.shape[3]
-    # kernels/backward.py: dropout, packed lengths and GQA take the feature kernels, with a mask where causal
+    # kernels/backward.py: dropout, packed lengths and GQA take the feature kernels; their tiles by the
+    # constexprs this tool's calls can have (feature_args': causal is a window)
     feature_call = bool(args.dropout or args.lengths or (args.kv_heads and args.kv_heads != args.shape[2]))
-    feature_tiles = feature_call and bool(args.causal or args.dropout or args.lengths)
+    flags = {"WINDOW": args.causal, "SOFTCAP": False, "ALIBI": False, "DROPOUT": bool(args.dropout),
+             "VARLEN": bool(args.lengths)}
+    feature_tiles = feature_call and takes_feature_tiles(flags)
     try:
         configs = {label: make_configs(parse_fields(text, args.call), headdim, args.causal, device, feature_tiles)
                    for label, text in (("A", args.a), ("B", args.b))}
