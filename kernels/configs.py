@@ -139,9 +139,14 @@ HOPPER_FWD_CONFIGS = {
     # warpgroups, FA3's tile at this head dim), faster in the same process than its 128 rows at 8k
     # keys, full and causal, and than this kernel at 2k full, so taken from 1024 keys full; causal
     # from 4096 keys, as at 2k causal it was slower than this kernel (rows:
-    # reports/h200/decisions/gluon_fields.csv; with 128 rows, gluon_forward_d64.csv).
-    (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=1024, hopper_gluon_block_m=192),
-    (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096, hopper_gluon_block_m=192),
+    # reports/h200/decisions/gluon_fields.csv; with 128 rows, gluon_forward_d64.csv). Its three
+    # consumers issue their matmuls in turns (hopper_gluon_pingpong, as FA3 and FA4 order them at head
+    # dims up to 128): faster at 2k-8k keys, full and causal, same process
+    # (reports/h100/decisions/gluon_fields.csv).
+    (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=1024, hopper_gluon_block_m=192,
+                           hopper_gluon_pingpong=True),
+    (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096, hopper_gluon_block_m=192,
+                          hopper_gluon_pingpong=True),
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
     # frees the pointer registers (ptxas: no spills with it). From 1024 keys, equal lengths in
     # whole blocks take the Gluon kernel instead (other lengths its varlen variant, dispatch's
@@ -149,19 +154,25 @@ HOPPER_FWD_CONFIGS = {
     # same process (docs/performance.md, "Gluon forward with FlashAttention-3's warp layout";
     # rows: reports/h200/decisions/gluon_forward.csv). Head dim 96 (padded to 128 here) takes the
     # Gluon forward in two head-dim sections, 64 + 32 (flash_attn_hopper.head_sections), faster
-    # than this kernel at 1k-8k keys (reports/h100/decisions/gluon_forward_wide_heads.csv).
-    (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024),
+    # than this kernel at 1k-8k keys (reports/h100/decisions/gluon_forward_wide_heads.csv). Its two
+    # consumers issue their matmuls in turns (hopper_gluon_pingpong): faster at head dim 96 full and
+    # level or faster causal, level at 128, same process (reports/h100/decisions/gluon_fields.csv).
+    (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024,
+                            hopper_gluon_pingpong=True),
     # causal: in-kernel descriptors from 4096 visited keys (seqlen 8k, whose longest programs
     # visit all 8192), faster than host ones there in the same process (forward_memory_path.csv);
     # this applies to shapes outside the Gluon kernel's scope, and to the ablation's rung 4.
-    (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=4096, hopper_gluon_min_keys=1024),
+    (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=4096, hopper_gluon_min_keys=1024,
+                           hopper_gluon_pingpong=True),
     # head dim 256 (and 192): only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
     # (host descriptors to 4k keys, in-kernel from 8k) measured level with pointer tiles up to
     # 4k keys and faster at 16k by tools/tune_fa2.py (those head-dim-256 rows are not kept).
     # From 512 keys the Gluon forward with 64-key blocks instead (3 K and 2 V blocks in flight at
     # 256; 192 runs in two head-dim sections, 128 + 64, with 3 and 3), faster at 512-8192 keys in
     # the same process; 128-key blocks at 192 were slower (docs/performance.md, "The Gluon forward
-    # at head dims 96, 192 and 256"; rows: reports/h100/decisions/gluon_forward_*.csv).
+    # at head dims 96, 192 and 256"; rows: reports/h100/decisions/gluon_forward_*.csv). Its consumers'
+    # matmuls in turns (hopper_gluon_pingpong) were slower here (gluon_fields.csv), as FA3 and FA4
+    # turn them off above head dim 128.
     (256, False): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=512,
                             hopper_gluon_block_n=64),
     (256, True): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=512,
@@ -186,10 +197,11 @@ HOPPER_BWD_CONFIGS = {
     # bf16 and fp16, same process, than this kernel with the dQ kernel (docs/performance.md,
     # "Gluon dK/dV with dQ fused, FA3's way"; rows: reports/h200/decisions/gluon_backward.csv).
     # Head dim 96 (which this entry serves) takes the same kernel in two head-dim sections
-    # (docs/performance.md, "The Gluon backward at head dim 96"). Dropout's backward stays on the
-    # Triton kernels here: its Gluon one has been timed only against the Triton kernels on this
-    # entry's tiles, not on HOPPER_FEATURE_BWD_CONFIGS' that dropout calls take.
-    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
+    # (docs/performance.md, "The Gluon backward at head dim 96"). Calls with dropout take it too (on
+    # its grid), faster than the Triton backward on HOPPER_FEATURE_BWD_CONFIGS' tiles (which a dropout
+    # call takes otherwise) at 96 and 128, full and causal, same process (reports/h100/decisions/gluon_fields.csv).
+    128: BwdConfig(64, 128, 128, 32, 8, 3, hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True,
+                   hopper_gluon_dropout=True),
     # head dim 256: query-major dK/dV with 128 query rows per step at 8 warps and 1 stage (the
     # only stage count that fits), dQ 64x32 at 4 warps and 3 stages. Against the v1 key-major 64x64 (4
     # warps), faster in the dK/dV kernel and the whole backward (docs/performance.md, "Query-major

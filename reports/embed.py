@@ -540,7 +540,7 @@ def compare_configs_table(path: Path, a_label: str | None = None, b_label: str |
     compared against the table, several of them on one shape)."""
     rows = pd.read_csv(path, keep_default_na=False)
     shape = ["call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dtype"]
-    shape += ["dropout_p"] if "dropout_p" in rows else []
+    shape += [column for column in ("window", "dropout_p") if column in rows]
     per_run = a_label is None or b_label is None
     key = shape + (["timestamp"] if per_run else [])  # a compare_configs.py run's rows share its timestamp
     medians = rows.groupby(key + ["config"], sort=False)["ms"].median().unstack("config")
@@ -564,7 +564,8 @@ def compare_configs_table(path: Path, a_label: str | None = None, b_label: str |
         if per_run:
             a_cell = f"{fields.loc[index, 'A'] or 'the table'} | {a_cell}"
             b_cell = f"{fields.loc[index, 'B'] or 'the table'} | {b_cell}"
-        causal = f"{row['causal']}" + (f", dropout {row['dropout_p']}" if float(row.get("dropout_p") or 0) else "")
+        causal = (f"{row['causal']}" + (f", window {row['window']}" if row.get("window") else "")
+                  + (f", dropout {row['dropout_p']}" if float(row.get("dropout_p") or 0) else ""))
         lines.append(f"| {row['call']} | {size} | {heads} | {row['headdim']} | {causal} | {a_cell} "
                      f"| {b_cell} | {_ratio(ms['A'], ms['B'])} |")
     gpus = ", ".join(sorted(rows.gpu.unique()))

@@ -56,6 +56,19 @@ def test_a_dropout_call_is_checked_under_its_own_mask_and_timed(tmp_path):
                               str(tmp_path / "x.csv")])
 
 
+def test_a_windowed_call_is_checked_and_timed(tmp_path):
+    """--window: the call and both references take the sliding window (a config that ignored it would
+    be off them); the rows carry it, and a packed call or a bad window is refused."""
+    out = compare_configs.main(["--call", "fwd_bwd", "--shape", "1,48,2,32", "--window", "7,3", "--dtype", "fp16",
+                                "--b", "block_m=16", "--rounds", "1", "--out", str(tmp_path / "rows.csv")])
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [row["config"] for row in rows] == ["A", "B"] and all(row["window"] == "7,3" for row in rows)
+    for bad in (["--window", "-2,3"], ["--window", "7,3", "--lengths", "40,70"]):
+        with pytest.raises(SystemExit):
+            compare_configs.main(["--call", "fwd", "--shape", "1,48,2,32", *bad, "--out", str(tmp_path / "x.csv")])
+
+
 @pytest.mark.parametrize("fields,call,message", [
     ("blok_m=64", "fwd", "unknown config field 'blok_m'"),
     ("block_m1=64", "fwd", "unknown config field 'block_m1'"),  # a BwdConfig field, for the forward
@@ -103,7 +116,7 @@ def test_a_config_off_the_reference_is_not_timed():
     """check_accuracy passes the kernels' output and fails one 2% off it: more than twice PyTorch's
     own fp16 error against float64."""
     class Args:
-        shape, kv_heads, dtype, causal, lengths, dropout = (1, 32, 2, 32), 0, "fp16", False, None, 0.0
+        shape, kv_heads, dtype, causal, lengths, dropout, window = (1, 32, 2, 32), 0, "fp16", False, None, 0.0, (-1, -1)
 
     call = compare_configs.Call(Args, torch.device("cpu"))
     fwd, bwd = compare_configs.make_configs({"fwd": {}, "bwd": {}}, 32, False, torch.device("cpu"))

@@ -211,6 +211,10 @@ PINGPONG_CASES = {
     "d128-off-grid-causal": (2, 1500, 1500, 2, 2, 128, True, (-1, -1), 128),  # varlen, batch rows packed
     "d64-three-full": (1, 3072, 3072, 2, 2, 64, False, (-1, -1), 192),  # three consumers in a ring
     "d64-three-causal": (2, 2048, 2048, 2, 2, 64, True, (-1, -1), 192),
+    "d96-full": (2, 2048, 2048, 3, 3, 96, False, (-1, -1), 128),  # two head-dim sections, 64 + 32
+    "d96-off-grid-causal": (2, 1500, 1500, 2, 1, 96, True, (-1, -1), 128),
+    "d192-full": (1, 2048, 2048, 2, 2, 192, False, (-1, -1), 128),  # 64-key blocks, 128 + 64
+    "d256-causal": (1, 2048, 2048, 2, 2, 256, True, (-1, -1), 128),
 }
 
 
@@ -485,20 +489,21 @@ def test_gpu_gluon_varlen_forward_drops_what_the_triton_kernels_drop(dtype):
 
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("backward", ["table", "gluon"])
+@pytest.mark.parametrize("backward", ["table", "triton"])
 @pytest.mark.parametrize("headdim", [64, 96, 128])
 def test_gpu_dropout_matches_the_reference_under_its_own_mask(headdim, backward, dtype):
     """Dropout (GQA, causal): about 1 - p of the visible entries kept, and out and the gradients
     against float64 under the keep-mask `return_attn_probs` reports. With `backward` "table" no config
-    is passed (on an H100/H200 the Gluon dK/dV kernel at head dim 64, BwdConfig.hopper_gluon_dropout,
-    and the Triton kernels on the features table's tiles at 96 and 128); with "gluon" the Gluon dK/dV
-    kernel at each head dim (96 in two head-dim sections, 64's consumers computing dQ in turns),
-    redrawing the forward's mask (asserted, and that no Gluon build failed over to the Triton kernels)."""
+    is passed (on an H100/H200 the Gluon dK/dV kernel, BwdConfig.hopper_gluon_dropout: 96 in two
+    head-dim sections, 64's consumers computing dQ in turns, redrawing the forward's mask); with
+    "triton" the Triton kernels on the tiles a dropout call takes without the Gluon one (the features
+    table's at 96 and 128). The path is asserted, and that no Gluon build failed over to the Triton kernels."""
     q, k, v = (torch.randn(1, 1024, h, headdim, device="cuda", dtype=dtype, requires_grad=True) for h in (8, 2, 2))
     dout = torch.randn_like(q)
     features = Features(dropout_p=0.15, rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
     table = default_bwd_config(headdim, q.device)
-    bwd_config = dataclasses.replace(table, hopper_gluon_dropout=True) if backward == "gluon" else None
+    bwd_config = (dataclasses.replace(default_bwd_config(headdim, q.device, masked_features=True), hopper_gluon_dropout=False)
+                  if backward == "triton" else None)
     on_gluon = torch.cuda.get_device_capability() == (9, 0) and (bwd_config or table).hopper_gluon_dropout
     assert dispatch.bwd_dkdv_path(bwd_config or table, q, k, v, q, features) == (
         dispatch.GluonPath.DENSE if on_gluon else "triton")

@@ -9,8 +9,8 @@ error, flash-attn's criterion; where that reference would not fit the device, on
 batch rows and heads); then rounds alternate A and B (A first in even rounds, B in odd)
 so that drift of clocks and temperature falls on both. Every measurement is one row of a
 long-format CSV with the environment beside it; a short table gives each config's median and
-the ratio B / A of this run. A call the feature kernels take with a mask (dropout, packed lengths,
-causal GQA) gets configs built as it runs without one: the backward table's Gluon fields with the
+the ratio B / A of this run. A call the feature kernels take with a mask (dropout, a window,
+packed lengths, causal GQA) gets configs built as it runs without one: the backward table's Gluon fields with the
 features table's Triton tiles (HOPPER_FEATURE_BWD_CONFIGS), so that its Triton side is the one
 such a call takes.
 
@@ -65,8 +65,8 @@ from kernels.configs import default_bwd_config, default_fwd_config, takes_featur
 CALLS = ("fwd", "bwd", "fwd_bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # checked_shape: the (batch, heads) the float64 check ran on where it was not the whole call ('' where it was)
-COLUMNS = ("tool", "call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dropout_p", "dtype",
-           "config", "fields", "round", "ms", "p20_ms", "p80_ms", "checked_shape", *ROW_ENV_COLUMNS)
+COLUMNS = ("tool", "call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "window", "dropout_p",
+           "dtype", "config", "fields", "round", "ms", "p20_ms", "p80_ms", "checked_shape", *ROW_ENV_COLUMNS)
 
 
 def parse_fields(text: str, call: str) -> dict[str, dict]:
@@ -136,6 +136,7 @@ class Call:
             return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype).requires_grad_()
 
         self.causal, self.lengths, self.dropout_p = args.causal, args.lengths, args.dropout
+        self.window = args.window
         if args.lengths:
             total = sum(args.lengths)
             self.q, self.k, self.v = randn(total, heads, headdim), randn(total, kv_heads, headdim), randn(
@@ -153,8 +154,8 @@ class Call:
             longest = max(self.lengths)
             return flash_attn_varlen_func(q, k, v, self.cu, self.cu, longest, longest, causal=self.causal,
                                           fwd_config=fwd, bwd_config=bwd)
-        return flash_attn_func(q, k, v, dropout_p=self.dropout_p, causal=self.causal, return_attn_probs=probs,
-                               fwd_config=fwd, bwd_config=bwd)
+        return flash_attn_func(q, k, v, dropout_p=self.dropout_p, causal=self.causal, window_size=self.window,
+                               return_attn_probs=probs, fwd_config=fwd, bwd_config=bwd)
 
     def keep_mask(self, fwd: FwdConfig, bwd: BwdConfig) -> torch.Tensor | None:
         """The keep-mask a dropout call draws under seed 0 (None without dropout)."""
@@ -175,9 +176,11 @@ class Call:
             out = torch.cat([attention_same_dtype(q[None, a:b], k[None, a:b], v[None, a:b], causal=self.causal)[0]
                              for a, b in itertools.pairwise(bounds)])
         elif double:
-            out = attention_reference(q, k, v, causal=self.causal, dropout_p=self.dropout_p, dropout_keep=keep)[0]
+            out = attention_reference(q, k, v, causal=self.causal, window_size=self.window, dropout_p=self.dropout_p,
+                                      dropout_keep=keep)[0]
         else:
-            out = attention_same_dtype(q, k, v, causal=self.causal, dropout_p=self.dropout_p, dropout_keep=keep)
+            out = attention_same_dtype(q, k, v, causal=self.causal, window_size=self.window, dropout_p=self.dropout_p,
+                                       dropout_keep=keep)
         grads = torch.autograd.grad(out, (q, k, v), self.dout.to(out.dtype))
         return (out, *grads)
 
@@ -246,6 +249,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--lengths", type=lambda text: [int(x) for x in text.split(",")], default=None,
                         help="packed variable lengths (flash_attn_varlen_func), comma-separated")
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--window", metavar="LEFT,RIGHT", type=lambda text: tuple(int(x) for x in text.split(",")),
+                        default=(-1, -1), help="sliding window (dense calls; flash-attn's window_size; default -1,-1: none)")
     parser.add_argument("--dropout", type=float, default=0.0, metavar="P", help="dropout_p (dense calls; default 0)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--a", default="", metavar="FIELDS", help="config A: name=value,... (empty: the table's)")
@@ -264,12 +269,16 @@ def main(argv: list[str] | None = None) -> Path:
     if not 0.0 <= args.dropout < 1.0 or (args.dropout and args.lengths):
         parser.error(f"--dropout takes a probability in [0, 1) for dense calls, got {args.dropout}"
                      + (" with --lengths" if args.lengths else ""))
+    windowed = args.window != (-1, -1)
+    if len(args.window) != 2 or min(args.window) < -1 or (windowed and args.lengths):
+        parser.error(f"--window takes LEFT,RIGHT (each -1 or more) for dense calls, got {args.window}"
+                     + (" with --lengths" if args.lengths else ""))
     device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
     headdim = args.shape[3]
     # kernels/backward.py: dropout, packed lengths and GQA take the feature kernels; their tiles by the
     # constexprs this tool's calls can have (feature_args': causal is a window)
-    feature_call = bool(args.dropout or args.lengths or (args.kv_heads and args.kv_heads != args.shape[2]))
-    flags = {"WINDOW": args.causal, "SOFTCAP": False, "ALIBI": False, "DROPOUT": bool(args.dropout),
+    feature_call = bool(args.dropout or args.lengths or windowed or (args.kv_heads and args.kv_heads != args.shape[2]))
+    flags = {"WINDOW": args.causal or windowed, "SOFTCAP": False, "ALIBI": False, "DROPOUT": bool(args.dropout),
              "VARLEN": bool(args.lengths)}
     feature_tiles = feature_call and takes_feature_tiles(flags)
     try:
@@ -300,6 +309,7 @@ def main(argv: list[str] | None = None) -> Path:
                   "batch": len(args.lengths) if args.lengths else batch, "seqlen": 0 if args.lengths else seqlen,
                   "lengths": " ".join(map(str, args.lengths or ())), "heads": heads,
                   "kv_heads": args.kv_heads or heads, "headdim": headdim, "causal": args.causal,
+                  "window": ",".join(map(str, args.window)) if windowed else "",
                   "dropout_p": args.dropout, "dtype": args.dtype,
                   "checked_shape": "" if checked is args else f"{checked.shape[0]} x {checked.shape[2]} heads",
                   **{k: env[k] for k in ROW_ENV_COLUMNS}}
@@ -312,7 +322,7 @@ def main(argv: list[str] | None = None) -> Path:
                 rows.append(row)
     medians = {label: statistics.median(r["ms"] for r in rows if r["config"] == label) for label in ("A", "B")}
     print(f"{args.call} {args.shape} causal={args.causal} {args.dtype}"
-          f"{f' dropout {args.dropout}' if args.dropout else ''} on {env['gpu'] or device.type}, "
+          f"{f' dropout {args.dropout}' if args.dropout else ''}{f' window {args.window}' if windowed else ''} on {env['gpu'] or device.type}, "
           f"{args.rounds} interleaved rounds (median ms):")
     for label in ("A", "B"):
         print(f"  {label}  {medians[label]:10.4f}  {fields[label] or '(the table)'}")

@@ -380,18 +380,12 @@ def main() -> None:
                     emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
                 emit(hopper_gluon_varlen_report(causal, headdim=headdim, block_n=block_n, block_m=192))
         # dropout on the Gluon forwards (FwdConfig.hopper_gluon_dropout), dense and varlen, causal or not;
-        # on the dK/dV kernel (BwdConfig.hopper_gluon_dropout) at head dims 128, 96 and 64 (the table's at 64)
+        # on the dK/dV kernel (BwdConfig.hopper_gluon_dropout, the table's) at head dims 128, 96 and 64
         for causal in (False, True):
             emit(hopper_gluon_report(causal, dropout=True))
             emit(hopper_gluon_varlen_report(causal, dropout=True))
             for headdim in (128, 96, 64):
                 emit(hopper_gluon_bwd_report(causal, headdim=headdim, fused_dq=True, dropout=True))
-        # the consumers' matmuls in turns (FwdConfig.hopper_gluon_pingpong), two consumers at head dim
-        # 128 and three at 64 (dense and varlen)
-        for causal in (False, True):
-            emit(hopper_gluon_report(causal, headdim=128, schedule={"PINGPONG": True}))
-        emit(hopper_gluon_report(False, headdim=64, block_m=192, schedule={"PINGPONG": True}))
-        emit(hopper_gluon_varlen_report(True, headdim=64, block_m=192, schedule={"PINGPONG": True}))
     else:
         production_report(args, emit)
     if args.out:
