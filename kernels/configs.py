@@ -55,11 +55,6 @@ class FwdConfig:
     # one's softmax runs while another's matmuls do, in a fixed order; else the warp schedulers
     # interleave them as they come.
     hopper_gluon_pingpong: bool = False
-    # Whether calls with dropout take that kernel (dense on 128 query rows, off the grid and packed
-    # lengths on its varlen variant), its keep-mask bit for bit the Triton kernels' (kernels/hopper/
-    # dropout.py), or the Triton forward; the backward's own field (BwdConfig.hopper_gluon_dropout) says
-    # where the backward of dropout runs.
-    hopper_gluon_dropout: bool = False
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ configs of configs.py; docs/performance.md holds the measurements behind them.""
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import warnings
 
@@ -99,17 +98,13 @@ def _packed_scope(q: torch.Tensor, k: torch.Tensor) -> Features:
 
 def _dense_as_packed_refusal(config: FwdConfig, q, k, v, out, features: Features = DENSE) -> str:
     """Why the Gluon varlen forward does not take this dense call as packed rows
-    (GluonPath.PACKED): hopper_gluon_varlen_refusal of the packed views, with the call's dropout
-    ('' where it does)."""
+    (GluonPath.PACKED): hopper_gluon_varlen_refusal of the packed views ('' where it does)."""
     views = [packed_view(t) for t in (q, k, v, out)]
     if any(t is None for t in views):
         return "the batch rows are not back to back (no packed view)"
     if q.shape[0] * max(q.shape[1], k.shape[1]) >= 2**31:
         return "2^31 or more packed rows"
-    scope = _packed_scope(q, k)
-    if features.dropout_p:  # the packed rows keep it, and with it 128 rows (fwd_gluon_rows)
-        scope = dataclasses.replace(scope, dropout_p=features.dropout_p, rng_seed=features.rng_seed)
-    return hopper_gluon_varlen_refusal(config, *views, scope)
+    return hopper_gluon_varlen_refusal(config, *views, _packed_scope(q, k))
 
 
 def _listed(values) -> str:
@@ -133,8 +128,9 @@ def _lengths_refusal(q, k, block_m: int | None = None, block_n: int | None = Non
 
 
 # A call with a feature whose lengths only the varlen kernels take
-OFF_GRID_FEATURES = ("a window, softcap, ALiBi or dropout with lengths off the 128-row grid or unequal: the Gluon "
+OFF_GRID_FEATURES = ("a window, softcap or ALiBi with lengths off the 128-row grid or unequal: the Gluon "
                      "varlen kernels have none of them")
+DROPOUT_FORWARD = "dropout: on the Triton forward (the Gluon forwards have none)"
 
 
 def _min_keys_refusal(config, keys: int, mode: str) -> str:
@@ -150,16 +146,15 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
     """The Gluon forward that takes this call and why none does: (GluonPath.DENSE or
     GluonPath.PACKED, '') or ('', the reason). Packed variable lengths: the Gluon varlen
     kernel where hopper_gluon_varlen_refusal has none. Dense: the dense kernel from the config's
-    hopper_gluon_min_keys keys (with dropout where the config's hopper_gluon_dropout asks for it),
-    where hopper_gluon_refusal has none; else, with no feature but causal (and dropout), the varlen
-    kernel on each batch row as a packed sequence."""
+    hopper_gluon_min_keys keys, where hopper_gluon_refusal has none; else, with no feature but
+    causal, the varlen kernel on each batch row as a packed sequence. Dropout: none."""
     if gluon_unavailable:
         return "", gluon_unavailable
     if features is not DENSE and features.varlen:
         refusal = hopper_gluon_varlen_refusal(config, q, k, v, out, features)
         return (GluonPath.DENSE, "") if not refusal else ("", refusal)
-    if features.dropout_p and not config.hopper_gluon_dropout:
-        return "", "dropout: on the Triton kernels unless the config's hopper_gluon_dropout asks for the Gluon ones"
+    if features.dropout_p:
+        return "", DROPOUT_FORWARD
     refusal = _min_keys_refusal(config, k.shape[1], "forward")
     rows, block_n = fwd_gluon_rows(config, features), config.hopper_gluon_block_n
     refusal = refusal or hopper_gluon_refusal(q, k, v, out, block_m=rows, block_n=block_n, causal=causal)
@@ -169,7 +164,7 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
         return GluonPath.DENSE, ""
     # where only the lengths keep the dense kernel off, the packed rows' reason is the one that counts
     lengths = refusal == _lengths_refusal(q, k, rows, block_n, causal)
-    if not (features is DENSE or _without_dropout(features).dense):
+    if not (features is DENSE or features.dense):
         return "", OFF_GRID_FEATURES if lengths else refusal
     packed = _dense_as_packed_refusal(config, q, k, v, out, features)
     if not packed:
@@ -196,17 +191,12 @@ def _forward_tile_refusal(config: FwdConfig, headdim: int, rows: int | None = No
     return flash_attn_hopper.three_consumer_refusal(headdim, block_n) if consumers == 3 else ""
 
 
-def _without_dropout(features: Features) -> Features:
-    """The call's features but dropout (which the Gluon forwards take where the config asks)."""
-    return dataclasses.replace(features, dropout_p=0.0, rng_seed=None) if features.dropout_p else features
-
-
 def fwd_gluon_rows(config: FwdConfig, features: Features = DENSE) -> int:
     """The Gluon forward's query rows a program for a call: the config's hopper_gluon_block_m, but
-    128 (two consumer warpgroups) with a window, softcap, ALiBi or dropout, whose score code takes
-    the registers a third consumer would need."""
+    128 (two consumer warpgroups) with a window, softcap or ALiBi, whose score code takes the
+    registers a third consumer would need."""
     if (features.window_left >= 0 or features.window_right >= 0 or features.softcap
-            or features.alibi_slopes is not None or features.dropout_p):
+            or features.alibi_slopes is not None):
         return flash_attn_hopper.BLOCK_M
     return config.hopper_gluon_block_m
 
@@ -296,7 +286,7 @@ def hopper_gluon_applies(q, k, v, out, mode: str = "forward") -> bool:
 def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Features, mode: str = "forward") -> str:
     """Why the Gluon varlen forward (flash_attn_hopper's varlen kernel) does not take these packed
     sequences ('' where it does). Its scope: packed sequences and no other feature (no window,
-    softcap or ALiBi; dropout in the forward where the config's hopper_gluon_dropout asks), from hopper_gluon_min_keys keys in the longest sequence, a head dim
+    softcap, ALiBi or dropout), from hopper_gluon_min_keys keys in the longest sequence, a head dim
     of FWD_HEAD_DIMS (64, 96, 128, 192 and 256) whose key blocks fit (`_forward_tile_refusal`) or,
     with `mode` "backward", of VARLEN_BWD_HEAD_DIMS (64, 96 and 128), fp16 or bf16, q heads a multiple of the
     kv heads, each (total, heads, head dim) tensor's heads side by side in its rows (a (total,
@@ -306,9 +296,8 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
         return gluon_unavailable
     if features is DENSE or not features.varlen:
         return "not packed sequences"
-    if features.dropout_p and not (mode == "forward" and config.hopper_gluon_dropout):
-        return ("dropout: the Gluon varlen backward has none, the forward where the config's hopper_gluon_dropout "
-                "asks for it")
+    if features.dropout_p:
+        return DROPOUT_FORWARD if mode == "forward" else "dropout: the Gluon varlen backward has none"
     if (features.window_left >= 0 or features.window_right >= 0 or features.softcap
             or features.alibi_slopes is not None):
         return "a window, softcap or ALiBi: the Gluon varlen kernels have none of them"

@@ -27,10 +27,9 @@ than keys) runs these varlen kernels with each batch row a packed sequence
 `backward.flash_attn_backward` takes the dK/dV kernels at head dims 64, 96, 128 and 192
 (BWD_HEAD_DIMS; at 192 with GQA but no window, softcap or ALiBi) from 1k keys in the same scope
 (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
-(`dispatch.bwd_gluon_fuses_dq`). Dropout's forward runs on the Gluon ones where
-FwdConfig.hopper_gluon_dropout asks, its backward on the dense dK/dV kernel with dQ fused where
-BwdConfig.hopper_gluon_dropout asks (the table's at head dim 64; kernels/hopper/dropout.py: the
-same keep-mask), else on the Triton kernels. The
+(`dispatch.bwd_gluon_fuses_dq`). Dropout's forward runs on the Triton kernels, its backward on
+the dense dK/dV kernel with dQ fused where BwdConfig.hopper_gluon_dropout asks (the table's at head
+dims 64, 96 and 128; kernels/hopper/dropout.py: the same keep-mask), else on the Triton kernels. The
 backward's schedule and launch order are BwdConfig fields (kernels/configs.py: hopper_gluon_dq_first,
 hopper_gluon_head_section, hopper_gluon_varlen_grid).
 
@@ -81,8 +80,8 @@ from .hopper.shared import (
 from .launch import CachedLauncher, DirectLaunch, descriptor_template
 
 # The score modifications and masks the Gluon kernels take (kernels/features.py's constexprs);
-# dropout is a constexpr of its own (DROPOUT: forward_constexprs, backward_dkdv_hopper_plan), taken
-# where FwdConfig / BwdConfig.hopper_gluon_dropout ask (packed variable lengths: the varlen kernels).
+# dropout is a constexpr of the dK/dV kernel's own (DROPOUT: backward_dkdv_hopper_plan), taken where
+# BwdConfig.hopper_gluon_dropout asks.
 GLUON_FEATURE_FLAGS = ("WINDOW", "SOFTCAP", "ALIBI")
 VARLEN_BWD_GRIDS = ("longest", "packed", "auto")  # BwdConfig.hopper_gluon_varlen_grid's values
 
@@ -224,15 +223,15 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_
 
 
 def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n: int = BLOCK_N,
-                       block_m: int = BLOCK_M, schedule: dict | None = None, dropout: bool = False) -> dict:
-    """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags` and DROPOUT, its K and V
+                       block_m: int = BLOCK_M, schedule: dict | None = None) -> dict:
+    """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, its K and V
     blocks in flight for this head dim, block_n keys a block and block_m query rows
     (forward_stages), its key loop's `schedule` (forward_schedule) and its launch options
     (forward_launch_options)."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
     stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m)
-    return {**flags, "DROPOUT": dropout, "STAGES": stages, "V_STAGES": v_stages, **forward_schedule(schedule),
+    return {**flags, "STAGES": stages, "V_STAGES": v_stages, **forward_schedule(schedule),
             **forward_launch_options(block_m)}
 
 
@@ -275,7 +274,7 @@ def three_consumer_refusal(headdim: int, block_n: int) -> str:
 
 
 def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, block_n: int = BLOCK_N,
-                        block_m: int = BLOCK_M, schedule=None, dropout: bool = False):
+                        block_m: int = BLOCK_M, schedule=None):
     """The launch for tensors shaped, strided and aligned like these, as a function of (q, k, v,
     out, lse, softmax_scale, features=()): descriptors are copied from ones made (and validated)
     here, and the compiled kernel is launched directly after the first call (launch.DirectLaunch).
@@ -283,9 +282,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     then holds its run-time values (qk_scale, window sides, softcap * log2(e), the slopes and their
     batch stride). `block_n`: keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
     program (FwdConfig.hopper_gluon_block_m); the lengths a multiple of both, and causal block_n a
-    divisor of block_m. `schedule`: the config whose key-loop fields the kernel takes (forward_schedule).
-    `dropout`: the kernel drops entries of P (FwdConfig.hopper_gluon_dropout), `features` then
-    ending with dropout_p and the (seed, offset) tensor."""
+    divisor of block_m. `schedule`: the config whose key-loop fields the kernel takes (forward_schedule)."""
     batch, seqlen, heads, _ = q.shape
     if block_m % block_n and causal:
         raise ValueError(f"hopper_gluon_block_n must divide the Gluon forward's {block_m} query rows, got {block_n}")
@@ -293,7 +290,7 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
                                                          (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), q.shape[-1])
     # 4 warps in the default partition and 4 a further consumer, 1 loader warp: padded to whole
     # warpgroups, their registers at launch moved by setmaxnreg (forward_launch_options)
-    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule, dropout),
+    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule),
                   **split_constexprs}
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
     # without a tail section the tail arguments are the logsumexp's pointer, not read
@@ -304,20 +301,18 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     head_split = constexprs["HEAD_SPLIT"]
 
     def run(q, k, v, out, lse, softmax_scale, features=()):
-        qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b, dropout_p, rng_seed = (
-            features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0, 0.0, None))
+        qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
+            features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
         tails = (q, k, v, out) if head_split else (lse, lse, lse, lse)
         launch(q, k, v, out, *tails, lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
-               alibi if alibi is not None else lse, stride_alibi_b, rng_seed if rng_seed is not None else lse,
-               dropout_p)
+               alibi if alibi is not None else lse, stride_alibi_b)
 
     return run
 
 
 def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                                      qk_scale: float, causal: bool, block_n: int = BLOCK_N,
-                                     block_m: int = BLOCK_M, schedule=None, dropout_p: float = 0.0,
-                                     rng_seed: torch.Tensor | None = None) -> None:
+                                     block_m: int = BLOCK_M, schedule=None) -> None:
     """Write O into `out` (packed like q) and the natural-log logsumexp into `lse` for packed
     sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a (total, heads * d)
     2D view with rows that do not overlap; d one of FWD_HEAD_DIMS; fp16 or bf16); `lse` is (heads,
@@ -325,7 +320,7 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     max_seqlen_q long) its contiguous (batch, heads, seqlen_q). `qk_scale` is the softmax scale
     times log2(e); `block_n` keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
     program (FwdConfig.hopper_gluon_block_m), `schedule` the config whose key-loop fields it takes
-    (forward_schedule); with `dropout_p`, entries dropped by the (seed, offset) tensor `rng_seed`."""
+    (forward_schedule)."""
     total_q, heads, headdim = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     grid = (triton.cdiv(max_seqlen_q, block_m), batch * heads)
@@ -336,8 +331,7 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     descriptors = [lse if d is None else d for d in descriptors]  # no tail section: not read
     _fwd_varlen_launcher[grid](
         *descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides, out.stride(0), qk_scale,
-        heads // k.shape[1], rng_seed if dropout_p else lse, dropout_p, STAGES=stages, V_STAGES=v_stages,
-        CAUSAL=causal, DROPOUT=bool(dropout_p), **forward_schedule(schedule),
+        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, **forward_schedule(schedule),
         **forward_launch_options(block_m),
         **split_constexprs)
 

@@ -415,36 +415,32 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
     return run
 
 
-def forward_packed(q, k, v, out, lse, qk_scale: float, causal: bool, cfg: FwdConfig, block_m: int,
-                   dropout_p: float = 0.0, rng_seed: torch.Tensor | None = None) -> None:
+def forward_packed(q, k, v, out, lse, qk_scale: float, causal: bool, cfg: FwdConfig, block_m: int) -> None:
     """A dense call on the Gluon varlen forward (dispatch.GluonPath.PACKED): the batch
     rows of q, k, v and out as packed sequences of seqlen_q queries and seqlen_k keys each, the
     logsumexp written straight into the dense (batch, heads, seqlen_q) `lse`; `block_m` query rows a
-    program (dispatch.fwd_gluon_rows), the rest of the kernel's tiles as `cfg` says; with dropout_p,
-    entries dropped as the dense kernels drop them (rows and keys counted within the batch row)."""
+    program (dispatch.fwd_gluon_rows), the rest of the kernel's tiles as `cfg` says."""
     packed = dispatch.packed_features(q, k)
     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
         *(dispatch.packed_view(t) for t in (q, k, v, out)), lse, packed.cu_seqlens_q, packed.cu_seqlens_k,
-        q.shape[1], qk_scale, causal, cfg.hopper_gluon_block_n, block_m, cfg, dropout_p, rng_seed)
+        q.shape[1], qk_scale, causal, cfg.hopper_gluon_block_n, block_m, cfg)
 
 
 def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features, qk_scale: float,
                             feature_values: tuple, cfg: FwdConfig, block_m: int) -> None:
     """The Gluon forward (kernels/flash_attn_hopper.py) for a call with GQA/MQA, a window, softcap
-    or ALiBi (or dropout, where the config asks), through a per-shape plan keyed like the dense one's
+    or ALiBi, through a per-shape plan keyed like the dense one's
     plus the feature flags, the config's Gluon tiles and `block_m` (dispatch.fwd_gluon_rows)."""
     hopper = dispatch.flash_attn_hopper
     flags = dispatch.gluon_feature_flags(features, causal)
-    dropout = bool(features.dropout_p)
     key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal,
            tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, cfg.hopper_gluon_block_n,
-           block_m, tuple(hopper.forward_schedule(cfg).values()), dropout)
+           block_m, tuple(hopper.forward_schedule(cfg).values()))
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.forward_hopper_plan(
         q, k, v, out, causal, flags=flags, block_n=cfg.hopper_gluon_block_n, block_m=block_m,
-        schedule=cfg, dropout=dropout))
-    _, window_left, window_right, softcap_log2, dropout_p, alibi, stride_alibi_b, _, _, rng_seed = feature_values
-    plan(q, k, v, out, lse, qk_scale, (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b,
-                                       dropout_p, rng_seed))
+        schedule=cfg))
+    _, window_left, window_right, softcap_log2, _, alibi, stride_alibi_b, _, _, _ = feature_values
+    plan(q, k, v, out, lse, qk_scale, (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b))
 
 
 def _memory_path_args(path: str, cfg: FwdConfig, q, k, v, out) -> tuple:
@@ -493,11 +489,9 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
                 if features.varlen:
                     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
                         q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_q,
-                        qk_scale, causal, cfg.hopper_gluon_block_n, gluon_rows, cfg, features.dropout_p,
-                        features.rng_seed)
+                        qk_scale, causal, cfg.hopper_gluon_block_n, gluon_rows, cfg)
                 elif path == GluonPath.PACKED:
-                    forward_packed(q, k, v, out, lse, qk_scale, causal, cfg, gluon_rows, features.dropout_p,
-                                   features.rng_seed)
+                    forward_packed(q, k, v, out, lse, qk_scale, causal, cfg, gluon_rows)
                 else:
                     _forward_features_gluon(q, k, v, out, lse, causal, features, qk_scale, feature_values, cfg,
                                             gluon_rows)

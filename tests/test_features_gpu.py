@@ -426,23 +426,22 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, key_grid
                                                   (1500, True, (-1, -1)), (1024, True, (200, 0))],
                          ids=["dense-causal-gqa", "dense-full-gqa", "off-grid-causal", "window"])
 @pytest.mark.parametrize("gluon_backward", [False, True], ids=["triton-bwd", "gluon-bwd"])
-def test_gpu_gluon_forward_drops_what_the_triton_kernels_drop(seqlen, causal, window, gluon_backward, dtype):
-    """Dropout on the Gluon forward (FwdConfig.hopper_gluon_dropout; the dense kernel, or its varlen
-    variant on the batch rows off the grid): under the keep-mask `return_attn_probs` reports (drawn
-    by the Triton kernels' Philox), out matches float64 and the gradients match too, from the Triton
-    backward or (BwdConfig.hopper_gluon_dropout, on the grid) the Gluon one, each drawing its own
-    mask: they draw the same bits. On the kernels named (asserted)."""
+def test_gpu_gluon_backward_drops_what_the_triton_forward_drops(seqlen, causal, window, gluon_backward, dtype):
+    """Dropout's forward on the Triton kernels (the table's; dispatch.DROPOUT_FORWARD), its backward on
+    the Triton kernels or (BwdConfig.hopper_gluon_dropout, on the grid) the Gluon dK/dV kernel, which
+    redraws the forward's keep-mask (kernels/hopper/dropout.py): under the mask `return_attn_probs`
+    reports, out and the gradients match float64, dense with GQA, off the grid and with a window. On
+    the kernels named (asserted)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    config = dataclasses.replace(default_fwd_config(128, causal, torch.device("cuda")), hopper_gluon_dropout=True)
+    config = default_fwd_config(128, causal, torch.device("cuda"))
     bwd_config = dataclasses.replace(default_bwd_config(128, torch.device("cuda")), hopper_gluon_dropout=gluon_backward)
     q, k, v = (torch.randn(2, seqlen, h, 128, device="cuda", dtype=dtype, requires_grad=True) for h in (8, 2, 2))
     dout = torch.randn_like(q)
     features = Features(window_left=window[0], window_right=-1 if causal else window[1], dropout_p=0.15,
                         rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
-    expected = dispatch.GluonPath.PACKED if seqlen % 128 else dispatch.GluonPath.DENSE
-    assert dispatch.fwd_memory_path(config, q, k, v, q, causal, features) == expected
-    on_gluon = gluon_backward and expected == dispatch.GluonPath.DENSE
+    assert dispatch.fwd_gluon_path(config, q, k, v, q, causal, features) == ("", dispatch.DROPOUT_FORWARD)
+    on_gluon = gluon_backward and seqlen % 128 == 0
     assert dispatch.bwd_dkdv_path(bwd_config, q, k, v, q, features) == (dispatch.GluonPath.DENSE if on_gluon
                                                                           else "triton")
     torch.manual_seed(0)
@@ -454,36 +453,6 @@ def test_gpu_gluon_forward_drops_what_the_triton_kernels_drop(seqlen, causal, wi
     ref = attention_reference(q64, k64, v64, None, causal, window_size=window, dropout_p=0.15, dropout_keep=keep)[0]
     ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
     assert_dropout_close((out, *grads), (ref, *ref_grads), dtype)
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-
-
-@pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_gpu_gluon_varlen_forward_drops_what_the_triton_kernels_drop(dtype):
-    """Dropout on the Gluon varlen forward (FwdConfig.hopper_gluon_dropout), rows and keys counted within
-    each sequence (an empty one, one shorter than its keys): out and gradients against float64 under
-    the keep-mask `return_attn_probs` reports, per sequence."""
-    from kernels import flash_attn_varlen_func
-    from tests.attention_checks import varlen_reference_under_mask
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    lengths_q, lengths_k = [1300, 0, 700, 2048], [1500, 300, 700, 2048]
-    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-                  for lengths in (lengths_q, lengths_k))
-    config = dataclasses.replace(default_fwd_config(128, True, torch.device("cuda")), hopper_gluon_dropout=True)
-    q = torch.randn(int(cu_q[-1]), 4, 128, device="cuda", dtype=dtype, requires_grad=True)
-    k, v = (torch.randn(int(cu_k[-1]), 2, 128, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
-    dout = torch.randn_like(q)
-    features = Features(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=2048, max_seqlen_k=2048, dropout_p=0.2,
-                        rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
-    assert dispatch.fwd_memory_path(config, q, k, v, q, True, features) == dispatch.GluonPath.DENSE
-    torch.manual_seed(5)
-    out, _, probs = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 2048, 2048, dropout_p=0.2, causal=True,
-                                           return_attn_probs=True, fwd_config=config)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    refs = varlen_reference_under_mask(q, k, v, cu_q, cu_k, lengths_q, lengths_k, probs, 0.2, dout)
-    assert_dropout_close((out, *grads), refs, dtype)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 

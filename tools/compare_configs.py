@@ -19,7 +19,7 @@ such a call takes.
         --a hopper_gluon_dq_first=False --b hopper_gluon_dq_first=True
     python tools/compare_configs.py --call bwd --shape 8,0,16,128 --lengths 8192,512,512,512 --causal \\
         --a hopper_gluon_varlen_grid=longest --b hopper_gluon_varlen_grid=packed
-    python tools/compare_configs.py --call fwd --shape 4,2048,16,128 --causal --dropout 0.1 --b hopper_gluon_dropout=True
+    python tools/compare_configs.py --call bwd --shape 4,2048,16,128 --causal --dropout 0.1 --a bwd.hopper_gluon_dropout=False
 
 Several comparisons in one process: `--plan FILE`, one comparison's arguments a line (blank lines
 and `#` comments aside), each after the arguments given beside --plan (e.g. `--rounds 3`); a line

@@ -174,8 +174,10 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict, options:
             f"wgmma wait_group values {' '.join(waits)}{serialised}")
 
 
-FEATURE_SIGNATURE = {"kv_group": "i32", "window_left": "i32", "window_right": "i32", "softcap_log2": "fp32",
-                     "Alibi": "*fp32", "stride_alibi_b": "i32", "RngSeed": "*i64", "dropout_p": "fp32"}
+# the forward's run-time feature arguments; the dK/dV kernels' add dropout's
+FWD_FEATURE_SIGNATURE = {"kv_group": "i32", "window_left": "i32", "window_right": "i32", "softcap_log2": "fp32",
+                         "Alibi": "*fp32", "stride_alibi_b": "i32"}
+FEATURE_SIGNATURE = {**FWD_FEATURE_SIGNATURE, "RngSeed": "*i64", "dropout_p": "fp32"}
 
 
 def feature_label(flags: dict) -> str:
@@ -183,28 +185,26 @@ def feature_label(flags: dict) -> str:
 
 
 def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
-                        block_m: int | None = None, schedule: dict | None = None, dropout: bool = False,
-                        **flags: bool) -> str:
+                        block_m: int | None = None, schedule: dict | None = None, **flags: bool) -> str:
     """The Gluon forward (kernels/hopper/fwd.py) compiled for sm_90 as forward_hopper_plan launches
     it, with the table's hopper_gluon_block_n, hopper_gluon_block_m and key-loop schedule
     (flash_attn_hopper.forward_schedule) unless `block_n`, `block_m`, `schedule` (a dict of its
-    constexprs set) are given; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs; `dropout` its DROPOUT."""
+    constexprs set) are given; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs."""
     from kernels import flash_attn_hopper as hopper
 
     config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
     block_n = block_n or config.hopper_gluon_block_n
     block_m = block_m or config.hopper_gluon_block_m
     schedule = {**hopper.forward_schedule(config), **(schedule or {})}
-    if any(flags.values()) or dropout or (causal and block_m % block_n):  # what takes the dense kernel then (dispatch.fwd_gluon_rows)
+    if any(flags.values()) or (causal and block_m % block_n):  # what takes the dense kernel then (dispatch.fwd_gluon_rows)
         block_m = hopper.BLOCK_M
-    label = feature_label({**{name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}, "DROPOUT": dropout})
+    label = feature_label({name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS})
     sections = hopper.head_sections(headdim)
-    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, schedule,
-                                                                 dropout),
+    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, schedule),
                   "HEAD_SPLIT": len(sections) == 2}  # as launched
     options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")}
     signature = {**section_signature(sections, block_n, dtype), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
-                 "qk_scale": "fp32", **FEATURE_SIGNATURE, **{name: "constexpr" for name in constexprs}}
+                 "qk_scale": "fp32", **FWD_FEATURE_SIGNATURE, **{name: "constexpr" for name in constexprs}}
     tiles = f" {block_m}x{block_n} x {constexprs['STAGES']}/{constexprs['V_STAGES']}" + schedule_label(schedule)
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}{tiles}",
                         hopper._flash_fwd_hopper_kernel, signature, constexprs, options)
@@ -216,7 +216,7 @@ def schedule_label(schedule: dict) -> str:
 
 
 def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
-                               block_m: int | None = None, schedule: dict | None = None, dropout: bool = False) -> str:
+                               block_m: int | None = None, schedule: dict | None = None) -> str:
     """The Gluon forward over packed variable lengths (kernels/hopper/fwd_varlen.py) for sm_90, with the
     table's hopper_gluon_block_n, hopper_gluon_block_m and schedule unless `block_n`, `block_m`,
     `schedule` are given (as hopper_gluon_report's)."""
@@ -232,14 +232,13 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     sections = hopper.head_sections(headdim)
     signature = {**section_signature(sections, block_n, dtype), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
                  "CuSeqK": "*i32", "num_heads": "i32", "stride_lse_h": "i32", "stride_lse_b": "i32", "stride_o": "i32", "qk_scale": "fp32",
-                 "kv_group": "i32", "RngSeed": "*i64", "dropout_p": "fp32", "STAGES": "constexpr", "V_STAGES": "constexpr",
-                 "CAUSAL": "constexpr", "HEAD_SPLIT": "constexpr", "CONSUMERS": "constexpr", "DROPOUT": "constexpr",
-                 **{name: "constexpr" for name in schedule}}
+                 "kv_group": "i32", "STAGES": "constexpr", "V_STAGES": "constexpr", "CAUSAL": "constexpr",
+                 "HEAD_SPLIT": "constexpr", "CONSUMERS": "constexpr", **{name: "constexpr" for name in schedule}}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen {block_m}x{block_n} x {stages}/{v_stages}"
-                        f"{schedule_label(schedule)}{' dropout' if dropout else ''}",
+                        f"{schedule_label(schedule)}",
                         hopper._flash_fwd_hopper_varlen_kernel, signature,
                         {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "HEAD_SPLIT": len(sections) == 2,
-                         "CONSUMERS": consumers, "DROPOUT": dropout, **schedule}, options)
+                         "CONSUMERS": consumers, **schedule}, options)
 
 
 def section_signature(sections: tuple, block_n: int, dtype: str) -> dict:
@@ -259,7 +258,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
                             dropout: bool = False, **flags: bool) -> str:
     """The Gluon dK/dV kernel (kernels/hopper/bwd.py) compiled for sm_90, with dQ fused (TMA
     reduce-adds into a float32 accumulator) or not, in the schedule the table's config gives it
-    (backward_dkdv_hopper_plan); `flags` and `dropout` as hopper_gluon_report's."""
+    (backward_dkdv_hopper_plan); `flags` as hopper_gluon_report's, `dropout` its DROPOUT."""
     from kernels import flash_attn_hopper as hopper
 
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
@@ -379,11 +378,8 @@ def main() -> None:
                 if not causal or 192 % block_n == 0:  # else causal takes the varlen kernel
                     emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
                 emit(hopper_gluon_varlen_report(causal, headdim=headdim, block_n=block_n, block_m=192))
-        # dropout on the Gluon forwards (FwdConfig.hopper_gluon_dropout), dense and varlen, causal or not;
-        # on the dK/dV kernel (BwdConfig.hopper_gluon_dropout, the table's) at head dims 128, 96 and 64
+        # dropout on the dK/dV kernel (BwdConfig.hopper_gluon_dropout, the table's) at head dims 128, 96 and 64
         for causal in (False, True):
-            emit(hopper_gluon_report(causal, dropout=True))
-            emit(hopper_gluon_varlen_report(causal, dropout=True))
             for headdim in (128, 96, 64):
                 emit(hopper_gluon_bwd_report(causal, headdim=headdim, fused_dq=True, dropout=True))
     else:

@@ -1,8 +1,8 @@
 """Dropout's keep-mask in Gluon, bit for bit kernels/dropout.py's: Philox 4x32-10 (Salmon et al.
 2011) as `tl.philox` computes it (triton/language/random.py), keyed by the 64-bit seed, counted by
 (query row, key column, batch x head, offset), its first output made a uniform draw in [0, 1) as
-`tl.uint_to_uniform_float` makes it. So the Gluon forwards drop the entries the Triton kernels and
-`dropout_keep_mask` drop: a forward on one and a backward on the other agree."""
+`tl.uint_to_uniform_float` makes it. So the Gluon dK/dV kernel redraws the entries the Triton
+forward and `dropout_keep_mask` drop: a forward on one and a backward on the other agree."""
 from __future__ import annotations
 
 from triton.experimental import gluon

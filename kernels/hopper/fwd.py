@@ -1,5 +1,5 @@
 """FA2's forward (Algorithm 1) on Hopper, written in Gluon with FlashAttention-3's layout: the dense
-kernel (GQA/MQA, sliding windows, softcap, ALiBi, dropout as constexpr flags) and the loads, matmuls
+kernel (GQA/MQA, sliding windows, softcap, ALiBi as constexpr flags) and the loads, matmuls
 and softmax steps fwd_varlen.py's kernel over packed variable lengths is built from.
 
 Triton 3.6 compiles the forward of `forward.py` to wgmma, but it waits for every matmul at
@@ -12,9 +12,10 @@ when a matmul is waited for. These kernels (FA3, Shah et al. 2024):
   consumer warpgroups (CONSUMERS; FwdConfig.hopper_gluon_block_m: 128 or 192 query rows, FA3's
   choice at head dims 64 and 96 being 192) own 64 query rows each. They synchronise only through
   mbarriers (a K/V stage is refilled once every consumer has released it), with no CTA-wide
-  barrier in the key loop, so one consumer's softmax can run while the others' matmuls do. In the
-  table nothing orders them (FA3 adds named barriers for a strict ping-pong; ours, a ring of
-  mbarriers, is FwdConfig.hopper_gluon_pingpong); the overlap is what the warp schedulers make of it.
+  barrier in the key loop, so one consumer's softmax can run while the others' matmuls do. At
+  head dims up to 128 the table has them issue their matmuls in turns (FwdConfig.hopper_gluon_pingpong:
+  a ring of mbarriers where FA3 and FA4 use named barriers, `_await_turn`); above, nothing orders
+  them and the overlap is what the warp schedulers make of it.
 - **Intra-warpgroup overlap (FA3's Algorithm 2):** for key block j a consumer issues S_j = Q K_j^T,
   then O += P_{j-1} V_{j-1}, and waits for S_j (`warpgroup_mma_wait(1)`; with two head-dim
   sections that also takes P V's first): the softmax of S_j runs under (the rest of) the P V matmul.
@@ -40,7 +41,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..features import _tanh
-from .dropout import _dropout_keep, _rng_args
 from .shared import (
     _allocate_sections,
     _at,
@@ -69,28 +69,6 @@ def _online_softmax(s, m_i, l_i, scale, EMPTY_ROWS: gl.constexpr):
     alpha = gl.exp2(m_i - m_ref)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, l_i, m_new
-
-
-@gluon.jit
-def _drop(p, rng, offs_m, block, offs_n, BLOCK_N: gl.constexpr, DROPOUT: gl.constexpr):
-    """With DROPOUT, P~ of key block `block` with the dropped entries zeroed, after l has summed
-    them all (kernels/forward.py's order: the logsumexp is dropout's own, O takes the kept entries
-    only, their 1 / (1 - p) at the end: `_kept_norm`). `rng` = (seed, offset, batch x head, p); the
-    keep-mask hopper/dropout.py's, bit for bit the Triton kernels'."""
-    if DROPOUT:
-        seed, rng_offset, bh, dropout_p = rng
-        keep = _dropout_keep(seed, rng_offset, bh, offs_m[:, None], (block * BLOCK_N + offs_n)[None, :], dropout_p)
-        p = gl.where(keep, p, 0.0)
-    return p
-
-
-@gluon.jit
-def _kept_norm(l_i, rng, DROPOUT: gl.constexpr):
-    """What line 12 divides O by: l, times 1 - p with DROPOUT (the kept entries scaled by 1 / (1 - p))."""
-    if DROPOUT:
-        return l_i * (1.0 - rng[3])
-    else:
-        return l_i
 
 
 @gluon.jit
@@ -488,20 +466,20 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem, rng, turn_bar) = args
+     full_lo, full_hi, kx_smem, turn_bar) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, first_block, n_blocks)
 
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PART: gl.constexpr, PINGPONG: gl.constexpr, DROPOUT: gl.constexpr):
+                       PART: gl.constexpr, PINGPONG: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1 (_softmax_loop), then lines 12-15."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem, rng, turn_bar) = args
+     full_lo, full_hi, kx_smem, turn_bar) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     # the S accumulator of one warpgroup (O's, one per head-dim section, are made by _zero_sections)
@@ -516,24 +494,24 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
     acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods,
-                                  window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, rng, s_layout,
-                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG, DROPOUT)
+                                  window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout,
+                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
         lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
     gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
-    _store_output(acc, _kept_norm(l_i, rng, DROPOUT), q_buf, o_desc, q_row + PART * ROWS, col0)
+    _store_output(acc, l_i, q_buf, o_desc, q_row + PART * ROWS, col0)
 
 
 @gluon.jit
 def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods, window, offs_m,
-                  offs_n, offs_n_f, first_block, n_blocks, kx_smem, rng, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
+                  offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
                   WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
-                  PINGPONG: gl.constexpr, DROPOUT: gl.constexpr):
+                  PINGPONG: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, the matmuls issued in turns with PINGPONG
-    (`_await_turn`), with DROPOUT the dropped entries of P~ zeroed (`_drop`): the unnormalised O, l and m."""
+    (`_await_turn`): the unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
@@ -555,7 +533,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
                                                 CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
     else:
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, window[3], BLOCK_N, CAUSAL)
-    p = _held_p(_drop(p, rng, offs_m, first_block, offs_n, BLOCK_N, DROPOUT), acc, v_smem[0].dtype, EARLY_P)
+    p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
@@ -569,7 +547,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
-        p = _held_p(_drop(p, rng, offs_m, first_block + i, offs_n, BLOCK_N, DROPOUT), acc, v_smem[0].dtype, EARLY_P)
+        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
     return acc, l_i, m_i
 
@@ -589,14 +567,13 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 @gluon.jit
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc, LSE,
                              num_heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2, Alibi,
-                             stride_alibi_b, RngSeed, dropout_p, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                             stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
-                             PINGPONG: gl.constexpr = False, DROPOUT: gl.constexpr = False):
+                             PINGPONG: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; PINGPONG: the
-    consumers issue their matmuls in turns (`_await_turn`); DROPOUT: P~ dropped with probability dropout_p, the seed and offset read
-    from RngSeed (`_drop`). The descriptors view (batch * seqlen, heads *
+    consumers issue their matmuls in turns (`_await_turn`). The descriptors view (batch * seqlen, heads *
     head dim); K and V have num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
@@ -646,8 +623,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
             col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-            window_right, full_lo, full_hi, kx_smem, _rng_args(RngSeed, pid_bh, dropout_p, DROPOUT),
-            _turn_barriers(q_bar, CONSUMERS, PINGPONG))
+            window_right, full_lo, full_hi, kx_smem, _turn_barriers(q_bar, CONSUMERS, PINGPONG))
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one or two workers (4 warps each) consume, one function PART apart;
@@ -655,14 +631,14 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # two consumers 240 a thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, DROPOUT)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, DROPOUT)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, DROPOUT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, DROPOUT)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, DROPOUT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])

@@ -12,9 +12,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .dropout import _rng_args
 from .fwd import (
-    _drop,
     _fwd_block_matmuls,
     _fwd_first_block,
     _fwd_last_block,
@@ -22,7 +20,6 @@ from .fwd import (
     _fwd_rescale,
     _fwd_shared_buffers,
     _held_p,
-    _kept_norm,
     _load_q_kv,
     _online_softmax,
     _store_output,
@@ -51,22 +48,21 @@ def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from
 def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
     """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale, rng,
+     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
      turn_bar) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, 0, n_blocks)
 
 
 @gluon.jit
-def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
-                              DROPOUT: gl.constexpr):
+def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr):
     """_softmax_partition for one sequence of a packed batch: rows [start_m + PART * 64, + 64) of
     the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
     one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
     of a query tile past the sequence's end are the next sequence's: their results are not
     written (a masked store where the tile crosses the end, TMA where it does not)."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale, rng,
+     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
      turn_bar) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
@@ -82,14 +78,14 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
     p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
                                               BLOCK_N, CAUSAL)
     EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
-    p = _held_p(_drop(p, rng, offs_m, 0, offs_n, BLOCK_N, DROPOUT), acc, v_smem[0].dtype, EARLY_P)
+    p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
                                                     acc, s_init, PART, PINGPONG)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
-        p = _held_p(_drop(p, rng, offs_m, i, offs_n, BLOCK_N, DROPOUT), acc, v_smem[0].dtype, EARLY_P)
+        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
 
     # lines 12-15; a row that saw no key: O = 0, L = +inf
@@ -97,7 +93,6 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
     l_safe = gl.where(empty, 1.0, l_i)
     lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
     gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < seqlen_q)
-    l_safe = _kept_norm(l_safe, rng, DROPOUT)
     if first_row + ROWS <= seqlen_q:  # the whole part is this sequence's: one TMA store a section
         _store_output(acc, l_safe, q_buf, o_desc, q_row + PART * ROWS, col0)
     else:  # the tile crosses the sequence's end: the rows past it belong to the next sequence
@@ -123,25 +118,23 @@ def _store_rows_within(acc, l_i, Out, seq_row0, first_row, seqlen_q, stride_o, c
 @gluon.jit
 def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc,
                                     Out, LSE, CuSeqQ, CuSeqK, num_heads, stride_lse_h, stride_lse_b, stride_o,
-                                    qk_scale, kv_group, RngSeed, dropout_p, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
+                                    qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
-                                    CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
-                                    DROPOUT: gl.constexpr = False):
+                                    CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
     has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS, PINGPONG and DROPOUT (RngSeed, dropout_p) as
-    the dense kernel's, rows and keys counted within the sequence."""
+    query block does nothing. CONSUMERS and PINGPONG as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * ROWS
-    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
+    pid_m, _, b, h = _fwd_program(num_heads, CAUSAL)
     q_start = gl.load(CuSeqQ + b)
     seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
     kv_row0 = gl.load(CuSeqK + b)
@@ -164,19 +157,18 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                                                                      V_STAGES, CONSUMERS)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                 q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
-                stride_o, qk_scale, _rng_args(RngSeed, pid_bh, dropout_p, DROPOUT),
-                _turn_barriers(q_bar, CONSUMERS, PINGPONG))
+                stride_o, qk_scale, _turn_barriers(q_bar, CONSUMERS, PINGPONG))
         if CONSUMERS == 3:  # registers as the dense kernel's
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, DROPOUT)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, DROPOUT)),
-                (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, DROPOUT)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG)),
+                (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 4, 1], [160, 160, 24])
         else:
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, DROPOUT)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, DROPOUT)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 1], [240, 24])
 
