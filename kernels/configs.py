@@ -136,8 +136,8 @@ HOPPER_FWD_CONFIGS = {
     # from 4096 keys, as at 2k causal it was slower than this kernel (rows:
     # reports/h200/decisions/gluon_fields.csv; with 128 rows, gluon_forward_d64.csv). Its three
     # consumers issue their matmuls in turns (hopper_gluon_pingpong, as FA3 and FA4 order them at head
-    # dims up to 128): faster at 2k-8k keys, full and causal, same process
-    # (reports/h100/decisions/gluon_fields.csv).
+    # dims up to 128): faster at 2k and 8k keys without causal and at 4k causal, level at 8k causal,
+    # same process (reports/h100/decisions/gluon_fields.csv).
     (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=1024, hopper_gluon_block_m=192,
                            hopper_gluon_pingpong=True),
     (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096, hopper_gluon_block_m=192,

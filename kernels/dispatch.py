@@ -96,7 +96,7 @@ def _packed_scope(q: torch.Tensor, k: torch.Tensor) -> Features:
     return Features(cu_seqlens_q=counts, cu_seqlens_k=counts, max_seqlen_q=q.shape[1], max_seqlen_k=k.shape[1])
 
 
-def _dense_as_packed_refusal(config: FwdConfig, q, k, v, out, features: Features = DENSE) -> str:
+def _dense_as_packed_refusal(config: FwdConfig, q, k, v, out) -> str:
     """Why the Gluon varlen forward does not take this dense call as packed rows
     (GluonPath.PACKED): hopper_gluon_varlen_refusal of the packed views ('' where it does)."""
     views = [packed_view(t) for t in (q, k, v, out)]
@@ -128,7 +128,7 @@ def _lengths_refusal(q, k, block_m: int | None = None, block_n: int | None = Non
 
 
 # A call with a feature whose lengths only the varlen kernels take
-OFF_GRID_FEATURES = ("a window, softcap or ALiBi with lengths off the 128-row grid or unequal: the Gluon "
+OFF_GRID_FEATURES = ("a window, softcap, ALiBi or dropout with lengths off the 128-row grid or unequal: the Gluon "
                      "varlen kernels have none of them")
 DROPOUT_FORWARD = "dropout: on the Triton forward (the Gluon forwards have none)"
 
@@ -166,7 +166,7 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
     lengths = refusal == _lengths_refusal(q, k, rows, block_n, causal)
     if not (features is DENSE or features.dense):
         return "", OFF_GRID_FEATURES if lengths else refusal
-    packed = _dense_as_packed_refusal(config, q, k, v, out, features)
+    packed = _dense_as_packed_refusal(config, q, k, v, out)
     if not packed:
         return GluonPath.PACKED, ""
     return "", packed if lengths else refusal

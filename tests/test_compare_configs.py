@@ -59,12 +59,12 @@ def test_a_dropout_call_is_checked_under_its_own_mask_and_timed(tmp_path):
 def test_a_windowed_call_is_checked_and_timed(tmp_path):
     """--window: the call and both references take the sliding window (a config that ignored it would
     be off them); the rows carry it, and a packed call or a bad window is refused."""
-    out = compare_configs.main(["--call", "fwd_bwd", "--shape", "1,48,2,32", "--window", "7,3", "--dtype", "fp16",
+    out = compare_configs.main(["--call", "fwd_bwd", "--shape", "1,48,2,32", "--window", "7", "3", "--dtype", "fp16",
                                 "--b", "block_m=16", "--rounds", "1", "--out", str(tmp_path / "rows.csv")])
     with out.open() as f:
         rows = list(csv.DictReader(f))
     assert [row["config"] for row in rows] == ["A", "B"] and all(row["window"] == "7,3" for row in rows)
-    for bad in (["--window", "-2,3"], ["--window", "7,3", "--lengths", "40,70"]):
+    for bad in (["--window", "-2", "3"], ["--window", "7", "3", "--lengths", "40,70"]):
         with pytest.raises(SystemExit):
             compare_configs.main(["--call", "fwd", "--shape", "1,48,2,32", *bad, "--out", str(tmp_path / "x.csv")])
 

@@ -402,12 +402,13 @@ def test_dropout_takes_the_triton_forward_and_the_gluon_backward_where_the_confi
     assert HOPPER_BWD_CONFIGS[64].hopper_gluon_dropout and HOPPER_BWD_CONFIGS[128].hopper_gluon_dropout
     unasked = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_dropout=False)
     assert bwd_dkdv_path(unasked, q, q, q, q, dropout) == "triton"
-    assert not dispatch.hopper_gluon_varlen_bwd_applies(unasked, packed, packed, packed, packed, varlen)
     # BwdConfig.hopper_gluon_dropout: the dense dK/dV kernel (dQ fused) on its grid; not off it (the
     # varlen dK/dV kernel has no dropout), nor at head dim 192 (bwd_wide.py's has none)
     asked = HOPPER_BWD_CONFIGS[128]
     assert bwd_dkdv_path(asked, q, q, q, q, dropout) == GluonPath.DENSE
     assert bwd_dkdv_path(asked, off_grid, off_grid, off_grid, off_grid, dropout) == "triton"
+    assert dispatch.bwd_gluon_path(asked, off_grid, off_grid, off_grid, off_grid, dropout)[1] == dispatch.OFF_GRID_FEATURES
+    assert "dropout" in dispatch.OFF_GRID_FEATURES
     wide = torch.empty(2, 2048, 4, 192, dtype=torch.bfloat16)
     assert "dropout" in dispatch.bwd_gluon_path(dataclasses.replace(HOPPER_BWD_CONFIGS[256], hopper_gluon_dropout=True),
                                                 wide, wide, wide, wide, dropout)[1]
@@ -621,8 +622,8 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # head-dim sections, 192 and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two
     # sections), causal or not; the backward also with dQ fused at each (at 64 and 96 the consumers
     # take turns); then each of the window, softcap and ALiBi, causal or not, forward and backward
-    # (dQ fused)
-    assert len(forward_lines) == 10 + 6 + 4 and len(backward_lines) == 12 + 6 + 6, report
+    # (dQ fused); then two with the consumers in no fixed order (hopper_gluon_pingpong off)
+    assert len(forward_lines) == 10 + 6 + 4 + 2 and len(backward_lines) == 12 + 6 + 6, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 6 + 6 + 6 and all("tma-reduce" in line for line in fused), report
     # the backward with dropout (BwdConfig.hopper_gluon_dropout) at head dims 128, 96 and 64: the keep-mask
@@ -647,12 +648,13 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # dim 64 in 128-key blocks (the table's; causal: the varlen kernel only), at 96 and 128 in 64-key
     # blocks, without spills or serialised wgmma
     three = [line for line in forward_lines + varlen_lines if " 192x" in line]
-    assert len(three) == 11 and sum(" d64 " in line for line in three) == 3, report
+    assert len(three) == 12 and sum(" d64 " in line for line in three) == 4, report
     assert sum(" d128 " in line for line in three) == 4 and not any("serialised" in line for line in three), report
     # the consumers' matmuls in turns (FwdConfig.hopper_gluon_pingpong, the table's) at head dims 64, 96
-    # and 128, two or three consumers, not at 192 and 256
+    # and 128, two or three consumers, not at 192 and 256; off in the last two forwards built
     assert all((" pingpong " in line) == (line.split()[1] in ("d64", "d96", "d128"))
-               for line in forward_lines + varlen_lines), report
+               for line in forward_lines[:-2] + varlen_lines), report
+    assert not any(" pingpong " in line for line in forward_lines[-2:]), report
     assert all("spill stores 0 B" in line for line in three), report
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
     # d64, d96 and d128, dQ fused, causal or not: the longest grid, then the packed grid

@@ -203,18 +203,21 @@ def test_gpu_gluon_forward_on_192_query_rows(case, dtype):
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
-# (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, query rows a program)
+# (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, query rows a program, in turns)
 PINGPONG_CASES = {
-    "d128-full": (2, 2048, 2048, 3, 3, 128, False, (-1, -1), 128),
-    "d128-causal-gqa": (2, 2048, 2048, 4, 2, 128, True, (-1, -1), 128),
-    "d128-window": (2, 2048, 2048, 2, 2, 128, True, (300, 0), 128),  # the features' kernel
-    "d128-off-grid-causal": (2, 1500, 1500, 2, 2, 128, True, (-1, -1), 128),  # varlen, batch rows packed
-    "d64-three-full": (1, 3072, 3072, 2, 2, 64, False, (-1, -1), 192),  # three consumers in a ring
-    "d64-three-causal": (2, 2048, 2048, 2, 2, 64, True, (-1, -1), 192),
-    "d96-full": (2, 2048, 2048, 3, 3, 96, False, (-1, -1), 128),  # two head-dim sections, 64 + 32
-    "d96-off-grid-causal": (2, 1500, 1500, 2, 1, 96, True, (-1, -1), 128),
-    "d192-full": (1, 2048, 2048, 2, 2, 192, False, (-1, -1), 128),  # 64-key blocks, 128 + 64
-    "d256-causal": (1, 2048, 2048, 2, 2, 256, True, (-1, -1), 128),
+    "d128-full": (2, 2048, 2048, 3, 3, 128, False, (-1, -1), 128, True),
+    "d128-causal-gqa": (2, 2048, 2048, 4, 2, 128, True, (-1, -1), 128, True),
+    "d128-window": (2, 2048, 2048, 2, 2, 128, True, (300, 0), 128, True),  # the features' kernel
+    "d128-off-grid-causal": (2, 1500, 1500, 2, 2, 128, True, (-1, -1), 128, True),  # varlen, batch rows packed
+    "d64-three-full": (1, 3072, 3072, 2, 2, 64, False, (-1, -1), 192, True),  # three consumers in a ring
+    "d64-three-causal": (2, 2048, 2048, 2, 2, 64, True, (-1, -1), 192, True),
+    "d96-full": (2, 2048, 2048, 3, 3, 96, False, (-1, -1), 128, True),  # two head-dim sections, 64 + 32
+    "d96-off-grid-causal": (2, 1500, 1500, 2, 1, 96, True, (-1, -1), 128, True),
+    "d192-full": (1, 2048, 2048, 2, 2, 192, False, (-1, -1), 128, True),  # 64-key blocks, 128 + 64
+    "d256-causal": (1, 2048, 2048, 2, 2, 256, True, (-1, -1), 128, True),
+    # the consumers in no fixed order, as the table has them above head dim 128 only
+    "d64-three-full-free-order": (1, 3072, 3072, 2, 2, 64, False, (-1, -1), 192, False),
+    "d128-causal-free-order": (2, 2048, 2048, 2, 2, 128, True, (-1, -1), 128, False),
 }
 
 
@@ -224,13 +227,14 @@ PINGPONG_CASES = {
 def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype):
     """FwdConfig.hopper_gluon_pingpong (the consumer warpgroups issue their matmuls in turns, a ring
     of mbarriers, as FA3's and FA4's warp-scheduler barriers order them) on the dense, features and
-    varlen Gluon forwards, two and three consumers: out, logsumexp and gradients against float64 (a
-    turn passed out of order would deadlock or race, not only slow down), on the Gluon kernel."""
-    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, rows = PINGPONG_CASES[case]
+    varlen Gluon forwards, two and three consumers, and without it at head dims where the table sets
+    it: out, logsumexp and gradients against float64 (a turn passed out of order would deadlock or
+    race, not only slow down), on the Gluon kernel."""
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, rows, in_turns = PINGPONG_CASES[case]
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=1024,
-                                 hopper_gluon_block_m=rows, hopper_gluon_pingpong=True)
+                                 hopper_gluon_block_m=rows, hopper_gluon_pingpong=in_turns)
     like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
     like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
     assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, causal, _case_features(

@@ -113,7 +113,7 @@ def feature_call_bwd_config(table: BwdConfig, feature_table: BwdConfig) -> BwdCo
 def make_configs(fields: dict[str, dict], headdim: int, causal: bool, device: torch.device,
                  feature_tiles: bool = False):
     """The table's configs for this call with `fields` set (dataclasses.replace); `feature_tiles`: the
-    call runs the feature kernels with a mask (GQA causal, dropout, packed lengths), whose backward
+    call runs the feature kernels with a mask (GQA causal, a window, dropout, packed lengths), whose backward
     takes its Triton tiles from the features table (feature_call_bwd_config)."""
     fwd = dataclasses.replace(default_fwd_config(headdim, causal, device), **fields["fwd"])
     bwd = default_bwd_config(headdim, device)
@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--lengths", type=lambda text: [int(x) for x in text.split(",")], default=None,
                         help="packed variable lengths (flash_attn_varlen_func), comma-separated")
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--window", metavar="LEFT,RIGHT", type=lambda text: tuple(int(x) for x in text.split(",")),
-                        default=(-1, -1), help="sliding window (dense calls; flash-attn's window_size; default -1,-1: none)")
+    parser.add_argument("--window", metavar=("LEFT", "RIGHT"), type=int, nargs=2, default=(-1, -1),
+                        help="sliding window (dense calls; flash-attn's window_size; default -1 -1: none)")
     parser.add_argument("--dropout", type=float, default=0.0, metavar="P", help="dropout_p (dense calls; default 0)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--a", default="", metavar="FIELDS", help="config A: name=value,... (empty: the table's)")
@@ -269,9 +269,10 @@ def main(argv: list[str] | None = None) -> Path:
     if not 0.0 <= args.dropout < 1.0 or (args.dropout and args.lengths):
         parser.error(f"--dropout takes a probability in [0, 1) for dense calls, got {args.dropout}"
                      + (" with --lengths" if args.lengths else ""))
+    args.window = tuple(args.window)
     windowed = args.window != (-1, -1)
-    if len(args.window) != 2 or min(args.window) < -1 or (windowed and args.lengths):
-        parser.error(f"--window takes LEFT,RIGHT (each -1 or more) for dense calls, got {args.window}"
+    if min(args.window) < -1 or (windowed and args.lengths):
+        parser.error(f"--window takes LEFT RIGHT (each -1 or more) for dense calls, got {args.window}"
                      + (" with --lengths" if args.lengths else ""))
     device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
     headdim = args.shape[3]

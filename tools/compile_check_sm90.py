@@ -177,7 +177,7 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict, options:
 # the forward's run-time feature arguments; the dK/dV kernels' add dropout's
 FWD_FEATURE_SIGNATURE = {"kv_group": "i32", "window_left": "i32", "window_right": "i32", "softcap_log2": "fp32",
                          "Alibi": "*fp32", "stride_alibi_b": "i32"}
-FEATURE_SIGNATURE = {**FWD_FEATURE_SIGNATURE, "RngSeed": "*i64", "dropout_p": "fp32"}
+BWD_FEATURE_SIGNATURE = {**FWD_FEATURE_SIGNATURE, "RngSeed": "*i64", "dropout_p": "fp32"}
 
 
 def feature_label(flags: dict) -> str:
@@ -267,7 +267,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {**backward_section_signature(headdim, fused_dq, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
-                 **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "FUSED_DQ": "constexpr",
+                 **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "FUSED_DQ": "constexpr",
                  "DROPOUT": "constexpr", **{name: "constexpr" for name in flags},
                  **{name: "constexpr" for name in schedule}}
     label = (f"d{headdim} causal={causal!s:5s} {dtype}" + (" fused dQ" if fused_dq else "")
@@ -285,7 +285,7 @@ def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
-                 **FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr"}
+                 **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr"}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ", hopper._flash_bwd_dkdv_hopper_wide_kernel,
                         signature, {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
 
@@ -378,6 +378,10 @@ def main() -> None:
                 if not causal or 192 % block_n == 0:  # else causal takes the varlen kernel
                     emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
                 emit(hopper_gluon_varlen_report(causal, headdim=headdim, block_n=block_n, block_m=192))
+        # the consumers in no fixed order (FwdConfig.hopper_gluon_pingpong off), which the table takes
+        # above head dim 128 only: three consumers at 64, two at 128
+        emit(hopper_gluon_report(False, headdim=64, block_m=192, schedule={"PINGPONG": False}))
+        emit(hopper_gluon_report(True, headdim=128, schedule={"PINGPONG": False}))
         # dropout on the dK/dV kernel (BwdConfig.hopper_gluon_dropout, the table's) at head dims 128, 96 and 64
         for causal in (False, True):
             for headdim in (128, 96, 64):
