@@ -130,7 +130,6 @@ def _lengths_refusal(q, k, block_m: int | None = None, block_n: int | None = Non
 # A call with a feature whose lengths only the varlen kernels take
 OFF_GRID_FEATURES = ("a window, softcap, ALiBi or dropout with lengths off the 128-row grid or unequal: the Gluon "
                      "varlen kernels have none of them")
-DROPOUT_FORWARD = "dropout: on the Triton forward (the Gluon forwards have none)"
 
 
 def _min_keys_refusal(config, keys: int, mode: str) -> str:
@@ -150,11 +149,11 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
     causal, the varlen kernel on each batch row as a packed sequence. Dropout: none."""
     if gluon_unavailable:
         return "", gluon_unavailable
+    if features.dropout_p:
+        return "", "dropout: on the Triton forward (the Gluon forwards have none)"
     if features is not DENSE and features.varlen:
         refusal = hopper_gluon_varlen_refusal(config, q, k, v, out, features)
         return (GluonPath.DENSE, "") if not refusal else ("", refusal)
-    if features.dropout_p:
-        return "", DROPOUT_FORWARD
     refusal = _min_keys_refusal(config, k.shape[1], "forward")
     rows, block_n = fwd_gluon_rows(config, features), config.hopper_gluon_block_n
     refusal = refusal or hopper_gluon_refusal(q, k, v, out, block_m=rows, block_n=block_n, causal=causal)
@@ -297,7 +296,7 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
     if features is DENSE or not features.varlen:
         return "not packed sequences"
     if features.dropout_p:
-        return DROPOUT_FORWARD if mode == "forward" else "dropout: the Gluon varlen backward has none"
+        return f"dropout: the Gluon varlen {mode} kernels have none"
     if (features.window_left >= 0 or features.window_right >= 0 or features.softcap
             or features.alibi_slopes is not None):
         return "a window, softcap or ALiBi: the Gluon varlen kernels have none of them"

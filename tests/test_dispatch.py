@@ -388,17 +388,18 @@ def test_dropout_takes_the_triton_forward_and_the_gluon_backward_where_the_confi
     q = torch.empty(2, 2048, 4, 128, dtype=torch.bfloat16)
     off_grid = torch.empty(2, 1500, 4, 128, dtype=torch.bfloat16)
     assert dispatch.fwd_gluon_path(table, q, q, q, q, True) == (GluonPath.DENSE, "")
-    assert dispatch.fwd_gluon_path(table, q, q, q, q, True, dropout) == ("", dispatch.DROPOUT_FORWARD)
-    assert dispatch.fwd_gluon_path(table, off_grid, off_grid, off_grid, off_grid, True, dropout) == (
-        "", dispatch.DROPOUT_FORWARD)
+    on_triton = ("", "dropout: on the Triton forward (the Gluon forwards have none)")
+    assert dispatch.fwd_gluon_path(table, q, q, q, q, True, dropout) == on_triton
+    assert dispatch.fwd_gluon_path(table, off_grid, off_grid, off_grid, off_grid, True, dropout) == on_triton
     cu = torch.tensor([0, 1500, 3000], dtype=torch.int32)
     varlen = Features(dropout_p=0.1, rng_seed=seed, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500,
                       max_seqlen_k=1500)
     packed = torch.empty(3000, 4, 128, dtype=torch.bfloat16)
     without = Features(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=1500, max_seqlen_k=1500)
     assert dispatch.fwd_gluon_path(table, packed, packed, packed, packed, True, without) == (GluonPath.DENSE, "")
-    assert dispatch.fwd_gluon_path(table, packed, packed, packed, packed, True, varlen) == (
-        "", dispatch.DROPOUT_FORWARD)
+    assert dispatch.fwd_gluon_path(table, packed, packed, packed, packed, True, varlen) == on_triton
+    assert dispatch.hopper_gluon_varlen_refusal(table, packed, packed, packed, packed, varlen, "backward") == (
+        "dropout: the Gluon varlen backward kernels have none")
     assert HOPPER_BWD_CONFIGS[64].hopper_gluon_dropout and HOPPER_BWD_CONFIGS[128].hopper_gluon_dropout
     unasked = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_dropout=False)
     assert bwd_dkdv_path(unasked, q, q, q, q, dropout) == "triton"

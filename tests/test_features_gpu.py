@@ -431,7 +431,7 @@ def test_gpu_gluon_varlen(headdim, lengths_q, lengths_k, causal, dtype, key_grid
                          ids=["dense-causal-gqa", "dense-full-gqa", "off-grid-causal", "window"])
 @pytest.mark.parametrize("gluon_backward", [False, True], ids=["triton-bwd", "gluon-bwd"])
 def test_gpu_gluon_backward_drops_what_the_triton_forward_drops(seqlen, causal, window, gluon_backward, dtype):
-    """Dropout's forward on the Triton kernels (the table's; dispatch.DROPOUT_FORWARD), its backward on
+    """Dropout's forward on the Triton kernels (the Gluon forwards have none), its backward on
     the Triton kernels or (BwdConfig.hopper_gluon_dropout, on the grid) the Gluon dK/dV kernel, which
     redraws the forward's keep-mask (kernels/hopper/dropout.py): under the mask `return_attn_probs`
     reports, out and the gradients match float64, dense with GQA, off the grid and with a window. On
@@ -444,7 +444,7 @@ def test_gpu_gluon_backward_drops_what_the_triton_forward_drops(seqlen, causal, 
     dout = torch.randn_like(q)
     features = Features(window_left=window[0], window_right=-1 if causal else window[1], dropout_p=0.15,
                         rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
-    assert dispatch.fwd_gluon_path(config, q, k, v, q, causal, features) == ("", dispatch.DROPOUT_FORWARD)
+    assert dispatch.fwd_gluon_path(config, q, k, v, q, causal, features)[1].startswith("dropout: on the Triton forward")
     on_gluon = gluon_backward and seqlen % 128 == 0
     assert dispatch.bwd_dkdv_path(bwd_config, q, k, v, q, features) == (dispatch.GluonPath.DENSE if on_gluon
                                                                           else "triton")
