@@ -55,6 +55,12 @@ class FwdConfig:
     # one's softmax runs while another's matmuls do, in a fixed order; else the warp schedulers
     # interleave them as they come.
     hopper_gluon_pingpong: bool = False
+    # The order that kernel's causal programs start in (dense calls): 1, the grid's own (each batch x
+    # head row's query blocks longest first, row after row); a power of two, or "l2" (as many rows as
+    # keep their K and V within the L2 cache, FA4's forward tile scheduler's rule), rows that start
+    # together longest first, every row's longest query block, then every row's next
+    # (flash_attn_hopper.fwd_group_shift).
+    hopper_gluon_head_section: int | str = 1
 
 
 @dataclass(frozen=True)

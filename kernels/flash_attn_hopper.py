@@ -235,6 +235,25 @@ def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n:
             **forward_launch_options(block_m)}
 
 
+def fwd_group_shift(section: int | str, rows: int, seqlen_k: int, headdim: int, element_size: int,
+                    device: torch.device) -> int:
+    """log2 of the (batch x head) rows whose causal programs start together longest first (fwd.py's
+    GROUP_SHIFT, `_fwd_program`; FwdConfig.hopper_gluon_head_section): the largest power of two that
+    divides `rows` and is at most `section`; "l2": at most as many rows as keep their K and V
+    (seqlen_k x headdim each) within the L2 cache (common.l2_cache_bytes), the budget FlashAttention-4's
+    forward tile scheduler sizes its head sections by (SingleTileLPTScheduler in
+    flash_attn/cute/tile_scheduler.py). 0 (one row): the grid's own order."""
+    if section == "l2":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        section = max(1, l2_cache_bytes(index) // max(2 * seqlen_k * headdim * element_size, 1))
+    if isinstance(section, bool) or not isinstance(section, int) or section < 1:
+        raise ValueError(f"hopper_gluon_head_section must be a positive int or 'l2', got {section!r}")
+    shift = 0
+    while rows % (2 << shift) == 0 and (2 << shift) <= section:
+        shift += 1
+    return shift
+
+
 def forward_schedule(config=None) -> dict:
     """The forwards' key-loop constexprs from a FwdConfig (or a dict of them, as made here; None:
     the defaults): PINGPONG (hopper_gluon_pingpong: the consumers issue their matmuls in turns)."""
@@ -282,7 +301,8 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     then holds its run-time values (qk_scale, window sides, softcap * log2(e), the slopes and their
     batch stride). `block_n`: keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
     program (FwdConfig.hopper_gluon_block_m); the lengths a multiple of both, and causal block_n a
-    divisor of block_m. `schedule`: the config whose key-loop fields the kernel takes (forward_schedule)."""
+    divisor of block_m. `schedule`: the config whose key-loop fields the kernel takes (forward_schedule),
+    and causal, its programs' launch order (fwd_group_shift)."""
     batch, seqlen, heads, _ = q.shape
     if block_m % block_n and causal:
         raise ValueError(f"hopper_gluon_block_n must divide the Gluon forward's {block_m} query rows, got {block_n}")
@@ -292,6 +312,9 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     # warpgroups, their registers at launch moved by setmaxnreg (forward_launch_options)
     constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule),
                   **split_constexprs}
+    if causal:  # the causal programs' launch order (FwdConfig.hopper_gluon_head_section)
+        constexprs["GROUP_SHIFT"] = fwd_group_shift(getattr(schedule, "hopper_gluon_head_section", 1), batch * heads,
+                                                    k.shape[1], q.shape[-1], q.element_size(), q.device)
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
     # without a tail section the tail arguments are the logsumexp's pointer, not read
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // block_m, batch * heads),

@@ -623,8 +623,10 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # head-dim sections, 192 and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two
     # sections), causal or not; the backward also with dQ fused at each (at 64 and 96 the consumers
     # take turns); then each of the window, softcap and ALiBi, causal or not, forward and backward
-    # (dQ fused); then two with the consumers in no fixed order (hopper_gluon_pingpong off)
-    assert len(forward_lines) == 10 + 6 + 4 + 2 and len(backward_lines) == 12 + 6 + 6, report
+    # (dQ fused); causal in launch groups of 4 rows at 128 and 256; then two with the consumers in no
+    # fixed order (hopper_gluon_pingpong off)
+    assert len(forward_lines) == 10 + 6 + 2 + 4 + 2 and len(backward_lines) == 12 + 6 + 6, report
+    assert sum(" group shift" in line for line in forward_lines) == 2, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 6 + 6 + 6 and all("tma-reduce" in line for line in fused), report
     # the backward with dropout (BwdConfig.hopper_gluon_dropout) at head dims 128, 96 and 64: the keep-mask
@@ -719,6 +721,28 @@ def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch)
     for blocks, pairs in ((hopper.BWD_MAX_KEY_BLOCKS + 1, 6), (0, 6), (8, 0)):
         with pytest.raises(ValueError, match="key blocks"):
             hopper.bwd_grid(blocks, pairs, 1, 1024, 128, 2, cpu, section="l2")
+
+
+def test_the_causal_forward_starts_groups_of_rows_longest_first_sized_as_asked(monkeypatch):
+    """flash_attn_hopper.fwd_group_shift, the Gluon forward's causal launch order (fwd._fwd_program's
+    GROUP_SHIFT): log2 of the largest power of two that divides the (batch x head) rows and is at most
+    the config's hopper_gluon_head_section (1, the table's: the grid's own order); "l2" as many rows
+    as keep their K and V within the L2 cache (FA4's forward rule); a bad setting is refused by name."""
+    from kernels import flash_attn_hopper as hopper
+
+    cpu = torch.device("cpu", 0)
+    assert hopper.fwd_group_shift(1, 16, 8192, 256, 2, cpu) == 0
+    assert hopper.fwd_group_shift(4, 16, 8192, 256, 2, cpu) == 2
+    assert hopper.fwd_group_shift(8, 12, 8192, 256, 2, cpu) == 2  # 8 does not divide 12
+    assert hopper.fwd_group_shift(64, 7, 8192, 256, 2, cpu) == 0
+    monkeypatch.setattr(hopper, "l2_cache_bytes", lambda index: 50 << 20)
+    # a row's K and V at 8k keys, head dim 256, bf16: 8 MiB -> 6 in 50 MiB -> 4, FA4's section there
+    assert hopper.fwd_group_shift("l2", 16, 8192, 256, 2, cpu) == 2
+    assert hopper.fwd_group_shift("l2", 64, 2048, 256, 2, cpu) == 4  # 2 MiB a row: 25 -> 16
+    assert all(config.hopper_gluon_head_section == 1 for config in HOPPER_FWD_CONFIGS.values())
+    for bad in (0, "all", 1.5, True):
+        with pytest.raises(ValueError, match="hopper_gluon_head_section"):
+            hopper.fwd_group_shift(bad, 16, 1024, 128, 2, cpu)
 
 
 def test_bank_conflict_report_counts_each_shared_memory_access_of_the_gluon_backward():

@@ -244,6 +244,34 @@ def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype):
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
+# (batch, seqlen, heads, kv_heads, headdim, FwdConfig.hopper_gluon_head_section), causal on the dense Gluon forward
+CAUSAL_SECTION_CASES = {
+    "d256-groups-of-4": (2, 2048, 8, 8, 256, 4),
+    "d128-gqa-l2": (3, 2048, 4, 2, 128, "l2"),  # 12 rows: groups of 4 (the largest power of two dividing them)
+    "d96-groups-of-2": (1, 3072, 6, 6, 96, 2),  # two head-dim sections
+}
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(CAUSAL_SECTION_CASES))
+def test_gpu_gluon_causal_forward_in_launch_groups(case, dtype):
+    """FwdConfig.hopper_gluon_head_section on the causal Gluon forward: the programs renumbered so that
+    groups of (batch x head) rows start longest first together (fwd._fwd_program's GROUP_SHIFT; a
+    renumbering that lost or repeated a program would leave poisoned rows or write one twice): out,
+    logsumexp and gradients against float64, on the dense kernel (asserted), MHA and GQA."""
+    batch, seqlen, heads, kv_heads, headdim, section = CAUSAL_SECTION_CASES[case]
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    config = dataclasses.replace(default_fwd_config(headdim, True, torch.device("cuda")), hopper_gluon_min_keys=1024,
+                                 hopper_gluon_head_section=section)
+    like_q = torch.empty(batch, seqlen, heads, headdim, device="cuda", dtype=dtype)
+    like_k = torch.empty(batch, seqlen, kv_heads, headdim, device="cuda", dtype=dtype)
+    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, True) == dispatch.GluonPath.DENSE
+    check_dense(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, causal=True, device="cuda", fwd_config=config)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
 GLUON_WIDE_HEAD_CASES = {
     "full": {"causal": False},
     "causal": {"causal": True, "batch": 1, "seqlen": 4096},

@@ -200,7 +200,9 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, b
         block_m = hopper.BLOCK_M
     label = feature_label({name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS})
     sections = hopper.head_sections(headdim)
-    constexprs = {"CAUSAL": causal, **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, schedule),
+    # GROUP_SHIFT (the causal launch order, fwd_group_shift) 0 unless the schedule sets it
+    constexprs = {"CAUSAL": causal, "GROUP_SHIFT": 0,
+                  **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, schedule),
                   "HEAD_SPLIT": len(sections) == 2}  # as launched
     options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")}
     signature = {**section_signature(sections, block_n, dtype), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
@@ -369,6 +371,9 @@ def main() -> None:
             for causal in (False, True):
                 emit(hopper_gluon_report(causal, **{flag: True}))
                 emit(hopper_gluon_bwd_report(causal, fused_dq=True, **{flag: True}))
+        # causal programs started longest first across groups of 4 rows (FwdConfig.hopper_gluon_head_section)
+        for headdim in (128, 256):
+            emit(hopper_gluon_report(True, headdim=headdim, schedule={"GROUP_SHIFT": 2}))
         # the forward on 192 query rows (three consumer warpgroups: FwdConfig.hopper_gluon_block_m)
         # in 64-key blocks at head dims 96 and 128 (the tiles flash_attn_hopper.three_consumer_refusal
         # lets through), dense and varlen; head dim 64's table takes them in FA3's 128-key blocks

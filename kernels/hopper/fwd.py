@@ -183,14 +183,25 @@ def _alibi_by_matmul(causal, window, softcap, alibi):
 
 
 @gluon.jit
-def _fwd_program(num_heads, CAUSAL: gl.constexpr):
+def _fwd_program(num_heads, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr = 0):
     """The program's (query block, batch x head, batch, head); causal runs the last query block (the
-    most key blocks) first: the longest programs start early."""
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+    most key blocks) first: the longest programs start early. With GROUP_SHIFT (causal only;
+    FwdConfig.hopper_gluon_causal_heads) the grid's programs are renumbered so that each group of
+    2**GROUP_SHIFT (batch x head) rows starts x-major, every row's longest query block first, then
+    every row's next (FA4's longest-processing-time scheduler over L2-sized head sections): CUDA
+    starts program x + y * X in turn, and in the grid's own order the last rows' longest programs
+    would start near the end. Shifts and masks only: the rows are a multiple of the group."""
+    if CAUSAL and GROUP_SHIFT:
+        rows_mask: gl.constexpr = (1 << GROUP_SHIFT) - 1
+        within = (gl.program_id(1) & rows_mask) * gl.num_programs(0) + gl.program_id(0)
+        pid_m = gl.num_programs(0) - 1 - (within >> GROUP_SHIFT)
+        pid_bh = (gl.program_id(1) & ~rows_mask) | (within & rows_mask)
     else:
-        pid_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+        else:
+            pid_m = gl.program_id(0)
+        pid_bh = gl.program_id(1)
     return pid_m, pid_bh, pid_bh // num_heads, pid_bh % num_heads
 
 
@@ -570,10 +581,11 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
-                             PINGPONG: gl.constexpr = False):
+                             PINGPONG: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; PINGPONG: the
-    consumers issue their matmuls in turns (`_await_turn`). The descriptors view (batch * seqlen, heads *
+    consumers issue their matmuls in turns (`_await_turn`); GROUP_SHIFT: causal programs start
+    longest first across groups of rows (`_fwd_program`). The descriptors view (batch * seqlen, heads *
     head dim); K and V have num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
@@ -590,7 +602,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     BLOCK_M: gl.constexpr = CONSUMERS * ROWS
     # the causal loop's block count and its masked (diagonal) blocks assume whole key blocks per query block
     gl.static_assert(not CAUSAL or BLOCK_M % BLOCK_N == 0)
-    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL)
+    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL, GROUP_SHIFT)
     start_m = pid_m * BLOCK_M
     q_row = b * seqlen + start_m
     kv_row0 = b * seqlen
