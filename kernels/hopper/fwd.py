@@ -186,7 +186,7 @@ def _alibi_by_matmul(causal, window, softcap, alibi):
 def _fwd_program(num_heads, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr = 0):
     """The program's (query block, batch x head, batch, head); causal runs the last query block (the
     most key blocks) first: the longest programs start early. With GROUP_SHIFT (causal only;
-    FwdConfig.hopper_gluon_causal_heads) the grid's programs are renumbered so that each group of
+    FwdConfig.hopper_gluon_head_section) the grid's programs are renumbered so that each group of
     2**GROUP_SHIFT (batch x head) rows starts x-major, every row's longest query block first, then
     every row's next (FA4's longest-processing-time scheduler over L2-sized head sections): CUDA
     starts program x + y * X in turn, and in the grid's own order the last rows' longest programs
