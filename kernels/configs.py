@@ -55,12 +55,12 @@ class FwdConfig:
     # one's softmax runs while another's matmuls do, in a fixed order; else the warp schedulers
     # interleave them as they come.
     hopper_gluon_pingpong: bool = False
-    # The order that kernel's causal programs start in (dense calls): 1, the grid's own (each batch x
-    # head row's query blocks longest first, row after row); a power of two, or "l2" (as many rows as
-    # keep their K and V within the L2 cache, FA4's forward tile scheduler's rule), rows that start
-    # together longest first, every row's longest query block, then every row's next
-    # (flash_attn_hopper.fwd_group_shift).
-    hopper_gluon_head_section: int | str = 1
+    # The order that kernel's causal programs start in (dense calls): "l2" (as many batch x head rows
+    # as keep their K and V within the L2 cache, FA4's forward tile scheduler's rule) or a power of
+    # two: rows that start together longest first, every row's longest query block, then every
+    # row's next (flash_attn_hopper.fwd_group_shift); 1, the grid's own (each row's query blocks
+    # longest first, row after row). "l2" measured faster at every head dim, causal (gluon_fields.csv).
+    hopper_gluon_head_section: int | str = "l2"
 
 
 @dataclass(frozen=True)

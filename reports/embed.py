@@ -701,6 +701,7 @@ SECTIONS = {
                                                               "Gluon dK/dV for wide heads, dQ fused"),
     "gluon_fields": lambda: compare_configs_table(DECISIONS / "gluon_fields.csv"),
     "gluon_fields_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_fields.csv"),
+    "fwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_launch_order.csv"),
     "gluon_backward_min_keys_d192_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_min_keys_d192.csv",
         "the table's when measured (1k keys: the Gluon kernel; 512: the Triton one)",

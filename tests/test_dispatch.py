@@ -726,7 +726,7 @@ def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch)
 def test_the_causal_forward_starts_groups_of_rows_longest_first_sized_as_asked(monkeypatch):
     """flash_attn_hopper.fwd_group_shift, the Gluon forward's causal launch order (fwd._fwd_program's
     GROUP_SHIFT): log2 of the largest power of two that divides the (batch x head) rows and is at most
-    the config's hopper_gluon_head_section (1, the table's: the grid's own order); "l2" as many rows
+    the config's hopper_gluon_head_section (1: the grid's own order); "l2" (the tables') as many rows
     as keep their K and V within the L2 cache (FA4's forward rule); a bad setting is refused by name."""
     from kernels import flash_attn_hopper as hopper
 
@@ -739,7 +739,7 @@ def test_the_causal_forward_starts_groups_of_rows_longest_first_sized_as_asked(m
     # a row's K and V at 8k keys, head dim 256, bf16: 8 MiB -> 6 in 50 MiB -> 4, FA4's section there
     assert hopper.fwd_group_shift("l2", 16, 8192, 256, 2, cpu) == 2
     assert hopper.fwd_group_shift("l2", 64, 2048, 256, 2, cpu) == 4  # 2 MiB a row: 25 -> 16
-    assert all(config.hopper_gluon_head_section == 1 for config in HOPPER_FWD_CONFIGS.values())
+    assert all(config.hopper_gluon_head_section == "l2" for config in HOPPER_FWD_CONFIGS.values())
     for bad in (0, "all", 1.5, True):
         with pytest.raises(ValueError, match="hopper_gluon_head_section"):
             hopper.fwd_group_shift(bad, 16, 1024, 128, 2, cpu)
