@@ -55,12 +55,14 @@ class FwdConfig:
     # one's softmax runs while another's matmuls do, in a fixed order; else the warp schedulers
     # interleave them as they come.
     hopper_gluon_pingpong: bool = False
-    # The order that kernel's causal programs start in (dense calls): "l2" (as many batch x head rows
-    # as keep their K and V within the L2 cache, FA4's forward tile scheduler's rule) or a power of
-    # two: rows that start together longest first, every row's longest query block, then every
-    # row's next (flash_attn_hopper.fwd_group_shift); 1, the grid's own (each row's query blocks
-    # longest first, row after row). "l2" measured faster at every head dim, causal (gluon_fields.csv).
-    hopper_gluon_head_section: int | str = "l2"
+    # The order that kernel's causal programs start in (dense calls): groups of at most this many
+    # batch x head rows (a power of two), and no more than keep their K and V within the L2 cache
+    # ("l2": that bound only; FA4's forward tile scheduler's rule), start together longest first,
+    # every row's longest query block, then every row's next (flash_attn_hopper.fwd_group_shift);
+    # 1, the grid's own order (each row's query blocks longest first, row after row). 8 measured
+    # faster than the grid's order at head dims 96 and 128 and than L2-sized groups alone at 1k-2k
+    # keys, where those grew to 16-64 rows (gluon_forward_launch_order.csv).
+    hopper_gluon_head_section: int | str = 8
 
 
 @dataclass(frozen=True)

@@ -239,17 +239,19 @@ def fwd_group_shift(section: int | str, rows: int, seqlen_k: int, headdim: int, 
                     device: torch.device) -> int:
     """log2 of the (batch x head) rows whose causal programs start together longest first (fwd.py's
     GROUP_SHIFT, `_fwd_program`; FwdConfig.hopper_gluon_head_section): the largest power of two that
-    divides `rows` and is at most `section`; "l2": at most as many rows as keep their K and V
-    (seqlen_k x headdim each) within the L2 cache (common.l2_cache_bytes), the budget FlashAttention-4's
-    forward tile scheduler sizes its head sections by (SingleTileLPTScheduler in
+    divides `rows`, is at most `section` ("l2": no bound of its own) and keeps that many rows' K and
+    V (seqlen_k x headdim each) within the L2 cache (common.l2_cache_bytes), the budget
+    FlashAttention-4's forward tile scheduler sizes its head sections by (SingleTileLPTScheduler in
     flash_attn/cute/tile_scheduler.py). 0 (one row): the grid's own order."""
-    if section == "l2":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        section = max(1, l2_cache_bytes(index) // max(2 * seqlen_k * headdim * element_size, 1))
-    if isinstance(section, bool) or not isinstance(section, int) or section < 1:
+    if section != "l2" and (isinstance(section, bool) or not isinstance(section, int) or section < 1):
         raise ValueError(f"hopper_gluon_head_section must be a positive int or 'l2', got {section!r}")
+    if section == 1:
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    fits = max(1, l2_cache_bytes(index) // max(2 * seqlen_k * headdim * element_size, 1))
+    limit = fits if section == "l2" else min(section, fits)
     shift = 0
-    while rows % (2 << shift) == 0 and (2 << shift) <= section:
+    while rows % (2 << shift) == 0 and (2 << shift) <= limit:
         shift += 1
     return shift
 

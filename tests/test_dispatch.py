@@ -725,21 +725,24 @@ def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch)
 
 def test_the_causal_forward_starts_groups_of_rows_longest_first_sized_as_asked(monkeypatch):
     """flash_attn_hopper.fwd_group_shift, the Gluon forward's causal launch order (fwd._fwd_program's
-    GROUP_SHIFT): log2 of the largest power of two that divides the (batch x head) rows and is at most
-    the config's hopper_gluon_head_section (1: the grid's own order); "l2" (the tables') as many rows
-    as keep their K and V within the L2 cache (FA4's forward rule); a bad setting is refused by name."""
+    GROUP_SHIFT): log2 of the largest power of two that divides the (batch x head) rows, is at most
+    the config's hopper_gluon_head_section (1: the grid's own order; the tables' 8) and keeps that
+    many rows' K and V within the L2 cache ("l2": that bound alone, FA4's forward rule); a bad
+    setting is refused by name."""
     from kernels import flash_attn_hopper as hopper
 
     cpu = torch.device("cpu", 0)
-    assert hopper.fwd_group_shift(1, 16, 8192, 256, 2, cpu) == 0
-    assert hopper.fwd_group_shift(4, 16, 8192, 256, 2, cpu) == 2
-    assert hopper.fwd_group_shift(8, 12, 8192, 256, 2, cpu) == 2  # 8 does not divide 12
-    assert hopper.fwd_group_shift(64, 7, 8192, 256, 2, cpu) == 0
     monkeypatch.setattr(hopper, "l2_cache_bytes", lambda index: 50 << 20)
+    assert hopper.fwd_group_shift(1, 16, 8192, 256, 2, cpu) == 0
+    assert hopper.fwd_group_shift(4, 16, 2048, 256, 2, cpu) == 2
+    assert hopper.fwd_group_shift(8, 12, 2048, 256, 2, cpu) == 2  # 8 does not divide 12
+    assert hopper.fwd_group_shift(64, 7, 1024, 128, 2, cpu) == 0
     # a row's K and V at 8k keys, head dim 256, bf16: 8 MiB -> 6 in 50 MiB -> 4, FA4's section there
     assert hopper.fwd_group_shift("l2", 16, 8192, 256, 2, cpu) == 2
-    assert hopper.fwd_group_shift("l2", 64, 2048, 256, 2, cpu) == 4  # 2 MiB a row: 25 -> 16
-    assert all(config.hopper_gluon_head_section == "l2" for config in HOPPER_FWD_CONFIGS.values())
+    assert hopper.fwd_group_shift(8, 16, 8192, 256, 2, cpu) == 2  # the table's 8, bounded by L2
+    assert hopper.fwd_group_shift("l2", 256, 1024, 128, 2, cpu) == 6  # 512 KiB a row: 100 -> 64
+    assert hopper.fwd_group_shift(8, 256, 1024, 128, 2, cpu) == 3  # the table's: 8
+    assert all(config.hopper_gluon_head_section == 8 for config in HOPPER_FWD_CONFIGS.values())
     for bad in (0, "all", 1.5, True):
         with pytest.raises(ValueError, match="hopper_gluon_head_section"):
             hopper.fwd_group_shift(bad, 16, 1024, 128, 2, cpu)

@@ -247,7 +247,8 @@ def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype):
 # (batch, seqlen, heads, kv_heads, headdim, FwdConfig.hopper_gluon_head_section), causal on the dense Gluon forward
 CAUSAL_SECTION_CASES = {
     "d256-groups-of-4": (2, 2048, 8, 8, 256, 4),
-    "d128-gqa-l2": (3, 2048, 4, 2, 128, "l2"),  # the tables': 12 rows, groups of 4 (the largest power of two dividing them)
+    "d128-gqa-l2": (3, 2048, 4, 2, 128, "l2"),  # 12 rows: groups of 4 (the largest power of two dividing them)
+    "d128-gqa-table": (4, 1024, 4, 2, 128, 8),  # the tables' 8
     "d128-grid-order": (2, 2048, 4, 4, 128, 1),  # each row's blocks in turn
     "d96-groups-of-2": (1, 3072, 6, 6, 96, 2),  # two head-dim sections
 }
