@@ -532,6 +532,23 @@ def decode_peers_table(folder: Path) -> str:
     return "\n".join(lines + ["", source] + (["", "Providers without a measured row here:", ""] + notes if notes else []))
 
 
+def counters_table(path: Path) -> str:
+    """Hardware counters (ncu's rows, one per kernel, shape and metric) of our forward beside
+    FA4's: one column a (shape, provider), one line a metric, in the rows' order."""
+    rows = pd.read_csv(path, keep_default_na=False)
+    rows["shape"] = rows.apply(lambda r: f"d{r.headdim} {r.batch}x{r.seqlen} {'causal' if r.causal else 'full'}", axis=1)
+    table = rows.pivot_table(index="label", columns=["shape", "provider"], values="value", sort=False)
+    lines = ["| counter | " + " | ".join(f"{shape}, {provider}" for shape, provider in table.columns) + " |",
+             "|---|" + "---|" * len(table.columns)]
+    for label, values in table.iterrows():
+        cells = [f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.2f}" for v in values]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    first = rows.iloc[0]
+    source = (f"`{first.tool}`, one forward call each after two warm-up calls, bf16, {first.gpu}, FA4 {first.flash_attn_4}; "
+              f"rows: `{_repository_path(path)}`.")
+    return "\n".join(lines) + "\n\n" + source
+
+
 def compare_configs_table(path: Path, a_label: str | None = None, b_label: str | None = None) -> str:
     """tools/compare_configs.py's rows (one or several runs, config A against config B per call
     shape): per shape, each config's median time over its interleaved rounds and B's speed-up
@@ -702,6 +719,9 @@ SECTIONS = {
     "gluon_fields": lambda: compare_configs_table(DECISIONS / "gluon_fields.csv"),
     "gluon_fields_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_fields.csv"),
     "fwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_launch_order.csv"),
+    "fwd_named_barriers_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_named_barriers.csv",
+                                                             "mbarrier arrives", "named barriers"),
+    "fwd_counters_h100": lambda: counters_table(H100 / "decisions" / "forward_counters_fa4.csv"),
     "gluon_backward_min_keys_d192_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_min_keys_d192.csv",
         "the table's when measured (1k keys: the Gluon kernel; 512: the Triton one)",
