@@ -60,8 +60,9 @@ class FwdConfig:
     # ("l2": that bound only; FA4's forward tile scheduler's rule), start together longest first,
     # every row's longest query block, then every row's next (flash_attn_hopper.fwd_group_shift);
     # 1, the grid's own order (each row's query blocks longest first, row after row). 8 measured
-    # faster than the grid's order at head dims 96 and 128 and than L2-sized groups alone at 1k-2k
-    # keys, where those grew to 16-64 rows (gluon_forward_launch_order.csv).
+    # faster than the grid's order at head dim 128 and level or faster at 96, and faster than
+    # L2-sized groups alone at 1k-2k keys, where those grew to 16-64 rows
+    # (gluon_forward_launch_order.csv).
     hopper_gluon_head_section: int | str = 8
 
 
