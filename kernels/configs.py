@@ -55,6 +55,11 @@ class FwdConfig:
     # one's softmax runs while another's matmuls do, in a fixed order; else the warp schedulers
     # interleave them as they come.
     hopper_gluon_pingpong: bool = False
+    # Whether each consumer of that kernel stores its row sums to an unread shared row after the
+    # softmax of key block j and before it waits for block j - 1's P~ V (hopper/fwd.py
+    # _pin_softmax): without, ptxas moves that wait above the softmax, which then runs after the
+    # matmul instead of under it (FA3's Algorithm 2 overlap; docs/hopper_peers.md).
+    hopper_gluon_pin_softmax: bool = False
     # The order that kernel's causal programs start in (dense calls): groups of at most this many
     # batch x head rows (a power of two), and no more than keep their K and V within the L2 cache
     # ("l2": that bound only; FA4's forward tile scheduler's rule), start together longest first,

@@ -224,17 +224,20 @@ PINGPONG_CASES = {
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(PINGPONG_CASES))
-def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype):
+@pytest.mark.parametrize("pin_softmax", [False, True])
+def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype, pin_softmax):
     """FwdConfig.hopper_gluon_pingpong (the consumer warpgroups issue their matmuls in turns, a ring
     of mbarriers, as FA3's and FA4's warp-scheduler barriers order them) on the dense, features and
     varlen Gluon forwards, two and three consumers, and without it at head dims where the table sets
-    it: out, logsumexp and gradients against float64 (a turn passed out of order would deadlock or
-    race, not only slow down), on the Gluon kernel."""
+    it, each with and without FwdConfig.hopper_gluon_pin_softmax (the row sums stored to an unread
+    shared row before P~ V's wait): out, logsumexp and gradients against float64 (a turn passed out
+    of order would deadlock or race, not only slow down), on the Gluon kernel."""
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, rows, in_turns = PINGPONG_CASES[case]
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=1024,
-                                 hopper_gluon_block_m=rows, hopper_gluon_pingpong=in_turns)
+                                 hopper_gluon_block_m=rows, hopper_gluon_pingpong=in_turns,
+                                 hopper_gluon_pin_softmax=pin_softmax)
     like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
     like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
     assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, causal, _case_features(

@@ -443,6 +443,28 @@ def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar):
     return _scale_rows(acc, alpha)
 
 
+@gluon.jit
+def _pin_buffer(q_bar, CONSUMERS: gl.constexpr, ROWS: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
+    """`_pin_softmax`'s shared rows, one of ROWS float32 a consumer, written and never read; without
+    PIN_SOFTMAX none (`q_bar` in their place, not written)."""
+    if PIN_SOFTMAX:
+        pin_buf = gl.allocate_shared_memory(gl.float32, [CONSUMERS, ROWS],
+                                            gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    else:
+        pin_buf = q_bar
+    return pin_buf
+
+
+@gluon.jit
+def _pin_softmax(l_i, pin_buf, PART: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
+    """With PIN_SOFTMAX (FwdConfig.hopper_gluon_pin_softmax) the row sums of block j's softmax are
+    stored to this consumer's unread shared row before block j - 1's P~ V is waited for. ptxas
+    otherwise moves that wait (`_pv_wait`) above the softmax, which then runs after P~ V instead of
+    under it (FA3's Algorithm 2 overlap, which the source has); the store needs every exponential
+    of the block (l sums them) and the barrier Triton puts before it keeps the wait below."""
+    if PIN_SOFTMAX:
+        pin_buf.index(PART).store(l_i)
+
 
 @gluon.jit
 def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar):
@@ -477,20 +499,20 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem, turn_bar) = args
+     full_lo, full_hi, kx_smem, turn_bar, pin_buf) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, first_block, n_blocks)
 
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PART: gl.constexpr, PINGPONG: gl.constexpr):
+                       PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1 (_softmax_loop), then lines 12-15."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem, turn_bar) = args
+     full_lo, full_hi, kx_smem, turn_bar, pin_buf) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     # the S accumulator of one warpgroup (O's, one per head-dim section, are made by _zero_sections)
@@ -504,9 +526,9 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
-    acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods,
-                                  window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout,
-                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG)
+    acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale,
+                                  mods, window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout,
+                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG, PIN_SOFTMAX)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
@@ -516,13 +538,14 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
 
 
 @gluon.jit
-def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods, window, offs_m,
-                  offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr, CAUSAL: gl.constexpr,
-                  WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr, PART: gl.constexpr,
-                  PINGPONG: gl.constexpr):
+def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale, mods, window,
+                  offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr,
+                  CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
+                  PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, the matmuls issued in turns with PINGPONG
-    (`_await_turn`): the unnormalised O, l and m."""
+    (`_await_turn`), the softmax held before P~ V's wait with PIN_SOFTMAX (`_pin_softmax`): the
+    unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
@@ -557,6 +580,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
                                                     offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
+        _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
         p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
@@ -581,7 +605,8 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
-                             PINGPONG: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0):
+                             PINGPONG: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
+                             PIN_SOFTMAX: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; PINGPONG: the
     consumers issue their matmuls in turns (`_await_turn`); GROUP_SHIFT: causal programs start
@@ -635,7 +660,8 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
             col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-            window_right, full_lo, full_hi, kx_smem, _turn_barriers(q_bar, CONSUMERS, PINGPONG))
+            window_right, full_lo, full_hi, kx_smem, _turn_barriers(q_bar, CONSUMERS, PINGPONG),
+            _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one or two workers (4 warps each) consume, one function PART apart;
@@ -643,14 +669,14 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # two consumers 240 a thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])

@@ -22,6 +22,8 @@ from .fwd import (
     _held_p,
     _load_q_kv,
     _online_softmax,
+    _pin_buffer,
+    _pin_softmax,
     _store_output,
     _turn_barriers,
 )
@@ -49,13 +51,14 @@ def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
     """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
      col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
-     turn_bar) = args
+     turn_bar, pin_buf) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
                kv_col0, 0, n_blocks)
 
 
 @gluon.jit
-def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr):
+def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
+                              PIN_SOFTMAX: gl.constexpr):
     """_softmax_partition for one sequence of a packed batch: rows [start_m + PART * 64, + 64) of
     the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
     one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
@@ -63,7 +66,7 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
     written (a masked store where the tile crosses the end, TMA where it does not)."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
      col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
-     turn_bar) = args
+     turn_bar, pin_buf) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
@@ -84,6 +87,7 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
                                                     acc, s_init, PART, PINGPONG)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
+        _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
         p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
@@ -120,14 +124,15 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                     Out, LSE, CuSeqQ, CuSeqK, num_heads, stride_lse_h, stride_lse_b, stride_o,
                                     qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
-                                    CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False):
+                                    CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
+                                    PIN_SOFTMAX: gl.constexpr = False):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
     has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS and PINGPONG as the dense kernel's."""
+    query block does nothing. CONSUMERS, PINGPONG and PIN_SOFTMAX as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
@@ -157,18 +162,19 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                                                                      V_STAGES, CONSUMERS)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                 q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
-                stride_o, qk_scale, _turn_barriers(q_bar, CONSUMERS, PINGPONG))
+                stride_o, qk_scale, _turn_barriers(q_bar, CONSUMERS, PINGPONG),
+                _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
         if CONSUMERS == 3:  # registers as the dense kernel's
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG)),
-                (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX)),
+                (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, PIN_SOFTMAX)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 4, 1], [160, 160, 24])
         else:
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 1], [240, 24])
 
