@@ -166,13 +166,17 @@ HOPPER_FWD_CONFIGS = {
     # than this kernel at 1k-8k keys (reports/h100/decisions/gluon_forward_wide_heads.csv). Its two
     # consumers issue their matmuls in turns (hopper_gluon_pingpong): faster at head dim 96 full and
     # level or faster causal, level at 128, same process (reports/h100/decisions/gluon_fields.csv).
+    # Its softmax is pinned under P~ V (hopper_gluon_pin_softmax): faster at 128 (but for level at
+    # 2 x 8192 full) and at 96 full, level at 96 causal; off at 64, where it was slower (three
+    # consumers: the pin spills), and at 192 and 256, which share a row, slower at 192
+    # (reports/h100/decisions/gluon_forward_pin_softmax.csv).
     (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024,
-                            hopper_gluon_pingpong=True),
+                            hopper_gluon_pingpong=True, hopper_gluon_pin_softmax=True),
     # causal: in-kernel descriptors from 4096 visited keys (seqlen 8k, whose longest programs
     # visit all 8192), faster than host ones there in the same process (forward_memory_path.csv);
     # this applies to shapes outside the Gluon kernel's scope, and to the ablation's rung 4.
     (128, True): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=4096, hopper_gluon_min_keys=1024,
-                           hopper_gluon_pingpong=True),
+                           hopper_gluon_pingpong=True, hopper_gluon_pin_softmax=True),
     # head dim 256 (and 192): only 2 stages of 128x64 K/V tiles fit next to Q in shared memory; TMA
     # (host descriptors to 4k keys, in-kernel from 8k) measured level with pointer tiles up to
     # 4k keys and faster at 16k by tools/tune_fa2.py (those head-dim-256 rows are not kept).

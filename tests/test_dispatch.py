@@ -623,9 +623,10 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # head-dim sections, 192 and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two
     # sections), causal or not; the backward also with dQ fused at each (at 64 and 96 the consumers
     # take turns); then each of the window, softcap and ALiBi, causal or not, forward and backward
-    # (dQ fused); causal in launch groups of 4 rows at 128 and 256; then two with the consumers in no
-    # fixed order (hopper_gluon_pingpong off)
-    assert len(forward_lines) == 10 + 6 + 2 + 4 + 2 and len(backward_lines) == 12 + 6 + 6, report
+    # (dQ fused); causal in launch groups of 4 rows at 128 and 256; one at 128 without the softmax
+    # pinned (hopper_gluon_pin_softmax off); then two with the consumers in no fixed order
+    # (hopper_gluon_pingpong off)
+    assert len(forward_lines) == 10 + 6 + 2 + 4 + 1 + 2 and len(backward_lines) == 12 + 6 + 6, report
     assert sum(" group shift" in line for line in forward_lines) == 2, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 6 + 6 + 6 and all("tma-reduce" in line for line in fused), report
@@ -658,6 +659,16 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert all((" pingpong " in line) == (line.split()[1] in ("d64", "d96", "d128"))
                for line in forward_lines[:-2] + varlen_lines), report
     assert not any(" pingpong " in line for line in forward_lines[-2:]), report
+    # the softmax pinned under P V (FwdConfig.hopper_gluon_pin_softmax, the table's) at head dims 96 and
+    # 128: all of a block's exp2 (a thread's half of its 64 rows' scores, and more) between the wait for
+    # S and the wait for P V; unpinned, ptxas moves the second above them (none there at 128)
+    for line in forward_lines + varlen_lines:
+        pinned = line.split()[1] in ("d96", "d128") and line is not forward_lines[-3]
+        assert (" pin softmax " in line) == pinned, line
+        block_n = int(re.search(r" \d+x(\d+) x ", line).group(1))
+        if pinned:
+            assert int(re.search(r"exp2 under P V (\d+)", line).group(1)) >= block_n // 2, line
+    assert "d128 causal=False" in forward_lines[-3] and "exp2 under P V 0" in forward_lines[-3], report
     assert all("spill stores 0 B" in line for line in three), report
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
     # d64, d96 and d128, dQ fused, causal or not: the longest grid, then the packed grid

@@ -40,8 +40,10 @@ from kernels.dispatch import FWD_MEMORY_PATHS
 from kernels.forward import _flash_fwd_kernel
 
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+NVDISASM = PTXAS.with_name("nvdisasm")
 TARGET = GPUTarget("cuda", 90, 32)
 PTX_DIR: Path | None = None  # --dump-ptx: where each compiled kernel's PTX is written
+PIN_FAILURES: list[str] = []  # pinned forwards whose softmax does not run under P~ V (gluon_report)
 
 
 def dump_ptx(name: str, ptx: str) -> None:
@@ -140,38 +142,67 @@ def backward_section_signature(headdim: int, fused_dq: bool, dtype: str) -> dict
     return {**first, **{f"{name.removesuffix('_desc')}_tail_desc": t for name, t in zip(first, tail.values())}}
 
 
-def assembled(compiled, name: str) -> tuple[str, subprocess.CompletedProcess]:
-    """A compiled kernel's PTX (dumped under `name`) and ptxas's verbose report of it for sm_90a."""
+def assembled(compiled, name: str, sass: bool = False) -> tuple[str, subprocess.CompletedProcess, str]:
+    """A compiled kernel's PTX (dumped under `name`), ptxas's verbose report of it for sm_90a and,
+    with `sass`, its machine code as nvdisasm lists it ('' without)."""
     ptx = compiled.asm["ptx"]
     dump_ptx(name, ptx)
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-        f.write(ptx)
-    try:
-        ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", f.name, "-o", os.devnull],
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx_path, cubin_path = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
+        ptx_path.write_text(ptx)
+        ptxas = subprocess.run([str(PTXAS), "-v", "-arch=sm_90a", str(ptx_path), "-o", str(cubin_path)],
                                capture_output=True, text=True, check=True)
-    finally:
-        os.unlink(f.name)
-    return ptx, ptxas
+        listing = (subprocess.run([str(NVDISASM), "-c", str(cubin_path)], capture_output=True, text=True,
+                                  check=True).stdout if sass else "")
+    return ptx, ptxas, listing
 
 
-def gluon_report(label: str, kernel, signature: dict, constexprs: dict, options: dict | None = None) -> str:
+def exp2_under_pv(listing: str) -> int:
+    """Of a Gluon forward's machine code, the fewest exp2 (MUFU.EX2) any consumer's key loop runs
+    between its wait for S_j (`WARPGROUP.DEPBAR.LE gsb0, 0x1`: block j-1's P~ V still in flight)
+    and its wait for that P~ V (`... 0x0`): the softmax FA3's Algorithm 2 overlaps with P~ V. ptxas
+    may move the second wait above the softmax (FwdConfig.hopper_gluon_pin_softmax keeps it below)."""
+    lines = [line for line in listing.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
+    counts = []
+    for i, line in enumerate(lines):
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            count = 0
+            for later in lines[i + 1:]:
+                if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in later:
+                    break
+                count += "MUFU.EX2" in later
+            counts.append(count)
+    return min(counts, default=0)
+
+
+def gluon_report(label: str, kernel, signature: dict, constexprs: dict, options: dict | None = None,
+                 block_n: int | None = None) -> str:
     """A Gluon kernel of kernels/hopper/ compiled for sm_90: shared memory, spills (ptxas), and
     what makes it fast: warp specialisation (setmaxnreg), a wgmma left in flight (wait_group 1),
-    TMA loads."""
+    TMA loads; for a forward (`block_n`: its keys a block), the exp2 its softmax runs under P~ V
+    (`exp2_under_pv`). A forward built with PIN_SOFTMAX must run all of a block's there (a thread's
+    block_n / 2 scores at least): one that does not is added to PIN_FAILURES."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     signature = {name: signature[name] for name in kernel.arg_names}  # in the kernel's order
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=TARGET,
                               options=options or {"num_warps": 4, "maxnreg": 168})
-    ptx, ptxas = assembled(compiled, f"{kernel.fn.__name__} {label}")
+    name = f"{kernel.fn.__name__} {label}"
+    ptx, ptxas, listing = assembled(compiled, name, sass=block_n is not None)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)))
     serialised = " wgmma serialised (ptxas C7512)" if "C7512" in ptxas.stderr else ""
     serialised += " tma-reduce" if "cp.reduce.async.bulk.tensor" in ptx else ""
-    return (f"{kernel.fn.__name__} {label} smem {compiled.metadata.shared} B  "
+    under_pv = ""
+    if block_n is not None:
+        exp2 = exp2_under_pv(listing)
+        under_pv = f"  exp2 under P V {exp2}"
+        if constexprs.get("PIN_SOFTMAX") and exp2 < block_n // 2:
+            PIN_FAILURES.append(f"{name}: {exp2} exp2 under P V, fewer than {block_n // 2}")
+    return (f"{name} smem {compiled.metadata.shared} B  "
             f"spill stores {spills.group(1) if spills else '?'} B  warp-specialised "
             f"{'yes' if 'setmaxnreg' in ptx else 'no'}  tma {'yes' if 'cp.async.bulk.tensor' in ptx else 'no'}  "
-            f"wgmma wait_group values {' '.join(waits)}{serialised}")
+            f"wgmma wait_group values {' '.join(waits)}{serialised}{under_pv}")
 
 
 # the forward's run-time feature arguments; the dK/dV kernels' add dropout's
@@ -209,7 +240,7 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, b
                  "qk_scale": "fp32", **FWD_FEATURE_SIGNATURE, **{name: "constexpr" for name in constexprs}}
     tiles = f" {block_m}x{block_n} x {constexprs['STAGES']}/{constexprs['V_STAGES']}" + schedule_label(schedule)
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}{tiles}",
-                        hopper._flash_fwd_hopper_kernel, signature, constexprs, options)
+                        hopper._flash_fwd_hopper_kernel, signature, constexprs, options, block_n)
 
 
 def schedule_label(schedule: dict) -> str:
@@ -240,7 +271,7 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
                         f"{schedule_label(schedule)}",
                         hopper._flash_fwd_hopper_varlen_kernel, signature,
                         {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "HEAD_SPLIT": len(sections) == 2,
-                         "CONSUMERS": consumers, **schedule}, options)
+                         "CONSUMERS": consumers, **schedule}, options, block_n)
 
 
 def section_signature(sections: tuple, block_n: int, dtype: str) -> dict:
@@ -383,6 +414,9 @@ def main() -> None:
                 if not causal or 192 % block_n == 0:  # else causal takes the varlen kernel
                     emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
                 emit(hopper_gluon_varlen_report(causal, headdim=headdim, block_n=block_n, block_m=192))
+        # the softmax not pinned under P V (FwdConfig.hopper_gluon_pin_softmax off), as the table
+        # has it at head dims 64, 192 and 256: ptxas then moves P V's wait above it (exp2 under P V)
+        emit(hopper_gluon_report(False, headdim=128, schedule={"PIN_SOFTMAX": False}))
         # the consumers in no fixed order (FwdConfig.hopper_gluon_pingpong off), which the table takes
         # above head dim 128 only: three consumers at 64, two at 128
         emit(hopper_gluon_report(False, headdim=64, block_m=192, schedule={"PINGPONG": False}))
@@ -395,6 +429,8 @@ def main() -> None:
         production_report(args, emit)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
+    if PIN_FAILURES:
+        sys.exit("the softmax of a forward built with PIN_SOFTMAX does not run under P V:\n" + "\n".join(PIN_FAILURES))
 
 
 def dq_cast_report(kernel, cols: int = 64) -> str:
@@ -476,7 +512,7 @@ def compiled_report(kernel, types: dict, constexprs: dict, num_warps: int, num_s
                if types[name].startswith("*")}  # as torch allocates them
     compiled = triton.compile(ASTSource(kernel, types, constexprs, aligned), target=TARGET,
                               options={"num_warps": num_warps, "num_stages": num_stages})
-    _, ptxas = assembled(compiled, f"{kernel.fn.__name__} {label}")
+    _, ptxas, _ = assembled(compiled, f"{kernel.fn.__name__} {label}")
     registers = re.search(r"Used (\d+) registers", ptxas.stderr)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     return (f"{kernel.fn.__name__} {label} w{num_warps} s{num_stages}  smem {compiled.metadata.shared:6d} B  "
