@@ -106,7 +106,9 @@ def next_power_of_2(n: int) -> int:
 @functools.cache
 def l2_cache_bytes(device_index: int) -> int:
     """The L2 cache of CUDA device `device_index` in bytes, as torch reports it; a torch without
-    the property: 50 MiB (the H100/H200's)."""
+    the property, or without a CUDA device (a launch recorded on the CPU): 50 MiB (the H100/H200's)."""
+    if not torch.cuda.is_available():
+        return 50 << 20
     return int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 50 << 20))
 
 

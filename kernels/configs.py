@@ -60,14 +60,15 @@ class FwdConfig:
     # _pin_softmax): without, ptxas moves that wait above the softmax, which then runs after the
     # matmul instead of under it (FA3's Algorithm 2 overlap; docs/hopper_peers.md).
     hopper_gluon_pin_softmax: bool = False
-    # The order that kernel's causal programs start in (dense calls): groups of at most this many
+    # The order that kernel's causal programs start in (dense calls, and the varlen kernel's over
+    # sequence x head rows, K and V counted at the mean key length): groups of at most this many
     # batch x head rows (a power of two), and no more than keep their K and V within the L2 cache
     # ("l2": that bound only; FA4's forward tile scheduler's rule), start together longest first,
     # every row's longest query block, then every row's next (flash_attn_hopper.fwd_group_shift);
     # 1, the grid's own order (each row's query blocks longest first, row after row). 8 measured
     # faster than the grid's order at head dim 128 and level or faster at 96, and faster than
     # L2-sized groups alone at 1k-2k keys, where those grew to 16-64 rows
-    # (gluon_forward_launch_order.csv).
+    # (gluon_forward_launch_order.csv); on the varlen kernel it is not yet timed.
     hopper_gluon_head_section: int | str = 8
 
 

@@ -235,6 +235,15 @@ def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n:
             **forward_launch_options(block_m)}
 
 
+def device_l2_bytes(device: torch.device) -> int:
+    """The L2 cache of `device`'s GPU in bytes (common.l2_cache_bytes): the current GPU's where the
+    device names none; for a CPU device (a launch recorded on the CPU) the first GPU's, or the
+    H100/H200's where there is none."""
+    if device.index is not None:
+        return l2_cache_bytes(device.index)
+    return l2_cache_bytes(torch.cuda.current_device() if device.type == "cuda" else 0)
+
+
 def fwd_group_shift(section: int | str, rows: int, seqlen_k: int, headdim: int, element_size: int,
                     device: torch.device) -> int:
     """log2 of the (batch x head) rows whose causal programs start together longest first (fwd.py's
@@ -242,13 +251,13 @@ def fwd_group_shift(section: int | str, rows: int, seqlen_k: int, headdim: int, 
     divides `rows`, is at most `section` ("l2": no bound of its own) and keeps that many rows' K and
     V (seqlen_k x headdim each) within the L2 cache (common.l2_cache_bytes), the budget
     FlashAttention-4's forward tile scheduler sizes its head sections by (SingleTileLPTScheduler in
-    flash_attn/cute/tile_scheduler.py). 0 (one row): the grid's own order."""
+    flash_attn/cute/tile_scheduler.py). 0 (one row): the grid's own order. The varlen forward's
+    rows are its sequences x heads, `seqlen_k` their mean key length."""
     if section != "l2" and (isinstance(section, bool) or not isinstance(section, int) or section < 1):
         raise ValueError(f"hopper_gluon_head_section must be a positive int or 'l2', got {section!r}")
-    if section == 1:
+    if section == 1 or rows < 1:
         return 0
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    fits = max(1, l2_cache_bytes(index) // max(2 * seqlen_k * headdim * element_size, 1))
+    fits = max(1, device_l2_bytes(device) // max(2 * seqlen_k * headdim * element_size, 1))
     limit = fits if section == "l2" else min(section, fits)
     shift = 0
     while rows % (2 << shift) == 0 and (2 << shift) <= limit:
@@ -347,10 +356,15 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     max_seqlen_q long) its contiguous (batch, heads, seqlen_q). `qk_scale` is the softmax scale
     times log2(e); `block_n` keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
     program (FwdConfig.hopper_gluon_block_m), `schedule` the config whose key-loop fields it takes
-    (forward_schedule)."""
+    (forward_schedule) and, causal, its programs' launch order over the sequences x heads rows
+    (fwd_group_shift, the L2 budget from the mean key length)."""
     total_q, heads, headdim = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     grid = (triton.cdiv(max_seqlen_q, block_m), batch * heads)
+    group_shift = 0
+    if causal:  # the causal programs' launch order (FwdConfig.hopper_gluon_head_section)
+        group_shift = fwd_group_shift(getattr(schedule, "hopper_gluon_head_section", 1), batch * heads,
+                                      k.shape[0] // max(batch, 1), headdim, q.element_size(), q.device)
     lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
     stages, v_stages = forward_stages(headdim, block_n, block_m=block_m)
     descriptors, split_constexprs = _section_descriptors(_packed_descriptor, (q, k, v, out),
@@ -358,8 +372,8 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     descriptors = [lse if d is None else d for d in descriptors]  # no tail section: not read
     _fwd_varlen_launcher[grid](
         *descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides, out.stride(0), qk_scale,
-        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, **forward_schedule(schedule),
-        **forward_launch_options(block_m),
+        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, GROUP_SHIFT=group_shift,
+        **forward_schedule(schedule), **forward_launch_options(block_m),
         **split_constexprs)
 
 
@@ -395,8 +409,7 @@ def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: i
         raise ValueError(f"the dK/dV grid takes 1..{BWD_MAX_KEY_BLOCKS} key blocks and at least one (batch, kv head) "
                          f"pair, got {n_blocks} key blocks and {pairs} pairs")
     if section == "l2":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        section = max(1, l2_cache_bytes(index) // max(kv_group * seqlen_q * headdim * (2 * element_size + 4), 1))
+        section = max(1, device_l2_bytes(device) // max(kv_group * seqlen_q * headdim * (2 * element_size + 4), 1))
     if not isinstance(section, int) or section < 1:
         raise ValueError(f"hopper_gluon_head_section must be a positive int or 'l2', got {section!r}")
     width = next(w for w in range(min(section, pairs), 0, -1) if pairs % w == 0)

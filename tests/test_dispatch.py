@@ -646,8 +646,11 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert all("spill stores 0 B" in line and "128x128 x 3/3" in line for line in forward_lines
                if "d96" in line and "192x" not in line)
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
-    # head dims 64, 96, 128, 192 and 256, causal or not (64 on 192 rows); then 192 rows at 96 and 128
-    assert len(varlen_lines) == 10 + 4, report
+    # head dims 64, 96, 128, 192 and 256, causal or not (64 on 192 rows); causal in launch groups of 4
+    # rows at 128, without spills; then 192 rows at 96 and 128
+    assert len(varlen_lines) == 10 + 1 + 4, report
+    grouped = [line for line in varlen_lines if " group shift" in line]
+    assert len(grouped) == 1 and "spill stores 0 B" in grouped[0], report
     # three consumer warpgroups at 160 registers a thread (FwdConfig.hopper_gluon_block_m = 192): at head
     # dim 64 in 128-key blocks (the table's; causal: the varlen kernel only), at 96 and 128 in 64-key
     # blocks, without spills or serialised wgmma
@@ -757,6 +760,48 @@ def test_the_causal_forward_starts_groups_of_rows_longest_first_sized_as_asked(m
     for bad in (0, "all", 1.5, True):
         with pytest.raises(ValueError, match="hopper_gluon_head_section"):
             hopper.fwd_group_shift(bad, 16, 1024, 128, 2, cpu)
+    assert hopper.fwd_group_shift(8, 0, 1024, 128, 2, cpu) == 0  # no rows
+
+
+def test_the_causal_varlen_forward_starts_groups_of_sequence_rows_longest_first(monkeypatch):
+    """The Gluon varlen forward's launch (made on the CPU, the launcher recorded) takes the dense
+    one's causal launch order over its sequences x heads rows: GROUP_SHIFT is fwd_group_shift's,
+    with K and V counted at the mean key length (lengths vary), for packed sequences and for a dense
+    call off the grid (dispatch.GluonPath.PACKED); 0 where not causal or the config's section is 1.
+    fwd_group_shift runs with no GPU to ask for its L2 size."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_fwd_varlen_launcher", launches)
+    table = HOPPER_FWD_CONFIGS[(128, True)]
+    assert table.hopper_gluon_head_section == 8
+
+    def launch(lengths, heads, causal=True, config=table):
+        total = sum(lengths)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        q, k, v = (torch.randn(total, heads, 128, dtype=torch.bfloat16) for _ in range(3))
+        out, lse = torch.empty_like(q), torch.empty(heads, total)
+        hopper.flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu, cu, max(lengths), 0.1, causal,
+                                                config.hopper_gluon_block_n, config.hopper_gluon_block_m, config)
+        return launches.pop()
+
+    ragged = launch([300, 129, 256, 1000, 64, 700], 4)  # 24 rows: groups of 8, the table's
+    assert ragged["GROUP_SHIFT"] == 3 and ragged["CAUSAL"] and ragged["grid"][1] == 24
+    assert launch([300, 129, 256, 1000, 64, 700], 4, causal=False)["GROUP_SHIFT"] == 0
+    assert launch([300, 129, 256], 4, config=dataclasses.replace(table, hopper_gluon_head_section=1))["GROUP_SHIFT"] == 0
+    assert launch([300, 129, 256], 4)["GROUP_SHIFT"] == 2  # 12 rows: groups of 4
+    assert launch([300, 129, 256], 3)["GROUP_SHIFT"] == 0  # 9 rows: each its own
+    # a dense causal call off the 128-row grid, its 5 x 4 batch rows packed: groups of 4
+    q, k, v = (torch.randn(5, 300, 4, 128, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(5, 4, 300)
+    forward.forward_packed(q, k, v, out, lse, 0.1, True, table, table.hopper_gluon_block_m)
+    (packed,) = launches
+    assert packed["GROUP_SHIFT"] == 2 and packed["grid"] == (-(-300 // table.hopper_gluon_block_m), 20)
+    launches.clear()
+    # a row's K and V at the mean key length (1072: 536 KiB) in a 2 MiB L2: 3 rows -> groups of 2;
+    # at the longest sequence's 4096 keys (2 MiB) it would be 1
+    monkeypatch.setattr(hopper, "l2_cache_bytes", lambda index: 2 << 20)
+    assert launch([4096, 64, 64, 64], 2)["GROUP_SHIFT"] == 1
 
 
 def test_bank_conflict_report_counts_each_shared_memory_access_of_the_gluon_backward():

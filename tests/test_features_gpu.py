@@ -277,6 +277,67 @@ def test_gpu_gluon_causal_forward_in_launch_groups(case, dtype):
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
+# (query lengths, key lengths, heads, kv_heads, headdim, FwdConfig.hopper_gluon_head_section, GROUP_SHIFT),
+# causal on the varlen Gluon forward; one length: a dense batch of that many rows of it, off the
+# 128-row grid (dispatch.GluonPath.PACKED)
+CAUSAL_SECTION_VARLEN_CASES = {
+    # 32 rows in groups of 8 (the tables'); sequences shorter than the longest's query blocks
+    # leave programs that return at once
+    "varlen-groups-of-8": ([1500, 700, 2000, 129, 1024, 4096, 300, 2500], None, 4, 2, 128, 8, 3),
+    # 48 rows, "l2" (a row's K and V at the mean key length: 16 in groups), more queries than keys
+    # (the first rows see no key), an empty query and an empty key sequence; two head-dim sections
+    "varlen-l2-ragged-keys": ([1500, 0, 700, 2000, 129, 1024], [1100, 300, 700, 2048, 0, 1024], 8, 2, 96, "l2", 4),
+    "packed-5x3000-groups-of-4": ([3000] * 5, None, 4, 4, 128, 8, 2),  # 20 rows: groups of 4
+    "packed-3x1500-gqa": ([1500] * 3, None, 6, 2, 128, 8, 1),  # 18 rows: groups of 2
+}
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(CAUSAL_SECTION_VARLEN_CASES))
+def test_gpu_gluon_causal_varlen_forward_in_launch_groups(case, dtype, monkeypatch):
+    """FwdConfig.hopper_gluon_head_section on the causal varlen Gluon forward, packed sequences and
+    a dense call off the grid: the programs renumbered so that groups of (sequence x head) rows start
+    longest first together (fwd._fwd_program's GROUP_SHIFT, the launch's asserted; a renumbering
+    that lost or repeated a program would leave poisoned rows or write one twice): out, logsumexp
+    and gradients against float64, on the varlen kernel (asserted)."""
+    from kernels import flash_attn_hopper as hopper
+
+    lengths_q, lengths_k, heads, kv_heads, headdim, section, group_shift = CAUSAL_SECTION_VARLEN_CASES[case]
+    lengths_k = lengths_k or lengths_q
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    shifts = []  # the GROUP_SHIFT the forward's launches took
+    genuine_shift = hopper.fwd_group_shift
+
+    def shift(*args):
+        shifts.append(genuine_shift(*args))
+        return shifts[-1]
+
+    monkeypatch.setattr(hopper, "fwd_group_shift", shift)
+    config = dataclasses.replace(default_fwd_config(headdim, True, torch.device("cuda")), hopper_gluon_min_keys=1024,
+                                 hopper_gluon_head_section=section)
+    if len(set(lengths_q)) == 1:  # a dense batch
+        like_q = torch.empty(len(lengths_q), lengths_q[0], heads, headdim, device="cuda", dtype=dtype)
+        like_k = torch.empty(len(lengths_q), lengths_k[0], kv_heads, headdim, device="cuda", dtype=dtype)
+        assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, True) == dispatch.GluonPath.PACKED
+        check_dense(len(lengths_q), lengths_q[0], lengths_k[0], heads, kv_heads, headdim, dtype, causal=True,
+                    device="cuda", fwd_config=config)
+    else:
+        cu_q, cu_k = (torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                      for lengths in (lengths_q, lengths_k))
+        features = Features(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lengths_q),
+                            max_seqlen_k=max(lengths_k))
+        like_q = torch.empty(sum(lengths_q), heads, headdim, device="cuda", dtype=dtype)
+        like_k = torch.empty(sum(lengths_k), kv_heads, headdim, device="cuda", dtype=dtype)
+        assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, True,
+                                        features) == dispatch.GluonPath.DENSE
+        check_varlen(lengths_q, lengths_k, heads, kv_heads, headdim, dtype, device="cuda", causal=True,
+                     fwd_config=config)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+    assert shifts and set(shifts) == {group_shift}, shifts
+
+
 GLUON_WIDE_HEAD_CASES = {
     "full": {"causal": False},
     "causal": {"causal": True, "batch": 1, "seqlen": 4096},

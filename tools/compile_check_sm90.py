@@ -252,13 +252,14 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
                                block_m: int | None = None, schedule: dict | None = None) -> str:
     """The Gluon forward over packed variable lengths (kernels/hopper/fwd_varlen.py) for sm_90, with the
     table's hopper_gluon_block_n, hopper_gluon_block_m and schedule unless `block_n`, `block_m`,
-    `schedule` are given (as hopper_gluon_report's)."""
+    `schedule` are given (as hopper_gluon_report's, GROUP_SHIFT too)."""
     from kernels import flash_attn_hopper as hopper
 
     config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
     block_n = block_n or config.hopper_gluon_block_n
     block_m = block_m or config.hopper_gluon_block_m
-    schedule = {**hopper.forward_schedule(config), **(schedule or {})}
+    # GROUP_SHIFT (the causal launch order, fwd_group_shift) 0 unless the schedule sets it
+    schedule = {**hopper.forward_schedule(config), "GROUP_SHIFT": 0, **(schedule or {})}
     stages, v_stages = hopper.forward_stages(headdim, block_n, block_m=block_m)
     options = hopper.forward_launch_options(block_m)
     consumers = options.pop("CONSUMERS")
@@ -402,9 +403,11 @@ def main() -> None:
             for causal in (False, True):
                 emit(hopper_gluon_report(causal, **{flag: True}))
                 emit(hopper_gluon_bwd_report(causal, fused_dq=True, **{flag: True}))
-        # causal programs started longest first across groups of 4 rows (FwdConfig.hopper_gluon_head_section)
+        # causal programs started longest first across groups of 4 rows (FwdConfig.hopper_gluon_head_section),
+        # dense and varlen
         for headdim in (128, 256):
             emit(hopper_gluon_report(True, headdim=headdim, schedule={"GROUP_SHIFT": 2}))
+        emit(hopper_gluon_varlen_report(True, headdim=128, schedule={"GROUP_SHIFT": 2}))
         # the forward on 192 query rows (three consumer warpgroups: FwdConfig.hopper_gluon_block_m)
         # in 64-key blocks at head dims 96 and 128 (the tiles flash_attn_hopper.three_consumer_refusal
         # lets through), dense and varlen; head dim 64's table takes them in FA3's 128-key blocks

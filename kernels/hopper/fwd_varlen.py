@@ -125,21 +125,22 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                     qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
                                     CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
-                                    PIN_SOFTMAX: gl.constexpr = False):
+                                    PIN_SOFTMAX: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
     has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS, PINGPONG and PIN_SOFTMAX as the dense kernel's."""
+    query block does nothing. CONSUMERS, PINGPONG, PIN_SOFTMAX and GROUP_SHIFT (the causal programs'
+    launch order over groups of sequence x head rows, `_fwd_program`) as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * ROWS
-    pid_m, _, b, h = _fwd_program(num_heads, CAUSAL)
+    pid_m, _, b, h = _fwd_program(num_heads, CAUSAL, GROUP_SHIFT)
     q_start = gl.load(CuSeqQ + b)
     seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
     kv_row0 = gl.load(CuSeqK + b)
