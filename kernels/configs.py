@@ -109,8 +109,11 @@ class BwdConfig:
     hopper_gluon_fused_dq: bool = False
     # That kernel's schedule and launch order (kernels/flash_attn_hopper.py): the fused dQ's matmul
     # issued before dK's (True), after (False), or None: before with GQA/MQA, a window or ALiBi,
-    # where it measured faster, after for dense MHA, where it measured level or slower. Head dim
-    # 64 ignores it: its consumers take turns and compute dQ after dK (flash_attn_hopper.dq_first).
+    # where it measured faster, after for dense MHA, where it measured level or slower. Head dims
+    # 64 and 96 ignore it: their consumers take turns and compute dQ after dK. At head dim 192
+    # (kernels/hopper/bwd_wide.py) True issues dQ's matmuls before dV's and dK's, its tiles staged
+    # and reduce-added while those run; None or False after them, the order not yet timed against
+    # it (flash_attn_hopper.dq_first).
     hopper_gluon_dq_first: bool | None = None
     # (batch, kv head) pairs in sections of at most this many, each section's key blocks launched
     # block-major; "l2": as many as keep their Q, dO and dQ accumulator within the L2 cache (FA4's

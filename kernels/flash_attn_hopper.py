@@ -417,10 +417,15 @@ def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: i
 
 
 def dq_first(config: BwdConfig, kv_group: int, flags: dict, headdim: int = 128) -> bool:
-    """Whether the fused dQ's matmul goes before dK's (the dK/dV kernel's DQ_FIRST): never at head
-    dims 64 and 96, where the consumers compute dQ in turns (bwd._dq_in_turns) after dK; else as
-    config.hopper_gluon_dq_first says, or where it is None with GQA/MQA, a window or ALiBi, where
-    it measured faster; dense MHA measured level or slower (docs/performance.md)."""
+    """Whether the fused dQ's matmul goes before dK's (the dK/dV kernels' DQ_FIRST): never at head
+    dims 64 and 96, where the consumers compute dQ in turns (bwd._dq_in_turns) after dK; at the wide
+    head dims (WIDE_BWD_HEAD_DIMS: 192, bwd_wide.py, where the dP warpgroup then issues dQ's
+    matmuls before dV's and dK's too) only where config.hopper_gluon_dq_first is True, None
+    keeping dQ after them (not yet timed against it); at 128 as config.hopper_gluon_dq_first says,
+    or where it is None with GQA/MQA, a window or ALiBi, where it measured faster; dense MHA
+    measured level or slower (docs/performance.md)."""
+    if headdim in WIDE_BWD_HEAD_DIMS:
+        return config.hopper_gluon_dq_first is True
     if headdim != 128:  # in turns
         return False
     if config.hopper_gluon_dq_first is not None:
@@ -439,8 +444,9 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     has neither). `lse` and `delta` are (batch, heads, seqlen) float32; `dq_accum`, where dQ is
     fused, a zeroed float32 tensor contiguous like q (head dim 64, 96, 128 or 192), which the kernel
     fills in register order (dq_cast.dq_from_accumulator reads it). At the wide head dims
-    (WIDE_BWD_HEAD_DIMS: 192) the launch is bwd_wide.py's kernel, dQ fused and no feature. `config`'s hopper_gluon_dq_first and
-    hopper_gluon_head_section pick the schedule and the launch order."""
+    (WIDE_BWD_HEAD_DIMS: 192) the launch is bwd_wide.py's kernel, dQ fused and no feature.
+    `config`'s hopper_gluon_dq_first (`dq_first`) and hopper_gluon_head_section pick the schedule
+    and the launch order."""
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
     fused = dq_accum is not None
@@ -469,7 +475,8 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
                     q.device, config.hopper_gluon_head_section)
     if wide:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_wide_launcher", grid,
-                              {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168},
+                              {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168,
+                               "DQ_FIRST": dq_first(config, kv_group, flags, headdim)},
                               descriptors=descriptors)
     else:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,

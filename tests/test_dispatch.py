@@ -615,9 +615,12 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     forward_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
     backward_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
     wide_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_wide_kernel ")]
-    # head dim 192's kernel (bwd_wide.py), causal or not, dQ fused, within 227 KiB without spills
-    assert len(wide_lines) == 2 and all("tma-reduce" in line for line in wide_lines), report
+    # head dim 192's kernel (bwd_wide.py), causal or not, dQ fused, within 227 KiB without spills; then
+    # with dQ's matmuls first (BwdConfig.hopper_gluon_dq_first), waited for with dV's and dK's in flight
+    assert len(wide_lines) == 4 and all("tma-reduce" in line for line in wide_lines), report
     assert all("spill stores 0 B" in line for line in wide_lines), report
+    assert [" dQ first " in line for line in wide_lines] == [False, False, True, True], report
+    assert all("wait_group values 0 2 " in line for line in wide_lines[2:]), report
     # the forward at head dims 64 (the table's 192 query rows; causal takes them in the varlen
     # kernel, so the dense causal one is built on 128), 96, 128, 192 and 256 (96 and 192 in two
     # head-dim sections, 192 and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two
@@ -684,7 +687,9 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert len(varlen_bwd) == 12 and all("tma-reduce" in line for line in varlen_bwd), report
     assert sum("packed grid" in line for line in varlen_bwd) == 6, report
     varlen_lines += varlen_bwd
-    for line in wide_lines:  # each warpgroup waits for all its matmuls: the two overlap each other
+    # each warpgroup waits for all its matmuls at once (dQ first: dQ's, then dV's and dK's): the two
+    # warpgroups overlap each other
+    for line in wide_lines:
         assert "warp-specialised yes" in line and "tma yes" in line and "serialised" not in line, line
         assert int(re.search(r"smem (\d+) B", line).group(1)) <= 232448, line
     for line in forward_lines + backward_lines + varlen_lines:
@@ -698,7 +703,8 @@ def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster():
     """flash_attn_hopper.dq_first, the Gluon backward's schedule rule (docs/performance.md, "The
     Gluon backward's schedule"), the table's hopper_gluon_dq_first None: with GQA/MQA, a window or
     ALiBi; not for dense MHA or softcap alone; a config's True or False forces it either way, but
-    at head dim 64."""
+    at head dim 64. At head dim 192 (bwd_wide.py) only a config's True puts it first: None keeps
+    dQ after dV and dK there, with GQA too."""
     from kernels import flash_attn_hopper as hopper
 
     def flags(**on):
@@ -715,6 +721,10 @@ def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster():
     assert hopper.dq_first(forced, 4, flags(WINDOW=True), 128) and not hopper.dq_first(forced, 4, flags(), 64)
     assert hopper.dq_first(dataclasses.replace(table, hopper_gluon_dq_first=True), 1, flags())
     assert not hopper.dq_first(dataclasses.replace(table, hopper_gluon_dq_first=False), 4, flags(WINDOW=True))
+    wide = HOPPER_BWD_CONFIGS[256]  # head dim 192's entry
+    assert wide.hopper_gluon_dq_first is None and not hopper.dq_first(wide, 4, flags(), 192)
+    assert hopper.dq_first(dataclasses.replace(wide, hopper_gluon_dq_first=True), 1, flags(), 192)
+    assert not hopper.dq_first(dataclasses.replace(wide, hopper_gluon_dq_first=False), 4, flags(), 192)
 
 
 def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch):
@@ -1075,10 +1085,12 @@ def test_the_gluon_backward_takes_its_schedule_and_launch_order_from_the_config(
     assert launch["grid"] == (2, 2, 4)  # sections of 2 of the 8 (batch, kv head) pairs, 2 key blocks each
 
 
-def test_head_dim_192_launches_the_kernel_for_wide_heads(monkeypatch):
+@pytest.mark.parametrize("dq_first", [None, True, False])
+def test_head_dim_192_launches_the_kernel_for_wide_heads(dq_first, monkeypatch):
     """The dense Gluon dK/dV plan at head dim 192 launches bwd_wide.py's kernel (recorded on the
-    CPU) over 64-key blocks, with the head dim's two sections' descriptors; it refuses dQ unfused
-    and the features it does not have, by name."""
+    CPU) over 64-key blocks, with the head dim's two sections' descriptors and DQ_FIRST as
+    BwdConfig.hopper_gluon_dq_first says (None: dQ after dV and dK); it refuses dQ unfused and the
+    features it does not have, by name."""
     from kernels import flash_attn_hopper as hopper
 
     launches = _RecordedLaunches()
@@ -1088,11 +1100,12 @@ def test_head_dim_192_launches_the_kernel_for_wide_heads(monkeypatch):
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_acc = torch.zeros(q.shape, dtype=torch.float32)
     lse, delta = torch.randn(2, 4, 256), torch.randn(2, 4, 256)
-    config = dataclasses.replace(HOPPER_BWD_CONFIGS[256], hopper_gluon_head_section=8)
+    config = dataclasses.replace(HOPPER_BWD_CONFIGS[256], hopper_gluon_head_section=8, hopper_gluon_dq_first=dq_first)
     plan = hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, True, config)
     plan(q, k, v, do, lse, delta, dk, dv, dq_acc, 0.1)
     (launch,) = launches
     assert launch["grid"] == (8, 4, 1) and launch["CAUSAL"]  # 256 keys in 64-key blocks, 8 pairs
+    assert launch["DQ_FIRST"] is (dq_first is True)
     assert [d.block_shape for d in launch["args"][:2]] == [[64, 128], [64, 128]]
     assert [d.block_shape for d in launch["args"][7:9]] == [[64, 64], [64, 64]]  # the tail sections
     with pytest.raises(ValueError, match="head dim 192"):

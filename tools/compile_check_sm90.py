@@ -311,17 +311,23 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
                          **flags, **schedule})
 
 
-def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192) -> str:
+def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192,
+                                 dq_first: bool | None = None) -> str:
     """The Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: dQ fused, no feature)
-    compiled for sm_90 as backward_dkdv_hopper_plan launches it."""
+    compiled for sm_90 as backward_dkdv_hopper_plan launches it, in the schedule the table's config
+    gives it (flash_attn_hopper.dq_first) unless `dq_first` (its DQ_FIRST) is given."""
     from kernels import flash_attn_hopper as hopper
 
+    if dq_first is None:
+        no_features = {name: False for name in hopper.GLUON_FEATURE_FLAGS}
+        dq_first = hopper.dq_first(HOPPER_BWD_CONFIGS[padded_headdim(headdim)], 1, no_features, headdim)
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
-                 **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ", hopper._flash_bwd_dkdv_hopper_wide_kernel,
-                        signature, {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal})
+                 **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "DQ_FIRST": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (", dQ first" if dq_first else ""),
+                        hopper._flash_bwd_dkdv_hopper_wide_kernel, signature,
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first})
 
 
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,
@@ -428,6 +434,10 @@ def main() -> None:
         for causal in (False, True):
             for headdim in (128, 96, 64):
                 emit(hopper_gluon_bwd_report(causal, headdim=headdim, fused_dq=True, dropout=True))
+        # head dim 192's dQ matmuls before dV's and dK's, its tiles written out under them
+        # (BwdConfig.hopper_gluon_dq_first=True; the table's None keeps them after)
+        for causal in (False, True):
+            emit(hopper_gluon_wide_bwd_report(causal, dq_first=True))
     else:
         production_report(args, emit)
     if args.out:

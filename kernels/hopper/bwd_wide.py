@@ -13,7 +13,9 @@ backward between warpgroups (hopper/flash_bwd_launch_template.h runs 192 on thre
 - the **dP warpgroup** computes dP^T = V_j dO_i^T (line 13) and hands dP^T - D_i over, then
   owns the second section (64 columns) of dK_j and dV_j and all of dQ_i = dS K_j (line 15),
   reading P^T and dS^T from shared memory; dQ goes to the float32 accumulator as three 64 x 64
-  register-order tiles by TMA reduce-adds, as in bwd.py.
+  register-order tiles by TMA reduce-adds, as in bwd.py: once dV's and dK's matmuls have finished
+  too, or (DQ_FIRST) with its matmuls issued before theirs and its tiles staged and reduce-added
+  while they run, as FA3 and FA4 write dQ out under the matmuls after it.
 
 Per query step the S warpgroup does 3 + 2 + 2 and the dP warpgroup 3 + 1 + 1 + 3 fifteenths of
 the step's matmul work (each of the five matmuls is three). One buffer each carries dP^T - D_i (float32, the warpgroup's register order)
@@ -224,9 +226,10 @@ def _wide_dp_issue(args, ctx, step):
 
 
 @gluon.jit
-def _wide_dp_step(args, ctx, step, dk, dv):
+def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
     """The dP warpgroup's query step: line 13 (dP^T, `_wide_dp_issue`), then lines 12 and 16 for the
-    second head-dim section and 15. Returns dK_j, dV_j of the second section."""
+    second head-dim section and 15, in the order `_wide_dp_partition`'s DQ_FIRST says. Returns dK_j,
+    dV_j of the second section."""
     dp_tok = _wide_dp_issue(args, ctx, step)
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
@@ -253,16 +256,28 @@ def _wide_dp_step(args, ctx, step, dk, dv):
     # 64 columns a tile)
     mbarrier.wait(q_bar.index(stage), phase)
     mbarrier.wait(pds_bar, step & 1)
-    dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
-    dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
+    if not DQ_FIRST:
+        dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
     ds_t = ds_smem.permute((1, 0))
     dq0_tok = warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
     dq1_tok = warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
     dq2_tok = warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True)
-    dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
-    mbarrier.arrive(pds_free, count=1)
-    mbarrier.arrive(empty_bar.index(stage), count=1)
-    _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), softmax_scale, num_heads, HEAD_DIM)
+    if DQ_FIRST:
+        # lines 12 and 16 after 15: dQ_i is staged and reduce-added while they run
+        dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
+        # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's
+        dq0, dq1, dq2 = warpgroup_mma_wait(2, deps=[dq0_tok, dq1_tok, dq2_tok])
+        _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), softmax_scale, num_heads, HEAD_DIM)
+        dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
+        mbarrier.arrive(pds_free, count=1)
+        mbarrier.arrive(empty_bar.index(stage), count=1)
+    else:
+        dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
+        mbarrier.arrive(pds_free, count=1)
+        mbarrier.arrive(empty_bar.index(stage), count=1)
+        _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), softmax_scale, num_heads, HEAD_DIM)
     return dk, dv
 
 
@@ -284,10 +299,13 @@ def _wide_reduce_dq(dq_desc, row, q_col, dq_smem, dq, softmax_scale, num_heads, 
 
 
 @gluon.jit
-def _wide_dp_partition(args, CAUSAL: gl.constexpr):
+def _wide_dp_partition(args, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
     dQ over every query step that sees the block; the sections written once both warpgroups are
-    past K (line 18)."""
+    past K (line 18). DQ_FIRST: each step's dQ_i matmuls (line 15) are issued before dV's and dK's
+    (lines 12 and 16) and waited for alone, and dQ_i is staged and reduce-added while those two
+    run (as FA3 and FA4 write dQ out under the matmuls after it); else all five are waited for
+    together and dQ_i follows."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -304,7 +322,7 @@ def _wide_dp_partition(args, CAUSAL: gl.constexpr):
     ctx = (k_buf, v_buf, s_init, dq_init)
     mbarrier.wait(kv_bar, 0)
     for step in range(n_steps * kv_group):
-        dk, dv = _wide_dp_step(args, ctx, step, dk, dv)
+        dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     k_buf[1].store((dk * softmax_scale).to(k_buf[1].dtype))
@@ -321,12 +339,14 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        k_tail_desc, v_tail_desc, do_tail_desc, dk_tail_desc, dv_tail_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
-                                       RngSeed, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                                       RngSeed, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                       DQ_FIRST: gl.constexpr):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup
     and the dP warpgroup (the module's docstring). The arguments are bwd.py's dense kernel's, the
     head dim two sections (HEAD_SPLIT) and dQ fused; the feature arguments (window, softcap,
-    ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features."""
+    ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features. DQ_FIRST:
+    the dP warpgroup's order (_wide_dp_partition)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
         do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, True)
@@ -354,6 +374,6 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
         (_wide_s_partition, (args, CAUSAL)),
-        (_wide_dp_partition, (args, CAUSAL)),
+        (_wide_dp_partition, (args, CAUSAL, DQ_FIRST)),
         (_wide_load_partition, (args, CAUSAL)),
     ], [4, 1], [240, 24])
