@@ -111,9 +111,9 @@ class BwdConfig:
     # issued before dK's (True), after (False), or None: before with GQA/MQA, a window or ALiBi,
     # where it measured faster, after for dense MHA, where it measured level or slower. Head dims
     # 64 and 96 ignore it: their consumers take turns and compute dQ after dK. At head dim 192
-    # (kernels/hopper/bwd_wide.py) True issues dQ's matmuls before dV's and dK's, its tiles staged
-    # and reduce-added while those run; None or False after them, the order not yet timed against
-    # it (flash_attn_hopper.dq_first).
+    # (kernels/hopper/bwd_wide.py) True or None issues dQ's matmuls before dV's and dK's, its tiles
+    # staged and reduce-added while those run, faster or level than after them, which False keeps
+    # (reports/h100/decisions/gluon_backward_dq_first_d192.csv; flash_attn_hopper.dq_first).
     hopper_gluon_dq_first: bool | None = None
     # (batch, kv head) pairs in sections of at most this many, each section's key blocks launched
     # block-major; "l2": as many as keep their Q, dO and dQ accumulator within the L2 cache (FA4's

@@ -722,9 +722,12 @@ SECTIONS = {
     "fwd_named_barriers_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_named_barriers.csv",
                                                              "mbarrier arrives", "named barriers"),
     "fwd_pin_softmax_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_pin_softmax.csv",
-                                                          "the table's when measured (no pin)",
+                                                          "without the pin",
                                                           "row sums stored before P V's wait"),
     "fwd_counters_h100": lambda: counters_table(H100 / "decisions" / "forward_counters_fa4.csv"),
+    "gluon_backward_dq_first_d192_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_dq_first_d192.csv", "dQ after dV and dK (the table's when measured)",
+        "dQ first, written out under dV and dK"),
     "gluon_backward_min_keys_d192_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_min_keys_d192.csv",
         "the table's when measured (1k keys: the Gluon kernel; 512: the Triton one)",

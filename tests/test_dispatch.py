@@ -615,12 +615,13 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     forward_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_kernel ")]
     backward_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_kernel ")]
     wide_lines = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_wide_kernel ")]
-    # head dim 192's kernel (bwd_wide.py), causal or not, dQ fused, within 227 KiB without spills; then
-    # with dQ's matmuls first (BwdConfig.hopper_gluon_dq_first), waited for with dV's and dK's in flight
+    # head dim 192's kernel (bwd_wide.py), causal or not, dQ fused, within 227 KiB without spills, the
+    # table's dQ matmuls first (BwdConfig.hopper_gluon_dq_first None), waited for with dV's and dK's in
+    # flight; then with them after (False)
     assert len(wide_lines) == 4 and all("tma-reduce" in line for line in wide_lines), report
     assert all("spill stores 0 B" in line for line in wide_lines), report
-    assert [" dQ first " in line for line in wide_lines] == [False, False, True, True], report
-    assert all("wait_group values 0 2 " in line for line in wide_lines[2:]), report
+    assert [" dQ first " in line for line in wide_lines] == [True, True, False, False], report
+    assert all("wait_group values 0 2 " in line for line in wide_lines[:2]), report
     # the forward at head dims 64 (the table's 192 query rows; causal takes them in the varlen
     # kernel, so the dense causal one is built on 128), 96, 128, 192 and 256 (96 and 192 in two
     # head-dim sections, 192 and 256 in 64-key blocks), the backward at 64, 96 and 128 (96 in two
@@ -722,7 +723,7 @@ def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster():
     assert hopper.dq_first(dataclasses.replace(table, hopper_gluon_dq_first=True), 1, flags())
     assert not hopper.dq_first(dataclasses.replace(table, hopper_gluon_dq_first=False), 4, flags(WINDOW=True))
     wide = HOPPER_BWD_CONFIGS[256]  # head dim 192's entry
-    assert wide.hopper_gluon_dq_first is None and not hopper.dq_first(wide, 4, flags(), 192)
+    assert wide.hopper_gluon_dq_first is None and hopper.dq_first(wide, 4, flags(), 192)
     assert hopper.dq_first(dataclasses.replace(wide, hopper_gluon_dq_first=True), 1, flags(), 192)
     assert not hopper.dq_first(dataclasses.replace(wide, hopper_gluon_dq_first=False), 4, flags(), 192)
 
@@ -1089,7 +1090,7 @@ def test_the_gluon_backward_takes_its_schedule_and_launch_order_from_the_config(
 def test_head_dim_192_launches_the_kernel_for_wide_heads(dq_first, monkeypatch):
     """The dense Gluon dK/dV plan at head dim 192 launches bwd_wide.py's kernel (recorded on the
     CPU) over 64-key blocks, with the head dim's two sections' descriptors and DQ_FIRST as
-    BwdConfig.hopper_gluon_dq_first says (None: dQ after dV and dK); it refuses dQ unfused and the
+    BwdConfig.hopper_gluon_dq_first says (None: dQ before dV and dK); it refuses dQ unfused and the
     features it does not have, by name."""
     from kernels import flash_attn_hopper as hopper
 
@@ -1105,7 +1106,7 @@ def test_head_dim_192_launches_the_kernel_for_wide_heads(dq_first, monkeypatch):
     plan(q, k, v, do, lse, delta, dk, dv, dq_acc, 0.1)
     (launch,) = launches
     assert launch["grid"] == (8, 4, 1) and launch["CAUSAL"]  # 256 keys in 64-key blocks, 8 pairs
-    assert launch["DQ_FIRST"] is (dq_first is True)
+    assert launch["DQ_FIRST"] is (dq_first is not False)
     assert [d.block_shape for d in launch["args"][:2]] == [[64, 128], [64, 128]]
     assert [d.block_shape for d in launch["args"][7:9]] == [[64, 64], [64, 64]]  # the tail sections
     with pytest.raises(ValueError, match="head dim 192"):

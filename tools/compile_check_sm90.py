@@ -434,10 +434,10 @@ def main() -> None:
         for causal in (False, True):
             for headdim in (128, 96, 64):
                 emit(hopper_gluon_bwd_report(causal, headdim=headdim, fused_dq=True, dropout=True))
-        # head dim 192's dQ matmuls before dV's and dK's, its tiles written out under them
-        # (BwdConfig.hopper_gluon_dq_first=True; the table's None keeps them after)
+        # head dim 192's dQ matmuls after dV's and dK's, its tiles written out after them
+        # (BwdConfig.hopper_gluon_dq_first=False; the table's None issues them first, built above)
         for causal in (False, True):
-            emit(hopper_gluon_wide_bwd_report(causal, dq_first=True))
+            emit(hopper_gluon_wide_bwd_report(causal, dq_first=False))
     else:
         production_report(args, emit)
     if args.out:
