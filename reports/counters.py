@@ -29,6 +29,9 @@ from harness.ncu import (
     GRID,
     GROUP_COLUMNS,
     HMMA,
+    INSTRUCTIONS,
+    ISSUE_ACTIVE,
+    L2_HIT,
     METRICS,
     MUFU,
     REGISTERS,
@@ -36,8 +39,13 @@ from harness.ncu import (
     SHARED_PER_BLOCK,
     SHARED_ST,
     SHARED_WAVEFRONTS,
+    SM_CYCLES,
     SM_THROUGHPUT,
+    STALL_BARRIER,
+    STALL_MEMORY,
+    STALL_WAIT,
     TENSOR_PIPE,
+    TENSOR_PIPE_GMMA,
     WARP_SIZE,
     WARPS_ACTIVE,
     WAVES,
@@ -69,6 +77,15 @@ def derive(counters: pd.DataFrame) -> pd.DataFrame:
         "registers": c[REGISTERS],
         "shared_kib": c[SHARED_PER_BLOCK] / 1024,
         "dram_mb": (c[DRAM_READ] + c[DRAM_WRITE]) / 1e6,
+        "sm_cycles": c[SM_CYCLES],
+        "instructions": c[INSTRUCTIONS],
+        "issue_active_pct": c[ISSUE_ACTIVE],
+        "tensor_pipe_gmma_pct": c[TENSOR_PIPE_GMMA],
+        "gmma": c[GMMA],
+        "barrier_stalls_per_issue": c[STALL_BARRIER],
+        "wait_stalls_per_issue": c[STALL_WAIT],
+        "memory_stalls_per_issue": c[STALL_MEMORY],
+        "l2_hit_pct": c[L2_HIT],
     }, index=counters.index)
 
 
@@ -201,18 +218,36 @@ SHOWN = {
 }
 
 
+# The columns that set one kernel beside a faster peer's on the same call: where the cycles go.
+SHOWN_BESIDE_PEER = {
+    "duration_us": "time (us)",
+    "sm_cycles": "SM cycles active",
+    "tensor_pipe_gmma_pct": "tensor pipe (HMMA, HGMMA) %",
+    "gmma": "wgmma instr",
+    "instructions": "instructions",
+    "issue_active_pct": "issue slots busy %",
+    "barrier_stalls_per_issue": "CTA-barrier stalls / issue",
+    "wait_stalls_per_issue": "fixed-latency-wait stalls / issue",
+    "memory_stalls_per_issue": "memory stalls / issue",
+    "l2_hit_pct": "L2 hit %",
+    "registers": "regs/thread",
+    "grid": "grid",
+}
+
+
 def _heading(key: dict) -> str:
     shape = (f"{key['mode']}, {'causal' if key['causal'] else 'non-causal'}, hdim {key['hdim']}, "
              f"seqlen {key['seqlen']}, batch {key['batch']}, {key['heads']} heads, {key['dtype']}")
     return f"Setting {key['setting']}: {shape}" if key["setting"] else shape
 
 
-def counter_table(counters: pd.DataFrame, order: list[str]) -> tuple[str, pd.DataFrame]:
+def counter_table(counters: pd.DataFrame, order: list[str], columns: dict | None = None) -> tuple[str, pd.DataFrame]:
     """Tables of profile_providers' rows, one per setting (and spec): one row per provider
-    in `order` (others after, by name), the derived quantities, each rung's ratio to the rung
-    before (`<column>_vs_prev`), and under each table one sentence per technique whose two
-    rungs are both there, saying 'confirmed' or 'not confirmed' with the numbers.
-    Returns (Markdown, table)."""
+    in `order` (others after, by name), the derived quantities (`columns`: derived column ->
+    header; SHOWN unless given, SHOWN_BESIDE_PEER for a kernel beside a peer's), each rung's
+    ratio to the rung before (`<column>_vs_prev`), and under each table one sentence per
+    technique whose two rungs are both there, saying 'confirmed' or 'not confirmed' with the
+    numbers. Returns (Markdown, table)."""
     frame = _normal(counters)
     frame = pd.concat([frame, derive(frame)], axis=1)
     rank = {name: position for position, name in enumerate(order)}
@@ -222,7 +257,7 @@ def counter_table(counters: pd.DataFrame, order: list[str]) -> tuple[str, pd.Dat
         group = _with_previous(group.sort_values(["_rank", "provider"]).copy())
         tables.append(group)
         shown = pd.DataFrame({"provider": group["provider"]})
-        for column, header in SHOWN.items():
+        for column, header in (columns or SHOWN).items():
             cells = [v if isinstance(v, str) else _fmt(v) for v in group[column]]
             if column in COMPARED:
                 cells = [f"{cell} ({ratio:.2f}x)" if not pd.isna(ratio) else cell

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.results import load_results
+from harness.results import load_results, load_runs
 from reports.host_overhead import host_engine_table, host_overhead_table
 from reports.tables import ratio_cell, run_environment
 
@@ -532,21 +532,21 @@ def decode_peers_table(folder: Path) -> str:
     return "\n".join(lines + ["", source] + (["", "Providers without a measured row here:", ""] + notes if notes else []))
 
 
-def counters_table(path: Path) -> str:
-    """Hardware counters (ncu's rows, one per kernel, shape and metric) of our forward beside
-    FA4's: one column a (shape, provider), one line a metric, in the rows' order."""
-    rows = pd.read_csv(path, keep_default_na=False)
-    rows["shape"] = rows.apply(lambda r: f"d{r.headdim} {r.batch}x{r.seqlen} {'causal' if r.causal else 'full'}", axis=1)
-    table = rows.pivot_table(index="label", columns=["shape", "provider"], values="value", sort=False)
-    lines = ["| counter | " + " | ".join(f"{shape}, {provider}" for shape, provider in table.columns) + " |",
-             "|---|" + "---|" * len(table.columns)]
-    for label, values in table.iterrows():
-        cells = [f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.2f}" for v in values]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    first = rows.iloc[0]
-    source = (f"`{first.tool}`, one forward call each after two warm-up calls, bf16, {first.gpu}, FA4 {first.flash_attn_4}; "
-              f"rows: `{_repository_path(path)}`.")
-    return "\n".join(lines) + "\n\n" + source
+def peer_counters_table(run: Path) -> str:
+    """`runner.py --ncu-only` rows (counters.csv of the run's folder) of our kernels beside a
+    peer's: one table per call (reports.counters.counter_table with SHOWN_BESIDE_PEER), ours
+    first; under them how they were taken and the run's environment."""
+    from reports.counters import SHOWN_BESIDE_PEER, counter_table
+
+    markdown, _ = counter_table(pd.read_csv(run / "counters.csv"), ["fa2"], SHOWN_BESIDE_PEER)
+    sections = ["### " + section.strip() for section in markdown.split("\n### ")[1:]]
+    runs = load_runs(run)
+    env = runs[-1]["environment_before"] if runs else {}
+    source = (f"`{runs[-1]['command'].split('runner.py', 1)[-1].strip() if runs else ''}` through `runner.py` "
+              f"(Nsight Compute, `--clock-control none`, one launch a kernel after warm-up; fa2 is ours), "
+              f"{run_environment(env)}, FA4 {env.get('flash_attn_4', '')}; rows: "
+              f"`{_repository_path(run / 'counters.csv')}`.")
+    return "\n\n".join(sections) + "\n\n" + source
 
 
 def compare_configs_table(path: Path, a_label: str | None = None, b_label: str | None = None) -> str:
@@ -724,7 +724,7 @@ SECTIONS = {
     "fwd_pin_softmax_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_pin_softmax.csv",
                                                           "without the pin",
                                                           "row sums stored before P V's wait"),
-    "fwd_counters_h100": lambda: counters_table(H100 / "decisions" / "forward_counters_fa4.csv"),
+    "fwd_counters_h100": lambda: peer_counters_table(H100 / "counters_fa4"),
     "gluon_backward_dq_first_d192_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_dq_first_d192.csv", "dQ after dV and dK (the table's when measured)",
         "dQ first, written out under dV and dK"),

@@ -1,5 +1,7 @@
 """Generated Markdown sections (reports/embed.py): numbers come from rows, rewriting is idempotent."""
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -348,3 +350,32 @@ def test_the_compare_configs_table_without_labels_names_each_runs_fields(tmp_pat
     assert lines[0] == "| call | batch x seqlen | heads (kv) | head dim | causal | A | A, ms | B | B, ms | B's speed-up |"
     assert "| fwd | 2 x 8192 | 21 | 96 | False | the table | 1.000 | hopper_gluon_block_m=192 | 0.500 | 2.00x |" in lines
     assert "| fwd | 2 x 8192 | 21 | 96 | False | the table | 1.000 | hopper_gluon_pingpong=True | 2.000 | 0.50x |" in lines
+
+
+def test_peer_counters_table_sets_ours_beside_the_peer_per_call(tmp_path, monkeypatch):
+    """reports/embed.py's peer_counters_table: a `runner.py --ncu-only` folder (counters.csv and
+    results.json) as one table a call, ours (fa2) first, the columns of where the cycles go, and
+    the command and environment under them; a metric the run did not take is a dash."""
+    from harness import ncu
+    from harness.results import record_run
+
+    rows = pd.read_csv(Path(__file__).parent / "fixtures" / "ncu" / "counters_confirming.csv")
+    rows = rows[rows["setting"] == "A"].head(2).copy()
+    rows["provider"], rows["setting"] = ["fa4", "fa2"], ""  # a sweep's rows have no ablation setting
+    rows[ncu.SM_CYCLES] = [2.4e6, 2.6e6]
+    rows[ncu.STALL_BARRIER] = [0.55, 2.91]
+    rows.to_csv(tmp_path / "counters.csv", index=False)
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "triton": "3.6.0", "git_commit": "abc",
+           "flash_attn_4": "4.0.0b36"}
+    record_run(tmp_path, {"run_id": "r1", "command": "python3 runner.py --providers fa2,fa4 --ncu-only",
+                          "environment_before": env})
+    monkeypatch.setattr(embed, "_repository_path", lambda p: p.name)  # rows outside the repository
+    text = embed.peer_counters_table(tmp_path)
+    lines = text.splitlines()
+    assert lines[0].startswith("### fwd, causal, hdim 128") and "| SM cycles active |" in lines[2]
+    ours, peer = (line for line in lines if line.startswith("| fa"))
+    assert ours.startswith("| fa2 |") and "2.6 M" in ours and "2.91" in ours
+    assert peer.startswith("| fa4 |") and "2.4 M" in peer and "0.55" in peer
+    assert "| - |" in ours  # L2 hit rate: not in these rows
+    assert "`--providers fa2,fa4 --ncu-only` through `runner.py`" in text
+    assert "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, commit abc, FA4 4.0.0b36" in text
