@@ -542,8 +542,9 @@ def peer_counters_table(run: Path) -> str:
     sections = ["### " + section.strip() for section in markdown.split("\n### ")[1:]]
     runs = load_runs(run)
     env = runs[-1]["environment_before"] if runs else {}
-    source = (f"`{runs[-1]['command'].split('runner.py', 1)[-1].strip() if runs else ''}` through `runner.py` "
-              f"(Nsight Compute, `--clock-control none`, one launch a kernel after warm-up; fa2 is ours), "
+    command = re.sub(r" --out \S+", "", runs[-1]["command"].split("runner.py", 1)[-1].strip()) if runs else ""
+    source = (f"`python runner.py {command}` "
+              f"(Nsight Compute, `--clock-control none`, one launch a kernel after warm-up; fa2 is ours): "
               f"{run_environment(env)}, FA4 {env.get('flash_attn_4', '')}; rows: "
               f"`{_repository_path(run / 'counters.csv')}`.")
     return "\n\n".join(sections) + "\n\n" + source

@@ -25,9 +25,13 @@ STATE_FIELDS = ("sm_clock_mhz", "max_sm_clock_mhz", "mem_clock_mhz", "temperatur
 
 
 def _environment_section(rows: pd.DataFrame, runs: list[dict]) -> list[str]:
+    """The rows' environment, or where no row names a field (a run that only profiled, or measured
+    nothing) the runs' recorded one; then each run's command and GPU state."""
     lines = ["## Environment", ""]
     for column in ENV_COLUMNS:
         values = sorted(set(rows[column].astype(str)) - {""})
+        if not values:
+            values = sorted({str((run.get("environment_before") or {}).get(column) or "") for run in runs} - {""})
         lines.append(f"- {column}: {', '.join(values) if values else '-'}")
     for run in runs:
         status = "finished" if run.get("finished") else "interrupted or running"

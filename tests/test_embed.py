@@ -367,7 +367,7 @@ def test_peer_counters_table_sets_ours_beside_the_peer_per_call(tmp_path, monkey
     rows.to_csv(tmp_path / "counters.csv", index=False)
     env = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "triton": "3.6.0", "git_commit": "abc",
            "flash_attn_4": "4.0.0b36"}
-    record_run(tmp_path, {"run_id": "r1", "command": "python3 runner.py --providers fa2,fa4 --ncu-only",
+    record_run(tmp_path, {"run_id": "r1", "command": "python3 runner.py --providers fa2,fa4 --ncu-only --out /x/y",
                           "environment_before": env})
     monkeypatch.setattr(embed, "_repository_path", lambda p: p.name)  # rows outside the repository
     text = embed.peer_counters_table(tmp_path)
@@ -377,5 +377,5 @@ def test_peer_counters_table_sets_ours_beside_the_peer_per_call(tmp_path, monkey
     assert ours.startswith("| fa2 |") and "2.6 M" in ours and "2.91" in ours
     assert peer.startswith("| fa4 |") and "2.4 M" in peer and "0.55" in peer
     assert "| - |" in ours  # L2 hit rate: not in these rows
-    assert "`--providers fa2,fa4 --ncu-only` through `runner.py`" in text
+    assert "`python runner.py --providers fa2,fa4 --ncu-only`" in text
     assert "NVIDIA H100 80GB HBM3, torch 2.11.0, triton 3.6.0, commit abc, FA4 4.0.0b36" in text

@@ -484,3 +484,12 @@ def test_merged_runs_take_later_rows_filter_sources_and_keep_every_run(tmp_path,
     runs = load_runs(out)
     assert [r["run_id"] for r in runs[:2]] == ["a", "b"] and "--drop" in runs[2]["command"]
     json.dumps(json.loads((out / "results.json").read_text()), allow_nan=False)
+
+
+def test_a_run_without_rows_reports_the_environment_it_recorded(fixture_rows, tmp_path):
+    """A run that only profiled (`--ncu-only`) writes no rows: its report's environment is the one
+    the run recorded before it started, not dashes."""
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "triton": "3.6.0", "git_commit": "abc"}
+    runs = [{"run_id": "r1", "command": "runner.py --ncu-only", "environment_before": env, "finished": "t"}]
+    text = write_report(fixture_rows.iloc[0:0], tmp_path, runs=runs).read_text()
+    assert "- gpu: NVIDIA H100 80GB HBM3" in text and "- triton: 3.6.0" in text and "- git_commit: abc" in text
