@@ -172,7 +172,8 @@ HOPPER_FWD_CONFIGS = {
     # level or faster causal, level at 128, same process (reports/h100/decisions/gluon_fields.csv).
     # Its softmax is pinned under P~ V (hopper_gluon_pin_softmax): faster at 128 (but for level at
     # 2 x 8192 full) and at 96 full, level at 96 causal; off at 64, where it was slower (three
-    # consumers: the pin spills), and at 192 and 256, which share a row, slower at 192
+    # consumers: the pin spills; two on 128 rows with it slower still, gluon_fields.csv), and at
+    # 192 and 256, which share a row, where it was level or slower at 192 and mixed at 256
     # (reports/h100/decisions/gluon_forward_pin_softmax.csv).
     (128, False): FwdConfig(128, 128, 8, 3, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=1024,
                             hopper_gluon_pingpong=True, hopper_gluon_pin_softmax=True),
