@@ -325,7 +325,10 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     # warpgroups, their registers at launch moved by setmaxnreg (forward_launch_options)
     constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule),
                   **split_constexprs}
-    if causal:  # the causal programs' launch order (FwdConfig.hopper_gluon_head_section)
+    # the causal programs' launch order (FwdConfig.hopper_gluon_head_section); passed where 0 too, as
+    # every parameter must be for the plan to keep the compiled kernel (launch.DirectLaunch)
+    constexprs["GROUP_SHIFT"] = 0
+    if causal:
         constexprs["GROUP_SHIFT"] = fwd_group_shift(getattr(schedule, "hopper_gluon_head_section", 1), batch * heads,
                                                     k.shape[1], q.shape[-1], q.element_size(), q.device)
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)

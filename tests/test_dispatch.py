@@ -17,7 +17,13 @@ import torch
 
 from baselines.reference import attention_reference, attention_same_dtype
 from kernels import backward, configs, dispatch, flash_attn_func, forward
-from kernels.configs import HOPPER_BWD_CONFIGS, HOPPER_FWD_CONFIGS, INTERPRETER_BWD_CONFIG, FwdConfig
+from kernels.configs import (
+    HOPPER_BWD_CONFIGS,
+    HOPPER_FWD_CONFIGS,
+    INTERPRETER_BWD_CONFIG,
+    FwdConfig,
+    padded_headdim,
+)
 from kernels.dispatch import (
     GluonPath,
     bwd_dkdv_path,
@@ -1253,3 +1259,24 @@ def test_the_gluon_forward_launches_a_split_head_dim_as_two_sections(headdim, bo
     rows = [64, block_n, block_n, 64]
     assert [list(d.block_shape) for d in launch["args"][:8]] == [[r, boxes[0]] for r in rows] + [[r, boxes[1]] for r in rows]
     assert all(d.base is t for d, t in zip(launch["args"][:8], (q, k, v, out) * 2))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", [128, 96, 256])
+def test_the_gluon_forward_plan_binds_every_parameter_of_its_kernel(headdim, causal, monkeypatch):
+    """launch.DirectLaunch keeps a plan's compiled kernel (and launches it directly from the second
+    call on) only where the launch names every parameter after its positional arguments: one left
+    to its default (GROUP_SHIFT without causal) would send every call through the JIT. The dense
+    Gluon forward's launch, made and launched on the CPU, the launcher recorded."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_fwd_launcher", launches)
+    q, k, v = (torch.randn(1, 256, 2, headdim, dtype=torch.bfloat16) for _ in range(3))
+    out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
+    config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+    hopper.forward_hopper_plan(q, k, v, out, causal, block_n=config.hopper_gluon_block_n,
+                               schedule=config)(q, k, v, out, lse, 0.1)
+    (launch,) = launches
+    unnamed = set(hopper._flash_fwd_hopper_kernel.arg_names[len(launch["args"]):]) - launch.keys()
+    assert not unnamed, f"left to their defaults: {sorted(unnamed)}"
