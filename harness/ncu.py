@@ -64,10 +64,9 @@ TENSOR_PIPE = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_a
 SM_CYCLES = "sm__cycles_active.avg"
 INSTRUCTIONS = "smsp__inst_executed.sum"
 ISSUE_ACTIVE = "smsp__issue_active.avg.pct_of_peak_sustained_active"
-TENSOR_PIPE_GMMA = "sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active"
-STALL_BARRIER = "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"  # warps at a CTA barrier
-STALL_WAIT = "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"  # a fixed-latency wait
-STALL_MEMORY = "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"  # global/local memory
+STALL_BARRIER_PER_ISSUE = "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"  # warps at a CTA barrier
+STALL_WAIT_PER_ISSUE = "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"  # a fixed-latency wait
+STALL_MEMORY_PER_ISSUE = "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"  # global/local memory
 L2_HIT = "lts__t_sector_hit_rate.pct"
 
 METRIC_GROUPS: dict[str, list[str]] = {
@@ -76,8 +75,8 @@ METRIC_GROUPS: dict[str, list[str]] = {
                     OCCUPANCY_LIMIT_SHARED],
     "communication": [SHARED_LD, SHARED_ST, SHARED_WAVEFRONTS, BANK_CONFLICTS, BARRIER_STALL],
     "context": [DURATION, DRAM_READ, DRAM_WRITE, REGISTERS, SHARED_PER_BLOCK, TENSOR_PIPE],
-    "issue": [SM_CYCLES, INSTRUCTIONS, ISSUE_ACTIVE, TENSOR_PIPE_GMMA, STALL_BARRIER, STALL_WAIT, STALL_MEMORY,
-              L2_HIT],
+    "issue": [SM_CYCLES, INSTRUCTIONS, ISSUE_ACTIVE, STALL_BARRIER_PER_ISSUE, STALL_WAIT_PER_ISSUE,
+              STALL_MEMORY_PER_ISSUE, L2_HIT],
 }
 METRICS: list[str] = [metric for group in METRIC_GROUPS.values() for metric in group]
 

@@ -71,7 +71,7 @@ def test_metric_groups_cover_each_claim_once():
     assert {claims[m] for m in non_matmul} == {"non-matmul work"}
     assert {claims[m] for m in (ncu.GRID, ncu.WAVES, ncu.SM_THROUGHPUT)} == {"parallelism"}
     assert {claims[m] for m in (ncu.SHARED_WAVEFRONTS, ncu.BARRIER_STALL)} == {"communication"}
-    assert {claims[m] for m in (ncu.SM_CYCLES, ncu.STALL_BARRIER, ncu.L2_HIT)} == {"issue"}
+    assert {claims[m] for m in (ncu.SM_CYCLES, ncu.STALL_BARRIER_PER_ISSUE, ncu.L2_HIT)} == {"issue"}
 
 
 # --------------------------------------------------------------------------------------

@@ -363,7 +363,7 @@ def test_peer_counters_table_sets_ours_beside_the_peer_per_call(tmp_path, monkey
     rows = rows[rows["setting"] == "A"].head(2).copy()
     rows["provider"], rows["setting"] = ["fa4", "fa2"], ""  # a sweep's rows have no ablation setting
     rows[ncu.SM_CYCLES] = [2.4e6, 2.6e6]
-    rows[ncu.STALL_BARRIER] = [0.55, 2.91]
+    rows[ncu.STALL_BARRIER_PER_ISSUE] = [0.55, 2.91]
     rows.to_csv(tmp_path / "counters.csv", index=False)
     env = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "triton": "3.6.0", "git_commit": "abc",
            "flash_attn_4": "4.0.0b36"}
