@@ -61,7 +61,7 @@ class FwdConfig:
     # matmul instead of under it (FA3's Algorithm 2 overlap; docs/hopper_peers.md).
     hopper_gluon_pin_softmax: bool = False
     # The order that kernel's causal programs start in (dense calls, and the varlen kernel's over
-    # sequence x head rows, K and V counted at the mean key length): groups of at most this many
+    # sequence x head rows, K and V counted at the longest sequence's keys): groups of at most this many
     # batch x head rows (a power of two), and no more than keep their K and V within the L2 cache
     # ("l2": that bound only; FA4's forward tile scheduler's rule), start together longest first,
     # every row's longest query block, then every row's next (flash_attn_hopper.fwd_group_shift);

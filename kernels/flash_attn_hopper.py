@@ -252,7 +252,7 @@ def fwd_group_shift(section: int | str, rows: int, seqlen_k: int, headdim: int, 
     V (seqlen_k x headdim each) within the L2 cache (common.l2_cache_bytes), the budget
     FlashAttention-4's forward tile scheduler sizes its head sections by (SingleTileLPTScheduler in
     flash_attn/cute/tile_scheduler.py). 0 (one row): the grid's own order. The varlen forward's
-    rows are its sequences x heads, `seqlen_k` their mean key length."""
+    rows are its sequences x heads, `seqlen_k` the longest sequence's keys."""
     if section != "l2" and (isinstance(section, bool) or not isinstance(section, int) or section < 1):
         raise ValueError(f"hopper_gluon_head_section must be a positive int or 'l2', got {section!r}")
     if section == 1 or rows < 1:
@@ -350,24 +350,26 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
 
 
 def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                                     qk_scale: float, causal: bool, block_n: int = BLOCK_N,
+                                     max_seqlen_k: int, qk_scale: float, causal: bool, block_n: int = BLOCK_N,
                                      block_m: int = BLOCK_M, schedule=None) -> None:
     """Write O into `out` (packed like q) and the natural-log logsumexp into `lse` for packed
     sequences (q (total_q, heads, d), k and v (total_k, kv_heads, d), each a (total, heads * d)
     2D view with rows that do not overlap; d one of FWD_HEAD_DIMS; fp16 or bf16); `lse` is (heads,
     total_q), or for a dense call's batch rows packed (dispatch.GluonPath.PACKED, every sequence
-    max_seqlen_q long) its contiguous (batch, heads, seqlen_q). `qk_scale` is the softmax scale
+    max_seqlen_q long) its contiguous (batch, heads, seqlen_q); `max_seqlen_k` the longest sequence's
+    keys. `qk_scale` is the softmax scale
     times log2(e); `block_n` keys a block (FwdConfig.hopper_gluon_block_n), `block_m` query rows a
     program (FwdConfig.hopper_gluon_block_m), `schedule` the config whose key-loop fields it takes
     (forward_schedule) and, causal, its programs' launch order over the sequences x heads rows
-    (fwd_group_shift, the L2 budget from the mean key length)."""
+    (fwd_group_shift; a group is mostly heads of one sequence, so the L2 budget takes the longest
+    sequence's keys)."""
     total_q, heads, headdim = q.shape
     batch = cu_seqlens_q.shape[0] - 1
     grid = (triton.cdiv(max_seqlen_q, block_m), batch * heads)
     group_shift = 0
     if causal:  # the causal programs' launch order (FwdConfig.hopper_gluon_head_section)
         group_shift = fwd_group_shift(getattr(schedule, "hopper_gluon_head_section", 1), batch * heads,
-                                      k.shape[0] // max(batch, 1), headdim, q.element_size(), q.device)
+                                      max_seqlen_k, headdim, q.element_size(), q.device)
     lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
     stages, v_stages = forward_stages(headdim, block_n, block_m=block_m)
     descriptors, split_constexprs = _section_descriptors(_packed_descriptor, (q, k, v, out),

@@ -423,7 +423,7 @@ def forward_packed(q, k, v, out, lse, qk_scale: float, causal: bool, cfg: FwdCon
     packed = dispatch.packed_features(q, k)
     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
         *(dispatch.packed_view(t) for t in (q, k, v, out)), lse, packed.cu_seqlens_q, packed.cu_seqlens_k,
-        q.shape[1], qk_scale, causal, cfg.hopper_gluon_block_n, block_m, cfg)
+        q.shape[1], k.shape[1], qk_scale, causal, cfg.hopper_gluon_block_n, block_m, cfg)
 
 
 def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features, qk_scale: float,
@@ -489,7 +489,7 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
                 if features.varlen:
                     dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
                         q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_q,
-                        qk_scale, causal, cfg.hopper_gluon_block_n, gluon_rows, cfg)
+                        features.max_seqlen_k, qk_scale, causal, cfg.hopper_gluon_block_n, gluon_rows, cfg)
                 elif path == GluonPath.PACKED:
                     forward_packed(q, k, v, out, lse, qk_scale, causal, cfg, gluon_rows)
                 else:

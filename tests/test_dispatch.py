@@ -792,7 +792,7 @@ def test_the_causal_forward_starts_groups_of_rows_longest_first_sized_as_asked(m
 def test_the_causal_varlen_forward_starts_groups_of_sequence_rows_longest_first(monkeypatch):
     """The Gluon varlen forward's launch (made on the CPU, the launcher recorded) takes the dense
     one's causal launch order over its sequences x heads rows: GROUP_SHIFT is fwd_group_shift's,
-    with K and V counted at the mean key length (lengths vary), for packed sequences and for a dense
+    with K and V counted at the longest sequence's keys (lengths vary), for packed sequences and for a dense
     call off the grid (dispatch.GluonPath.PACKED); 0 where not causal or the config's section is 1.
     fwd_group_shift runs with no GPU to ask for its L2 size."""
     from kernels import flash_attn_hopper as hopper
@@ -807,7 +807,7 @@ def test_the_causal_varlen_forward_starts_groups_of_sequence_rows_longest_first(
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
         q, k, v = (torch.randn(total, heads, 128, dtype=torch.bfloat16) for _ in range(3))
         out, lse = torch.empty_like(q), torch.empty(heads, total)
-        hopper.flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu, cu, max(lengths), 0.1, causal,
+        hopper.flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu, cu, max(lengths), max(lengths), 0.1, causal,
                                                 config.hopper_gluon_block_n, config.hopper_gluon_block_m, config)
         return launches.pop()
 
@@ -824,10 +824,12 @@ def test_the_causal_varlen_forward_starts_groups_of_sequence_rows_longest_first(
     (packed,) = launches
     assert packed["GROUP_SHIFT"] == 2 and packed["grid"] == (-(-300 // table.hopper_gluon_block_m), 20)
     launches.clear()
-    # a row's K and V at the mean key length (1072: 536 KiB) in a 2 MiB L2: 3 rows -> groups of 2;
-    # at the longest sequence's 4096 keys (2 MiB) it would be 1
+    # a group is mostly heads of one sequence: a row's K and V at the longest sequence's keys, in a
+    # 2 MiB L2: 4096 keys (2 MiB) -> each row its own, where the mean (1072: 536 KiB) would give 2;
+    # 1000 keys (500 KiB) -> 4 rows
     monkeypatch.setattr(hopper, "l2_cache_bytes", lambda index: 2 << 20)
-    assert launch([4096, 64, 64, 64], 2)["GROUP_SHIFT"] == 1
+    assert launch([4096, 64, 64, 64], 2)["GROUP_SHIFT"] == 0
+    assert launch([1000, 1000, 1000, 1000], 2)["GROUP_SHIFT"] == 2
 
 
 def test_bank_conflict_report_counts_each_shared_memory_access_of_the_gluon_backward():

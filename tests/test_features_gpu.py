@@ -284,7 +284,7 @@ CAUSAL_SECTION_VARLEN_CASES = {
     # 32 rows in groups of 8 (the tables'); sequences shorter than the longest's query blocks
     # leave programs that return at once
     "varlen-groups-of-8": ([1500, 700, 2000, 129, 1024, 4096, 300, 2500], None, 4, 2, 128, 8, 3),
-    # 48 rows, "l2" (a row's K and V at the mean key length: 16 in groups), more queries than keys
+    # 48 rows, "l2" (a row's K and V at the longest sequence's keys: 16 in groups), more queries than keys
     # (the first rows see no key), an empty query and an empty key sequence; two head-dim sections
     "varlen-l2-ragged-keys": ([1500, 0, 700, 2000, 129, 1024], [1100, 300, 700, 2048, 0, 1024], 8, 2, 96, "l2", 4),
     "packed-5x3000-groups-of-4": ([3000] * 5, None, 4, 4, 128, 8, 2),  # 20 rows: groups of 4
