@@ -1285,3 +1285,31 @@ def test_the_gluon_forward_plan_binds_every_parameter_of_its_kernel(headdim, cau
     (launch,) = launches
     unnamed = set(hopper._flash_fwd_hopper_kernel.arg_names[len(launch["args"]):]) - launch.keys()
     assert not unnamed, f"left to their defaults: {sorted(unnamed)}"
+
+
+def test_exp2_under_pv_counts_the_softmax_between_the_two_waits(monkeypatch):
+    """tools/compile_check_sm90.py's exp2_under_pv on a listing shaped like nvdisasm's: per wait for
+    S (`WARPGROUP.DEPBAR.LE gsb0, 0x1`), the exp2 before the next wait for P V (`... 0x0`); the
+    fewest over the consumers' loops; 0 where ptxas put the second wait first, or no loop."""
+    import importlib.util
+
+    # the module drops TRITON_INTERPRET when imported (it compiles for the GPU target); put it back after
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "0"))
+    path = Path(__file__).resolve().parents[1] / "tools" / "compile_check_sm90.py"
+    spec = importlib.util.spec_from_file_location("compile_check_sm90", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def listing(*bodies):
+        lines, address = [], 0
+        for body in bodies:
+            for instruction in ("WARPGROUP.DEPBAR.LE gsb0, 0x1 ;", *body, "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;", "BRA"):
+                lines.append(f"        /*{address:04x}*/                   {instruction}")
+                address += 16
+        return "\n".join(["  .text.kernel:", *lines])
+
+    softmax = ("FMNMX R1, R2, R3 ;", *("MUFU.EX2 R4, R5 ;",) * 3, "FADD R6, R4, R7 ;")
+    assert module.exp2_under_pv(listing(softmax, softmax)) == 3
+    assert module.exp2_under_pv(listing(softmax, softmax[:2])) == 1  # the fewest of the two consumers
+    assert module.exp2_under_pv(listing(("FMNMX R1, R2, R3 ;",))) == 0  # the softmax after P V's wait
+    assert module.exp2_under_pv("no loop") == 0
