@@ -53,7 +53,7 @@ PROVIDER_BUDGET_S = {"flex-attention": 75.0}
 COLUMNS = ("group", "variant", "provider", "label", "mode", "causal", "batch", "seqlen_q", "seqlen_k", "heads",
            "kv_heads", "hdim", "dtype", "window_left", "window_right", "softcap", "alibi", "lengths",
            "visible_pairs", "status", "reason", "ms", "ms_p20", "ms_p80", "tflops", "peak_mem_mb", "rel_err",
-           "config", "repeat", "interpreter", *ROW_ENV_COLUMNS)
+           "sm_clock_mhz", "power_w", "config", "repeat", "interpreter", *ROW_ENV_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,8 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
     status = "ok" if rel_err <= WRONG_REL_ERR else "wrong"
     return {"status": status, "reason": "" if status == "ok" else f"relative error {rel_err:.3g}",
             "ms": timing.ms, "ms_p20": timing.ms_p20, "ms_p80": timing.ms_p80,
-            "tflops": tflops_per_second(flops, timing.ms), "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err}
+            "tflops": tflops_per_second(flops, timing.ms), "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err,
+            "sm_clock_mhz": timing.sm_clock_mhz, "power_w": timing.power_w}
 
 
 def case_tensors(case: Case, device) -> tuple:

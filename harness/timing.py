@@ -3,7 +3,8 @@
 On a GPU: `triton.testing.do_bench` (which flushes L2 before each call) returns the median
 and the 20th/80th percentiles of the call time; one call before it compiles and warms up
 (Triton JIT, torch.compile, cuDNN plans), so compilation is never timed, and that call's
-peak memory is recorded. On CPU (Triton's interpreter): the median of a few
+peak memory is recorded; the mean SM clock and board power while do_bench runs (its own warm-up
+and the timed calls) are read by NVML (harness.environment.ClockSampler). On CPU (Triton's interpreter): the median of a few
 `time.perf_counter` measurements after one warm-up call; those numbers are not performance.
 
 Modes, as the paper times them: 'fwd' the forward alone; 'bwd' the backward alone
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.environment import ClockSampler
+
 QUANTILES = (0.5, 0.2, 0.8)  # median, 20th and 80th percentile of the call time
 CPU_REPS = 3  # timed calls per measurement in the interpreter (each may take seconds)
 DEFAULT_WARMUP_MS, DEFAULT_REP_MS = 25, 100  # do_bench's own defaults
@@ -32,6 +35,14 @@ class Timing:
     ms_p20: float  # 20th percentile (a faster call than the median)
     ms_p80: float  # 80th percentile
     peak_mem_mb: float  # peak memory allocated during the warm-up call, inputs included (NaN on CPU)
+    sm_clock_mhz: float = math.nan  # mean SM clock while do_bench ran (NaN on CPU or without NVML)
+    power_w: float = math.nan  # mean board power then, instantaneous readings (NaN likewise)
+
+    @property
+    def energy_mj(self) -> float:
+        """Energy per call, in millijoules: the board's mean power times the median call time
+        (the whole board's, idle draw included)."""
+        return self.power_w * self.ms
 
 
 def seed_of(*parts) -> int:
@@ -70,14 +81,15 @@ def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float =
         torch.cuda.synchronize(device)
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
         _clear_grads(grad_to_none)
-        if cuda_graph:
-            ms, p20, p80 = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=list(grad_to_none) or None,
-                                                             quantiles=list(QUANTILES))
-        else:
-            ms, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
-                                                   grad_to_none=list(grad_to_none) or None,
-                                                   quantiles=list(QUANTILES))
-        return Timing(ms, p20, p80, peak_mb)
+        with ClockSampler() as clocks:
+            if cuda_graph:
+                ms, p20, p80 = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=list(grad_to_none) or None,
+                                                                 quantiles=list(QUANTILES))
+            else:
+                ms, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
+                                                       grad_to_none=list(grad_to_none) or None,
+                                                       quantiles=list(QUANTILES))
+        return Timing(ms, p20, p80, peak_mb, clocks.sm_clock_mhz, clocks.power_w)
     if cpu_reps < 1:
         raise ValueError(f"cpu_reps must be >= 1, got {cpu_reps}")
     fn()

@@ -1,6 +1,7 @@
 """The coverage suite's report (coverage.md), from its rows alone: per case and mode, each
 provider's TFLOPs/s, ours over FA4 and over cuDNN (time ratios taken within a round), the
-kernel that served ours, and the bar's checks, each naming its worst case."""
+kernel that served ours, and the bar's checks, each naming its worst case; where the rows carry
+them, the SM clock and board power each provider's timing ran at, and ours' energy a call over FA4's."""
 
 from __future__ import annotations
 
@@ -92,6 +93,36 @@ def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
     return checks
 
 
+def _median_of(sub: pd.DataFrame, provider: str, column: str) -> float:
+    """A provider's ok rows' median of `column` in one case and mode (NaN without a reading)."""
+    ok = sub[(sub.provider == provider) & (sub.status == "ok")]
+    values = pd.to_numeric(ok[column], errors="coerce").dropna() if column in ok else pd.Series(dtype=float)
+    return float(values.median()) if len(values) else math.nan
+
+
+def clock_lines(df: pd.DataFrame) -> list[str]:
+    """The clocks section: per case and mode the SM clock (MHz) and board power (W) during ours'
+    and the peers' timing (harness.environment.ClockSampler), and ours' energy a call (power times
+    time) over FA4's; none where the rows carry no reading."""
+    if "sm_clock_mhz" not in df or pd.to_numeric(df.sm_clock_mhz, errors="coerce").isna().all():
+        return []
+    peers = ("ours", "fa4", "sdpa-cudnn")
+    lines = ["", "## Clocks and power while timed", "",
+             ("Mean SM clock (MHz) and board power (W) while each provider's calls were timed (NVML, "
+             "instantaneous power, read every 5 ms); under a power cap a kernel that draws more runs at a "
+             "lower clock. Energy a call: power times the median time."), "",
+             "| case | mode | " + " | ".join(f"{p} MHz" for p in peers) + " | " + " | ".join(f"{p} W" for p in peers[:2])
+             + " | ours / fa4 energy a call |", "|---|---|" + "---|" * (len(peers) + 3)]
+    for label, mode, sub in _by_case(df):
+        clocks = [cell(_median_of(sub, p, "sm_clock_mhz"), "{:.0f}") for p in peers]
+        powers = {p: _median_of(sub, p, "power_w") for p in peers[:2]}
+        energy = {p: powers[p] * _median_of(sub, p, "ms") for p in peers[:2]}
+        ratio = energy["ours"] / energy["fa4"] if energy["fa4"] > 0 else math.nan
+        lines.append(f"| {label} | {mode} | " + " | ".join(clocks) + " | "
+                     + " | ".join(cell(powers[p], "{:.0f}") for p in peers[:2]) + f" | {cell(ratio, '{:.2f}x')} |")
+    return lines
+
+
 def write_coverage_report(out_dir) -> Path:
     df = load_rows(out_dir, COVERAGE_CSV)
     env = df.iloc[0] if len(df) else {}
@@ -114,6 +145,7 @@ def write_coverage_report(out_dir) -> Path:
         lines.append(f"| {label} | {mode} | " + " | ".join([*cells, *ratios, kernel]) + " |")
     lines += ["", "## The bar", "", "| check | worst | verdict |", "|---|---|---|"]
     lines += [f"| {c} | {v} | {verdict} |" for c, v, verdict in bar_checks(df)]
+    lines += clock_lines(df)
     missing = df[df.status.isin(["unsupported", "unavailable"])]
     if len(missing):
         lines += ["", "## Providers that did not take a case", ""]
