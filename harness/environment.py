@@ -8,8 +8,8 @@ clocks, temperature, power, the current clock-event (throttle) reasons and NVML'
 power/thermal violation counters. Take one snapshot before and one after a run:
 `throttle_warnings(before, after)` reads the counters' growth, which covers the whole run and
 not only the instant of the snapshot. Without a GPU, gpu is 'cpu (Triton interpreter)'.
-`ClockSampler` reads the SM clock and the board's instantaneous power on a thread while a timing
-runs, so each timed row can say at what clock and power its calls ran (harness/timing.py).
+`ClockSampler` reads the SM clock on a thread while a timing runs, so each timed row can say at
+what clock its calls ran (harness/timing.py).
 """
 
 from __future__ import annotations
@@ -147,23 +147,22 @@ def gpu_state() -> dict:
 
 
 class ClockSampler:
-    """The GPU's SM clock (MHz) and board power (W, NVML's instantaneous reading,
-    NVML_FI_DEV_POWER_INSTANT: the plain power query averages over about a second, longer than
-    one row's timing) read every `interval_s` on a thread while a `with` block runs; their means
-    are `sm_clock_mhz` and `power_w` afterwards. Under a power cap the clock a kernel gets depends
-    on the power it draws, so two providers timed at different clocks differ by more than their
-    code: the rows say so. NaN without CUDA or NVML, or where no reading succeeded. The thread
-    sleeps between readings (NVML's calls release the GIL), so the timed calls' launches wait
-    for it at most one reading's time."""
+    """The GPU's SM clock (MHz) read every `interval_s` on a thread while a `with` block runs; its
+    mean is `sm_clock_mhz` afterwards. Under a power cap the clock a kernel gets depends on the
+    power it draws and on what ran just before it, so two providers timed at different clocks
+    differ by more than their code: the rows say so. (NVML's board power is not read: on the H100
+    its readings during timings of about a tenth of a second did not follow the load, 120 W for a
+    long backward among them.) NaN without CUDA or NVML, or where no
+    reading succeeded. The thread sleeps between readings (NVML's calls release the GIL), so the
+    timed calls' launches wait for it at most one reading's time."""
 
     def __init__(self, interval_s: float = 0.005):
         self.interval_s = interval_s
         self.clocks: list[float] = []
-        self.powers: list[float] = []
+        self.failed_readings = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._nvml = None
-        self.failed_readings = 0
 
     def __enter__(self) -> ClockSampler:  # noqa: PYI034 -- typing.Self needs Python 3.11
         if not torch.cuda.is_available():
@@ -173,7 +172,7 @@ class ClockSampler:
 
             pynvml.nvmlInit()
             handle = _nvml_handle(pynvml, [])
-        except Exception:  # noqa: BLE001 -- no NVML: the row's clock and power stay NaN
+        except Exception:  # noqa: BLE001 -- no NVML: the row's clock stays NaN
             return self
         self._nvml = pynvml
         self._thread = threading.Thread(target=self._sample, args=(pynvml, handle), daemon=True)
@@ -181,25 +180,11 @@ class ClockSampler:
         return self
 
     def _sample(self, pynvml, handle) -> None:
-        field = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", None)
-
-        def power() -> float:
-            value = pynvml.nvmlDeviceGetFieldValues(handle, [field])[0]
-            if value.nvmlReturn != 0:
-                raise pynvml.NVMLError(value.nvmlReturn)
-            # the union member NVML filled (nvmlValueType_t: double, uint, ulong, ulonglong, slonglong, sint)
-            member = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal")[value.valueType]
-            return getattr(value.value, member) / 1000.0  # milliwatts
-
-        readings = [(self.clocks, lambda: float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)))]
-        if field is not None:
-            readings.append((self.powers, power))
         while True:
-            for values, read in readings:
-                try:
-                    values.append(read())
-                except Exception:  # noqa: BLE001 -- a failed reading is counted and left out of the mean
-                    self.failed_readings += 1
+            try:
+                self.clocks.append(float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)))
+            except Exception:  # noqa: BLE001 -- a failed reading is counted and left out of the mean
+                self.failed_readings += 1
             if self._stop.wait(self.interval_s):
                 return
 
@@ -212,10 +197,6 @@ class ClockSampler:
     @property
     def sm_clock_mhz(self) -> float:
         return sum(self.clocks) / len(self.clocks) if self.clocks else math.nan
-
-    @property
-    def power_w(self) -> float:
-        return sum(self.powers) / len(self.powers) if self.powers else math.nan
 
 
 def capture_environment() -> dict:

@@ -53,7 +53,7 @@ PROVIDER_BUDGET_S = {"flex-attention": 75.0}
 COLUMNS = ("group", "variant", "provider", "label", "mode", "causal", "batch", "seqlen_q", "seqlen_k", "heads",
            "kv_heads", "hdim", "dtype", "window_left", "window_right", "softcap", "alibi", "lengths",
            "visible_pairs", "status", "reason", "ms", "ms_p20", "ms_p80", "tflops", "peak_mem_mb", "rel_err",
-           "sm_clock_mhz", "power_w", "config", "repeat", "interpreter", *ROW_ENV_COLUMNS)
+           "sm_clock_mhz", "config", "repeat", "interpreter", *ROW_ENV_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
     return {"status": status, "reason": "" if status == "ok" else f"relative error {rel_err:.3g}",
             "ms": timing.ms, "ms_p20": timing.ms_p20, "ms_p80": timing.ms_p80,
             "tflops": tflops_per_second(flops, timing.ms), "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err,
-            "sm_clock_mhz": timing.sm_clock_mhz, "power_w": timing.power_w}
+            "sm_clock_mhz": timing.sm_clock_mhz}
 
 
 def case_tensors(case: Case, device) -> tuple:

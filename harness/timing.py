@@ -3,7 +3,7 @@
 On a GPU: `triton.testing.do_bench` (which flushes L2 before each call) returns the median
 and the 20th/80th percentiles of the call time; one call before it compiles and warms up
 (Triton JIT, torch.compile, cuDNN plans), so compilation is never timed, and that call's
-peak memory is recorded; the mean SM clock and board power while do_bench runs (its own warm-up
+peak memory is recorded; the mean SM clock while do_bench runs (its own warm-up
 and the timed calls) are read by NVML (harness.environment.ClockSampler). On CPU (Triton's interpreter): the median of a few
 `time.perf_counter` measurements after one warm-up call; those numbers are not performance.
 
@@ -36,13 +36,6 @@ class Timing:
     ms_p80: float  # 80th percentile
     peak_mem_mb: float  # peak memory allocated during the warm-up call, inputs included (NaN on CPU)
     sm_clock_mhz: float = math.nan  # mean SM clock while do_bench ran (NaN on CPU or without NVML)
-    power_w: float = math.nan  # mean board power then, instantaneous readings (NaN likewise)
-
-    @property
-    def energy_mj(self) -> float:
-        """Energy per call, in millijoules: the board's mean power times the median call time
-        (the whole board's, idle draw included)."""
-        return self.power_w * self.ms
 
 
 def seed_of(*parts) -> int:
@@ -89,7 +82,7 @@ def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float =
                 ms, p20, p80 = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
                                                        grad_to_none=list(grad_to_none) or None,
                                                        quantiles=list(QUANTILES))
-        return Timing(ms, p20, p80, peak_mb, clocks.sm_clock_mhz, clocks.power_w)
+        return Timing(ms, p20, p80, peak_mb, clocks.sm_clock_mhz)
     if cpu_reps < 1:
         raise ValueError(f"cpu_reps must be >= 1, got {cpu_reps}")
     fn()

@@ -1,7 +1,7 @@
 """The coverage suite's report (coverage.md), from its rows alone: per case and mode, each
 provider's TFLOPs/s, ours over FA4 and over cuDNN (time ratios taken within a round), the
 kernel that served ours, and the bar's checks, each naming its worst case; where the rows carry
-them, the SM clock and board power each provider's timing ran at, and ours' energy a call over FA4's."""
+them, the SM clock each provider's timing ran at."""
 
 from __future__ import annotations
 
@@ -101,25 +101,18 @@ def _median_of(sub: pd.DataFrame, provider: str, column: str) -> float:
 
 
 def clock_lines(df: pd.DataFrame) -> list[str]:
-    """The clocks section: per case and mode the SM clock (MHz) and board power (W) during ours'
-    and the peers' timing (harness.environment.ClockSampler), and ours' energy a call (power times
-    time) over FA4's; none where the rows carry no reading."""
+    """The clocks section: per case and mode the mean SM clock (MHz) during ours' and the peers'
+    timing (harness.environment.ClockSampler); none where the rows carry no reading."""
     if "sm_clock_mhz" not in df or pd.to_numeric(df.sm_clock_mhz, errors="coerce").isna().all():
         return []
-    peers = ("ours", "fa4", "sdpa-cudnn")
-    lines = ["", "## Clocks and power while timed", "",
-             ("Mean SM clock (MHz) and board power (W) while each provider's calls were timed (NVML, "
-             "instantaneous power, read every 5 ms); under a power cap a kernel that draws more runs at a "
-             "lower clock. Energy a call: power times the median time."), "",
-             "| case | mode | " + " | ".join(f"{p} MHz" for p in peers) + " | " + " | ".join(f"{p} W" for p in peers[:2])
-             + " | ours / fa4 energy a call |", "|---|---|" + "---|" * (len(peers) + 3)]
+    lines = ["", "## SM clock while timed", "",
+             ("Mean SM clock (MHz, NVML, read every 5 ms) while each provider's calls were timed. Each "
+              "case runs the providers in the order of the columns, each one's forward then its backward; under "
+              "the board's power cap the clock follows the power a kernel draws and what ran just before it."), "",
+             "| case | mode | " + " | ".join(PROVIDERS) + " |", "|---|---|" + "---|" * len(PROVIDERS)]
     for label, mode, sub in _by_case(df):
-        clocks = [cell(_median_of(sub, p, "sm_clock_mhz"), "{:.0f}") for p in peers]
-        powers = {p: _median_of(sub, p, "power_w") for p in peers[:2]}
-        energy = {p: powers[p] * _median_of(sub, p, "ms") for p in peers[:2]}
-        ratio = energy["ours"] / energy["fa4"] if energy["fa4"] > 0 else math.nan
-        lines.append(f"| {label} | {mode} | " + " | ".join(clocks) + " | "
-                     + " | ".join(cell(powers[p], "{:.0f}") for p in peers[:2]) + f" | {cell(ratio, '{:.2f}x')} |")
+        clocks = [cell(_median_of(sub, p, "sm_clock_mhz"), "{:.0f}") for p in PROVIDERS]
+        lines.append(f"| {label} | {mode} | " + " | ".join(clocks) + " |")
     return lines
 
 

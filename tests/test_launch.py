@@ -317,9 +317,10 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
                                           backward._bwd_dkdv_launcher, backward._bwd_dq_launcher,
                                           flash_attn_hopper._fwd_launcher, flash_attn_hopper._bwd_dkdv_launcher))
     # the varlen Gluon kernels, which calls off the 128-row grid take (dispatch's GluonPath.PACKED):
-    # no per-shape plan yet, each launch through its CachedLauncher
-    packed_counts = count_launches(monkeypatch, (flash_attn_hopper._fwd_varlen_launcher,
-                                                 flash_attn_hopper._bwd_dkdv_varlen_launcher))
+    # no per-shape plan yet, each launch through its CachedLauncher; the backward's counted apart, as
+    # its preprocess kernel then launches through its CachedLauncher too
+    packed_counts = count_launches(monkeypatch, (flash_attn_hopper._fwd_varlen_launcher,))
+    packed_bwd_counts = count_launches(monkeypatch, (flash_attn_hopper._bwd_dkdv_varlen_launcher,))
     # launches through a compiled kernel's Python runner, not Triton's C launcher: (kernel, whether it
     # needs global or profiling scratch, which only the runner allocates)
     runner_launches = []
@@ -337,12 +338,14 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
         if inputs == "misaligned":  # dO too: it is all the preprocessing kernel reads besides O
             q, k, v, dout = (misaligned_like(t) for t in (q, k, v, dout))
             assert not tma_compatible(q)
-        before, packed_before = dict(counts), dict(packed_counts)
+        before, packed_before = dict(counts), {**packed_counts, **{f"bwd_{k}": n for k, n in packed_bwd_counts.items()}}
         runner_launches.clear()
         out = flash_attn_func(q, k, v, causal=causal)
         grads = torch.autograd.grad(out, (q, k, v), dout)
         per_call.append({key: counts[key] - before[key] for key in counts})
-        packed_per_call.append({key: packed_counts[key] - packed_before[key] for key in packed_counts})
+        packed_per_call.append({**{key: packed_counts[key] - packed_before[key] for key in packed_counts},
+                                **{f"bwd_{key}": packed_bwd_counts[key] - packed_before[f"bwd_{key}"]
+                                   for key in packed_bwd_counts}})
         runner_per_call.append(list(runner_launches))
         q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
         ref_out, _ = attention_reference(q64, k64, v64, causal=causal)
@@ -359,10 +362,14 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
     # through their CachedLauncher without the JIT. Misaligned inputs are another plan (their
     # alignment is in its key), which also changes the path constexprs of the forward, dK/dV and dQ
     # launches (no TMA, no Gluon kernel), so every launch goes through the JIT again
-    assert first["all"] + packed_first["all"] >= 3, (first, packed_first)
+    assert first["all"] + packed_first["all"] + packed_first["bwd_all"] >= 3, (first, packed_first)
     assert first["jit"] == first["all"] and packed_first["jit"] == packed_first["all"], (first, packed_first)
-    assert second == {"all": 0, "jit": 0}, "the second call did not launch its plan's compiled kernels"
+    assert packed_first["bwd_jit"] == packed_first["bwd_all"], packed_first
+    # a packed backward launches its preprocess kernel through the CachedLauncher too (no plan)
+    unplanned = 1 if packed_first["bwd_all"] else 0
+    assert second == {"all": unplanned, "jit": 0}, "the second call did not launch its plan's compiled kernels"
     assert packed_second["jit"] == 0 and packed_second["all"] == packed_first["all"], packed_second
+    assert packed_second["bwd_jit"] == 0 and packed_second["bwd_all"] == packed_first["bwd_all"], packed_second
     # ... and each through Triton's C launcher (launch.DirectLaunch's C path) unless it needs scratch
     # (the in-kernel descriptors of the Triton kernels at head dim 256)
     assert [name for name, scratch in runner_per_call[1] if not scratch] == [], \

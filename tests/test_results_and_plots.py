@@ -167,25 +167,18 @@ class _FakeNvml(types.ModuleType):
 
 
 class _SampledNvml(_FakeNvml):
-    """_FakeNvml whose SM clock steps down each reading (1800, 1700, ...) and whose instantaneous
-    power field reads 600 W in milliwatts as an unsigned int, but fails every other time."""
-
-    NVML_FI_DEV_POWER_INSTANT = 186
+    """_FakeNvml whose SM clock steps down each reading (1800, 1700, then 1600) and fails every
+    fourth time."""
 
     def __init__(self):
         super().__init__()
         self.clock_readings = 0
-        self.power_readings = 0
 
     def nvmlDeviceGetClockInfo(self, handle, clock):
         self.clock_readings += 1
+        if self.clock_readings % 4 == 0:
+            raise self.NVMLError("Unknown Error")
         return 1900 - 100 * min(self.clock_readings, 3)
-
-    def nvmlDeviceGetFieldValues(self, handle, fields):
-        assert fields == [186]
-        self.power_readings += 1
-        value = types.SimpleNamespace(uiVal=600_000, dVal=-1.0)
-        return [types.SimpleNamespace(nvmlReturn=0 if self.power_readings % 2 else 3, valueType=1, value=value)]
 
 
 def test_the_clock_sampler_averages_nvml_readings_while_its_block_runs(monkeypatch):
@@ -195,15 +188,13 @@ def test_the_clock_sampler_averages_nvml_readings_while_its_block_runs(monkeypat
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(uuid=None))
     with ClockSampler(interval_s=0.001) as sampler:
-        while fake.clock_readings < 6:
+        while fake.clock_readings < 8:
             time.sleep(0.001)
     assert fake.shutdown and not sampler._thread.is_alive()
-    readings = fake.clock_readings
-    assert len(sampler.clocks) == readings  # every clock reading kept
-    expected = (1800 + 1700 + 1600 * (readings - 2)) / readings
-    assert sampler.sm_clock_mhz == pytest.approx(expected)
-    assert sampler.power_w == 600.0  # the failed readings left out of the mean, and counted
-    assert sampler.failed_readings == fake.power_readings // 2 and len(sampler.powers) == (fake.power_readings + 1) // 2
+    readings, failed = fake.clock_readings, fake.clock_readings // 4
+    assert sampler.failed_readings == failed and len(sampler.clocks) == readings - failed
+    expected = (1800 + 1700 + 1600 * (readings - failed - 2)) / (readings - failed)
+    assert sampler.sm_clock_mhz == pytest.approx(expected)  # the failed readings left out of the mean
 
 
 def test_without_cuda_the_clock_sampler_reads_nothing(monkeypatch):
@@ -211,7 +202,7 @@ def test_without_cuda_the_clock_sampler_reads_nothing(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with ClockSampler() as sampler:
         pass
-    assert math.isnan(sampler.sm_clock_mhz) and math.isnan(sampler.power_w) and sampler._thread is None
+    assert math.isnan(sampler.sm_clock_mhz) and sampler._thread is None
 
 
 def test_gpu_state_reads_nvml_and_records_what_it_cannot_read(monkeypatch):

@@ -66,7 +66,7 @@ CALLS = ("fwd", "bwd", "fwd_bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # checked_shape: the (batch, heads) the float64 check ran on where it was not the whole call ('' where it was)
 COLUMNS = ("tool", "call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "window", "dropout_p",
-           "dtype", "config", "fields", "round", "ms", "p20_ms", "p80_ms", "sm_clock_mhz", "power_w", "checked_shape",
+           "dtype", "config", "fields", "round", "ms", "p20_ms", "p80_ms", "sm_clock_mhz", "checked_shape",
            *ROW_ENV_COLUMNS)
 
 
@@ -319,8 +319,7 @@ def main(argv: list[str] | None = None) -> Path:
             for label in ("A", "B") if round_ % 2 == 0 else ("B", "A"):
                 timing = benchmark(functions[label], device, cpu_reps=1)
                 row = {**common, "config": label, "fields": fields[label], "round": round_, "ms": timing.ms,
-                       "p20_ms": timing.ms_p20, "p80_ms": timing.ms_p80, "sm_clock_mhz": timing.sm_clock_mhz,
-                       "power_w": timing.power_w}
+                       "p20_ms": timing.ms_p20, "p80_ms": timing.ms_p80, "sm_clock_mhz": timing.sm_clock_mhz}
                 out.write(row)
                 rows.append(row)
     medians = {label: statistics.median(r["ms"] for r in rows if r["config"] == label) for label in ("A", "B")}
