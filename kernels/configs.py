@@ -45,13 +45,6 @@ class FwdConfig:
     # blocks leave room for 2 K and 1 V block at 192 and too few at 256 (flash_attn_hopper.forward_stages;
     # dispatch refuses a config whose blocks do not fit).
     hopper_gluon_block_n: int = 128
-    # Keys a block of that kernel takes beyond hopper_gluon_block_n, as a second key section after
-    # the first (a power of two, at least 16 and at most hopper_gluon_block_n; 0: none), so that a
-    # key block need not be a power of two: FA3's 128 x 112 at head dim 192 and 128 x 80 at 256
-    # (hopper/tile_size.h) amortise each block's fixed work (waits, row max and sum, O's rescale)
-    # over more keys. Full attention without a feature on 128 query rows only (the dense kernel's
-    # `_softmax_loop_two_keys`); other calls take hopper_gluon_block_n alone.
-    hopper_gluon_extra_keys: int = 0
     # That kernel's query rows a program, one consumer warpgroup of 64 each: 128, or 192 (three
     # consumers at 160 registers a thread, FA3's tile at head dims 64 and 96). The dense kernel
     # takes lengths in whole blocks of both; others run its varlen variant (dispatch's GluonPath.PACKED).

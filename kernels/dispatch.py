@@ -172,9 +172,8 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
 
 
 def _forward_tile_refusal(config: FwdConfig, headdim: int, rows: int | None = None) -> str:
-    """Why the config's hopper_gluon_block_n, hopper_gluon_extra_keys and hopper_gluon_block_m keep
-    the Gluon forward off this head dim ('' where the key blocks are power-of-two tiles of at most
-    128 keys and a second key section as extra_keys_refusal allows, `rows`
+    """Why the config's hopper_gluon_block_n and hopper_gluon_block_m keep the Gluon forward off
+    this head dim ('' where the key blocks are power-of-two tiles of at most 128 keys, `rows`
     (fwd_gluon_rows; the config's unless given) is a query block the kernels have warps for, at
     least 2 K blocks fit beside it in shared memory (flash_attn_hopper.forward_stages), and with
     192 rows the head dim and key block fit three consumers' registers (three_consumer_refusal))."""
@@ -183,12 +182,9 @@ def _forward_tile_refusal(config: FwdConfig, headdim: int, rows: int | None = No
     if flash_attn_hopper.BLOCK_N % block_n:
         return (f"hopper_gluon_block_n {block_n}: not a divisor of {flash_attn_hopper.BLOCK_N} (the key blocks are "
                 f"power-of-two tiles of at most {flash_attn_hopper.BLOCK_N} keys)")
-    extra = config.hopper_gluon_extra_keys if rows == flash_attn_hopper.BLOCK_M else 0  # forward_extra_keys
-    if flash_attn_hopper.extra_keys_refusal(extra, block_n):
-        return flash_attn_hopper.extra_keys_refusal(extra, block_n)
     try:
         consumers = flash_attn_hopper.forward_launch_options(rows)["CONSUMERS"]
-        flash_attn_hopper.forward_stages(headdim, config.hopper_gluon_block_n + extra, block_m=rows)
+        flash_attn_hopper.forward_stages(headdim, config.hopper_gluon_block_n, block_m=rows)
     except ValueError as exc:
         return str(exc)
     return flash_attn_hopper.three_consumer_refusal(headdim, block_n) if consumers == 3 else ""

@@ -223,35 +223,16 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_
 
 
 def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n: int = BLOCK_N,
-                       block_m: int = BLOCK_M, schedule: dict | None = None, extra_keys: int = 0) -> dict:
+                       block_m: int = BLOCK_M, schedule: dict | None = None) -> dict:
     """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, its K and V
-    blocks in flight for this head dim, block_n (+ extra_keys, a second key section: KEY_SPLIT)
-    keys a block and block_m query rows (forward_stages), its key loop's `schedule`
-    (forward_schedule) and its launch options (forward_launch_options)."""
+    blocks in flight for this head dim, block_n keys a block and block_m query rows
+    (forward_stages), its key loop's `schedule` (forward_schedule) and its launch options
+    (forward_launch_options)."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
-    stages, v_stages = forward_stages(head_dim, block_n + extra_keys, by_matmul, block_m)
+    stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m)
     return {**flags, "STAGES": stages, "V_STAGES": v_stages, **forward_schedule(schedule),
-            **forward_launch_options(block_m), "KEY_SPLIT": bool(extra_keys)}
-
-
-def extra_keys_refusal(extra_keys: int, block_n: int) -> str:
-    """Why FwdConfig.hopper_gluon_extra_keys cannot be a second key section after block_n keys
-    ('' where it can): a power of two (a register tile), at least a wgmma's depth of 16, at most
-    the first section's keys."""
-    if extra_keys and (extra_keys < 16 or extra_keys & (extra_keys - 1) or extra_keys > block_n):
-        return (f"hopper_gluon_extra_keys {extra_keys}: a second key section is a power of two of 16 to "
-                f"hopper_gluon_block_n ({block_n}) keys, or 0")
-    return ""
-
-
-def forward_extra_keys(schedule, causal: bool, flags: dict | None, block_m: int) -> int:
-    """The second key section's keys (FwdConfig.hopper_gluon_extra_keys of `schedule`) where the
-    dense forward takes one: full attention without a feature on BLOCK_M rows; else 0."""
-    extra = getattr(schedule, "hopper_gluon_extra_keys", 0)
-    if causal or any((flags or {}).values()) or block_m != BLOCK_M:
-        return 0
-    return extra
+            **forward_launch_options(block_m)}
 
 
 def device_l2_bytes(device: torch.device) -> int:
@@ -338,18 +319,11 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     batch, seqlen, heads, _ = q.shape
     if block_m % block_n and causal:
         raise ValueError(f"hopper_gluon_block_n must divide the Gluon forward's {block_m} query rows, got {block_n}")
-    extra_keys = forward_extra_keys(schedule, causal, flags, block_m)
-    if extra_keys_refusal(extra_keys, block_n):
-        raise ValueError(extra_keys_refusal(extra_keys, block_n))
     descriptors, split_constexprs = _section_descriptors(_row_descriptor, (q, k, v, out),
                                                          (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), q.shape[-1])
-    # the second key section's K and V descriptors, first head-dim section then tail (KEY_SPLIT)
-    sections = head_sections(q.shape[-1])
-    key_descriptors = [_row_descriptor(t, extra_keys, width) for width in sections for t in (k, v)] if extra_keys else []
-    descriptors = descriptors + key_descriptors + [None] * (4 - len(key_descriptors))
     # 4 warps in the default partition and 4 a further consumer, 1 loader warp: padded to whole
     # warpgroups, their registers at launch moved by setmaxnreg (forward_launch_options)
-    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule, extra_keys),
+    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule),
                   **split_constexprs}
     # the causal programs' launch order (FwdConfig.hopper_gluon_head_section); passed where 0 too, as
     # every parameter must be for the plan to keep the compiled kernel (launch.DirectLaunch)
@@ -369,11 +343,8 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
         qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
         tails = (q, k, v, out) if head_split else (lse, lse, lse, lse)
-        # the second key section's K and V (their head-dim tails): each argument a descriptor
-        # made from its tensor, or L's pointer, not read
-        key_sections = (k, v, *((k, v) if head_split else (lse, lse))) if extra_keys else (lse,) * 4
-        launch(q, k, v, out, *tails, *key_sections, lse, heads, seqlen, qk_scale, kv_group, window_left, window_right,
-               softcap_log2, alibi if alibi is not None else lse, stride_alibi_b)
+        launch(q, k, v, out, *tails, lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
+               alibi if alibi is not None else lse, stride_alibi_b)
 
     return run
 

@@ -435,8 +435,7 @@ def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features,
     flags = dispatch.gluon_feature_flags(features, causal)
     key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal,
            tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, cfg.hopper_gluon_block_n,
-           block_m, tuple(hopper.forward_schedule(cfg).values()), cfg.hopper_gluon_head_section,
-           cfg.hopper_gluon_extra_keys)
+           block_m, tuple(hopper.forward_schedule(cfg).values()), cfg.hopper_gluon_head_section)
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.forward_hopper_plan(
         q, k, v, out, causal, flags=flags, block_n=cfg.hopper_gluon_block_n, block_m=block_m,
         schedule=cfg))

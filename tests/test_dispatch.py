@@ -1266,44 +1266,6 @@ def test_the_gluon_forward_launches_a_split_head_dim_as_two_sections(headdim, bo
     assert all(d.base is t for d, t in zip(launch["args"][:8], (q, k, v, out) * 2))
 
 
-@pytest.mark.parametrize("headdim,extra,boxes,stages", [(192, 32, [[32, 128], [32, 128], [32, 64], [32, 64]], (2, 2)),
-                                                         (256, 16, [[16, 256], [16, 256]], (2, 2)),
-                                                         (128, 32, [[32, 128], [32, 128]], (2, 2))])
-def test_the_gluon_forward_launches_key_blocks_of_two_sections(headdim, extra, boxes, stages, monkeypatch):
-    """FwdConfig.hopper_gluon_extra_keys: full attention launches KEY_SPLIT with the second key
-    section's K and V descriptors (boxes of the extra keys' rows, per head-dim section; L's pointer
-    in the place of a tail there is not) after the eight of Q, K, V and O, and the K/V rings sized
-    to the wider block; causal calls, a feature or 192 query rows launch without it; an extra that
-    is not a power of two of 16 to hopper_gluon_block_n keys is refused, by the plan and dispatch."""
-    from kernels import flash_attn_hopper as hopper
-
-    launches = _RecordedLaunches()
-    monkeypatch.setattr(hopper, "_fwd_launcher", launches)
-    q, k, v = (torch.randn(1, 256, 2, headdim, dtype=torch.bfloat16) for _ in range(3))
-    out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
-    config = dataclasses.replace(HOPPER_FWD_CONFIGS[(padded_headdim(headdim), False)], hopper_gluon_extra_keys=extra,
-                                 hopper_gluon_block_m=128)
-    plan = hopper.forward_hopper_plan(q, k, v, out, False, block_n=config.hopper_gluon_block_n, schedule=config)
-    plan(q, k, v, out, lse, 0.1)
-    (launch,) = launches
-    assert launch["KEY_SPLIT"] is True and (launch["STAGES"], launch["V_STAGES"]) == stages
-    assert [list(d.block_shape) for d in launch["args"][8:8 + len(boxes)]] == boxes
-    assert all(d.base is t for d, t in zip(launch["args"][8:8 + len(boxes)], (k, v, k, v)))
-    assert all(a is lse for a in launch["args"][8 + len(boxes):13])
-    hopper.forward_hopper_plan(q, k, v, out, True, block_n=config.hopper_gluon_block_n, schedule=config)(
-        q, k, v, out, lse, 0.1)
-    hopper.forward_hopper_plan(q, k, v, out, False, flags={"SOFTCAP": True}, block_n=config.hopper_gluon_block_n,
-                               schedule=config)(q, k, v, out, lse, 0.1, (0.1, 0, 0, 1.0, None, 0))
-    assert [launch["KEY_SPLIT"] for launch in launches[1:]] == [False, False]
-    q2048 = torch.empty(2, 2048, 4, headdim, dtype=torch.bfloat16)
-    assert dispatch.fwd_gluon_path(config, q2048, q2048, q2048, q2048, False) == (GluonPath.DENSE, "")
-    for bad in (48, 2 * config.hopper_gluon_block_n, 8):
-        wrong = dataclasses.replace(config, hopper_gluon_extra_keys=bad)
-        assert f"hopper_gluon_extra_keys {bad}" in dispatch.fwd_gluon_path(wrong, q2048, q2048, q2048, q2048, False)[1]
-        with pytest.raises(ValueError, match=f"hopper_gluon_extra_keys {bad}"):
-            hopper.forward_hopper_plan(q, k, v, out, False, block_n=config.hopper_gluon_block_n, schedule=wrong)
-
-
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim", [128, 96, 256])
 def test_the_gluon_forward_plan_binds_every_parameter_of_its_kernel(headdim, causal, monkeypatch):
@@ -1351,5 +1313,3 @@ def test_exp2_under_pv_counts_the_softmax_between_the_two_waits(monkeypatch):
     assert module.exp2_under_pv(listing(softmax, softmax[:2])) == 1  # the fewest of the two consumers
     assert module.exp2_under_pv(listing(("FMNMX R1, R2, R3 ;",))) == 0  # the softmax after P V's wait
     assert module.exp2_under_pv("no loop") == 0
-    # key blocks of two key sections leave P~ V's two (or four) matmuls in flight at S's wait
-    assert module.exp2_under_pv(listing(softmax).replace("gsb0, 0x1", "gsb0, 0x2")) == 3

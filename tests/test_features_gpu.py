@@ -247,44 +247,6 @@ def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype, pin_softmax):
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
-# (batch, seqlen, heads, kv_heads, headdim, keys a block's first and second key sections), full attention
-EXTRA_KEYS_CASES = {
-    "d128-160-last-partial": (2, 2048, 3, 3, 128, 128, 32),  # 12 blocks of 160 keys and 128 more: the last masked
-    "d128-160-whole": (2, 1280, 2, 2, 128, 128, 32),  # 8 whole blocks
-    "d128-one-block": (2, 128, 2, 2, 128, 128, 32),  # one block, its second section past the keys
-    "d192-96": (2, 2048, 2, 2, 192, 64, 32),  # two head-dim sections too; 2048 = 21 x 96 + 32
-    "d256-80": (2, 2048, 2, 2, 256, 64, 16),  # 2048 = 25 x 80 + 48
-    "d256-80-gqa": (2, 1024, 4, 2, 256, 64, 16),
-    "d64-192": (2, 2048, 2, 2, 64, 128, 64),  # 2048 = 10 x 192 + 128
-    "d96-160": (1, 1024, 2, 2, 96, 128, 32),
-}
-
-
-@pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", list(EXTRA_KEYS_CASES))
-@pytest.mark.parametrize("pin_softmax", [False, True])
-def test_gpu_gluon_forward_on_key_blocks_of_two_sections(case, dtype, pin_softmax):
-    """FwdConfig.hopper_gluon_extra_keys: the dense Gluon forward's key blocks as two key sections
-    (a power of two keys, then the extra after them), full attention, with and without the softmax
-    pinned under P~ V, the last block masked past the keys where the length is not whole blocks
-    (its K and V rows past a batch row's end are the next row's, or past the tensor's): out,
-    logsumexp and gradients against float64, on the dense kernel with the split (asserted)."""
-    batch, seqlen, heads, kv_heads, headdim, block_n, extra = EXTRA_KEYS_CASES[case]
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    config = dataclasses.replace(default_fwd_config(headdim, False, torch.device("cuda")), hopper_gluon_min_keys=128,
-                                 hopper_gluon_block_m=128, hopper_gluon_block_n=block_n,
-                                 hopper_gluon_extra_keys=extra, hopper_gluon_pin_softmax=pin_softmax)
-    like_q = torch.empty(batch, seqlen, heads, headdim, device="cuda", dtype=dtype)
-    like_k = torch.empty(batch, seqlen, kv_heads, headdim, device="cuda", dtype=dtype)
-    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, False) == dispatch.GluonPath.DENSE
-    assert dispatch.flash_attn_hopper.forward_extra_keys(config, False, {}, 128) == extra
-    check_dense(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, causal=False, device="cuda",
-                fwd_config=config)
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-
-
 # (batch, seqlen, heads, kv_heads, headdim, FwdConfig.hopper_gluon_head_section), causal on the dense Gluon forward
 CAUSAL_SECTION_CASES = {
     "d256-groups-of-4": (2, 2048, 8, 8, 256, 4),

@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU target, not the interpreter
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -166,8 +165,7 @@ def exp2_under_pv(listing: str) -> int:
     lines = [line for line in listing.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
     counts = []
     for i, line in enumerate(lines):
-        # 0x1; with two key sections P~ V is two or four matmuls, all left in flight (0x2, 0x4)
-        if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x[1-9]", line):
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
             count = 0
             for later in lines[i + 1:]:
                 if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in later:
@@ -218,13 +216,11 @@ def feature_label(flags: dict) -> str:
 
 
 def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
-                        block_m: int | None = None, schedule: dict | None = None, extra_keys: int | None = None,
-                        **flags: bool) -> str:
+                        block_m: int | None = None, schedule: dict | None = None, **flags: bool) -> str:
     """The Gluon forward (kernels/hopper/fwd.py) compiled for sm_90 as forward_hopper_plan launches
-    it, with the table's hopper_gluon_block_n, hopper_gluon_block_m, hopper_gluon_extra_keys and
-    key-loop schedule (flash_attn_hopper.forward_schedule) unless `block_n`, `block_m`,
-    `extra_keys`, `schedule` (a dict of its constexprs set) are given; `flags`: its WINDOW, SOFTCAP
-    and ALIBI constexprs."""
+    it, with the table's hopper_gluon_block_n, hopper_gluon_block_m and key-loop schedule
+    (flash_attn_hopper.forward_schedule) unless `block_n`, `block_m`, `schedule` (a dict of its
+    constexprs set) are given; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs."""
     from kernels import flash_attn_hopper as hopper
 
     config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
@@ -233,31 +229,18 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, b
     schedule = {**hopper.forward_schedule(config), **(schedule or {})}
     if any(flags.values()) or (causal and block_m % block_n):  # what takes the dense kernel then (dispatch.fwd_gluon_rows)
         block_m = hopper.BLOCK_M
-    extra_keys = hopper.forward_extra_keys(
-        config if extra_keys is None else SimpleNamespace(hopper_gluon_extra_keys=extra_keys), causal, flags, block_m)
     label = feature_label({name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS})
     sections = hopper.head_sections(headdim)
     # GROUP_SHIFT (the causal launch order, fwd_group_shift) 0 unless the schedule sets it
     constexprs = {"CAUSAL": causal, "GROUP_SHIFT": 0,
-                  **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, schedule, extra_keys),
+                  **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, schedule),
                   "HEAD_SPLIT": len(sections) == 2}  # as launched
     options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")}
-    signature = {**section_signature(sections, block_n, dtype), **key_section_signature(sections, extra_keys, dtype),
-                 "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
+    signature = {**section_signature(sections, block_n, dtype), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
                  "qk_scale": "fp32", **FWD_FEATURE_SIGNATURE, **{name: "constexpr" for name in constexprs}}
-    keys = f"{block_n}+{extra_keys}" if extra_keys else f"{block_n}"
-    tiles = f" {block_m}x{keys} x {constexprs['STAGES']}/{constexprs['V_STAGES']}" + schedule_label(schedule)
+    tiles = f" {block_m}x{block_n} x {constexprs['STAGES']}/{constexprs['V_STAGES']}" + schedule_label(schedule)
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}{tiles}",
-                        hopper._flash_fwd_hopper_kernel, signature, constexprs, options, block_n + extra_keys)
-
-
-def key_section_signature(sections: tuple, extra_keys: int, dtype: str) -> dict:
-    """The dense forward's four second-key-section descriptor arguments' types (KEY_SPLIT): k's and
-    v's tiles of `extra_keys` rows, first head-dim section then tail, or the logsumexp's pointer in
-    the place of each the launch does not pass."""
-    names = ("k2_desc", "v2_desc", "k2_tail_desc", "v2_tail_desc")
-    types = [gluon_descriptor_type(extra_keys, width, dtype) for width in sections for _ in range(2)] if extra_keys else []
-    return dict(zip(names, types + ["*fp32"] * (4 - len(types))))
+                        hopper._flash_fwd_hopper_kernel, signature, constexprs, options, block_n)
 
 
 def schedule_label(schedule: dict) -> str:
@@ -440,10 +423,6 @@ def main() -> None:
                 if not causal or 192 % block_n == 0:  # else causal takes the varlen kernel
                     emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
                 emit(hopper_gluon_varlen_report(causal, headdim=headdim, block_n=block_n, block_m=192))
-        # key blocks of two key sections (FwdConfig.hopper_gluon_extra_keys), full attention: FA3's
-        # 128 x 80 at head dim 256, 128 x 96 at 192 (FA3's 112), 128 x 160 at 128 (FA3's 176)
-        for headdim, extra_keys in ((256, 16), (192, 32), (128, 32)):
-            emit(hopper_gluon_report(False, headdim=headdim, extra_keys=extra_keys))
         # the softmax not pinned under P V (FwdConfig.hopper_gluon_pin_softmax off), as the table
         # has it at head dims 64, 192 and 256: ptxas then moves P V's wait above it (exp2 under P V)
         emit(hopper_gluon_report(False, headdim=128, schedule={"PIN_SOFTMAX": False}))

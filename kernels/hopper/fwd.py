@@ -25,11 +25,6 @@ when a matmul is waited for. These kernels (FA3, Shah et al. 2024):
   and 192 run as two head-dim sections (64 + 32, 128 + 64), each its own TMA box, S matmul and O
   accumulator (`_head_sections`); the host sizes the key block and the K/V rings to shared memory
   (flash_attn_hopper.forward_stages: 64-key blocks at 192 and 256).
-- **Key blocks of two key sections:** for the same reason FA3's key blocks that are not a power
-  of two (its 128 x 112 at head dim 192, 128 x 80 at 256: hopper/tile_size.h) run here as a
-  first section of a power of two keys and a second after it (FwdConfig.hopper_gluon_extra_keys:
-  96 = 64 + 32 keys), each its own TMA box, S matmul and P~ V matmul, the softmax over both
-  (`_softmax_loop_two_keys`; full attention without a feature, the last block masked past the keys).
 
 The host side (descriptors, plans, launches) is kernels/flash_attn_hopper.py.
 """
@@ -52,7 +47,6 @@ from .shared import (
     _descriptor_sections,
     _expect_sections,
     _head_dim,
-    _head_sections,
     _load_sections,
     _wgmma_layout,
     _zero_sections,
@@ -242,47 +236,13 @@ def _fwd_shared_buffers(q_descs, k_descs, v_descs, STAGES: gl.constexpr, V_STAGE
 
 
 @gluon.jit
-def _expect_key_block(bar, desc, desc2):
-    """mbarrier.expect for one key block's tile of every head-dim section, of both key sections
-    where `desc2` (the second key section's descriptors: FwdConfig.hopper_gluon_extra_keys) is not None."""
-    if desc2 is None:
-        _expect_sections(bar, desc)
-    else:
-        nbytes: gl.constexpr = _tile_bytes(desc) + _tile_bytes(desc2)
-        mbarrier.expect(bar, nbytes)
-
-
-@gluon.constexpr_function
-def _tile_bytes(descs):
-    """Bytes of one tile of every head-dim section of `descs` (a tuple of descriptors)."""
-    return sum(gl._unwrap_if_constexpr(desc.block_type.nbytes) for desc in descs)
-
-
-@gluon.constexpr_function
-def _block_keys(k_desc, k2_desc):
-    """Keys a key block: the first key section's, plus the second's where there is one."""
-    first = int(gl._unwrap_if_constexpr(k_desc[0].block_type.shape[0]))
-    return first if k2_desc is None else first + int(gl._unwrap_if_constexpr(k2_desc[0].block_type.shape[0]))
-
-
-@gluon.jit
-def _load_key_block(desc, desc2, row, col, bar, tiles, tiles2):
-    """One key block's K or V tiles: the first key section's rows from `row`, then (where `desc2`
-    is not None) the second's after them."""
-    _load_sections(desc, row, col, bar, tiles)
-    if desc2 is not None:
-        _load_sections(desc2, row + desc[0].block_type.shape[0], col, bar, tiles2)
-
-
-@gluon.jit
 def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, first_block, n_blocks, k2_desc=None, v2_desc=None, k2_smem=None, v2_smem=None):
+               kv_col0, first_block, n_blocks):
     """FA2 Alg. 1 line 4 (Q_i, as one 64-row part a consumer) and line 7 (K_j, V_j of key blocks first_block ..
     first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
     every consumer has released (empty_bar counts them; with `_split_release`, K's and V's apart).
-    Descriptors and tiles are tuples of head-dim sections (`_head_sections`); with `k2_desc` a
-    key block is two key sections (FwdConfig.hopper_gluon_extra_keys), each its own tiles (`k2_smem`, `v2_smem`)."""
-    BLOCK_N: gl.constexpr = _block_keys(k_desc, k2_desc)
+    Descriptors and tiles are tuples of head-dim sections (`_head_sections`)."""
+    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     STAGES: gl.constexpr = k_smem[0].type.shape[0]
     V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     CONSUMERS: gl.constexpr = q_smem[0].type.shape[0]
@@ -296,23 +256,13 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
         # STAGES waits pass at once
         mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
         row = kv_row0 + (first_block + i) * BLOCK_N
-        if k2_desc is None:
-            _expect_sections(k_bar.index(stage), k_desc)
-            _load_sections(k_desc, row, kv_col0, k_bar.index(stage), _at(k_smem, stage))
-        else:
-            _expect_key_block(k_bar.index(stage), k_desc, k2_desc)
-            _load_key_block(k_desc, k2_desc, row, kv_col0, k_bar.index(stage), _at(k_smem, stage),
-                            _at(k2_smem, stage))
+        _expect_sections(k_bar.index(stage), k_desc)
+        _load_sections(k_desc, row, kv_col0, k_bar.index(stage), _at(k_smem, stage))
         v_stage = i % V_STAGES
         if _split_release(empty_bar, k_smem[0]):
             mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
-        if v2_desc is None:
-            _expect_sections(v_bar.index(v_stage), v_desc)
-            _load_sections(v_desc, row, kv_col0, v_bar.index(v_stage), _at(v_smem, v_stage))
-        else:
-            _expect_key_block(v_bar.index(v_stage), v_desc, v2_desc)
-            _load_key_block(v_desc, v2_desc, row, kv_col0, v_bar.index(v_stage), _at(v_smem, v_stage),
-                            _at(v2_smem, v_stage))
+        _expect_sections(v_bar.index(v_stage), v_desc)
+        _load_sections(v_desc, row, kv_col0, v_bar.index(v_stage), _at(v_smem, v_stage))
 
 
 @gluon.constexpr_function
@@ -545,29 +495,24 @@ def _store_output(out, l_i, q_buf, o_desc, row, col0):
 
 @gluon.jit
 def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                    PART: gl.constexpr, KEY_SPLIT: gl.constexpr):
-    """One warp: _load_q_kv for the program's query block and the key blocks it visits (with
-    KEY_SPLIT, of two key sections each: FwdConfig.hopper_gluon_extra_keys)."""
+                    PART: gl.constexpr):
+    """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem, turn_bar, pin_buf, k2_desc, v2_desc, k2_smem, v2_smem) = args
-    if KEY_SPLIT:
-        _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0,
-                   kv_row0, kv_col0, first_block, n_blocks, k2_desc, v2_desc, k2_smem, v2_smem)
-    else:
-        _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0,
-                   kv_row0, kv_col0, first_block, n_blocks)
+     full_lo, full_hi, kx_smem, turn_bar, pin_buf) = args
+    _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
+               kv_col0, first_block, n_blocks)
 
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr, KEY_SPLIT: gl.constexpr):
+                       PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
-    n_blocks - 1 (_softmax_loop; with KEY_SPLIT, _softmax_loop_two_keys), then lines 12-15."""
+    n_blocks - 1 (_softmax_loop), then lines 12-15."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem, turn_bar, pin_buf, k2_desc, v2_desc, k2_smem, v2_smem) = args
+     full_lo, full_hi, kx_smem, turn_bar, pin_buf) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     # the S accumulator of one warpgroup (O's, one per head-dim section, are made by _zero_sections)
@@ -581,17 +526,9 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
-    if KEY_SPLIT:
-        BLOCK_N2: gl.constexpr = k2_desc[0].block_type.shape[0]
-        s2_layout: gl.constexpr = _wgmma_layout(BLOCK_N2)
-        offs_n2 = gl.arange(0, BLOCK_N2, layout=gl.SliceLayout(0, s2_layout))
-        acc, l_i, m_i = _softmax_loop_two_keys(q_buf, k_smem, v_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar, empty_bar,
-                                               turn_bar, pin_buf, qk_scale, offs_n, offs_n2, seqlen, n_blocks,
-                                               s_layout, s2_layout, PART, PINGPONG, PIN_SOFTMAX)
-    else:
-        acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, pin_buf,
-                                      qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem,
-                                      s_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG, PIN_SOFTMAX)
+    acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale,
+                                  mods, window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout,
+                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG, PIN_SOFTMAX)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
@@ -651,138 +588,6 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
 
 
 @gluon.jit
-def _past_the_keys(s, cols, seqlen):
-    """S with the keys from `seqlen` on (`cols`: the block's key indices) at -inf."""
-    return gl.where(cols[None, :] < seqlen, s, float("-inf"))
-
-
-@gluon.jit
-def _softmax_step_two_keys(s, s2, m_i, l_i, qk_scale):
-    """_online_softmax over a key block of two key sections (FwdConfig.hopper_gluon_extra_keys): S and S2 (unscaled,
-    masked) share each row's max and sum. Every row has seen a key by then (key 0 is in the first
-    block, whole). Returns (P~, P~2), alpha, l, m."""
-    s2_rows: gl.constexpr = gl.SliceLayout(1, s2.type.layout)
-    row_max = gl.maximum(gl.max(s, axis=1), gl.convert_layout(gl.max(s2, axis=1), m_i.type.layout))
-    m_new = gl.maximum(m_i, row_max * qk_scale)
-    p = gl.exp2(s * qk_scale - m_new[:, None])
-    p2 = gl.exp2(s2 * qk_scale - gl.convert_layout(m_new, s2_rows)[:, None])
-    alpha = gl.exp2(m_i - m_new)
-    l_i = l_i * alpha + gl.sum(p, axis=1) + gl.convert_layout(gl.sum(p2, axis=1), l_i.type.layout)
-    return (p, p2), alpha, l_i, m_new
-
-
-@gluon.jit
-def _p_operands(p, acc, dtype: gl.constexpr):
-    """P~ and P~2 of a key block of two key sections (a pair) as A operands (`_p_operand`), made as
-    soon as the softmax has them (as `_held_p` does with EARLY): held in `dtype` until the next
-    block's P~ V, float32 P~ and the next S would not fit the registers together."""
-    return _p_operand(p[0], acc, dtype), _p_operand(p[1], acc, dtype)
-
-
-@gluon.jit
-def _pv_matmul_two_keys(p_ops, v_tile, v2_tile, acc):
-    """Line 10's P~ V added to O for a key block of two key sections: per head-dim section of O
-    (`acc`), P~ V of the first key section and P~2 V2 of the second chained on it, issued
-    asynchronously from the A operands `p_ops` (`_p_operands`): (the accumulators' tokens, the
-    A operands)."""
-    p_op, p2_op = p_ops
-    first = warpgroup_mma(p_op, v_tile[0], acc[0], is_async=True)
-    first = warpgroup_mma(p2_op, v2_tile[0], first, is_async=True)
-    if len(acc) == 1:
-        return (first,), (p_op, p2_op)
-    else:
-        tail_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc[1].type.layout, k_width=2)
-        second = warpgroup_mma(gl.convert_layout(p_op, tail_layout), v_tile[1], acc[1], is_async=True)
-        second = warpgroup_mma(gl.convert_layout(p2_op, tail_layout), v2_tile[1], second, is_async=True)
-        return (first, second), (p_op, p2_op)
-
-
-@gluon.jit
-def _pv_wait_two_keys(acc_tok, p_ops):
-    """The P~ V matmuls of `_pv_matmul_two_keys` waited for: the accumulators."""
-    if len(acc_tok) == 1:
-        acc, p_op, p2_op = warpgroup_mma_wait(0, deps=[acc_tok[0], p_ops[0], p_ops[1]])
-        return (acc,)
-    else:
-        acc, tail, p_op, p2_op = warpgroup_mma_wait(0, deps=[acc_tok[0], acc_tok[1], p_ops[0], p_ops[1]])
-        return (acc, tail)
-
-
-@gluon.jit
-def _softmax_loop_two_keys(q_buf, k_smem, v_smem, k2_smem, v2_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar,
-                           pin_buf, qk_scale, offs_n, offs_n2, seqlen, n_blocks, s_layout: gl.constexpr,
-                           s2_layout: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
-                           PIN_SOFTMAX: gl.constexpr):
-    """_softmax_loop for key blocks of two key sections (FwdConfig.hopper_gluon_extra_keys: K, V and S as a first
-    section of a power-of-two keys and a second after it), full attention without a feature, two
-    consumers: the same order (S_j of both sections issued in the consumer's turn, then P~_{j-1}
-    V_{j-1} of both, then S_j waited for while P~ V runs; the softmax pinned under it with
-    PIN_SOFTMAX), the last block's keys past `seqlen` masked. The unnormalised O, l and m."""
-    ROWS: gl.constexpr = q_buf[0].type.shape[0]
-    BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
-    BLOCK_N2: gl.constexpr = k2_smem[0].type.shape[1]
-    STAGES: gl.constexpr = k_smem[0].type.shape[0]
-    V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
-    V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
-    # S of both sections in flight, then P~ V's matmuls (two a head-dim section): waiting until only
-    # those are pending takes both S
-    PV_MATMULS: gl.constexpr = 2 * len(v_smem)
-    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
-    l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
-    acc = _zero_sections(ROWS, q_buf)
-    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    s2_init = gl.zeros([ROWS, BLOCK_N2], gl.float32, layout=s2_layout)
-    last_masked = n_blocks * (BLOCK_N + BLOCK_N2) > seqlen
-    # lines 5 and 8 for key block 0, then line 9
-    mbarrier.wait(q_bar.index(PART), 0)
-    mbarrier.wait(k_bar.index(0), 0)
-    _await_turn(turn_bar, 0, PART, PINGPONG)
-    s_tok = _s_matmul(q_buf, _at(k_smem, 0), s_init)
-    s2_tok = _s_matmul(q_buf, _at(k2_smem, 0), s2_init)
-    _pass_turn(turn_bar, PART, PINGPONG)
-    s, s2 = warpgroup_mma_wait(0, deps=[s_tok, s2_tok])
-    if _split_release(empty_bar, k_smem[0]):
-        mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
-    if last_masked and n_blocks == 1:
-        s = _past_the_keys(s, offs_n, seqlen)
-        s2 = _past_the_keys(s2, BLOCK_N + offs_n2, seqlen)
-    p, alpha, l_i, m_i = _softmax_step_two_keys(s, s2, m_i, l_i, qk_scale)
-    p = _p_operands(p, acc, v_smem[0].dtype)
-    for i in range(1, n_blocks):
-        # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        stage = i % STAGES
-        prev = (i - 1) % V_STAGES
-        mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
-        _await_turn(turn_bar, i, PART, PINGPONG)
-        s_tok = _s_matmul(q_buf, _at(k_smem, stage), s_init)
-        s2_tok = _s_matmul(q_buf, _at(k2_smem, stage), s2_init)
-        mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
-        acc_tok, p_ops = _pv_matmul_two_keys(p, _at(v_smem, prev), _at(v2_smem, prev), acc)
-        _pass_turn(turn_bar, PART, PINGPONG)
-        s, s2 = warpgroup_mma_wait(PV_MATMULS, deps=[s_tok, s2_tok])
-        if _split_release(empty_bar, k_smem[0]):
-            mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
-            prev = STAGES + prev
-        if last_masked and i == n_blocks - 1:  # the last block, past the keys
-            s = _past_the_keys(s, i * (BLOCK_N + BLOCK_N2) + offs_n, seqlen)
-            s2 = _past_the_keys(s2, i * (BLOCK_N + BLOCK_N2) + BLOCK_N + offs_n2, seqlen)
-        p, alpha, l_i, m_i = _softmax_step_two_keys(s, s2, m_i, l_i, qk_scale)
-        _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
-        acc = _pv_wait_two_keys(acc_tok, p_ops)
-        mbarrier.arrive(empty_bar.index(prev), count=1)
-        acc = _scale_rows(acc, alpha)
-        p = _p_operands(p, acc, v_smem[0].dtype)
-    # line 10 for the last key block
-    last = (n_blocks - 1) % V_STAGES
-    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // V_STAGES) & 1)
-    acc_tok, p_ops = _pv_matmul_two_keys(p, _at(v_smem, last), _at(v2_smem, last), acc)
-    acc = _pv_wait_two_keys(acc_tok, p_ops)
-    mbarrier.arrive(empty_bar.index(V_FIRST + last), count=1)
-    return acc, l_i, m_i
-
-
-@gluon.jit
 def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """Key blocks the query block [start_m, start_m + BLOCK_M) visits under a window (query and
     key lengths equal): first, count, and [full_lo, full_hi), the blocks every row sees whole
@@ -795,14 +600,13 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 
 
 @gluon.jit
-def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc,
-                             k2_desc, v2_desc, k2_tail_desc, v2_tail_desc, LSE,
+def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc, LSE,
                              num_heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2, Alibi,
                              stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
                              PINGPONG: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
-                             PIN_SOFTMAX: gl.constexpr = False, KEY_SPLIT: gl.constexpr = False):
+                             PIN_SOFTMAX: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; PINGPONG: the
     consumers issue their matmuls in turns (`_await_turn`); GROUP_SHIFT: causal programs start
@@ -814,16 +618,12 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     shape (heads,) or (batch, heads), batch stride stride_alibi_b). STAGES K blocks and V_STAGES V
     blocks in flight (fewer V than K where the tiles need the room: flash_attn_hopper.forward_stages).
     With HEAD_SPLIT the head dim is two sections (`_head_sections`), the *_tail_desc descriptors'
-    boxes the second's; without, the tail arguments are not read. With KEY_SPLIT (full attention
-    without a feature, two consumers) a key block is two key sections, k2_desc's and v2_desc's
-    rows after k_desc's (FwdConfig.hopper_gluon_extra_keys), the last block masked past seqlen; without, the k2 and
-    v2 arguments are not read."""
+    boxes the second's; without, the tail arguments are not read."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
-    gl.static_assert(not KEY_SPLIT or not (CAUSAL or WINDOW or SOFTCAP or ALIBI or CONSUMERS != 2))
     BLOCK_M: gl.constexpr = CONSUMERS * ROWS
     # the causal loop's block count and its masked (diagonal) blocks assume whole key blocks per query block
     gl.static_assert(not CAUSAL or BLOCK_M % BLOCK_N == 0)
@@ -842,9 +642,6 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
         first_block = 0
         n_blocks = (start_m + BLOCK_M) // BLOCK_N
         full_hi = n_blocks - BLOCK_M // BLOCK_N
-    elif KEY_SPLIT:  # the last block masked past the keys
-        first_block = 0
-        n_blocks = gl.cdiv(seqlen, BLOCK_N + k2_desc.block_type.shape[0])
     else:
         first_block = 0
         n_blocks = seqlen // BLOCK_N
@@ -860,18 +657,11 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
         _alibi_key_tile(kx_smem)
     else:
         kx_smem = q_smem[0]  # not read
-    if KEY_SPLIT:
-        k2_desc = _head_sections(k2_desc, k2_tail_desc, HEAD_SPLIT)
-        v2_desc = _head_sections(v2_desc, v2_tail_desc, HEAD_SPLIT)
-        k2_smem = _allocate_sections(k2_desc, STAGES)
-        v2_smem = _allocate_sections(v2_desc, V_STAGES)
-    else:  # not read
-        k2_desc, v2_desc, k2_smem, v2_smem = k_desc, v_desc, k_smem, v_smem
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
             col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
             window_right, full_lo, full_hi, kx_smem, _turn_barriers(q_bar, CONSUMERS, PINGPONG),
-            _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX), k2_desc, v2_desc, k2_smem, v2_smem)
+            _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one or two workers (4 warps each) consume, one function PART apart;
@@ -879,14 +669,14 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # two consumers 240 a thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, KEY_SPLIT)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, KEY_SPLIT)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX, KEY_SPLIT)),
-            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, KEY_SPLIT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX)),
+            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, KEY_SPLIT)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, KEY_SPLIT)),
-            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, KEY_SPLIT)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX)),
+            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])
