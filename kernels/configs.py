@@ -60,10 +60,6 @@ class FwdConfig:
     # _pin_softmax): without, ptxas moves that wait above the softmax, which then runs after the
     # matmul instead of under it (FA3's Algorithm 2 overlap; docs/hopper_peers.md).
     hopper_gluon_pin_softmax: bool = False
-    # Whether that kernel's loader warp issues K_{j+1}'s load before V_j's, the order the consumers
-    # use them in (S_{j+1} is issued before P~_j V_j), as FA3's and FA4's producers do; else K_j
-    # and V_j together, block after block.
-    hopper_gluon_v_after_next_k: bool = False
     # The order that kernel's causal programs start in (dense calls, and the varlen kernel's over
     # sequence x head rows, K and V counted at the longest sequence's keys): groups of at most this many
     # batch x head rows (a power of two), and no more than keep their K and V within the L2 cache

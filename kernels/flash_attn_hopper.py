@@ -267,14 +267,12 @@ def fwd_group_shift(section: int | str, rows: int, seqlen_k: int, headdim: int, 
 
 def forward_schedule(config=None) -> dict:
     """The forwards' key-loop constexprs from a FwdConfig (or a dict of them, as made here; None:
-    the defaults): PINGPONG (hopper_gluon_pingpong: the consumers issue their matmuls in turns),
-    PIN_SOFTMAX (hopper_gluon_pin_softmax: the softmax kept under the P~ V matmul, fwd._pin_softmax)
-    and V_AFTER_NEXT_K (hopper_gluon_v_after_next_k: the loader's order, fwd._load_q_kv)."""
+    the defaults): PINGPONG (hopper_gluon_pingpong: the consumers issue their matmuls in turns) and
+    PIN_SOFTMAX (hopper_gluon_pin_softmax: the softmax kept under the P~ V matmul, fwd._pin_softmax)."""
     if isinstance(config, dict):
         return config
     return {"PINGPONG": bool(config and config.hopper_gluon_pingpong),
-            "PIN_SOFTMAX": bool(config and config.hopper_gluon_pin_softmax),
-            "V_AFTER_NEXT_K": bool(config and config.hopper_gluon_v_after_next_k)}
+            "PIN_SOFTMAX": bool(config and config.hopper_gluon_pin_softmax)}
 
 
 THREE_CONSUMER_ACCUMULATORS = 128  # three_consumer_refusal

@@ -247,30 +247,6 @@ def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype, pin_softmax):
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
-@pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ["d128-full", "d128-causal-gqa", "d128-window", "d128-off-grid-causal",
-                                  "d64-three-full", "d96-full", "d192-full", "d256-causal"])
-def test_gpu_gluon_forward_loads_v_after_the_next_k(case, dtype):
-    """FwdConfig.hopper_gluon_v_after_next_k (the loader issues K_{j+1} before V_j) on the dense,
-    features and varlen Gluon forwards, two and three consumers, one ring and K's and V's apart
-    (head dim 256: V's ring shorter): out, logsumexp and gradients against float64 (a load into a
-    stage not yet released would race; one waited for in the wrong phase would deadlock)."""
-    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, rows, in_turns = PINGPONG_CASES[case]
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=1024,
-                                 hopper_gluon_block_m=rows, hopper_gluon_pingpong=in_turns,
-                                 hopper_gluon_v_after_next_k=True)
-    like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
-    like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
-    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, causal, _case_features(
-        {"causal": causal, "window": window})) in (dispatch.GluonPath.DENSE, dispatch.GluonPath.PACKED)
-    check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=causal, window=window,
-                device="cuda", fwd_config=config)
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-
-
 # (batch, seqlen, heads, kv_heads, headdim, FwdConfig.hopper_gluon_head_section), causal on the dense Gluon forward
 CAUSAL_SECTION_CASES = {
     "d256-groups-of-4": (2, 2048, 8, 8, 256, 4),

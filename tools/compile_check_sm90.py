@@ -423,11 +423,6 @@ def main() -> None:
                 if not causal or 192 % block_n == 0:  # else causal takes the varlen kernel
                     emit(hopper_gluon_report(causal, headdim=headdim, block_n=block_n, block_m=192))
                 emit(hopper_gluon_varlen_report(causal, headdim=headdim, block_n=block_n, block_m=192))
-        # the loader issuing K_{j+1} before V_j (FwdConfig.hopper_gluon_v_after_next_k): one ring at 128,
-        # K's and V's apart at 256, and the varlen kernel
-        emit(hopper_gluon_report(False, headdim=128, schedule={"V_AFTER_NEXT_K": True}))
-        emit(hopper_gluon_report(True, headdim=256, schedule={"V_AFTER_NEXT_K": True}))
-        emit(hopper_gluon_varlen_report(True, headdim=128, schedule={"V_AFTER_NEXT_K": True}))
         # the softmax not pinned under P V (FwdConfig.hopper_gluon_pin_softmax off), as the table
         # has it at head dims 64, 192 and 256: ptxas then moves P V's wait above it (exp2 under P V)
         emit(hopper_gluon_report(False, headdim=128, schedule={"PIN_SOFTMAX": False}))

@@ -236,61 +236,33 @@ def _fwd_shared_buffers(q_descs, k_descs, v_descs, STAGES: gl.constexpr, V_STAGE
 
 
 @gluon.jit
-def _load_k_block(i, k_desc, k_smem, k_bar, empty_bar, kv_row0, kv_col0, first_block):
-    """Line 7's K_j for the loop's i-th key block, into its ring stage once every consumer has
-    released it (a fresh mbarrier counts as having completed the phase before its first, so the
-    first STAGES waits pass at once): the block's first row."""
-    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
-    STAGES: gl.constexpr = k_smem[0].type.shape[0]
-    stage = i % STAGES
-    mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
-    row = kv_row0 + (first_block + i) * BLOCK_N
-    _expect_sections(k_bar.index(stage), k_desc)
-    _load_sections(k_desc, row, kv_col0, k_bar.index(stage), _at(k_smem, stage))
-    return row
-
-
-@gluon.jit
-def _load_v_block(i, row, v_desc, v_smem, v_bar, empty_bar, k_ring, kv_col0):
-    """Line 7's V_j for the loop's i-th key block (from `row`): into K_j's stage, which
-    _load_k_block waited for, or with `_split_release` into V's own ring stage once it is released."""
-    STAGES: gl.constexpr = k_ring.type.shape[0]
-    V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
-    v_stage = i % V_STAGES
-    if _split_release(empty_bar, k_ring):
-        mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
-    _expect_sections(v_bar.index(v_stage), v_desc)
-    _load_sections(v_desc, row, kv_col0, v_bar.index(v_stage), _at(v_smem, v_stage))
-
-
-@gluon.jit
 def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, first_block, n_blocks, V_AFTER_NEXT_K: gl.constexpr = False):
+               kv_col0, first_block, n_blocks):
     """FA2 Alg. 1 line 4 (Q_i, as one 64-row part a consumer) and line 7 (K_j, V_j of key blocks first_block ..
     first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
-    every consumer has released (empty_bar counts them; with `_split_release`, K's and V's apart),
-    K_j then V_j; with V_AFTER_NEXT_K (FwdConfig.hopper_gluon_v_after_next_k) K_{j+1} before V_j,
-    the order the consumers use them in (S_{j+1} is issued before P~_j V_j), as FA3 and FA4 load.
+    every consumer has released (empty_bar counts them; with `_split_release`, K's and V's apart).
     Descriptors and tiles are tuples of head-dim sections (`_head_sections`)."""
+    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
+    STAGES: gl.constexpr = k_smem[0].type.shape[0]
+    V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     CONSUMERS: gl.constexpr = q_smem[0].type.shape[0]
     for part in gl.static_range(CONSUMERS):
         _expect_sections(q_bar.index(part), q_desc)
         _load_sections(q_desc, q_row + part * q_desc[0].block_type.shape[0], col0, q_bar.index(part),
                        _at(q_smem, part))
-    if V_AFTER_NEXT_K:
-        row = kv_row0 + first_block * k_desc[0].block_type.shape[0]
-        if n_blocks > 0:
-            row = _load_k_block(0, k_desc, k_smem, k_bar, empty_bar, kv_row0, kv_col0, first_block)
-        for i in range(n_blocks):
-            next_row = row
-            if i + 1 < n_blocks:
-                next_row = _load_k_block(i + 1, k_desc, k_smem, k_bar, empty_bar, kv_row0, kv_col0, first_block)
-            _load_v_block(i, row, v_desc, v_smem, v_bar, empty_bar, k_smem[0], kv_col0)
-            row = next_row
-    else:
-        for i in range(n_blocks):
-            row = _load_k_block(i, k_desc, k_smem, k_bar, empty_bar, kv_row0, kv_col0, first_block)
-            _load_v_block(i, row, v_desc, v_smem, v_bar, empty_bar, k_smem[0], kv_col0)
+    for i in range(n_blocks):
+        stage = i % STAGES
+        # a fresh mbarrier counts as having completed the phase before its first, so the first
+        # STAGES waits pass at once
+        mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
+        row = kv_row0 + (first_block + i) * BLOCK_N
+        _expect_sections(k_bar.index(stage), k_desc)
+        _load_sections(k_desc, row, kv_col0, k_bar.index(stage), _at(k_smem, stage))
+        v_stage = i % V_STAGES
+        if _split_release(empty_bar, k_smem[0]):
+            mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
+        _expect_sections(v_bar.index(v_stage), v_desc)
+        _load_sections(v_desc, row, kv_col0, v_bar.index(v_stage), _at(v_smem, v_stage))
 
 
 @gluon.constexpr_function
@@ -523,13 +495,13 @@ def _store_output(out, l_i, q_buf, o_desc, row, col0):
 
 @gluon.jit
 def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                    PART: gl.constexpr, V_AFTER_NEXT_K: gl.constexpr):
+                    PART: gl.constexpr):
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
      full_lo, full_hi, kx_smem, turn_bar, pin_buf) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, first_block, n_blocks, V_AFTER_NEXT_K)
+               kv_col0, first_block, n_blocks)
 
 
 @gluon.jit
@@ -634,12 +606,11 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
                              PINGPONG: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
-                             PIN_SOFTMAX: gl.constexpr = False, V_AFTER_NEXT_K: gl.constexpr = False):
+                             PIN_SOFTMAX: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; PINGPONG: the
     consumers issue their matmuls in turns (`_await_turn`); GROUP_SHIFT: causal programs start
-    longest first across groups of rows (`_fwd_program`); V_AFTER_NEXT_K: the loader's order
-    (`_load_q_kv`). The descriptors view (batch * seqlen, heads *
+    longest first across groups of rows (`_fwd_program`). The descriptors view (batch * seqlen, heads *
     head dim); K and V have num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
     no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
@@ -701,11 +672,11 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX)),
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX)),
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX)),
-            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, V_AFTER_NEXT_K)),
+            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX)),
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX)),
-            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, V_AFTER_NEXT_K)),
+            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])

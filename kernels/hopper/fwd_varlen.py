@@ -47,13 +47,13 @@ def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from
 
 
 @gluon.jit
-def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, V_AFTER_NEXT_K: gl.constexpr):
+def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
     """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
      col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
      turn_bar, pin_buf) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, 0, n_blocks, V_AFTER_NEXT_K)
+               kv_col0, 0, n_blocks)
 
 
 @gluon.jit
@@ -125,17 +125,15 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                     qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
                                     CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
-                                    PIN_SOFTMAX: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
-                                    V_AFTER_NEXT_K: gl.constexpr = False):
+                                    PIN_SOFTMAX: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
     has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS, PINGPONG, PIN_SOFTMAX, V_AFTER_NEXT_K and GROUP_SHIFT (the
-    causal programs' launch order over groups of sequence x head rows, `_fwd_program`) as the dense
-    kernel's."""
+    query block does nothing. CONSUMERS, PINGPONG, PIN_SOFTMAX and GROUP_SHIFT (the causal programs'
+    launch order over groups of sequence x head rows, `_fwd_program`) as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
@@ -172,12 +170,12 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                 (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX)),
                 (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX)),
                 (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, PIN_SOFTMAX)),
-                (_varlen_load_partition, (args, CAUSAL, 0, V_AFTER_NEXT_K)),
+                (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 4, 1], [160, 160, 24])
         else:
             gl.warp_specialize([
                 (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX)),
                 (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX)),
-                (_varlen_load_partition, (args, CAUSAL, 0, V_AFTER_NEXT_K)),
+                (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 1], [240, 24])
 
