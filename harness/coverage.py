@@ -15,7 +15,9 @@ suite counts them):
 Providers: the registry's of kind 'features' (baselines/providers/features.py) named in
 PROVIDERS; one that does not take a case writes an `unsupported` row with its reason. Each
 call is measured by harness.features.measure (the float64 check on the last query rows, then
-`benchmark`). Our rows carry `kernel`, the kernel kernels/dispatch.py picks for the case's
+`benchmark`); within a case the providers run in PROVIDERS' order in even rounds and in the
+reverse order in odd ones (`provider_order`): under a GPU's power cap a kernel's clock depends
+on what ran just before it, so no provider always follows the same one. Our rows carry `kernel`, the kernel kernels/dispatch.py picks for the case's
 tensors (harness.features.our_config), and `kernel_reason`, why it is not a Gluon kernel.
 Rows are long format in `coverage.csv`; reports.coverage makes `coverage.md` from them alone.
 """
@@ -112,6 +114,11 @@ def kernels_served(case: Case, device, config: str) -> dict[str, tuple[str, str]
 # --------------------------------------------------------------------------------------
 # Measuring
 # --------------------------------------------------------------------------------------
+def provider_order(repeat: int) -> tuple[str, ...]:
+    """The order a case's providers run in, round `repeat`: PROVIDERS', reversed in odd rounds."""
+    return PROVIDERS if repeat % 2 == 0 else PROVIDERS[::-1]
+
+
 def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None,
                   case_list: list[Case] | None = None, repeats: int = 1) -> Path:
     """Every case x PROVIDERS x mode into out_dir/coverage.csv (a new file) and notes.txt, in
@@ -131,7 +138,7 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
             if rows.out_of_time():
                 rows.skip(f"{case.group}/{case.variant}" + (f" (round {repeat + 1})" if repeats > 1 else ""))
                 continue
-            for provider in PROVIDERS:
+            for provider in provider_order(repeat):
                 entry = get_provider(provider, "features")
                 unavailable = unavailable_reason(entry)
                 for mode in ("fwd", "bwd"):

@@ -77,6 +77,27 @@ def test_suite_writes_rows_with_the_kernel_and_a_report_from_them(tmp_path, monk
     assert "| every row of ours on a Gluon kernel or with its stated reason | 0 of 10 on Gluon kernels | met |" in report
 
 
+def test_odd_rounds_run_a_cases_providers_in_reverse(tmp_path, monkeypatch):
+    """Under a power cap a kernel's clock depends on what ran before it: round 0 runs each case's
+    providers in PROVIDERS' order, round 1 in reverse, each one's forward then its backward."""
+    calls = []
+
+    def measure(case, provider, mode, device, dtype):
+        calls.append((case.variant, provider, mode))
+        return {"status": "unsupported", "reason": "not measured here"}
+
+    monkeypatch.setattr(coverage.features, "measure", measure)
+    monkeypatch.setattr(coverage, "unavailable_reason", lambda entry: "")
+    coverage.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY[:1], repeats=2)
+    modes = ("fwd", "bwd")
+    forward = [(TINY[0].variant, p, m) for p in coverage.PROVIDERS for m in modes]
+    backward = [(TINY[0].variant, p, m) for p in reversed(coverage.PROVIDERS) for m in modes]
+    assert calls == forward + backward
+    rows = pd.read_csv(tmp_path / coverage.COVERAGE_CSV, keep_default_na=False)
+    assert list(zip(rows.provider, rows["repeat"])) == [(p, r) for r, order in enumerate(
+        (coverage.PROVIDERS, coverage.PROVIDERS[::-1])) for p in order for _ in modes]
+
+
 def _rows(speeds: dict[str, float], peer: str = "fa4", mode: str = "fwd", kernel: str = "Gluon dense fwd",
           reason: str = "") -> pd.DataFrame:
     """Synthetic rows: per case (a sweep variant), ours at 1 ms and the peer at `speed` ms (ours'
