@@ -17,8 +17,9 @@ PROVIDERS; one that does not take a case writes an `unsupported` row with its re
 call is measured by harness.features.measure (the float64 check on the last query rows, then
 `benchmark`); within a case the providers run in PROVIDERS' order in even rounds and in the
 reverse order in odd ones (`provider_order`): under a GPU's power cap a kernel's clock depends
-on what ran just before it, so no provider always follows the same one. Our rows carry `kernel`, the kernel kernels/dispatch.py picks for the case's
-tensors (harness.features.our_config), and `kernel_reason`, why it is not a Gluon kernel.
+on what ran just before it, so no provider always follows the same one. Our rows carry
+`kernel`, the kernel kernels/dispatch.py picks for the case's tensors
+(harness.features.our_config), and `kernel_reason`, why it is not a Gluon kernel.
 Rows are long format in `coverage.csv`; reports.coverage makes `coverage.md` from them alone.
 """
 

@@ -3,9 +3,10 @@
 On a GPU: `triton.testing.do_bench` (which flushes L2 before each call) returns the median
 and the 20th/80th percentiles of the call time; one call before it compiles and warms up
 (Triton JIT, torch.compile, cuDNN plans), so compilation is never timed, and that call's
-peak memory is recorded; the mean SM clock while do_bench runs (its own warm-up
-and the timed calls) are read by NVML (harness.environment.ClockSampler). On CPU (Triton's interpreter): the median of a few
-`time.perf_counter` measurements after one warm-up call; those numbers are not performance.
+peak memory is recorded, as is the mean SM clock while do_bench runs (its own warm-up and the
+timed calls), read by NVML (harness.environment.ClockSampler). On CPU (Triton's interpreter):
+the median of a few `time.perf_counter` measurements after one warm-up call; those numbers are
+not performance.
 
 Modes, as the paper times them: 'fwd' the forward alone; 'bwd' the backward alone
 (`out.backward(dout, retain_graph=True)` on one forward's graph); 'fwd_bwd' both.

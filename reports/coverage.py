@@ -106,8 +106,8 @@ def clock_lines(df: pd.DataFrame) -> list[str]:
     if "sm_clock_mhz" not in df or pd.to_numeric(df.sm_clock_mhz, errors="coerce").isna().all():
         return []
     lines = ["", "## SM clock while timed", "",
-             ("Mean SM clock (MHz, NVML, read every 5 ms) while each provider's calls were timed (the median over the rounds). "
-              "Each case runs the providers in the order of the columns in even rounds and reversed in odd ones, "
+             ("Mean SM clock (MHz, NVML, read every 5 ms) while each provider's calls were timed (the median "
+              "over the rounds). Each case runs the providers in the order of the columns in even rounds and reversed in odd ones, "
               "each one's forward then its backward; under the board's power cap the clock follows the power a "
               "kernel draws and what ran just before it."), "",
              "| case | mode | " + " | ".join(PROVIDERS) + " |", "|---|---|" + "---|" * len(PROVIDERS)]
