@@ -4,6 +4,7 @@ float64 reference first, and refuses unknown or ambiguous config fields by name.
 from __future__ import annotations
 
 import csv
+import math
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import compare_configs
 
 from harness.environment import ROW_ENV_COLUMNS
+from harness.timing import Timing
 
 
 def test_two_configs_are_timed_in_alternating_rounds_into_long_rows(tmp_path, capsys):
@@ -30,7 +32,26 @@ def test_two_configs_are_timed_in_alternating_rounds_into_long_rows(tmp_path, ca
     assert all(row["checked_shape"] == "" for row in rows)  # the whole call was checked
     printed = capsys.readouterr().out
     assert "B / A" in printed and "block_m=16" in printed
+    assert "MHz" not in printed and all(row["sm_clock_mhz"] == "nan" for row in rows)  # no NVML reading on a CPU
     assert (tmp_path / "rows.notes.txt").exists()  # clocks lowered during the run, if any (none on a CPU)
+
+
+def test_the_summary_names_the_clock_each_configs_timings_ran_at(tmp_path, capsys, monkeypatch):
+    """Where NVML read the SM clock (a GPU), the summary gives each config's median beside its time
+    and the rows carry each timing's."""
+    clocks = iter([1500.0, 1700.0, 1800.0, 1600.0])  # rounds A, B then B, A
+
+    def timed(fn, device, cpu_reps=1):
+        fn()
+        return Timing(1.0, 1.0, 1.0, math.nan, next(clocks))
+
+    monkeypatch.setattr(compare_configs, "benchmark", timed)
+    out = compare_configs.main(["--call", "fwd", "--shape", "1,64,2,32", "--dtype", "fp16", "--b", "block_m=16",
+                                "--rounds", "2", "--out", str(tmp_path / "rows.csv")])
+    printed = capsys.readouterr().out
+    assert "(the table)  at 1550 MHz" in printed and "block_m=16  at 1750 MHz" in printed
+    with out.open() as f:
+        assert [float(row["sm_clock_mhz"]) for row in csv.DictReader(f)] == [1500.0, 1700.0, 1800.0, 1600.0]
 
 
 def test_a_packed_call_is_checked_and_timed(tmp_path):

@@ -326,8 +326,12 @@ def main(argv: list[str] | None = None) -> Path:
     print(f"{args.call} {args.shape} causal={args.causal} {args.dtype}"
           f"{f' dropout {args.dropout}' if args.dropout else ''}{f' window {args.window}' if windowed else ''} on {env['gpu'] or device.type}, "
           f"{args.rounds} interleaved rounds (median ms):")
+    clocks = {label: [r["sm_clock_mhz"] for r in rows if r["config"] == label and not math.isnan(r["sm_clock_mhz"])]
+              for label in ("A", "B")}
     for label in ("A", "B"):
-        print(f"  {label}  {medians[label]:10.4f}  {fields[label] or '(the table)'}")
+        # the SM clock its timings ran at (harness.environment.ClockSampler), where NVML read one
+        clock = f"  at {statistics.median(clocks[label]):.0f} MHz" if clocks[label] else ""
+        print(f"  {label}  {medians[label]:10.4f}  {fields[label] or '(the table)'}{clock}")
     ratio = medians["B"] / medians["A"] if medians["A"] > 0 else math.nan
     print(f"  B / A  {ratio:.3f}   rows: {args.out}")
     return args.out
