@@ -708,6 +708,8 @@ SECTIONS = {
     "gluon_forward_block_n_d192_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_forward_block_n_d192.csv", "64-key blocks (the table's)",
         "128-key blocks (hopper_gluon_block_n=128)"),
+    "gluon_forward_d64_short_causal_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_forward_d64_short_causal.csv"),
     "gluon_forward_half_key_blocks_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_forward_half_key_blocks.csv", "the table's key blocks",
         "half as many keys a block (hopper_gluon_block_n)"),
