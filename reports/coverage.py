@@ -58,12 +58,13 @@ def _peer_cell(sub: pd.DataFrame, provider: str) -> str:
 
 def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
     """(check, worst case, verdict): ours at least 0.95x FA4 forward and 0.9x backward in every
-    case and mode FA4 measured, at least cuDNN's speed in every one cuDNN measured (a case where
-    the peer measured and ours did not fails the check), and every row of ours on a Gluon kernel
-    or with its reason."""
+    case and mode FA4 measured, at least cuDNN's speed in every one cuDNN measured, on the median
+    over the rounds (a case where the peer measured and ours did not fails the check; the verdict
+    counts the failed cases of which a round was at or above the bar), and every row of ours on a
+    Gluon kernel or with its reason."""
     checks = []
     for peer, mode, bar in SPEED_BARS:
-        worst, failed = None, []
+        worst, failed, in_a_round = None, [], 0
         for label, case_mode, sub in _by_case(df):
             if case_mode != mode or not len(_ms_rounds(sub, peer)):
                 continue
@@ -76,12 +77,15 @@ def bar_checks(df: pd.DataFrame) -> list[tuple[str, str, str]]:
                 worst = (value, label, speed)
             if value < bar:
                 failed.append(label)
+                in_a_round += int(float(speed.max()) >= bar)
         name = f"ours >= {bar}x {peer} {mode} in every case {peer} runs"
         if worst is None and not failed:
             checks.append((name, cell(math.nan), "n/a"))
             continue
         value = f"{ratio_cell(worst[2], '{:.2f}x')} at {worst[1]}" if worst else "–"
         verdict = "met" if not failed else f"not met in {len(failed)}: " + "; ".join(failed)
+        if in_a_round:  # the median below the bar, one round at or above it: the rounds' spread
+            verdict += f" ({in_a_round} of them at or above it in one of the rounds)"
         checks.append((name, value, verdict))
     ours = df[df.provider == "ours"].drop_duplicates(["group", "variant", "mode"])
     unexplained = [f"{case_label(r)} {r['mode']} ({r.kernel})" for _, r in ours.iterrows()
