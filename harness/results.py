@@ -30,15 +30,21 @@ STATUSES = ("ok", "unavailable", "unsupported", "oom", "wrong", "error", "timeou
 # unless --retry-timeouts, every repeat of a configuration that timed out).
 KEY_COLUMNS = ("provider", "setting", "mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype", "repeat")
 MEASURE_COLUMNS = ("ms", "ms_p20", "ms_p80", "tflops", "tflops_p20", "tflops_p80", "peak_mem_mb", "rel_err")
-COLUMNS = (
+COLUMNS_BEFORE_CLOCK = (
     "provider", "label", "setting", "mode", "causal", "hdim", "seqlen", "batch", "heads", "dtype", "repeat",
     "status", "reason", *MEASURE_COLUMNS, "check_shape", "config", "interpreter", *ENV_COLUMNS,
     *PEER_VERSION_COLUMNS,  # the optional peers' package versions in the run's environment ('' if absent)
 )
-# the column sets of earlier results.csv files: before the rows carried the peers' versions, and
-# before that, before the accuracy check recorded the shape it checked; read with those columns empty
-PREVIOUS_COLUMNS = tuple(column for column in COLUMNS if column not in PEER_VERSION_COLUMNS)
-OLDER_HEADERS = (PREVIOUS_COLUMNS, tuple(column for column in PREVIOUS_COLUMNS if column != "check_shape"))
+# and last the mean SM clock while the row was timed (harness.environment.ClockSampler; empty
+# where NVML read none: on a CPU, or a row that did not measure)
+COLUMNS = (*COLUMNS_BEFORE_CLOCK, "sm_clock_mhz")
+# the column sets of earlier results.csv files: before the rows carried the SM clock, before they
+# carried the peers' versions, and before the accuracy check recorded the shape it checked; read
+# with those columns empty
+PREVIOUS_COLUMNS = tuple(column for column in COLUMNS_BEFORE_CLOCK if column not in PEER_VERSION_COLUMNS)
+OLDER_HEADERS = (COLUMNS_BEFORE_CLOCK, PREVIOUS_COLUMNS,
+                 tuple(column for column in PREVIOUS_COLUMNS if column != "check_shape"))
+_FLOAT_COLUMNS = (*MEASURE_COLUMNS, "sm_clock_mhz")
 _INT_COLUMNS = ("hdim", "seqlen", "batch", "heads", "repeat")
 _BOOL_COLUMNS = ("causal", "interpreter")
 
@@ -238,7 +244,7 @@ def _typed(csv_path: Path, df: pd.DataFrame, numbers: list[int]) -> pd.DataFrame
         if bad.any():
             refuse(column, bad, "an integer")
         df[column] = df[column].astype(int)
-    for column in MEASURE_COLUMNS:
+    for column in _FLOAT_COLUMNS:
         values = pd.to_numeric(df[column].replace("", "nan"), errors="coerce")
         bad = values.isna() & ~df[column].str.lower().isin(("", "nan"))
         if bad.any():

@@ -108,12 +108,13 @@ class Sweep:
             "rel_err": rel_err, "check_shape": check_shape,
             "ms": math.nan, "ms_p20": math.nan, "ms_p80": math.nan,
             "tflops": math.nan, "tflops_p20": math.nan, "tflops_p80": math.nan, "peak_mem_mb": math.nan,
-            "config": config, "interpreter": self.interpreter, **self.env,
+            "config": config, "interpreter": self.interpreter, **self.env, "sm_clock_mhz": math.nan,
         }
         if timing is not None:
             flops = attention_flops(spec.batch, spec.heads, spec.seqlen, spec.seqlen, spec.hdim, spec.causal,
                                     spec.mode)
             row.update(ms=timing.ms, ms_p20=timing.ms_p20, ms_p80=timing.ms_p80, peak_mem_mb=timing.peak_mem_mb,
+                       sm_clock_mhz=timing.sm_clock_mhz,
                        tflops=tflops_per_second(flops, timing.ms),
                        tflops_p20=tflops_per_second(flops, timing.ms_p20),  # p20 time: the faster call
                        tflops_p80=tflops_per_second(flops, timing.ms_p80))

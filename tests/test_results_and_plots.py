@@ -380,17 +380,31 @@ def test_a_half_written_results_json_warns_and_is_written_anew(tmp_path):
     assert [run["run_id"] for run in load_runs(tmp_path)] == ["2"]
 
 
-@pytest.mark.parametrize("older", [0, 1], ids=["without peer versions", "without check_shape either"])
+@pytest.mark.parametrize("older", [0, 1, 2],
+                         ids=["without the SM clock", "without peer versions either", "without check_shape either"])
 def test_earlier_column_sets_are_read_with_the_missing_columns_empty(tmp_path, older):
     from harness.results import OLDER_HEADERS
 
     header = OLDER_HEADERS[older]
     path = tmp_path / "results.csv"
-    row = _row(tflops=1.0, check_shape="b1 n128", flash_attn_4="4.0")
+    row = _row(tflops=1.0, check_shape="b1 n128", flash_attn_4="4.0", sm_clock_mhz=1755.0)
     pd.DataFrame([{c: row[c] for c in header}]).to_csv(path, index=False)
     rows = load_results(path)
-    assert list(rows.columns) == list(COLUMNS) and rows["flash_attn_4"].item() == ""
+    assert list(rows.columns) == list(COLUMNS) and math.isnan(rows["sm_clock_mhz"].item())
+    assert rows["flash_attn_4"].item() == ("4.0" if "flash_attn_4" in header else "")
     assert rows["check_shape"].item() == ("b1 n128" if "check_shape" in header else "")
+
+
+def test_the_sm_clock_is_read_back_as_a_number(tmp_path):
+    path = tmp_path / "results.csv"
+    with ResultWriter(path) as writer:
+        writer.write(_row(tflops=1.0, sm_clock_mhz=1755.0))
+        writer.write(_row(provider="fa4", label="FA4", status="oom"))  # no timing: no clock
+    rows = load_results(path).set_index("provider")
+    assert rows.loc["fa2", "sm_clock_mhz"] == 1755.0 and math.isnan(rows.loc["fa4", "sm_clock_mhz"])
+    path.write_text(path.read_text().replace("1755.0", "fast"))
+    with pytest.raises(RowFileError, match="'sm_clock_mhz'"):
+        load_results(path)
 
 
 def test_appending_to_an_earlier_file_rewrites_it_with_this_versions_columns(tmp_path):
