@@ -151,7 +151,9 @@ class ClockSampler:
     mean is `sm_clock_mhz` afterwards. Under a power cap the clock a kernel gets depends on the
     power it draws and on what ran just before it, so two providers timed at different clocks
     differ by more than their code: the rows say so. (NVML's board power is not read: on the H100
-    its readings during timings of about a tenth of a second did not follow the load.) NaN without
+    its instantaneous readings during timings of about a tenth of a second did not follow the load,
+    some above the board's limit and some near idle for the longest calls:
+    reports/h100/decisions/nvml_power_within_timings.csv.) NaN without
     CUDA or NVML, or where no reading succeeded. The thread sleeps between readings (NVML's calls
     release the GIL), so the timed calls' launches wait for it at most one reading's time."""
 

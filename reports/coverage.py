@@ -49,10 +49,10 @@ def _by_case(df: pd.DataFrame):
 
 
 def _peer_cell(sub: pd.DataFrame, provider: str) -> str:
+    """A provider's TFLOPs/s in one case and mode (the median over the rounds), or its status."""
     rows = sub[sub.provider == provider]
-    ok = rows[rows.status == "ok"]
-    if len(ok):
-        return cell(float(ok.tflops.astype(float).median()), "{:.3g}")
+    if (rows.status == "ok").any():
+        return cell(_median_of(sub, provider, "tflops"), "{:.3g}")
     return rows.status.iloc[0] if len(rows) else ""
 
 
