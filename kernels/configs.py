@@ -60,11 +60,6 @@ class FwdConfig:
     # _pin_softmax): without, ptxas moves that wait above the softmax, which then runs after the
     # matmul instead of under it (FA3's Algorithm 2 overlap; docs/hopper_peers.md).
     hopper_gluon_pin_softmax: bool = False
-    # Whether that kernel's K and V blocks take the slots of one ring of shared memory in turn (K_0,
-    # V_0, K_1, ...), each slot freed once its matmul is done, instead of a ring each: where two
-    # rings of wide blocks do not fit (head dim 192 in 128-key blocks: 2 K and 1 V), three slots let
-    # each load start about half a key step before its matmul (flash_attn_hopper.forward_stages).
-    hopper_gluon_kv_ring: bool = False
     # The order that kernel's causal programs start in (dense calls, and the varlen kernel's over
     # sequence x head rows, K and V counted at the longest sequence's keys): groups of at most this many
     # batch x head rows (a power of two), and no more than keep their K and V within the L2 cache

@@ -184,8 +184,7 @@ def _forward_tile_refusal(config: FwdConfig, headdim: int, rows: int | None = No
                 f"power-of-two tiles of at most {flash_attn_hopper.BLOCK_N} keys)")
     try:
         consumers = flash_attn_hopper.forward_launch_options(rows)["CONSUMERS"]
-        flash_attn_hopper.forward_stages(headdim, config.hopper_gluon_block_n, block_m=rows,
-                                         kv_ring=config.hopper_gluon_kv_ring)
+        flash_attn_hopper.forward_stages(headdim, config.hopper_gluon_block_n, block_m=rows)
     except ValueError as exc:
         return str(exc)
     return flash_attn_hopper.three_consumer_refusal(headdim, block_n) if consumers == 3 else ""

@@ -195,8 +195,7 @@ _fwd_launcher = CachedLauncher(_flash_fwd_hopper_kernel)  # kernels/launch.py
 _fwd_varlen_launcher = CachedLauncher(_flash_fwd_hopper_varlen_kernel)
 
 
-def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_m: int = BLOCK_M,
-                   kv_ring: bool = False) -> tuple[int, int]:
+def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_m: int = BLOCK_M) -> tuple[int, int]:
     """The K and V blocks in flight (STAGES, V_STAGES) of the forward at this head dim and block_n
     keys a block: STAGES of each where they fit beside Q's [block_m, head dim] tile (and, with
     `alibi_tile`, ALiBi's [block_n, 16] key tile: `_alibi_by_matmul`) in SHARED_MEMORY_BYTES, less
@@ -204,21 +203,13 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_
     its forward tiles to the same limit). At head dim 128 with 128 keys a block: 3 and 3 (224 KiB),
     2 V blocks with ALiBi's tile; at 256 with 64 keys: 3 and 2. Refuses fewer than 2 K blocks: with
     one, K_{j+1}'s load waits for the stage that block j's P V still holds (the kernel's loop
-    issues S_{j+1} before it releases block j). With `kv_ring` (FwdConfig.hopper_gluon_kv_ring: K and
-    V blocks in one ring, in turn) the ring's slots, as many as fit up to 2 * STAGES, as both counts;
-    fewer than 3 refused (S_{j+1} and P_j V_j would hold two, leaving none to load into)."""
+    issues S_{j+1} before it releases block j)."""
     element = 2  # fp16 and bf16
 
     def fits(k_stages: int, v_stages: int) -> bool:
         tiles = block_m * head_dim + (k_stages + v_stages) * block_n * head_dim + (block_n * 16 if alibi_tile else 0)
         return tiles * element + 1024 <= SHARED_MEMORY_BYTES
 
-    if kv_ring:
-        slots = next((n for n in range(2 * STAGES, 2, -1) if fits(n, 0)), 0)
-        if not slots:
-            raise ValueError(f"fewer than 3 blocks of {block_n} keys at head dim {head_dim} fit beside Q in shared "
-                             f"memory (hopper_gluon_block_n, hopper_gluon_kv_ring)")
-        return slots, slots
     k_stages = v_stages = STAGES
     while not fits(k_stages, v_stages):
         if v_stages == k_stages:
@@ -239,9 +230,9 @@ def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n:
     (forward_launch_options)."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
-    schedule = forward_schedule(schedule)
-    stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m, schedule["KV_RING"])
-    return {**flags, "STAGES": stages, "V_STAGES": v_stages, **schedule, **forward_launch_options(block_m)}
+    stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m)
+    return {**flags, "STAGES": stages, "V_STAGES": v_stages, **forward_schedule(schedule),
+            **forward_launch_options(block_m)}
 
 
 def device_l2_bytes(device: torch.device) -> int:
@@ -277,13 +268,11 @@ def fwd_group_shift(section: int | str, rows: int, seqlen_k: int, headdim: int, 
 def forward_schedule(config=None) -> dict:
     """The forwards' key-loop constexprs from a FwdConfig (or a dict of them, as made here; None:
     the defaults): PINGPONG (hopper_gluon_pingpong: the consumers issue their matmuls in turns) and
-    PIN_SOFTMAX (hopper_gluon_pin_softmax: the softmax kept under the P~ V matmul, fwd._pin_softmax) and
-    KV_RING (hopper_gluon_kv_ring: K and V blocks in one ring of shared memory, fwd._ring_item)."""
+    PIN_SOFTMAX (hopper_gluon_pin_softmax: the softmax kept under the P~ V matmul, fwd._pin_softmax)."""
     if isinstance(config, dict):
         return config
     return {"PINGPONG": bool(config and config.hopper_gluon_pingpong),
-            "PIN_SOFTMAX": bool(config and config.hopper_gluon_pin_softmax),
-            "KV_RING": bool(config and config.hopper_gluon_kv_ring)}
+            "PIN_SOFTMAX": bool(config and config.hopper_gluon_pin_softmax)}
 
 
 THREE_CONSUMER_ACCUMULATORS = 128  # three_consumer_refusal
@@ -382,7 +371,7 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
         group_shift = fwd_group_shift(getattr(schedule, "hopper_gluon_head_section", 1), batch * heads,
                                       max_seqlen_k, headdim, q.element_size(), q.device)
     lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
-    stages, v_stages = forward_stages(headdim, block_n, block_m=block_m, kv_ring=forward_schedule(schedule)["KV_RING"])
+    stages, v_stages = forward_stages(headdim, block_n, block_m=block_m)
     descriptors, split_constexprs = _section_descriptors(_packed_descriptor, (q, k, v, out),
                                                          (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), headdim)
     descriptors = [lse if d is None else d for d in descriptors]  # no tail section: not read

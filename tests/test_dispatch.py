@@ -634,9 +634,9 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     # sections), causal or not; the backward also with dQ fused at each (at 64 and 96 the consumers
     # take turns); then each of the window, softcap and ALiBi, causal or not, forward and backward
     # (dQ fused); causal in launch groups of 4 rows at 128 and 256; one at 128 without the softmax
-    # pinned (hopper_gluon_pin_softmax off); K and V in one ring (hopper_gluon_kv_ring) at 192 in
-    # 128-key blocks and at 256; then two with the consumers in no fixed order (hopper_gluon_pingpong off)
-    assert len(forward_lines) == 10 + 6 + 2 + 4 + 1 + 3 + 2 and len(backward_lines) == 12 + 6 + 6, report
+    # pinned (hopper_gluon_pin_softmax off); then two with the consumers in no fixed order
+    # (hopper_gluon_pingpong off)
+    assert len(forward_lines) == 10 + 6 + 2 + 4 + 1 + 2 and len(backward_lines) == 12 + 6 + 6, report
     assert sum(" group shift" in line for line in forward_lines) == 2, report
     fused = [line for line in backward_lines if "fused dQ" in line]
     assert len(fused) == 6 + 6 + 6 and all("tma-reduce" in line for line in fused), report
@@ -651,22 +651,15 @@ def test_hopper_gluon_kernels_compile_for_sm90():
         assert sum(line.endswith(flag) or f" {flag} " in line for line in forward_lines + backward_lines) == 4, flag
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
-    in_rings = [line for line in forward_lines if " kv ring " not in line]
-    assert all("spill stores 0 B" in line and "128x64 x 3/2" in line for line in in_rings if "d256" in line)
-    assert all("spill stores 0 B" in line and "128x64 x 3/3" in line for line in in_rings if "d192" in line)
+    assert all("spill stores 0 B" in line and "128x64 x 3/2" in line for line in forward_lines if "d256" in line)
+    assert all("spill stores 0 B" in line and "128x64 x 3/3" in line for line in forward_lines if "d192" in line)
     assert all("spill stores 0 B" in line and "128x128 x 3/3" in line for line in forward_lines
                if "d96" in line and "192x" not in line)
     varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
-    # one ring: head dim 192's 128-key blocks in 3 slots (2 K and 1 V blocks in two rings), P~ converted
-    # early (fwd._p_converted_early), dense and varlen, and 256's 64-key blocks in 5, without spills
-    ring = [line for line in forward_lines + varlen_lines if " kv ring " in line]
-    assert sorted("128x128 x 3/3" in line if " d192 " in line else "128x64 x 5/5" in line and " d256 " in line
-                  for line in ring) == [True] * 5, report
-    assert sum(" d192 " in line for line in ring) == 4 and all("spill stores 0 B" in line for line in ring), report
     # head dims 64, 96, 128, 192 and 256, causal or not (64 on 192 rows); causal in launch groups of 4
     # rows at 128, spilling no more than the same build in the grid's order (a few bytes with the
     # softmax pinned); then 192 rows at 96 and 128
-    assert len(varlen_lines) == 10 + 1 + 4 + 2, report
+    assert len(varlen_lines) == 10 + 1 + 4, report
     grouped = [line for line in varlen_lines if " group shift" in line]
 
     def spills(line):
@@ -1198,49 +1191,6 @@ def test_the_gluon_forward_keeps_as_many_key_blocks_in_flight_as_shared_memory_h
     assert tile_bytes(*stages) <= hopper.SHARED_MEMORY_BYTES
     more = (stages[0], stages[1] + 1) if stages[1] < stages[0] else (stages[0] + 1, stages[1])
     assert stages == (3, 3) or tile_bytes(*more) > hopper.SHARED_MEMORY_BYTES - 1024
-
-
-@pytest.mark.parametrize("headdim,block_n,slots", [(192, 128, 3), (256, 64, 5), (128, 128, 6), (96, 128, 6)])
-def test_k_and_v_in_one_ring_take_as_many_slots_as_shared_memory_holds(headdim, block_n, slots):
-    """forward_stages with kv_ring (FwdConfig.hopper_gluon_kv_ring): the one ring's slots as both
-    counts, as many as fit beside Q up to twice the separate rings' depth; one more would not fit
-    where fewer are taken. At head dim 192 in 128-key blocks the ring holds 3 blocks where the two
-    rings hold 2 K and 1 V; at 256 in 128-key blocks none fit, and dispatch says so."""
-    from kernels import flash_attn_hopper as hopper
-
-    assert hopper.forward_stages(headdim, block_n, kv_ring=True) == (slots, slots)
-    tile_bytes = 2 * (128 * headdim + slots * block_n * headdim)
-    assert tile_bytes <= hopper.SHARED_MEMORY_BYTES - 1024
-    assert slots == 2 * hopper.STAGES or tile_bytes + 2 * block_n * headdim > hopper.SHARED_MEMORY_BYTES - 1024
-    with pytest.raises(ValueError, match="fewer than 3 blocks of 128 keys at head dim 256"):
-        hopper.forward_stages(256, 128, kv_ring=True)
-    q = torch.empty(2, 2048, 4, 256, dtype=torch.bfloat16)
-    ring = dataclasses.replace(HOPPER_FWD_CONFIGS[(256, True)], hopper_gluon_block_n=128, hopper_gluon_kv_ring=True)
-    assert "hopper_gluon_kv_ring" in dispatch.fwd_gluon_path(ring, q, q, q, q, True)[1]
-
-
-@pytest.mark.parametrize("kv_ring", [False, True])
-def test_the_gluon_forwards_take_the_kv_ring_from_the_config(kv_ring, monkeypatch):
-    """The dense and varlen Gluon forwards' launches (made and launched on the CPU, the launchers
-    recorded) at head dim 192 in 128-key blocks: KV_RING is FwdConfig.hopper_gluon_kv_ring, and the
-    stage counts forward_stages' for it: one ring of 3 slots, else 2 K and 1 V blocks."""
-    from kernels import flash_attn_hopper as hopper
-
-    dense, varlen = _RecordedLaunches(), _RecordedLaunches()
-    monkeypatch.setattr(hopper, "_fwd_launcher", dense)
-    monkeypatch.setattr(hopper, "_fwd_varlen_launcher", varlen)
-    config = dataclasses.replace(HOPPER_FWD_CONFIGS[(256, False)], hopper_gluon_block_n=128,
-                                 hopper_gluon_kv_ring=kv_ring)
-    q, k, v = (torch.randn(1, 256, 2, 192, dtype=torch.bfloat16) for _ in range(3))
-    out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
-    hopper.forward_hopper_plan(q, k, v, out, False, block_n=128, schedule=config)(q, k, v, out, lse, 0.1)
-    cu = torch.tensor([0, 100, 256], dtype=torch.int32)
-    packed = q.view(256, 2, 192)
-    hopper.flash_attn_varlen_forward_hopper(packed, packed, packed, packed.clone(), torch.empty(2, 256), cu, cu, 156,
-                                            156, 0.1, False, 128, 128, config)
-    for (launch,) in (dense, varlen):
-        assert launch["KV_RING"] is kv_ring
-        assert (launch["STAGES"], launch["V_STAGES"]) == ((3, 3) if kv_ring else (2, 1))
 
 
 def test_a_key_block_that_leaves_fewer_than_two_k_blocks_in_flight_keeps_the_gluon_forward_off():

@@ -247,40 +247,6 @@ def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype, pin_softmax):
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
-# (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, keys a block), K and V in one ring
-KV_RING_CASES = {
-    "d192-full-128-keys": (1, 2048, 2048, 2, 2, 192, False, (-1, -1), 128),  # 3 slots, two head-dim sections
-    "d192-causal-128-keys": (2, 2048, 2048, 2, 2, 192, True, (-1, -1), 128),
-    "d192-off-grid-causal-128-keys": (2, 1500, 1500, 2, 1, 192, True, (-1, -1), 128),  # varlen, batch rows packed
-    "d192-cross-128-keys": (2, 1000, 3000, 2, 2, 192, True, (-1, -1), 128),  # query shorter than the keys
-    "d256-causal-64-keys": (1, 2048, 2048, 2, 2, 256, True, (-1, -1), 64),  # 5 slots
-    "d128-causal-gqa": (2, 2048, 2048, 4, 2, 128, True, (-1, -1), 128),  # 6 slots, in turns, pinned
-    "d128-window": (2, 2048, 2048, 2, 2, 128, True, (300, 0), 128),  # the features' kernel
-}
-
-
-@pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", list(KV_RING_CASES))
-def test_gpu_gluon_forward_with_k_and_v_in_one_ring(case, dtype):
-    """FwdConfig.hopper_gluon_kv_ring (K and V blocks take the slots of one shared-memory ring in turn,
-    each freed once its matmul is done) on the dense, features and varlen Gluon forwards, with the
-    table's other fields at the head dim: out, logsumexp and gradients against float64 (a load into a
-    slot not yet freed would race; a wait in the wrong phase would deadlock), on the Gluon kernel."""
-    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, block_n = KV_RING_CASES[case]
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=512,
-                                 hopper_gluon_block_n=block_n, hopper_gluon_kv_ring=True)
-    like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
-    like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
-    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, causal, _case_features(
-        {"causal": causal, "window": window})) in (dispatch.GluonPath.DENSE, dispatch.GluonPath.PACKED)
-    check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=causal, window=window,
-                device="cuda", fwd_config=config)
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-
-
 # (batch, seqlen, heads, kv_heads, headdim, FwdConfig.hopper_gluon_head_section), causal on the dense Gluon forward
 CAUSAL_SECTION_CASES = {
     "d256-groups-of-4": (2, 2048, 8, 8, 256, 4),

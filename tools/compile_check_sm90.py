@@ -260,7 +260,7 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     block_m = block_m or config.hopper_gluon_block_m
     # GROUP_SHIFT (the causal launch order, fwd_group_shift) 0 unless the schedule sets it
     schedule = {**hopper.forward_schedule(config), "GROUP_SHIFT": 0, **(schedule or {})}
-    stages, v_stages = hopper.forward_stages(headdim, block_n, block_m=block_m, kv_ring=schedule["KV_RING"])
+    stages, v_stages = hopper.forward_stages(headdim, block_n, block_m=block_m)
     options = hopper.forward_launch_options(block_m)
     consumers = options.pop("CONSUMERS")
     sections = hopper.head_sections(headdim)
@@ -426,12 +426,6 @@ def main() -> None:
         # the softmax not pinned under P V (FwdConfig.hopper_gluon_pin_softmax off), as the table
         # has it at head dims 64, 192 and 256: ptxas then moves P V's wait above it (exp2 under P V)
         emit(hopper_gluon_report(False, headdim=128, schedule={"PIN_SOFTMAX": False}))
-        # K and V in one ring of shared memory (FwdConfig.hopper_gluon_kv_ring): head dim 192 in 128-key
-        # blocks (3 slots, P~ converted early: fwd._p_converted_early), dense and varlen, and 256 in 64-key ones
-        for causal in (False, True):
-            emit(hopper_gluon_report(causal, headdim=192, block_n=128, schedule={"KV_RING": True}))
-            emit(hopper_gluon_varlen_report(causal, headdim=192, block_n=128, schedule={"KV_RING": True}))
-        emit(hopper_gluon_report(True, headdim=256, schedule={"KV_RING": True}))
         # the consumers in no fixed order (FwdConfig.hopper_gluon_pingpong off), which the table takes
         # above head dim 128 only: three consumers at 64, two at 128
         emit(hopper_gluon_report(False, headdim=64, block_m=192, schedule={"PINGPONG": False}))

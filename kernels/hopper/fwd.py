@@ -207,33 +207,25 @@ def _fwd_program(num_heads, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr = 0)
 
 @gluon.jit
 def _fwd_shared_buffers(q_descs, k_descs, v_descs, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
-                        CONSUMERS: gl.constexpr, KV_RING: gl.constexpr = False):
+                        CONSUMERS: gl.constexpr):
     """The forward's shared memory: Q_i as one 64-row part a consumer warpgroup, rings of STAGES K_j and V_STAGES V_j
     blocks (each a tuple of head-dim sections: `_head_sections`), and their mbarriers (q_bar, k_bar,
     v_bar: a TMA load has landed; empty_bar: a stage is free). With rings of one size a key
     block's K and V share a stage, released once P~ V is done; with V's ring shorter
-    (`_split_release`) empty_bar holds K's stages then V's, each released once its matmul is done.
-    With KV_RING (FwdConfig.hopper_gluon_kv_ring) K and V blocks take the STAGES slots of one ring in
-    turn (K_0, V_0, K_1, ...: `_ring_item`), each slot released once its matmul is done: v_smem and
-    v_bar are k_smem and k_bar."""
-    gl.static_assert(not KV_RING or V_STAGES == STAGES)  # one ring: its slots are both counts
+    (`_split_release`) empty_bar holds K's stages then V's, each released once its matmul is done."""
     q_smem = _allocate_sections(q_descs, CONSUMERS)
     k_smem = _allocate_sections(k_descs, STAGES)
+    v_smem = _allocate_sections(v_descs, V_STAGES)
     q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if KV_RING:
-        v_smem = k_smem
-        v_bar = k_bar
-    else:
-        v_smem = _allocate_sections(v_descs, V_STAGES)
-        v_bar = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
+    v_bar = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     RELEASES: gl.constexpr = STAGES + V_STAGES if V_STAGES != STAGES else STAGES
     empty_bar = gl.allocate_shared_memory(gl.int64, [RELEASES, 1], mbarrier.MBarrierLayout())
     for part in gl.static_range(CONSUMERS):
         mbarrier.init(q_bar.index(part), count=1)
     for stage in gl.static_range(STAGES):
         mbarrier.init(k_bar.index(stage), count=1)
-        if V_STAGES == STAGES and not KV_RING:
+        if V_STAGES == STAGES:
             mbarrier.init(v_bar.index(stage), count=1)
         mbarrier.init(empty_bar.index(stage), count=CONSUMERS)  # released by every consumer warpgroup
     if V_STAGES != STAGES:
@@ -245,49 +237,32 @@ def _fwd_shared_buffers(q_descs, k_descs, v_descs, STAGES: gl.constexpr, V_STAGE
 
 @gluon.jit
 def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, first_block, n_blocks, KV_RING: gl.constexpr = False):
+               kv_col0, first_block, n_blocks):
     """FA2 Alg. 1 line 4 (Q_i, as one 64-row part a consumer) and line 7 (K_j, V_j of key blocks first_block ..
     first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
-    every consumer has released (empty_bar counts them; with `_split_release` or KV_RING, K's and V's apart).
+    every consumer has released (empty_bar counts them; with `_split_release`, K's and V's apart).
     Descriptors and tiles are tuples of head-dim sections (`_head_sections`)."""
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     STAGES: gl.constexpr = k_smem[0].type.shape[0]
     V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     CONSUMERS: gl.constexpr = q_smem[0].type.shape[0]
-    V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
     for part in gl.static_range(CONSUMERS):
         _expect_sections(q_bar.index(part), q_desc)
         _load_sections(q_desc, q_row + part * q_desc[0].block_type.shape[0], col0, q_bar.index(part),
                        _at(q_smem, part))
     for i in range(n_blocks):
+        stage = i % STAGES
         # a fresh mbarrier counts as having completed the phase before its first, so the first
         # STAGES waits pass at once
-        k_item = _ring_item(i, False, KV_RING)
-        stage = k_item % STAGES
-        mbarrier.wait(empty_bar.index(stage), ((k_item // STAGES) & 1) ^ 1)
+        mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
         row = kv_row0 + (first_block + i) * BLOCK_N
         _expect_sections(k_bar.index(stage), k_desc)
         _load_sections(k_desc, row, kv_col0, k_bar.index(stage), _at(k_smem, stage))
-        v_item = _ring_item(i, True, KV_RING)
-        v_stage = v_item % V_STAGES
-        if _split_release(empty_bar, k_smem[0]) or KV_RING:
-            mbarrier.wait(empty_bar.index(V_FIRST + v_stage), ((v_item // V_STAGES) & 1) ^ 1)
+        v_stage = i % V_STAGES
+        if _split_release(empty_bar, k_smem[0]):
+            mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
         _expect_sections(v_bar.index(v_stage), v_desc)
         _load_sections(v_desc, row, kv_col0, v_bar.index(v_stage), _at(v_smem, v_stage))
-
-
-@gluon.jit
-def _ring_item(i, IS_V: gl.constexpr, KV_RING: gl.constexpr):
-    """Which load of its ring the loop's i-th key block's K (or, IS_V, V) is: the i-th, or with KV_RING
-    (K and V in one ring, in turn) the (2i)-th or (2i + 1)-th. Load n takes stage n % the ring's
-    stages, in phase (n // stages) & 1."""
-    if KV_RING:
-        if IS_V:
-            return 2 * i + 1
-        else:
-            return 2 * i
-    else:
-        return i
 
 
 @gluon.constexpr_function
@@ -322,25 +297,15 @@ def _p_operand(p, acc, dtype: gl.constexpr):
 
 @gluon.jit
 def _held_p(p, acc, dtype: gl.constexpr, EARLY: gl.constexpr):
-    """P~ as the key loop holds it until the next block's P~ V: with EARLY (`_p_converted_early`: three
-    consumers, or two with wide tiles) already the A operand (`_p_operand`), made once the block
-    before's P~ V is waited for, as FA3 does, so that the float32 P~ and the next S never hold
-    registers together; else in float32, converted by `_pv_matmul` after the next S is issued (off
-    that issue's path; two consumers' 240 registers hold both)."""
+    """P~ as the key loop holds it until the next block's P~ V: with EARLY (three consumers, 160
+    registers a thread) already the A operand (`_p_operand`), made once the block before's P~ V is
+    waited for, as FA3 does, so that the float32 P~ and the next S never hold registers together;
+    else in float32, converted by `_pv_matmul` after the next S is issued (off that issue's path;
+    two consumers' 240 registers hold both)."""
     if EARLY:
         return _p_operand(p, acc, dtype)
     else:
         return p
-
-
-@gluon.constexpr_function
-def _p_converted_early(consumers, v_ring, block_n):
-    """`_held_p`'s EARLY: with three consumers (160 registers a thread), or with two where a thread's
-    O (head dim / 2 float32), S and a float32 P~ (block_n / 2 each) would take more than 192 of their
-    240 registers (head dim 192 in 128-key blocks: ptxas spills over a kilobyte holding them);
-    `v_ring`: V's ring, a tuple of head-dim sections."""
-    head_dim = sum(section.type.shape[2] for section in v_ring)
-    return consumers == 3 or head_dim // 2 + block_n > 192
 
 
 @gluon.jit
@@ -419,12 +384,11 @@ def _pass_turn(turn_bar, PART: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout: gl.constexpr, PART: gl.constexpr,
-                     PINGPONG: gl.constexpr, bias=None, KV_RING: gl.constexpr = False):
+                     PINGPONG: gl.constexpr, bias=None):
     """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
     unscaled, waited for, through `_s_matmul`, issued in its turn: `_await_turn`), then K_0's stage
-    released where K's stages are released apart from V's (`_split_release`, KV_RING): (m, l, O, the
-    zero accumulator every S matmul starts from, S). Q's tiles, K's rings and O are tuples of head-dim
-    sections (`_head_sections`)."""
+    released: (m, l, O, the zero accumulator every S matmul starts from, S). Q's tiles, K's rings
+    and O are tuples of head-dim sections (`_head_sections`)."""
     ROWS: gl.constexpr = q_buf[0].type.shape[0]
     BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -438,37 +402,35 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout:
     s_tok = _s_matmul(q_buf, _at(k_smem, 0), s_init, bias)
     _pass_turn(turn_bar, PART, PINGPONG)
     s = warpgroup_mma_wait(0, deps=[s_tok])
-    if _split_release(empty_bar, k_smem[0]) or KV_RING:
+    if _split_release(empty_bar, k_smem[0]):
         mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
     return m_i, l_i, acc, s_init, s
 
 
 @gluon.jit
 def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, s_init,
-                       PART: gl.constexpr, PINGPONG: gl.constexpr, bias=None, KV_RING: gl.constexpr = False):
+                       PART: gl.constexpr, PINGPONG: gl.constexpr, bias=None):
     """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
     in flight; waits for S_j (wgmma groups complete in order; with two head-dim sections the wait
     also takes P~ V's first, leaving its second in flight), so the caller's line 9 for block j runs
     under P~ V. Both matmuls are issued in the consumer's i-th turn (`_await_turn`). Returns S_j, P~ V's accumulator tokens and A operand,
-    and the empty barrier of block j - 1's V stage (with `_split_release` or KV_RING, K_j's is
-    released here, S_j done)."""
+    and the empty barrier of block j - 1's V stage (with `_split_release`, K_j's is released here,
+    S_j done)."""
     STAGES: gl.constexpr = k_smem[0].type.shape[0]
     V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
-    V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
-    k_item = _ring_item(i, False, KV_RING)
-    stage = k_item % STAGES
-    v_item = _ring_item(i - 1, True, KV_RING)
-    prev = v_item % V_STAGES
-    mbarrier.wait(k_bar.index(stage), (k_item // STAGES) & 1)
+    stage = i % STAGES
+    prev = (i - 1) % V_STAGES
+    mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
     _await_turn(turn_bar, i, PART, PINGPONG)
     s_tok = _s_matmul(q_buf, _at(k_smem, stage), s_init, bias)
-    mbarrier.wait(v_bar.index(prev), (v_item // V_STAGES) & 1)
+    mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
     acc_tok, p_op = _pv_matmul(p, _at(v_smem, prev), acc)
     _pass_turn(turn_bar, PART, PINGPONG)
     s = warpgroup_mma_wait(1, deps=[s_tok])
-    if _split_release(empty_bar, k_smem[0]) or KV_RING:
+    if _split_release(empty_bar, k_smem[0]):
         mbarrier.arrive(empty_bar.index(stage), count=1)  # K_j read
-    return s, acc_tok, p_op, V_FIRST + prev
+        prev = STAGES + prev
+    return s, acc_tok, p_op, prev
 
 
 @gluon.jit
@@ -505,13 +467,12 @@ def _pin_softmax(l_i, pin_buf, PART: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
 
 
 @gluon.jit
-def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, KV_RING: gl.constexpr = False):
+def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar):
     """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
     V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
-    v_item = _ring_item(n_blocks - 1, True, KV_RING)
-    last = v_item % V_STAGES
-    mbarrier.wait(v_bar.index(last), (v_item // V_STAGES) & 1)
+    last = (n_blocks - 1) % V_STAGES
+    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // V_STAGES) & 1)
     acc_tok, p_op = _pv_matmul(p, _at(v_smem, last), acc)
     acc = _pv_wait(acc_tok, p_op)
     mbarrier.arrive(empty_bar.index(V_FIRST + last), count=1)
@@ -534,18 +495,18 @@ def _store_output(out, l_i, q_buf, o_desc, row, col0):
 
 @gluon.jit
 def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                    PART: gl.constexpr, KV_RING: gl.constexpr):
+                    PART: gl.constexpr):
     """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
      kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
      full_lo, full_hi, kx_smem, turn_bar, pin_buf) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, first_block, n_blocks, KV_RING)
+               kv_col0, first_block, n_blocks)
 
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr, KV_RING: gl.constexpr):
+                       PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1 (_softmax_loop), then lines 12-15."""
@@ -567,7 +528,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n_f = offs_n.to(gl.float32)
     acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale,
                                   mods, window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout,
-                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG, PIN_SOFTMAX, KV_RING)
+                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG, PIN_SOFTMAX)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
@@ -580,15 +541,15 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
 def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale, mods, window,
                   offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                  PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr, KV_RING: gl.constexpr):
+                  PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, the matmuls issued in turns with PINGPONG
     (`_await_turn`), the softmax held before P~ V's wait with PIN_SOFTMAX (`_pin_softmax`): the
     unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
+    EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
     BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
-    EARLY_P: gl.constexpr = _p_converted_early(q_bar.type.shape[0], v_smem, BLOCK_N)
     if ALIBI_MMA:  # ALiBi's (A, B) tiles, and its key term's per-block part: slope * log2(e) * (j0 - row0)
         bias = (_alibi_query_tile(mods[1], qk_scale, k_smem[0].dtype,
                                   gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)),
@@ -597,7 +558,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
         bias = None
     # lines 5 and 8 for key block 0, then line 9
     m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout, PART,
-                                                PINGPONG, bias, KV_RING)
+                                                PINGPONG, bias)
     if ALIBI_MMA:
         p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (-mods[2]).to(gl.float32), offs_m,
                                                  offs_n, 0, window[3], BLOCK_N)
@@ -610,7 +571,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
-                                                    acc, s_init, PART, PINGPONG, bias, KV_RING)
+                                                    acc, s_init, PART, PINGPONG, bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
                                                      offs_m, offs_n, i, window[3], BLOCK_N)
@@ -622,7 +583,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
         _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
         p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, KV_RING)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
     return acc, l_i, m_i
 
 
@@ -645,7 +606,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
                              PINGPONG: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
-                             PIN_SOFTMAX: gl.constexpr = False, KV_RING: gl.constexpr = False):
+                             PIN_SOFTMAX: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; PINGPONG: the
     consumers issue their matmuls in turns (`_await_turn`); GROUP_SHIFT: causal programs start
@@ -689,7 +650,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
         alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
 
     q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(
-        q_desc, k_desc, v_desc, STAGES, V_STAGES, CONSUMERS, KV_RING)
+        q_desc, k_desc, v_desc, STAGES, V_STAGES, CONSUMERS)
     if _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI):
         kx_smem = gl.allocate_shared_memory(q_desc[0].dtype, [BLOCK_N, 16],
                                             gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
@@ -708,14 +669,14 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # two consumers 240 a thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, KV_RING)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, KV_RING)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX, KV_RING)),
-            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, KV_RING)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX)),
+            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, KV_RING)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, KV_RING)),
-            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, KV_RING)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX)),
+            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])

@@ -20,7 +20,6 @@ from .fwd import (
     _fwd_rescale,
     _fwd_shared_buffers,
     _held_p,
-    _p_converted_early,
     _load_q_kv,
     _online_softmax,
     _pin_buffer,
@@ -48,18 +47,18 @@ def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from
 
 
 @gluon.jit
-def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, KV_RING: gl.constexpr):
+def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
     """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
      col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
      turn_bar, pin_buf) = args
     _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, 0, n_blocks, KV_RING)
+               kv_col0, 0, n_blocks)
 
 
 @gluon.jit
 def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
-                              PIN_SOFTMAX: gl.constexpr, KV_RING: gl.constexpr):
+                              PIN_SOFTMAX: gl.constexpr):
     """_softmax_partition for one sequence of a packed batch: rows [start_m + PART * 64, + 64) of
     the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
     one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
@@ -78,20 +77,20 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
     offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout, PART,
-                                                PINGPONG, None, KV_RING)
+                                                PINGPONG)
     p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
                                               BLOCK_N, CAUSAL)
-    EARLY_P: gl.constexpr = _p_converted_early(q_bar.type.shape[0], v_smem, BLOCK_N)
+    EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
-                                                    acc, s_init, PART, PINGPONG, None, KV_RING)
+                                                    acc, s_init, PART, PINGPONG)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
         _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
         p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar, KV_RING)
+    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
 
     # lines 12-15; a row that saw no key: O = 0, L = +inf
     empty = l_i == 0.0
@@ -126,15 +125,14 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                     qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
                                     CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
-                                    PIN_SOFTMAX: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
-                                    KV_RING: gl.constexpr = False):
+                                    PIN_SOFTMAX: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
     has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS, PINGPONG, PIN_SOFTMAX, KV_RING and GROUP_SHIFT (the causal programs'
+    query block does nothing. CONSUMERS, PINGPONG, PIN_SOFTMAX and GROUP_SHIFT (the causal programs'
     launch order over groups of sequence x head rows, `_fwd_program`) as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
@@ -162,22 +160,22 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
         kv_col0 = (h // kv_group) * HEAD_DIM
         lse_row0 = h.to(gl.int64) * stride_lse_h + b.to(gl.int64) * stride_lse_b + q_start
         q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
-                                                                                     V_STAGES, CONSUMERS, KV_RING)
+                                                                                     V_STAGES, CONSUMERS)
         args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
                 q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
                 stride_o, qk_scale, _turn_barriers(q_bar, CONSUMERS, PINGPONG),
                 _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
         if CONSUMERS == 3:  # registers as the dense kernel's
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, KV_RING)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, KV_RING)),
-                (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, PIN_SOFTMAX, KV_RING)),
-                (_varlen_load_partition, (args, CAUSAL, 0, KV_RING)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX)),
+                (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, PIN_SOFTMAX)),
+                (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 4, 1], [160, 160, 24])
         else:
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, KV_RING)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, KV_RING)),
-                (_varlen_load_partition, (args, CAUSAL, 0, KV_RING)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX)),
+                (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 1], [240, 24])
 
