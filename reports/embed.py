@@ -714,6 +714,7 @@ SECTIONS = {
         H100 / "decisions" / "gluon_forward_half_key_blocks.csv", "the table's key blocks",
         "half as many keys a block (hopper_gluon_block_n)"),
     "gluon_forward_extra_keys_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_extra_keys.csv"),
+    "gluon_forward_kv_ring_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_kv_ring.csv"),
     "gluon_backward_d64_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_d64.csv",
                                                              "Triton dK/dV, then Triton dQ",
                                                              "Gluon dK/dV adding dQ in turns"),
