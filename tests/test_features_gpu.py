@@ -162,6 +162,69 @@ def test_gpu_gluon_backward_adds_dq_in_turns_at_head_dims_64_and_96(headdim, cas
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
+# head dim 64 on 128-row query steps (BwdConfig.hopper_gluon_block_m): the dense dK/dV kernel's cases
+# (whole 128-row blocks, equal lengths), (heads, kv_heads, seqlen) and flash_attn_func's keywords
+ROWS_128_CASES = {
+    "full": (4, 4, 1024, {"causal": False}),
+    "causal": (4, 4, 2048, {"causal": True}),
+    "gqa-causal": (8, 2, 1024, {"causal": True}),
+    "mqa": (4, 1, 1152, {"causal": False}),  # 9 query steps: an odd count
+    "window-causal": (4, 4, 1024, {"causal": True, "window": (300, 0)}),
+    "window-two-sided": (4, 4, 1024, {"causal": False, "window": (200, 100)}),
+    "softcap-causal": (4, 4, 1024, {"causal": True, "softcap": 0.5}),
+    "alibi-causal-gqa": (8, 2, 1024, {"causal": True, "alibi": "heads"}),
+}
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(ROWS_128_CASES))
+def test_gpu_gluon_backward_on_128_row_query_steps(case, dtype):
+    """Head dim 64 on the Gluon dK/dV kernel with 128-row query steps (BwdConfig.hopper_gluon_block_m
+    128, FA3's and FA4's tile there): each consumer's S^T and dP^T are 64 x 128 and it adds dQ for
+    its own 64 of a step's rows every step (bwd._dq_by_rows), so every query row's dQ must reach the
+    accumulator once from each key block; dense, GQA/MQA, windows, softcap and ALiBi, against
+    float64, on that kernel (asserted)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    heads, kv_heads, seqlen, spec = ROWS_128_CASES[case]
+    spec = dict(spec)
+    if spec.pop("alibi", None) is not None:
+        spec["alibi"] = torch.rand(heads, device="cuda") * 0.25
+    like_q = torch.empty(2, seqlen, heads, 64, device="cuda", dtype=dtype)
+    like_k = torch.empty(2, seqlen, kv_heads, 64, device="cuda", dtype=dtype)
+    config = dataclasses.replace(default_bwd_config(64, like_q.device), hopper_gluon_block_m=128)
+    assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q, _case_features(spec)) == \
+        dispatch.GluonPath.DENSE
+    assert dispatch.bwd_gluon_fuses_dq(config, 64)
+    check_dense(2, seqlen, seqlen, heads, kv_heads, 64, dtype, device="cuda", bwd_config=config, **spec)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_gluon_backward_on_128_row_query_steps_with_dropout(causal):
+    """Dropout's backward on 128-row query steps (head dim 64, GQA): the keep-mask redrawn for the
+    step's 128 rows (kernels/hopper/dropout.py) matches the forward's that `return_attn_probs`
+    reports; out and the gradients against float64 under it, on the Gluon kernel (asserted)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    q, k, v = (torch.randn(2, 1024, h, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for h in (8, 2, 2))
+    dout = torch.randn_like(q)
+    bwd_config = dataclasses.replace(default_bwd_config(64, q.device), hopper_gluon_block_m=128)
+    features = Features(dropout_p=0.15, rng_seed=torch.zeros(2, dtype=torch.int64, device="cuda"))
+    assert dispatch.bwd_dkdv_path(bwd_config, q, k, v, q, features) == dispatch.GluonPath.DENSE
+    torch.manual_seed(0)
+    out, _, probs = flash_attn_func(q, k, v, dropout_p=0.15, causal=causal, return_attn_probs=True,
+                                    bwd_config=bwd_config)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    keep = ~torch.signbit(probs)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = attention_reference(q64, k64, v64, None, causal, dropout_p=0.15, dropout_keep=keep)[0]
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), dout.double())
+    assert_dropout_close((out, *grads), (ref, *ref_grads), torch.bfloat16)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, keys a block) on 192 query rows
 THREE_CONSUMER_CASES = {
     "d64-dense": (2, 3072, 3072, 3, 3, 64, False, 128),  # whole 192-row and 128-key blocks: the dense kernel
