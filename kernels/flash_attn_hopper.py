@@ -437,16 +437,17 @@ def backward_query_rows(config: BwdConfig, headdim: int) -> int:
 
 
 def dq_first(config: BwdConfig, kv_group: int, flags: dict, headdim: int = 128) -> bool:
-    """Whether the fused dQ's matmul goes before dK's (the dK/dV kernels' DQ_FIRST): never at head
-    dims 64 and 96, where the consumers compute dQ in turns (bwd._dq_in_turns) after dK; at the wide
+    """Whether the fused dQ's matmul goes before dK's (the dK/dV kernels' DQ_FIRST): never on 64-row
+    steps at head dims 64 and 96, where the consumers compute dQ in turns (bwd._dq_in_turns) after dK; at the wide
     head dims (WIDE_BWD_HEAD_DIMS: 192, bwd_wide.py, where the dP warpgroup then issues dQ's
     matmuls before dV's and dK's and stages dQ while they run) unless config.hopper_gluon_dq_first
-    is False: faster or level there (gluon_backward_dq_first_d192.csv); at 128 as config.hopper_gluon_dq_first says,
+    is False: faster or level there (gluon_backward_dq_first_d192.csv); at 128, and at 64 on 128-row
+    steps (each consumer's own rows' dQ), as config.hopper_gluon_dq_first says,
     or where it is None with GQA/MQA, a window or ALiBi, where it measured faster; dense MHA
     measured level or slower (docs/performance.md)."""
     if headdim in WIDE_BWD_HEAD_DIMS:
         return config.hopper_gluon_dq_first is not False
-    if headdim != 128:  # in turns
+    if headdim != 128 and backward_query_rows(config, headdim) == BWD_BLOCK_M:  # in turns
         return False
     if config.hopper_gluon_dq_first is not None:
         return config.hopper_gluon_dq_first

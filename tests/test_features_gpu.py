@@ -183,8 +183,9 @@ def test_gpu_gluon_backward_on_128_row_query_steps(case, dtype):
     """Head dim 64 on the Gluon dK/dV kernel with 128-row query steps (BwdConfig.hopper_gluon_block_m
     128, FA3's and FA4's tile there): each consumer's S^T and dP^T are 64 x 128 and it adds dQ for
     its own 64 of a step's rows every step (bwd._dq_by_rows), so every query row's dQ must reach the
-    accumulator once from each key block; dense, GQA/MQA, windows, softcap and ALiBi, against
-    float64, on that kernel (asserted)."""
+    accumulator once from each key block; dense, GQA/MQA, windows, softcap and ALiBi (dQ's matmul
+    issued after dK's for dense MHA, before it with GQA, a window or ALiBi: flash_attn_hopper.dq_first),
+    against float64, on that kernel (asserted)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     heads, kv_heads, seqlen, spec = ROWS_128_CASES[case]
