@@ -124,10 +124,6 @@ class BwdConfig:
     # "packed" (every sequence's on one axis, FA3's padded offsets) or "auto" (packed where the
     # longest grid would be more than half empty, where it measured faster).
     hopper_gluon_varlen_grid: str = "auto"
-    # Query rows per step of that kernel (bwd.py's, dense calls): 64, or 128 at head dim 64, FA3's
-    # and FA4's tile there (flash_attn_hopper.backward_query_rows); each consumer then computes dQ
-    # for its own 64 of a step's rows.
-    hopper_gluon_block_m: int = 64
     # Whether calls with dropout take that kernel (dense calls on its grid, dQ fused, head dims 64
     # to 128), redrawing the forward's keep-mask (kernels/hopper/dropout.py), or the Triton backward.
     hopper_gluon_dropout: bool = False

@@ -62,7 +62,6 @@ from .hopper.shared import (
     BLOCK_M,
     BLOCK_N,
     BWD_BLOCK_M,
-    BWD_BLOCK_MS,
     BWD_BLOCK_N,
     BWD_HEAD_DIMS,  # noqa: F401 -- the scope dispatch.py checks
     BWD_MAX_KEY_BLOCKS,
@@ -153,11 +152,11 @@ def _section_descriptors(describe, tensors, rows, head_dim: int) -> tuple[list, 
     return first + [describe(t, r, sections[1]) for t, r in zip(tensors, rows)], {"HEAD_SPLIT": True}
 
 
-def _stats_template(rows: int, seqlen: int, block_m: int = BWD_BLOCK_M) -> TensorDescriptor:
+def _stats_template(rows: int, seqlen: int) -> TensorDescriptor:
     """A descriptor template (descriptor_like gives it its tensor) of the (batch x heads, seqlen)
-    view of a contiguous (batch, heads, seqlen) float32 L or D, one block_m-query row per tile."""
+    view of a contiguous (batch, heads, seqlen) float32 L or D, one BWD_BLOCK_M-query row per tile."""
     template = object.__new__(TensorDescriptor)
-    template.__dict__.update(base=None, shape=[rows, seqlen], strides=[seqlen, 1], block_shape=[1, block_m],
+    template.__dict__.update(base=None, shape=[rows, seqlen], strides=[seqlen, 1], block_shape=[1, BWD_BLOCK_M],
                              layout=_stats_layout(), padding="zero")
     return template
 
@@ -170,16 +169,15 @@ def _register_order_descriptor(dq_accum: torch.Tensor, box=DQ_REGISTER_BOX) -> T
                             _fp32_tile_layout_unswizzled())
 
 
-def _backward_descriptors(describe, q, k, v, do, dk, dv, dq_accum, block_m: int = BWD_BLOCK_M) -> tuple[list, list, dict]:
+def _backward_descriptors(describe, q, k, v, do, dk, dv, dq_accum) -> tuple[list, list, dict]:
     """The dK/dV kernels' fourteen descriptor arguments (made by `describe`: _row_descriptor or
     _packed_descriptor): q, k, v, do, dk, dv and dQ's accumulator (without one, dk's in its place,
     not read), then their tail sections' (head_sections; dQ's the [8, 256] boxes of its 64 x 32
-    tiles), or placeholders the kernel does not read where the head dim is one section; Q and dO
-    in tiles of block_m query rows. Returns the first seven, the tails (None for placeholders) and
-    the kernel's HEAD_SPLIT constexpr."""
+    tiles), or placeholders the kernel does not read where the head dim is one section. Returns
+    the first seven, the tails (None for placeholders) and the kernel's HEAD_SPLIT constexpr."""
     headdim = q.shape[-1]
     sections = head_sections(headdim)
-    rows = (block_m, BWD_BLOCK_N // 2, BWD_BLOCK_N // 2, block_m, BWD_BLOCK_N // 2, BWD_BLOCK_N // 2)
+    rows = (BWD_BLOCK_M, BWD_BLOCK_N // 2, BWD_BLOCK_N // 2, BWD_BLOCK_M, BWD_BLOCK_N // 2, BWD_BLOCK_N // 2)
     tensors = (q, k, v, do, dk, dv)
     first = [describe(t, r, sections[0]) for t, r in zip(tensors, rows)]
     first.append(_register_order_descriptor(dq_accum) if dq_accum is not None else first[4])
@@ -423,31 +421,17 @@ def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: i
     return width, n_blocks, pairs // width
 
 
-def backward_query_rows(config: BwdConfig, headdim: int) -> int:
-    """Query rows per step of bwd.py's dK/dV kernel (BwdConfig.hopper_gluon_block_m): 64, or 128 at
-    head dim 64 (FA3's and FA4's 128 x 128 tile there), where each consumer's S^T and dP^T are 64
-    x 128 and it computes dQ for its own 64 of the step's rows (bwd._dq_by_rows). Wider heads keep
-    64: their dK and dV accumulators leave no registers for 128-column scores."""
-    rows = config.hopper_gluon_block_m
-    if rows not in BWD_BLOCK_MS:
-        raise ValueError(f"hopper_gluon_block_m must be one of {BWD_BLOCK_MS}, got {rows}")
-    if rows != BWD_BLOCK_M and headdim != 64:
-        raise ValueError(f"hopper_gluon_block_m {rows} is taken at head dim 64 only, got head dim {headdim}")
-    return rows
-
-
 def dq_first(config: BwdConfig, kv_group: int, flags: dict, headdim: int = 128) -> bool:
-    """Whether the fused dQ's matmul goes before dK's (the dK/dV kernels' DQ_FIRST): never on 64-row
-    steps at head dims 64 and 96, where the consumers compute dQ in turns (bwd._dq_in_turns) after dK; at the wide
+    """Whether the fused dQ's matmul goes before dK's (the dK/dV kernels' DQ_FIRST): never at head
+    dims 64 and 96, where the consumers compute dQ in turns (bwd._dq_in_turns) after dK; at the wide
     head dims (WIDE_BWD_HEAD_DIMS: 192, bwd_wide.py, where the dP warpgroup then issues dQ's
     matmuls before dV's and dK's and stages dQ while they run) unless config.hopper_gluon_dq_first
-    is False: faster or level there (gluon_backward_dq_first_d192.csv); at 128, and at 64 on 128-row
-    steps (each consumer's own rows' dQ), as config.hopper_gluon_dq_first says,
+    is False: faster or level there (gluon_backward_dq_first_d192.csv); at 128 as config.hopper_gluon_dq_first says,
     or where it is None with GQA/MQA, a window or ALiBi, where it measured faster; dense MHA
     measured level or slower (docs/performance.md)."""
     if headdim in WIDE_BWD_HEAD_DIMS:
         return config.hopper_gluon_dq_first is not False
-    if headdim != 128 and backward_query_rows(config, headdim) == BWD_BLOCK_M:  # in turns
+    if headdim != 128:  # in turns
         return False
     if config.hopper_gluon_dq_first is not None:
         return config.hopper_gluon_dq_first
@@ -466,9 +450,8 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     fused, a zeroed float32 tensor contiguous like q (head dim 64, 96, 128 or 192), which the kernel
     fills in register order (dq_cast.dq_from_accumulator reads it). At the wide head dims
     (WIDE_BWD_HEAD_DIMS: 192) the launch is bwd_wide.py's kernel, dQ fused and no feature.
-    `config`'s hopper_gluon_dq_first (`dq_first`), hopper_gluon_head_section and
-    hopper_gluon_block_m (`backward_query_rows`) pick the schedule, the launch order and the query
-    steps."""
+    `config`'s hopper_gluon_dq_first (`dq_first`) and hopper_gluon_head_section pick the schedule
+    and the launch order."""
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
     fused = dq_accum is not None
@@ -483,10 +466,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     if wide and (any(flags.values()) or not fused):
         raise ValueError(f"the Gluon backward at head dim {headdim} (bwd_wide.py) fuses dQ and takes no window, "
                          "softcap or ALiBi")
-    block_m = BWD_BLOCK_M if wide else backward_query_rows(config, headdim)
-    if seqlen % block_m:
-        raise ValueError(f"the dense dK/dV kernel takes whole {block_m}-row query steps, got seqlen {seqlen}")
-    first, tails, split_constexprs = _backward_descriptors(_row_descriptor, q, k, v, do, dk, dv, dq_accum, block_m)
+    first, tails, split_constexprs = _backward_descriptors(_row_descriptor, q, k, v, do, dk, dv, dq_accum)
     head_split = split_constexprs["HEAD_SPLIT"]
     kv_group = heads // kv_heads
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch): Q, K, V, dO,
@@ -495,7 +475,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     # in their place, not read), then L and D (seqlen is a multiple of BWD_BLOCK_N: their rows are
     # aligned)
     descriptors = {i: descriptor_template(d) for i, d in enumerate(first + tails) if d is not None}
-    descriptors[14] = descriptors[15] = _stats_template(batch * heads, seqlen, block_m)
+    descriptors[14] = descriptors[15] = _stats_template(batch * heads, seqlen)
     grid = bwd_grid(seqlen // bwd_key_block(headdim), batch * kv_heads, kv_group, seqlen, headdim, q.element_size(),
                     q.device, config.hopper_gluon_head_section)
     if wide:

@@ -718,6 +718,8 @@ SECTIONS = {
     "gluon_backward_d64_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_d64.csv",
                                                              "Triton dK/dV, then Triton dQ",
                                                              "Gluon dK/dV adding dQ in turns"),
+    "gluon_backward_d64_128_rows_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_d64_128_rows.csv"),
     "gluon_backward_d96_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_d96.csv",
                                                              "Triton dK/dV, then Triton dQ",
                                                              "Gluon dK/dV in two head-dim sections, dQ in turns"),

@@ -1097,35 +1097,6 @@ def test_the_gluon_backward_takes_its_schedule_and_launch_order_from_the_config(
     assert launch["grid"] == (2, 2, 4)  # sections of 2 of the 8 (batch, kv head) pairs, 2 key blocks each
 
 
-@pytest.mark.parametrize("rows", [64, 128])
-def test_head_dim_64_takes_the_query_steps_its_config_asks_for(rows, monkeypatch):
-    """BwdConfig.hopper_gluon_block_m at head dim 64: the dense dK/dV plan's Q and dO tiles and its
-    rows of L and D span that many queries, K and V 64 keys a consumer (recorded on the CPU); other
-    values, and 128 rows at another head dim, are refused by name."""
-    from kernels import flash_attn_hopper as hopper
-
-    launches = _RecordedLaunches()
-    monkeypatch.setattr(hopper, "_bwd_dkdv_launcher", launches)
-    q, k, v, do = (torch.randn(2, 256, 4, 64, dtype=torch.bfloat16) for _ in range(4))
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dq_acc = torch.zeros(q.shape, dtype=torch.float32)
-    lse, delta = torch.randn(2, 4, 256), torch.randn(2, 4, 256)
-    config = dataclasses.replace(HOPPER_BWD_CONFIGS[64], hopper_gluon_block_m=rows)
-    plan = hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, True, config)
-    plan(q, k, v, do, lse, delta, dk, dv, dq_acc, 0.1)
-    (launch,) = launches
-    args = launch["args"]
-    assert [args[i].block_shape for i in (0, 1, 2, 3)] == [[rows, 64], [64, 64], [64, 64], [rows, 64]]
-    assert [args[i].block_shape for i in (14, 15)] == [[1, rows], [1, rows]]
-    assert launch["grid"] == (8, 2, 1) and launch["FUSED_DQ"]
-    with pytest.raises(ValueError, match="hopper_gluon_block_m must be one of"):
-        hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, True,
-                                         dataclasses.replace(config, hopper_gluon_block_m=192))
-    with pytest.raises(ValueError, match="head dim 64 only"):
-        hopper.backward_query_rows(dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_block_m=128), 128)
-    assert hopper.backward_query_rows(HOPPER_BWD_CONFIGS[128], 128) == 64
-
-
 @pytest.mark.parametrize("dq_first", [None, True, False])
 def test_head_dim_192_launches_the_kernel_for_wide_heads(dq_first, monkeypatch):
     """The dense Gluon dK/dV plan at head dim 192 launches bwd_wide.py's kernel (recorded on the

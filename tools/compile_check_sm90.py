@@ -122,18 +122,16 @@ def dq_descriptor_type(tail: bool = False) -> str:
     return f"tensordesc<fp32[{rows},{cols}],{hopper._fp32_tile_layout_unswizzled()!r}>"
 
 
-def backward_section_signature(headdim: int, fused_dq: bool, dtype: str, block_m: int | None = None) -> dict:
+def backward_section_signature(headdim: int, fused_dq: bool, dtype: str) -> dict:
     """The dK/dV kernels' fourteen descriptor arguments' types: q, k, v, do, dk, dv tiles of the
     first head-dim section and dQ's accumulator (without the fused dQ, dK's in its place), then of
     the tail (flash_attn_hopper.head_sections), or the logsumexp's pointer in their place where
-    there is none (as the launches pass them); Q and dO in tiles of `block_m` rows (BWD_BLOCK_M
-    where None)."""
+    there is none (as the launches pass them)."""
     from kernels import flash_attn_hopper as hopper
 
     sections = hopper.head_sections(headdim)
-    block_m = block_m or hopper.BWD_BLOCK_M
-    rows = {"q": block_m, "k": hopper.BWD_BLOCK_N // 2, "v": hopper.BWD_BLOCK_N // 2,
-            "do": block_m, "dk": hopper.BWD_BLOCK_N // 2, "dv": hopper.BWD_BLOCK_N // 2}
+    rows = {"q": hopper.BWD_BLOCK_M, "k": hopper.BWD_BLOCK_N // 2, "v": hopper.BWD_BLOCK_N // 2,
+            "do": hopper.BWD_BLOCK_M, "dk": hopper.BWD_BLOCK_N // 2, "dv": hopper.BWD_BLOCK_N // 2}
 
     def section(width: int, tail: bool) -> dict:
         tiles = {name: gluon_descriptor_type(r, width, dtype) for name, r in rows.items()}
@@ -291,26 +289,22 @@ def section_signature(sections: tuple, block_n: int, dtype: str) -> dict:
 
 
 def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128, fused_dq: bool = False,
-                            dropout: bool = False, block_m: int | None = None, **flags: bool) -> str:
+                            dropout: bool = False, **flags: bool) -> str:
     """The Gluon dK/dV kernel (kernels/hopper/bwd.py) compiled for sm_90, with dQ fused (TMA
-    reduce-adds into a float32 accumulator) or not, in the schedule and query steps the table's
-    config gives it (backward_dkdv_hopper_plan) unless `block_m` (BwdConfig.hopper_gluon_block_m)
-    is given; `flags` as hopper_gluon_report's, `dropout` its DROPOUT."""
+    reduce-adds into a float32 accumulator) or not, in the schedule the table's config gives it
+    (backward_dkdv_hopper_plan); `flags` as hopper_gluon_report's, `dropout` its DROPOUT."""
     from kernels import flash_attn_hopper as hopper
 
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
-    config = HOPPER_BWD_CONFIGS[padded_headdim(headdim)]
-    block_m = block_m or hopper.backward_query_rows(config, headdim)
     schedule = {"DQ_FIRST": fused_dq and hopper.dq_first(HOPPER_BWD_CONFIGS[128], 1, flags, headdim),
                 "HEAD_SPLIT": len(hopper.head_sections(headdim)) == 2}
-    stats = f"tensordesc<fp32[1,{block_m}],{hopper._stats_layout()!r}>"
-    signature = {**backward_section_signature(headdim, fused_dq, dtype, block_m), "LSE": stats, "Delta": stats,
+    stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
+    signature = {**backward_section_signature(headdim, fused_dq, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
                  **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "FUSED_DQ": "constexpr",
                  "DROPOUT": "constexpr", **{name: "constexpr" for name in flags},
                  **{name: "constexpr" for name in schedule}}
     label = (f"d{headdim} causal={causal!s:5s} {dtype}" + (" fused dQ" if fused_dq else "")
-             + (f" {block_m}-row steps" if block_m != hopper.BWD_BLOCK_M else "")
              + feature_label({**flags, "DROPOUT": dropout}))
     return gluon_report(label, hopper._flash_bwd_dkdv_hopper_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq, "DROPOUT": dropout,
@@ -440,12 +434,6 @@ def main() -> None:
         for causal in (False, True):
             for headdim in (128, 96, 64):
                 emit(hopper_gluon_bwd_report(causal, headdim=headdim, fused_dq=True, dropout=True))
-        # head dim 64's dK/dV kernel on the query steps its table entry does not take
-        # (BwdConfig.hopper_gluon_block_m, 64 or 128 rows), dQ fused
-        table_rows = hopper.backward_query_rows(HOPPER_BWD_CONFIGS[64], 64)
-        for causal in (False, True):
-            emit(hopper_gluon_bwd_report(causal, headdim=64, fused_dq=True,
-                                         block_m=next(r for r in hopper.BWD_BLOCK_MS if r != table_rows)))
         # head dim 192's dQ matmuls after dV's and dK's, its tiles written out after them
         # (BwdConfig.hopper_gluon_dq_first=False; the table's None issues them first, built above)
         for causal in (False, True):

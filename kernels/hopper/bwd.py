@@ -45,46 +45,27 @@ from .shared import (
 )
 
 _DQ_TILE_COLS = 64
-_DQ_TILE_ROWS = 64
 DQ_COLS: gl.constexpr = gl.constexpr(_DQ_TILE_COLS)  # the columns of a consumer's dQ tile (DQ_REGISTER_TILE's)
-DQ_ROWS: gl.constexpr = gl.constexpr(_DQ_TILE_ROWS)  # and its rows
 
 
 @gluon.constexpr_function
-def _dq_by_rows(block_m):
-    """Whether each consumer computes dQ_i for its own 64 of the step's query rows, every step
-    (128-row query steps, head dim 64: FA3's split of dQ at that tile)."""
-    return block_m == 2 * _DQ_TILE_ROWS
-
-
-@gluon.constexpr_function
-def _dq_in_turns(head_dim, block_m):
+def _dq_in_turns(head_dim):
     """Whether the fused dQ's consumers take turns by query step, each computing every other step's
-    whole dQ_i (64-row steps at head dims 64 and 96: one tile, or a 64- and a 32-column one), rather
-    than each computing its half of every step's columns (head dim 128) or rows (_dq_by_rows)."""
-    return head_dim != 2 * _DQ_TILE_COLS and not _dq_by_rows(block_m)
+    whole dQ_i (head dims 64 and 96: one tile, or a 64- and a 32-column one), rather than each
+    computing its half of every step's columns (head dim 128)."""
+    return head_dim != 2 * _DQ_TILE_COLS
 
 
 @gluon.constexpr_function
-def _dq_fuses(head_dim, block_m):
-    """Whether the kernel can add dQ at this head dim and step: one or two 64-column tiles, or 64 +
-    32, on 64-row steps; one 64-column tile a consumer on 128-row steps."""
-    if _dq_by_rows(block_m):
-        return head_dim == _DQ_TILE_COLS
-    return block_m == _DQ_TILE_ROWS and head_dim in (_DQ_TILE_COLS, 2 * _DQ_TILE_COLS,
-                                                     _DQ_TILE_COLS + _DQ_TILE_COLS // 2)
+def _dq_fuses(head_dim):
+    """Whether the kernel can add dQ at this head dim: one or two 64-column tiles, or 64 + 32."""
+    return head_dim in (_DQ_TILE_COLS, 2 * _DQ_TILE_COLS, _DQ_TILE_COLS + _DQ_TILE_COLS // 2)
 
 
 @gluon.constexpr_function
-def _dq_first_col(head_dim, block_m, half):
-    """The first of dQ_i's columns a consumer computes (0 when it computes them all)."""
-    return 0 if _dq_in_turns(head_dim, block_m) or _dq_by_rows(block_m) else half * _DQ_TILE_COLS
-
-
-@gluon.constexpr_function
-def _dq_first_row(block_m, half):
-    """The first of the step's query rows whose dQ a consumer computes (0 when it computes them all)."""
-    return half * _DQ_TILE_ROWS if _dq_by_rows(block_m) else 0
+def _dq_first_col(head_dim, half):
+    """The first of dQ_i's columns a consumer computes (0 when it computes them all, in turns)."""
+    return 0 if _dq_in_turns(head_dim) else half * _DQ_TILE_COLS
 
 
 @gluon.jit
@@ -171,13 +152,13 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
         # each consumer's float32 dQ tiles for its reduce-adds, in the consumer's register order
         # (reinterpreted by _dq_tile_buffer)
         ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc[0].layout)
-        gl.static_assert(DQ_ROWS * DQ_COLS == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
-        gl.static_assert(_dq_fuses(HEAD_DIM, BLOCK_M))
-        first = gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, DQ_COLS], dq_desc[0].layout)
+        gl.static_assert(BLOCK_M * DQ_COLS == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
+        gl.static_assert(_dq_fuses(HEAD_DIM))
+        first = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS], dq_desc[0].layout)
         if len(dq_desc) == 1:
             dq_smem = (first,)
         else:
-            dq_smem = (first, gl.allocate_shared_memory(gl.float32, [2, DQ_ROWS, DQ_COLS // 2], dq_desc[1].layout))
+            dq_smem = (first, gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS // 2], dq_desc[1].layout))
         ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for parity in gl.static_range(2):
@@ -286,14 +267,11 @@ def _section_matmuls(a_op, b, acc):
 @gluon.jit
 def _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv, drop=None):
     """Line 12: dV_j += P^T dO_i; line 14: dS^T = P^T * (dP^T - D_i), under the dV matmul (delta:
-    D_i as a [1, BLOCK_M] row, or its shared-memory row, then read once dP^T is waited for, so that
-    its registers are not held beside P^T, its A operand and dP^T). With dropout, `drop` = (keep-mask, 1 / (1 - p)): p_op holds the
+    D_i as a [1, BLOCK_M] row). With dropout, `drop` = (keep-mask, 1 / (1 - p)): p_op holds the
     kept P^T scaled, and dP^T (of the dropped P) is the kept entries' scaled, FA2's dropout
     backward. Returns the dV matmuls in flight and dS^T in the inputs' dtype."""
     dv_tok = _section_matmuls(p_op, do_buf, dv)
     dp = warpgroup_mma_wait(len(dv), deps=[dp_tok])
-    if not isinstance(delta, gl.tensor):
-        delta = delta.load(p.type.layout)  # [1, BLOCK_M]
     if drop is not None:
         dp = gl.where(drop[0], dp * drop[1], 0.0)
     return dv_tok, (p * (dp - delta)).to(do_buf[0].dtype)
@@ -336,39 +314,23 @@ def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr):
 @gluon.jit
 def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
                 num_heads, HALF: gl.constexpr):
-    """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[this consumer's rows,
-    its columns] = dS K_j[:, columns] over both halves' keys (all columns in turns, _dq_in_turns;
-    all columns of its 64 rows, _dq_by_rows), scaled and added into the float32 accumulator behind
-    dq_desc (rows from q_row0) by TMA reduce-adds."""
-    BLOCK_M: gl.constexpr = ds_smem.type.shape[2]
-    HEAD_DIM: gl.constexpr = _ring_head_dim(k_smem)
+    """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
+    columns] = dS K_j[:, columns] over both halves' keys (all columns in turns, _dq_in_turns),
+    scaled and added into the float32 accumulator behind dq_desc (rows from q_row0) by TMA
+    reduce-adds."""
     dq_tok = _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
     dq = _bwd_wait_dq(0, dq_tok)
-    _bwd_reduce_dq(dq_desc, q_row0, m + _dq_first_row(BLOCK_M, HALF), q_col, dq_buf, dq, softmax_scale, num_heads,
-                   HEAD_DIM, _dq_first_col(HEAD_DIM, BLOCK_M, HALF))
-
-
-@gluon.jit
-def _ds_of_rows(ds_tile, FIRST_ROW: gl.constexpr):
-    """The A operand dS[rows, keys] of dQ = dS K from a consumer's dS^T tile [keys, step rows]: the
-    step's rows, or with _dq_by_rows this consumer's 64 of them from FIRST_ROW."""
-    if ds_tile.type.shape[1] == DQ_ROWS:
-        return ds_tile.permute((1, 0))
-    else:
-        return ds_tile.slice(FIRST_ROW, DQ_ROWS, dim=1).permute((1, 0))
+    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, _ring_head_dim(k_smem), HALF)
 
 
 @gluon.jit
 def _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF: gl.constexpr):
-    """Once both consumers' dS^T are in place, the matmuls dS[this consumer's rows] K_j[:, its
-    columns] over both halves' keys, one per dQ section (`dq_init`: their zero accumulators), in
-    flight."""
-    BLOCK_M: gl.constexpr = ds_smem.type.shape[2]
-    FIRST_COL: gl.constexpr = _dq_first_col(_ring_head_dim(k_smem), BLOCK_M, HALF)
-    FIRST_ROW: gl.constexpr = _dq_first_row(BLOCK_M, HALF)
+    """Once both consumers' dS^T are in place, the matmuls dS K_j[:, this consumer's columns] over
+    both halves' keys, one per dQ section (`dq_init`: their zero accumulators), in flight."""
+    FIRST_COL: gl.constexpr = _dq_first_col(_ring_head_dim(k_smem), HALF)
     mbarrier.wait(ds_bar.index(parity), (step // 2) & 1)
-    ds_first = _ds_of_rows(ds_smem.index(2 * parity), FIRST_ROW)
-    ds_second = _ds_of_rows(ds_smem.index(2 * parity + 1), FIRST_ROW)
+    ds_first = ds_smem.index(2 * parity).permute((1, 0))
+    ds_second = ds_smem.index(2 * parity + 1).permute((1, 0))
     dq_tok = warpgroup_mma(ds_first, k_smem[0].index(0).slice(FIRST_COL, DQ_COLS, dim=1), dq_init[0],
                            use_acc=False, is_async=True)
     dq_tok = warpgroup_mma(ds_second, k_smem[0].index(1).slice(FIRST_COL, DQ_COLS, dim=1), dq_tok, is_async=True)
@@ -391,17 +353,18 @@ def _bwd_wait_dq(pendings: gl.constexpr, dq_tok):
 
 @gluon.jit
 def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HEAD_DIM: gl.constexpr,
-                   FIRST_COL: gl.constexpr):
-    """dQ_i's tiles (rows q_row0 + m.. of the (batch x seqlen, heads x head dim) view, columns
-    FIRST_COL.. of the head whose first is q_col; `dq`, `dq_buf` and `dq_desc` tuples, one per dQ
-    section), scaled, added into the float32 accumulator by one TMA reduce-add a section as the
-    consumer's registers lie, each thread's in turn (DQ_REGISTER_TILE: no bank conflicts on the
-    store). The accumulator holds, per 64-row block of the view, its columns as 64-row, 32-column
-    register-order tiles in the view's order (a 64-column tile is two of them: its highest offset
-    bit is column 32), so the tile of columns c.. starts at float 64 * (block * columns + c)
-    (dq_cast.dq_from_accumulator puts them back; the varlen kernel's q_row0 is its sequence's
-    padded row: dq_cast.varlen_dq_accumulator)."""
+                   HALF: gl.constexpr):
+    """dQ_i's columns (rows q_row0 + m.. of the (batch x seqlen, heads x head dim) view, this
+    consumer's columns of the head whose first is q_col; `dq`, `dq_buf` and `dq_desc` tuples, one
+    per dQ section), scaled, added into the float32 accumulator by one TMA reduce-add a section as
+    the consumer's registers lie, each thread's in turn (DQ_REGISTER_TILE: no bank conflicts on
+    the store). The accumulator holds, per 64-row block of the view, its columns as 64-row,
+    32-column register-order tiles in the view's order (a 64-column tile is two of them: its
+    highest offset bit is column 32), so the tile of columns c.. starts at float
+    64 * (block * columns + c) (dq_cast.dq_from_accumulator puts them back; the varlen kernel's
+    q_row0 is its sequence's padded row: dq_cast.varlen_dq_accumulator)."""
     BLOCK_M: gl.constexpr = dq[0].shape[0]
+    FIRST_COL: gl.constexpr = _dq_first_col(HEAD_DIM, HALF)
     tma.store_wait(pendings=0)  # the previous step's reduce-adds have read dq_buf
     for section in gl.static_range(len(dq)):
         dq_buf[section].store(dq[section] * softmax_scale)
@@ -520,12 +483,9 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         p_op = gl.convert_layout(p.to(dtype), op_layout)
     if SOFTCAP:  # d(softcap * tanh(x / softcap)) / dx = 1 - tanh^2 joins P^T now: t is not kept for dS
         p = p * (1.0 - t * t)
-    if BLOCK_M == 2 * DQ_ROWS:  # 128-row steps: D_i read once dP^T is waited for (_bwd_dv_ds)
-        delta = delta_smem.index(stage)
-    else:
-        delta = delta_smem.index(stage).load(s_layout)  # D_i once P^T is made
+    delta = delta_smem.index(stage).load(s_layout)  # D_i once P^T is made
     if FUSED_DQ and DQ_FIRST:
-        gl.static_assert(not _dq_in_turns(HEAD_DIM, BLOCK_M), "in turns, dQ's matmul goes after dK's")
+        gl.static_assert(not _dq_in_turns(HEAD_DIM), "in turns, dQ's matmul goes after dK's")
         # lines 12 and 14 as below, dS^T to the other consumer before its A operand is made
         dv_tok, ds = _bwd_dv_ds(p, p_op, dp_tok, delta, do_buf, dv, drop)
         parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
@@ -535,8 +495,7 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         dq_tok = _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
         dk_tok = _section_matmuls(ds_op, q_buf, dk)
         dq = _bwd_wait_dq(len(dk), dq_tok)  # dV's and dQ's matmuls have finished
-        _bwd_reduce_dq(dq_desc, row0, m + _dq_first_row(BLOCK_M, HALF), q_col, dq_buf, dq, softmax_scale, num_heads,
-                       HEAD_DIM, _dq_first_col(HEAD_DIM, BLOCK_M, HALF))
+        _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HEAD_DIM, HALF)
         dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
     else:
@@ -559,7 +518,7 @@ def _bwd_add_dq_in_its_turn(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, 
     The other consumer may then run a step ahead, but not two: it writes a step's dS^T buffer again
     only after it has waited for this consumer's dS^T of the step between, which this consumer
     shares after its dQ matmul has read the buffer."""
-    if _dq_in_turns(_ring_head_dim(k_smem), ds_smem.type.shape[2]):
+    if _dq_in_turns(_ring_head_dim(k_smem)):
         if step % 2 == HALF:
             _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
                         softmax_scale, num_heads, HALF)
@@ -605,7 +564,7 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     dv = _zero_sections(ROWS, k_smem)
     s_init = gl.zeros([ROWS, BLOCK_M], gl.float32, layout=s_layout)
     if FUSED_DQ:
-        dq_init = _zero_sections(DQ_ROWS, dq_smem)  # one per dQ section
+        dq_init = _zero_sections(BLOCK_M, dq_smem)  # one per dQ section
         dq_buf = _dq_tile_buffer(dq_smem, HALF)
     else:  # stand-ins of the right kind (unused)
         dq_init, dq_buf = (s_init,), k_buf

@@ -21,8 +21,7 @@ SHARED_MEMORY_BYTES = 227 * 1024  # an sm_90 program's shared memory at most
 BWD_HEAD_DIMS = (64, 96, 128, 192)  # the head dims the dense dK/dV kernels serve (96, 192 in two _head_sections)
 WIDE_BWD_HEAD_DIMS = (192,)  # those bwd_wide.py's kernel serves: 64-key blocks, the warpgroups split by role
 VARLEN_BWD_HEAD_DIMS = (64, 96, 128)  # those the varlen dK/dV kernel serves
-BWD_BLOCK_M = 64  # query rows per step of the key block's loop, where the config does not ask for 128
-BWD_BLOCK_MS = (64, 128)  # BwdConfig.hopper_gluon_block_m's values (128 at head dim 64 only, bwd.py's kernel)
+BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
 BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 64 KiB + 2 x 32 KiB; 64 KiB more for the fused dQ's dS^T and dQ tiles)
 # The head dims at which the dK/dV kernels can add dQ (bwd.py): at 128 each consumer computes 64 of
