@@ -20,6 +20,9 @@ reverse order in odd ones (`provider_order`): under a GPU's power cap a kernel's
 on what ran just before it, so no provider always follows the same one. Our rows carry
 `kernel`, the kernel kernels/dispatch.py picks for the case's tensors
 (harness.features.our_config), and `kernel_reason`, why it is not a Gluon kernel.
+In the first round each measured call is profiled too (harness.timing.kernel_times): `kernel_us`
+holds its GPU kernels' microseconds, which says whether a backward's main kernel or its preprocess
+and dQ cast separate ours from FA4's.
 Rows are long format in `coverage.csv`; reports.coverage makes `coverage.md` from them alone.
 """
 
@@ -40,7 +43,7 @@ PROVIDERS = ("ours", "fa4", "sdpa-cudnn", "sdpa-flash")
 # cases not started by then are listed as skipped (a case started before runs to its end: the
 # full suite's last one, with FA4's and our compiles, ends within a minute of the budget)
 BUDGET_S = {"full": 300.0, "quick": 60.0}
-COLUMNS = (*features.COLUMNS, "kernel", "kernel_reason")
+COLUMNS = (*features.COLUMNS, "kernel", "kernel_reason", "kernel_us")
 TOKENS, WIDTH = 16384, 2048  # the paper sweep's batch x seqlen and heads x head dim
 
 
@@ -144,7 +147,7 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                 unavailable = unavailable_reason(entry)
                 for mode in ("fwd", "bwd"):
                     fields = ({"status": "unavailable", "reason": unavailable} if unavailable
-                              else features.measure(case, provider, mode, device, dtype))
+                              else features.measure(case, provider, mode, device, dtype, profile_kernels=repeat == 0))
                     kernel, reason, ours = "", "", {}
                     if provider == "ours":  # as dispatch picks them after the call: a Gluon kernel that
                         # failed to build at its first launch has sent the call, and every later one, to Triton

@@ -38,7 +38,7 @@ from baselines.providers import UnsupportedInput, get_provider, registry, unavai
 from baselines.reference import attention_reference
 from harness.environment import ROW_ENV_COLUMNS
 from harness.suite import SuiteRows
-from harness.timing import benchmark, seed_of
+from harness.timing import benchmark, kernel_times, seed_of
 
 FEATURES_CSV, FEATURES_MD = "features.csv", "features.md"
 HDIM, DTYPE = 128, torch.bfloat16
@@ -178,19 +178,22 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
-    """One row's measured fields: status, times, TFLOPs/s on the visible pairs, rel_err."""
+def measure(case: Case, provider: str, mode: str, device, dtype, profile_kernels: bool = False) -> dict:
+    """One row's measured fields: status, times, TFLOPs/s on the visible pairs, rel_err; with
+    `profile_kernels`, `kernel_us` too: each GPU kernel's microseconds in one call, as JSON
+    (harness.timing.kernel_times, after the timing)."""
     try:
         x = Inputs.make(case, device, dtype, requires_grad=mode == "bwd")
         call = get_provider(provider, "features").forward(case, x, mode)
         out = call()
         _sync(device)
         rel_err = _reference_rel_err(case, x, out)
-        if mode == "fwd":
-            timing = benchmark(call, device)
-        else:
+        grads = ()
+        if mode == "bwd":
             dout = torch.randn_like(out)
-            timing = benchmark(lambda: out.backward(dout, retain_graph=True), device, grad_to_none=(x.q, x.k, x.v))
+            call, grads = (lambda: out.backward(dout, retain_graph=True)), (x.q, x.k, x.v)
+        timing = benchmark(call, device, grad_to_none=grads)
+        kernels = {"kernel_us": json.dumps(kernel_times(call, device, grad_to_none=grads))} if profile_kernels else {}
     except UnsupportedInput as exc:
         return {"status": "unsupported", "reason": str(exc)}
     except torch.cuda.OutOfMemoryError as exc:
@@ -203,7 +206,7 @@ def measure(case: Case, provider: str, mode: str, device, dtype) -> dict:
     return {"status": status, "reason": "" if status == "ok" else f"relative error {rel_err:.3g}",
             "ms": timing.ms, "ms_p20": timing.ms_p20, "ms_p80": timing.ms_p80,
             "tflops": tflops_per_second(flops, timing.ms), "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err,
-            "sm_clock_mhz": timing.sm_clock_mhz}
+            "sm_clock_mhz": timing.sm_clock_mhz, **kernels}
 
 
 def case_tensors(case: Case, device) -> tuple:

@@ -57,6 +57,35 @@ def _clear_grads(tensors: Sequence[torch.Tensor]) -> None:
         t.grad = None
 
 
+KERNEL_NAME_CHARS = 120  # a kernel's name as kernel_times keys it (CUTLASS DSL names run to hundreds)
+
+
+def kernel_times(fn: Callable[[], object], device: torch.device, calls: int = 10,
+                 grad_to_none: Sequence[torch.Tensor] = ()) -> dict[str, float]:
+    """Each GPU kernel's time in one call of `fn`, in microseconds by kernel name (its first
+    KERNEL_NAME_CHARS characters): torch.profiler's CUDA activity over `calls` calls after one
+    untimed call, each kernel's total over the calls divided by them. It says which of a call's
+    kernels takes its time (a backward's preprocess, main kernel and dQ cast); the call's own time
+    is `benchmark`'s. {} off CUDA (Triton's interpreter launches no GPU kernel)."""
+    if device.type != "cuda":
+        return {}
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    fn()
+    torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        for _ in range(calls):
+            _clear_grads(grad_to_none)
+            fn()
+        torch.cuda.synchronize(device)
+    times: dict[str, float] = {}
+    for event in profile.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = event.name[:KERNEL_NAME_CHARS]
+            times[name] = times.get(name, 0.0) + event.device_time / calls
+    return times
+
+
 def benchmark(fn: Callable[[], object], device: torch.device, warmup_ms: float = DEFAULT_WARMUP_MS, rep_ms: float = DEFAULT_REP_MS,
               grad_to_none: Sequence[torch.Tensor] = (), cpu_reps: int = CPU_REPS, cuda_graph: bool = False) -> Timing:
     """Time `fn()` on `device`; the first call (compile, warm-up) is never timed.

@@ -1,10 +1,11 @@
 """The coverage suite's report (coverage.md), from its rows alone: per case and mode, each
 provider's TFLOPs/s, ours over FA4 and over cuDNN (time ratios taken within a round), the
 kernel that served ours, and the bar's checks, each naming its worst case; where the rows carry
-them, the SM clock each provider's timing ran at."""
+them, ours' and FA4's time by kernel and the SM clock each provider's timing ran at."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -121,6 +122,42 @@ def clock_lines(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _kernel_split(sub: pd.DataFrame, provider: str) -> tuple[str, float, float] | None:
+    """A provider's (main kernel, its microseconds, the other kernels' microseconds) in one call of
+    a case and mode, from the `kernel_us` its profiled row carries (the first round's), or None."""
+    rows = sub[(sub.provider == provider) & (sub.status == "ok")]
+    readings = [json.loads(text) for text in rows.get("kernel_us", pd.Series(dtype=str)).dropna()
+                if str(text).startswith("{") and str(text) != "{}"]
+    if not readings:
+        return None
+    times = readings[0]
+    main = max(times, key=times.get)
+    return main, times[main], sum(times.values()) - times[main]
+
+
+def kernel_lines(df: pd.DataFrame) -> list[str]:
+    """The kernels section: per case and mode, ours' and FA4's main kernel (the one that takes
+    most of a call) and the rest of the call's kernels (a backward's preprocess and dQ cast),
+    where both were profiled (harness.timing.kernel_times)."""
+    lines = []
+    for label, mode, sub in _by_case(df):
+        ours, fa4 = _kernel_split(sub, "ours"), _kernel_split(sub, "fa4")
+        if ours is None or fa4 is None:
+            continue
+        ratio = fa4[1] / ours[1] if ours[1] else math.nan
+        lines.append(f"| {label} | {mode} | `{ours[0].split('(')[0]}` | {ours[1]:.0f} | {ours[2]:.0f} | {fa4[1]:.0f} | "
+                     f"{fa4[2]:.0f} | {cell(ratio, '{:.2f}x')} |")
+    if not lines:
+        return []
+    return ["", "## Where the time goes: the main kernel and the rest", "",
+            ("Microseconds of GPU time in one call, by kernel (torch.profiler over 10 calls after the first "
+             "round's timing): the call's main kernel, the one that takes most of it, and the others together "
+             "(a backward's preprocess, which computes D and zeroes the dQ accumulator, and its dQ cast). The "
+             "last column is ours' main kernel's speed over FA4's."), "",
+            ("| case | mode | our main kernel | ours, main | ours, the rest | fa4, main | fa4, the rest "
+             "| main kernel, ours / fa4 |"), "|---|---|---|---|---|---|---|---|", *lines]
+
+
 def write_coverage_report(out_dir) -> Path:
     df = load_rows(out_dir, COVERAGE_CSV)
     env = df.iloc[0] if len(df) else {}
@@ -143,6 +180,7 @@ def write_coverage_report(out_dir) -> Path:
         lines.append(f"| {label} | {mode} | " + " | ".join([*cells, *ratios, kernel]) + " |")
     lines += ["", "## The bar", "", "| check | worst | verdict |", "|---|---|---|"]
     lines += [f"| {c} | {v} | {verdict} |" for c, v, verdict in bar_checks(df)]
+    lines += kernel_lines(df)
     lines += clock_lines(df)
     missing = df[df.status.isin(["unsupported", "unavailable"])]
     if len(missing):

@@ -4,11 +4,15 @@ the reason, the report from the rows; the bar's logic on synthetic rows."""
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
+import pytest
 import torch
 
 from harness import coverage
 from harness.features import Case
+from harness.timing import kernel_times
 from reports import coverage as coverage_report
 
 INTERPRETER_TESTS = True
@@ -82,9 +86,12 @@ def test_odd_rounds_run_a_cases_providers_in_reverse(tmp_path, monkeypatch):
     providers in PROVIDERS' order, round 1 in reverse, each one's forward then its backward."""
     calls = []
 
-    def measure(case, provider, mode, device, dtype):
+    def measure(case, provider, mode, device, dtype, profile_kernels):
         calls.append((case.variant, provider, mode))
+        profiled.append(profile_kernels)
         return {"status": "unsupported", "reason": "not measured here"}
+
+    profiled = []
 
     monkeypatch.setattr(coverage.features, "measure", measure)
     monkeypatch.setattr(coverage, "unavailable_reason", lambda entry: "")
@@ -93,6 +100,7 @@ def test_odd_rounds_run_a_cases_providers_in_reverse(tmp_path, monkeypatch):
     forward = [(TINY[0].variant, p, m) for p in coverage.PROVIDERS for m in modes]
     backward = [(TINY[0].variant, p, m) for p in reversed(coverage.PROVIDERS) for m in modes]
     assert calls == forward + backward
+    assert profiled == [True] * len(forward) + [False] * len(backward)  # kernels profiled in the first round
     rows = pd.read_csv(tmp_path / coverage.COVERAGE_CSV, keep_default_na=False)
     assert list(zip(rows.provider, rows["repeat"])) == [(p, r) for r, order in enumerate(
         (coverage.PROVIDERS, coverage.PROVIDERS[::-1])) for p in order for _ in modes]
@@ -150,6 +158,25 @@ def test_the_clock_section_shows_each_providers_clock():
     failed = df.copy()
     failed.loc[failed.provider == "fa4", "status"] = "error"  # a row that did not measure gives no reading
     assert coverage_report.clock_lines(failed)[-1].endswith("| 1500 | – | – | – |")
+
+
+def test_the_kernels_section_splits_ours_and_fa4s_main_kernel_from_the_rest():
+    df = _rows({"d128": 0.8}, mode="bwd")
+    assert coverage_report.kernel_lines(df) == []  # rows without profiles (older rows, the interpreter)
+    ours = {"_flash_bwd_dkdv_hopper_kernel": 1500.0, "_bwd_preprocess_kernel": 95.0, "_dq_cast": 67.0}
+    fa4 = {"kernel_cutlass_kernel_flash_bwd_sm90": 1200.0, "preprocess": 97.0, "postprocess": 67.0}
+    df["kernel_us"] = [json.dumps(ours), json.dumps(fa4)]
+    lines = coverage_report.kernel_lines(df)
+    assert lines[-1] == ("| sweep: 8 x 2048, 16 heads, d 128, causal | bwd | `_flash_bwd_dkdv_hopper_kernel` | 1500 | "
+                         "162 | 1200 | 164 | 0.80x |")
+    df.loc[df.provider == "fa4", "kernel_us"] = "{}"  # FA4 not profiled: no row
+    assert coverage_report.kernel_lines(df) == []
+
+
+def test_kernel_times_off_cuda_is_empty_and_refuses_no_calls():
+    assert kernel_times(lambda: None, torch.device("cpu")) == {}
+    with pytest.raises(ValueError, match="calls must be >= 1"):
+        kernel_times(lambda: None, torch.device("cuda"), calls=0)
 
 
 def test_a_row_of_ours_off_the_gluon_kernels_needs_its_reason():
