@@ -193,7 +193,7 @@ def measure(case: Case, provider: str, mode: str, device, dtype, profile_kernels
             dout = torch.randn_like(out)
             call, grads = (lambda: out.backward(dout, retain_graph=True)), (x.q, x.k, x.v)
         timing = benchmark(call, device, grad_to_none=grads)
-        kernels = {"kernel_us": json.dumps(kernel_times(call, device, grad_to_none=grads))} if profile_kernels else {}
+        kernels = {"kernel_us": _profiled_kernels(call, device, grads)} if profile_kernels else {}
     except UnsupportedInput as exc:
         return {"status": "unsupported", "reason": str(exc)}
     except torch.cuda.OutOfMemoryError as exc:
@@ -207,6 +207,15 @@ def measure(case: Case, provider: str, mode: str, device, dtype, profile_kernels
             "ms": timing.ms, "ms_p20": timing.ms_p20, "ms_p80": timing.ms_p80,
             "tflops": tflops_per_second(flops, timing.ms), "peak_mem_mb": timing.peak_mem_mb, "rel_err": rel_err,
             "sm_clock_mhz": timing.sm_clock_mhz, **kernels}
+
+
+def _profiled_kernels(call, device, grads) -> str:
+    """kernel_times of a timed call as JSON, or '' where the profiler fails: the row's timing stands
+    without it."""
+    try:
+        return json.dumps(kernel_times(call, device, grad_to_none=grads))
+    except Exception:  # noqa: BLE001 -- the profile is an extra; a failure of it is no failed measurement
+        return ""
 
 
 def case_tensors(case: Case, device) -> tuple:
