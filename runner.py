@@ -205,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="independent measurements per configuration, each a do_bench median; "
                              "--suite features and coverage: rounds over the whole suite, the bar's ratios taken within "
                              "each round (default: %(default)s)")
+    timing.add_argument("--kernel-times", action="store_true",
+                        help="--suite coverage: after each call's timing in the first round, its GPU kernels' "
+                             "times by torch.profiler (ours' and FA4's main kernel against the rest of the call, "
+                             "in coverage.md)")
     timing.add_argument("--warmup-ms", type=_number("--warmup-ms", lambda x: x > 0, "a number > 0"),
                         help=f"do_bench warm-up time per measurement in ms (default: {DEFAULT_WARMUP_MS}; "
                              f"--quick: {QUICK_WARMUP_MS})")

@@ -20,9 +20,9 @@ reverse order in odd ones (`provider_order`): under a GPU's power cap a kernel's
 on what ran just before it, so no provider always follows the same one. Our rows carry
 `kernel`, the kernel kernels/dispatch.py picks for the case's tensors
 (harness.features.our_config), and `kernel_reason`, why it is not a Gluon kernel.
-In the first round each measured call is profiled too (harness.timing.kernel_times): `kernel_us`
-holds its GPU kernels' microseconds, which says whether a backward's main kernel or its preprocess
-and dQ cast separate ours from FA4's.
+With `runner.py --kernel-times` each call of the first round is profiled after its timing too
+(harness.timing.kernel_times): `kernel_us` holds its GPU kernels' microseconds, which says whether
+a backward's main kernel or its preprocess and dQ cast separate ours from FA4's.
 Rows are long format in `coverage.csv`; reports.coverage makes `coverage.md` from them alone.
 """
 
@@ -124,9 +124,10 @@ def provider_order(repeat: int) -> tuple[str, ...]:
 
 
 def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None,
-                  case_list: list[Case] | None = None, repeats: int = 1) -> Path:
+                  case_list: list[Case] | None = None, repeats: int = 1, kernel_times: bool = False) -> Path:
     """Every case x PROVIDERS x mode into out_dir/coverage.csv (a new file) and notes.txt, in
-    `repeats` rounds over the whole suite (a row's `repeat`; the budget grows with them).
+    `repeats` rounds over the whole suite (a row's `repeat`; the budget grows with them);
+    `kernel_times`: each call's kernels profiled in the first round (its rows' `kernel_us`).
     `device` cpu (tests only) runs in Triton's interpreter, in float32: times are not performance."""
     device = device or torch.device("cuda")
     dtype = features.DTYPE if device.type == "cuda" else torch.float32
@@ -146,8 +147,9 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
                 entry = get_provider(provider, "features")
                 unavailable = unavailable_reason(entry)
                 for mode in ("fwd", "bwd"):
+                    profile = kernel_times and repeat == 0
                     fields = ({"status": "unavailable", "reason": unavailable} if unavailable
-                              else features.measure(case, provider, mode, device, dtype, profile_kernels=repeat == 0))
+                              else features.measure(case, provider, mode, device, dtype, profile_kernels=profile))
                     kernel, reason, ours = "", "", {}
                     if provider == "ours":  # as dispatch picks them after the call: a Gluon kernel that
                         # failed to build at its first launch has sent the call, and every later one, to Triton
@@ -165,4 +167,5 @@ def measure_suite(quick: bool, out_dir: Path, device: torch.device | None = None
 def measure_rows(args, out_dir: Path) -> None:
     """The coverage suite's rows (args.quick: a subset; args.repeats: rounds) into
     out_dir/coverage.csv; reports.coverage makes coverage.md from them."""
-    measure_suite(bool(args.quick), Path(out_dir), repeats=int(args.repeats or 1))
+    measure_suite(bool(args.quick), Path(out_dir), repeats=int(args.repeats or 1),
+                  kernel_times=bool(getattr(args, "kernel_times", False)))

@@ -35,7 +35,7 @@ SUITES = {
                       "peers that have them (harness/features.py)", "harness.features", "features.csv"),
     "coverage": Suite("coverage", "the shapes a model meets (the paper sweep's head dims, off-grid lengths, queries "
                       "against more keys, GQA, varlen), forward and backward, against FA4, cuDNN and SDPA flash, "
-                      "with the kernel that served each of ours and ours' and FA4's time by kernel "
+                      "with the kernel that served each of ours (--kernel-times: ours' and FA4's time by kernel) "
                       "(harness/coverage.py)", "harness.coverage",
                       "coverage.csv"),
     "decode": Suite("decode", "one query token against a KV cache: split-KV over batch x cache length against the "

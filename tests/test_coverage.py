@@ -59,11 +59,12 @@ def test_on_cpu_the_kernel_column_says_triton_in_the_interpreter():
 
 def test_suite_writes_rows_with_the_kernel_and_a_report_from_them(tmp_path, monkeypatch):
     monkeypatch.setitem(coverage.BUDGET_S, "quick", 1e9)  # every case, however slow the interpreter runs
-    coverage.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY)
+    coverage.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY, kernel_times=True)
     rows = pd.read_csv(tmp_path / coverage.COVERAGE_CSV, keep_default_na=False)
     assert len(rows) == len(TINY) * len(coverage.PROVIDERS) * 2
     ours = rows[rows.provider == "ours"]
     assert set(ours.status) == {"ok"}, ours[["group", "mode", "status", "reason"]]
+    assert set(ours.kernel_us) == {"{}"}  # profiled: no GPU kernel in the interpreter
     assert (ours.rel_err.astype(float) < 1e-5).all() and (ours.tflops.astype(float) > 0).all()
     assert ours.kernel.str.startswith("Triton").all() and ours.kernel.str.endswith("(interpreter)").all()
     assert (ours.kernel_reason != "").all() and ours.config.str.contains('"kernels"').all()
@@ -78,6 +79,7 @@ def test_suite_writes_rows_with_the_kernel_and_a_report_from_them(tmp_path, monk
     assert "gqa: 1 x 40, 4/2 heads" in report and "varlen: 2 seqs up to 40" in report
     assert "Triton's CPU interpreter runs the Triton kernels" in report
     assert "| ours >= 0.95x fa4 fwd in every case fa4 runs | – | n/a |" in report
+    assert "Where the time goes" not in report  # no profile of FA4's kernels beside ours
     assert "| every row of ours on a Gluon kernel or with its stated reason | 0 of 10 on Gluon kernels | met |" in report
 
 
@@ -95,12 +97,16 @@ def test_odd_rounds_run_a_cases_providers_in_reverse(tmp_path, monkeypatch):
 
     monkeypatch.setattr(coverage.features, "measure", measure)
     monkeypatch.setattr(coverage, "unavailable_reason", lambda entry: "")
-    coverage.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY[:1], repeats=2)
+    coverage.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY[:1], repeats=2,
+                           kernel_times=True)
     modes = ("fwd", "bwd")
     forward = [(TINY[0].variant, p, m) for p in coverage.PROVIDERS for m in modes]
     backward = [(TINY[0].variant, p, m) for p in reversed(coverage.PROVIDERS) for m in modes]
     assert calls == forward + backward
     assert profiled == [True] * len(forward) + [False] * len(backward)  # kernels profiled in the first round
+    profiled.clear()
+    coverage.measure_suite(True, tmp_path / "plain", device=torch.device("cpu"), case_list=TINY[:1])
+    assert profiled and not any(profiled)  # only where asked (runner.py --kernel-times)
     rows = pd.read_csv(tmp_path / coverage.COVERAGE_CSV, keep_default_na=False)
     assert list(zip(rows.provider, rows["repeat"])) == [(p, r) for r, order in enumerate(
         (coverage.PROVIDERS, coverage.PROVIDERS[::-1])) for p in order for _ in modes]
