@@ -410,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print_provider_list(extra.values())
         return 0
+    if args.kernel_times and args.suite != "coverage":
+        parser.error("--kernel-times goes with --suite coverage (it profiles that suite's calls)")
     if args.suite in SUITES:
         return _other_suite(args, out_dir)
     if args.ablation in REVIEWER_PARTS:  # one reviewers' study alone (ablations/reviewers.py)

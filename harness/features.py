@@ -210,12 +210,12 @@ def measure(case: Case, provider: str, mode: str, device, dtype, profile_kernels
 
 
 def _profiled_kernels(call, device, grads) -> str:
-    """kernel_times of a timed call as JSON, or '' where the profiler fails: the row's timing stands
-    without it."""
+    """kernel_times of a timed call as JSON, or 'error: ...' with the reason where the profiler
+    fails: the row's timing stands without it."""
     try:
         return json.dumps(kernel_times(call, device, grad_to_none=grads))
-    except Exception:  # noqa: BLE001 -- the profile is an extra; a failure of it is no failed measurement
-        return ""
+    except Exception as exc:  # noqa: BLE001 -- the profile is an extra; its failure fails no measurement
+        return "error: " + " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
 
 
 def case_tensors(case: Case, device) -> tuple:

@@ -147,15 +147,18 @@ def kernel_lines(df: pd.DataFrame) -> list[str]:
         ratio = fa4[1] / ours[1] if ours[1] else math.nan
         lines.append(f"| {label} | {mode} | `{ours[0].split('(')[0]}` | {ours[1]:.0f} | {ours[2]:.0f} | {fa4[1]:.0f} | "
                      f"{fa4[2]:.0f} | {cell(ratio, '{:.2f}x')} |")
-    if not lines:
+    failed = [f"- {case_label(r)} {r.provider} {r['mode']}: {r.kernel_us}" for _, r in df.iterrows()
+              if str(r.get("kernel_us", "")).startswith("error:")]
+    if not lines and not failed:
         return []
+    notes = ["", "Profiles that failed (their rows' timings stand):", "", *failed] if failed else []
     return ["", "## Where the time goes: the main kernel and the rest", "",
             ("Microseconds of GPU time in one call, by kernel (torch.profiler over 10 calls after the first "
              "round's timing): the call's main kernel, the one that takes most of it, and the others together "
              "(a backward's preprocess, which computes D and zeroes the dQ accumulator, and its dQ cast). The "
              "last column is ours' main kernel's speed over FA4's."), "",
             ("| case | mode | our main kernel | ours, main | ours, the rest | fa4, main | fa4, the rest "
-             "| main kernel, ours / fa4 |"), "|---|---|---|---|---|---|---|---|", *lines]
+             "| main kernel, ours / fa4 |"), "|---|---|---|---|---|---|---|---|", *lines, *notes]
 
 
 def write_coverage_report(out_dir) -> Path:

@@ -179,6 +179,20 @@ def test_the_kernels_section_splits_ours_and_fa4s_main_kernel_from_the_rest():
     assert coverage_report.kernel_lines(df) == []
 
 
+def test_a_profile_that_fails_leaves_the_rows_timing_and_is_listed(tmp_path, monkeypatch):
+    def failing(*args, **kwargs):
+        raise RuntimeError("CUPTI unavailable")
+
+    monkeypatch.setattr(coverage.features, "kernel_times", failing)
+    coverage.measure_suite(True, tmp_path, device=torch.device("cpu"), case_list=TINY[:1], kernel_times=True)
+    rows = pd.read_csv(tmp_path / coverage.COVERAGE_CSV, keep_default_na=False)
+    ours = rows[rows.provider == "ours"]
+    assert set(ours.status) == {"ok"} and (ours.ms.astype(float) > 0).all()
+    assert set(ours.kernel_us) == {"error: RuntimeError: CUPTI unavailable"}
+    report = coverage_report.write_coverage_report(tmp_path).read_text()
+    assert "- sweep: 1 x 64, 2 heads, d 16, full ours fwd: error: RuntimeError: CUPTI unavailable" in report
+
+
 def test_kernel_times_off_cuda_is_empty_and_refuses_no_calls():
     assert kernel_times(lambda: None, torch.device("cpu")) == {}
     with pytest.raises(ValueError, match="calls must be >= 1"):

@@ -231,7 +231,7 @@ def test_help_shows_every_option_and_its_default(capsys):
                    "--heads", "--dtype", "--repeats", "--out", "--quick", "--list", "--resume", "--warmup-ms",
                    "--rep-ms", "--save-baseline", "--compare", "--tolerance", "--ncu", "--no-ncu", "--ncu-only",
                    "--cuda-graph", "--provider-file", "--reproduce", "--false-positive-rate", "--fa2-fwd-config",
-                   "--report-only", "--settings-only", "--ladder-only", "--verbose"):
+                   "--report-only", "--settings-only", "--ladder-only", "--verbose", "--kernel-times"):
         assert option in out, option
     for target in ("paper", "paper-fp16", "ablation", "counters", "baseline"):
         assert f"  {target} " in out, target  # each --reproduce target with its commands
@@ -248,6 +248,7 @@ def test_help_shows_every_option_and_its_default(capsys):
     (["--cuda-graph", "--modes", "fwd,bwd"], "add --modes fwd"),
     (["--ladder-only"], "--ladder-only goes with --ablation all"),
     (["--ablation", "hopper", "--ladder-only"], "--ladder-only goes with --ablation all"),
+    (["--suite", "features", "--kernel-times"], "--kernel-times goes with --suite coverage"),
 ])
 def test_bad_arguments_are_named_in_the_error(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit):
