@@ -254,3 +254,20 @@ def test_on_hopper_the_kernel_column_names_the_varlen_kernels_off_the_grid(monke
         assert window["fwd"][1].startswith("a window, softcap, ALiBi or dropout with lengths off the 128-row grid")
     finally:
         configs._is_hopper.cache_clear()
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_times_name_each_kernel_of_our_calls(tmp_path):
+    """On a GPU, `--kernel-times` profiles each call of the first round after its timing: our
+    rows' `kernel_us` name the forward's kernel, and the backward's dK/dV kernel as the one with
+    the most time beside its preprocess and dQ work; the timings stand."""
+    case = Case("sweep", "d128-1024-causal", 2, 1024, 4, 4, causal=True)
+    coverage.measure_suite(True, tmp_path, case_list=[case], kernel_times=True)
+    rows = pd.read_csv(tmp_path / coverage.COVERAGE_CSV, keep_default_na=False)
+    ours = rows[rows.provider == "ours"].set_index("mode")
+    assert set(ours.status) == {"ok"} and (ours.ms.astype(float) > 0).all()
+    for mode in ("fwd", "bwd"):
+        times = json.loads(ours.loc[mode, "kernel_us"])
+        assert times and all(t > 0 for t in times.values()), times
+        assert mode in max(times, key=times.get), times  # _flash_fwd..., _flash_bwd_dkdv...
+    assert len(json.loads(ours.loc["bwd", "kernel_us"])) >= 2  # the preprocess beside the dK/dV kernel
