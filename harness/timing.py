@@ -58,9 +58,10 @@ def _clear_grads(tensors: Sequence[torch.Tensor]) -> None:
 
 
 KERNEL_NAME_CHARS = 120  # a kernel's name as kernel_times keys it (CUTLASS DSL names run to hundreds)
+KERNEL_TIME_CALLS = 10  # the calls kernel_times profiles, by default
 
 
-def kernel_times(fn: Callable[[], object], device: torch.device, calls: int = 10,
+def kernel_times(fn: Callable[[], object], device: torch.device, calls: int = KERNEL_TIME_CALLS,
                  grad_to_none: Sequence[torch.Tensor] = ()) -> dict[str, float]:
     """Each GPU kernel's time in one call of `fn`, in microseconds by kernel name (its first
     KERNEL_NAME_CHARS characters): torch.profiler's CUDA activity over `calls` calls after one

@@ -13,6 +13,7 @@ import pandas as pd
 
 from harness.coverage import COVERAGE_CSV, COVERAGE_MD, PROVIDERS
 from harness.features import load_rows
+from harness.timing import KERNEL_TIME_CALLS
 from reports.features import cell, ratio_cell, ratio_rounds
 from reports.tables import run_environment
 
@@ -136,25 +137,27 @@ def _kernel_split(sub: pd.DataFrame, provider: str) -> tuple[str, float, float] 
 
 
 def kernel_lines(df: pd.DataFrame) -> list[str]:
-    """The kernels section: per case and mode, ours' and FA4's main kernel (the one that takes
-    most of a call) and the rest of the call's kernels (a backward's preprocess and dQ cast),
-    where both were profiled (harness.timing.kernel_times)."""
+    """The kernels section: per case and mode where ours was profiled (harness.timing.kernel_times),
+    ours' and FA4's main kernel (the one that takes most of a call) and the rest of the call's
+    kernels (a backward's preprocess and dQ cast), FA4's cells '–' where it was not profiled; then
+    the profiles that failed."""
     lines = []
     for label, mode, sub in _by_case(df):
         ours, fa4 = _kernel_split(sub, "ours"), _kernel_split(sub, "fa4")
-        if ours is None or fa4 is None:
+        if ours is None:
             continue
-        ratio = fa4[1] / ours[1] if ours[1] else math.nan
-        lines.append(f"| {label} | {mode} | `{ours[0].split('(')[0]}` | {ours[1]:.0f} | {ours[2]:.0f} | {fa4[1]:.0f} | "
-                     f"{fa4[2]:.0f} | {cell(ratio, '{:.2f}x')} |")
+        fa4_main, fa4_rest = (fa4[1], fa4[2]) if fa4 else (math.nan, math.nan)  # FA4 not profiled: –
+        ratio = fa4_main / ours[1] if ours[1] else math.nan
+        lines.append(f"| {label} | {mode} | `{ours[0].split('(')[0]}` | {ours[1]:.0f} | {ours[2]:.0f} | "
+                     f"{cell(fa4_main, '{:.0f}')} | {cell(fa4_rest, '{:.0f}')} | {cell(ratio, '{:.2f}x')} |")
     failed = [f"- {case_label(r)} {r.provider} {r['mode']}: {r.kernel_us}" for _, r in df.iterrows()
               if str(r.get("kernel_us", "")).startswith("error:")]
     if not lines and not failed:
         return []
     notes = ["", "Profiles that failed (their rows' timings stand):", "", *failed] if failed else []
     return ["", "## Where the time goes: the main kernel and the rest", "",
-            ("Microseconds of GPU time in one call, by kernel (torch.profiler over 10 calls after the first "
-             "round's timing): the call's main kernel, the one that takes most of it, and the others together "
+            (f"Microseconds of GPU time in one call, by kernel (torch.profiler over {KERNEL_TIME_CALLS} calls "
+             "after the first round's timing): the call's main kernel, the one that takes most of it, and the others together "
              "(a backward's preprocess, which computes D and zeroes the dQ accumulator, and its dQ cast). The "
              "last column is ours' main kernel's speed over FA4's."), "",
             ("| case | mode | our main kernel | ours, main | ours, the rest | fa4, main | fa4, the rest "
