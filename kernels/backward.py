@@ -276,7 +276,7 @@ def _backward_features_gluon(do, q, k, v, out, lse, softmax_scale: float, causal
     _, window_left, window_right, softcap_log2, dropout_p, alibi, stride_alibi_b, _, _, rng_seed = values
     plan(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale,
          (qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b, dropout_p, rng_seed))
-    return hopper.dq_from_accumulator(dq_acc, q.dtype), dk, dv
+    return hopper.dq_from_accumulator(dq_acc, q.dtype, softmax_scale), dk, dv
 
 
 def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: bool, features: Features,
@@ -301,7 +301,9 @@ def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: 
     hopper.flash_attn_varlen_backward_dkdv_hopper(
         q, k, v, do, lse, delta, dk, dv, dq_acc, cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_k,
         softmax_scale, causal, config)
-    return hopper.dq_from_varlen_accumulator(dq_acc, cu_seqlens_q, features.max_seqlen_q, q.shape, q.dtype), dk, dv
+    dq = hopper.dq_from_varlen_accumulator(dq_acc, cu_seqlens_q, features.max_seqlen_q, q.shape, q.dtype,
+                                           softmax_scale)
+    return dq, dk, dv
 
 
 def backward_packed(do, q, k, v, out, lse, softmax_scale: float, causal: bool, config: BwdConfig):
@@ -325,8 +327,9 @@ class _DensePlan:
     def __init__(self, preprocess, dkdv, dq, gluon: bool, fused_dq: bool, dq_from_accumulator=None):
         self.preprocess, self.dkdv, self.dq = preprocess, dkdv, dq
         self.gluon, self.fused_dq = gluon, fused_dq
-        # the accumulator cast to dQ (the Gluon kernel's may hold its tiles in register order)
-        self.dq_from_accumulator = dq_from_accumulator or (lambda acc, dtype: acc.to(dtype))
+        # the accumulator cast to dQ: the Gluon kernel's holds dS K unscaled in register order, the
+        # Triton kernel's dQ itself
+        self.dq_from_accumulator = dq_from_accumulator or (lambda acc, dtype, softmax_scale: acc.to(dtype))
 
     def __call__(self, do, q, k, v, out, lse, delta, dk, dv, softmax_scale):
         if self.fused_dq:
@@ -334,7 +337,7 @@ class _DensePlan:
             dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)
             self.preprocess(out, do, delta, dq_acc)
             self.dkdv(q, k, v, do, lse, delta, dk, dv, dq_acc, softmax_scale)
-            return self.dq_from_accumulator(dq_acc, q.dtype), dk, dv
+            return self.dq_from_accumulator(dq_acc, q.dtype, softmax_scale), dk, dv
         self.preprocess(out, do, delta)
         self.dkdv(q, k, v, do, lse, delta, dk, dv, None, softmax_scale)
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)

@@ -117,9 +117,16 @@ class BwdConfig:
     # (reports/h100/decisions/gluon_backward_dq_first_d192.csv; flash_attn_hopper.dq_first).
     hopper_gluon_dq_first: bool | None = None
     # (batch, kv head) pairs in sections of at most this many, each section's key blocks launched
-    # block-major; "l2": as many as keep their Q, dO and dQ accumulator within the L2 cache (FA4's
-    # head sections; 1 runs each pair's key blocks in turn).
-    hopper_gluon_head_section: int | str = "l2"
+    # block-major (flash_attn_hopper.bwd_grid); "l2": as many as keep their Q, dO and dQ
+    # accumulator within the L2 cache (FA4's head sections for its longest-first order); 1: each
+    # pair's key blocks next to each other (FA4's sm_90 order), so that the programs sharing a
+    # pair's Q, dO and accumulator run together. hopper_gluon_head_section orders calls without a
+    # causal mask, hopper_gluon_causal_head_section causal ones. Without the mask 1 measured faster
+    # than "l2" at head dims 64 to 192 (most at 192, level at 192 with 8k keys); causal, level or
+    # slower at 64 and 128 and faster at 192, which the table gives 1 (docs/performance.md,
+    # "The backward's launch order"; reports/h100/decisions/gluon_backward_launch_order.csv).
+    hopper_gluon_head_section: int | str = 1
+    hopper_gluon_causal_head_section: int | str = "l2"
     # The packed-sequence kernel's key blocks: "longest" (every sequence given the longest one's),
     # "packed" (every sequence's on one axis, FA3's padded offsets) or "auto" (packed where the
     # longest grid would be more than half empty, where it measured faster).
@@ -231,7 +238,7 @@ HOPPER_BWD_CONFIGS = {
     # serves) takes the Gluon kernel for wide heads from 1024 keys (kernels/hopper/bwd_wide.py, dQ
     # fused; docs/performance.md, "The Gluon backward at head dim 192"); 256 is outside its scope.
     256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True, tma=True,
-                   hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True),
+                   hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True, hopper_gluon_causal_head_section=1),
 }
 # The backward of calls with a window (causal included), softcap, ALiBi, dropout or packed
 # variable lengths (kernels/backward_features.py), where it differs from HOPPER_BWD_CONFIGS. Head dim 128: the

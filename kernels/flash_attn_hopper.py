@@ -31,7 +31,7 @@ than keys) runs these varlen kernels with each batch row a packed sequence
 the dense dK/dV kernel with dQ fused where BwdConfig.hopper_gluon_dropout asks (the table's at head
 dims 64, 96 and 128; kernels/hopper/dropout.py: the same keep-mask), else on the Triton kernels. The
 backward's schedule and launch order are BwdConfig fields (kernels/configs.py: hopper_gluon_dq_first,
-hopper_gluon_head_section, hopper_gluon_varlen_grid).
+hopper_gluon_head_section, hopper_gluon_causal_head_section, hopper_gluon_varlen_grid).
 
 Gluon has no CPU interpreter: the CPU tests compile these kernels for sm_90, the GPU tests run them.
 """
@@ -396,13 +396,20 @@ def bwd_key_block(headdim: int) -> int:
     return BWD_BLOCK_N // 2 if headdim in WIDE_BWD_HEAD_DIMS else BWD_BLOCK_N
 
 
+def bwd_head_section(config: BwdConfig, causal: bool) -> int | str:
+    """The dK/dV grid's section bound (bwd_grid) for a call: the config's
+    hopper_gluon_causal_head_section where the call is causal, else its hopper_gluon_head_section."""
+    return config.hopper_gluon_causal_head_section if causal else config.hopper_gluon_head_section
+
+
 def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: int, element_size: int,
              device: torch.device, section: int | str) -> tuple[int, int, int]:
     """The dK/dV kernels' grid (pairs in a section, key blocks, sections) for n_blocks key blocks
     of `pairs` (batch, kv head) pairs (bwd._bwd_program; the varlen kernel's packed grid passes its
-    kv heads, every sequence's blocks on the key-block axis: bwd_varlen._varlen_packed_program).
+    kv heads, every sequence's blocks on the key-block axis: bwd_varlen._varlen_packed_program),
+    `section` from bwd_head_section.
     Programs start in grid order, so each section's key blocks run block-major. A section holds
-    the largest divisor of `pairs` at most `section` (BwdConfig.hopper_gluon_head_section); "l2":
+    the largest divisor of `pairs` at most `section`; "l2":
     at most as many pairs as keep their Q, dO and float32 dQ accumulator (kv_group q heads of
     seqlen_q rows each) within the L2 cache (common.l2_cache_bytes), the budget FlashAttention-4's
     backward tile scheduler (SingleTileLPTBwdScheduler in flash_attn/cute/tile_scheduler.py) sizes
@@ -416,7 +423,8 @@ def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: i
     if section == "l2":
         section = max(1, device_l2_bytes(device) // max(kv_group * seqlen_q * headdim * (2 * element_size + 4), 1))
     if not isinstance(section, int) or section < 1:
-        raise ValueError(f"hopper_gluon_head_section must be a positive int or 'l2', got {section!r}")
+        raise ValueError("hopper_gluon_head_section and hopper_gluon_causal_head_section must be a positive int or "
+                         f"'l2', got {section!r}")
     width = next(w for w in range(min(section, pairs), 0, -1) if pairs % w == 0)
     return width, n_blocks, pairs // width
 
@@ -448,10 +456,10 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     kernels/features.py's feature_args; with `flags` or GQA/MQA, dQ must be fused: the dQ kernel
     has neither). `lse` and `delta` are (batch, heads, seqlen) float32; `dq_accum`, where dQ is
     fused, a zeroed float32 tensor contiguous like q (head dim 64, 96, 128 or 192), which the kernel
-    fills in register order (dq_cast.dq_from_accumulator reads it). At the wide head dims
+    fills in register order with dS K unscaled (dq_cast.dq_from_accumulator reads and scales it). At the wide head dims
     (WIDE_BWD_HEAD_DIMS: 192) the launch is bwd_wide.py's kernel, dQ fused and no feature.
-    `config`'s hopper_gluon_dq_first (`dq_first`) and hopper_gluon_head_section pick the schedule
-    and the launch order."""
+    `config`'s hopper_gluon_dq_first (`dq_first`) and head sections (bwd_head_section) pick the
+    schedule and the launch order."""
     batch, seqlen, heads, headdim = q.shape
     kv_heads = k.shape[2]
     fused = dq_accum is not None
@@ -477,7 +485,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     descriptors = {i: descriptor_template(d) for i, d in enumerate(first + tails) if d is not None}
     descriptors[14] = descriptors[15] = _stats_template(batch * heads, seqlen)
     grid = bwd_grid(seqlen // bwd_key_block(headdim), batch * kv_heads, kv_group, seqlen, headdim, q.element_size(),
-                    q.device, config.hopper_gluon_head_section)
+                    q.device, bwd_head_section(config, causal))
     if wide:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_wide_launcher", grid,
                               {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168,
@@ -544,8 +552,9 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     """dK and dV of packed sequences (q, do (total_q, heads, head dim), k, v, dk, dv (total_k,
     kv_heads, head dim), head dim 64, 96 or 128 (VARLEN_BWD_HEAD_DIMS), laid out as
     flash_attn_varlen_forward_hopper takes them), and dQ added into `dq_accum` (a zeroed float32
-    accumulator from dq_cast.varlen_dq_accumulator); `lse` and `delta` (heads, total_q) float32.
-    `config`'s hopper_gluon_varlen_grid and hopper_gluon_head_section pick the grid."""
+    accumulator from dq_cast.varlen_dq_accumulator, dS K unscaled: dq_from_varlen_accumulator scales it);
+    `lse` and `delta` (heads, total_q) float32.
+    `config`'s hopper_gluon_varlen_grid and head sections (bwd_head_section) pick the grid."""
     total_q, heads, headdim = q.shape
     if headdim not in VARLEN_BWD_HEAD_DIMS:
         raise ValueError(f"the Gluon varlen dK/dV kernel takes head dims {VARLEN_BWD_HEAD_DIMS}, got {headdim}")
@@ -561,7 +570,7 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     # the mean length sizes them
     pairs = batch * kv_heads if key_grid == "longest" else kv_heads
     grid = bwd_grid(key_blocks, pairs, heads // kv_heads, max(total_q // max(batch, 1), 1), headdim,
-                    q.element_size(), q.device, config.hopper_gluon_head_section)
+                    q.element_size(), q.device, bwd_head_section(config, causal))
     _bwd_dkdv_varlen_launcher[grid](
         *first, *tails, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
         softmax_scale, softmax_scale * LOG2E, heads // kv_heads, batch, STAGES=BWD_STAGES, CAUSAL=causal,

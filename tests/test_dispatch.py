@@ -754,7 +754,11 @@ def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch)
     assert hopper.bwd_grid(64, 32, 1, 8192, 128, 2, cpu, section="l2") == (4, 64, 8)
     assert hopper.bwd_grid(64, 36, 1, 8192, 128, 2, cpu, section="l2") == (6, 64, 6)
     assert hopper.bwd_grid(64, 16, 4, 8192, 128, 2, cpu, section="l2") == (1, 64, 16)  # 32 MiB a GQA pair
-    assert HOPPER_BWD_CONFIGS[128].hopper_gluon_head_section == "l2"
+    # the tables: each pair's key blocks next to each other without the causal mask; causal, L2-sized
+    # sections at head dims 64 to 128, each pair in turn at 192 (the 256 entry's)
+    assert all(config.hopper_gluon_head_section == 1 for config in HOPPER_BWD_CONFIGS.values())
+    assert HOPPER_BWD_CONFIGS[128].hopper_gluon_causal_head_section == "l2"
+    assert HOPPER_BWD_CONFIGS[256].hopper_gluon_causal_head_section == 1
     for bad in (0, "all", 1.5):
         with pytest.raises(ValueError, match="hopper_gluon_head_section"):
             hopper.bwd_grid(8, 6, 1, 1024, 128, 2, cpu, section=bad)
@@ -959,8 +963,9 @@ def test_the_varlen_backward_packs_its_grid_where_the_longest_would_be_mostly_em
 @pytest.mark.parametrize("heads,headdim", [(2, 64), (3, 96)], ids=["d64", "d96"])
 def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths, heads, headdim):
     """hopper/dq_cast.py's dq_from_varlen_accumulator puts each sequence's padded register-order
-    tiles back into its packed rows (the accumulator's padding is NaN here, so a value from another
-    tile or row shows), each sequence writing only its own rows; an accumulator of the wrong size,
+    tiles back into its packed rows, times the softmax scale (the kernels add dS K unscaled; the
+    accumulator's padding is NaN here, so a value from another tile or row shows), each sequence
+    writing only its own rows; an accumulator of the wrong size,
     or packed tokens with no sequence, are refused by name. Two heads of 64 columns: two 64-column
     tiles a row block; three of 96: nine 32-column ones."""
     from kernels.hopper import dq_cast
@@ -972,8 +977,9 @@ def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths, h
     assert tile_cols == (64 if headdim == 64 else 32)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     accumulator = _varlen_register_order(dq, lengths)
-    got = dq_cast.dq_from_varlen_accumulator(accumulator, cu, max(lengths), tuple(dq.shape), torch.float32)
-    torch.testing.assert_close(got, dq, rtol=0, atol=0)
+    scale = 0.125  # a power of two: the products exact
+    got = dq_cast.dq_from_varlen_accumulator(accumulator, cu, max(lengths), tuple(dq.shape), torch.float32, scale)
+    torch.testing.assert_close(got, dq * scale, rtol=0, atol=0)
     # each sequence alone (cu_seqlens of its own, starting at its padded tile by its index): the
     # cast writes its rows and no other (the rest of the output holds a sentinel)
     for b, length in enumerate(lengths):
@@ -981,15 +987,15 @@ def test_dq_from_varlen_accumulator_reads_each_sequences_padded_tiles(lengths, h
         alone = torch.tensor([start] * (b + 1) + [start + length], dtype=torch.int32)  # b empty ones first
         out = torch.full_like(dq, -7.0)
         tiles = heads * headdim // tile_cols
-        launcher[(-(-max(length, 1) // 64), b + 1, tiles)](accumulator, out, alone, tiles, COLS=tile_cols)
+        launcher[(-(-max(length, 1) // 64), b + 1, tiles)](accumulator, out, alone, tiles, 1.0, COLS=tile_cols)
         written = torch.zeros(dq.shape[0], dtype=torch.bool)
         written[start:start + length] = True
         torch.testing.assert_close(out[written], dq[written], rtol=0, atol=0)
         assert (out[~written] == -7.0).all(), f"sequence {b} wrote rows outside its own"
     with pytest.raises(ValueError, match="dq_accum must be a contiguous float32"):  # a q-shaped one, say
-        dq_cast.dq_from_varlen_accumulator(dq, cu, max(lengths), tuple(dq.shape), torch.float32)
+        dq_cast.dq_from_varlen_accumulator(dq, cu, max(lengths), tuple(dq.shape), torch.float32, scale)
     with pytest.raises(ValueError, match="at least one sequence"):  # rows no program would write
-        dq_cast.dq_from_varlen_accumulator(accumulator, cu, 0, tuple(dq.shape), torch.float32)
+        dq_cast.dq_from_varlen_accumulator(accumulator, cu, 0, tuple(dq.shape), torch.float32, scale)
 
 
 _PREPROCESS_SM90 = """
@@ -1047,9 +1053,9 @@ def test_the_varlen_preprocess_zeroes_the_whole_padded_accumulator():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype):
     """hopper/dq_cast.py's dq_from_accumulator undoes the register order the dense Gluon dK/dV
-    kernel adds dQ in (its Triton kernel, here in the interpreter): 64 x 64 tiles, and at head dim
-    96 64 x 32 ones, which read two at a time are the 64 x 64 ones; a tensor of partial blocks is
-    refused by name."""
+    kernel adds dQ in (its Triton kernel, here in the interpreter) and applies the softmax scale
+    (the kernel adds dS K unscaled): 64 x 64 tiles, and at head dim 96 64 x 32 ones, which read two
+    at a time are the 64 x 64 ones; a tensor of partial blocks is refused by name."""
     from kernels.hopper.dq_cast import dq_from_accumulator
 
     torch.manual_seed(0)
@@ -1057,12 +1063,14 @@ def test_dq_from_accumulator_puts_register_order_tiles_back_in_rows(dtype):
     accumulator = _register_order(dq)
     assert not torch.equal(accumulator, dq)
     assert torch.equal(accumulator, _register_order(dq, 32))  # a 64 x 64 tile is two 64 x 32 ones side by side
-    torch.testing.assert_close(dq_from_accumulator(accumulator, dtype), dq.to(dtype), rtol=0, atol=0)
+    scale = 0.25  # a power of two: the products exact
+    torch.testing.assert_close(dq_from_accumulator(accumulator, dtype, scale), (dq * scale).to(dtype), rtol=0, atol=0)
     for heads in (3, 2):  # head dim 96: 32-column tiles for the cast (3 heads), or 64-column ones (2 heads)
         dq = torch.randn(1, 128, heads, 96)
-        torch.testing.assert_close(dq_from_accumulator(_register_order(dq, 32), dtype), dq.to(dtype), rtol=0, atol=0)
+        torch.testing.assert_close(dq_from_accumulator(_register_order(dq, 32), dtype, scale), (dq * scale).to(dtype),
+                                   rtol=0, atol=0)
     with pytest.raises(ValueError, match="64 x 32 blocks"):
-        dq_from_accumulator(torch.zeros(1, 96, 1, 128), dtype)
+        dq_from_accumulator(torch.zeros(1, 96, 1, 128), dtype, scale)
 
 
 class _RecordedLaunches(list):
@@ -1078,8 +1086,9 @@ class _RecordedLaunches(list):
 @pytest.mark.parametrize("dq_first", [None, True, False])
 def test_the_gluon_backward_takes_its_schedule_and_launch_order_from_the_config(dq_first, monkeypatch):
     """The dense Gluon dK/dV plan's DQ_FIRST is BwdConfig.hopper_gluon_dq_first (None: the rule,
-    here MHA: after dK), its grid's sections BwdConfig.hopper_gluon_head_section: no module
-    setting in between. The plan is made and launched on the CPU, the launcher recorded."""
+    here MHA: after dK), its grid's sections BwdConfig.hopper_gluon_causal_head_section causal and
+    hopper_gluon_head_section without the mask: no module setting in between. The plan is made and
+    launched on the CPU, the launcher recorded."""
     from kernels import flash_attn_hopper as hopper
 
     launches = _RecordedLaunches()
@@ -1089,12 +1098,15 @@ def test_the_gluon_backward_takes_its_schedule_and_launch_order_from_the_config(
     dq_acc = torch.zeros(q.shape, dtype=torch.float32)
     lse, delta = torch.randn(2, 4, 256), torch.randn(2, 4, 256)
     config = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_dq_first=dq_first,
-                                 hopper_gluon_head_section=2)
+                                 hopper_gluon_causal_head_section=2, hopper_gluon_head_section=4)
     plan = hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, True, config)
     plan(q, k, v, do, lse, delta, dk, dv, dq_acc, 0.1)
     (launch,) = launches
     assert launch["DQ_FIRST"] is bool(dq_first) and launch["FUSED_DQ"] and launch["CAUSAL"]
     assert launch["grid"] == (2, 2, 4)  # sections of 2 of the 8 (batch, kv head) pairs, 2 key blocks each
+    plan = hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, False, config)
+    plan(q, k, v, do, lse, delta, dk, dv, dq_acc, 0.1)
+    assert not launches[-1]["CAUSAL"] and launches[-1]["grid"] == (4, 2, 2)  # without the mask: sections of 4
 
 
 @pytest.mark.parametrize("dq_first", [None, True, False])
@@ -1112,7 +1124,8 @@ def test_head_dim_192_launches_the_kernel_for_wide_heads(dq_first, monkeypatch):
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dq_acc = torch.zeros(q.shape, dtype=torch.float32)
     lse, delta = torch.randn(2, 4, 256), torch.randn(2, 4, 256)
-    config = dataclasses.replace(HOPPER_BWD_CONFIGS[256], hopper_gluon_head_section=8, hopper_gluon_dq_first=dq_first)
+    config = dataclasses.replace(HOPPER_BWD_CONFIGS[256], hopper_gluon_causal_head_section=8,
+                                 hopper_gluon_dq_first=dq_first)
     plan = hopper.backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, True, config)
     plan(q, k, v, do, lse, delta, dk, dv, dq_acc, 0.1)
     (launch,) = launches
@@ -1144,7 +1157,7 @@ def test_the_gluon_varlen_backward_takes_its_grid_from_the_config(key_grid, scan
     dq_acc = hopper.varlen_dq_accumulator(q, len(lengths)).zero_()
     lse, delta = torch.randn(4, total), torch.randn(4, total)
     config = dataclasses.replace(HOPPER_BWD_CONFIGS[128], hopper_gluon_varlen_grid=key_grid,
-                                 hopper_gluon_head_section=1)
+                                 hopper_gluon_causal_head_section=1)
     hopper.flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_acc, cu, cu, max(lengths),
                                                   0.1, True, config)
     (launch,) = launches

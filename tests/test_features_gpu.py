@@ -410,10 +410,11 @@ def test_gpu_gluon_backward_at_head_dim_192(batch, seqlen, heads, kv_heads, caus
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("section", [1, 2, 4, "l2", 1000])
 def test_gpu_gluon_backward_in_every_launch_order(section):
-    """The Gluon dK/dV kernels' launch order (BwdConfig.hopper_gluon_head_section, bwd_grid): each
+    """The Gluon dK/dV kernels' launch order (BwdConfig.hopper_gluon_head_section and
+    hopper_gluon_causal_head_section, bwd_grid): each
     pair's key blocks in turn, sections of 2 or of 4 pairs (a width that does not divide 6 pairs
     takes the largest divisor, 3), L2-sized, and every pair together; each must visit every
-    (pair, key block) once: the dense GQA backward (6 pairs, causal, and with a window) and a
+    (pair, key block) once: the dense GQA backward (6 pairs, causal, with a window, and full) and a
     packed batch (12 pairs) against float64, on the Gluon kernels (asserted, so a Gluon build that
     fails cannot send them to the Triton ones unseen)."""
     if torch.cuda.get_device_capability() != (9, 0):
@@ -429,8 +430,10 @@ def test_gpu_gluon_backward_in_every_launch_order(section):
     packed_k = torch.empty(sum(lengths), 2, 128, device="cuda", dtype=torch.bfloat16)
     assert dispatch.hopper_gluon_varlen_bwd_applies(default_bwd_config(128, like_q.device), packed_q, packed_k,
                                                     packed_k, packed_q, packed)
-    config = dataclasses.replace(default_bwd_config(128, like_q.device), hopper_gluon_head_section=section)
+    config = dataclasses.replace(default_bwd_config(128, like_q.device), hopper_gluon_head_section=section,
+                                 hopper_gluon_causal_head_section=section)
     check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=True, bwd_config=config)
+    check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=False, bwd_config=config)
     check_dense(3, 1024, 1024, 8, 2, 128, torch.bfloat16, device="cuda", causal=True, window=(300, 0),
                 bwd_config=config)
     check_varlen(lengths, lengths, 8, 2, 128, torch.bfloat16, device="cuda", causal=True, bwd_config=config)

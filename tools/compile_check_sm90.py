@@ -452,7 +452,7 @@ def dq_cast_report(kernel, cols: int = 64) -> str:
     and stores by width, per thread."""
     from collections import Counter
 
-    types = {"DQAccum": "*fp32", "DQ": "*bf16", "CuSeqQ": "*i32", "COLS": "constexpr"}
+    types = {"DQAccum": "*fp32", "DQ": "*bf16", "CuSeqQ": "*i32", "softmax_scale": "fp32", "COLS": "constexpr"}
     signature = {name: types.get(name, "i32") for name in kernel.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                if signature[name].startswith("*")}

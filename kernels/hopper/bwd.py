@@ -312,15 +312,14 @@ def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, softmax_scale,
-                num_heads, HALF: gl.constexpr):
+def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, num_heads,
+                HALF: gl.constexpr):
     """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
     columns] = dS K_j[:, columns] over both halves' keys (all columns in turns, _dq_in_turns),
-    scaled and added into the float32 accumulator behind dq_desc (rows from q_row0) by TMA
-    reduce-adds."""
+    added into the float32 accumulator behind dq_desc (rows from q_row0) by TMA reduce-adds."""
     dq_tok = _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
     dq = _bwd_wait_dq(0, dq_tok)
-    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, _ring_head_dim(k_smem), HALF)
+    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, num_heads, _ring_head_dim(k_smem), HALF)
 
 
 @gluon.jit
@@ -352,11 +351,11 @@ def _bwd_wait_dq(pendings: gl.constexpr, dq_tok):
 
 
 @gluon.jit
-def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HEAD_DIM: gl.constexpr,
-                   HALF: gl.constexpr):
+def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, num_heads, HEAD_DIM: gl.constexpr, HALF: gl.constexpr):
     """dQ_i's columns (rows q_row0 + m.. of the (batch x seqlen, heads x head dim) view, this
     consumer's columns of the head whose first is q_col; `dq`, `dq_buf` and `dq_desc` tuples, one
-    per dQ section), scaled, added into the float32 accumulator by one TMA reduce-add a section as
+    per dQ section), unscaled (the cast applies the softmax scale once: dq_cast.py, as FA3's and
+    FA4's dQ postprocess do), added into the float32 accumulator by one TMA reduce-add a section as
     the consumer's registers lie, each thread's in turn (DQ_REGISTER_TILE: no bank conflicts on
     the store). The accumulator holds, per 64-row block of the view, its columns as 64-row,
     32-column register-order tiles in the view's order (a 64-column tile is two of them: its
@@ -367,7 +366,7 @@ def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, softmax_scale, num_hea
     FIRST_COL: gl.constexpr = _dq_first_col(HEAD_DIM, HALF)
     tma.store_wait(pendings=0)  # the previous step's reduce-adds have read dq_buf
     for section in gl.static_range(len(dq)):
-        dq_buf[section].store(dq[section] * softmax_scale)
+        dq_buf[section].store(dq[section])
     fence_async_shared()
     gl.thread_barrier()
     # the tile's first row in the boxes' view (rows of DQ_REGISTER_BOX[1] floats), counting tiles of
@@ -495,7 +494,7 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         dq_tok = _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
         dk_tok = _section_matmuls(ds_op, q_buf, dk)
         dq = _bwd_wait_dq(len(dk), dq_tok)  # dV's and dQ's matmuls have finished
-        _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, softmax_scale, num_heads, HEAD_DIM, HALF)
+        _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, num_heads, HEAD_DIM, HALF)
         dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
     else:
@@ -507,13 +506,13 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
         if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
             _bwd_add_dq_in_its_turn(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity,
-                                    step, softmax_scale, num_heads, HALF)
+                                    step, num_heads, HALF)
     return dk, dv
 
 
 @gluon.jit
 def _bwd_add_dq_in_its_turn(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                            softmax_scale, num_heads, HALF: gl.constexpr):
+                            num_heads, HALF: gl.constexpr):
     """_bwd_add_dq at every step, or in turns (_dq_in_turns) at the steps of this consumer's parity.
     The other consumer may then run a step ahead, but not two: it writes a step's dS^T buffer again
     only after it has waited for this consumer's dS^T of the step between, which this consumer
@@ -521,10 +520,10 @@ def _bwd_add_dq_in_its_turn(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, 
     if _dq_in_turns(_ring_head_dim(k_smem)):
         if step % 2 == HALF:
             _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                        softmax_scale, num_heads, HALF)
+                        num_heads, HALF)
     else:
-        _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                    softmax_scale, num_heads, HALF)
+        _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, num_heads,
+                    HALF)
 
 
 @gluon.jit

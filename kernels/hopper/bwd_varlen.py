@@ -134,7 +134,7 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
     dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
     mbarrier.arrive(empty_bar.index(stage), count=1)
     _bwd_add_dq_in_its_turn(dq_desc, dq_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                            softmax_scale, num_heads, HALF)
+                            num_heads, HALF)
     return dk, dv
 
 

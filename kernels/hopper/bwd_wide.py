@@ -269,7 +269,7 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
         # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's
         dq0, dq1, dq2 = warpgroup_mma_wait(2, deps=[dq0_tok, dq1_tok, dq2_tok])
-        _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), softmax_scale, num_heads, HEAD_DIM)
+        _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), num_heads, HEAD_DIM)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
         mbarrier.arrive(pds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
@@ -277,20 +277,20 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
         dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
         mbarrier.arrive(pds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
-        _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), softmax_scale, num_heads, HEAD_DIM)
+        _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), num_heads, HEAD_DIM)
     return dk, dv
 
 
 @gluon.jit
-def _wide_reduce_dq(dq_desc, row, q_col, dq_smem, dq, softmax_scale, num_heads, HEAD_DIM: gl.constexpr):
+def _wide_reduce_dq(dq_desc, row, q_col, dq_smem, dq, num_heads, HEAD_DIM: gl.constexpr):
     """dQ_i's 64 x 64 tiles (rows from `row` of the (batch x seqlen, heads x head dim) view, columns
-    from q_col), scaled, each staged in register order and added into the float32 accumulator by
+    from q_col), unscaled (bwd._bwd_reduce_dq), each staged in register order and added into the float32 accumulator by
     one TMA reduce-add (bwd._bwd_reduce_dq's layout, a tile per 64-row block and 64 columns)."""
     BLOCK_M: gl.constexpr = dq[0].shape[0]
     tma.store_wait(pendings=0)  # the previous step's reduce-adds have read the tiles
     for i in gl.static_range(len(dq)):
         buf = dq_smem.index(i)
-        buf._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], DQ_REGISTER_TILE).store(dq[i] * softmax_scale)
+        buf._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], DQ_REGISTER_TILE).store(dq[i])
     fence_async_shared()
     gl.thread_barrier()
     tile = row // BLOCK_M * (num_heads * (HEAD_DIM // DQ_COLS)) + q_col // DQ_COLS

@@ -2,7 +2,8 @@
 tile of dQ (and 64 x 32 at head dim 96) into the accumulator as their consumers' registers lie
 (shared.DQ_TILE_BASES): a 64 x 64 tile is two 64 x 32 ones side by side, so the accumulator is, per
 64-row block, its columns' 64 x 32 tiles in order, and any two neighbours read as one 64 x 64 tile.
-These Triton kernels put each tile back in rows, then cast and store it (each row's columns side by
+The kernels add dS K_j unscaled; these Triton kernels put each tile back in rows, apply the softmax
+scale once (FA3's and FA4's dQ postprocess does the same), then cast and store it (each row's columns side by
 side: faster than scattering each element to its place, docs/performance.md); 64-column tiles
 where the row's columns (heads x head dim) are a multiple of 64, else 32-column ones. The varlen accumulator
 holds each sequence's tiles from a padded row of its own (FA3's layout for its dQaccum), so that
@@ -28,24 +29,24 @@ def _register_tile_in_rows(acc, COLS: tl.constexpr):
 
 
 @triton.jit
-def _dq_rows_from_register_tiles_kernel(DQAccum, DQ, col_tiles, COLS: tl.constexpr):
+def _dq_rows_from_register_tiles_kernel(DQAccum, DQ, col_tiles, softmax_scale, COLS: tl.constexpr):
     """One 64 x COLS tile of the fused dQ's accumulator in register order (DQ_TILE_BASES; tiles in
     the order of the (batch x seqlen, heads x head dim) view's 64 x COLS blocks, `col_tiles` to a
-    row of blocks) put in rows (_register_tile_in_rows) and cast into its block of DQ, that view of
+    row of blocks) put in rows (_register_tile_in_rows), scaled and cast into its block of DQ, that view of
     a contiguous tensor, each row's COLS columns stored side by side."""
     tile = tl.program_id(0)
     acc = _register_tile_in_rows(tl.load(DQAccum + tile.to(tl.int64) * (64 * COLS) + tl.arange(0, 64 * COLS)), COLS)
     block_row, block_col = tile // col_tiles, tile % col_tiles
     rows, cols = tl.arange(0, 64)[:, None], tl.arange(0, COLS)[None, :]
     dst = (block_row.to(tl.int64) * 64 + rows) * (col_tiles * COLS) + block_col * COLS + cols
-    tl.store(DQ + dst, acc.to(DQ.dtype.element_ty))
+    tl.store(DQ + dst, (acc * softmax_scale).to(DQ.dtype.element_ty))
 
 
 @triton.jit
-def _dq_rows_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles, COLS: tl.constexpr):
+def _dq_rows_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles, softmax_scale, COLS: tl.constexpr):
     """One 64 x COLS tile (query block j of sequence b, column block c: the program's place) of the
-    varlen accumulator (varlen_dq_accumulator's padded rows, DQ_TILE_BASES' tiles) put in rows and
-    cast into sequence b's rows of DQ, a contiguous (total_q, heads, head dim) tensor: a program
+    varlen accumulator (varlen_dq_accumulator's padded rows, DQ_TILE_BASES' tiles) put in rows,
+    scaled and cast into sequence b's rows of DQ, a contiguous (total_q, heads, head dim) tensor: a program
     past its sequence's tiles does nothing, the others read their whole padded tile (within the
     accumulator: varlen_dq_accumulator) and store only the sequence's rows, each row's columns side
     by side."""
@@ -57,7 +58,7 @@ def _dq_rows_from_padded_register_tiles_kernel(DQAccum, DQ, CuSeqQ, col_tiles, C
         acc = _register_tile_in_rows(tl.load(DQAccum + tile * (64 * COLS) + tl.arange(0, 64 * COLS)), COLS)
         rows, cols = tl.arange(0, 64)[:, None], tl.arange(0, COLS)[None, :]
         dst = (q_start + j * 64 + rows).to(tl.int64) * (col_tiles * COLS) + c * COLS + cols
-        tl.store(DQ + dst, acc.to(DQ.dtype.element_ty), mask=j * 64 + rows < seqlen)
+        tl.store(DQ + dst, (acc * softmax_scale).to(DQ.dtype.element_ty), mask=j * 64 + rows < seqlen)
 
 
 def _tile_cols(columns: int) -> int:
@@ -70,16 +71,18 @@ _dq_rows_from_register_tiles_launcher = CachedLauncher(_dq_rows_from_register_ti
 _dq_rows_from_padded_register_tiles_launcher = CachedLauncher(_dq_rows_from_padded_register_tiles_kernel)
 
 
-def dq_from_accumulator(dq_accum: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def dq_from_accumulator(dq_accum: torch.Tensor, dtype: torch.dtype, softmax_scale: float) -> torch.Tensor:
     """dQ in `dtype`, shaped like the fused dQ's float32 accumulator `dq_accum` (contiguous like q,
-    its 64 x 32 tiles in register order, pairs of them the 64 x 64 ones), from that accumulator."""
+    its 64 x 32 tiles in register order, pairs of them the 64 x 64 ones, dS K unscaled), from that
+    accumulator times `softmax_scale`."""
     columns = dq_accum.shape[-2] * dq_accum.shape[-1]  # heads x head dim
     if not dq_accum.is_contiguous() or columns % 32 or dq_accum.numel() % (64 * columns):
         raise ValueError("the register-order accumulator is a contiguous (..., heads, head dim) float32 tensor "
                          f"of whole 64 x 32 blocks; got shape {tuple(dq_accum.shape)}")
     dq = torch.empty(dq_accum.shape, device=dq_accum.device, dtype=dtype)
     cols = _tile_cols(columns)
-    _dq_rows_from_register_tiles_launcher[(dq_accum.numel() // (64 * cols),)](dq_accum, dq, columns // cols, COLS=cols)
+    _dq_rows_from_register_tiles_launcher[(dq_accum.numel() // (64 * cols),)](dq_accum, dq, columns // cols, softmax_scale,
+                                                                        COLS=cols)
     return dq
 
 
@@ -113,9 +116,9 @@ def varlen_dq_accumulator(q: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 def dq_from_varlen_accumulator(dq_accum: torch.Tensor, cu_seqlens_q: torch.Tensor, max_seqlen_q: int,
-                               shape: tuple[int, int, int], dtype: torch.dtype) -> torch.Tensor:
+                               shape: tuple[int, int, int], dtype: torch.dtype, softmax_scale: float) -> torch.Tensor:
     """dQ in `dtype` and packed `shape` (total_q, heads, head dim) from the varlen accumulator
-    `dq_accum` (varlen_dq_accumulator's)."""
+    `dq_accum` (varlen_dq_accumulator's, dS K unscaled) times `softmax_scale`."""
     batch = cu_seqlens_q.shape[0] - 1
     check_varlen_dq_accumulator(dq_accum, shape, batch)
     total_q, heads, headdim = shape
@@ -129,5 +132,5 @@ def dq_from_varlen_accumulator(dq_accum: torch.Tensor, cu_seqlens_q: torch.Tenso
         cols = _tile_cols(heads * headdim)
         grid = (triton.cdiv(max_seqlen_q, BWD_BLOCK_M), batch, heads * headdim // cols)
         _dq_rows_from_padded_register_tiles_launcher[grid](dq_accum, dq, cu_seqlens_q, heads * headdim // cols,
-                                                           COLS=cols)
+                                                           softmax_scale, COLS=cols)
     return dq
