@@ -735,6 +735,7 @@ SECTIONS = {
                                                           "without the pin",
                                                           "row sums stored before P V's wait"),
     "fwd_counters_h100": lambda: peer_counters_table(H100 / "counters_fa4"),
+    "bwd_counters_sections_h100": lambda: peer_counters_table(H100 / "counters_bwd_fa4_sections"),
     "bwd_counters_h100": lambda: peer_counters_table(H100 / "counters_bwd_fa4"),
     "bwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_launch_order.csv"),
     "gluon_backward_dq_first_d192_h100": lambda: compare_configs_table(
