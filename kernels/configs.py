@@ -121,9 +121,10 @@ class BwdConfig:
     # accumulator within the L2 cache (FA4's head sections for its longest-first order); 1: each
     # pair's key blocks next to each other (FA4's sm_90 order), so that the programs sharing a
     # pair's Q, dO and accumulator run together. hopper_gluon_head_section orders calls without a
-    # causal mask, hopper_gluon_causal_head_section causal ones. Without the mask 1 measured faster
-    # than "l2" at head dims 64 to 192 (most at 192, level at 192 with 8k keys); causal, level or
-    # slower at 64 and 128 and faster at 192, which the table gives 1 (docs/performance.md,
+    # causal mask, hopper_gluon_causal_head_section causal ones. Without the mask 1 (or 4: at 96
+    # only 4 was timed) measured faster than "l2" at head dims 64 to 192 (most at 192 with 2k keys,
+    # level at 192 with 8k); causal, level or slower at 64 and 128 and faster at 192, which the
+    # table gives 1 (docs/performance.md,
     # "The backward's launch order"; reports/h100/decisions/gluon_backward_launch_order.csv).
     hopper_gluon_head_section: int | str = 1
     hopper_gluon_causal_head_section: int | str = "l2"
