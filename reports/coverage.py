@@ -123,17 +123,20 @@ def clock_lines(df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _kernel_split(sub: pd.DataFrame, provider: str) -> tuple[str, float, float] | None:
-    """A provider's (main kernel, its microseconds, the other kernels' microseconds) in one call of
-    a case and mode, from the `kernel_us` its profiled row carries (the first round's), or None."""
+def _kernel_split(sub: pd.DataFrame, provider: str) -> tuple[str, float, float, float] | None:
+    """A provider's (main kernel, its microseconds, the other kernels' microseconds, their sum's
+    share of the profiled row's timed call in percent) in one call of a case and mode, from the
+    `kernel_us` its profiled row carries (the first round's, profiled after that row's timing), or
+    None."""
     rows = sub[(sub.provider == provider) & (sub.status == "ok")]
-    readings = [json.loads(text) for text in rows.get("kernel_us", pd.Series(dtype=str)).dropna()
+    profiled = [(json.loads(str(text)), ms) for text, ms in zip(rows.get("kernel_us", pd.Series(dtype=str)), rows.ms)
                 if str(text).startswith("{") and str(text) != "{}"]
-    if not readings:
+    if not profiled:
         return None
-    times = readings[0]
+    times, ms = profiled[0]
     main = max(times, key=times.get)
-    return main, times[main], sum(times.values()) - times[main]
+    busy = 100 * sum(times.values()) / (1000 * ms) if ms and ms == ms else math.nan
+    return main, times[main], sum(times.values()) - times[main], busy
 
 
 def kernel_lines(df: pd.DataFrame) -> list[str]:
@@ -146,12 +149,12 @@ def kernel_lines(df: pd.DataFrame) -> list[str]:
         ours, fa4 = _kernel_split(sub, "ours"), _kernel_split(sub, "fa4")
         if ours is None:
             continue
-        fa4_main, fa4_rest = (fa4[1], fa4[2]) if fa4 else (math.nan, math.nan)  # FA4 not profiled: –
+        fa4_main, fa4_rest, fa4_busy = fa4[1:] if fa4 else (math.nan,) * 3  # FA4 not profiled: –
         main_ratio = fa4_main / ours[1] if ours[1] else math.nan
         call_ratio = (fa4_main + fa4_rest) / (ours[1] + ours[2]) if ours[1] + ours[2] else math.nan
         lines.append(f"| {label} | {mode} | `{ours[0].split('(')[0]}` | {ours[1]:.0f} | {ours[2]:.0f} | "
                      f"{cell(fa4_main, '{:.0f}')} | {cell(fa4_rest, '{:.0f}')} | {cell(main_ratio, '{:.2f}x')} "
-                     f"| {cell(call_ratio, '{:.2f}x')} |")
+                     f"| {cell(call_ratio, '{:.2f}x')} | {cell(ours[3], '{:.0f}')} | {cell(fa4_busy, '{:.0f}')} |")
     failed = [f"- {case_label(r)} {r.provider} {r['mode']}: {r.kernel_us}" for _, r in df.iterrows()
               if str(r.get("kernel_us", "")).startswith("error:")]
     if not lines and not failed:
@@ -163,10 +166,12 @@ def kernel_lines(df: pd.DataFrame) -> list[str]:
              "(a backward's preprocess, which computes D and zeroes the dQ accumulator, and its dQ cast). The "
              "last columns are ours' speed over FA4's: the main kernel's, then all of the call's kernels' "
              "(where our backward computes dQ in a kernel of its own, as the Triton path does, only the "
-             "second compares like with like)."), "",
+             "second compares like with like). \"GPU busy\" is the kernels' time over the same row's timed "
+             "call (its median, L2 flushed before each call): well under 100, the GPU waited for the host "
+             "between the call's launches."), "",
             ("| case | mode | our main kernel | ours, main | ours, the rest | fa4, main | fa4, the rest "
-             "| main kernel, ours / fa4 | all kernels, ours / fa4 |"), "|---|---|---|---|---|---|---|---|---|",
-            *lines, *notes]
+             "| main kernel, ours / fa4 | all kernels, ours / fa4 | ours, GPU busy % | fa4, GPU busy % |"),
+            "|---|---|---|---|---|---|---|---|---|---|---|", *lines, *notes]
 
 
 def write_coverage_report(out_dir) -> Path:

@@ -172,12 +172,14 @@ def test_the_kernels_section_splits_ours_and_fa4s_main_kernel_from_the_rest():
     ours = {"_flash_bwd_dkdv_hopper_kernel": 1500.0, "_bwd_preprocess_kernel": 95.0, "_dq_cast": 67.0}
     fa4 = {"kernel_cutlass_kernel_flash_bwd_sm90": 1200.0, "preprocess": 97.0, "postprocess": 67.0}
     df["kernel_us"] = [json.dumps(ours), json.dumps(fa4)]
+    df["ms"] = [2.0, 1.364]  # ours' call waits on the host: its kernels are 83% of it; FA4's all of it
     lines = coverage_report.kernel_lines(df)
     assert lines[-1] == ("| sweep: 8 x 2048, 16 heads, d 128, causal | bwd | `_flash_bwd_dkdv_hopper_kernel` | 1500 | "
-                         "162 | 1200 | 164 | 0.80x | 0.82x |")  # all kernels: 1364 us against 1662
+                         "162 | 1200 | 164 | 0.80x | 0.82x | 83 | 100 |")  # all kernels: 1364 us against 1662
     df.loc[df.provider == "fa4", "kernel_us"] = "{}"  # FA4 not profiled: ours' cells, FA4's blank
     assert coverage_report.kernel_lines(df)[-1] == (
-        "| sweep: 8 x 2048, 16 heads, d 128, causal | bwd | `_flash_bwd_dkdv_hopper_kernel` | 1500 | 162 | – | – | – | – |")
+        "| sweep: 8 x 2048, 16 heads, d 128, causal | bwd | `_flash_bwd_dkdv_hopper_kernel` | 1500 | 162 | – | – | – | – "
+        "| 83 | – |")
     df.loc[df.provider == "ours", "kernel_us"] = "{}"  # ours not profiled: no section
     assert coverage_report.kernel_lines(df) == []
 
