@@ -125,7 +125,7 @@ class BwdConfig:
     # only 4 was timed) measured faster than "l2" at head dims 64 to 192 (most at 192 with 2k keys,
     # level at 192 with 8k); causal, level or slower at 64 and 128 and faster at 192, which the
     # table gives 1 (docs/performance.md,
-    # "The backward's launch order"; reports/h100/decisions/gluon_backward_launch_order.csv).
+    # "Launch order"; reports/h100/decisions/gluon_backward_launch_order.csv).
     hopper_gluon_head_section: int | str = 1
     hopper_gluon_causal_head_section: int | str = "l2"
     # The packed-sequence kernel's key blocks: "longest" (every sequence given the longest one's),

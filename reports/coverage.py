@@ -135,7 +135,7 @@ def _kernel_split(sub: pd.DataFrame, provider: str) -> tuple[str, float, float, 
         return None
     times, ms = profiled[0]
     main = max(times, key=times.get)
-    busy = 100 * sum(times.values()) / (1000 * ms) if ms and ms == ms else math.nan
+    busy = 100 * sum(times.values()) / (1000 * ms) if ms and not math.isnan(ms) else math.nan
     return main, times[main], sum(times.values()) - times[main], busy
 
 
@@ -166,9 +166,10 @@ def kernel_lines(df: pd.DataFrame) -> list[str]:
              "(a backward's preprocess, which computes D and zeroes the dQ accumulator, and its dQ cast). The "
              "last columns are ours' speed over FA4's: the main kernel's, then all of the call's kernels' "
              "(where our backward computes dQ in a kernel of its own, as the Triton path does, only the "
-             "second compares like with like). \"GPU busy\" is the kernels' time over the same row's timed "
-             "call (its median, L2 flushed before each call): well under 100, the GPU waited for the host "
-             "between the call's launches."), "",
+             "second compares like with like). \"GPU busy\" is the kernels' time (profiled back to back, L2 "
+             "warm) over the same row's timed call (its median, L2 flushed before each call), so it reads "
+             "about 100, give or take a tenth, where the GPU never waits; well under that, the GPU waited "
+             "for the host between the call's launches."), "",
             ("| case | mode | our main kernel | ours, main | ours, the rest | fa4, main | fa4, the rest "
              "| main kernel, ours / fa4 | all kernels, ours / fa4 | ours, GPU busy % | fa4, GPU busy % |"),
             "|---|---|---|---|---|---|---|---|---|---|---|", *lines, *notes]

@@ -740,8 +740,10 @@ def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster():
 def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch):
     """flash_attn_hopper.bwd_grid, the Gluon dK/dV kernels' launch order: (pairs in a section, key
     blocks, sections), the section the largest divisor of the pairs at most the config's
-    hopper_gluon_head_section; "l2" (the tables') as many pairs as keep their Q, dO and float32 dQ
-    accumulator within the L2 cache; a bad setting is refused by name."""
+    hopper_gluon_head_section (calls without the causal mask; the tables' 1) or
+    hopper_gluon_causal_head_section (causal; the tables' "l2" at head dims 64 to 128); "l2" as many
+    pairs as keep their Q, dO and float32 dQ accumulator within the L2 cache; a bad setting is
+    refused by name."""
     from kernels import flash_attn_hopper as hopper
 
     cpu = torch.device("cpu", 0)
