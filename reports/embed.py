@@ -737,6 +737,15 @@ SECTIONS = {
     "fwd_counters_h100": lambda: peer_counters_table(H100 / "counters_fa4"),
     "bwd_counters_sections_h100": lambda: peer_counters_table(H100 / "counters_bwd_fa4_sections"),
     "bwd_counters_h100": lambda: peer_counters_table(H100 / "counters_bwd_fa4"),
+    "bwd_dq_scale_h100": lambda: csv_table(
+        H100 / "decisions" / "gluon_backward_dq_scale.csv",
+        {"hdim": "head dim", "causal": "causal", "every step, round 1": "scaled every step, ms (round 1)",
+         "cast, round 1": "scaled in the cast, ms (round 1)", "every step, round 2": "scaled every step, ms (round 2)",
+         "cast, round 2": "scaled in the cast, ms (round 2)"},
+        select=lambda rows: rows.assign(column=rows.dq_scale.map({"scaled every step": "every step",
+                                                                  "scaled in the cast": "cast"})
+                                        + ", round " + rows["round"].astype(str))
+        .pivot_table(index=["hdim", "causal"], columns="column", values="ms", sort=False).reset_index()),
     "bwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_launch_order.csv"),
     "gluon_backward_dq_first_d192_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_dq_first_d192.csv", "dQ after dV and dK (the table's when measured)",
