@@ -298,9 +298,15 @@ def _backward_varlen_gluon(do, q, k, v, out, lse, softmax_scale: float, causal: 
     _bwd_preprocess_launcher[(cdiv(dq_acc.shape[0], 64), heads)](
         out, do, delta, dq_acc, *varlen_strides(out), *varlen_strides(do), heads, total_q, HEAD_DIM=headdim,
         BLOCK_D=padded_headdim(headdim), BLOCK_M=64, ZERO_DQ=2)
-    hopper.flash_attn_varlen_backward_dkdv_hopper(
-        q, k, v, do, lse, delta, dk, dv, dq_acc, cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_k,
-        softmax_scale, causal, config)
+    cu_seqlens_k, batch = features.cu_seqlens_k, cu_seqlens_q.shape[0] - 1
+    # the varlen dK/dV plan's key: what its descriptors, grid and compiled kernel depend on (every
+    # pointer's 16-byte alignment: Triton specialises on it)
+    key = ("gluon-varlen", q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.stride(), q.dtype, q.device,
+           batch, features.max_seqlen_k, causal, config,
+           *(t.data_ptr() % 16 for t in (q, k, v, do, lse, cu_seqlens_q, cu_seqlens_k)))
+    plan = _PLANS.get(key) or _PLANS.put(key, hopper.varlen_backward_dkdv_hopper_plan(
+        q, k, v, do, dk, dv, dq_acc, batch, features.max_seqlen_k, causal, config))
+    plan(q, k, v, do, lse, delta, dk, dv, dq_acc, cu_seqlens_q, cu_seqlens_k, softmax_scale)
     dq = hopper.dq_from_varlen_accumulator(dq_acc, cu_seqlens_q, features.max_seqlen_q, q.shape, q.dtype,
                                            softmax_scale)
     return dq, dk, dv

@@ -546,6 +546,46 @@ def varlen_bwd_grid(batch: int, total_k: int, max_seqlen_k: int, grid: str) -> s
     return grid
 
 
+def varlen_backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, batch: int, max_seqlen_k: int, causal: bool,
+                                     config: BwdConfig):
+    """The varlen dK/dV launch for packed tensors shaped, strided and aligned like these, `batch`
+    sequences, the longest of `max_seqlen_k` keys, as a function of (q, k, v, do, lse, delta, dk,
+    dv, dq_accum, cu_seqlens_q, cu_seqlens_k, softmax_scale) (flash_attn_varlen_backward_dkdv_hopper's
+    arguments): the descriptors' templates and the grid made once, each call's descriptors encoded
+    from its tensors' addresses by the launch (launch.DirectLaunch), as the dense plan does; the
+    caller's key holds what the launch depends on (shapes, strides, dtypes, the pointers' 16-byte
+    alignment, batch, max_seqlen_k, causal, config)."""
+    total_q, heads, headdim = q.shape
+    if headdim not in VARLEN_BWD_HEAD_DIMS:
+        raise ValueError(f"the Gluon varlen dK/dV kernel takes head dims {VARLEN_BWD_HEAD_DIMS}, got {headdim}")
+    check_varlen_dq_accumulator(dq_accum, q.shape, batch)
+    first, tails, split_constexprs = _backward_descriptors(_packed_descriptor, q, k, v, do, dk, dv, dq_accum)
+    head_split = split_constexprs["HEAD_SPLIT"]
+    kv_heads = k.shape[1]
+    kv_group = heads // kv_heads
+    key_grid = varlen_bwd_grid(batch, k.shape[0], max_seqlen_k, config.hopper_gluon_varlen_grid)
+    key_blocks = varlen_bwd_key_blocks(key_grid, batch, k.shape[0], max_seqlen_k)
+    scan = 0 if key_grid == "longest" else VARLEN_SCAN_LANES
+    # sections of (sequence, kv head) pairs, or of kv heads over every sequence's blocks ("packed");
+    # the mean length sizes them
+    pairs = batch * kv_heads if key_grid == "longest" else kv_heads
+    grid = bwd_grid(key_blocks, pairs, kv_group, max(total_q // max(batch, 1), 1), headdim,
+                    q.element_size(), q.device, bwd_head_section(config, causal))
+    # Q, K, V, dO, dK, dV and dQ's accumulator, then their tail sections (without them, L's pointer
+    # in their place, not read): the tensors are passed and the launch makes the descriptors
+    descriptors = {i: descriptor_template(d) for i, d in enumerate(first + tails) if d is not None}
+    launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_varlen_launcher", grid,
+                          {"STAGES": BWD_STAGES, "CAUSAL": causal, "SCAN": scan, "num_warps": 4, "maxnreg": 168,
+                           **split_constexprs}, descriptors=descriptors)
+
+    def run(q, k, v, do, lse, delta, dk, dv, dq_accum, cu_seqlens_q, cu_seqlens_k, softmax_scale):
+        sections = (q, k, v, do, dk, dv, dq_accum)
+        launch(*sections, *(sections if head_split else (lse,) * 7), dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k,
+               heads, total_q, dk.stride(0), dv.stride(0), softmax_scale, softmax_scale * LOG2E, kv_group, batch)
+
+    return run
+
+
 def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_accum, cu_seqlens_q, cu_seqlens_k,
                                            max_seqlen_k: int, softmax_scale: float, causal: bool,
                                            config: BwdConfig) -> None:
@@ -553,25 +593,8 @@ def flash_attn_varlen_backward_dkdv_hopper(q, k, v, do, lse, delta, dk, dv, dq_a
     kv_heads, head dim), head dim 64, 96 or 128 (VARLEN_BWD_HEAD_DIMS), laid out as
     flash_attn_varlen_forward_hopper takes them), and dQ added into `dq_accum` (a zeroed float32
     accumulator from dq_cast.varlen_dq_accumulator, dS K unscaled: dq_from_varlen_accumulator scales it);
-    `lse` and `delta` (heads, total_q) float32.
-    `config`'s hopper_gluon_varlen_grid and head sections (bwd_head_section) pick the grid."""
-    total_q, heads, headdim = q.shape
-    if headdim not in VARLEN_BWD_HEAD_DIMS:
-        raise ValueError(f"the Gluon varlen dK/dV kernel takes head dims {VARLEN_BWD_HEAD_DIMS}, got {headdim}")
-    batch = cu_seqlens_q.shape[0] - 1
-    check_varlen_dq_accumulator(dq_accum, q.shape, batch)
-    first, tails, split_constexprs = _backward_descriptors(_packed_descriptor, q, k, v, do, dk, dv, dq_accum)
-    tails = [lse if d is None else d for d in tails]  # no tail section: not read
-    kv_heads = k.shape[1]
-    key_grid = varlen_bwd_grid(batch, k.shape[0], max_seqlen_k, config.hopper_gluon_varlen_grid)
-    key_blocks = varlen_bwd_key_blocks(key_grid, batch, k.shape[0], max_seqlen_k)
-    scan = 0 if key_grid == "longest" else VARLEN_SCAN_LANES
-    # sections of (sequence, kv head) pairs, or of kv heads over every sequence's blocks ("packed");
-    # the mean length sizes them
-    pairs = batch * kv_heads if key_grid == "longest" else kv_heads
-    grid = bwd_grid(key_blocks, pairs, heads // kv_heads, max(total_q // max(batch, 1), 1), headdim,
-                    q.element_size(), q.device, bwd_head_section(config, causal))
-    _bwd_dkdv_varlen_launcher[grid](
-        *first, *tails, dk, dv, lse, delta, cu_seqlens_q, cu_seqlens_k, heads, total_q, dk.stride(0), dv.stride(0),
-        softmax_scale, softmax_scale * LOG2E, heads // kv_heads, batch, STAGES=BWD_STAGES, CAUSAL=causal,
-        SCAN=scan, num_warps=4, maxnreg=168, **split_constexprs)
+    `lse` and `delta` (heads, total_q) float32: varlen_backward_dkdv_hopper_plan's launch, made and
+    run once. `config`'s hopper_gluon_varlen_grid and head sections (bwd_head_section) pick the grid."""
+    plan = varlen_backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, cu_seqlens_q.shape[0] - 1, max_seqlen_k,
+                                            causal, config)
+    plan(q, k, v, do, lse, delta, dk, dv, dq_accum, cu_seqlens_q, cu_seqlens_k, softmax_scale)

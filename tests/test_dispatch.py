@@ -1168,6 +1168,45 @@ def test_the_gluon_varlen_backward_takes_its_grid_from_the_config(key_grid, scan
     assert launch["SCAN"] == scan and launch["grid"] == (1, blocks, pairs)
 
 
+@pytest.mark.parametrize("headdim", [128, 96])
+def test_the_varlen_backward_plan_describes_each_calls_own_tensors(headdim, monkeypatch):
+    """flash_attn_hopper.varlen_backward_dkdv_hopper_plan keeps descriptor templates, not tensors:
+    two calls of one plan (recorded on the CPU) launch on the same grid with descriptors of each
+    call's own Q, dO and dQ accumulator (and, at head dim 96, their tail sections'), and each
+    call's L, cu_seqlens and scale; a plan that kept its first call's tensors would read stale
+    inputs silently."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_bwd_dkdv_varlen_launcher", launches)
+    lengths = [300, 129, 256]
+    total = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+    def tensors():
+        q, do = (torch.randn(total, 4, headdim, dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(total, 2, headdim, dtype=torch.bfloat16) for _ in range(2))
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        dq_acc = hopper.varlen_dq_accumulator(q, len(lengths)).zero_()
+        return q, k, v, do, torch.randn(4, total), torch.randn(4, total), dk, dv, dq_acc
+
+    first, second = tensors(), tensors()
+    q, k, v, do, lse, delta, dk, dv, dq_acc = first
+    plan = hopper.varlen_backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_acc, len(lengths), max(lengths), True,
+                                                   HOPPER_BWD_CONFIGS[128])
+    for (q, k, v, do, lse, delta, dk, dv, dq_acc), scale in ((first, 0.1), (second, 0.2)):
+        plan(q, k, v, do, lse, delta, dk, dv, dq_acc, cu, cu.clone(), scale)
+        args = launches[-1]["args"]
+        assert [args[i].base for i in (0, 3, 6)] == [q, do, dq_acc]
+        if headdim == 96:  # the tail sections: the same tensors, 32 columns
+            assert [args[7 + i].base for i in (0, 3, 6)] == [q, do, dq_acc]
+        else:  # no tail: L's pointer, not read
+            assert all(args[7 + i] is lse for i in range(7))
+        assert args[16] is lse and args[17] is delta and args[24] == scale
+    assert launches[0]["grid"] == launches[1]["grid"] and launches[0]["CAUSAL"] and launches[1]["HEAD_SPLIT"] == (
+        headdim == 96)
+
+
 @pytest.mark.parametrize("headdim,causal,flags,v_stages", [
     (128, True, {}, 3), (128, True, {"ALIBI": True}, 2), (64, True, {"ALIBI": True}, 3),
     (128, False, {"ALIBI": True}, 3), (128, True, {"ALIBI": True, "WINDOW": True}, 3)])
