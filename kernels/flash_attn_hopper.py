@@ -349,6 +349,43 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
     return run
 
 
+def varlen_forward_hopper_plan(q, k, v, out, lse, batch: int, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                               block_n: int = BLOCK_N, block_m: int = BLOCK_M, schedule=None):
+    """The varlen forward's launch for packed tensors shaped, strided and aligned like these (see
+    flash_attn_varlen_forward_hopper), `batch` sequences, as a function of (q, k, v, out, lse,
+    cu_seqlens_q, cu_seqlens_k, qk_scale): the descriptors' templates, grid and launch order made
+    once, each call's descriptors encoded from its tensors' addresses by the launch
+    (launch.DirectLaunch), as the dense plans do; the caller's key holds what the launch depends on
+    (shapes, strides, dtypes, the pointers' 16-byte alignment, batch, the longest lengths, causal,
+    the tiles and the schedule)."""
+    total_q, heads, headdim = q.shape
+    grid = (triton.cdiv(max_seqlen_q, block_m), batch * heads)
+    group_shift = 0
+    if causal:  # the causal programs' launch order (FwdConfig.hopper_gluon_head_section)
+        group_shift = fwd_group_shift(getattr(schedule, "hopper_gluon_head_section", 1), batch * heads,
+                                      max_seqlen_k, headdim, q.element_size(), q.device)
+    lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
+    stages, v_stages = forward_stages(headdim, block_n, block_m=block_m)
+    descriptors, split_constexprs = _section_descriptors(_packed_descriptor, (q, k, v, out),
+                                                         (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), headdim)
+    head_split = split_constexprs["HEAD_SPLIT"]
+    kv_group = heads // k.shape[1]
+    # Q, K, V, O, then their tail sections (without them, L's pointer in their place, not read): the
+    # tensors are passed and the launch makes the descriptors
+    templates = {i: descriptor_template(d) for i, d in enumerate(descriptors) if d is not None}
+    launch = DirectLaunch(sys.modules[__name__], "_fwd_varlen_launcher", grid,
+                          {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "GROUP_SHIFT": group_shift,
+                           **forward_schedule(schedule), **forward_launch_options(block_m), **split_constexprs},
+                          descriptors=templates)
+
+    def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, qk_scale):
+        sections = (q, k, v, out)
+        launch(*sections, *(sections if head_split else (lse,) * 4), out, lse, cu_seqlens_q, cu_seqlens_k, heads,
+               *lse_strides, out.stride(0), qk_scale, kv_group)
+
+    return run
+
+
 def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                                      max_seqlen_k: int, qk_scale: float, causal: bool, block_n: int = BLOCK_N,
                                      block_m: int = BLOCK_M, schedule=None) -> None:
@@ -362,24 +399,10 @@ def flash_attn_varlen_forward_hopper(q, k, v, out, lse, cu_seqlens_q, cu_seqlens
     program (FwdConfig.hopper_gluon_block_m), `schedule` the config whose key-loop fields it takes
     (forward_schedule) and, causal, its programs' launch order over the sequences x heads rows
     (fwd_group_shift; a group is mostly heads of one sequence, so the L2 budget takes the longest
-    sequence's keys)."""
-    total_q, heads, headdim = q.shape
-    batch = cu_seqlens_q.shape[0] - 1
-    grid = (triton.cdiv(max_seqlen_q, block_m), batch * heads)
-    group_shift = 0
-    if causal:  # the causal programs' launch order (FwdConfig.hopper_gluon_head_section)
-        group_shift = fwd_group_shift(getattr(schedule, "hopper_gluon_head_section", 1), batch * heads,
-                                      max_seqlen_k, headdim, q.element_size(), q.device)
-    lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
-    stages, v_stages = forward_stages(headdim, block_n, block_m=block_m)
-    descriptors, split_constexprs = _section_descriptors(_packed_descriptor, (q, k, v, out),
-                                                         (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), headdim)
-    descriptors = [lse if d is None else d for d in descriptors]  # no tail section: not read
-    _fwd_varlen_launcher[grid](
-        *descriptors, out, lse, cu_seqlens_q, cu_seqlens_k, heads, *lse_strides, out.stride(0), qk_scale,
-        heads // k.shape[1], STAGES=stages, V_STAGES=v_stages, CAUSAL=causal, GROUP_SHIFT=group_shift,
-        **forward_schedule(schedule), **forward_launch_options(block_m),
-        **split_constexprs)
+    sequence's keys). The launch is varlen_forward_hopper_plan's, made and run once."""
+    plan = varlen_forward_hopper_plan(q, k, v, out, lse, cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k,
+                                      causal, block_n, block_m, schedule)
+    plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, qk_scale)
 
 
 # --------------------------------------------------------------------------------------

@@ -421,9 +421,25 @@ def forward_packed(q, k, v, out, lse, qk_scale: float, causal: bool, cfg: FwdCon
     logsumexp written straight into the dense (batch, heads, seqlen_q) `lse`; `block_m` query rows a
     program (dispatch.fwd_gluon_rows), the rest of the kernel's tiles as `cfg` says."""
     packed = dispatch.packed_features(q, k)
-    dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
-        *(dispatch.packed_view(t) for t in (q, k, v, out)), lse, packed.cu_seqlens_q, packed.cu_seqlens_k,
-        q.shape[1], k.shape[1], qk_scale, causal, cfg.hopper_gluon_block_n, block_m, cfg)
+    varlen_forward_gluon(*(dispatch.packed_view(t) for t in (q, k, v, out)), lse, packed.cu_seqlens_q,
+                         packed.cu_seqlens_k, q.shape[1], k.shape[1], qk_scale, causal, cfg, block_m)
+
+
+def varlen_forward_gluon(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                         qk_scale: float, causal: bool, cfg: FwdConfig, block_m: int) -> None:
+    """The Gluon varlen forward (flash_attn_hopper.flash_attn_varlen_forward_hopper's arguments, the
+    config's key block and schedule) through a per-shape plan (varlen_forward_hopper_plan), keyed by
+    what its launch depends on: shapes, strides, dtypes, every pointer's 16-byte alignment (Triton
+    specialises on it), the batch and longest lengths, causal, the tiles and the schedule."""
+    hopper = dispatch.flash_attn_hopper
+    batch = cu_seqlens_q.shape[0] - 1
+    key = ("gluon-varlen", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), lse.shape,
+           lse.stride(), q.dtype, q.device, batch, max_seqlen_q, max_seqlen_k, causal, cfg.hopper_gluon_block_n,
+           block_m, tuple(hopper.forward_schedule(cfg).values()), cfg.hopper_gluon_head_section,
+           *(t.data_ptr() % 16 for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)))
+    plan = _PLANS.get(key) or _PLANS.put(key, hopper.varlen_forward_hopper_plan(
+        q, k, v, out, lse, batch, max_seqlen_q, max_seqlen_k, causal, cfg.hopper_gluon_block_n, block_m, cfg))
+    plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, qk_scale)
 
 
 def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features, qk_scale: float,
@@ -487,9 +503,9 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
             gluon_rows = dispatch.fwd_gluon_rows(cfg, features)  # `rows` stays the Triton fallback's grid
             try:
                 if features.varlen:
-                    dispatch.flash_attn_hopper.flash_attn_varlen_forward_hopper(
-                        q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k, features.max_seqlen_q,
-                        features.max_seqlen_k, qk_scale, causal, cfg.hopper_gluon_block_n, gluon_rows, cfg)
+                    varlen_forward_gluon(q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k,
+                                         features.max_seqlen_q, features.max_seqlen_k, qk_scale, causal, cfg,
+                                         gluon_rows)
                 elif path == GluonPath.PACKED:
                     forward_packed(q, k, v, out, lse, qk_scale, causal, cfg, gluon_rows)
                 else:

@@ -795,6 +795,41 @@ def test_the_causal_forward_starts_groups_of_rows_longest_first_sized_as_asked(m
     assert hopper.fwd_group_shift(8, 0, 1024, 128, 2, cpu) == 0  # no rows
 
 
+@pytest.mark.parametrize("headdim", [128, 96])
+def test_the_varlen_forward_plan_describes_each_calls_own_tensors(headdim, monkeypatch):
+    """flash_attn_hopper.varlen_forward_hopper_plan keeps descriptor templates, not tensors: two
+    calls of one plan (recorded on the CPU) launch on the same grid with descriptors of each call's
+    own Q, K, V and O (and, at head dim 96, their tail sections'), and each call's L, cu_seqlens
+    and scale; a plan that kept its first call's tensors would read stale inputs silently."""
+    from kernels import flash_attn_hopper as hopper
+
+    launches = _RecordedLaunches()
+    monkeypatch.setattr(hopper, "_fwd_varlen_launcher", launches)
+    lengths = [300, 129, 256]
+    total = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    config = HOPPER_FWD_CONFIGS[(128, True)]
+
+    def tensors():
+        q, k, v = (torch.randn(total, 4, headdim, dtype=torch.bfloat16) for _ in range(3))
+        return q, k, v, torch.empty_like(q), torch.empty(4, total)
+
+    first, second = tensors(), tensors()
+    plan = hopper.varlen_forward_hopper_plan(*first, len(lengths), max(lengths), max(lengths), True,
+                                             config.hopper_gluon_block_n, config.hopper_gluon_block_m, config)
+    for (q, k, v, out, lse), scale in ((first, 0.1), (second, 0.2)):
+        plan(q, k, v, out, lse, cu, cu.clone(), scale)
+        args = launches[-1]["args"]
+        assert [args[i].base for i in range(4)] == [q, k, v, out]
+        if headdim == 96:  # the tail sections: the same tensors, 32 columns
+            assert [args[4 + i].base for i in range(4)] == [q, k, v, out]
+        else:  # no tail: L's pointer, not read
+            assert all(args[4 + i] is lse for i in range(4))
+        assert args[8] is out and args[9] is lse and args[16] == scale
+    assert launches[0]["grid"] == launches[1]["grid"] and launches[0]["CAUSAL"] and launches[1]["HEAD_SPLIT"] == (
+        headdim == 96)
+
+
 def test_the_causal_varlen_forward_starts_groups_of_sequence_rows_longest_first(monkeypatch):
     """The Gluon varlen forward's launch (made on the CPU, the launcher recorded) takes the dense
     one's causal launch order over its sequences x heads rows: GROUP_SHIFT is fwd_group_shift's,
