@@ -46,6 +46,9 @@ from .shared import (
 
 _DQ_TILE_COLS = 64
 DQ_COLS: gl.constexpr = gl.constexpr(_DQ_TILE_COLS)  # the columns of a consumer's dQ tile (DQ_REGISTER_TILE's)
+# named barriers 14 and 15: consumer 0's or 1's dQ tile is in shared memory for the writer warp
+# (_dq_full; ids above those Triton's warp specialisation takes)
+DQ_FULL_BARRIER: gl.constexpr = gl.constexpr(14)
 
 
 @gluon.constexpr_function
@@ -128,7 +131,7 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
     """The dK/dV kernel's shared memory: K_j and V_j as two 64-key halves (loaded once: kv_bar), a
     ring of STAGES Q_i and dO_i tiles (q_bar, do_bar: a TMA load has landed; empty_bar: a stage is
     free) and, with FUSED_DQ, the dQ exchange's buffers and mbarriers (ds_smem, dq_smem, ds_bar,
-    done_bar; without it, stand-ins of the right kinds). Descriptors and tiles with a head-dim side
+    dq_free, done_bar; without it, stand-ins of the right kinds). Descriptors and tiles with a head-dim side
     are tuples of head-dim sections (shared._head_sections)."""
     dtype: gl.constexpr = q_desc[0].dtype
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
@@ -160,13 +163,16 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
         else:
             dq_smem = (first, gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, DQ_COLS // 2], dq_desc[1].layout))
         ds_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        dq_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for parity in gl.static_range(2):
             mbarrier.init(ds_bar.index(parity), count=2)  # both consumers' dS^T are in place
+            mbarrier.init(dq_free.index(parity), count=1)  # the dQ writer has read consumer `parity`'s tile
         mbarrier.init(done_bar, count=2)
     else:  # the fused path's buffers and barriers are not used: stand-ins of the right kinds
-        ds_smem, dq_smem, ds_bar, done_bar = q_smem[0], q_smem, q_bar, kv_bar
-    return k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar, done_bar
+        ds_smem, dq_smem, ds_bar, dq_free, done_bar = q_smem[0], q_smem, q_bar, q_bar, kv_bar
+    return (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar, dq_free,
+            done_bar)
 
 
 @gluon.jit
@@ -312,14 +318,13 @@ def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, num_heads,
-                HALF: gl.constexpr):
+def _bwd_add_dq(ds_smem, k_smem, ds_bar, dq_buf, dq_free, dq_init, parity, step, tile, HALF: gl.constexpr):
     """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
     columns] = dS K_j[:, columns] over both halves' keys (all columns in turns, _dq_in_turns),
-    added into the float32 accumulator behind dq_desc (rows from q_row0) by TMA reduce-adds."""
+    handed to the dQ writer warp (_bwd_stage_dq; `tile` counts this consumer's earlier tiles)."""
     dq_tok = _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
     dq = _bwd_wait_dq(0, dq_tok)
-    _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, num_heads, _ring_head_dim(k_smem), HALF)
+    _bwd_stage_dq(dq_buf, dq, dq_free, tile, HALF)
 
 
 @gluon.jit
@@ -351,32 +356,79 @@ def _bwd_wait_dq(pendings: gl.constexpr, dq_tok):
 
 
 @gluon.jit
-def _bwd_reduce_dq(dq_desc, q_row0, m, q_col, dq_buf, dq, num_heads, HEAD_DIM: gl.constexpr, HALF: gl.constexpr):
-    """dQ_i's columns (rows q_row0 + m.. of the (batch x seqlen, heads x head dim) view, this
-    consumer's columns of the head whose first is q_col; `dq`, `dq_buf` and `dq_desc` tuples, one
-    per dQ section), unscaled (the cast applies the softmax scale once: dq_cast.py, as FA3's and
-    FA4's dQ postprocess do), added into the float32 accumulator by one TMA reduce-add a section as
-    the consumer's registers lie, each thread's in turn (DQ_REGISTER_TILE: no bank conflicts on
-    the store). The accumulator holds, per 64-row block of the view, its columns as 64-row,
-    32-column register-order tiles in the view's order (a 64-column tile is two of them: its
-    highest offset bit is column 32), so the tile of columns c.. starts at float
-    64 * (block * columns + c) (dq_cast.dq_from_accumulator puts them back; the varlen kernel's
-    q_row0 is its sequence's padded row: dq_cast.varlen_dq_accumulator)."""
-    BLOCK_M: gl.constexpr = dq[0].shape[0]
-    FIRST_COL: gl.constexpr = _dq_first_col(HEAD_DIM, HALF)
-    tma.store_wait(pendings=0)  # the previous step's reduce-adds have read dq_buf
+def _dq_full(half, ARRIVE: gl.constexpr, WARPS: gl.constexpr):
+    """Named barrier DQ_FULL_BARRIER + half (FA3's and FA4's dQFull NamedBarrier, which Gluon does
+    not wrap; PTX through inline assembly, one element a thread): consumer `half`'s 128 threads
+    arrive (ARRIVE, bar.arrive: no wait) once their dQ tile is in shared memory, and the dQ writer
+    warp's 32 wait there (bar.sync) for them; 160 threads complete a phase. WARPS: the caller's."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    ids = gl.full([32 * WARPS], 0, gl.int32, layout=layout) + (DQ_FULL_BARRIER + half)
+    if ARRIVE:
+        gl.inline_asm_elementwise("bar.arrive $1, 160;\n\tmov.b32 $0, $1;", "=r,r", [ids], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("bar.sync $1, 160;\n\tmov.b32 $0, $1;", "=r,r", [ids], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _bwd_stage_dq(dq_buf, dq, dq_free, tile, HALF: gl.constexpr):
+    """This consumer's dQ_i columns (`dq` and `dq_buf` tuples, one per dQ section; the consumer's
+    `tile`-th), unscaled (the cast applies the softmax scale once: dq_cast.py, as FA3's and FA4's
+    dQ postprocess do), into its shared-memory tile as its registers lie, each thread's in turn
+    (DQ_REGISTER_TILE: no bank conflicts on the store), once the dQ writer warp has read the
+    previous one (dq_free); then every thread arrives at the tile's named barrier and goes on
+    without waiting (_dq_full), and the writer adds the tile into the accumulator
+    (_bwd_dq_writer). FA3's and FA4's consumers hand dQ over so; issuing the reduce-add
+    themselves, ours synchronised the warpgroup (bar.sync) on every tile."""
+    mbarrier.wait(dq_free.index(HALF), (tile & 1) ^ 1)  # a fresh mbarrier's previous phase counts as done
     for section in gl.static_range(len(dq)):
         dq_buf[section].store(dq[section])
     fence_async_shared()
-    gl.thread_barrier()
+    _dq_full(HALF, True, 4)
+
+
+@gluon.jit
+def _bwd_dq_writer(dq_desc, dq_smem, dq_free, q_row0, first_m, q_col0, n_steps, kv_group, num_heads,
+                   HEAD_DIM: gl.constexpr):
+    """The dQ writer warp (FA3's and FA4's, on their producer warpgroup's second warp): each
+    step's dQ tiles, as the consumers hand them over (_bwd_stage_dq: both consumers' column
+    halves at head dim 128, else the tile of the consumer whose turn the step is), added into the
+    float32 accumulator behind dq_desc (rows from q_row0, _bwd_step_coords' steps) by one TMA
+    reduce-add a section, each released (dq_free) once the reduce-add has read it. The
+    accumulator holds, per 64-row block of the (batch x seqlen, heads x head dim) view, its
+    columns as 64-row, 32-column register-order tiles in the view's order (a 64-column tile is two
+    of them: its highest offset bit is column 32), so the tile of columns c.. starts at float
+    64 * (block * columns + c) (dq_cast.dq_from_accumulator puts them back; the varlen kernel's
+    q_row0 is its sequence's padded row: dq_cast.varlen_dq_accumulator)."""
+    BLOCK_M: gl.constexpr = dq_smem[0].type.shape[1]
     # the tile's first row in the boxes' view (rows of DQ_REGISTER_BOX[1] floats), counting tiles of
     # UNIT columns: 64 where the head dim is one section, 32 at 96 (heads start at multiples of 96)
-    UNIT: gl.constexpr = DQ_COLS if len(dq) == 1 else DQ_COLS // 2
+    UNIT: gl.constexpr = DQ_COLS if len(dq_smem) == 1 else DQ_COLS // 2
     BOX_ROWS: gl.constexpr = BLOCK_M * UNIT // DQ_REGISTER_BOX[1]  # box rows a 64 x UNIT tile spans
-    tile = (q_row0 + m) // BLOCK_M * (num_heads * (HEAD_DIM // UNIT)) + q_col // UNIT + FIRST_COL // UNIT
-    _tma_reduce_add(dq_desc[0], [tile * BOX_ROWS, 0], _register_box(dq_buf[0], dq_desc[0]))
-    if len(dq) == 2:
-        _tma_reduce_add(dq_desc[1], [(tile + DQ_COLS // UNIT) * BOX_ROWS, 0], _register_box(dq_buf[1], dq_desc[1]))
+    for step in range(n_steps * kv_group):
+        m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, 0, 0, kv_group, BLOCK_M, HEAD_DIM)
+        block_tile = (q_row0 + m) // BLOCK_M * (num_heads * (HEAD_DIM // UNIT)) + q_col // UNIT
+        if _dq_in_turns(HEAD_DIM):
+            _bwd_write_dq_tile(dq_desc, dq_smem, dq_free, step % 2, block_tile * BOX_ROWS, BOX_ROWS, UNIT)
+        else:
+            for half in gl.static_range(2):
+                first = (block_tile + half * DQ_COLS // UNIT) * BOX_ROWS
+                _bwd_write_dq_tile(dq_desc, dq_smem, dq_free, half, first, BOX_ROWS, UNIT)
+    tma.store_wait(pendings=0)
+
+
+@gluon.jit
+def _bwd_write_dq_tile(dq_desc, dq_smem, dq_free, half, first_row, BOX_ROWS: gl.constexpr, UNIT: gl.constexpr):
+    """_bwd_dq_writer's one tile: once consumer `half` has staged it (_dq_full), one TMA reduce-add
+    a dQ section from box row `first_row` on, and the buffer released once they have read it."""
+    _dq_full(half, False, 1)
+    _tma_reduce_add(dq_desc[0], [first_row, 0], _register_box(dq_smem[0].index(half), dq_desc[0]))
+    if len(dq_smem) == 2:
+        _tma_reduce_add(dq_desc[1], [first_row + DQ_COLS // UNIT * BOX_ROWS, 0],
+                        _register_box(dq_smem[1].index(half), dq_desc[1]))
+    tma.store_wait(pendings=0)
+    mbarrier.arrive(dq_free.index(half), count=1)
 
 
 @gluon.jit
@@ -392,12 +444,22 @@ def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
                         FUSED_DQ: gl.constexpr, DQ_FIRST: gl.constexpr, HALF: gl.constexpr):
     """One warp: _bwd_load_tiles for the program's key block and the query steps that see it."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
-     col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-     window_right, full_lo, full_hi, num_heads, rng) = args
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, row0,
+     start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2,
+     window_left, window_right, full_lo, full_hi, num_heads, rng) = args
     _bwd_load_tiles(q_desc, k_desc, v_desc, do_desc, q_smem, k_smem, v_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar,
                     row0, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, LSE, Delta, lse_smem, delta_smem,
                     lse_row0)
+
+
+@gluon.jit
+def _bwd_dq_writer_partition(args):
+    """One warp: _bwd_dq_writer for the program's key block and the query steps that see it."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, row0,
+     start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2,
+     window_left, window_right, full_lo, full_hi, num_heads, rng) = args
+    _bwd_dq_writer(dq_desc, dq_smem, dq_free, row0, first_m, q_col0, n_steps, kv_group, num_heads, _head_dim(q_desc))
 
 
 @gluon.jit
@@ -429,9 +491,9 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
     (hopper/dropout.py) for the step's q head (`_bwd_dv_ds`). Returns dK_j and dV_j (tuples of
     head-dim sections)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
-     col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-     window_right, full_lo, full_hi, num_heads, rng) = args
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, row0,
+     start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2,
+     window_left, window_right, full_lo, full_hi, num_heads, rng) = args
     k_buf, v_buf, offs_n, offs_m_base, s_init, dq_init, dq_buf = ctx
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
@@ -490,11 +552,11 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
         ds_op = gl.convert_layout(ds, op_layout)
         # line 15 (this consumer's columns of dQ_i), then line 16: dK_j += dS^T Q_i; dQ is
-        # written and reduce-added while the dK matmul runs
+        # staged for the writer warp while the dK matmul runs
         dq_tok = _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
         dk_tok = _section_matmuls(ds_op, q_buf, dk)
         dq = _bwd_wait_dq(len(dk), dq_tok)  # dV's and dQ's matmuls have finished
-        _bwd_reduce_dq(dq_desc, row0, m, q_col, dq_buf, dq, num_heads, HEAD_DIM, HALF)
+        _bwd_stage_dq(dq_buf, dq, dq_free, step, HALF)
         dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
     else:
@@ -505,25 +567,21 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
         mbarrier.arrive(empty_bar.index(stage), count=1)  # this warpgroup is done with Q_i, dO_i
         if FUSED_DQ:  # line 15: this consumer's columns of dQ_i
-            _bwd_add_dq_in_its_turn(dq_desc, row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity,
-                                    step, num_heads, HALF)
+            _bwd_add_dq_in_its_turn(ds_smem, k_smem, ds_bar, dq_buf, dq_free, dq_init, parity, step, HALF)
     return dk, dv
 
 
 @gluon.jit
-def _bwd_add_dq_in_its_turn(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                            num_heads, HALF: gl.constexpr):
+def _bwd_add_dq_in_its_turn(ds_smem, k_smem, ds_bar, dq_buf, dq_free, dq_init, parity, step, HALF: gl.constexpr):
     """_bwd_add_dq at every step, or in turns (_dq_in_turns) at the steps of this consumer's parity.
     The other consumer may then run a step ahead, but not two: it writes a step's dS^T buffer again
     only after it has waited for this consumer's dS^T of the step between, which this consumer
     shares after its dQ matmul has read the buffer."""
     if _dq_in_turns(_ring_head_dim(k_smem)):
         if step % 2 == HALF:
-            _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                        num_heads, HALF)
+            _bwd_add_dq(ds_smem, k_smem, ds_bar, dq_buf, dq_free, dq_init, parity, step, step // 2, HALF)
     else:
-        _bwd_add_dq(dq_desc, q_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step, num_heads,
-                    HALF)
+        _bwd_add_dq(ds_smem, k_smem, ds_bar, dq_buf, dq_free, dq_init, parity, step, step, HALF)
 
 
 @gluon.jit
@@ -545,9 +603,9 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     transposed tile; the softcap's derivative 1 - tanh^2 scales dS), the window's query steps
     outside [full_lo, full_hi] masked. DROPOUT: the forward's dropout (_bwd_dkdv_step)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0, start_n, first_m,
-     col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2, window_left,
-     window_right, full_lo, full_hi, num_heads, rng) = args
+     ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, row0,
+     start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2,
+     window_left, window_right, full_lo, full_hi, num_heads, rng) = args
     ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
@@ -657,20 +715,30 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
         n_steps = (seqlen - first_m) // BLOCK_M
     Alibi += b * stride_alibi_b + kv_head * kv_group  # the group's slopes (read only with ALIBI)
 
-    (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
+    (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar, dq_free,
      done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, FUSED_DQ)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)  # L_i and D_i per ring stage
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem,
-            do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, row0,
-            start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2,
-            window_left, window_right, full_lo, full_hi, num_heads, _rng_args(RngSeed, 0, dropout_p, DROPOUT))
+            do_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free,
+            done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale,
+            qk_scale, softcap_log2, window_left, window_right, full_lo, full_hi, num_heads,
+            _rng_args(RngSeed, 0, dropout_p, DROPOUT))
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be, and with the
     # fused branch left in the non-fused kernel Triton 3.6's lowering fails, an assertion in
-    # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart.
-    gl.warp_specialize([
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0, DROPOUT)),
-        (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 1, DROPOUT)),
-        (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0)),
-    ], [4, 1], [240, 24])
+    # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart; with FUSED_DQ a
+    # warp of its own writes dQ (_bwd_dq_writer_partition).
+    if FUSED_DQ:
+        gl.warp_specialize([
+            (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0, DROPOUT)),
+            (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 1, DROPOUT)),
+            (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0)),
+            (_bwd_dq_writer_partition, (args,)),
+        ], [4, 1, 1], [240, 24, 24])
+    else:
+        gl.warp_specialize([
+            (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0, DROPOUT)),
+            (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 1, DROPOUT)),
+            (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0)),
+        ], [4, 1], [240, 24])

@@ -18,6 +18,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from .bwd import (
     _bwd_add_dq_in_its_turn,
     _bwd_descriptors,
+    _bwd_dq_writer,
     _bwd_dv_ds_dk,
     _bwd_load_kv,
     _bwd_program,
@@ -38,9 +39,9 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     past the sequence's end, announced on stats_bar (by TMA, as the dense kernel brings them, a
     causal packed batch hit an illegal instruction on the H200: docs/performance.md)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
-     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
-     qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, q_start, kv_row0, start_n,
+     first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv,
+     softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     STAGES: gl.constexpr = q_smem[0].type.shape[0]
@@ -64,6 +65,17 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
         delta_smem.index(stage).store(delta)
         gl.thread_barrier()  # the warp's stores, before one thread arrives
         mbarrier.arrive(stats_bar.index(stage), count=1)
+
+
+@gluon.jit
+def _varlen_bwd_dq_writer_partition(args):
+    """One warp: bwd._bwd_dq_writer for the program's key block over its sequence's query steps,
+    from the sequence's padded row of the dQ accumulator."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, q_start, kv_row0, start_n, first_m,
+     col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
+     qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
+    _bwd_dq_writer(dq_desc, dq_smem, dq_free, dq_row0, first_m, q_col0, n_steps, kv_group, num_heads, _head_dim(q_desc))
 
 
 @gluon.jit
@@ -96,9 +108,9 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
     every step and level otherwise, and level with the masked steps in a loop of their own
     (docs/performance.md). Returns dK_j, dV_j."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
-     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
-     qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, q_start, kv_row0, start_n,
+     first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv,
+     softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
     k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys = ctx
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
@@ -133,8 +145,7 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
     parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
     dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
     mbarrier.arrive(empty_bar.index(stage), count=1)
-    _bwd_add_dq_in_its_turn(dq_desc, dq_row0, m, q_col, ds_smem, k_smem, ds_bar, dq_buf, dq_init, parity, step,
-                            num_heads, HALF)
+    _bwd_add_dq_in_its_turn(ds_smem, k_smem, ds_bar, dq_buf, dq_free, dq_init, parity, step, HALF)
     return dk, dv
 
 
@@ -147,9 +158,9 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     sequence's end adds zeros into the padding after this sequence's tiles. dK and dV rows past the
     sequence's end are not written."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
-     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0, start_n, first_m, col0,
-     q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
-     qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
+     ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, q_start, kv_row0, start_n,
+     first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv,
+     softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
     ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
@@ -175,7 +186,6 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
-    tma.store_wait(pendings=0)
     for section in gl.static_range(len(dk)):
         col = col0 + section * dk_desc[0].block_type.shape[1]
         _varlen_store_rows(dk_desc[section], DK, stride_dk, k_buf[section],
@@ -265,7 +275,7 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
         n_steps = (gl.maximum(seqlen_q - first_m, 0) + BLOCK_M - 1) // BLOCK_M
         col0 = kv_head * HEAD_DIM
         q_col0 = kv_head * kv_group * HEAD_DIM
-        (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar,
+        (k_smem, v_smem, q_smem, do_smem, kv_bar, q_bar, do_bar, empty_bar, ds_smem, dq_smem, ds_bar, dq_free,
          done_bar) = _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, True)
         lse_smem, delta_smem, stats_bar = _varlen_stats_buffers(STAGES, BLOCK_M)
         # dQ tiles in register order: sequence b's rows from the accumulator's padded row
@@ -273,13 +283,14 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
         # padded offsets for its dQaccum; dq_cast.varlen_dq_accumulator sizes the accumulator)
         dq_row0 = (q_start + b * BLOCK_M) // BLOCK_M * BLOCK_M
         args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem,
-                do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, done_bar, q_start, kv_row0,
-                start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk,
-                stride_dv, softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads)
+                do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, q_start,
+                kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q,
+                stride_dk, stride_dv, softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads)
         gl.warp_specialize([
             (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0)),
             (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1)),
             (_varlen_bwd_load_partition, (args, CAUSAL, 0)),
-        ], [4, 1], [240, 24])
+            (_varlen_bwd_dq_writer_partition, (args,)),
+        ], [4, 1, 1], [240, 24, 24])
 
 
