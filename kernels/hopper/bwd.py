@@ -685,7 +685,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     num_heads counts q heads, kv_group of them share a kv head. Without FUSED_DQ, dq_desc is
     unused and dQ is the dQ kernel's (backward._flash_bwd_dq_kernel); with it, dq_desc is a
     float32 accumulator's with [16, 256] boxes, each a 64 x 64 tile in register order
-    (_bwd_reduce_dq). WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only: the dQ kernel
+    (_bwd_dq_writer). WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only: the dQ kernel
     has none of them). LSE and Delta: descriptors of their (batch x heads, seqlen) float32 views,
     [1, BLOCK_M] tiles; DQ_FIRST: _bwd_dkdv_partition's. HEAD_SPLIT (head dim 96): the head dim
     is two sections, the *_tail_desc descriptors' 32 columns after the others' 64 (with dQ fused,

@@ -284,8 +284,8 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
 @gluon.jit
 def _wide_reduce_dq(dq_desc, row, q_col, dq_smem, dq, num_heads, HEAD_DIM: gl.constexpr):
     """dQ_i's 64 x 64 tiles (rows from `row` of the (batch x seqlen, heads x head dim) view, columns
-    from q_col), unscaled (bwd._bwd_reduce_dq), each staged in register order and added into the float32 accumulator by
-    one TMA reduce-add (bwd._bwd_reduce_dq's layout, a tile per 64-row block and 64 columns)."""
+    from q_col), unscaled (bwd._bwd_stage_dq), each staged in register order and added into the float32 accumulator by
+    one TMA reduce-add (bwd._bwd_dq_writer's layout, a tile per 64-row block and 64 columns)."""
     BLOCK_M: gl.constexpr = dq[0].shape[0]
     tma.store_wait(pendings=0)  # the previous step's reduce-adds have read the tiles
     for i in gl.static_range(len(dq)):
