@@ -746,6 +746,27 @@ SECTIONS = {
                                                                   "scaled in the cast": "cast"})
                                         + ", round " + rows["round"].astype(str))
         .pivot_table(index=["hdim", "causal"], columns="column", values="ms", sort=False).reset_index()),
+    "bwd_dq_writer_h100": lambda: csv_table(
+        H100 / "decisions" / "gluon_backward_dq_writer.csv",
+        {"call": "call (causal where said)", "hdim": "head dim", "consumers, round 1": "consumers issue, ms (round 1)",
+         "writer warp, round 1": "writer warp, ms (round 1)", "consumers, round 2": "consumers issue, ms (round 2)",
+         "writer warp, round 2": "writer warp, ms (round 2)"},
+        select=lambda rows: rows.assign(
+            call=rows.batch.astype(str) + " x " + rows.seqlen.astype(str) + rows.causal.map({True: ", causal",
+                                                                                                False: ""}),
+            column=rows.dq_writer.map({"consumers issue the reduce-adds": "consumers", "writer warp": "writer warp"})
+            + ", round " + rows["round"].astype(str))
+        .pivot_table(index=["call", "hdim"], columns="column", values="ms", sort=False).reset_index()),
+    "varlen_host_plans_h100": lambda: csv_table(
+        H100 / "decisions" / "varlen_host_plans.csv",
+        {"case": "call (bf16, causal)", "hdim": "head dim", "mode": "pass",
+         "host_enqueue_ms, descriptors built per call": "host ms, descriptors per call",
+         "host_enqueue_ms, per-shape plan": "host ms, plan",
+         "do_bench_ms, descriptors built per call": "timed ms, descriptors per call",
+         "do_bench_ms, per-shape plan": "timed ms, plan"},
+        select=lambda rows: rows.pivot_table(index=["case", "hdim", "mode"], columns="launch",
+                                             values=["host_enqueue_ms", "do_bench_ms"], aggfunc="median", sort=False)
+        .pipe(lambda t: t.set_axis([f"{value}, {launch}" for value, launch in t.columns], axis=1)).reset_index()),
     "bwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_backward_launch_order.csv"),
     "gluon_backward_dq_first_d192_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_dq_first_d192.csv", "dQ after dV and dK (the table's when measured)",

@@ -193,6 +193,9 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict, options:
     waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)))
     serialised = " wgmma serialised (ptxas C7512)" if "C7512" in ptxas.stderr else ""
     serialised += " tma-reduce" if "cp.reduce.async.bulk.tensor" in ptx else ""
+    # the fused dQ's hand-over to the writer warp (bwd._dq_full): consumers arrive, the writer waits
+    if re.search(r"bar\.arrive %r\d+, 160;", ptx) and re.search(r"bar\.sync %r\d+, 160;", ptx):
+        serialised += " dq-writer"
     under_pv = ""
     if block_n is not None:
         exp2 = exp2_under_pv(listing)

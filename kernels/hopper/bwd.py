@@ -6,7 +6,8 @@ A loader warp streams Q_i and dO_i tiles (with L_i and D_i, as FA3's producer br
 consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax with the next
 matmul of the same query step. The kernel can add dQ too, as FA3 does: the consumers exchange
 dS^T through shared memory and dQ_i = dS K_j over all 128 keys goes to the accumulator by TMA
-reduce-adds of 64 x 64 tiles (and a 64 x 32 one at head dim 96) (5 matmuls instead of the Triton backward's 7;
+reduce-adds of 64 x 64 tiles (and a 64 x 32 one at head dim 96), which a dQ writer warp issues as the
+consumers hand the tiles over (FA3's and FA4's scheme) (5 matmuls instead of the Triton backward's 7;
 with element-wise atomics instead it was 1.2-1.5x slower: docs/performance.md, "Gluon dK/dV with
 dQ fused"). At 128 each consumer computes half of dQ_i's columns every step; at 64 and 96 the
 consumers take turns, each computing every other step's whole dQ_i (_dq_in_turns). The dQ tiles go
@@ -681,7 +682,7 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     """One program per (batch, kv head, key block) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
     parallelism over key blocks; placed by flash_attn_hopper.bwd_grid and _bwd_program),
     partitioned as FA3's backward: a loader warp and two consumer warpgroups of 64 keys each that
-    share every Q_i and dO_i tile. The descriptors view (batch * seqlen, heads * head dim);
+    share every Q_i and dO_i tile, and with FUSED_DQ a dQ writer warp (_bwd_dq_writer). The descriptors view (batch * seqlen, heads * head dim);
     num_heads counts q heads, kv_group of them share a kv head. Without FUSED_DQ, dq_desc is
     unused and dQ is the dQ kernel's (backward._flash_bwd_dq_kernel); with it, dq_desc is a
     float32 accumulator's with [16, 256] boxes, each a 64 x 64 tile in register order
