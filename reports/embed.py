@@ -11,6 +11,7 @@ decision's table (`decision_table`) comes from its compact rows in reports/h200/
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -331,6 +332,12 @@ LADDER_PROBE = Path(__file__).resolve().parents[1] / "ablations" / "probe"
 CODE_FACTS = {"provider": "rung", "config": "tile", "mma": "mma, warps", "regs": "regs", "spills": "spills",
               "shared_bytes": "smem B", "sass_HMMA": "HMMA", "sass_HGMMA": "HGMMA", "sass_MUFU.EX2": "MUFU.EX2",
               "sass_BAR": "BAR", "sass_STS": "STS", "sass_LDS": "LDS"}
+
+
+def dkdv_kernel_name(config: str) -> str:
+    """The dK/dV kernel a result row's config (its JSON column) records, in the coverage table's words."""
+    path = json.loads(config)["bwd_dkdv_path"]
+    return {"gluon-ws": "Gluon dense", "gluon-ws-packed": "Gluon varlen (batch rows packed)"}.get(path, "Triton")
 
 
 def csv_table(path: Path, columns: dict[str, str], query: str | None = None,
@@ -748,15 +755,16 @@ SECTIONS = {
         .pivot_table(index=["hdim", "causal"], columns="column", values="ms", sort=False).reset_index()),
     "bwd_dq_writer_h100": lambda: csv_table(
         H100 / "decisions" / "gluon_backward_dq_writer.csv",
-        {"call": "call (causal where said)", "hdim": "head dim", "consumers, round 1": "consumers issue, ms (round 1)",
-         "writer warp, round 1": "writer warp, ms (round 1)", "consumers, round 2": "consumers issue, ms (round 2)",
-         "writer warp, round 2": "writer warp, ms (round 2)"},
+        {"call": "call (causal where said)", "hdim": "head dim", "kernel": "dK/dV kernel",
+         "consumers, round 1": "consumers issue, ms (round 1)", "writer warp, round 1": "writer warp, ms (round 1)",
+         "consumers, round 2": "consumers issue, ms (round 2)", "writer warp, round 2": "writer warp, ms (round 2)"},
         select=lambda rows: rows.assign(
             call=rows.batch.astype(str) + " x " + rows.seqlen.astype(str) + rows.causal.map({True: ", causal",
                                                                                                 False: ""}),
+            kernel=rows.config.map(dkdv_kernel_name),
             column=rows.dq_writer.map({"consumers issue the reduce-adds": "consumers", "writer warp": "writer warp"})
             + ", round " + rows["round"].astype(str))
-        .pivot_table(index=["call", "hdim"], columns="column", values="ms", sort=False).reset_index()),
+        .pivot_table(index=["call", "hdim", "kernel"], columns="column", values="ms", sort=False).reset_index()),
     "varlen_host_plans_h100": lambda: csv_table(
         H100 / "decisions" / "varlen_host_plans.csv",
         {"case": "call (bf16, causal)", "hdim": "head dim", "mode": "pass",

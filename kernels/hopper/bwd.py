@@ -153,8 +153,8 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
     if FUSED_DQ:
         # dS^T of both consumers for two steps (the A operands of dQ = dS K, read transposed) and
-        # each consumer's float32 dQ tiles for its reduce-adds, in the consumer's register order
-        # (reinterpreted by _dq_tile_buffer)
+        # each consumer's float32 dQ tiles for the writer warp's reduce-adds, in the consumer's
+        # register order (reinterpreted by _dq_tile_buffer)
         ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc[0].layout)
         gl.static_assert(BLOCK_M * DQ_COLS == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
         gl.static_assert(_dq_fuses(HEAD_DIM))
@@ -596,10 +596,10 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     FUSED_DQ (line 15, FA3's scheme): both consumers put dS^T in shared memory and wait for each
     other (mbarrier ds_bar); each then computes columns [HALF * 64, HALF * 64 + 64) of
     dQ_i = dS K_j over all 128 keys (head dims 64 and 96: all of them at the steps of parity HALF)
-    and adds them into the float32 accumulator behind dq_desc with TMA reduce-adds (the sum's
-    order varies between runs).
-    DQ_FIRST (FA3's order): the dQ matmul is issued before dK's, and dQ goes to shared memory and
-    its reduce-add while the dK matmul runs; else after dK and dV have finished.
+    and hands them to the dQ writer warp, which adds them into the float32 accumulator behind
+    dq_desc with TMA reduce-adds (the sum's order varies between runs).
+    DQ_FIRST (FA3's order): the dQ matmul is issued before dK's, and dQ is staged for the writer
+    while the dK matmul runs; else after dK and dV have finished.
     WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
     transposed tile; the softcap's derivative 1 - tanh^2 scales dS), the window's query steps
     outside [full_lo, full_hi] masked. DROPOUT: the forward's dropout (_bwd_dkdv_step)."""
@@ -680,17 +680,17 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   ALIBI: gl.constexpr = False, HEAD_SPLIT: gl.constexpr = False,
                                   DROPOUT: gl.constexpr = False):
     """One program per (batch, kv head, key block) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
-    parallelism over key blocks; placed by flash_attn_hopper.bwd_grid and _bwd_program),
-    partitioned as FA3's backward: a loader warp and two consumer warpgroups of 64 keys each that
-    share every Q_i and dO_i tile, and with FUSED_DQ a dQ writer warp (_bwd_dq_writer). The descriptors view (batch * seqlen, heads * head dim);
-    num_heads counts q heads, kv_group of them share a kv head. Without FUSED_DQ, dq_desc is
-    unused and dQ is the dQ kernel's (backward._flash_bwd_dq_kernel); with it, dq_desc is a
-    float32 accumulator's with [16, 256] boxes, each a 64 x 64 tile in register order
-    (_bwd_dq_writer). WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only: the dQ kernel
-    has none of them). LSE and Delta: descriptors of their (batch x heads, seqlen) float32 views,
-    [1, BLOCK_M] tiles; DQ_FIRST: _bwd_dkdv_partition's. HEAD_SPLIT (head dim 96): the head dim
-    is two sections, the *_tail_desc descriptors' 32 columns after the others' 64 (with dQ fused,
-    dQ's with [8, 256] boxes, 64 x 32 tiles); without it the tail arguments are not read."""
+    parallelism over key blocks; placed by flash_attn_hopper.bwd_grid and _bwd_program), partitioned as
+    FA3's backward: a loader warp and two consumer warpgroups of 64 keys each that share every Q_i and
+    dO_i tile, and with FUSED_DQ a dQ writer warp (_bwd_dq_writer). The descriptors view (batch * seqlen,
+    heads * head dim); num_heads counts q heads, kv_group of them share a kv head. Without FUSED_DQ,
+    dq_desc is unused and dQ is the dQ kernel's (backward._flash_bwd_dq_kernel); with it, dq_desc is a
+    float32 accumulator's with [16, 256] boxes, each a 64 x 64 tile in register order (_bwd_dq_writer).
+    WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only: the dQ kernel has none of them). LSE and
+    Delta: descriptors of their (batch x heads, seqlen) float32 views, [1, BLOCK_M] tiles; DQ_FIRST:
+    _bwd_dkdv_partition's. HEAD_SPLIT (head dim 96): the head dim is two sections, the *_tail_desc
+    descriptors' 32 columns after the others' 64 (with dQ fused, dQ's with [8, 256] boxes, 64 x 32 tiles);
+    without it the tail arguments are not read."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
         do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, HEAD_SPLIT)
