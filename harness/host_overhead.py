@@ -28,6 +28,7 @@ environment); reports.host_overhead makes host_overhead.md from them. Run on a G
 
     python runner.py --suite host-overhead --out DIR        # DIR/host_overhead.csv and host_overhead.md
     python -m harness.host_overhead --out reports/h200     # the rows only, every option
+    python -m harness.host_overhead --out DIR --shapes "16,32,1000,64;5,16,3000,128"   # shapes of your own
 """
 
 from __future__ import annotations
@@ -235,12 +236,29 @@ HOST_OVERHEAD_CSV = "host_overhead.csv"
 DEFAULT_PROVIDERS = ("fa2", "sdpa-flash", "sdpa-cudnn")
 
 
+def parse_shapes(text: str) -> tuple[tuple[int, int, int, int], ...]:
+    """`--shapes`: (batch, heads, seqlen, headdim) shapes as "B,H,S,D;B,H,S,D" (SHAPES' order),
+    each a positive int."""
+    shapes = []
+    for item in text.split(";"):
+        try:
+            shape = tuple(int(x) for x in item.split(","))
+        except ValueError:
+            shape = ()
+        if len(shape) != 4 or min(shape) < 1:
+            raise argparse.ArgumentTypeError(f"--shapes takes batch,heads,seqlen,headdim of positive ints, "
+                                             f"';'-separated; got {item!r}")
+        shapes.append(shape)
+    return tuple(shapes)
+
+
 def measure_suite(out_dir: Path, providers=DEFAULT_PROVIDERS, modes=MODES, compiled: bool = True,
-                  engines=ENGINES, quick: bool = False) -> Path:
+                  engines=ENGINES, quick: bool = False, shapes=None) -> Path:
     """Every (mode, shape, compiled, engine) cell's rows into out_dir/host_overhead.csv (a new
     file) and notes.txt, written as each cell is measured: `compiled` adds the torch.compile rows, the
     'calling-thread' engine runs for the eager modes with a backward, `quick` takes the first three
-    shapes. Needs a CUDA GPU."""
+    shapes, `shapes` (batch, heads, seqlen, headdim) tuples replace SHAPES (a dense call off the
+    128-row grid times the packed varlen path). Needs a CUDA GPU."""
     if not torch.cuda.is_available():
         raise SystemExit("the host-overhead suite measures host and GPU time per call: it needs a CUDA GPU")
     for name, values, allowed in (("providers", providers, ("fa2", *SDPA_BACKENDS)), ("modes", modes, MODES),
@@ -253,7 +271,7 @@ def measure_suite(out_dir: Path, providers=DEFAULT_PROVIDERS, modes=MODES, compi
     from harness.suite import SuiteRows
 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    shapes = SHAPES[:3] if quick else SHAPES
+    shapes = shapes or (SHAPES[:3] if quick else SHAPES)
     cells = [(m, shape, c, e) for shape in shapes for m in modes for c in ((False, True) if compiled else (False,))
              for e in engines if e == "threaded" or (m != "fwd" and not c)]
     with SuiteRows(out_dir, HOST_OVERHEAD_CSV, (*COLUMNS, *ROW_ENV_COLUMNS)) as rows:
@@ -279,9 +297,11 @@ def main(argv=None) -> Path:
     parser.add_argument("--engines", default=",".join(ENGINES),
                         help=f"comma-separated, from {','.join(ENGINES)} (the second: eager modes with a backward)")
     parser.add_argument("--quick", action="store_true", help="the first three shapes only")
+    parser.add_argument("--shapes", type=parse_shapes, metavar="B,H,S,D;...",
+                        help="these (batch, heads, seqlen, headdim) shapes instead of the suite's")
     args = parser.parse_args(argv)
     return measure_suite(args.out, tuple(args.providers.split(",")), tuple(args.modes.split(",")),
-                         not args.no_compiled, tuple(args.engines.split(",")), args.quick)
+                         not args.no_compiled, tuple(args.engines.split(",")), args.quick, args.shapes)
 
 
 if __name__ == "__main__":

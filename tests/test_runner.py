@@ -2,6 +2,7 @@
 interruption and --resume skips them, TFLOPs/s use the paper's FLOP count, and an
 end-to-end `python runner.py --quick` in Triton's interpreter writes every output."""
 
+import argparse
 import json
 import math
 import os
@@ -554,6 +555,24 @@ def test_host_overhead_times_each_stage_of_a_call():
         call_fn(attention, mode, q, k, v, dout)()
     with pytest.raises(ValueError, match="mode must be one of"):
         call_fn(attention, "sideways", q, k, v, dout)
+
+
+def test_host_overhead_takes_shapes_of_ones_own(monkeypatch, tmp_path):
+    """harness/host_overhead.py's --shapes: "B,H,S,D;..." replaces the suite's shapes (a dense call
+    off the 128-row grid times the packed varlen path); a malformed or non-positive shape is refused
+    by name before anything runs."""
+    from harness import host_overhead
+
+    assert host_overhead.parse_shapes("16,32,1000,64;5,16,3000,128") == ((16, 32, 1000, 64), (5, 16, 3000, 128))
+    for bad in ("16,32,1000", "16,32,0,64", "a,b,c,d", "16,32,1000,64;"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--shapes takes batch,heads,seqlen,headdim"):
+            host_overhead.parse_shapes(bad)
+    seen = {}
+    monkeypatch.setattr(host_overhead, "measure_suite", lambda *args: seen.setdefault("shapes", args[-1]))
+    host_overhead.main(["--out", str(tmp_path), "--shapes", "16,32,1000,64"])
+    assert seen["shapes"] == ((16, 32, 1000, 64),)
+    with pytest.raises(SystemExit):  # argparse's usage error names the option
+        host_overhead.main(["--out", str(tmp_path), "--shapes", "16,32"])
 
 
 def test_host_overhead_interleaves_the_providers_of_a_cell(monkeypatch):
