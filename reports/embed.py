@@ -357,6 +357,24 @@ def csv_table(path: Path, columns: dict[str, str], query: str | None = None,
     return "\n".join(lines + ["", f"Rows: `{path.relative_to(LADDER_PROBE.parents[1])}`."])
 
 
+def tree_rounds_table(path: Path, tree_column: str, trees: dict[str, str]) -> str:
+    """Runner rows of two source trees timed in alternating rounds (one decision CSV, the tree
+    named in `tree_column`): one line per call, one ms column per tree and round. `trees` maps
+    each tree's name in the rows to its header, in the order the columns go."""
+    def select(rows):
+        table = rows.assign(
+            call=rows.batch.astype(str) + " x " + rows.seqlen.astype(str) + rows.causal.map({True: ", causal",
+                                                                                                False: ""}),
+            kernel=rows.config.map(dkdv_kernel_name),
+            column=rows[tree_column] + ", round " + rows["round"].astype(str))
+        return table.pivot_table(index=["call", "hdim", "kernel"], columns="column", values="ms",
+                                 sort=False).reset_index()
+    rounds = sorted(pd.read_csv(path)["round"].unique())
+    columns = {"call": "call (causal where said)", "hdim": "head dim", "kernel": "dK/dV kernel"}
+    columns |= {f"{tree}, round {r}": f"{header}, ms (round {r})" for r in rounds for tree, header in trees.items()}
+    return csv_table(path, columns, select=select)
+
+
 def ladder_code_facts_table(path: Path, headdim: int = 128) -> str:
     """`tools/ladder_probe.py --compile-only`'s rows for the tiles the ladder runs at `headdim`
     (kernels/fa_ladder.HOPPER_LADDER_CONFIGS), rungs 0-3: compiled for sm_90, the same ptxas as
@@ -753,18 +771,9 @@ SECTIONS = {
                                                                   "scaled in the cast": "cast"})
                                         + ", round " + rows["round"].astype(str))
         .pivot_table(index=["hdim", "causal"], columns="column", values="ms", sort=False).reset_index()),
-    "bwd_dq_writer_h100": lambda: csv_table(
-        H100 / "decisions" / "gluon_backward_dq_writer.csv",
-        {"call": "call (causal where said)", "hdim": "head dim", "kernel": "dK/dV kernel",
-         "consumers, round 1": "consumers issue, ms (round 1)", "writer warp, round 1": "writer warp, ms (round 1)",
-         "consumers, round 2": "consumers issue, ms (round 2)", "writer warp, round 2": "writer warp, ms (round 2)"},
-        select=lambda rows: rows.assign(
-            call=rows.batch.astype(str) + " x " + rows.seqlen.astype(str) + rows.causal.map({True: ", causal",
-                                                                                                False: ""}),
-            kernel=rows.config.map(dkdv_kernel_name),
-            column=rows.dq_writer.map({"consumers issue the reduce-adds": "consumers", "writer warp": "writer warp"})
-            + ", round " + rows["round"].astype(str))
-        .pivot_table(index=["call", "hdim", "kernel"], columns="column", values="ms", sort=False).reset_index()),
+    "bwd_dq_writer_h100": lambda: tree_rounds_table(
+        H100 / "decisions" / "gluon_backward_dq_writer.csv", "dq_writer",
+        {"consumers issue the reduce-adds": "consumers issue", "writer warp": "writer warp"}),
     "varlen_host_plans_h100": lambda: csv_table(
         H100 / "decisions" / "varlen_host_plans.csv",
         {"case": "call (bf16, causal)", "hdim": "head dim", "mode": "pass",
