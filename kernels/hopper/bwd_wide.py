@@ -13,9 +13,10 @@ backward between warpgroups (hopper/flash_bwd_launch_template.h runs 192 on thre
 - the **dP warpgroup** computes dP^T = V_j dO_i^T (line 13) and hands dP^T - D_i over, then
   owns the second section (64 columns) of dK_j and dV_j and all of dQ_i = dS K_j (line 15),
   reading P^T and dS^T from shared memory; dQ goes to the float32 accumulator as three 64 x 64
-  register-order tiles by TMA reduce-adds, as in bwd.py: once dV's and dK's matmuls have finished
-  too, or (DQ_FIRST) with its matmuls issued before theirs and its tiles staged and reduce-added
-  while they run, as FA3 and FA4 write dQ out under the matmuls after it.
+  register-order tiles, staged for a dQ writer warp that issues their TMA reduce-adds, as in
+  bwd.py: once dV's and dK's matmuls have finished too, or (DQ_FIRST) with its matmuls issued
+  before theirs and its tiles staged while they run, as FA3 and FA4 write dQ out under the
+  matmuls after it.
 
 Per query step the S warpgroup does 3 + 2 + 2 and the dP warpgroup 3 + 1 + 1 + 3 fifteenths of
 the step's matmul work (each of the five matmuls is three). One buffer each carries dP^T - D_i (float32, the warpgroup's register order)
@@ -44,6 +45,7 @@ from .bwd import (
     _bwd_program,
     _bwd_step_coords,
     _chained_matmul,
+    _dq_full,
     _register_box,
 )
 from .shared import (
@@ -64,8 +66,9 @@ def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.co
     ring of STAGES Q_i and dO_i tiles and their L_i and D_i rows, the exchange's buffers (dP^T -
     D_i in register order, P^T, dS^T) and the dP warpgroup's three float32 dQ tiles; then the
     mbarriers: kv_bar, q_bar, do_bar, empty_bar as in bwd.py, dp_bar / pds_bar (the dP^T - D_i
-    buffer / the P^T and dS^T buffers are full) and dp_free / pds_free (read), done_bar (both
-    warpgroups are past their last matmul on K)."""
+    buffer / the P^T and dS^T buffers are full) and dp_free / pds_free (read), dq_free (the dQ
+    writer warp's reduce-adds have read the dQ tiles), done_bar (both warpgroups are past their
+    last matmul on K)."""
     dtype: gl.constexpr = q_desc[0].dtype
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
@@ -83,17 +86,17 @@ def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.co
     q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    xbar = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())
+    xbar = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for stage in gl.static_range(STAGES):
         mbarrier.init(q_bar.index(stage), count=1)
         mbarrier.init(do_bar.index(stage), count=1)
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
-    for i in gl.static_range(4):
+    for i in gl.static_range(5):
         mbarrier.init(xbar.index(i), count=1)
-    mbarrier.init(xbar.index(4), count=2)
+    mbarrier.init(xbar.index(5), count=2)
     return (k_smem, v_smem, q_smem, do_smem, dpmd_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar,
-            xbar.index(0), xbar.index(1), xbar.index(2), xbar.index(3), xbar.index(4))
+            xbar.index(0), xbar.index(1), xbar.index(2), xbar.index(3), xbar.index(4), xbar.index(5))
 
 
 @gluon.jit
@@ -102,7 +105,7 @@ def _wide_load_partition(args, CAUSAL: gl.constexpr):
     dO_i with L_i, D_i)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     if len(k_desc) == 1:
         mbarrier.expect(kv_bar, k_desc[0].block_type.nbytes + v_desc[0].block_type.nbytes)
@@ -121,7 +124,7 @@ def _wide_s_step(args, ctx, step, dk, dv, DIAGONAL: gl.constexpr):
     cross the block's diagonal, so P^T is masked): returns dK_j, dV_j of the first head-dim section."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     k_buf, offs_n, offs_m_base, s_init = ctx
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
@@ -175,7 +178,7 @@ def _wide_s_partition(args, CAUSAL: gl.constexpr):
     every query step that sees the block, written once the dP warpgroup is past K (line 18)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
@@ -216,7 +219,7 @@ def _wide_dp_issue(args, ctx, step):
     head-dim section, chained), left in flight."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     k_buf, v_buf, s_init, dq_init = ctx
     STAGES: gl.constexpr = q_smem[0].type.shape[0]
@@ -233,16 +236,14 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
     dp_tok = _wide_dp_issue(args, ctx, step)
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     k_buf, v_buf, s_init, dq_init = ctx
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
-    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     STAGES: gl.constexpr = q_smem[0].type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
     stage = step % STAGES
     phase = (step // STAGES) & 1
-    m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M, HEAD_DIM)
     q_buf = _at(q_smem, stage)
     do_buf = _at(do_smem, stage)
     delta = delta_smem.index(stage).load(s_layout)
@@ -269,7 +270,7 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
         # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's
         dq0, dq1, dq2 = warpgroup_mma_wait(2, deps=[dq0_tok, dq1_tok, dq2_tok])
-        _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), num_heads, HEAD_DIM)
+        _wide_stage_dq(dq_smem, (dq0, dq1, dq2), dq_free, step)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
         mbarrier.arrive(pds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
@@ -277,25 +278,49 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
         dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
         mbarrier.arrive(pds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
-        _wide_reduce_dq(dq_desc[0], row0 + m, q_col, dq_smem, (dq0, dq1, dq2), num_heads, HEAD_DIM)
+        _wide_stage_dq(dq_smem, (dq0, dq1, dq2), dq_free, step)
     return dk, dv
 
 
 @gluon.jit
-def _wide_reduce_dq(dq_desc, row, q_col, dq_smem, dq, num_heads, HEAD_DIM: gl.constexpr):
-    """dQ_i's 64 x 64 tiles (rows from `row` of the (batch x seqlen, heads x head dim) view, columns
-    from q_col), unscaled (bwd._bwd_stage_dq), each staged in register order and added into the float32 accumulator by
-    one TMA reduce-add (bwd._bwd_dq_writer's layout, a tile per 64-row block and 64 columns)."""
+def _wide_stage_dq(dq_smem, dq, dq_free, step):
+    """The dP warpgroup's dQ_i tiles of query step `step` (three 64 x 64, unscaled: bwd._bwd_stage_dq)
+    into shared memory in register order once the dQ writer warp has read the previous step's
+    (dq_free), then every thread arrives at named barrier DQ_FULL_BARRIER and goes on
+    (bwd._dq_full; _wide_dq_writer_partition adds them)."""
     BLOCK_M: gl.constexpr = dq[0].shape[0]
-    tma.store_wait(pendings=0)  # the previous step's reduce-adds have read the tiles
+    mbarrier.wait(dq_free, (step & 1) ^ 1)  # a fresh mbarrier's previous phase counts as done
     for i in gl.static_range(len(dq)):
         buf = dq_smem.index(i)
         buf._reinterpret(gl.float32, [BLOCK_M, DQ_COLS], DQ_REGISTER_TILE).store(dq[i])
     fence_async_shared()
-    gl.thread_barrier()
-    tile = row // BLOCK_M * (num_heads * (HEAD_DIM // DQ_COLS)) + q_col // DQ_COLS
-    for i in gl.static_range(len(dq)):
-        _tma_reduce_add(dq_desc, [(tile + i) * DQ_REGISTER_BOX[0], 0], _register_box(dq_smem.index(i), dq_desc))
+    _dq_full(0, True, 4)
+
+
+@gluon.jit
+def _wide_dq_writer_partition(args):
+    """One warp, the dQ writer (bwd._bwd_dq_writer's role): each query step's three dQ_i tiles,
+    once the dP warpgroup has staged them (_wide_stage_dq), added into the float32 accumulator
+    (rows from row0 + m of the (batch x seqlen, heads x head dim) view, columns from the step's q
+    head; bwd._bwd_dq_writer's layout, a tile per 64-row block and 64 columns) by one TMA
+    reduce-add each, then released (dq_free) once the reduce-adds have read them."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
+     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
+     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     softmax_scale, qk_scale, num_heads) = args
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
+    TILES: gl.constexpr = HEAD_DIM // DQ_COLS
+    for step in range(n_steps * kv_group):
+        m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
+                                          HEAD_DIM)
+        tile = (row0 + m) // BLOCK_M * (num_heads * TILES) + q_col // DQ_COLS
+        _dq_full(0, False, 1)
+        for i in gl.static_range(TILES):
+            box = _register_box(dq_smem.index(i), dq_desc[0])
+            _tma_reduce_add(dq_desc[0], [(tile + i) * DQ_REGISTER_BOX[0], 0], box)
+        tma.store_wait(pendings=0)
+        mbarrier.arrive(dq_free, count=1)
 
 
 @gluon.jit
@@ -308,7 +333,7 @@ def _wide_dp_partition(args, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr):
     together and dQ_i follows."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
@@ -342,8 +367,8 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        RngSeed, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                        DQ_FIRST: gl.constexpr):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
-    placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup
-    and the dP warpgroup (the module's docstring). The arguments are bwd.py's dense kernel's, the
+    placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup,
+    the dP warpgroup and a dQ writer warp (the module's docstring). The arguments are bwd.py's dense kernel's, the
     head dim two sections (HEAD_SPLIT) and dQ fused; the feature arguments (window, softcap,
     ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features. DQ_FIRST:
     the dP warpgroup's order (_wide_dp_partition)."""
@@ -365,15 +390,16 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
         first_m = 0
     n_steps = (seqlen - first_m) // BLOCK_M
     (k_smem, v_smem, q_smem, do_smem, dpmd_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar,
-     pds_bar, dp_free, pds_free, done_bar) = _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES)
+     pds_bar, dp_free, pds_free, dq_free, done_bar) = _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)  # L_i and D_i per ring stage
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
             dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar,
-            pds_bar, dp_free, pds_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0,
+            pds_bar, dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
         (_wide_s_partition, (args, CAUSAL)),
         (_wide_dp_partition, (args, CAUSAL, DQ_FIRST)),
         (_wide_load_partition, (args, CAUSAL)),
-    ], [4, 1], [240, 24])
+        (_wide_dq_writer_partition, (args,)),
+    ], [4, 1, 1], [240, 24, 24])
