@@ -762,6 +762,7 @@ SECTIONS = {
     "fwd_counters_h100": lambda: peer_counters_table(H100 / "counters_fa4"),
     "bwd_counters_sections_h100": lambda: peer_counters_table(H100 / "counters_bwd_fa4_sections"),
     "bwd_counters_h100": lambda: peer_counters_table(H100 / "counters_bwd_fa4"),
+    "bwd_counters_writer_h100": lambda: peer_counters_table(H100 / "counters_bwd_fa4_writer"),
     "bwd_dq_scale_h100": lambda: csv_table(
         H100 / "decisions" / "gluon_backward_dq_scale.csv",
         {"hdim": "head dim", "causal": "causal", "every step, round 1": "scaled every step, ms (round 1)",
@@ -774,6 +775,15 @@ SECTIONS = {
     "bwd_dq_writer_h100": lambda: tree_rounds_table(
         H100 / "decisions" / "gluon_backward_dq_writer.csv", "dq_writer",
         {"consumers issue the reduce-adds": "consumers issue", "writer warp": "writer warp"}),
+    "bwd_dq_writer_d192_h100": lambda: tree_rounds_table(
+        H100 / "decisions" / "gluon_backward_dq_writer_d192.csv", "dq_writer",
+        {"dP warpgroup issues the reduce-adds": "dP warpgroup issues", "writer warp": "writer warp"}),
+    "bwd_dq_writer_in_flight_h100": lambda: tree_rounds_table(
+        H100 / "decisions" / "gluon_backward_dq_writer_in_flight.csv", "dq_release",
+        {"tile released once read": "released once read", "reduce-adds left in flight": "left in flight"}),
+    "host_overhead_off_grid_h100": lambda: host_overhead_table(
+        pd.read_csv(H100 / "host_overhead" / "host_overhead.csv"),
+        _repository_path(H100 / "host_overhead" / "host_overhead.csv")),
     "varlen_host_plans_h100": lambda: csv_table(
         H100 / "decisions" / "varlen_host_plans.csv",
         {"case": "call (bf16, causal)", "hdim": "head dim", "mode": "pass",
