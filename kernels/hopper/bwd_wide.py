@@ -265,7 +265,7 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
     dq1_tok = warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
     dq2_tok = warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True)
     if DQ_FIRST:
-        # lines 12 and 16 after 15: dQ_i is staged and reduce-added while they run
+        # lines 12 and 16 after 15: dQ_i is staged for the writer warp (which reduce-adds it) while they run
         dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
         # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's
@@ -328,9 +328,9 @@ def _wide_dp_partition(args, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
     dQ over every query step that sees the block; the sections written once both warpgroups are
     past K (line 18). DQ_FIRST: each step's dQ_i matmuls (line 15) are issued before dV's and dK's
-    (lines 12 and 16) and waited for alone, and dQ_i is staged and reduce-added while those two
-    run (as FA3 and FA4 write dQ out under the matmuls after it); else all five are waited for
-    together and dQ_i follows."""
+    (lines 12 and 16) and waited for alone, and dQ_i is staged for the writer warp, which
+    reduce-adds it while those two run (as FA3 and FA4 write dQ out under the matmuls after it);
+    else all five are waited for together and dQ_i follows."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
