@@ -60,6 +60,12 @@ class FwdConfig:
     # _pin_softmax): without, ptxas moves that wait above the softmax, which then runs after the
     # matmul instead of under it (FA3's Algorithm 2 overlap; docs/hopper_peers.md).
     hopper_gluon_pin_softmax: bool = False
+    # Whether that kernel's consumers load their Q tile into registers once and read it from there
+    # in every S = Q K^T matmul (RS; hopper/fwd.py _q_operand), else from shared memory (SS, as FA3
+    # and FA4 do: "Register bandwidth is actually a bottleneck so we don't want Q to be in
+    # registers"). An SS matmul on 64-key blocks reads as many bytes of Q as of K for each of its
+    # FLOPs, as much as shared memory delivers at the tensor cores' rate; RS reads K alone.
+    hopper_gluon_q_in_registers: bool = False
     # The order that kernel's causal programs start in (dense calls, and the varlen kernel's over
     # sequence x head rows, K and V counted at the longest sequence's keys): groups of at most this many
     # batch x head rows (a power of two), and no more than keep their K and V within the L2 cache

@@ -268,11 +268,13 @@ def fwd_group_shift(section: int | str, rows: int, seqlen_k: int, headdim: int, 
 def forward_schedule(config=None) -> dict:
     """The forwards' key-loop constexprs from a FwdConfig (or a dict of them, as made here; None:
     the defaults): PINGPONG (hopper_gluon_pingpong: the consumers issue their matmuls in turns) and
-    PIN_SOFTMAX (hopper_gluon_pin_softmax: the softmax kept under the P~ V matmul, fwd._pin_softmax)."""
+    PIN_SOFTMAX (hopper_gluon_pin_softmax: the softmax kept under the P~ V matmul, fwd._pin_softmax)
+    and Q_IN_REGS (hopper_gluon_q_in_registers: Q the S matmuls' A operand from registers, fwd._q_operand)."""
     if isinstance(config, dict):
         return config
     return {"PINGPONG": bool(config and config.hopper_gluon_pingpong),
-            "PIN_SOFTMAX": bool(config and config.hopper_gluon_pin_softmax)}
+            "PIN_SOFTMAX": bool(config and config.hopper_gluon_pin_softmax),
+            "Q_IN_REGS": bool(config and config.hopper_gluon_q_in_registers)}
 
 
 THREE_CONSUMER_ACCUMULATORS = 128  # three_consumer_refusal

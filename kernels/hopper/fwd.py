@@ -273,18 +273,34 @@ def _split_release(empty_bar, k_ring):
 
 
 @gluon.jit
-def _s_matmul(q_buf, k_tile, s_init, bias=None):
+def _s_matmul(q_op, k_tile, s_init, bias=None):
     """Line 8's S = Q K_j^T (unscaled), issued asynchronously, one matmul per head-dim section
-    (`q_buf`, `k_tile`: tuples of them) chained on the first; with `bias` (ALiBi's (A, B) tiles,
+    (`q_op`, Q's tiles in shared memory or registers: `_q_operand`; `k_tile`: tuples of them) chained on the first; with `bias` (ALiBi's (A, B) tiles,
     `_alibi_by_matmul`) chained on A B, so S holds ALiBi's key term with no work per element."""
     if bias is None:
-        s_tok = warpgroup_mma(q_buf[0], k_tile[0].permute((1, 0)), s_init, use_acc=False, is_async=True)
+        s_tok = warpgroup_mma(q_op[0], k_tile[0].permute((1, 0)), s_init, use_acc=False, is_async=True)
     else:
         s_tok = warpgroup_mma(bias[0], bias[1], s_init, use_acc=False, is_async=True)
-        s_tok = warpgroup_mma(q_buf[0], k_tile[0].permute((1, 0)), s_tok, is_async=True)
-    if len(q_buf) == 2:
-        s_tok = warpgroup_mma(q_buf[1], k_tile[1].permute((1, 0)), s_tok, is_async=True)
+        s_tok = warpgroup_mma(q_op[0], k_tile[0].permute((1, 0)), s_tok, is_async=True)
+    if len(q_op) == 2:
+        s_tok = warpgroup_mma(q_op[1], k_tile[1].permute((1, 0)), s_tok, is_async=True)
     return s_tok
+
+
+@gluon.jit
+def _q_operand(q_buf, s_layout: gl.constexpr, Q_IN_REGS: gl.constexpr):
+    """Line 8's A operand for every key block: Q_i's tiles in shared memory (each S matmul SS), or
+    with Q_IN_REGS (FwdConfig.hopper_gluon_q_in_registers) loaded into registers once (RS): each S
+    matmul then reads only K_j from shared memory, whose bandwidth a 64-key SS matmul fills."""
+    if Q_IN_REGS:
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+        first = q_buf[0].load(a_layout)
+        if len(q_buf) == 1:
+            return (first,)
+        else:
+            return (first, q_buf[1].load(a_layout))
+    else:
+        return q_buf
 
 
 @gluon.jit
@@ -384,11 +400,11 @@ def _pass_turn(turn_bar, PART: gl.constexpr, PINGPONG: gl.constexpr):
 
 @gluon.jit
 def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout: gl.constexpr, PART: gl.constexpr,
-                     PINGPONG: gl.constexpr, bias=None):
+                     PINGPONG: gl.constexpr, bias=None, Q_IN_REGS: gl.constexpr = False):
     """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
     unscaled, waited for, through `_s_matmul`, issued in its turn: `_await_turn`), then K_0's stage
-    released: (m, l, O, the zero accumulator every S matmul starts from, S). Q's tiles, K's rings
-    and O are tuples of head-dim sections (`_head_sections`)."""
+    released: (m, l, O, the zero accumulator every S matmul starts from, S, Q's operand for the
+    S matmuls: `_q_operand`). Q's tiles, K's rings and O are tuples of head-dim sections (`_head_sections`)."""
     ROWS: gl.constexpr = q_buf[0].type.shape[0]
     BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -397,18 +413,19 @@ def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout:
     acc = _zero_sections(ROWS, q_buf)
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
     mbarrier.wait(q_bar.index(PART), 0)
+    q_op = _q_operand(q_buf, s_layout, Q_IN_REGS)
     mbarrier.wait(k_bar.index(0), 0)
     _await_turn(turn_bar, 0, PART, PINGPONG)
-    s_tok = _s_matmul(q_buf, _at(k_smem, 0), s_init, bias)
+    s_tok = _s_matmul(q_op, _at(k_smem, 0), s_init, bias)
     _pass_turn(turn_bar, PART, PINGPONG)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     if _split_release(empty_bar, k_smem[0]):
         mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
-    return m_i, l_i, acc, s_init, s
+    return m_i, l_i, acc, s_init, s, q_op
 
 
 @gluon.jit
-def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, s_init,
+def _fwd_block_matmuls(i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, s_init,
                        PART: gl.constexpr, PINGPONG: gl.constexpr, bias=None):
     """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
     in flight; waits for S_j (wgmma groups complete in order; with two head-dim sections the wait
@@ -422,7 +439,7 @@ def _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_b
     prev = (i - 1) % V_STAGES
     mbarrier.wait(k_bar.index(stage), (i // STAGES) & 1)
     _await_turn(turn_bar, i, PART, PINGPONG)
-    s_tok = _s_matmul(q_buf, _at(k_smem, stage), s_init, bias)
+    s_tok = _s_matmul(q_op, _at(k_smem, stage), s_init, bias)
     mbarrier.wait(v_bar.index(prev), ((i - 1) // V_STAGES) & 1)
     acc_tok, p_op = _pv_matmul(p, _at(v_smem, prev), acc)
     _pass_turn(turn_bar, PART, PINGPONG)
@@ -506,7 +523,8 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: g
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                       PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
+                       PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr,
+                       Q_IN_REGS: gl.constexpr):
     """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
     of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
     n_blocks - 1 (_softmax_loop), then lines 12-15."""
@@ -528,7 +546,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n_f = offs_n.to(gl.float32)
     acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale,
                                   mods, window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout,
-                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG, PIN_SOFTMAX)
+                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)
     # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
     lse2 = m_i + gl.log2(l_i)
     if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
@@ -541,7 +559,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
 def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale, mods, window,
                   offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                  PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
+                  PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr, Q_IN_REGS: gl.constexpr):
     """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, the matmuls issued in turns with PINGPONG
     (`_await_turn`), the softmax held before P~ V's wait with PIN_SOFTMAX (`_pin_softmax`): the
@@ -557,8 +575,8 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
     else:
         bias = None
     # lines 5 and 8 for key block 0, then line 9
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout, PART,
-                                                PINGPONG, bias)
+    m_i, l_i, acc, s_init, s, q_op = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout,
+                                                      PART, PINGPONG, bias, Q_IN_REGS)
     if ALIBI_MMA:
         p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (-mods[2]).to(gl.float32), offs_m,
                                                  offs_n, 0, window[3], BLOCK_N)
@@ -570,7 +588,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
                                                     acc, s_init, PART, PINGPONG, bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
@@ -606,10 +624,11 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
                              PINGPONG: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
-                             PIN_SOFTMAX: gl.constexpr = False):
+                             PIN_SOFTMAX: gl.constexpr = False, Q_IN_REGS: gl.constexpr = False):
     """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
     FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; PINGPONG: the
-    consumers issue their matmuls in turns (`_await_turn`); GROUP_SHIFT: causal programs start
+    consumers issue their matmuls in turns (`_await_turn`); Q_IN_REGS: Q is the S matmuls' A operand
+    from registers (`_q_operand`); GROUP_SHIFT: causal programs start
     longest first across groups of rows (`_fwd_program`). The descriptors view (batch * seqlen, heads *
     head dim); K and V have num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
     partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
@@ -669,14 +688,14 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # two consumers 240 a thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
             (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
         ], [4, 1], [240, 24])

@@ -58,7 +58,7 @@ def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
 
 @gluon.jit
 def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
-                              PIN_SOFTMAX: gl.constexpr):
+                              PIN_SOFTMAX: gl.constexpr, Q_IN_REGS: gl.constexpr):
     """_softmax_partition for one sequence of a packed batch: rows [start_m + PART * 64, + 64) of
     the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
     one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
@@ -76,14 +76,14 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
     first_row = start_m + PART * ROWS  # this part's first query row in its sequence
     offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i, l_i, acc, s_init, s = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout, PART,
-                                                PINGPONG)
+    m_i, l_i, acc, s_init, s, q_op = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout,
+                                                      PART, PINGPONG, None, Q_IN_REGS)
     p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
                                               BLOCK_N, CAUSAL)
     EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_buf, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
                                                     acc, s_init, PART, PINGPONG)
         p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
                                                   shift, BLOCK_N, CAUSAL)
@@ -125,14 +125,15 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                     qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
                                     CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
-                                    PIN_SOFTMAX: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0):
+                                    PIN_SOFTMAX: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
+                                    Q_IN_REGS: gl.constexpr = False):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
     sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
     heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
     has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
     total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
     seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS, PINGPONG, PIN_SOFTMAX and GROUP_SHIFT (the causal programs'
+    query block does nothing. CONSUMERS, PINGPONG, PIN_SOFTMAX, Q_IN_REGS and GROUP_SHIFT (the causal programs'
     launch order over groups of sequence x head rows, `_fwd_program`) as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
@@ -167,15 +168,15 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                 _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
         if CONSUMERS == 3:  # registers as the dense kernel's
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX)),
-                (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, PIN_SOFTMAX)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
+                (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 4, 1], [160, 160, 24])
         else:
             gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX)),
+                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
+                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
                 (_varlen_load_partition, (args, CAUSAL, 0)),
             ], [4, 1], [240, 24])
 
