@@ -247,6 +247,38 @@ def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype, pin_softmax):
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
+# (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, softcap)
+Q_IN_REGISTERS_CASES = {
+    "d192-full": (1, 2048, 2048, 2, 2, 192, False, (-1, -1), 0.0),  # two head-dim sections, 128 + 64
+    "d192-causal-gqa": (2, 2048, 2048, 4, 2, 192, True, (-1, -1), 0.0),
+    "d192-off-grid-causal": (2, 1500, 1500, 2, 1, 192, True, (-1, -1), 0.0),  # varlen, batch rows packed
+    "d192-window-softcap": (1, 2048, 2048, 2, 2, 192, True, (300, 0), 30.0),  # the features' kernel
+    "d96-full": (2, 2048, 2048, 3, 3, 96, False, (-1, -1), 0.0),  # 64 + 32
+    "d96-off-grid-causal": (2, 1500, 1500, 2, 1, 96, True, (-1, -1), 0.0),
+}
+
+
+@pytest.mark.usefixtures("poisoned_allocations")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(Q_IN_REGISTERS_CASES))
+def test_gpu_gluon_forward_with_q_in_registers(case, dtype):
+    """FwdConfig.hopper_gluon_q_in_registers (each consumer loads its Q tile into registers once
+    and every S matmul reads it from there) on the dense, features and varlen Gluon forwards, one
+    and two head-dim sections: out, logsumexp and gradients against float64, on the Gluon kernel."""
+    batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, softcap = Q_IN_REGISTERS_CASES[case]
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=1024,
+                                 hopper_gluon_q_in_registers=True)
+    like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
+    like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
+    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, causal, _case_features(
+        {"causal": causal, "window": window, "softcap": softcap})) in (dispatch.GluonPath.DENSE, dispatch.GluonPath.PACKED)
+    check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=causal, window=window,
+                softcap=softcap, device="cuda", fwd_config=config)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
 # (batch, seqlen, heads, kv_heads, headdim, FwdConfig.hopper_gluon_head_section), causal on the dense Gluon forward
 CAUSAL_SECTION_CASES = {
     "d256-groups-of-4": (2, 2048, 8, 8, 256, 4),
