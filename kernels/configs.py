@@ -3,6 +3,7 @@ choice. The measurements behind each table entry are in docs/performance.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -211,6 +212,15 @@ HOPPER_FWD_CONFIGS = {
     (256, True): FwdConfig(128, 64, 8, 2, tma=True, tma_host_below_keys=8192, hopper_gluon_min_keys=512,
                            hopper_gluon_block_n=64),
 }
+# Head dim 192 (padded to 256 above): the 256 entries, with the Gluon forward's Q in registers
+# (hopper_gluon_q_in_registers): its S matmuls on 64-key blocks then read K alone from shared
+# memory, faster in the same process (docs/performance.md, "Q in registers at head dim 192";
+# rows: reports/h100/decisions/gluon_forward_q_in_registers.csv). At 256 it does not fit
+# the consumers' registers (ptxas spills and serialises the wgmma).
+HOPPER_FWD_CONFIGS.update({
+    (192, causal): dataclasses.replace(HOPPER_FWD_CONFIGS[(256, causal)], hopper_gluon_q_in_registers=True)
+    for causal in (False, True)
+})
 HOPPER_BWD_CONFIGS = {
     # tutorial 06's shape: narrow query steps against wide key blocks and vice versa.
     16: BwdConfig(32, 128, 128, 32, 4, 3),
@@ -285,11 +295,17 @@ def on_hopper(device: torch.device) -> bool:
     return device.type == "cuda" and _is_hopper(torch.cuda.current_device() if device.index is None else device.index)
 
 
+def hopper_fwd_config(headdim: int, causal: bool) -> FwdConfig:
+    """HOPPER_FWD_CONFIGS' entry for this head dim: its own where the table has one (192), else its
+    padded head dim's."""
+    return HOPPER_FWD_CONFIGS.get((headdim, causal)) or HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+
+
 def default_fwd_config(headdim: int, causal: bool, device: torch.device) -> FwdConfig:
     if device.type != "cuda":
         return INTERPRETER_FWD_CONFIG
     if on_hopper(device):
-        return HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+        return hopper_fwd_config(headdim, causal)
     return GENERIC_FWD_CONFIG
 
 

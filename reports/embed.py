@@ -756,6 +756,7 @@ SECTIONS = {
     "fwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_launch_order.csv"),
     "fwd_named_barriers_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_named_barriers.csv",
                                                              "mbarrier arrives", "named barriers"),
+    "fwd_q_in_registers_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_q_in_registers.csv"),
     "fwd_pin_softmax_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_pin_softmax.csv",
                                                           "without the pin",
                                                           "row sums stored before P V's wait"),

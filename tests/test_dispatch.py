@@ -22,7 +22,7 @@ from kernels.configs import (
     HOPPER_FWD_CONFIGS,
     INTERPRETER_BWD_CONFIG,
     FwdConfig,
-    padded_headdim,
+    hopper_fwd_config,
 )
 from kernels.dispatch import (
     GluonPath,
@@ -653,21 +653,27 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert dropout_spills["d64"] <= 512 and dropout_spills["d128"] <= 3072, report
     for flag in ("window", "softcap", "alibi"):
         assert sum(line.endswith(flag) or f" {flag} " in line for line in forward_lines + backward_lines) == 4, flag
+    varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
+
+    def spills(line):
+        return int(re.search(r"spill stores (\d+) B", line).group(1))
+
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
     assert all("spill stores 0 B" in line and "128x64 x 3/2" in line for line in forward_lines if "d256" in line)
-    assert all("spill stores 0 B" in line and "128x64 x 3/3" in line for line in forward_lines if "d192" in line)
+    # head dim 192 with Q in registers (FwdConfig.hopper_gluon_q_in_registers, the table's there only):
+    # a few bytes of spills, no serialised wgmma
+    for line in forward_lines + varlen_lines:
+        assert (" q in regs " in line) == (line.split()[1] == "d192"), line
+        if line.split()[1] == "d192":
+            assert "128x64 x 3/3" in line and spills(line) <= 64 and "serialised" not in line, line
     assert all("spill stores 0 B" in line and "128x128 x 3/3" in line for line in forward_lines
                if "d96" in line and "192x" not in line)
-    varlen_lines = [line for line in report.splitlines() if line.startswith("_flash_fwd_hopper_varlen_kernel ")]
     # head dims 64, 96, 128, 192 and 256, causal or not (64 on 192 rows); causal in launch groups of 4
     # rows at 128, spilling no more than the same build in the grid's order (a few bytes with the
     # softmax pinned); then 192 rows at 96 and 128
     assert len(varlen_lines) == 10 + 1 + 4, report
     grouped = [line for line in varlen_lines if " group shift" in line]
-
-    def spills(line):
-        return int(re.search(r"spill stores (\d+) B", line).group(1))
 
     in_grid_order = next(line for line in varlen_lines if " d128 causal=True " in line and " 128x128 " in line)
     assert len(grouped) == 1 and spills(grouped[0]) <= spills(in_grid_order), report
@@ -1372,7 +1378,7 @@ def test_the_gluon_forward_plan_binds_every_parameter_of_its_kernel(headdim, cau
     monkeypatch.setattr(hopper, "_fwd_launcher", launches)
     q, k, v = (torch.randn(1, 256, 2, headdim, dtype=torch.bfloat16) for _ in range(3))
     out, lse = torch.empty_like(q), torch.empty(1, 2, 256)
-    config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+    config = hopper_fwd_config(headdim, causal)
     hopper.forward_hopper_plan(q, k, v, out, causal, block_n=config.hopper_gluon_block_n,
                                schedule=config)(q, k, v, out, lse, 0.1)
     (launch,) = launches

@@ -35,7 +35,7 @@ from triton.compiler import ASTSource
 
 from kernels import BwdConfig, FwdConfig
 from kernels.backward import _flash_bwd_dkdv_kernel, _flash_bwd_dq_kernel
-from kernels.configs import HOPPER_BWD_CONFIGS, HOPPER_FWD_CONFIGS, padded_headdim
+from kernels.configs import HOPPER_BWD_CONFIGS, HOPPER_FWD_CONFIGS, hopper_fwd_config, padded_headdim
 from kernels.dispatch import FWD_MEMORY_PATHS
 from kernels.forward import _flash_fwd_kernel
 
@@ -226,7 +226,7 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, b
     constexprs set) are given; `flags`: its WINDOW, SOFTCAP and ALIBI constexprs."""
     from kernels import flash_attn_hopper as hopper
 
-    config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+    config = hopper_fwd_config(headdim, causal)
     block_n = block_n or config.hopper_gluon_block_n
     block_m = block_m or config.hopper_gluon_block_m
     schedule = {**hopper.forward_schedule(config), **(schedule or {})}
@@ -258,7 +258,7 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     `schedule` are given (as hopper_gluon_report's, GROUP_SHIFT too)."""
     from kernels import flash_attn_hopper as hopper
 
-    config = HOPPER_FWD_CONFIGS[(padded_headdim(headdim), causal)]
+    config = hopper_fwd_config(headdim, causal)
     block_n = block_n or config.hopper_gluon_block_n
     block_m = block_m or config.hopper_gluon_block_m
     # GROUP_SHIFT (the causal launch order, fwd_group_shift) 0 unless the schedule sets it
