@@ -203,6 +203,22 @@ def test_gpu_gluon_forward_on_192_query_rows(case, dtype):
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 
+def _check_forward_with_fields(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal, paths,
+                               window=(-1, -1), softcap=0.0, **fields):
+    """A Gluon forward config field on one call: the table's config from 1024 keys with `fields` set,
+    the call's path asserted one of `paths` (dispatch.GluonPath), then out, logsumexp and gradients
+    against float64 (check_dense) and no Gluon build error."""
+    config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=1024,
+                                 **fields)
+    like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
+    like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
+    features = _case_features({"causal": causal, "window": window, "softcap": softcap})
+    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, causal, features) in paths
+    check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=causal, window=window,
+                softcap=softcap, device="cuda", fwd_config=config)
+    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+
+
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, query rows a program, in turns)
 PINGPONG_CASES = {
     "d128-full": (2, 2048, 2048, 3, 3, 128, False, (-1, -1), 128, True),
@@ -235,16 +251,10 @@ def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype, pin_softmax):
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, rows, in_turns = PINGPONG_CASES[case]
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=1024,
-                                 hopper_gluon_block_m=rows, hopper_gluon_pingpong=in_turns,
-                                 hopper_gluon_pin_softmax=pin_softmax)
-    like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
-    like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
-    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, causal, _case_features(
-        {"causal": causal, "window": window})) in (dispatch.GluonPath.DENSE, dispatch.GluonPath.PACKED)
-    check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=causal, window=window,
-                device="cuda", fwd_config=config)
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+    _check_forward_with_fields(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal,
+                               (dispatch.GluonPath.DENSE, dispatch.GluonPath.PACKED), window=window,
+                               hopper_gluon_block_m=rows, hopper_gluon_pingpong=in_turns,
+                               hopper_gluon_pin_softmax=pin_softmax)
 
 
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, softcap)
@@ -268,15 +278,9 @@ def test_gpu_gluon_forward_with_q_in_registers(case, dtype):
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, softcap = Q_IN_REGISTERS_CASES[case]
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=1024,
-                                 hopper_gluon_q_in_registers=True)
-    like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
-    like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
-    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, causal, _case_features(
-        {"causal": causal, "window": window, "softcap": softcap})) in (dispatch.GluonPath.DENSE, dispatch.GluonPath.PACKED)
-    check_dense(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal=causal, window=window,
-                softcap=softcap, device="cuda", fwd_config=config)
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+    _check_forward_with_fields(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal,
+                               (dispatch.GluonPath.DENSE, dispatch.GluonPath.PACKED), window=window, softcap=softcap,
+                               hopper_gluon_q_in_registers=True)
 
 
 # (batch, seqlen, heads, kv_heads, headdim, FwdConfig.hopper_gluon_head_section), causal on the dense Gluon forward
@@ -300,13 +304,8 @@ def test_gpu_gluon_causal_forward_in_launch_groups(case, dtype):
     batch, seqlen, heads, kv_heads, headdim, section = CAUSAL_SECTION_CASES[case]
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    config = dataclasses.replace(default_fwd_config(headdim, True, torch.device("cuda")), hopper_gluon_min_keys=1024,
-                                 hopper_gluon_head_section=section)
-    like_q = torch.empty(batch, seqlen, heads, headdim, device="cuda", dtype=dtype)
-    like_k = torch.empty(batch, seqlen, kv_heads, headdim, device="cuda", dtype=dtype)
-    assert dispatch.fwd_memory_path(config, like_q, like_k, like_k, like_q, True) == dispatch.GluonPath.DENSE
-    check_dense(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, causal=True, device="cuda", fwd_config=config)
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
+    _check_forward_with_fields(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, True, (dispatch.GluonPath.DENSE,),
+                               hopper_gluon_head_section=section)
 
 
 # (query lengths, key lengths, heads, kv_heads, headdim, FwdConfig.hopper_gluon_head_section, GROUP_SHIFT),
