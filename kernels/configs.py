@@ -142,15 +142,6 @@ class BwdConfig:
     # Whether calls with dropout take that kernel (dense calls on its grid, dQ fused, head dims 64
     # to 128), redrawing the forward's keep-mask (kernels/hopper/dropout.py), or the Triton backward.
     hopper_gluon_dropout: bool = False
-    # Whether the head-dim-192 dK/dV kernel's S warpgroup (hopper/bwd_wide.py) loads K_j into
-    # registers once and reads it from there in every S^T = K_j Q_i^T (RS), else from shared memory
-    # with Q_i (SS): a 64 x 64 SS matmul reads as many bytes as shared memory delivers at the
-    # tensor cores' rate, RS half of them (the forward's hopper_gluon_q_in_registers, on K).
-    hopper_gluon_k_in_registers: bool = False
-    # The dense dK/dV kernel's dQ writer warps where it fuses dQ (hopper/bwd.py _bwd_dq_writer): 1,
-    # one for both consumers (FA3's and FA4's), or 2, one for each, so that one consumer's hand-over
-    # never waits on the other's reduce-adds. The varlen kernel keeps one.
-    hopper_gluon_dq_writers: int = 1
 
     @property
     def dq_warps(self) -> int:

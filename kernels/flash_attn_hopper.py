@@ -471,14 +471,6 @@ def dq_first(config: BwdConfig, kv_group: int, flags: dict, headdim: int = 128) 
     return kv_group > 1 or bool(flags["WINDOW"]) or bool(flags["ALIBI"])
 
 
-def dq_writers(config: BwdConfig) -> int:
-    """The dense dK/dV kernel's dQ writer warps (bwd._bwd_dq_writer): config.hopper_gluon_dq_writers,
-    1 (one for both consumers) or 2 (one each)."""
-    if config.hopper_gluon_dq_writers not in (1, 2):
-        raise ValueError(f"hopper_gluon_dq_writers must be 1 or 2, got {config.hopper_gluon_dq_writers!r}")
-    return config.hopper_gluon_dq_writers
-
-
 def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, config: BwdConfig,
                               flags: dict | None = None, dropout: bool = False):
     """The dK/dV launch for tensors shaped, strided and aligned like these, as a function of (q, k,
@@ -522,15 +514,13 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     if wide:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_wide_launcher", grid,
                               {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168,
-                               "DQ_FIRST": dq_first(config, kv_group, flags, headdim),
-                               "K_IN_REGS": bool(config.hopper_gluon_k_in_registers)},
+                               "DQ_FIRST": dq_first(config, kv_group, flags, headdim)},
                               descriptors=descriptors)
     else:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
                               {"STAGES": BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused, "num_warps": 4,
                                "maxnreg": 168, "DQ_FIRST": fused and dq_first(config, kv_group, flags, headdim),
-                               "DROPOUT": dropout, "DQ_WRITERS": dq_writers(config) if fused else 1,
-                               **flags, **split_constexprs},
+                               "DROPOUT": dropout, **flags, **split_constexprs},
                               descriptors=descriptors)
 
     def run(q, k, v, do, lse, delta, dk, dv, dq_accum, softmax_scale, features=()):

@@ -757,6 +757,12 @@ SECTIONS = {
     "fwd_named_barriers_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_named_barriers.csv",
                                                              "mbarrier arrives", "named barriers"),
     "fwd_q_in_registers_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_q_in_registers.csv"),
+    "bwd_k_in_registers_d192_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_k_in_registers_d192.csv", "K read from shared memory (the kept form)",
+        "the S warpgroup's K in registers"),
+    "bwd_dq_writer_per_consumer_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_dq_writer_per_consumer.csv", "one dQ writer warp (the kept form)",
+        "a dQ writer warp per consumer"),
     "fwd_pin_softmax_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_pin_softmax.csv",
                                                           "without the pin",
                                                           "row sums stored before P V's wait"),

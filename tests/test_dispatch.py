@@ -747,20 +747,6 @@ def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster():
     assert not hopper.dq_first(dataclasses.replace(wide, hopper_gluon_dq_first=False), 4, flags(), 192)
 
 
-def test_the_dq_writers_are_one_or_two():
-    """flash_attn_hopper.dq_writers, the dense Gluon dK/dV kernel's DQ_WRITERS: the config's
-    hopper_gluon_dq_writers, one writer warp for both consumers or one each; anything else is
-    refused by name before a kernel is built."""
-    from kernels import flash_attn_hopper as hopper
-
-    table = HOPPER_BWD_CONFIGS[128]
-    assert hopper.dq_writers(table) == 1
-    assert hopper.dq_writers(dataclasses.replace(table, hopper_gluon_dq_writers=2)) == 2
-    for bad in (0, 3, "2"):
-        with pytest.raises(ValueError, match="hopper_gluon_dq_writers must be 1 or 2"):
-            hopper.dq_writers(dataclasses.replace(table, hopper_gluon_dq_writers=bad))
-
-
 def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch):
     """flash_attn_hopper.bwd_grid, the Gluon dK/dV kernels' launch order: (pairs in a section, key
     blocks, sections), the section the largest divisor of the pairs at most the config's

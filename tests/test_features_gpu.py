@@ -415,26 +415,23 @@ def test_gpu_gluon_forward_at_head_dims_96_192_and_256(headdim, case, dtype):
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("dq_first,k_in_registers", [(None, False), (False, False), (None, True)],
-                         ids=["dq-first", "dq-last", "k-in-registers"])
+@pytest.mark.parametrize("dq_first", [None, False], ids=["dq-first", "dq-last"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch,seqlen,heads,kv_heads,causal", [
     (2, 1024, 3, 3, False), (1, 4096, 2, 2, True), (2, 2048, 8, 2, True), (1, 1024, 4, 1, False)],
     ids=["full", "causal", "gqa-causal", "mqa"])
-def test_gpu_gluon_backward_at_head_dim_192(batch, seqlen, heads, kv_heads, causal, dtype, dq_first, k_in_registers):
+def test_gpu_gluon_backward_at_head_dim_192(batch, seqlen, heads, kv_heads, causal, dtype, dq_first):
     """Head dim 192 on the Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: 64-key
     blocks, one warpgroup computing S and the first head-dim section of dK and dV, the other dP,
     the second section and dQ, exchanging dP^T - D, P^T and dS^T through shared memory), dense
     and GQA/MQA, against float64, on that kernel (asserted); a deterministic backward keeps the
     Triton kernels. Both orders of the dP warpgroup: the table's (BwdConfig.hopper_gluon_dq_first
-    None: dQ's matmuls first, its tiles written out under dV's and dK's) and dQ after them; and
-    the S warpgroup's K read from registers (hopper_gluon_k_in_registers)."""
+    None: dQ's matmuls first, its tiles written out under dV's and dK's) and dQ after them."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     like_q = torch.empty(batch, seqlen, heads, 192, device="cuda", dtype=dtype)
     like_k = torch.empty(batch, seqlen, kv_heads, 192, device="cuda", dtype=dtype)
-    config = dataclasses.replace(default_bwd_config(192, like_q.device), hopper_gluon_dq_first=dq_first,
-                                 hopper_gluon_k_in_registers=k_in_registers)
+    config = dataclasses.replace(default_bwd_config(192, like_q.device), hopper_gluon_dq_first=dq_first)
     assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q) == dispatch.GluonPath.DENSE
     assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q, deterministic=True) == "triton"
     check_dense(batch, seqlen, seqlen, heads, kv_heads, 192, dtype, causal=causal, device="cuda", bwd_config=config)
@@ -491,31 +488,6 @@ def test_gpu_gluon_backward_in_each_schedule(dq_first, dtype):
         check_dense(2, 1024, 1024, 8, 8, 128, dtype, device="cuda", causal=causal, bwd_config=config)
     check_dense(2, 1024, 1024, 8, 2, 128, dtype, device="cuda", causal=True, bwd_config=config)
     check_dense(2, 1024, 1024, 8, 2, 128, dtype, device="cuda", causal=True, window=(300, 0), bwd_config=config)
-    assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
-
-
-@pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("headdim", [64, 96, 128])
-def test_gpu_gluon_backward_with_a_dq_writer_per_consumer(headdim, dtype):
-    """The dense Gluon dK/dV kernel with dQ fused and one dQ writer warp for each consumer
-    (BwdConfig.hopper_gluon_dq_writers=2): at 128 each writer adds its consumer's column half of
-    every step, at 64 and 96 the whole dQ of its consumer's steps (every other one), so causal
-    blocks' odd step counts and GQA's steps over the group's q heads must each reach the
-    accumulator once: MHA full and causal, three heads causal, GQA causal, GQA with a window,
-    against float64, on the Gluon kernel (asserted)."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    like_q = torch.empty(2, 1024, 8, headdim, device="cuda", dtype=dtype)
-    config = dataclasses.replace(default_bwd_config(headdim, like_q.device), hopper_gluon_min_keys=1024,
-                                 hopper_gluon_fused_dq=True, hopper_gluon_dq_writers=2)
-    assert dispatch.bwd_dkdv_path(config, like_q, like_q, like_q, like_q) == dispatch.GluonPath.DENSE
-    assert dispatch.bwd_gluon_fuses_dq(config, headdim)
-    for causal in (False, True):
-        check_dense(2, 1024, 1024, 8, 8, headdim, dtype, device="cuda", causal=causal, bwd_config=config)
-    check_dense(2, 1024, 1024, 3, 3, headdim, dtype, device="cuda", causal=True, bwd_config=config)
-    check_dense(2, 1024, 1024, 8, 2, headdim, dtype, device="cuda", causal=True, bwd_config=config)
-    check_dense(2, 1024, 1024, 8, 2, headdim, dtype, device="cuda", causal=True, window=(300, 0), bwd_config=config)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 

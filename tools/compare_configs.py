@@ -3,8 +3,7 @@
 A config is the table's (kernels/configs.py: FwdConfig, BwdConfig) with some fields set on the
 command line; every field the kernels take as an argument can be compared so (block sizes,
 warps, stages, memory paths, the Gluon kernels' thresholds and hopper_gluon_dq_first,
-hopper_gluon_head_section, hopper_gluon_causal_head_section, hopper_gluon_varlen_grid,
-hopper_gluon_k_in_registers, hopper_gluon_dq_writers). Both configs are first checked against
+hopper_gluon_head_section, hopper_gluon_causal_head_section, hopper_gluon_varlen_grid). Both configs are first checked against
 the float64 reference (baselines/reference.py: each output within twice the same-dtype PyTorch
 error, flash-attn's criterion; where that reference would not fit the device, on the call's first
 batch rows and heads); then rounds alternate A and B (A first in even rounds, B in odd)

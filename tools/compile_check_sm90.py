@@ -292,17 +292,15 @@ def section_signature(sections: tuple, block_n: int, dtype: str) -> dict:
 
 
 def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128, fused_dq: bool = False,
-                            dropout: bool = False, dq_writers: int = 1, **flags: bool) -> str:
+                            dropout: bool = False, **flags: bool) -> str:
     """The Gluon dK/dV kernel (kernels/hopper/bwd.py) compiled for sm_90, with dQ fused (TMA
     reduce-adds into a float32 accumulator) or not, in the schedule the table's config gives it
-    (backward_dkdv_hopper_plan); `flags` as hopper_gluon_report's, `dropout` its DROPOUT,
-    `dq_writers` its DQ_WRITERS (BwdConfig.hopper_gluon_dq_writers)."""
+    (backward_dkdv_hopper_plan); `flags` as hopper_gluon_report's, `dropout` its DROPOUT."""
     from kernels import flash_attn_hopper as hopper
 
     flags = {name: flags.get(name, False) for name in hopper.GLUON_FEATURE_FLAGS}
     schedule = {"DQ_FIRST": fused_dq and hopper.dq_first(HOPPER_BWD_CONFIGS[128], 1, flags, headdim),
-                "HEAD_SPLIT": len(hopper.head_sections(headdim)) == 2,
-                "DQ_WRITERS": dq_writers}
+                "HEAD_SPLIT": len(hopper.head_sections(headdim)) == 2}
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {**backward_section_signature(headdim, fused_dq, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
@@ -310,35 +308,29 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
                  "DROPOUT": "constexpr", **{name: "constexpr" for name in flags},
                  **{name: "constexpr" for name in schedule}}
     label = (f"d{headdim} causal={causal!s:5s} {dtype}" + (" fused dQ" if fused_dq else "")
-             + feature_label({**flags, "DROPOUT": dropout}) + (f", {dq_writers} dQ writers" if dq_writers != 1 else ""))
+             + feature_label({**flags, "DROPOUT": dropout}))
     return gluon_report(label, hopper._flash_bwd_dkdv_hopper_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "FUSED_DQ": fused_dq, "DROPOUT": dropout,
                          **flags, **schedule})
 
 
 def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192,
-                                 dq_first: bool | None = None, k_in_registers: bool | None = None) -> str:
+                                 dq_first: bool | None = None) -> str:
     """The Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: dQ fused, no feature)
     compiled for sm_90 as backward_dkdv_hopper_plan launches it, in the schedule the table's config
-    gives it (flash_attn_hopper.dq_first, hopper_gluon_k_in_registers) unless `dq_first` (its
-    DQ_FIRST) or `k_in_registers` (its K_IN_REGS) is given."""
+    gives it (flash_attn_hopper.dq_first) unless `dq_first` (its DQ_FIRST) is given."""
     from kernels import flash_attn_hopper as hopper
 
     if dq_first is None:
         no_features = {name: False for name in hopper.GLUON_FEATURE_FLAGS}
         dq_first = hopper.dq_first(HOPPER_BWD_CONFIGS[padded_headdim(headdim)], 1, no_features, headdim)
-    if k_in_registers is None:
-        k_in_registers = HOPPER_BWD_CONFIGS[padded_headdim(headdim)].hopper_gluon_k_in_registers
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
-                 **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "DQ_FIRST": "constexpr",
-                 "K_IN_REGS": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (", dQ first" if dq_first else "")
-                        + (", K in regs" if k_in_registers else ""),
+                 **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "DQ_FIRST": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (", dQ first" if dq_first else ""),
                         hopper._flash_bwd_dkdv_hopper_wide_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first,
-                         "K_IN_REGS": k_in_registers})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first})
 
 
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,

@@ -3,18 +3,17 @@ in Gluon with FlashAttention-3's layout, and the steps its variant over packed v
 (bwd_varlen.py) shares with it.
 
 A loader warp streams Q_i and dO_i tiles (with L_i and D_i, as FA3's producer brings them); two
-consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax with the next matmul
-of the same query step. The kernel can add dQ too, as FA3 does: the consumers exchange dS^T through
-shared memory and dQ_i = dS K_j over all 128 keys goes to the accumulator by TMA reduce-adds of 64 x
-64 tiles (and a 64 x 32 one at head dim 96), which a dQ writer warp issues as the consumers hand the
-tiles over (FA3's and FA4's scheme; with DQ_WRITERS 2 the dense kernel gives each consumer a writer
-of its own, BwdConfig.hopper_gluon_dq_writers) (5 matmuls instead of the Triton backward's 7; with
-element-wise atomics instead it was 1.2-1.5x slower: docs/performance.md, "Gluon dK/dV with dQ
-fused"). At 128 each consumer computes half of dQ_i's columns every step; at 64 and 96 the consumers
-take turns, each computing every other step's whole dQ_i (_dq_in_turns). The dQ tiles go to the
-accumulator in the consumers' register order (shared.DQ_TILE_BASES), which dq_cast.py puts back in
-rows. Head dim 96 runs as two head-dim sections (64 + 32, shared._head_sections), as the forward
-does: every tile, matmul and accumulator with a head-dim side is a tuple of them.
+consumer warpgroups own 64 keys each of a 128-key block and overlap the softmax with the next
+matmul of the same query step. The kernel can add dQ too, as FA3 does: the consumers exchange
+dS^T through shared memory and dQ_i = dS K_j over all 128 keys goes to the accumulator by TMA
+reduce-adds of 64 x 64 tiles (and a 64 x 32 one at head dim 96), which a dQ writer warp issues as the
+consumers hand the tiles over (FA3's and FA4's scheme) (5 matmuls instead of the Triton backward's 7;
+with element-wise atomics instead it was 1.2-1.5x slower: docs/performance.md, "Gluon dK/dV with
+dQ fused"). At 128 each consumer computes half of dQ_i's columns every step; at 64 and 96 the
+consumers take turns, each computing every other step's whole dQ_i (_dq_in_turns). The dQ tiles go
+to the accumulator in the consumers' register order (shared.DQ_TILE_BASES), which dq_cast.py puts
+back in rows. Head dim 96 runs as two head-dim sections (64 + 32, shared._head_sections), as the
+forward does: every tile, matmul and accumulator with a head-dim side is a tuple of them.
 
 The host side (descriptors, grid, plans) is kernels/flash_attn_hopper.py.
 """
@@ -48,8 +47,8 @@ from .shared import (
 
 _DQ_TILE_COLS = 64
 DQ_COLS: gl.constexpr = gl.constexpr(_DQ_TILE_COLS)  # the columns of a consumer's dQ tile (DQ_REGISTER_TILE's)
-# named barriers 14 and 15: consumer 0's or 1's dQ tile is in shared memory for its writer warp
-# (writer 0's or 1's, or the one for both: _dq_full; ids above those Triton's warp specialisation takes)
+# named barriers 14 and 15: consumer 0's or 1's dQ tile is in shared memory for the writer warp
+# (_dq_full; ids above those Triton's warp specialisation takes)
 DQ_FULL_BARRIER: gl.constexpr = gl.constexpr(14)
 
 
@@ -154,7 +153,7 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
     if FUSED_DQ:
         # dS^T of both consumers for two steps (the A operands of dQ = dS K, read transposed) and
-        # each consumer's float32 dQ tiles for its writer warp's reduce-adds, in the consumer's
+        # each consumer's float32 dQ tiles for the writer warp's reduce-adds, in the consumer's
         # register order (reinterpreted by _dq_tile_buffer)
         ds_smem = gl.allocate_shared_memory(dtype, [4, ROWS, BLOCK_M], q_desc[0].layout)
         gl.static_assert(BLOCK_M * DQ_COLS == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
@@ -169,7 +168,7 @@ def _bwd_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.con
         done_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for parity in gl.static_range(2):
             mbarrier.init(ds_bar.index(parity), count=2)  # both consumers' dS^T are in place
-            mbarrier.init(dq_free.index(parity), count=1)  # consumer `parity`'s writer has read its tile
+            mbarrier.init(dq_free.index(parity), count=1)  # the dQ writer has read consumer `parity`'s tile
         mbarrier.init(done_bar, count=2)
     else:  # the fused path's buffers and barriers are not used: stand-ins of the right kinds
         ds_smem, dq_smem, ds_bar, dq_free, done_bar = q_smem[0], q_smem, q_bar, q_bar, kv_bar
@@ -323,7 +322,7 @@ def _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF: gl.constexpr):
 def _bwd_add_dq(ds_smem, k_smem, ds_bar, dq_buf, dq_free, dq_init, parity, step, tile, HALF: gl.constexpr):
     """Line 15 (FA3's scheme), once both consumers' dS^T are in place: dQ_i[:, this consumer's
     columns] = dS K_j[:, columns] over both halves' keys (all columns in turns, _dq_in_turns),
-    handed to its dQ writer warp (_bwd_stage_dq; `tile` counts this consumer's earlier tiles)."""
+    handed to the dQ writer warp (_bwd_stage_dq; `tile` counts this consumer's earlier tiles)."""
     dq_tok = _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
     dq = _bwd_wait_dq(0, dq_tok)
     _bwd_stage_dq(dq_buf, dq, dq_free, tile, HALF)
@@ -361,9 +360,8 @@ def _bwd_wait_dq(pendings: gl.constexpr, dq_tok):
 def _dq_full(half, ARRIVE: gl.constexpr, WARPS: gl.constexpr):
     """Named barrier DQ_FULL_BARRIER + half (FA3's and FA4's dQFull NamedBarrier, which Gluon does
     not wrap; PTX through inline assembly, one element a thread): consumer `half`'s 128 threads
-    arrive (ARRIVE, bar.arrive: no wait) once their dQ tile is in shared memory, and the 32 of its
-    dQ writer warp (writer `half`, the only one that waits on this id, or the one writer for both:
-    _bwd_dq_writer) wait there (bar.sync) for them; 160 threads complete a phase. WARPS: the caller's."""
+    arrive (ARRIVE, bar.arrive: no wait) once their dQ tile is in shared memory, and the dQ writer
+    warp's 32 wait there (bar.sync) for them; 160 threads complete a phase. WARPS: the caller's."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
     ids = gl.full([32 * WARPS], 0, gl.int32, layout=layout) + (DQ_FULL_BARRIER + half)
     if ARRIVE:
@@ -380,11 +378,10 @@ def _bwd_stage_dq(dq_buf, dq, dq_free, tile, HALF: gl.constexpr):
     `tile`-th), unscaled (the cast applies the softmax scale once: dq_cast.py, as FA3's and FA4's
     dQ postprocess do), into its shared-memory tile as its registers lie, each thread's in turn
     (DQ_REGISTER_TILE: no bank conflicts on the store), once the dQ writer warp has read the
-    previous one (dq_free.index(HALF)); then every thread arrives at the tile's named barrier
-    (DQ_FULL_BARRIER + HALF) and goes on without waiting (_dq_full), and its writer (writer HALF, or
-    the one for both) adds the tile into the accumulator (_bwd_dq_writer). FA3's and FA4's consumers
-    hand dQ over so; issuing the reduce-add themselves, ours synchronised the warpgroup (bar.sync) on
-    every tile."""
+    previous one (dq_free); then every thread arrives at the tile's named barrier and goes on
+    without waiting (_dq_full), and the writer adds the tile into the accumulator
+    (_bwd_dq_writer). FA3's and FA4's consumers hand dQ over so; issuing the reduce-add
+    themselves, ours synchronised the warpgroup (bar.sync) on every tile."""
     mbarrier.wait(dq_free.index(HALF), (tile & 1) ^ 1)  # a fresh mbarrier's previous phase counts as done
     for section in gl.static_range(len(dq)):
         dq_buf[section].store(dq[section])
@@ -394,44 +391,29 @@ def _bwd_stage_dq(dq_buf, dq, dq_free, tile, HALF: gl.constexpr):
 
 @gluon.jit
 def _bwd_dq_writer(dq_desc, dq_smem, dq_free, q_row0, first_m, q_col0, n_steps, kv_group, num_heads,
-                   HEAD_DIM: gl.constexpr, HALF: gl.constexpr = None):
-    """A dQ writer warp (FA3's and FA4's, on their producer warpgroup's second warp): dQ tiles, as
-    the consumers hand them over (_bwd_stage_dq), added into the float32 accumulator behind dq_desc
-    (rows from q_row0, _bwd_step_coords' steps) by one TMA reduce-add a section, each released
-    (dq_free) once the reduce-add has read it. HALF None: FA3's one writer for both consumers (the
-    varlen kernel's), each step's tiles in turn: both consumers' column halves at head dim 128, else
-    the tile of the consumer whose turn the step is. HALF 0 or 1: consumer HALF's own writer (the
-    dense kernel's, one per consumer, so that a slow reduce-add of one consumer's tile does not delay
-    the other's hand-over): it waits only on DQ_FULL_BARRIER + HALF and releases only
-    dq_free.index(HALF), taking the consumer's tiles in the order it hands them over (its column half
-    of every step at 128, else the whole dQ_i of the steps of parity HALF, its turns); the two
-    writers' reduce-adds go to different tiles, so their order does not matter. The accumulator
-    holds, per 64-row block of the (batch x seqlen, heads x head dim) view, its columns as 64-row,
-    32-column register-order tiles in the view's order (a 64-column tile is two of them: its highest
-    offset bit is column 32), so the tile of columns c.. starts at float 64 * (block * columns + c)
-    (dq_cast.dq_from_accumulator puts them back; the varlen kernel's q_row0 is its sequence's padded
-    row: dq_cast.varlen_dq_accumulator)."""
+                   HEAD_DIM: gl.constexpr):
+    """The dQ writer warp (FA3's and FA4's, on their producer warpgroup's second warp): each
+    step's dQ tiles, as the consumers hand them over (_bwd_stage_dq: both consumers' column
+    halves at head dim 128, else the tile of the consumer whose turn the step is), added into the
+    float32 accumulator behind dq_desc (rows from q_row0, _bwd_step_coords' steps) by one TMA
+    reduce-add a section, each released (dq_free) once the reduce-add has read it. The
+    accumulator holds, per 64-row block of the (batch x seqlen, heads x head dim) view, its
+    columns as 64-row, 32-column register-order tiles in the view's order (a 64-column tile is two
+    of them: its highest offset bit is column 32), so the tile of columns c.. starts at float
+    64 * (block * columns + c) (dq_cast.dq_from_accumulator puts them back; the varlen kernel's
+    q_row0 is its sequence's padded row: dq_cast.varlen_dq_accumulator)."""
     BLOCK_M: gl.constexpr = dq_smem[0].type.shape[1]
     # the tile's first row in the boxes' view (rows of DQ_REGISTER_BOX[1] floats), counting tiles of
     # UNIT columns: 64 where the head dim is one section, 32 at 96 (heads start at multiples of 96)
     UNIT: gl.constexpr = DQ_COLS if len(dq_smem) == 1 else DQ_COLS // 2
     BOX_ROWS: gl.constexpr = BLOCK_M * UNIT // DQ_REGISTER_BOX[1]  # box rows a 64 x UNIT tile spans
-    # consumer HALF's writer in turns takes the steps of parity HALF (the consumer's tile t is step
-    # 2 t + HALF); at 128, and one writer for both, every step
-    OWN_TURNS: gl.constexpr = _dq_in_turns(HEAD_DIM) and HALF is not None
-    FIRST_STEP: gl.constexpr = HALF if OWN_TURNS else 0
-    STRIDE: gl.constexpr = 2 if OWN_TURNS else 1
-    # at 128, the column halves it takes: its consumer's, or both (0, then 1)
-    FIRST_HALF: gl.constexpr = 0 if HALF is None else HALF
-    END_HALF: gl.constexpr = 2 if HALF is None else HALF + 1
-    for step in range(FIRST_STEP, n_steps * kv_group, STRIDE):
+    for step in range(n_steps * kv_group):
         m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, 0, 0, kv_group, BLOCK_M, HEAD_DIM)
         block_tile = (q_row0 + m) // BLOCK_M * (num_heads * (HEAD_DIM // UNIT)) + q_col // UNIT
-        if _dq_in_turns(HEAD_DIM):  # the consumer whose turn the step is
-            _bwd_write_dq_tile(dq_desc, dq_smem, dq_free, step % 2 if HALF is None else HALF, block_tile * BOX_ROWS,
-                               BOX_ROWS, UNIT)
+        if _dq_in_turns(HEAD_DIM):
+            _bwd_write_dq_tile(dq_desc, dq_smem, dq_free, step % 2, block_tile * BOX_ROWS, BOX_ROWS, UNIT)
         else:
-            for half in gl.static_range(FIRST_HALF, END_HALF):
+            for half in gl.static_range(2):
                 first = (block_tile + half * DQ_COLS // UNIT) * BOX_ROWS
                 _bwd_write_dq_tile(dq_desc, dq_smem, dq_free, half, first, BOX_ROWS, UNIT)
     tma.store_wait(pendings=0)
@@ -440,8 +422,7 @@ def _bwd_dq_writer(dq_desc, dq_smem, dq_free, q_row0, first_m, q_col0, n_steps, 
 @gluon.jit
 def _bwd_write_dq_tile(dq_desc, dq_smem, dq_free, half, first_row, BOX_ROWS: gl.constexpr, UNIT: gl.constexpr):
     """_bwd_dq_writer's one tile: once consumer `half` has staged it (_dq_full), one TMA reduce-add
-    a dQ section from box row `first_row` on, and the buffer released (dq_free.index(half)) once
-    they have read it."""
+    a dQ section from box row `first_row` on, and the buffer released once they have read it."""
     _dq_full(half, False, 1)
     _tma_reduce_add(dq_desc[0], [first_row, 0], _register_box(dq_smem[0].index(half), dq_desc[0]))
     if len(dq_smem) == 2:
@@ -473,15 +454,13 @@ def _bwd_load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
 
 
 @gluon.jit
-def _bwd_dq_writer_partition(args, HALF: gl.constexpr):
-    """One warp: _bwd_dq_writer for the program's key block and the query steps that see it, of
-    consumer HALF (its own writer), or HALF None of both."""
+def _bwd_dq_writer_partition(args):
+    """One warp: _bwd_dq_writer for the program's key block and the query steps that see it."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, Alibi, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, row0,
      start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen, softmax_scale, qk_scale, softcap_log2,
      window_left, window_right, full_lo, full_hi, num_heads, rng) = args
-    _bwd_dq_writer(dq_desc, dq_smem, dq_free, row0, first_m, q_col0, n_steps, kv_group, num_heads, _head_dim(q_desc),
-                   HALF)
+    _bwd_dq_writer(dq_desc, dq_smem, dq_free, row0, first_m, q_col0, n_steps, kv_group, num_heads, _head_dim(q_desc))
 
 
 @gluon.jit
@@ -574,7 +553,7 @@ def _bwd_dkdv_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, WINDOW: gl.con
         parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
         ds_op = gl.convert_layout(ds, op_layout)
         # line 15 (this consumer's columns of dQ_i), then line 16: dK_j += dS^T Q_i; dQ is
-        # staged for this consumer's writer warp while the dK matmul runs
+        # staged for the writer warp while the dK matmul runs
         dq_tok = _bwd_issue_dq(ds_smem, k_smem, ds_bar, dq_init, parity, step, HALF)
         dk_tok = _section_matmuls(ds_op, q_buf, dk)
         dq = _bwd_wait_dq(len(dk), dq_tok)  # dV's and dQ's matmuls have finished
@@ -617,8 +596,8 @@ def _bwd_dkdv_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCA
     FUSED_DQ (line 15, FA3's scheme): both consumers put dS^T in shared memory and wait for each
     other (mbarrier ds_bar); each then computes columns [HALF * 64, HALF * 64 + 64) of
     dQ_i = dS K_j over all 128 keys (head dims 64 and 96: all of them at the steps of parity HALF)
-    and hands them to its dQ writer warp (writer HALF), which adds them into the float32
-    accumulator behind dq_desc with TMA reduce-adds (the sum's order varies between runs).
+    and hands them to the dQ writer warp, which adds them into the float32 accumulator behind
+    dq_desc with TMA reduce-adds (the sum's order varies between runs).
     DQ_FIRST (FA3's order): the dQ matmul is issued before dK's, and dQ is staged for the writer
     while the dK matmul runs; else after dK and dV have finished.
     WINDOW, SOFTCAP, ALIBI: the forward's score modifications (_scores_log2, recomputed here on the
@@ -699,14 +678,14 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
                                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
                                   DQ_FIRST: gl.constexpr, WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False,
                                   ALIBI: gl.constexpr = False, HEAD_SPLIT: gl.constexpr = False,
-                                  DROPOUT: gl.constexpr = False, DQ_WRITERS: gl.constexpr = 1):
-    """One program per (batch, kv head, key block) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's parallelism
-    over key blocks; placed by flash_attn_hopper.bwd_grid and _bwd_program), partitioned as FA3's backward: a
-    loader warp and two consumer warpgroups of 64 keys each that share every Q_i and dO_i tile, and with
-    FUSED_DQ a dQ writer warp (_bwd_dq_writer; DQ_WRITERS 2: one for each consumer). The descriptors view
-    (batch * seqlen, heads * head dim); num_heads counts q heads, kv_group of them share a kv head. Without
-    FUSED_DQ, dq_desc is unused and dQ is the dQ kernel's (backward._flash_bwd_dq_kernel); with it, dq_desc is
-    a float32 accumulator's with [16, 256] boxes, each a 64 x 64 tile in register order (_bwd_dq_writer).
+                                  DROPOUT: gl.constexpr = False):
+    """One program per (batch, kv head, key block) owns dK_j and dV_j (FA2 Alg. 2, Section 3.2's
+    parallelism over key blocks; placed by flash_attn_hopper.bwd_grid and _bwd_program), partitioned as
+    FA3's backward: a loader warp and two consumer warpgroups of 64 keys each that share every Q_i and
+    dO_i tile, and with FUSED_DQ a dQ writer warp (_bwd_dq_writer). The descriptors view (batch * seqlen,
+    heads * head dim); num_heads counts q heads, kv_group of them share a kv head. Without FUSED_DQ,
+    dq_desc is unused and dQ is the dQ kernel's (backward._flash_bwd_dq_kernel); with it, dq_desc is a
+    float32 accumulator's with [16, 256] boxes, each a 64 x 64 tile in register order (_bwd_dq_writer).
     WINDOW, SOFTCAP, ALIBI: as the forward's (with FUSED_DQ only: the dQ kernel has none of them). LSE and
     Delta: descriptors of their (batch x heads, seqlen) float32 views, [1, BLOCK_M] tiles; DQ_FIRST:
     _bwd_dkdv_partition's. HEAD_SPLIT (head dim 96): the head dim is two sections, the *_tail_desc
@@ -749,26 +728,14 @@ def _flash_bwd_dkdv_hopper_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_d
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be, and with the
     # fused branch left in the non-fused kernel Triton 3.6's lowering fails, an assertion in
-    # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart; with FUSED_DQ a warp
-    # of its own writes dQ (_bwd_dq_writer_partition), or with DQ_WRITERS 2 one for each consumer,
-    # HALF apart too. The default partition (consumer 0) has the launch's 4 warps; the workers
-    # 4 + 1 + 1 + 1 fill three warpgroups as 4 + 1 + 1 do (Triton pads the warp count to whole
-    # warpgroups), so the second writer takes an idle warp and leaves the consumers' registers as
-    # they were.
-    if FUSED_DQ and DQ_WRITERS == 2:
+    # ConvertTritonGPUToLLVM). The two consumers are one function, HALF apart; with FUSED_DQ a
+    # warp of its own writes dQ (_bwd_dq_writer_partition).
+    if FUSED_DQ:
         gl.warp_specialize([
             (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0, DROPOUT)),
             (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 1, DROPOUT)),
             (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0)),
-            (_bwd_dq_writer_partition, (args, 0)),
-            (_bwd_dq_writer_partition, (args, 1)),
-        ], [4, 1, 1, 1], [240, 24, 24, 24])
-    elif FUSED_DQ:
-        gl.warp_specialize([
-            (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0, DROPOUT)),
-            (_bwd_dkdv_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 1, DROPOUT)),
-            (_bwd_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, FUSED_DQ, DQ_FIRST, 0)),
-            (_bwd_dq_writer_partition, (args, None)),
+            (_bwd_dq_writer_partition, (args,)),
         ], [4, 1, 1], [240, 24, 24])
     else:
         gl.warp_specialize([

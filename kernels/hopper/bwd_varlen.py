@@ -69,8 +69,8 @@ def _varlen_bwd_load_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
 
 @gluon.jit
 def _varlen_bwd_dq_writer_partition(args):
-    """One warp: bwd._bwd_dq_writer for both consumers (FA3's one writer), for the program's key block
-    over its sequence's query steps, from the sequence's padded row of the dQ accumulator."""
+    """One warp: bwd._bwd_dq_writer for the program's key block over its sequence's query steps,
+    from the sequence's padded row of the dQ accumulator."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, q_start, kv_row0, start_n, first_m,
      col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv, softmax_scale,
@@ -286,9 +286,6 @@ def _flash_bwd_dkdv_hopper_varlen_kernel(q_desc, k_desc, v_desc, do_desc, dk_des
                 do_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, q_start,
                 kv_row0, start_n, first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q,
                 stride_dk, stride_dv, softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads)
-        # one dQ writer warp for both consumers (the dense kernel's DQ_WRITERS 2 has one each: with two here,
-        # LLVM hoisted thread and block ids into the entry block and the head-dim-128 consumers'
-        # step loops spilled more; compile_check_sm90.py)
         gl.warp_specialize([
             (_varlen_bwd_dkdv_partition, (args, CAUSAL, 0)),
             (_varlen_bwd_dkdv_partition, (args, CAUSAL, 1)),

@@ -173,11 +173,9 @@ def _wide_s_step(args, ctx, step, dk, dv, DIAGONAL: gl.constexpr):
 
 
 @gluon.jit
-def _wide_s_partition(args, CAUSAL: gl.constexpr, K_IN_REGS: gl.constexpr):
+def _wide_s_partition(args, CAUSAL: gl.constexpr):
     """The S warpgroup (see the module's docstring): dK_j and dV_j's first head-dim section over
-    every query step that sees the block, written once the dP warpgroup is past K (line 18).
-    K_IN_REGS: K_j is read into registers once, S^T's A operand (an RS wgmma, K Q^T reading Q alone
-    from shared memory), else both operands are read from shared memory every step."""
+    every query step that sees the block, written once the dP warpgroup is past K (line 18)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -194,16 +192,8 @@ def _wide_s_partition(args, CAUSAL: gl.constexpr, K_IN_REGS: gl.constexpr):
     dk = gl.zeros([BLOCK_N, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
     dv = gl.zeros([BLOCK_N, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
     s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
+    ctx = (k_buf, offs_n, offs_m_base, s_init)
     mbarrier.wait(kv_bar, 0)
-    if K_IN_REGS:  # K_j, loaded once, the A operand of every step's S^T from registers
-        k_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
-        if len(k_buf) == 1:
-            k_op = (k_buf[0].load(k_layout),)
-        else:
-            k_op = (k_buf[0].load(k_layout), k_buf[1].load(k_layout))
-        ctx = (k_op, offs_n, offs_m_base, s_init)
-    else:
-        ctx = (k_buf, offs_n, offs_m_base, s_init)
     for group in range(kv_group):
         if CAUSAL:  # a block as tall as a query step: each q head's first step crosses the diagonal
             dk, dv = _wide_s_step(args, ctx, group * n_steps, dk, dv, True)
@@ -375,13 +365,13 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                                        RngSeed, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                       DQ_FIRST: gl.constexpr, K_IN_REGS: gl.constexpr = False):
+                                       DQ_FIRST: gl.constexpr):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup,
     the dP warpgroup and a dQ writer warp (the module's docstring). The arguments are bwd.py's dense kernel's, the
     head dim two sections (HEAD_SPLIT) and dQ fused; the feature arguments (window, softcap,
     ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features. DQ_FIRST:
-    the dP warpgroup's order (_wide_dp_partition); K_IN_REGS: the S warpgroup's K operand (_wide_s_partition)."""
+    the dP warpgroup's order (_wide_dp_partition)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
         do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, True)
@@ -408,7 +398,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
             pds_bar, dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
-        (_wide_s_partition, (args, CAUSAL, K_IN_REGS)),
+        (_wide_s_partition, (args, CAUSAL)),
         (_wide_dp_partition, (args, CAUSAL, DQ_FIRST)),
         (_wide_load_partition, (args, CAUSAL)),
         (_wide_dq_writer_partition, (args,)),
