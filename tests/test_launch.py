@@ -316,9 +316,9 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
     counts = count_launches(monkeypatch, (forward._fwd_launcher, backward._bwd_preprocess_launcher,
                                           backward._bwd_dkdv_launcher, backward._bwd_dq_launcher,
                                           flash_attn_hopper._fwd_launcher, flash_attn_hopper._bwd_dkdv_launcher))
-    # the varlen Gluon kernels, which calls off the 128-row grid take (dispatch's GluonPath.PACKED):
-    # no per-shape plan yet, each launch through its CachedLauncher; the backward's counted apart, as
-    # its preprocess kernel then launches through its CachedLauncher too
+    # the varlen Gluon kernels, which calls off the 128-row grid take (dispatch's GluonPath.PACKED),
+    # counted apart: their plans (forward.varlen_forward_gluon, backward._backward_varlen_gluon) launch
+    # them as the dense kernels', but the packed backward's preprocess kernel has no plan
     packed_counts = count_launches(monkeypatch, (flash_attn_hopper._fwd_varlen_launcher,))
     packed_bwd_counts = count_launches(monkeypatch, (flash_attn_hopper._bwd_dkdv_varlen_launcher,))
     # launches through a compiled kernel's Python runner, not Triton's C launcher: (kernel, whether it
@@ -358,18 +358,18 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
     first, second, misaligned = per_call
     packed_first, packed_second, _ = packed_per_call
     # the second call runs its shape's plan: each kernel's compiled kernel launched directly, not even
-    # through the CachedLauncher (launch.DirectLaunch); the varlen Gluon kernels, which have no plan,
-    # through their CachedLauncher without the JIT. Misaligned inputs are another plan (their
-    # alignment is in its key), which also changes the path constexprs of the forward, dK/dV and dQ
-    # launches (no TMA, no Gluon kernel), so every launch goes through the JIT again
+    # through the CachedLauncher (launch.DirectLaunch), the varlen Gluon kernels' too. Misaligned
+    # inputs are another plan (their alignment is in its key), which also changes the path constexprs
+    # of the forward, dK/dV and dQ launches (no TMA, no Gluon kernel), so every launch goes through
+    # the JIT again
     assert first["all"] + packed_first["all"] + packed_first["bwd_all"] >= 3, (first, packed_first)
     assert first["jit"] == first["all"] and packed_first["jit"] == packed_first["all"], (first, packed_first)
     assert packed_first["bwd_jit"] == packed_first["bwd_all"], packed_first
     # a packed backward launches its preprocess kernel through the CachedLauncher too (no plan)
     unplanned = 1 if packed_first["bwd_all"] else 0
     assert second == {"all": unplanned, "jit": 0}, "the second call did not launch its plan's compiled kernels"
-    assert packed_second["jit"] == 0 and packed_second["all"] == packed_first["all"], packed_second
-    assert packed_second["bwd_jit"] == 0 and packed_second["bwd_all"] == packed_first["bwd_all"], packed_second
+    assert packed_second == {"all": 0, "jit": 0, "bwd_all": 0, "bwd_jit": 0}, \
+        f"the second call did not launch the varlen plans' compiled kernels: {packed_second}"
     # ... and each through Triton's C launcher (launch.DirectLaunch's C path) unless it needs scratch
     # (the in-kernel descriptors of the Triton kernels at head dim 256)
     assert [name for name, scratch in runner_per_call[1] if not scratch] == [], \
