@@ -275,8 +275,9 @@ def _split_release(empty_bar, k_ring):
 @gluon.jit
 def _s_matmul(q_op, k_tile, s_init, bias=None):
     """Line 8's S = Q K_j^T (unscaled), issued asynchronously, one matmul per head-dim section
-    (`q_op`, Q's tiles in shared memory or registers: `_q_operand`; `k_tile`: tuples of them) chained on the first; with `bias` (ALiBi's (A, B) tiles,
-    `_alibi_by_matmul`) chained on A B, so S holds ALiBi's key term with no work per element."""
+    (`q_op`, Q's tiles in shared memory or registers: `_q_operand`; `k_tile`: tuples of them)
+    chained on the first; with `bias` (ALiBi's (A, B) tiles, `_alibi_by_matmul`) chained on A B, so
+    S holds ALiBi's key term with no work per element."""
     if bias is None:
         s_tok = warpgroup_mma(q_op[0], k_tile[0].permute((1, 0)), s_init, use_acc=False, is_async=True)
     else:
