@@ -103,8 +103,9 @@ class BwdConfig:
     # reduce-adds; FA2 Alg. 2 line 15 as the paper has it: 5 matmuls, not 7) unless flash_attn_backward
     # is asked to be deterministic. 0 = never: the dQ kernel. 0 in every table: on the H200 the
     # fused backward (its best config per point) was not faster than the two-kernel one at head
-    # dims 64 and 128 (docs/performance.md, "dQ fused into the Triton dK/dV kernel"; rows:
-    # reports/h200/decisions/triton_fused_dq.csv).
+    # dims 64 and 128 (docs/performance.md, "Tried, and lost"; rows:
+    # reports/h200/decisions/triton_fused_dq.csv), nor on the H100 at 256, where the dQ tile spills
+    # beside dK and dV on 128- and 64-row steps (reports/h100/decisions/triton_fused_dq_d256.csv).
     fused_dq_min_rows: int = 0
     # From this many keys, the dK/dV kernel is the Gluon one with FA3's warp layout
     # (kernels/flash_attn_hopper.py: a loader warp and two consumer warpgroups sharing each Q/dO

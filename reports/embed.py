@@ -760,6 +760,8 @@ SECTIONS = {
     "bwd_k_in_registers_d192_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_k_in_registers_d192.csv", "K read from shared memory (the kept form)",
         "the S warpgroup's K in registers"),
+    "bwd_triton_fused_dq_d256_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "triton_fused_dq_d256.csv"),
     "bwd_dq_writer_per_consumer_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_dq_writer_per_consumer.csv", "one dQ writer warp (the kept form)",
         "a dQ writer warp per consumer"),
