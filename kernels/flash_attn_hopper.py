@@ -515,7 +515,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_wide_launcher", grid,
                               {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168,
                                "DQ_FIRST": dq_first(config, kv_group, flags, headdim),
-                               "DQ_ATOMIC": config.hopper_gluon_dq_atomics},
+                               "DP_AHEAD": config.hopper_gluon_dp_ahead},
                               descriptors=descriptors)
     else:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
@@ -531,8 +531,6 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
             lse = lse.clone(memory_format=torch.contiguous_format)
         dq_or_dk = dk if dq_accum is None else dq_accum
         tails = (q, k, v, do, dk, dv, dq_or_dk) if head_split else (lse,) * 7
-        if wide:  # its dQ accumulator's pointer where bwd.py's kernel takes dropout's seed
-            rng_seed = dq_accum
         launch(q, k, v, do, dk, dv, dq_or_dk, *tails, lse, delta, heads, seqlen, softmax_scale, qk_scale, kv_group,
                window_left, window_right, softcap_log2, alibi if alibi is not None else lse, stride_alibi_b,
                rng_seed if rng_seed is not None else lse, dropout_p)

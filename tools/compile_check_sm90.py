@@ -193,7 +193,6 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict, options:
     waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)))
     serialised = " wgmma serialised (ptxas C7512)" if "C7512" in ptxas.stderr else ""
     serialised += " tma-reduce" if "cp.reduce.async.bulk.tensor" in ptx else ""
-    serialised += " red.v4" if "red.global.add.v4.f32" in ptx else ""
     # the fused dQ's hand-over to the writer warp (bwd._dq_full): consumers arrive, the writer waits
     if re.search(r"bar\.arrive %r\d+, 160;", ptx) and re.search(r"bar\.sync %r\d+, 160;", ptx):
         serialised += " dq-writer"
@@ -316,7 +315,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
 
 
 def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192,
-                                 dq_first: bool | None = None, dq_atomic: bool = False) -> str:
+                                 dq_first: bool | None = None, dp_ahead: bool = False) -> str:
     """The Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: dQ fused, no feature)
     compiled for sm_90 as backward_dkdv_hopper_plan launches it, in the schedule the table's config
     gives it (flash_attn_hopper.dq_first) unless `dq_first` (its DQ_FIRST) is given."""
@@ -328,12 +327,12 @@ def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
-                 **BWD_FEATURE_SIGNATURE, "DQAccum": "*fp32", "STAGES": "constexpr", "CAUSAL": "constexpr",
-                 "DQ_FIRST": "constexpr", "DQ_ATOMIC": "constexpr"}
+                 **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr",
+                 "DQ_FIRST": "constexpr", "DP_AHEAD": "constexpr"}
     label = f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (", dQ first" if dq_first else "")
-    return gluon_report(label + (", dQ by reductions from registers" if dq_atomic else ""),
+    return gluon_report(label + (", dP^T a step ahead" if dp_ahead else ""),
                         hopper._flash_bwd_dkdv_hopper_wide_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first, "DQ_ATOMIC": dq_atomic})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first, "DP_AHEAD": dp_ahead})
 
 
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,

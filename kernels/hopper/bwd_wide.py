@@ -61,14 +61,14 @@ from .shared import (
 
 
 @gluon.jit
-def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr):
     """The kernel's shared memory: K_j and V_j (one block, each a tuple of head-dim sections), the
     ring of STAGES Q_i and dO_i tiles and their L_i and D_i rows, the exchange's buffers (dP^T -
     D_i in register order, P^T, dS^T) and the dP warpgroup's three float32 dQ tiles; then the
     mbarriers: kv_bar, q_bar, do_bar, empty_bar as in bwd.py, dp_bar / pds_bar (the dP^T - D_i
     buffer / the P^T and dS^T buffers are full) and dp_free / pds_free (read), dq_free (the dQ
     writer warp's reduce-adds have read the dQ tiles), done_bar (both warpgroups are past their
-    last matmul on K). DQ_ATOMIC: no dQ tiles (dQ goes from registers, _wide_add_dq)."""
+    last matmul on K)."""
     dtype: gl.constexpr = q_desc[0].dtype
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
@@ -80,11 +80,8 @@ def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.co
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], q_desc[0].layout)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], q_desc[0].layout)
     gl.static_assert(BLOCK_M * DQ_COLS == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
-    if DQ_ATOMIC:
-        dq_smem = ds_smem  # not read
-    else:
-        dq_smem = gl.allocate_shared_memory(gl.float32, [_head_dim(q_desc) // DQ_COLS, BLOCK_M, DQ_COLS],
-                                            dq_desc[0].layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [_head_dim(q_desc) // DQ_COLS, BLOCK_M, DQ_COLS],
+                                        dq_desc[0].layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -232,12 +229,13 @@ def _wide_dp_issue(args, ctx, step):
 
 
 @gluon.jit
-def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr):
-    """The dP warpgroup's query step: line 13 (dP^T, `_wide_dp_issue`), then lines 12 and 16 for the
-    second head-dim section and 15, in the order `_wide_dp_partition`'s DQ_FIRST says; dQ_i staged
-    for the writer warp, or (DQ_ATOMIC) added into DQAccum from registers (`_wide_add_dq`). Returns
-    dK_j, dV_j of the second section."""
-    dp_tok = _wide_dp_issue(args, ctx, step)
+def _wide_dp_step(args, ctx, step, dp_tok, dk, dv, DQ_FIRST: gl.constexpr, ISSUE_NEXT: gl.constexpr):
+    """The dP warpgroup's query step: line 13 (dP^T, `dp_tok`: issued by `_wide_dp_issue`, in flight),
+    then lines 12 and 16 for the second head-dim section and 15, in the order `_wide_dp_partition`'s
+    DQ_FIRST says. ISSUE_NEXT: step + 1's dP^T is issued as soon as this step's dP^T - D_i is handed
+    over, so that it runs while the S warpgroup forms dS^T and under this step's dQ, dV and dK
+    (DP_AHEAD). Returns dK_j, dV_j of the second section and the next step's dP^T in flight (with
+    ISSUE_NEXT; else `dp_tok`, spent)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -257,6 +255,10 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_A
     dpmd_smem.store(dp - delta)
     gl.thread_barrier()
     mbarrier.arrive(dp_bar, count=1)
+    if ISSUE_NEXT:
+        next_tok = _wide_dp_issue(args, ctx, step + 1)
+    else:
+        next_tok = dp_tok
     # once P^T and dS^T are in place: line 12 and 16 for the second section, line 15 (dQ_i = dS K_j,
     # 64 columns a tile)
     mbarrier.wait(q_bar.index(stage), phase)
@@ -272,12 +274,10 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_A
         # lines 12 and 16 after 15: dQ_i is staged for the writer warp (which reduce-adds it) while they run
         dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
-        # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's
+        # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's (the next
+        # step's dP^T, issued before them, is done too)
         dq0, dq1, dq2 = warpgroup_mma_wait(2, deps=[dq0_tok, dq1_tok, dq2_tok])
-        if DQ_ATOMIC:
-            _wide_add_dq(args, DQAccum, step, (dq0, dq1, dq2))
-        else:
-            _wide_stage_dq(dq_smem, (dq0, dq1, dq2), dq_free, step)
+        _wide_stage_dq(dq_smem, (dq0, dq1, dq2), dq_free, step)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
         mbarrier.arrive(pds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
@@ -285,45 +285,8 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_A
         dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
         mbarrier.arrive(pds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
-        if DQ_ATOMIC:
-            _wide_add_dq(args, DQAccum, step, (dq0, dq1, dq2))
-        else:
-            _wide_stage_dq(dq_smem, (dq0, dq1, dq2), dq_free, step)
-    return dk, dv
-
-
-@gluon.jit
-def _wide_add_dq(args, DQAccum, step, dq):
-    """The dP warpgroup's dQ_i tiles of query step `step` (three 64 x 64, unscaled) added into the
-    float32 accumulator DQAccum straight from registers, without shared memory or the writer warp:
-    in the accumulator's register order (DQ_TILE_BASES) a thread's registers 4r to 4r + 3 lie side
-    by side, so each run is one 16-byte `red.global.add.v4.f32` (FA3 adds dQ so at head dim 256,
-    float4 atomicAdd). The tiles are the writer's (_wide_dq_writer_partition): 4096 floats each,
-    the step's 64-row block and q head's columns."""
-    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
-     softmax_scale, qk_scale, num_heads) = args
-    BLOCK_M: gl.constexpr = dq[0].shape[0]
-    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
-    TILES: gl.constexpr = HEAD_DIM // DQ_COLS
-    layout: gl.constexpr = dq[0].type.layout
-    m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M, HEAD_DIM)
-    tile = (row0 + m) // BLOCK_M * (num_heads * TILES) + q_col // DQ_COLS
-    # (row, column) -> offset in the tile: DQ_TILE_BASES inverted
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, layout))
-    row_offs = ((rows >> 3) & 1) * 2 + (rows & 7) * 16 + (rows >> 4) * 128
-    col_offs = (cols & 1) + ((cols >> 1) & 3) * 4 + (cols >> 3) * 512
-    offs = row_offs[:, None] + col_offs[None, :]
-    for i in gl.static_range(len(dq)):
-        # addresses as integers, the values' bits as int32: the assembly's operands are all integers
-        addrs = (DQAccum + (tile + i).to(gl.int64) * (BLOCK_M * DQ_COLS) + offs).to(gl.int64, bitcast=True)
-        gl.inline_asm_elementwise(
-            "red.global.add.v4.f32 [$4], {$8, $9, $10, $11};\n\t"
-            "mov.b32 $0, 0;\n\tmov.b32 $1, 0;\n\tmov.b32 $2, 0;\n\tmov.b32 $3, 0;",
-            "=r,=r,=r,=r,l,l,l,l,r,r,r,r", [addrs, dq[i].to(gl.int32, bitcast=True)], dtype=gl.int32,
-            is_pure=False, pack=4)
+        _wide_stage_dq(dq_smem, (dq0, dq1, dq2), dq_free, step)
+    return dk, dv, next_tok
 
 
 @gluon.jit
@@ -342,7 +305,7 @@ def _wide_stage_dq(dq_smem, dq, dq_free, step):
 
 
 @gluon.jit
-def _wide_dq_writer_partition(args, DQ_ATOMIC: gl.constexpr):
+def _wide_dq_writer_partition(args):
     """One warp, the dQ writer (bwd._bwd_dq_writer's role): each query step's three dQ_i tiles,
     once the dP warpgroup has staged them (_wide_stage_dq), added into the float32 accumulator
     (rows from row0 + m of the (batch x seqlen, heads x head dim) view, columns from the step's q
@@ -355,27 +318,27 @@ def _wide_dq_writer_partition(args, DQ_ATOMIC: gl.constexpr):
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     TILES: gl.constexpr = HEAD_DIM // DQ_COLS
-    if not DQ_ATOMIC:  # else the dP warpgroup adds dQ itself
-        for step in range(n_steps * kv_group):
-            m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
-                                              HEAD_DIM)
-            tile = (row0 + m) // BLOCK_M * (num_heads * TILES) + q_col // DQ_COLS
-            _dq_full(0, False, 1)
-            for i in gl.static_range(TILES):
-                box = _register_box(dq_smem.index(i), dq_desc[0])
-                _tma_reduce_add(dq_desc[0], [(tile + i) * DQ_REGISTER_BOX[0], 0], box)
-            tma.store_wait(pendings=0)
-            mbarrier.arrive(dq_free, count=1)
+    for step in range(n_steps * kv_group):
+        m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
+                                          HEAD_DIM)
+        tile = (row0 + m) // BLOCK_M * (num_heads * TILES) + q_col // DQ_COLS
+        _dq_full(0, False, 1)
+        for i in gl.static_range(TILES):
+            box = _register_box(dq_smem.index(i), dq_desc[0])
+            _tma_reduce_add(dq_desc[0], [(tile + i) * DQ_REGISTER_BOX[0], 0], box)
+        tma.store_wait(pendings=0)
+        mbarrier.arrive(dq_free, count=1)
 
 
 @gluon.jit
-def _wide_dp_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+def _wide_dp_partition(args, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, DP_AHEAD: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
     dQ over every query step that sees the block; the sections written once both warpgroups are
     past K (line 18). DQ_FIRST: each step's dQ_i matmuls (line 15) are issued before dV's and dK's
     (lines 12 and 16) and waited for alone, and dQ_i is staged for the writer warp, which
     reduce-adds it while those two run (as FA3 and FA4 write dQ out under the matmuls after it);
-    else all five are waited for together and dQ_i follows."""
+    else all five are waited for together and dQ_i follows. DP_AHEAD: each step's dP^T is issued
+    during the step before (_wide_dp_step's ISSUE_NEXT), the first before the loop."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -391,8 +354,14 @@ def _wide_dp_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_FIRST: gl.constex
     dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
     ctx = (k_buf, v_buf, s_init, dq_init)
     mbarrier.wait(kv_bar, 0)
-    for step in range(n_steps * kv_group):
-        dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST, DQ_ATOMIC)
+    if DP_AHEAD:
+        dp_tok = _wide_dp_issue(args, ctx, 0)
+        for step in range(n_steps * kv_group - 1):
+            dk, dv, dp_tok = _wide_dp_step(args, ctx, step, dp_tok, dk, dv, DQ_FIRST, True)
+        dk, dv, dp_tok = _wide_dp_step(args, ctx, n_steps * kv_group - 1, dp_tok, dk, dv, DQ_FIRST, False)
+    else:
+        for step in range(n_steps * kv_group):
+            dk, dv, _ = _wide_dp_step(args, ctx, step, _wide_dp_issue(args, ctx, step), dk, dv, DQ_FIRST, False)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     k_buf[1].store((dk * softmax_scale).to(k_buf[1].dtype))
@@ -409,16 +378,14 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        k_tail_desc, v_tail_desc, do_tail_desc, dk_tail_desc, dv_tail_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
-                                       DQAccum, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                       DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+                                       RngSeed, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                       DQ_FIRST: gl.constexpr, DP_AHEAD: gl.constexpr):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup,
     the dP warpgroup and a dQ writer warp (the module's docstring). The arguments are bwd.py's dense kernel's, the
-    head dim two sections (HEAD_SPLIT) and dQ fused, but for DQAccum (dropout's seed in bwd.py's:
-    the dQ accumulator's pointer, which DQ_ATOMIC's adds take); the feature arguments (window,
-    softcap, ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features.
-    DQ_FIRST: the dP warpgroup's order (_wide_dp_partition); DQ_ATOMIC: dQ added from its registers
-    (_wide_add_dq), the writer warp idle."""
+    head dim two sections (HEAD_SPLIT) and dQ fused; the feature arguments (window, softcap,
+    ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features. DQ_FIRST,
+    DP_AHEAD: the dP warpgroup's order (_wide_dp_partition)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
         do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, True)
@@ -437,7 +404,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
         first_m = 0
     n_steps = (seqlen - first_m) // BLOCK_M
     (k_smem, v_smem, q_smem, do_smem, dpmd_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar,
-     pds_bar, dp_free, pds_free, dq_free, done_bar) = _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, DQ_ATOMIC)
+     pds_bar, dp_free, pds_free, dq_free, done_bar) = _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)  # L_i and D_i per ring stage
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
@@ -446,7 +413,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
         (_wide_s_partition, (args, CAUSAL)),
-        (_wide_dp_partition, (args, DQAccum, CAUSAL, DQ_FIRST, DQ_ATOMIC)),
+        (_wide_dp_partition, (args, CAUSAL, DQ_FIRST, DP_AHEAD)),
         (_wide_load_partition, (args, CAUSAL)),
-        (_wide_dq_writer_partition, (args, DQ_ATOMIC)),
+        (_wide_dq_writer_partition, (args,)),
     ], [4, 1, 1], [240, 24, 24])
