@@ -760,6 +760,9 @@ SECTIONS = {
     "bwd_k_in_registers_d192_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_k_in_registers_d192.csv", "K read from shared memory (the kept form)",
         "the S warpgroup's K in registers"),
+    "bwd_dq_reductions_d192_h200": lambda: compare_configs_table(
+        DECISIONS / "gluon_backward_dq_atomics_d192.csv", "dQ staged for the writer warp (the kept form)",
+        "dQ added from registers by 16-byte reductions"),
     "bwd_triton_fused_dq_d256_h100": lambda: compare_configs_table(
         H100 / "decisions" / "triton_fused_dq_d256.csv"),
     "bwd_dq_writer_per_consumer_h100": lambda: compare_configs_table(
