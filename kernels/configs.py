@@ -124,10 +124,6 @@ class BwdConfig:
     # staged and reduce-added while those run, faster or level than after them, which False keeps
     # (reports/h100/decisions/gluon_backward_dq_first_d192.csv; flash_attn_hopper.dq_first).
     hopper_gluon_dq_first: bool | None = None
-    # At head dim 192 (kernels/hopper/bwd_wide.py), whether the dP warpgroup issues each query step's
-    # dP^T matmul during the step before, right after handing that step's dP^T - D over, so that it
-    # runs while the S warpgroup forms dS^T and under the dQ, dV and dK matmuls, instead of after them.
-    hopper_gluon_dp_ahead: bool = False
     # (batch, kv head) pairs in sections of at most this many, each section's key blocks launched
     # block-major (flash_attn_hopper.bwd_grid); "l2": as many as keep their Q, dO and dQ
     # accumulator within the L2 cache (FA4's head sections for its longest-first order); 1: each

@@ -415,26 +415,23 @@ def test_gpu_gluon_forward_at_head_dims_96_192_and_256(headdim, case, dtype):
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
-@pytest.mark.parametrize("dq_first,dp_ahead", [(None, False), (False, False), (None, True), (False, True)],
-                         ids=["dq-first", "dq-last", "dq-first-dp-ahead", "dq-last-dp-ahead"])
+@pytest.mark.parametrize("dq_first", [None, False], ids=["dq-first", "dq-last"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch,seqlen,heads,kv_heads,causal", [
     (2, 1024, 3, 3, False), (1, 4096, 2, 2, True), (2, 2048, 8, 2, True), (1, 1024, 4, 1, False)],
     ids=["full", "causal", "gqa-causal", "mqa"])
-def test_gpu_gluon_backward_at_head_dim_192(batch, seqlen, heads, kv_heads, causal, dtype, dq_first, dp_ahead):
+def test_gpu_gluon_backward_at_head_dim_192(batch, seqlen, heads, kv_heads, causal, dtype, dq_first):
     """Head dim 192 on the Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: 64-key
     blocks, one warpgroup computing S and the first head-dim section of dK and dV, the other dP,
     the second section and dQ, exchanging dP^T - D, P^T and dS^T through shared memory), dense
     and GQA/MQA, against float64, on that kernel (asserted); a deterministic backward keeps the
     Triton kernels. Both orders of the dP warpgroup: the table's (BwdConfig.hopper_gluon_dq_first
-    None: dQ's matmuls first, its tiles written out under dV's and dK's) and dQ after them, each with
-    dP^T issued at its step or a step ahead (BwdConfig.hopper_gluon_dp_ahead)."""
+    None: dQ's matmuls first, its tiles written out under dV's and dK's) and dQ after them."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     like_q = torch.empty(batch, seqlen, heads, 192, device="cuda", dtype=dtype)
     like_k = torch.empty(batch, seqlen, kv_heads, 192, device="cuda", dtype=dtype)
-    config = dataclasses.replace(default_bwd_config(192, like_q.device), hopper_gluon_dq_first=dq_first,
-                                 hopper_gluon_dp_ahead=dp_ahead)
+    config = dataclasses.replace(default_bwd_config(192, like_q.device), hopper_gluon_dq_first=dq_first)
     assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q) == dispatch.GluonPath.DENSE
     assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q, deterministic=True) == "triton"
     check_dense(batch, seqlen, seqlen, heads, kv_heads, 192, dtype, causal=causal, device="cuda", bwd_config=config)

@@ -315,7 +315,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
 
 
 def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192,
-                                 dq_first: bool | None = None, dp_ahead: bool = False) -> str:
+                                 dq_first: bool | None = None) -> str:
     """The Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: dQ fused, no feature)
     compiled for sm_90 as backward_dkdv_hopper_plan launches it, in the schedule the table's config
     gives it (flash_attn_hopper.dq_first) unless `dq_first` (its DQ_FIRST) is given."""
@@ -327,12 +327,10 @@ def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
     signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
-                 **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr",
-                 "DQ_FIRST": "constexpr", "DP_AHEAD": "constexpr"}
-    label = f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (", dQ first" if dq_first else "")
-    return gluon_report(label + (", dP^T a step ahead" if dp_ahead else ""),
+                 **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "DQ_FIRST": "constexpr"}
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (", dQ first" if dq_first else ""),
                         hopper._flash_bwd_dkdv_hopper_wide_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first, "DP_AHEAD": dp_ahead})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first})
 
 
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,

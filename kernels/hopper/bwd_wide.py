@@ -229,13 +229,11 @@ def _wide_dp_issue(args, ctx, step):
 
 
 @gluon.jit
-def _wide_dp_step(args, ctx, step, dp_tok, dk, dv, DQ_FIRST: gl.constexpr, ISSUE_NEXT: gl.constexpr):
-    """The dP warpgroup's query step: line 13 (dP^T, `dp_tok`: issued by `_wide_dp_issue`, in flight),
-    then lines 12 and 16 for the second head-dim section and 15, in the order `_wide_dp_partition`'s
-    DQ_FIRST says. ISSUE_NEXT: step + 1's dP^T is issued as soon as this step's dP^T - D_i is handed
-    over, so that it runs while the S warpgroup forms dS^T and under this step's dQ, dV and dK
-    (DP_AHEAD). Returns dK_j, dV_j of the second section and the next step's dP^T in flight (with
-    ISSUE_NEXT; else `dp_tok`, spent)."""
+def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
+    """The dP warpgroup's query step: line 13 (dP^T, `_wide_dp_issue`), then lines 12 and 16 for the
+    second head-dim section and 15, in the order `_wide_dp_partition`'s DQ_FIRST says. Returns dK_j,
+    dV_j of the second section."""
+    dp_tok = _wide_dp_issue(args, ctx, step)
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -255,10 +253,6 @@ def _wide_dp_step(args, ctx, step, dp_tok, dk, dv, DQ_FIRST: gl.constexpr, ISSUE
     dpmd_smem.store(dp - delta)
     gl.thread_barrier()
     mbarrier.arrive(dp_bar, count=1)
-    if ISSUE_NEXT:
-        next_tok = _wide_dp_issue(args, ctx, step + 1)
-    else:
-        next_tok = dp_tok
     # once P^T and dS^T are in place: line 12 and 16 for the second section, line 15 (dQ_i = dS K_j,
     # 64 columns a tile)
     mbarrier.wait(q_bar.index(stage), phase)
@@ -274,8 +268,7 @@ def _wide_dp_step(args, ctx, step, dp_tok, dk, dv, DQ_FIRST: gl.constexpr, ISSUE
         # lines 12 and 16 after 15: dQ_i is staged for the writer warp (which reduce-adds it) while they run
         dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
-        # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's (the next
-        # step's dP^T, issued before them, is done too)
+        # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's
         dq0, dq1, dq2 = warpgroup_mma_wait(2, deps=[dq0_tok, dq1_tok, dq2_tok])
         _wide_stage_dq(dq_smem, (dq0, dq1, dq2), dq_free, step)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
@@ -286,7 +279,7 @@ def _wide_dp_step(args, ctx, step, dp_tok, dk, dv, DQ_FIRST: gl.constexpr, ISSUE
         mbarrier.arrive(pds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
         _wide_stage_dq(dq_smem, (dq0, dq1, dq2), dq_free, step)
-    return dk, dv, next_tok
+    return dk, dv
 
 
 @gluon.jit
@@ -331,14 +324,13 @@ def _wide_dq_writer_partition(args):
 
 
 @gluon.jit
-def _wide_dp_partition(args, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, DP_AHEAD: gl.constexpr):
+def _wide_dp_partition(args, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
     dQ over every query step that sees the block; the sections written once both warpgroups are
     past K (line 18). DQ_FIRST: each step's dQ_i matmuls (line 15) are issued before dV's and dK's
     (lines 12 and 16) and waited for alone, and dQ_i is staged for the writer warp, which
     reduce-adds it while those two run (as FA3 and FA4 write dQ out under the matmuls after it);
-    else all five are waited for together and dQ_i follows. DP_AHEAD: each step's dP^T is issued
-    during the step before (_wide_dp_step's ISSUE_NEXT), the first before the loop."""
+    else all five are waited for together and dQ_i follows."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -354,14 +346,8 @@ def _wide_dp_partition(args, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, DP_AH
     dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
     ctx = (k_buf, v_buf, s_init, dq_init)
     mbarrier.wait(kv_bar, 0)
-    if DP_AHEAD:
-        dp_tok = _wide_dp_issue(args, ctx, 0)
-        for step in range(n_steps * kv_group - 1):
-            dk, dv, dp_tok = _wide_dp_step(args, ctx, step, dp_tok, dk, dv, DQ_FIRST, True)
-        dk, dv, dp_tok = _wide_dp_step(args, ctx, n_steps * kv_group - 1, dp_tok, dk, dv, DQ_FIRST, False)
-    else:
-        for step in range(n_steps * kv_group):
-            dk, dv, _ = _wide_dp_step(args, ctx, step, _wide_dp_issue(args, ctx, step), dk, dv, DQ_FIRST, False)
+    for step in range(n_steps * kv_group):
+        dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     k_buf[1].store((dk * softmax_scale).to(k_buf[1].dtype))
@@ -379,13 +365,13 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                                        RngSeed, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                       DQ_FIRST: gl.constexpr, DP_AHEAD: gl.constexpr):
+                                       DQ_FIRST: gl.constexpr):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup,
     the dP warpgroup and a dQ writer warp (the module's docstring). The arguments are bwd.py's dense kernel's, the
     head dim two sections (HEAD_SPLIT) and dQ fused; the feature arguments (window, softcap,
-    ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features. DQ_FIRST,
-    DP_AHEAD: the dP warpgroup's order (_wide_dp_partition)."""
+    ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features. DQ_FIRST:
+    the dP warpgroup's order (_wide_dp_partition)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
         do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, True)
@@ -413,7 +399,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
         (_wide_s_partition, (args, CAUSAL)),
-        (_wide_dp_partition, (args, CAUSAL, DQ_FIRST, DP_AHEAD)),
+        (_wide_dp_partition, (args, CAUSAL, DQ_FIRST)),
         (_wide_load_partition, (args, CAUSAL)),
         (_wide_dq_writer_partition, (args,)),
     ], [4, 1, 1], [240, 24, 24])
