@@ -6,7 +6,7 @@ The kernels (FA2 Algorithms 1 and 2 in FlashAttention-3's warp layout, Shah et a
   constexpr flags), and kernels/hopper/fwd_varlen.py over packed variable lengths;
 - kernels/hopper/bwd.py: the dK/dV kernel, with line 15's dQ fused (TMA reduce-adds into a
   float32 accumulator) or not, and the steps kernels/hopper/bwd_varlen.py's packed-sequence
-  variant and kernels/hopper/bwd_wide.py's kernel for head dim 192 share with it;
+  variant and kernels/hopper/bwd_wide.py's kernel for head dims 192 and 256 share with it;
 - kernels/hopper/dq_cast.py: the fused dQ's accumulator and its cast to dQ;
 - kernels/hopper/shared.py: tile sizes, layouts, the TMA reduce-add.
 
@@ -24,8 +24,8 @@ and, at head dims 64, 96 and 128 (VARLEN_BWD_HEAD_DIMS), a dK/dV kernel with dQ 
 A dense call off the dense kernels' scope (lengths off the 128-row grid, fewer or more queries
 than keys) runs these varlen kernels with each batch row a packed sequence
 (`dispatch.GluonPath.PACKED`).
-`backward.flash_attn_backward` takes the dK/dV kernels at head dims 64, 96, 128 and 192
-(BWD_HEAD_DIMS; at 192 with GQA but no window, softcap or ALiBi) from 1k keys in the same scope
+`backward.flash_attn_backward` takes the dK/dV kernels at head dims 64, 96, 128, 192 and 256
+(BWD_HEAD_DIMS; at 192 and 256 with GQA but no window, softcap or ALiBi) from 1k keys in the same scope
 (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
 (`dispatch.bwd_gluon_fuses_dq`). Dropout's forward runs on the Triton kernels, its backward on
 the dense dK/dV kernel with dQ fused where BwdConfig.hopper_gluon_dropout asks (the table's at head
@@ -169,14 +169,35 @@ def _register_order_descriptor(dq_accum: torch.Tensor, box=DQ_REGISTER_BOX) -> T
                             _fp32_tile_layout_unswizzled())
 
 
+def wide_bwd_sections(head_dim: int) -> tuple[int, int]:
+    """bwd_wide.py's head-dim sections (WIDE_BWD_HEAD_DIMS): the S warpgroup's first 128 columns of
+    dK_j and dV_j and the dP warpgroup's rest, 192 = 128 + 64, 256 = 128 + 128."""
+    return (128, head_dim - 128)
+
+
+def wide_bwd_constexprs(head_dim: int) -> dict:
+    """bwd_wide.py's DQ_ATOMIC and DQ_BY_SECTION at this head dim: dQ added from registers where its
+    staging tiles (the head dim's 64 x 64 float32 tiles) do not fit shared memory beside K_j, V_j,
+    the ring of BWD_STAGES Q_i and dO_i tiles, dP^T - D_i, P^T and dS^T (2 KiB left for L_i, D_i and
+    the mbarriers): 256, not 192; and each warpgroup computing dQ's columns of its own section where
+    the sections are equal (256), so that both do half of a step's matmul work (at 192 the dP
+    warpgroup computes them all: 7 / 15 against 8 / 15, where by section it would be 9 against 6)."""
+    first, tail = wide_bwd_sections(head_dim)
+    tiles = (2 + 2 * BWD_STAGES) * BWD_BLOCK_M * head_dim * 2 + BWD_BLOCK_M * BWD_BLOCK_M * (4 + 2 * 2)
+    staging = BWD_BLOCK_M * head_dim * 4
+    atomic = tiles + staging > SHARED_MEMORY_BYTES - 2048
+    return {"DQ_ATOMIC": atomic, "DQ_BY_SECTION": atomic and first == tail}
+
+
 def _backward_descriptors(describe, q, k, v, do, dk, dv, dq_accum) -> tuple[list, list, dict]:
     """The dK/dV kernels' fourteen descriptor arguments (made by `describe`: _row_descriptor or
     _packed_descriptor): q, k, v, do, dk, dv and dQ's accumulator (without one, dk's in its place,
-    not read), then their tail sections' (head_sections; dQ's the [8, 256] boxes of its 64 x 32
-    tiles), or placeholders the kernel does not read where the head dim is one section. Returns
-    the first seven, the tails (None for placeholders) and the kernel's HEAD_SPLIT constexpr."""
+    not read), then their tail sections' (head_sections, or at the wide head dims
+    wide_bwd_sections; dQ's the [8, 256] boxes of its 64 x 32 tiles), or placeholders the kernel
+    does not read where the head dim is one section. Returns the first seven, the tails (None for
+    placeholders) and the kernel's HEAD_SPLIT constexpr."""
     headdim = q.shape[-1]
-    sections = head_sections(headdim)
+    sections = wide_bwd_sections(headdim) if headdim in WIDE_BWD_HEAD_DIMS else head_sections(headdim)
     rows = (BWD_BLOCK_M, BWD_BLOCK_N // 2, BWD_BLOCK_N // 2, BWD_BLOCK_M, BWD_BLOCK_N // 2, BWD_BLOCK_N // 2)
     tensors = (q, k, v, do, dk, dv)
     first = [describe(t, r, sections[0]) for t, r in zip(tensors, rows)]
@@ -480,9 +501,9 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     dropout_p, the (seed, offset) tensor) from
     kernels/features.py's feature_args; with `flags` or GQA/MQA, dQ must be fused: the dQ kernel
     has neither). `lse` and `delta` are (batch, heads, seqlen) float32; `dq_accum`, where dQ is
-    fused, a zeroed float32 tensor contiguous like q (head dim 64, 96, 128 or 192), which the kernel
+    fused, a zeroed float32 tensor contiguous like q (FUSED_DQ_HEAD_DIMS), which the kernel
     fills in register order with dS K unscaled (dq_cast.dq_from_accumulator reads and scales it). At the wide head dims
-    (WIDE_BWD_HEAD_DIMS: 192) the launch is bwd_wide.py's kernel, dQ fused and no feature.
+    (WIDE_BWD_HEAD_DIMS: 192, 256) the launch is bwd_wide.py's kernel, dQ fused and no feature.
     `config`'s hopper_gluon_dq_first (`dq_first`) and head sections (bwd_head_section) pick the
     schedule and the launch order."""
     batch, seqlen, heads, headdim = q.shape
@@ -514,7 +535,8 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
     if wide:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_wide_launcher", grid,
                               {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168,
-                               "DQ_FIRST": dq_first(config, kv_group, flags, headdim)},
+                               "DQ_FIRST": dq_first(config, kv_group, flags, headdim),
+                               **wide_bwd_constexprs(headdim)},
                               descriptors=descriptors)
     else:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,
@@ -530,9 +552,11 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
             lse = lse.clone(memory_format=torch.contiguous_format)
         dq_or_dk = dk if dq_accum is None else dq_accum
         tails = (q, k, v, do, dk, dv, dq_or_dk) if head_split else (lse,) * 7
+        # bwd_wide.py's kernel takes the dQ accumulator's pointer where bwd.py's takes dropout's seed
+        seed_or_dq = dq_accum if wide else rng_seed if rng_seed is not None else lse
         launch(q, k, v, do, dk, dv, dq_or_dk, *tails, lse, delta, heads, seqlen, softmax_scale, qk_scale, kv_group,
                window_left, window_right, softcap_log2, alibi if alibi is not None else lse, stride_alibi_b,
-               rng_seed if rng_seed is not None else lse, dropout_p)
+               seed_or_dq, dropout_p)
 
     return run
 

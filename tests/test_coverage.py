@@ -251,8 +251,10 @@ def test_on_hopper_the_kernel_column_names_the_varlen_kernels_off_the_grid(monke
         d192 = coverage.kernels_served(Case("sweep", "d192", 4, 4096, 10, 10, hdim=192), cuda, dense)
         assert d192["bwd"] == ("Gluon dense dK/dV for wide heads (bwd_wide.py), fused dQ", "")
         assert d192["fwd"] == ("Gluon dense fwd", "")
-        d256 = coverage.kernels_served(Case("sweep", "d256", 4, 4096, 8, 8, hdim=256), cuda, triton)
-        assert d256["bwd"][1] == "head dim 256: the Gluon backward kernels take head dims 64, 96, 128 and 192"
+        d256 = coverage.kernels_served(Case("sweep", "d256", 4, 4096, 8, 8, hdim=256), cuda, dense)
+        assert d256["bwd"] == ("Gluon dense dK/dV for wide heads (bwd_wide.py), fused dQ", "")
+        d256 = coverage.kernels_served(Case("off-grid", "d256-3000", 2, 3000, 8, 8, hdim=256), cuda, triton)
+        assert d256["bwd"][1] == "head dim 256: the Gluon varlen backward kernels take head dims 64, 96 and 128"
         d80 = coverage.kernels_served(Case("sweep", "d80", 4, 4096, 21, 21, hdim=80), cuda, triton)
         assert d80["fwd"][1] == "head dim 80: the Gluon forward kernels take head dims 64, 96, 128, 192 and 256"
         window = coverage.kernels_served(Case("window", "w", 2, 3000, 16, 16, window=(256, 0)), cuda, triton)

@@ -251,22 +251,23 @@ def test_the_gluon_paths_name_their_reason_when_they_refuse(monkeypatch):
     q, k = tensors(2048, headdim=96)
     assert dispatch.bwd_gluon_path(bwd, q, k, k, q) == (GluonPath.DENSE, "")
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True) == (GluonPath.DENSE, "")
-    q, k = tensors(2048, headdim=256)
+    q, k = tensors(2048, headdim=80)
     assert dispatch.bwd_gluon_path(bwd, q, k, k, q)[1] == (
-        "head dim 256: the Gluon backward kernels take head dims 64, 96, 128 and 192")
-    # head dim 192: the kernel for wide heads, dense or GQA, dQ fused; no window, softcap or ALiBi
+        "head dim 80: the Gluon backward kernels take head dims 64, 96, 128, 192 and 256")
+    # head dims 192 and 256: the kernel for wide heads, dense or GQA, dQ fused; no window, softcap or ALiBi
     wide = HOPPER_BWD_CONFIGS[256]
-    q, k = tensors(2048, headdim=192)
-    assert dispatch.bwd_gluon_path(wide, q, k, k, q) == (GluonPath.DENSE, "")
-    assert dispatch.bwd_gluon_path(wide, q, k[:, :, :2], k[:, :, :2], q) == (GluonPath.DENSE, "")
-    assert dispatch.bwd_gluon_path(wide, q, k, k, q, Features(softcap=1.0))[1] == (
-        "head dim 192: its Gluon backward takes no window, softcap, ALiBi or dropout")
-    assert dispatch.bwd_gluon_path(wide, q, k, k, q, deterministic=True)[1] == (
-        "head dim 192: its Gluon backward always fuses dQ (not with deterministic=True or a config without "
-        "hopper_gluon_fused_dq)")
-    q, k = tensors(3000, headdim=192)  # off the grid: the varlen kernel has no head dim 192
-    assert dispatch.bwd_gluon_path(wide, q, k, k, q)[1] == (
-        "head dim 192: the Gluon varlen backward kernels take head dims 64, 96 and 128")
+    for headdim in (192, 256):
+        q, k = tensors(2048, headdim=headdim)
+        assert dispatch.bwd_gluon_path(wide, q, k, k, q) == (GluonPath.DENSE, "")
+        assert dispatch.bwd_gluon_path(wide, q, k[:, :, :2], k[:, :, :2], q) == (GluonPath.DENSE, "")
+        assert dispatch.bwd_gluon_path(wide, q, k, k, q, Features(softcap=1.0))[1] == (
+            f"head dim {headdim}: its Gluon backward takes no window, softcap, ALiBi or dropout")
+        assert dispatch.bwd_gluon_path(wide, q, k, k, q, deterministic=True)[1] == (
+            f"head dim {headdim}: its Gluon backward always fuses dQ (not with deterministic=True or a config "
+            "without hopper_gluon_fused_dq)")
+        q, k = tensors(3000, headdim=headdim)  # off the grid: the varlen kernel has no head dim 192 or 256
+        assert dispatch.bwd_gluon_path(wide, q, k, k, q)[1] == (
+            f"head dim {headdim}: the Gluon varlen backward kernels take head dims 64, 96 and 128")
     q, k = tensors(2048, headdim=80)
     assert dispatch.fwd_gluon_path(fwd, q, k, k, q, True)[1] == (
         "head dim 80: the Gluon forward kernels take head dims 64, 96, 128, 192 and 256")
@@ -423,22 +424,21 @@ def test_dropout_takes_the_triton_forward_and_the_gluon_backward_where_the_confi
 
 
 @pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
-def test_hopper_backward_takes_the_gluon_dkdv_kernels_at_head_dims_64_to_192_from_1k_keys(hdim):
+def test_hopper_backward_takes_the_gluon_dkdv_kernels_at_head_dims_64_to_256_from_1k_keys(hdim):
     """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon ones at head dims 64
-    (from 512 keys), 96 (the head-dim-128 entry's), 128 and 192 (the head-dim-256 entry's, the
-    kernel for wide heads) from 1024 keys, adding dQ themselves, the Triton one below that and at
-    head dim 256 (outside the Gluon kernels' scope)."""
+    (from 512 keys), 96 (the head-dim-128 entry's), 128, 192 and 256 (the head-dim-256 entry's, the
+    kernel for wide heads) from 1024 keys, adding dQ themselves, the Triton one below that."""
     config = HOPPER_BWD_CONFIGS[{96: 128, 192: 256}.get(hdim, hdim)]
     for seqlen in (256, 512, 1024, 2048, 4096, 8192, 16384):
         q = torch.empty(16384 // seqlen, seqlen, max(2048 // hdim, 1), hdim, dtype=torch.bfloat16)
-        gluon = hdim in (64, 96, 128, 192) and seqlen >= (512 if hdim == 64 else 1024)
+        gluon = seqlen >= (512 if hdim == 64 else 1024)
         assert (bwd_dkdv_path(config, q, q, q, q) == GluonPath.DENSE) == gluon, seqlen
     # the Gluon kernel adds dQ itself (FA3's scheme) unless asked to be deterministic
-    assert bwd_gluon_fuses_dq(config, hdim) == (hdim in (64, 96, 128, 192))
+    assert bwd_gluon_fuses_dq(config, hdim)
     assert not bwd_gluon_fuses_dq(config, hdim, deterministic=True)
-    # at head dim 64 where a config asks for it (the consumers take turns by step), never beyond 128
+    # where a config asks for it, at the head dims the Gluon kernels serve only
     fusing = dataclasses.replace(config, hopper_gluon_fused_dq=True)
-    assert bwd_gluon_fuses_dq(fusing, 64) and not bwd_gluon_fuses_dq(fusing, 256)
+    assert bwd_gluon_fuses_dq(fusing, 64) and not bwd_gluon_fuses_dq(fusing, 80)
     assert not bwd_fuses_dq(config, 16384)  # the Triton kernels never fuse in the table
 
 

@@ -393,8 +393,8 @@ def test_gpu_gluon_forward_at_head_dims_96_192_and_256(headdim, case, dtype):
     forwards, 192 and 256 in the table's 64-key blocks (FwdConfig.hopper_gluon_block_n: two key
     blocks per 128-row query block, both masked on the diagonal): dense, GQA, windows, softcap,
     ALiBi, and calls off the grid on the varlen kernel, against float64 (out, the logsumexp
-    through the backward's use of it, and the gradients: at 96, and at 192 without a feature, from
-    the Gluon backward, else from the Triton one), on the Gluon forward (asserted)."""
+    through the backward's use of it, and the gradients: at 96, and at 192 and 256 without a feature,
+    from the Gluon backward, else from the Triton one), on the Gluon forward (asserted)."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     spec = dict(GLUON_WIDE_HEAD_CASES[case])
@@ -420,21 +420,25 @@ def test_gpu_gluon_forward_at_head_dims_96_192_and_256(headdim, case, dtype):
 @pytest.mark.parametrize("batch,seqlen,heads,kv_heads,causal", [
     (2, 1024, 3, 3, False), (1, 4096, 2, 2, True), (2, 2048, 8, 2, True), (1, 1024, 4, 1, False)],
     ids=["full", "causal", "gqa-causal", "mqa"])
-def test_gpu_gluon_backward_at_head_dim_192(batch, seqlen, heads, kv_heads, causal, dtype, dq_first):
-    """Head dim 192 on the Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: 64-key
-    blocks, one warpgroup computing S and the first head-dim section of dK and dV, the other dP,
-    the second section and dQ, exchanging dP^T - D, P^T and dS^T through shared memory), dense
-    and GQA/MQA, against float64, on that kernel (asserted); a deterministic backward keeps the
-    Triton kernels. Both orders of the dP warpgroup: the table's (BwdConfig.hopper_gluon_dq_first
-    None: dQ's matmuls first, its tiles written out under dV's and dK's) and dQ after them."""
+@pytest.mark.parametrize("headdim", [192, 256])
+def test_gpu_gluon_backward_at_head_dims_192_and_256(headdim, batch, seqlen, heads, kv_heads, causal, dtype,
+                                                      dq_first):
+    """Head dims 192 and 256 on the Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py:
+    64-key blocks, one warpgroup computing S and the first head-dim section of dK and dV, the other
+    dP, the second section and dQ (at 256 each warpgroup dQ's columns of its own section, added
+    from registers), exchanging dP^T - D, P^T and dS^T through shared memory), dense and GQA/MQA,
+    against float64, on that kernel (asserted); a deterministic backward keeps the Triton kernels.
+    Both orders of the dP warpgroup: the table's (BwdConfig.hopper_gluon_dq_first None: dQ's
+    matmuls first, its tiles written out under dV's and dK's) and dQ after them."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
-    like_q = torch.empty(batch, seqlen, heads, 192, device="cuda", dtype=dtype)
-    like_k = torch.empty(batch, seqlen, kv_heads, 192, device="cuda", dtype=dtype)
-    config = dataclasses.replace(default_bwd_config(192, like_q.device), hopper_gluon_dq_first=dq_first)
+    like_q = torch.empty(batch, seqlen, heads, headdim, device="cuda", dtype=dtype)
+    like_k = torch.empty(batch, seqlen, kv_heads, headdim, device="cuda", dtype=dtype)
+    config = dataclasses.replace(default_bwd_config(headdim, like_q.device), hopper_gluon_dq_first=dq_first)
     assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q) == dispatch.GluonPath.DENSE
     assert dispatch.bwd_dkdv_path(config, like_q, like_k, like_k, like_q, deterministic=True) == "triton"
-    check_dense(batch, seqlen, seqlen, heads, kv_heads, 192, dtype, causal=causal, device="cuda", bwd_config=config)
+    check_dense(batch, seqlen, seqlen, heads, kv_heads, headdim, dtype, causal=causal, device="cuda",
+                bwd_config=config)
     assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
 
 

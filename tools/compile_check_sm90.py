@@ -125,11 +125,12 @@ def dq_descriptor_type(tail: bool = False) -> str:
 def backward_section_signature(headdim: int, fused_dq: bool, dtype: str) -> dict:
     """The dK/dV kernels' fourteen descriptor arguments' types: q, k, v, do, dk, dv tiles of the
     first head-dim section and dQ's accumulator (without the fused dQ, dK's in its place), then of
-    the tail (flash_attn_hopper.head_sections), or the logsumexp's pointer in their place where
-    there is none (as the launches pass them)."""
+    the tail (flash_attn_hopper.head_sections; wide_bwd_sections at the wide head dims), or the
+    logsumexp's pointer in their place where there is none (as the launches pass them)."""
     from kernels import flash_attn_hopper as hopper
 
-    sections = hopper.head_sections(headdim)
+    sections = (hopper.wide_bwd_sections(headdim) if headdim in hopper.WIDE_BWD_HEAD_DIMS
+                else hopper.head_sections(headdim))
     rows = {"q": hopper.BWD_BLOCK_M, "k": hopper.BWD_BLOCK_N // 2, "v": hopper.BWD_BLOCK_N // 2,
             "do": hopper.BWD_BLOCK_M, "dk": hopper.BWD_BLOCK_N // 2, "dv": hopper.BWD_BLOCK_N // 2}
 
@@ -325,12 +326,16 @@ def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int
         no_features = {name: False for name in hopper.GLUON_FEATURE_FLAGS}
         dq_first = hopper.dq_first(HOPPER_BWD_CONFIGS[padded_headdim(headdim)], 1, no_features, headdim)
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
+    wide = hopper.wide_bwd_constexprs(headdim)
+    # the dQ accumulator's pointer where bwd.py's kernel takes dropout's seed
     signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
-                 **BWD_FEATURE_SIGNATURE, "STAGES": "constexpr", "CAUSAL": "constexpr", "DQ_FIRST": "constexpr"}
-    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (", dQ first" if dq_first else ""),
+                 **FWD_FEATURE_SIGNATURE, "DQAccum": "*fp32", "dropout_p": "fp32", "STAGES": "constexpr",
+                 "CAUSAL": "constexpr", "DQ_FIRST": "constexpr", **dict.fromkeys(wide, "constexpr")}
+    label = "".join(f", {name.lower().replace('_', ' ')}" for name, on in wide.items() if on)
+    return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (", dQ first" if dq_first else "") + label,
                         hopper._flash_bwd_dkdv_hopper_wide_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first, **wide})
 
 
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,

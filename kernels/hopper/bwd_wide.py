@@ -1,28 +1,36 @@
-"""FA2's backward dK/dV kernel with dQ fused (Algorithm 2 lines 5-18) at head dim 192, on Hopper
-in Gluon, built from bwd.py's steps where they fit.
+"""FA2's backward dK/dV kernel with dQ fused (Algorithm 2 lines 5-18) at head dims 192 and 256, on
+Hopper in Gluon, built from bwd.py's steps where they fit.
 
-At head dim 192, dK_j and dV_j of bwd.py's 64 keys a warpgroup would take 192 float32 registers
-a thread before S, dP or dQ hold any: more than a consumer has. So here both consumer
+At these head dims, dK_j and dV_j of bwd.py's 64 keys a warpgroup would take 192 or 256 float32
+registers a thread before S, dP or dQ hold any: more than a consumer has. So here both consumer
 warpgroups share one block of 64 keys and split the work by role, as FA3 splits its wide-head
-backward between warpgroups (hopper/flash_bwd_launch_template.h runs 192 on three):
+backward between warpgroups (hopper/flash_bwd_launch_template.h runs 192 on three). The head dim
+is two sections, the first 128 columns and the rest (64 at 192, 128 at 256:
+flash_attn_hopper.wide_bwd_sections):
 
 - the **S warpgroup** computes S^T = K_j Q_i^T and P^T (line 10-11, the causal mask where the
   step crosses the diagonal), reads the other's dP^T - D_i from shared memory and forms
-  dS^T = P^T * (dP^T - D_i) in float32 (line 14), and owns the head dim's first section (128
-  columns) of dK_j and dV_j (lines 12 and 16, P^T and dS^T from its registers);
+  dS^T = P^T * (dP^T - D_i) in float32 (line 14), and owns the first section of dK_j and dV_j
+  (lines 12 and 16, P^T and dS^T from its registers);
 - the **dP warpgroup** computes dP^T = V_j dO_i^T (line 13) and hands dP^T - D_i over, then
-  owns the second section (64 columns) of dK_j and dV_j and all of dQ_i = dS K_j (line 15),
-  reading P^T and dS^T from shared memory; dQ goes to the float32 accumulator as three 64 x 64
-  register-order tiles, staged for a dQ writer warp that issues their TMA reduce-adds, as in
-  bwd.py: once dV's and dK's matmuls have finished too, or (DQ_FIRST) with its matmuls issued
-  before theirs and its tiles staged while they run, as FA3 and FA4 write dQ out under the
-  matmuls after it.
+  owns the second section of dK_j and dV_j, reading P^T and dS^T from shared memory, and computes
+  dQ_i = dS K_j (line 15) as 64 x 64 register-order tiles: all of them at 192; at 256
+  (DQ_BY_SECTION) those of its own section, the S warpgroup those of the first, so that each
+  does ten twentieths of the step's matmul work (else the dP warpgroup's twelve would set the
+  pace).
 
-Per query step the S warpgroup does 3 + 2 + 2 and the dP warpgroup 3 + 1 + 1 + 3 fifteenths of
+dQ goes to the float32 accumulator: at 192 staged in shared memory for a dQ writer warp that
+issues their TMA reduce-adds, as in bwd.py: once dV's and dK's matmuls have finished too, or
+(DQ_FIRST) with its matmuls issued before theirs and its tiles staged while they run, as FA3 and
+FA4 write dQ out under the matmuls after it. At 256 the staging tiles do not fit beside the
+others (DQ_ATOMIC): each warpgroup adds its tiles from its registers, one 16-byte reduction per
+four registers, as FA3 adds dQ at that head dim ("atomicAdd" on a sliced dQ GEMM).
+
+Per query step at 192 the S warpgroup does 3 + 2 + 2 and the dP warpgroup 3 + 1 + 1 + 3 fifteenths of
 the step's matmul work (each of the five matmuls is three). One buffer each carries dP^T - D_i (float32, the warpgroup's register order)
 and P^T, dS^T (the inputs' dtype) between them, each with an mbarrier that says it is full and
 one that says it has been read. K_j and V_j (64 keys, loaded once) and a ring of 2 Q_i and dO_i
-tiles stream as in bwd.py; shared memory holds 225 KiB.
+tiles stream as in bwd.py; shared memory holds 225 KiB at both head dims.
 
 The host side (descriptors, grid, plans) is kernels/flash_attn_hopper.py.
 """
@@ -61,14 +69,14 @@ from .shared import (
 
 
 @gluon.jit
-def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr):
+def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
     """The kernel's shared memory: K_j and V_j (one block, each a tuple of head-dim sections), the
     ring of STAGES Q_i and dO_i tiles and their L_i and D_i rows, the exchange's buffers (dP^T -
     D_i in register order, P^T, dS^T) and the dP warpgroup's three float32 dQ tiles; then the
     mbarriers: kv_bar, q_bar, do_bar, empty_bar as in bwd.py, dp_bar / pds_bar (the dP^T - D_i
     buffer / the P^T and dS^T buffers are full) and dp_free / pds_free (read), dq_free (the dQ
     writer warp's reduce-adds have read the dQ tiles), done_bar (both warpgroups are past their
-    last matmul on K)."""
+    last matmul on K). DQ_ATOMIC: no dQ tiles (dQ goes from registers, _wide_add_dq)."""
     dtype: gl.constexpr = q_desc[0].dtype
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
@@ -80,8 +88,11 @@ def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.co
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], q_desc[0].layout)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], q_desc[0].layout)
     gl.static_assert(BLOCK_M * DQ_COLS == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
-    dq_smem = gl.allocate_shared_memory(gl.float32, [_head_dim(q_desc) // DQ_COLS, BLOCK_M, DQ_COLS],
-                                        dq_desc[0].layout)
+    if DQ_ATOMIC:
+        dq_smem = ds_smem  # not read
+    else:
+        dq_smem = gl.allocate_shared_memory(gl.float32, [_head_dim(q_desc) // DQ_COLS, BLOCK_M, DQ_COLS],
+                                            dq_desc[0].layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -119,14 +130,16 @@ def _wide_load_partition(args, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _wide_s_step(args, ctx, step, dk, dv, DIAGONAL: gl.constexpr):
+def _wide_s_step(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
     """The S warpgroup's query step (lines 10-12, 14, 16 for Q_i, dO_i; DIAGONAL: the step's rows
-    cross the block's diagonal, so P^T is masked): returns dK_j, dV_j of the first head-dim section."""
+    cross the block's diagonal, so P^T is masked; DQ_BY_SECTION: line 15 for the first section's
+    dQ_i columns too, added into DQAccum from registers): returns dK_j, dV_j of the first
+    head-dim section."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
-    k_buf, offs_n, offs_m_base, s_init = ctx
+    k_buf, offs_n, offs_m_base, s_init, dq_init = ctx
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     STAGES: gl.constexpr = q_smem[0].type.shape[0]
     dtype: gl.constexpr = q_desc[0].dtype
@@ -169,11 +182,20 @@ def _wide_s_step(args, ctx, step, dk, dv, DIAGONAL: gl.constexpr):
     mbarrier.arrive(pds_bar, count=1)
     dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
     mbarrier.arrive(empty_bar.index(stage), count=1)
+    if DQ_BY_SECTION:
+        # line 15 for the first section's columns, from dS^T in shared memory (its own store, fenced
+        # above; it is rewritten next step only after this step's wait)
+        ds_t = ds_smem.permute((1, 0))
+        dq0_tok = warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
+        dq1_tok = warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
+                                is_async=True)
+        dq0, dq1 = warpgroup_mma_wait(0, deps=[dq0_tok, dq1_tok])
+        _wide_add_dq(args, DQAccum, step, (dq0, dq1), 0)
     return dk, dv
 
 
 @gluon.jit
-def _wide_s_partition(args, CAUSAL: gl.constexpr):
+def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
     """The S warpgroup (see the module's docstring): dK_j and dV_j's first head-dim section over
     every query step that sees the block, written once the dP warpgroup is past K (line 18)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
@@ -192,16 +214,20 @@ def _wide_s_partition(args, CAUSAL: gl.constexpr):
     dk = gl.zeros([BLOCK_N, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
     dv = gl.zeros([BLOCK_N, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
     s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
-    ctx = (k_buf, offs_n, offs_m_base, s_init)
+    if DQ_BY_SECTION:
+        dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
+    else:
+        dq_init = s_init  # not read
+    ctx = (k_buf, offs_n, offs_m_base, s_init, dq_init)
     mbarrier.wait(kv_bar, 0)
     for group in range(kv_group):
         if CAUSAL:  # a block as tall as a query step: each q head's first step crosses the diagonal
-            dk, dv = _wide_s_step(args, ctx, group * n_steps, dk, dv, True)
+            dk, dv = _wide_s_step(args, ctx, group * n_steps, dk, dv, DQAccum, True, DQ_BY_SECTION)
             for i in range(1, n_steps):
-                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, False)
+                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
         else:
             for i in range(n_steps):
-                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, False)
+                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)  # the dP warpgroup's last dQ matmul has read K
     # line 18: the first section of dK_j, dV_j, staged through its K and V tiles
@@ -229,10 +255,13 @@ def _wide_dp_issue(args, ctx, step):
 
 
 @gluon.jit
-def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
+def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+                  DQ_BY_SECTION: gl.constexpr):
     """The dP warpgroup's query step: line 13 (dP^T, `_wide_dp_issue`), then lines 12 and 16 for the
-    second head-dim section and 15, in the order `_wide_dp_partition`'s DQ_FIRST says. Returns dK_j,
-    dV_j of the second section."""
+    second head-dim section and 15 (every dQ_i column, or with DQ_BY_SECTION the second section's),
+    in the order `_wide_dp_partition`'s DQ_FIRST says; dQ_i staged for the writer warp, or
+    (DQ_ATOMIC) added into DQAccum from registers (`_wide_add_dq`). Returns dK_j, dV_j of the
+    second section."""
     dp_tok = _wide_dp_issue(args, ctx, step)
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
@@ -261,30 +290,91 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST: gl.constexpr):
         dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
     ds_t = ds_smem.permute((1, 0))
-    dq0_tok = warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
-    dq1_tok = warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
-    dq2_tok = warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True)
+    if DQ_BY_SECTION:  # the second section's columns (the S warpgroup adds the first's)
+        dq_toks = (warpgroup_mma(ds_t, k_buf[1].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True),
+                   warpgroup_mma(ds_t, k_buf[1].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
+                                 is_async=True))
+        FIRST_TILE: gl.constexpr = k_buf[0].type.shape[1] // DQ_COLS
+    else:
+        dq_toks = (warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True),
+                   warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
+                                 is_async=True),
+                   warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True))
+        FIRST_TILE: gl.constexpr = 0
     if DQ_FIRST:
-        # lines 12 and 16 after 15: dQ_i is staged for the writer warp (which reduce-adds it) while they run
+        # lines 12 and 16 after 15: dQ_i is staged for the writer warp (which reduce-adds it), or
+        # added, while they run
         dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
         # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's
-        dq0, dq1, dq2 = warpgroup_mma_wait(2, deps=[dq0_tok, dq1_tok, dq2_tok])
-        _wide_stage_dq(dq_smem, (dq0, dq1, dq2), dq_free, step)
+        dq = warpgroup_mma_wait(2, deps=dq_toks)
+        _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE, DQ_ATOMIC)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
         mbarrier.arrive(pds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
     else:
-        dv, dk, dq0, dq1, dq2 = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq0_tok, dq1_tok, dq2_tok])
+        done = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok) + dq_toks)
+        dv = done[0]
+        dk = done[1]
+        dq = done[2:]
         mbarrier.arrive(pds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
-        _wide_stage_dq(dq_smem, (dq0, dq1, dq2), dq_free, step)
+        _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE, DQ_ATOMIC)
     return dk, dv
 
 
 @gluon.jit
+def _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+    """dQ_i's tiles `dq` of query step `step` (64 x 64 each, unscaled; the step's tiles from
+    FIRST_TILE on) to the float32 accumulator: added from registers (DQ_ATOMIC, `_wide_add_dq`), or
+    staged for the writer warp (`_wide_stage_dq`, every tile of the step)."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
+     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
+     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     softmax_scale, qk_scale, num_heads) = args
+    if DQ_ATOMIC:
+        _wide_add_dq(args, DQAccum, step, dq, FIRST_TILE)
+    else:
+        _wide_stage_dq(dq_smem, dq, dq_free, step)
+
+
+@gluon.jit
+def _wide_add_dq(args, DQAccum, step, dq, FIRST_TILE: gl.constexpr):
+    """dQ_i's tiles `dq` of query step `step` (64 x 64 each, unscaled; tiles FIRST_TILE on of the
+    step's row of tiles) added into the float32 accumulator DQAccum straight from registers, without
+    shared memory or the writer warp: in the accumulator's register order (DQ_TILE_BASES) a thread's
+    registers 4r to 4r + 3 lie side by side, so each run is one 16-byte `red.global.add.v4.f32` (FA3
+    adds dQ so at head dim 256, float4 atomicAdd). The tiles are the writer's
+    (_wide_dq_writer_partition): 4096 floats each, the step's 64-row block and q head's columns."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
+     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
+     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     softmax_scale, qk_scale, num_heads) = args
+    BLOCK_M: gl.constexpr = dq[0].shape[0]
+    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
+    TILES: gl.constexpr = HEAD_DIM // DQ_COLS
+    layout: gl.constexpr = dq[0].type.layout
+    m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M, HEAD_DIM)
+    tile = (row0 + m) // BLOCK_M * (num_heads * TILES) + q_col // DQ_COLS + FIRST_TILE
+    # (row, column) -> offset in the tile: DQ_TILE_BASES inverted
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, layout))
+    row_offs = ((rows >> 3) & 1) * 2 + (rows & 7) * 16 + (rows >> 4) * 128
+    col_offs = (cols & 1) + ((cols >> 1) & 3) * 4 + (cols >> 3) * 512
+    offs = row_offs[:, None] + col_offs[None, :]
+    for i in gl.static_range(len(dq)):
+        # addresses as integers, the values' bits as int32: the assembly's operands are all integers
+        addrs = (DQAccum + (tile + i).to(gl.int64) * (BLOCK_M * DQ_COLS) + offs).to(gl.int64, bitcast=True)
+        gl.inline_asm_elementwise(
+            "red.global.add.v4.f32 [$4], {$8, $9, $10, $11};\n\t"
+            "mov.b32 $0, 0;\n\tmov.b32 $1, 0;\n\tmov.b32 $2, 0;\n\tmov.b32 $3, 0;",
+            "=r,=r,=r,=r,l,l,l,l,r,r,r,r", [addrs, dq[i].to(gl.int32, bitcast=True)], dtype=gl.int32,
+            is_pure=False, pack=4)
+
+
+@gluon.jit
 def _wide_stage_dq(dq_smem, dq, dq_free, step):
-    """The dP warpgroup's dQ_i tiles of query step `step` (three 64 x 64, unscaled: bwd._bwd_stage_dq)
+    """The dP warpgroup's dQ_i tiles of query step `step` (all the step's 64 x 64, unscaled: bwd._bwd_stage_dq)
     into shared memory in register order once the dQ writer warp has read the previous step's
     (dq_free), then every thread arrives at named barrier DQ_FULL_BARRIER and goes on
     (bwd._dq_full; _wide_dq_writer_partition adds them)."""
@@ -298,8 +388,9 @@ def _wide_stage_dq(dq_smem, dq, dq_free, step):
 
 
 @gluon.jit
-def _wide_dq_writer_partition(args):
-    """One warp, the dQ writer (bwd._bwd_dq_writer's role): each query step's three dQ_i tiles,
+def _wide_dq_writer_partition(args, DQ_ATOMIC: gl.constexpr):
+    """One warp, the dQ writer (bwd._bwd_dq_writer's role; idle with DQ_ATOMIC, where the
+    warpgroups add dQ themselves): each query step's dQ_i tiles,
     once the dP warpgroup has staged them (_wide_stage_dq), added into the float32 accumulator
     (rows from row0 + m of the (batch x seqlen, heads x head dim) view, columns from the step's q
     head; bwd._bwd_dq_writer's layout, a tile per 64-row block and 64 columns) by one TMA
@@ -311,26 +402,29 @@ def _wide_dq_writer_partition(args):
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     TILES: gl.constexpr = HEAD_DIM // DQ_COLS
-    for step in range(n_steps * kv_group):
-        m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
-                                          HEAD_DIM)
-        tile = (row0 + m) // BLOCK_M * (num_heads * TILES) + q_col // DQ_COLS
-        _dq_full(0, False, 1)
-        for i in gl.static_range(TILES):
-            box = _register_box(dq_smem.index(i), dq_desc[0])
-            _tma_reduce_add(dq_desc[0], [(tile + i) * DQ_REGISTER_BOX[0], 0], box)
-        tma.store_wait(pendings=0)
-        mbarrier.arrive(dq_free, count=1)
+    if not DQ_ATOMIC:
+        for step in range(n_steps * kv_group):
+            m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
+                                              HEAD_DIM)
+            tile = (row0 + m) // BLOCK_M * (num_heads * TILES) + q_col // DQ_COLS
+            _dq_full(0, False, 1)
+            for i in gl.static_range(TILES):
+                box = _register_box(dq_smem.index(i), dq_desc[0])
+                _tma_reduce_add(dq_desc[0], [(tile + i) * DQ_REGISTER_BOX[0], 0], box)
+            tma.store_wait(pendings=0)
+            mbarrier.arrive(dq_free, count=1)
 
 
 @gluon.jit
-def _wide_dp_partition(args, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr):
+def _wide_dp_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+                       DQ_BY_SECTION: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
-    dQ over every query step that sees the block; the sections written once both warpgroups are
-    past K (line 18). DQ_FIRST: each step's dQ_i matmuls (line 15) are issued before dV's and dK's
-    (lines 12 and 16) and waited for alone, and dQ_i is staged for the writer warp, which
-    reduce-adds it while those two run (as FA3 and FA4 write dQ out under the matmuls after it);
-    else all five are waited for together and dQ_i follows."""
+    dQ (DQ_BY_SECTION: the second section's columns) over every query step that sees the block;
+    the sections written once both warpgroups are past K (line 18). DQ_FIRST: each step's dQ_i
+    matmuls (line 15) are issued before dV's and dK's (lines 12 and 16) and waited for alone, and
+    dQ_i is staged for the writer warp, which reduce-adds it (DQ_ATOMIC: added from registers)
+    while those two run (as FA3 and FA4 write dQ out under the matmuls after it); else all are
+    waited for together and dQ_i follows."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
      dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -347,7 +441,7 @@ def _wide_dp_partition(args, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr):
     ctx = (k_buf, v_buf, s_init, dq_init)
     mbarrier.wait(kv_bar, 0)
     for step in range(n_steps * kv_group):
-        dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQ_FIRST)
+        dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     k_buf[1].store((dk * softmax_scale).to(k_buf[1].dtype))
@@ -364,14 +458,18 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        k_tail_desc, v_tail_desc, do_tail_desc, dk_tail_desc, dv_tail_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
-                                       RngSeed, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                       DQ_FIRST: gl.constexpr):
+                                       DQAccum, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                                       DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup,
-    the dP warpgroup and a dQ writer warp (the module's docstring). The arguments are bwd.py's dense kernel's, the
-    head dim two sections (HEAD_SPLIT) and dQ fused; the feature arguments (window, softcap,
-    ALiBi, dropout) and dq_tail_desc are not read: this kernel has none of the features. DQ_FIRST:
-    the dP warpgroup's order (_wide_dp_partition)."""
+    the dP warpgroup and a dQ writer warp (the module's docstring). The arguments are bwd.py's
+    dense kernel's, the head dim two sections (HEAD_SPLIT) and dQ fused, but for DQAccum
+    (dropout's seed in bwd.py's: the dQ accumulator's pointer, which DQ_ATOMIC's adds take); the
+    feature arguments (window, softcap, ALiBi, dropout) and dq_tail_desc are not read: this kernel
+    has none of the features. DQ_FIRST: the dP warpgroup's order (_wide_dp_partition); DQ_ATOMIC:
+    dQ added from the warpgroups' registers (_wide_add_dq), the writer warp idle; DQ_BY_SECTION:
+    each warpgroup computes dQ's columns of its own head-dim section (flash_attn_hopper.py chooses
+    both by head dim: wide_bwd_constexprs)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc) = _bwd_descriptors(
         q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, q_tail_desc, k_tail_desc, v_tail_desc,
         do_tail_desc, dk_tail_desc, dv_tail_desc, dq_tail_desc, True)
@@ -379,6 +477,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     gl.static_assert(BLOCK_M == BLOCK_N, "the causal mask takes each q head's first step as the diagonal one")
+    gl.static_assert(DQ_ATOMIC or not DQ_BY_SECTION, "the writer warp takes one warpgroup's staged dQ tiles")
     b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
     row0 = b * seqlen
     col0 = kv_head * HEAD_DIM
@@ -390,7 +489,8 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
         first_m = 0
     n_steps = (seqlen - first_m) // BLOCK_M
     (k_smem, v_smem, q_smem, do_smem, dpmd_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar,
-     pds_bar, dp_free, pds_free, dq_free, done_bar) = _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES)
+     pds_bar, dp_free, pds_free, dq_free, done_bar) = _wide_shared_buffers(
+        q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, DQ_ATOMIC)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)  # L_i and D_i per ring stage
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
@@ -398,8 +498,8 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
             pds_bar, dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
-        (_wide_s_partition, (args, CAUSAL)),
-        (_wide_dp_partition, (args, CAUSAL, DQ_FIRST)),
+        (_wide_s_partition, (args, DQAccum, CAUSAL, DQ_BY_SECTION)),
+        (_wide_dp_partition, (args, DQAccum, CAUSAL, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)),
         (_wide_load_partition, (args, CAUSAL)),
-        (_wide_dq_writer_partition, (args,)),
+        (_wide_dq_writer_partition, (args, DQ_ATOMIC)),
     ], [4, 1, 1], [240, 24, 24])

@@ -18,8 +18,8 @@ FWD_HEAD_DIMS = (64, 96, 128, 192, 256)  # the head dims the forwards serve (dis
 SHARED_MEMORY_BYTES = 227 * 1024  # an sm_90 program's shared memory at most
 
 # The dK/dV kernels (bwd.py, bwd_varlen.py, bwd_wide.py)
-BWD_HEAD_DIMS = (64, 96, 128, 192)  # the head dims the dense dK/dV kernels serve (96, 192 in two _head_sections)
-WIDE_BWD_HEAD_DIMS = (192,)  # those bwd_wide.py's kernel serves: 64-key blocks, the warpgroups split by role
+BWD_HEAD_DIMS = (64, 96, 128, 192, 256)  # the head dims the dense dK/dV kernels serve (96, 192, 256 in two sections)
+WIDE_BWD_HEAD_DIMS = (192, 256)  # those bwd_wide.py's kernel serves: 64-key blocks, the warpgroups split by role
 VARLEN_BWD_HEAD_DIMS = (64, 96, 128)  # those the varlen dK/dV kernel serves
 BWD_BLOCK_M = 64  # query rows per step of the key block's loop
 BWD_BLOCK_N = 128  # keys per program: two consumer warpgroups of 64
@@ -27,7 +27,7 @@ BWD_STAGES = 2  # Q/dO tiles in flight (shared memory at head dim 128: K and V 6
 # The head dims at which the dK/dV kernels can add dQ (bwd.py): at 128 each consumer computes 64 of
 # a step's dQ columns, at 64 and 96 the consumers take turns by step, each computing the step's
 # whole dQ_i (64 x 64 register-order tiles, DQ_TILE_BASES; at 96 a 64 x 32 one beside)
-FUSED_DQ_HEAD_DIMS = (64, 96, 128, 192)  # at 192 (bwd_wide.py) one warpgroup computes dQ, always fused
+FUSED_DQ_HEAD_DIMS = (64, 96, 128, 192, 256)  # at 192 and 256 (bwd_wide.py) always fused
 BWD_MAX_KEY_BLOCKS = 65535  # key blocks on the grid's second axis (bwd_grid): CUDA's limit there
 # The varlen kernel's packed grid scans cu_seqlens with one lane a thread of its four warps, so it
 # takes at most this many entries (batch + 1)
