@@ -252,9 +252,12 @@ HOPPER_BWD_CONFIGS = {
     # head-dim-256 backward"; rows: reports/h200/decisions/query_major_backward_d256.csv).
     # Descriptor loads free the address registers that spilled (ptxas: no spills with them) and
     # took time off at 4k-16k (backward_descriptors_d256.csv); at head dims 128 and 64 the whole
-    # backward was slower with them, so those keep pointer loads. Head dim 192 (which this entry
-    # serves) takes the Gluon kernel for wide heads from 1024 keys (kernels/hopper/bwd_wide.py, dQ
-    # fused; docs/performance.md, "The Gluon backward at head dim 192"); 256 is outside its scope.
+    # backward was slower with them, so those keep pointer loads. From 1024 keys both head dims
+    # this entry serves, 192 and 256, take the Gluon kernel for wide heads instead
+    # (kernels/hopper/bwd_wide.py, dQ fused), faster in the same process (docs/performance.md, "The
+    # Gluon backward at head dim 192" and "... at head dim 256"; rows:
+    # reports/h100/decisions/gluon_backward_d192.csv, gluon_backward_d256.csv); these tiles serve
+    # what it does not take (fewer keys, features, a deterministic backward).
     256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True, tma=True,
                    hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True, hopper_gluon_causal_head_section=1),
 }

@@ -243,7 +243,7 @@ def hopper_gluon_refusal(q, k, v, out, mode: str = "forward", block_m: int | Non
                          causal: bool = False) -> str:
     """Why the dense Gluon kernels (kernels/flash_attn_hopper.py) do not take these tensors ('' where
     they do). Their scope: a head dim of the forward's (FWD_HEAD_DIMS: 64, 96, 128, 192 and 256) or, with
-    `mode` "backward", the dK/dV kernels' (BWD_HEAD_DIMS: 64, 96, 128 and 192), fp16 or bf16, q heads a multiple of the kv heads
+    `mode` "backward", the dK/dV kernels' (BWD_HEAD_DIMS: 64, 96, 128, 192 and 256), fp16 or bf16, q heads a multiple of the kv heads
     (GQA/MQA), query and key lengths equal and whole blocks (_lengths_refusal, checked after the
     shapes, dtypes and strides: the lengths are what GluonPath.PACKED is for), and each
     tensor an exact 2D view for its descriptors (as the host-descriptor path needs, for the Gluon
@@ -444,8 +444,9 @@ def gluon_feature_flags(features: Features, causal: bool) -> dict:
 def bwd_gluon_fuses_dq(config: BwdConfig, headdim: int, deterministic: bool = False) -> bool:
     """On the 'gluon-ws' path: whether the Gluon kernel adds dQ itself (TMA reduce-adds, the sum's
     order varying between runs) instead of the dQ kernel writing it: where the config asks for it,
-    at head dims 64, 96, 128 and 192 (bwd.py's two consumers split dQ's columns at 128 and take
-    turns by step at 64 and 96; bwd_wide.py's dP warpgroup computes it at 192), unless a
+    at head dims 64 to 256 (bwd.py's two consumers split dQ's columns at 128 and take turns by
+    step at 64 and 96; bwd_wide.py's dP warpgroup computes it at 192, each of its warpgroups its
+    own section's columns at 256), unless a
     deterministic backward is asked for."""
     return (config.hopper_gluon_fused_dq and flash_attn_hopper is not None
             and headdim in flash_attn_hopper.FUSED_DQ_HEAD_DIMS and not deterministic)
