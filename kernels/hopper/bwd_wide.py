@@ -69,14 +69,16 @@ from .shared import (
 
 
 @gluon.jit
-def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
+def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+                         P_EXCHANGE: gl.constexpr):
     """The kernel's shared memory: K_j and V_j (one block, each a tuple of head-dim sections), the
-    ring of STAGES Q_i and dO_i tiles and their L_i and D_i rows, the exchange's buffers (dP^T -
-    D_i in register order, P^T, dS^T) and the dP warpgroup's three float32 dQ tiles; then the
-    mbarriers: kv_bar, q_bar, do_bar, empty_bar as in bwd.py, dp_bar / pds_bar (the dP^T - D_i
-    buffer / the P^T and dS^T buffers are full) and dp_free / pds_free (read), dq_free (the dQ
-    writer warp's reduce-adds have read the dQ tiles), done_bar (both warpgroups are past their
-    last matmul on K). DQ_ATOMIC: no dQ tiles (dQ goes from registers, _wide_add_dq)."""
+    ring of STAGES Q_i and dO_i tiles and their L_i and D_i rows, the exchange's buffers (P^T in
+    float32, register order, for dS^T, and in the inputs' dtype for dV's matmul, a pair; dS^T) and
+    the dP warpgroup's float32 dQ tiles; then the mbarriers: kv_bar, q_bar, do_bar, empty_bar as
+    in bwd.py, p_bar / ds_bar (the P^T pair / dS^T buffer is full), p_free / ds_free (read; dS^T
+    by both warpgroups), dq_free (the dQ writer warp's reduce-adds
+    have read the dQ tiles), done_bar (both warpgroups are past their last matmul on K).
+    DQ_ATOMIC: no dQ tiles (dQ goes from registers, _wide_add_dq)."""
     dtype: gl.constexpr = q_desc[0].dtype
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
@@ -84,8 +86,8 @@ def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.co
     v_smem = _allocate_sections(v_desc, 1)
     q_smem = _allocate_sections(q_desc, STAGES)
     do_smem = _allocate_sections(do_desc, STAGES)
-    dpmd_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M], DQ_REGISTER_TILE)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], q_desc[0].layout)
+    p_smem = (gl.allocate_shared_memory(gl.float32, [BLOCK_N, BLOCK_M], DQ_REGISTER_TILE),
+              gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], q_desc[0].layout))
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], q_desc[0].layout)
     gl.static_assert(BLOCK_M * DQ_COLS == DQ_REGISTER_BOX[0] * DQ_REGISTER_BOX[1])
     if DQ_ATOMIC:
@@ -103,10 +105,9 @@ def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.co
         mbarrier.init(q_bar.index(stage), count=1)
         mbarrier.init(do_bar.index(stage), count=1)
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
-    for i in gl.static_range(5):
-        mbarrier.init(xbar.index(i), count=1)
-    mbarrier.init(xbar.index(5), count=2)
-    return (k_smem, v_smem, q_smem, do_smem, dpmd_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar,
+    for i in gl.static_range(6):  # ds_free and done_bar: both consumer warpgroups arrive
+        mbarrier.init(xbar.index(i), count=2 if (i == 3 and P_EXCHANGE) or i == 5 else 1)
+    return (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar,
             xbar.index(0), xbar.index(1), xbar.index(2), xbar.index(3), xbar.index(4), xbar.index(5))
 
 
@@ -115,8 +116,8 @@ def _wide_load_partition(args, CAUSAL: gl.constexpr):
     """One warp: K_j and V_j once (FA2 Alg. 2 line 6), then bwd.py's query steps (line 9's Q_i,
     dO_i with L_i, D_i)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     if len(k_desc) == 1:
         mbarrier.expect(kv_bar, k_desc[0].block_type.nbytes + v_desc[0].block_type.nbytes)
@@ -131,13 +132,13 @@ def _wide_load_partition(args, CAUSAL: gl.constexpr):
 
 @gluon.jit
 def _wide_s_step(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
-    """The S warpgroup's query step (lines 10-12, 14, 16 for Q_i, dO_i; DIAGONAL: the step's rows
-    cross the block's diagonal, so P^T is masked; DQ_BY_SECTION: line 15 for the first section's
-    dQ_i columns too, added into DQAccum from registers): returns dK_j, dV_j of the first
-    head-dim section."""
+    """The S warpgroup's query step (lines 10-12 and 16 for Q_i, dO_i, P^T handed to the dP
+    warpgroup and dS^T from it; DIAGONAL: the step's rows cross the block's diagonal, so P^T is
+    masked; DQ_BY_SECTION: line 15 for the first section's dQ_i columns too, added into DQAccum
+    from registers): returns dK_j, dV_j of the first head-dim section."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     k_buf, offs_n, offs_m_base, s_init, dq_init = ctx
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
@@ -160,31 +161,84 @@ def _wide_s_step(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, DQ_BY
     p = gl.exp2(s * qk_scale - lse)
     if DIAGONAL:
         p = gl.where(offs_n[:, None] <= (m + offs_m_base)[None, :], p, 0.0)
+    # P^T to the dP warpgroup (which forms dS^T), once it has read the previous step's
+    mbarrier.wait(p_free, (step & 1) ^ 1)  # a fresh mbarrier counts as having completed the phase before its first
+    p_smem[0].store(p)
+    p_smem[1].store(p.to(dtype))
+    fence_async_shared()  # the second is read by a wgmma
+    gl.thread_barrier()  # the whole warpgroup's stores, before one thread says so
+    mbarrier.arrive(p_bar, count=1)
     p_op = gl.convert_layout(p.to(dtype), op_layout)
-    # line 12 for the first section: dV_j += P^T dO_i, in flight while dP^T - D_i is awaited
+    # line 12 for the first section: dV_j += P^T dO_i, in flight while dS^T is awaited
     mbarrier.wait(do_bar.index(stage), phase)
     dv_tok = warpgroup_mma(p_op, do_buf[0], dv, is_async=True)
-    # line 14: dS^T = P^T * (dP^T - D_i), with the dP warpgroup's dP^T - D_i
-    mbarrier.wait(dp_bar, step & 1)
-    dpmd = dpmd_smem.load(s_layout)
-    gl.thread_barrier()  # the whole warpgroup's loads, before one thread frees the buffer
-    mbarrier.arrive(dp_free, count=1)
+    # line 16 for the first section: dK_j += dS^T Q_i, dS^T from the dP warpgroup's shared memory
+    mbarrier.wait(ds_bar, step & 1)
+    dk_tok = warpgroup_mma(ds_smem, q_buf[0], dk, is_async=True)
+    if DQ_BY_SECTION:
+        # line 15 for the first section's columns
+        ds_t = ds_smem.permute((1, 0))
+        dv, dk, p_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op])
+        dq0_tok = warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
+        dq1_tok = warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
+                                is_async=True)
+        dq0, dq1 = warpgroup_mma_wait(0, deps=[dq0_tok, dq1_tok])
+        mbarrier.arrive(ds_free, count=1)
+        mbarrier.arrive(empty_bar.index(stage), count=1)
+        _wide_add_dq(args, DQAccum, step, (dq0, dq1), 0)
+    else:
+        dv, dk, p_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op])
+        mbarrier.arrive(ds_free, count=1)
+        mbarrier.arrive(empty_bar.index(stage), count=1)
+    return dk, dv
+
+
+@gluon.jit
+def _wide_s_step_dpmd(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
+    """The S warpgroup's step as measured before P^T went to the dP warpgroup: dP^T - D_i from it
+    (p_smem[0], the same float32 buffer), dS^T formed here, P^T and dS^T handed over (trial)."""
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     softmax_scale, qk_scale, num_heads) = args
+    k_buf, offs_n, offs_m_base, s_init, dq_init = ctx
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    STAGES: gl.constexpr = q_smem[0].type.shape[0]
+    dtype: gl.constexpr = q_desc[0].dtype
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
+    stage = step % STAGES
+    phase = (step // STAGES) & 1
+    m, _, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
+                                  _head_dim(q_desc))
+    q_buf = _at(q_smem, stage)
+    do_buf = _at(do_smem, stage)
+    mbarrier.wait(q_bar.index(stage), phase)
+    s_tok = _chained_matmul(k_buf, q_buf, s_init)
+    lse = lse_smem.index(stage).load(s_layout) * 1.4426950408889634
+    s = warpgroup_mma_wait(0, deps=[s_tok])
+    p = gl.exp2(s * qk_scale - lse)
+    if DIAGONAL:
+        p = gl.where(offs_n[:, None] <= (m + offs_m_base)[None, :], p, 0.0)
+    p_op = gl.convert_layout(p.to(dtype), op_layout)
+    mbarrier.wait(do_bar.index(stage), phase)
+    dv_tok = warpgroup_mma(p_op, do_buf[0], dv, is_async=True)
+    mbarrier.wait(p_bar, step & 1)
+    dpmd = p_smem[0].load(s_layout)
+    gl.thread_barrier()
+    mbarrier.arrive(p_free, count=1)
     ds = (p * dpmd).to(dtype)
     ds_op = gl.convert_layout(ds, op_layout)
-    # line 16 for the first section: dK_j += dS^T Q_i
     dk_tok = warpgroup_mma(ds_op, q_buf[0], dk, is_async=True)
-    # P^T and dS^T to the dP warpgroup, once it has read the previous step's
-    mbarrier.wait(pds_free, (step & 1) ^ 1)  # a fresh mbarrier counts as having completed the phase before its first
-    p_smem.store(p.to(dtype))
+    mbarrier.wait(ds_free, (step & 1) ^ 1)
+    p_smem[1].store(p.to(dtype))
     ds_smem.store(ds)
-    fence_async_shared()  # read by its wgmmas
+    fence_async_shared()
     gl.thread_barrier()
-    mbarrier.arrive(pds_bar, count=1)
+    mbarrier.arrive(ds_bar, count=1)
     dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
     mbarrier.arrive(empty_bar.index(stage), count=1)
     if DQ_BY_SECTION:
-        # line 15 for the first section's columns, from dS^T in shared memory (its own store, fenced
-        # above; it is rewritten next step only after this step's wait)
         ds_t = ds_smem.permute((1, 0))
         dq0_tok = warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
         dq1_tok = warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
@@ -195,12 +249,12 @@ def _wide_s_step(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, DQ_BY
 
 
 @gluon.jit
-def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
+def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr, P_EXCHANGE: gl.constexpr):
     """The S warpgroup (see the module's docstring): dK_j and dV_j's first head-dim section over
     every query step that sees the block, written once the dP warpgroup is past K (line 18)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
@@ -222,12 +276,22 @@ def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_BY_SECTION: gl.con
     mbarrier.wait(kv_bar, 0)
     for group in range(kv_group):
         if CAUSAL:  # a block as tall as a query step: each q head's first step crosses the diagonal
-            dk, dv = _wide_s_step(args, ctx, group * n_steps, dk, dv, DQAccum, True, DQ_BY_SECTION)
-            for i in range(1, n_steps):
-                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
+            if P_EXCHANGE:
+                dk, dv = _wide_s_step(args, ctx, group * n_steps, dk, dv, DQAccum, True, DQ_BY_SECTION)
+                for i in range(1, n_steps):
+                    dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
+            else:
+                dk, dv = _wide_s_step_dpmd(args, ctx, group * n_steps, dk, dv, DQAccum, True, DQ_BY_SECTION)
+                for i in range(1, n_steps):
+                    dk, dv = _wide_s_step_dpmd(args, ctx, group * n_steps + i, dk, dv, DQAccum, False,
+                                               DQ_BY_SECTION)
         else:
             for i in range(n_steps):
-                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
+                if P_EXCHANGE:
+                    dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
+                else:
+                    dk, dv = _wide_s_step_dpmd(args, ctx, group * n_steps + i, dk, dv, DQAccum, False,
+                                               DQ_BY_SECTION)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)  # the dP warpgroup's last dQ matmul has read K
     # line 18: the first section of dK_j, dV_j, staged through its K and V tiles
@@ -244,8 +308,8 @@ def _wide_dp_issue(args, ctx, step):
     """Line 13 for query step `step`: dP^T = V_j dO_i^T issued once dO_i has landed (one wgmma per
     head-dim section, chained), left in flight."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     k_buf, v_buf, s_init, dq_init = ctx
     STAGES: gl.constexpr = q_smem[0].type.shape[0]
@@ -257,19 +321,21 @@ def _wide_dp_issue(args, ctx, step):
 @gluon.jit
 def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr,
                   DQ_BY_SECTION: gl.constexpr):
-    """The dP warpgroup's query step: line 13 (dP^T, `_wide_dp_issue`), then lines 12 and 16 for the
-    second head-dim section and 15 (every dQ_i column, or with DQ_BY_SECTION the second section's),
-    in the order `_wide_dp_partition`'s DQ_FIRST says; dQ_i staged for the writer warp, or
-    (DQ_ATOMIC) added into DQAccum from registers (`_wide_add_dq`). Returns dK_j, dV_j of the
-    second section."""
+    """The dP warpgroup's query step: line 13 (dP^T, `_wide_dp_issue`) and, with the S warpgroup's
+    P^T, line 14 (dS^T, handed back through shared memory), then lines 12 and 16 for the second
+    head-dim section (P^T and dS^T from its registers) and 15 (every dQ_i column, or with
+    DQ_BY_SECTION the second section's), in the order `_wide_dp_partition`'s DQ_FIRST says; dQ_i
+    staged for the writer warp, or (DQ_ATOMIC) added into DQAccum from registers (`_wide_add_dq`).
+    Returns dK_j, dV_j of the second section."""
     dp_tok = _wide_dp_issue(args, ctx, step)
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     k_buf, v_buf, s_init, dq_init = ctx
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     STAGES: gl.constexpr = q_smem[0].type.shape[0]
+    dtype: gl.constexpr = q_desc[0].dtype
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
     stage = step % STAGES
     phase = (step // STAGES) & 1
@@ -277,17 +343,21 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_A
     do_buf = _at(do_smem, stage)
     delta = delta_smem.index(stage).load(s_layout)
     dp = warpgroup_mma_wait(0, deps=[dp_tok])  # the only matmul in flight
-    # dP^T - D_i to the S warpgroup, once it has read the previous step's
-    mbarrier.wait(dp_free, (step & 1) ^ 1)
-    dpmd_smem.store(dp - delta)
+    # line 14: dS^T = P^T * (dP^T - D_i), with the S warpgroup's P^T (float32)
+    mbarrier.wait(p_bar, step & 1)
+    ds = (p_smem[0].load(s_layout) * (dp - delta)).to(dtype)
+    # dS^T to the S warpgroup (line 16's first section) and to the dQ matmuls, once both warpgroups
+    # have read the previous step's
+    mbarrier.wait(ds_free, (step & 1) ^ 1)  # a fresh mbarrier counts as having completed the phase before its first
+    ds_smem.store(ds)
+    fence_async_shared()  # read by wgmmas
     gl.thread_barrier()
-    mbarrier.arrive(dp_bar, count=1)
-    # once P^T and dS^T are in place: line 12 and 16 for the second section, line 15 (dQ_i = dS K_j,
+    mbarrier.arrive(ds_bar, count=1)
+    # line 12 and 16 for the second section (P^T and dS^T from shared memory), line 15 (dQ_i = dS K_j,
     # 64 columns a tile)
     mbarrier.wait(q_bar.index(stage), phase)
-    mbarrier.wait(pds_bar, step & 1)
     if not DQ_FIRST:
-        dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
+        dv_tok = warpgroup_mma(p_smem[1], do_buf[1], dv, is_async=True)
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
     ds_t = ds_smem.permute((1, 0))
     if DQ_BY_SECTION:  # the second section's columns (the S warpgroup adds the first's)
@@ -304,20 +374,82 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_A
     if DQ_FIRST:
         # lines 12 and 16 after 15: dQ_i is staged for the writer warp (which reduce-adds it), or
         # added, while they run
-        dv_tok = warpgroup_mma(p_smem, do_buf[1], dv, is_async=True)
+        dv_tok = warpgroup_mma(p_smem[1], do_buf[1], dv, is_async=True)
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
         # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's
         dq = warpgroup_mma_wait(2, deps=dq_toks)
         _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE, DQ_ATOMIC)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
-        mbarrier.arrive(pds_free, count=1)
+        mbarrier.arrive(p_free, count=1)  # both P^T buffers: the second's last reader is dV's matmul
+        mbarrier.arrive(ds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
     else:
         done = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok) + dq_toks)
         dv = done[0]
         dk = done[1]
         dq = done[2:]
-        mbarrier.arrive(pds_free, count=1)
+        mbarrier.arrive(p_free, count=1)
+        mbarrier.arrive(ds_free, count=1)
+        mbarrier.arrive(empty_bar.index(stage), count=1)
+        _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE, DQ_ATOMIC)
+    return dk, dv
+
+
+@gluon.jit
+def _wide_dp_step_dpmd(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr,
+                       DQ_BY_SECTION: gl.constexpr):
+    """The dP warpgroup's step as measured before P^T came to it (trial): dP^T - D_i handed over,
+    P^T and dS^T from the S warpgroup."""
+    dp_tok = _wide_dp_issue(args, ctx, step)
+    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     softmax_scale, qk_scale, num_heads) = args
+    k_buf, v_buf, s_init, dq_init = ctx
+    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
+    STAGES: gl.constexpr = q_smem[0].type.shape[0]
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    stage = step % STAGES
+    phase = (step // STAGES) & 1
+    q_buf = _at(q_smem, stage)
+    do_buf = _at(do_smem, stage)
+    delta = delta_smem.index(stage).load(s_layout)
+    dp = warpgroup_mma_wait(0, deps=[dp_tok])
+    mbarrier.wait(p_free, (step & 1) ^ 1)
+    p_smem[0].store(dp - delta)
+    gl.thread_barrier()
+    mbarrier.arrive(p_bar, count=1)
+    mbarrier.wait(q_bar.index(stage), phase)
+    mbarrier.wait(ds_bar, step & 1)
+    if not DQ_FIRST:
+        dv_tok = warpgroup_mma(p_smem[1], do_buf[1], dv, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
+    ds_t = ds_smem.permute((1, 0))
+    if DQ_BY_SECTION:
+        dq_toks = (warpgroup_mma(ds_t, k_buf[1].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True),
+                   warpgroup_mma(ds_t, k_buf[1].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
+                                 is_async=True))
+        FIRST_TILE: gl.constexpr = k_buf[0].type.shape[1] // DQ_COLS
+    else:
+        dq_toks = (warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True),
+                   warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
+                                 is_async=True),
+                   warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True))
+        FIRST_TILE: gl.constexpr = 0
+    if DQ_FIRST:
+        dv_tok = warpgroup_mma(p_smem[1], do_buf[1], dv, is_async=True)
+        dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
+        dq = warpgroup_mma_wait(2, deps=dq_toks)
+        _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE, DQ_ATOMIC)
+        dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
+        mbarrier.arrive(ds_free, count=1)
+        mbarrier.arrive(empty_bar.index(stage), count=1)
+    else:
+        done = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok) + dq_toks)
+        dv = done[0]
+        dk = done[1]
+        dq = done[2:]
+        mbarrier.arrive(ds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
         _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE, DQ_ATOMIC)
     return dk, dv
@@ -329,8 +461,8 @@ def _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE: gl.constexpr, DQ_ATOMIC:
     FIRST_TILE on) to the float32 accumulator: added from registers (DQ_ATOMIC, `_wide_add_dq`), or
     staged for the writer warp (`_wide_stage_dq`, every tile of the step)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     if DQ_ATOMIC:
         _wide_add_dq(args, DQAccum, step, dq, FIRST_TILE)
@@ -347,8 +479,8 @@ def _wide_add_dq(args, DQAccum, step, dq, FIRST_TILE: gl.constexpr):
     adds dQ so at head dim 256, float4 atomicAdd). The tiles are the writer's
     (_wide_dq_writer_partition): 4096 floats each, the step's 64-row block and q head's columns."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     BLOCK_M: gl.constexpr = dq[0].shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
@@ -396,8 +528,8 @@ def _wide_dq_writer_partition(args, DQ_ATOMIC: gl.constexpr):
     head; bwd._bwd_dq_writer's layout, a tile per 64-row block and 64 columns) by one TMA
     reduce-add each, then released (dq_free) once the reduce-adds have read them."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
@@ -417,7 +549,7 @@ def _wide_dq_writer_partition(args, DQ_ATOMIC: gl.constexpr):
 
 @gluon.jit
 def _wide_dp_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       DQ_BY_SECTION: gl.constexpr):
+                       DQ_BY_SECTION: gl.constexpr, P_EXCHANGE: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
     dQ (DQ_BY_SECTION: the second section's columns) over every query step that sees the block;
     the sections written once both warpgroups are past K (line 18). DQ_FIRST: each step's dQ_i
@@ -426,8 +558,8 @@ def _wide_dp_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_FIRST: gl.constex
     while those two run (as FA3 and FA4 write dQ out under the matmuls after it); else all are
     waited for together and dQ_i follows."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar, pds_bar,
-     dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
+     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
+     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
      softmax_scale, qk_scale, num_heads) = args
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
@@ -441,7 +573,10 @@ def _wide_dp_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_FIRST: gl.constex
     ctx = (k_buf, v_buf, s_init, dq_init)
     mbarrier.wait(kv_bar, 0)
     for step in range(n_steps * kv_group):
-        dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)
+        if P_EXCHANGE:
+            dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)
+        else:
+            dk, dv = _wide_dp_step_dpmd(args, ctx, step, dk, dv, DQAccum, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     k_buf[1].store((dk * softmax_scale).to(k_buf[1].dtype))
@@ -459,7 +594,8 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                                        DQAccum, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                       DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
+                                       DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_BY_SECTION: gl.constexpr,
+                                       P_EXCHANGE: gl.constexpr):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup,
     the dP warpgroup and a dQ writer warp (the module's docstring). The arguments are bwd.py's
@@ -488,18 +624,18 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
     else:
         first_m = 0
     n_steps = (seqlen - first_m) // BLOCK_M
-    (k_smem, v_smem, q_smem, do_smem, dpmd_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar,
-     pds_bar, dp_free, pds_free, dq_free, done_bar) = _wide_shared_buffers(
-        q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, DQ_ATOMIC)
+    (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar,
+     ds_bar, p_free, ds_free, dq_free, done_bar) = _wide_shared_buffers(
+        q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, DQ_ATOMIC, P_EXCHANGE)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)  # L_i and D_i per ring stage
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-            dpmd_smem, p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, dp_bar,
-            pds_bar, dp_free, pds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0,
+            p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar,
+            ds_bar, p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
-        (_wide_s_partition, (args, DQAccum, CAUSAL, DQ_BY_SECTION)),
-        (_wide_dp_partition, (args, DQAccum, CAUSAL, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)),
+        (_wide_s_partition, (args, DQAccum, CAUSAL, DQ_BY_SECTION, P_EXCHANGE)),
+        (_wide_dp_partition, (args, DQAccum, CAUSAL, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION, P_EXCHANGE)),
         (_wide_load_partition, (args, CAUSAL)),
         (_wide_dq_writer_partition, (args, DQ_ATOMIC)),
     ], [4, 1, 1], [240, 24, 24])
