@@ -536,7 +536,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_wide_launcher", grid,
                               {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168,
                                "DQ_FIRST": dq_first(config, kv_group, flags, headdim),
-                               "P_EXCHANGE": config.hopper_gluon_wide_p_exchange, **wide_bwd_constexprs(headdim)},
+                               **wide_bwd_constexprs(headdim)},
                               descriptors=descriptors)
     else:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,

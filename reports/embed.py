@@ -754,6 +754,9 @@ SECTIONS = {
     "gluon_backward_d256_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_d256.csv", "Gluon dK/dV for wide heads, dQ from registers (the table)",
         "Triton dK/dV, then Triton dQ (hopper_gluon_min_keys above the call's keys)"),
+    "gluon_backward_wide_exchange_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_wide_exchange.csv",
+        "P^T to the dP warpgroup, which forms dS^T (the kept form)", "dP^T - D to the S warpgroup, which forms dS^T"),
     "gluon_fields": lambda: compare_configs_table(DECISIONS / "gluon_fields.csv"),
     "gluon_fields_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_fields.csv"),
     "fwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_launch_order.csv"),

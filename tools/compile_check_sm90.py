@@ -316,7 +316,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
 
 
 def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192,
-                                 dq_first: bool | None = None, p_exchange: bool = True) -> str:
+                                 dq_first: bool | None = None) -> str:
     """The Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: dQ fused, no feature)
     compiled for sm_90 as backward_dkdv_hopper_plan launches it, in the schedule the table's config
     gives it (flash_attn_hopper.dq_first) unless `dq_first` (its DQ_FIRST) is given."""
@@ -331,13 +331,11 @@ def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int
     signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
                  **FWD_FEATURE_SIGNATURE, "DQAccum": "*fp32", "dropout_p": "fp32", "STAGES": "constexpr",
-                 "CAUSAL": "constexpr", "DQ_FIRST": "constexpr", "P_EXCHANGE": "constexpr",
-                 **dict.fromkeys(wide, "constexpr")}
+                 "CAUSAL": "constexpr", "DQ_FIRST": "constexpr", **dict.fromkeys(wide, "constexpr")}
     label = "".join(f", {name.lower().replace('_', ' ')}" for name, on in wide.items() if on)
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (", dQ first" if dq_first else "") + label,
                         hopper._flash_bwd_dkdv_hopper_wide_kernel, signature,
-                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first,
-                         "P_EXCHANGE": p_exchange, **wide})
+                        {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first, **wide})
 
 
 def hopper_gluon_varlen_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 128,

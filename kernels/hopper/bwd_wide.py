@@ -9,15 +9,19 @@ is two sections, the first 128 columns and the rest (64 at 192, 128 at 256:
 flash_attn_hopper.wide_bwd_sections):
 
 - the **S warpgroup** computes S^T = K_j Q_i^T and P^T (line 10-11, the causal mask where the
-  step crosses the diagonal), reads the other's dP^T - D_i from shared memory and forms
-  dS^T = P^T * (dP^T - D_i) in float32 (line 14), and owns the first section of dK_j and dV_j
-  (lines 12 and 16, P^T and dS^T from its registers);
-- the **dP warpgroup** computes dP^T = V_j dO_i^T (line 13) and hands dP^T - D_i over, then
-  owns the second section of dK_j and dV_j, reading P^T and dS^T from shared memory, and computes
-  dQ_i = dS K_j (line 15) as 64 x 64 register-order tiles: all of them at 192; at 256
-  (DQ_BY_SECTION) those of its own section, the S warpgroup those of the first, so that each
-  does ten twentieths of the step's matmul work (else the dP warpgroup's twelve would set the
-  pace).
+  step crosses the diagonal), hands P^T over through shared memory, and owns the first section of
+  dK_j and dV_j (lines 12 and 16: P^T from its registers, dS^T from shared memory);
+- the **dP warpgroup** computes dP^T = V_j dO_i^T (line 13) and, with the other's P^T, forms
+  dS^T = P^T * (dP^T - D_i) in float32 (line 14) and hands it back, then owns the second section
+  of dK_j and dV_j, reading P^T and dS^T from shared memory, and computes dQ_i = dS K_j (line 15)
+  as 64 x 64 register-order tiles: all of them at 192; at 256 (DQ_BY_SECTION) those of its own
+  section, the S warpgroup those of the first, so that each does ten twentieths of the step's
+  matmul work (else the dP warpgroup's twelve would set the pace).
+
+So the dP warpgroup, whose chain of matmuls is the longer, waits in a step only for P^T, which the
+S warpgroup forms while dP^T is computed, not for the other's arithmetic on its own result (with
+dP^T - D_i handed over and dS^T formed by the S warpgroup it was level or slower at every shape
+measured: docs/performance.md, "The Gluon backward at head dim 192").
 
 dQ goes to the float32 accumulator: at 192 staged in shared memory for a dQ writer warp that
 issues their TMA reduce-adds, as in bwd.py: once dV's and dK's matmuls have finished too, or
@@ -27,9 +31,10 @@ others (DQ_ATOMIC): each warpgroup adds its tiles from its registers, one 16-byt
 four registers, as FA3 adds dQ at that head dim ("atomicAdd" on a sliced dQ GEMM).
 
 Per query step at 192 the S warpgroup does 3 + 2 + 2 and the dP warpgroup 3 + 1 + 1 + 3 fifteenths of
-the step's matmul work (each of the five matmuls is three). One buffer each carries dP^T - D_i (float32, the warpgroup's register order)
-and P^T, dS^T (the inputs' dtype) between them, each with an mbarrier that says it is full and
-one that says it has been read. K_j and V_j (64 keys, loaded once) and a ring of 2 Q_i and dO_i
+the step's matmul work (each of the five matmuls is three). A pair of buffers carries P^T (float32
+in the warpgroup's register order, for dS^T; the inputs' dtype, for dV's matmul) and one dS^T
+(the inputs' dtype) between them, each with an mbarrier that says it is full and one that says it
+has been read (dS^T by both warpgroups). K_j and V_j (64 keys, loaded once) and a ring of 2 Q_i and dO_i
 tiles stream as in bwd.py; shared memory holds 225 KiB at both head dims.
 
 The host side (descriptors, grid, plans) is kernels/flash_attn_hopper.py.
@@ -69,8 +74,7 @@ from .shared import (
 
 
 @gluon.jit
-def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                         P_EXCHANGE: gl.constexpr):
+def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
     """The kernel's shared memory: K_j and V_j (one block, each a tuple of head-dim sections), the
     ring of STAGES Q_i and dO_i tiles and their L_i and D_i rows, the exchange's buffers (P^T in
     float32, register order, for dS^T, and in the inputs' dtype for dV's matmul, a pair; dS^T) and
@@ -106,7 +110,7 @@ def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.co
         mbarrier.init(do_bar.index(stage), count=1)
         mbarrier.init(empty_bar.index(stage), count=2)  # released by both consumer warpgroups
     for i in gl.static_range(6):  # ds_free and done_bar: both consumer warpgroups arrive
-        mbarrier.init(xbar.index(i), count=2 if (i == 3 and P_EXCHANGE) or i == 5 else 1)
+        mbarrier.init(xbar.index(i), count=2 if i == 3 or i == 5 else 1)
     return (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar,
             xbar.index(0), xbar.index(1), xbar.index(2), xbar.index(3), xbar.index(4), xbar.index(5))
 
@@ -194,62 +198,7 @@ def _wide_s_step(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, DQ_BY
 
 
 @gluon.jit
-def _wide_s_step_dpmd(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
-    """The S warpgroup's step as measured before P^T went to the dP warpgroup: dP^T - D_i from it
-    (p_smem[0], the same float32 buffer), dS^T formed here, P^T and dS^T handed over (trial)."""
-    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
-     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
-     softmax_scale, qk_scale, num_heads) = args
-    k_buf, offs_n, offs_m_base, s_init, dq_init = ctx
-    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
-    STAGES: gl.constexpr = q_smem[0].type.shape[0]
-    dtype: gl.constexpr = q_desc[0].dtype
-    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk.type.layout, k_width=2)
-    stage = step % STAGES
-    phase = (step // STAGES) & 1
-    m, _, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M,
-                                  _head_dim(q_desc))
-    q_buf = _at(q_smem, stage)
-    do_buf = _at(do_smem, stage)
-    mbarrier.wait(q_bar.index(stage), phase)
-    s_tok = _chained_matmul(k_buf, q_buf, s_init)
-    lse = lse_smem.index(stage).load(s_layout) * 1.4426950408889634
-    s = warpgroup_mma_wait(0, deps=[s_tok])
-    p = gl.exp2(s * qk_scale - lse)
-    if DIAGONAL:
-        p = gl.where(offs_n[:, None] <= (m + offs_m_base)[None, :], p, 0.0)
-    p_op = gl.convert_layout(p.to(dtype), op_layout)
-    mbarrier.wait(do_bar.index(stage), phase)
-    dv_tok = warpgroup_mma(p_op, do_buf[0], dv, is_async=True)
-    mbarrier.wait(p_bar, step & 1)
-    dpmd = p_smem[0].load(s_layout)
-    gl.thread_barrier()
-    mbarrier.arrive(p_free, count=1)
-    ds = (p * dpmd).to(dtype)
-    ds_op = gl.convert_layout(ds, op_layout)
-    dk_tok = warpgroup_mma(ds_op, q_buf[0], dk, is_async=True)
-    mbarrier.wait(ds_free, (step & 1) ^ 1)
-    p_smem[1].store(p.to(dtype))
-    ds_smem.store(ds)
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(ds_bar, count=1)
-    dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
-    mbarrier.arrive(empty_bar.index(stage), count=1)
-    if DQ_BY_SECTION:
-        ds_t = ds_smem.permute((1, 0))
-        dq0_tok = warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
-        dq1_tok = warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
-                                is_async=True)
-        dq0, dq1 = warpgroup_mma_wait(0, deps=[dq0_tok, dq1_tok])
-        _wide_add_dq(args, DQAccum, step, (dq0, dq1), 0)
-    return dk, dv
-
-
-@gluon.jit
-def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr, P_EXCHANGE: gl.constexpr):
+def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
     """The S warpgroup (see the module's docstring): dK_j and dV_j's first head-dim section over
     every query step that sees the block, written once the dP warpgroup is past K (line 18)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
@@ -276,22 +225,12 @@ def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_BY_SECTION: gl.con
     mbarrier.wait(kv_bar, 0)
     for group in range(kv_group):
         if CAUSAL:  # a block as tall as a query step: each q head's first step crosses the diagonal
-            if P_EXCHANGE:
-                dk, dv = _wide_s_step(args, ctx, group * n_steps, dk, dv, DQAccum, True, DQ_BY_SECTION)
-                for i in range(1, n_steps):
-                    dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
-            else:
-                dk, dv = _wide_s_step_dpmd(args, ctx, group * n_steps, dk, dv, DQAccum, True, DQ_BY_SECTION)
-                for i in range(1, n_steps):
-                    dk, dv = _wide_s_step_dpmd(args, ctx, group * n_steps + i, dk, dv, DQAccum, False,
-                                               DQ_BY_SECTION)
+            dk, dv = _wide_s_step(args, ctx, group * n_steps, dk, dv, DQAccum, True, DQ_BY_SECTION)
+            for i in range(1, n_steps):
+                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
         else:
             for i in range(n_steps):
-                if P_EXCHANGE:
-                    dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
-                else:
-                    dk, dv = _wide_s_step_dpmd(args, ctx, group * n_steps + i, dk, dv, DQAccum, False,
-                                               DQ_BY_SECTION)
+                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)  # the dP warpgroup's last dQ matmul has read K
     # line 18: the first section of dK_j, dV_j, staged through its K and V tiles
@@ -396,66 +335,6 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_A
 
 
 @gluon.jit
-def _wide_dp_step_dpmd(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       DQ_BY_SECTION: gl.constexpr):
-    """The dP warpgroup's step as measured before P^T came to it (trial): dP^T - D_i handed over,
-    P^T and dS^T from the S warpgroup."""
-    dp_tok = _wide_dp_issue(args, ctx, step)
-    (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
-     p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
-     p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
-     softmax_scale, qk_scale, num_heads) = args
-    k_buf, v_buf, s_init, dq_init = ctx
-    BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
-    STAGES: gl.constexpr = q_smem[0].type.shape[0]
-    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
-    stage = step % STAGES
-    phase = (step // STAGES) & 1
-    q_buf = _at(q_smem, stage)
-    do_buf = _at(do_smem, stage)
-    delta = delta_smem.index(stage).load(s_layout)
-    dp = warpgroup_mma_wait(0, deps=[dp_tok])
-    mbarrier.wait(p_free, (step & 1) ^ 1)
-    p_smem[0].store(dp - delta)
-    gl.thread_barrier()
-    mbarrier.arrive(p_bar, count=1)
-    mbarrier.wait(q_bar.index(stage), phase)
-    mbarrier.wait(ds_bar, step & 1)
-    if not DQ_FIRST:
-        dv_tok = warpgroup_mma(p_smem[1], do_buf[1], dv, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
-    ds_t = ds_smem.permute((1, 0))
-    if DQ_BY_SECTION:
-        dq_toks = (warpgroup_mma(ds_t, k_buf[1].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True),
-                   warpgroup_mma(ds_t, k_buf[1].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
-                                 is_async=True))
-        FIRST_TILE: gl.constexpr = k_buf[0].type.shape[1] // DQ_COLS
-    else:
-        dq_toks = (warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True),
-                   warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
-                                 is_async=True),
-                   warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True))
-        FIRST_TILE: gl.constexpr = 0
-    if DQ_FIRST:
-        dv_tok = warpgroup_mma(p_smem[1], do_buf[1], dv, is_async=True)
-        dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
-        dq = warpgroup_mma_wait(2, deps=dq_toks)
-        _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE, DQ_ATOMIC)
-        dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
-        mbarrier.arrive(ds_free, count=1)
-        mbarrier.arrive(empty_bar.index(stage), count=1)
-    else:
-        done = warpgroup_mma_wait(0, deps=(dv_tok, dk_tok) + dq_toks)
-        dv = done[0]
-        dk = done[1]
-        dq = done[2:]
-        mbarrier.arrive(ds_free, count=1)
-        mbarrier.arrive(empty_bar.index(stage), count=1)
-        _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE, DQ_ATOMIC)
-    return dk, dv
-
-
-@gluon.jit
 def _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE: gl.constexpr, DQ_ATOMIC: gl.constexpr):
     """dQ_i's tiles `dq` of query step `step` (64 x 64 each, unscaled; the step's tiles from
     FIRST_TILE on) to the float32 accumulator: added from registers (DQ_ATOMIC, `_wide_add_dq`), or
@@ -549,7 +428,7 @@ def _wide_dq_writer_partition(args, DQ_ATOMIC: gl.constexpr):
 
 @gluon.jit
 def _wide_dp_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       DQ_BY_SECTION: gl.constexpr, P_EXCHANGE: gl.constexpr):
+                       DQ_BY_SECTION: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
     dQ (DQ_BY_SECTION: the second section's columns) over every query step that sees the block;
     the sections written once both warpgroups are past K (line 18). DQ_FIRST: each step's dQ_i
@@ -573,10 +452,7 @@ def _wide_dp_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_FIRST: gl.constex
     ctx = (k_buf, v_buf, s_init, dq_init)
     mbarrier.wait(kv_bar, 0)
     for step in range(n_steps * kv_group):
-        if P_EXCHANGE:
-            dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)
-        else:
-            dk, dv = _wide_dp_step_dpmd(args, ctx, step, dk, dv, DQAccum, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)
+        dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     k_buf[1].store((dk * softmax_scale).to(k_buf[1].dtype))
@@ -594,8 +470,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                                        DQAccum, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                       DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_BY_SECTION: gl.constexpr,
-                                       P_EXCHANGE: gl.constexpr):
+                                       DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup,
     the dP warpgroup and a dQ writer warp (the module's docstring). The arguments are bwd.py's
@@ -626,7 +501,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
     n_steps = (seqlen - first_m) // BLOCK_M
     (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar,
      ds_bar, p_free, ds_free, dq_free, done_bar) = _wide_shared_buffers(
-        q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, DQ_ATOMIC, P_EXCHANGE)
+        q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, DQ_ATOMIC)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)  # L_i and D_i per ring stage
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
@@ -634,8 +509,8 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
             ds_bar, p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
-        (_wide_s_partition, (args, DQAccum, CAUSAL, DQ_BY_SECTION, P_EXCHANGE)),
-        (_wide_dp_partition, (args, DQAccum, CAUSAL, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION, P_EXCHANGE)),
+        (_wide_s_partition, (args, DQAccum, CAUSAL, DQ_BY_SECTION)),
+        (_wide_dp_partition, (args, DQAccum, CAUSAL, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)),
         (_wide_load_partition, (args, CAUSAL)),
         (_wide_dq_writer_partition, (args, DQ_ATOMIC)),
     ], [4, 1, 1], [240, 24, 24])
