@@ -124,9 +124,6 @@ class BwdConfig:
     # staged and reduce-added while those run, faster or level than after them, which False keeps
     # (reports/h100/decisions/gluon_backward_dq_first_d192.csv; flash_attn_hopper.dq_first).
     hopper_gluon_dq_first: bool | None = None
-    # bwd_wide.py's dQ tiles (64 columns each) the S warpgroup computes and adds from registers,
-    # the dP warpgroup the rest (trial); None: flash_attn_hopper.wide_bwd_constexprs' (0 at 192, 2 at 256).
-    hopper_gluon_wide_s_dq_tiles: int | None = None
     # (batch, kv head) pairs in sections of at most this many, each section's key blocks launched
     # block-major (flash_attn_hopper.bwd_grid); "l2": as many as keep their Q, dO and dQ
     # accumulator within the L2 cache (FA4's head sections for its longest-first order); 1: each

@@ -175,7 +175,7 @@ def wide_bwd_sections(head_dim: int) -> tuple[int, int]:
     return (128, head_dim - 128)
 
 
-def wide_bwd_constexprs(head_dim: int, s_dq_tiles: int | None = None) -> dict:
+def wide_bwd_constexprs(head_dim: int) -> dict:
     """bwd_wide.py's DQ_ATOMIC and DQ_BY_SECTION at this head dim: dQ added from registers where its
     staging tiles (the head dim's 64 x 64 float32 tiles) do not fit shared memory beside K_j, V_j,
     the ring of BWD_STAGES Q_i and dO_i tiles, dP^T - D_i, P^T and dS^T (2 KiB left for L_i, D_i and
@@ -186,8 +186,7 @@ def wide_bwd_constexprs(head_dim: int, s_dq_tiles: int | None = None) -> dict:
     tiles = (2 + 2 * BWD_STAGES) * BWD_BLOCK_M * head_dim * 2 + BWD_BLOCK_M * BWD_BLOCK_M * (4 + 2 * 2)
     staging = BWD_BLOCK_M * head_dim * 4
     atomic = tiles + staging > SHARED_MEMORY_BYTES - 2048
-    by_section = 2 if atomic and first == tail else 0
-    return {"DQ_ATOMIC": atomic, "S_DQ_TILES": by_section if s_dq_tiles is None else s_dq_tiles}
+    return {"DQ_ATOMIC": atomic, "DQ_BY_SECTION": atomic and first == tail}
 
 
 def _backward_descriptors(describe, q, k, v, do, dk, dv, dq_accum) -> tuple[list, list, dict]:
@@ -537,7 +536,7 @@ def backward_dkdv_hopper_plan(q, k, v, do, dk, dv, dq_accum, causal: bool, confi
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_wide_launcher", grid,
                               {"STAGES": BWD_STAGES, "CAUSAL": causal, "num_warps": 4, "maxnreg": 168,
                                "DQ_FIRST": dq_first(config, kv_group, flags, headdim),
-                               **wide_bwd_constexprs(headdim, config.hopper_gluon_wide_s_dq_tiles)},
+                               **wide_bwd_constexprs(headdim)},
                               descriptors=descriptors)
     else:
         launch = DirectLaunch(sys.modules[__name__], "_bwd_dkdv_launcher", grid,

@@ -629,7 +629,7 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert len(wide_lines) == 6, report
     d192, d256 = wide_lines[:2] + wide_lines[4:], wide_lines[2:4]
     assert all("tma-reduce" in line and "spill stores 0 B" in line for line in d192), report
-    assert all("dq atomic, 2 dq tiles by the S warpgroup" in line and "tma-reduce" not in line for line in d256), report
+    assert all("dq atomic, dq by section" in line and "tma-reduce" not in line for line in d256), report
     assert all(int(re.search(r"spill stores (\d+) B", line).group(1)) <= 36 for line in d256), report
     assert ["dQ first" in line for line in wide_lines] == [True] * 4 + [False] * 2, report
     assert all(re.search(r"wait_group values 0 2( |$)", line) for line in wide_lines[:4]), report

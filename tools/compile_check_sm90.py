@@ -316,7 +316,7 @@ def hopper_gluon_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 12
 
 
 def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int = 192,
-                                 dq_first: bool | None = None, s_dq_tiles: int | None = None) -> str:
+                                 dq_first: bool | None = None) -> str:
     """The Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py: dQ fused, no feature)
     compiled for sm_90 as backward_dkdv_hopper_plan launches it, in the schedule the table's config
     gives it (flash_attn_hopper.dq_first) unless `dq_first` (its DQ_FIRST) is given."""
@@ -326,14 +326,13 @@ def hopper_gluon_wide_bwd_report(causal: bool, dtype: str = "bf16", headdim: int
         no_features = {name: False for name in hopper.GLUON_FEATURE_FLAGS}
         dq_first = hopper.dq_first(HOPPER_BWD_CONFIGS[padded_headdim(headdim)], 1, no_features, headdim)
     stats = f"tensordesc<fp32[1,{hopper.BWD_BLOCK_M}],{hopper._stats_layout()!r}>"
-    wide = hopper.wide_bwd_constexprs(headdim, s_dq_tiles)
+    wide = hopper.wide_bwd_constexprs(headdim)
     # the dQ accumulator's pointer where bwd.py's kernel takes dropout's seed
     signature = {**backward_section_signature(headdim, True, dtype), "LSE": stats, "Delta": stats,
                  "num_heads": "i32", "seqlen": "i32", "softmax_scale": "fp32", "qk_scale": "fp32",
                  **FWD_FEATURE_SIGNATURE, "DQAccum": "*fp32", "dropout_p": "fp32", "STAGES": "constexpr",
                  "CAUSAL": "constexpr", "DQ_FIRST": "constexpr", **dict.fromkeys(wide, "constexpr")}
-    label = (", dq atomic" if wide["DQ_ATOMIC"] else "") + (f", {wide['S_DQ_TILES']} dq tiles by the S warpgroup"
-                                                            if wide["S_DQ_TILES"] else "")
+    label = "".join(f", {name.lower().replace('_', ' ')}" for name, on in wide.items() if on)
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} fused dQ" + (", dQ first" if dq_first else "") + label,
                         hopper._flash_bwd_dkdv_hopper_wide_kernel, signature,
                         {"STAGES": hopper.BWD_STAGES, "CAUSAL": causal, "DQ_FIRST": dq_first, **wide})

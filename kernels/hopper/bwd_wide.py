@@ -74,8 +74,7 @@ from .shared import (
 
 
 @gluon.jit
-def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                         S_DQ_TILES: gl.constexpr):
+def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.constexpr, DQ_ATOMIC: gl.constexpr):
     """The kernel's shared memory: K_j and V_j (one block, each a tuple of head-dim sections), the
     ring of STAGES Q_i and dO_i tiles and their L_i and D_i rows, the exchange's buffers (P^T in
     float32, register order, for dS^T, and in the inputs' dtype for dV's matmul, a pair; dS^T) and
@@ -98,7 +97,7 @@ def _wide_shared_buffers(q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES: gl.co
     if DQ_ATOMIC:
         dq_smem = ds_smem  # not read
     else:
-        dq_smem = gl.allocate_shared_memory(gl.float32, [_head_dim(q_desc) // DQ_COLS - S_DQ_TILES, BLOCK_M, DQ_COLS],
+        dq_smem = gl.allocate_shared_memory(gl.float32, [_head_dim(q_desc) // DQ_COLS, BLOCK_M, DQ_COLS],
                                             dq_desc[0].layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -136,11 +135,11 @@ def _wide_load_partition(args, CAUSAL: gl.constexpr):
 
 
 @gluon.jit
-def _wide_s_step(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, S_DQ_TILES: gl.constexpr):
+def _wide_s_step(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
     """The S warpgroup's query step (lines 10-12 and 16 for Q_i, dO_i, P^T handed to the dP
     warpgroup and dS^T from it; DIAGONAL: the step's rows cross the block's diagonal, so P^T is
-    masked; S_DQ_TILES: line 15 for that many of dQ_i's first 64-column tiles too, added into
-    DQAccum from registers): returns dK_j, dV_j of the first head-dim section."""
+    masked; DQ_BY_SECTION: line 15 for the first section's dQ_i columns too, added into DQAccum
+    from registers): returns dK_j, dV_j of the first head-dim section."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
      p_smem, ds_smem, dq_smem, lse_smem, delta_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar, ds_bar,
      p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0, seqlen,
@@ -180,7 +179,7 @@ def _wide_s_step(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, S_DQ_
     # line 16 for the first section: dK_j += dS^T Q_i, dS^T from the dP warpgroup's shared memory
     mbarrier.wait(ds_bar, step & 1)
     dk_tok = warpgroup_mma(ds_smem, q_buf[0], dk, is_async=True)
-    if S_DQ_TILES == 2:
+    if DQ_BY_SECTION:
         # line 15 for the first section's columns
         ds_t = ds_smem.permute((1, 0))
         dv, dk, p_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op])
@@ -191,15 +190,6 @@ def _wide_s_step(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, S_DQ_
         mbarrier.arrive(ds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
         _wide_add_dq(args, DQAccum, step, (dq0, dq1), 0)
-    elif S_DQ_TILES == 1:
-        # line 15 for the first 64 columns
-        ds_t = ds_smem.permute((1, 0))
-        dv, dk, p_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op])
-        dq0_tok = warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True)
-        dq0 = warpgroup_mma_wait(0, deps=[dq0_tok])
-        mbarrier.arrive(ds_free, count=1)
-        mbarrier.arrive(empty_bar.index(stage), count=1)
-        _wide_add_dq(args, DQAccum, step, (dq0,), 0)
     else:
         dv, dk, p_op = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op])
         mbarrier.arrive(ds_free, count=1)
@@ -208,7 +198,7 @@ def _wide_s_step(args, ctx, step, dk, dv, DQAccum, DIAGONAL: gl.constexpr, S_DQ_
 
 
 @gluon.jit
-def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, S_DQ_TILES: gl.constexpr):
+def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
     """The S warpgroup (see the module's docstring): dK_j and dV_j's first head-dim section over
     every query step that sees the block, written once the dP warpgroup is past K (line 18)."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
@@ -227,7 +217,7 @@ def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, S_DQ_TILES: gl.conste
     dk = gl.zeros([BLOCK_N, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
     dv = gl.zeros([BLOCK_N, WIDTH], gl.float32, layout=_wgmma_layout(WIDTH))
     s_init = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=s_layout)
-    if S_DQ_TILES > 0:
+    if DQ_BY_SECTION:
         dq_init = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
     else:
         dq_init = s_init  # not read
@@ -235,12 +225,12 @@ def _wide_s_partition(args, DQAccum, CAUSAL: gl.constexpr, S_DQ_TILES: gl.conste
     mbarrier.wait(kv_bar, 0)
     for group in range(kv_group):
         if CAUSAL:  # a block as tall as a query step: each q head's first step crosses the diagonal
-            dk, dv = _wide_s_step(args, ctx, group * n_steps, dk, dv, DQAccum, True, S_DQ_TILES)
+            dk, dv = _wide_s_step(args, ctx, group * n_steps, dk, dv, DQAccum, True, DQ_BY_SECTION)
             for i in range(1, n_steps):
-                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, S_DQ_TILES)
+                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
         else:
             for i in range(n_steps):
-                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, S_DQ_TILES)
+                dk, dv = _wide_s_step(args, ctx, group * n_steps + i, dk, dv, DQAccum, False, DQ_BY_SECTION)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)  # the dP warpgroup's last dQ matmul has read K
     # line 18: the first section of dK_j, dV_j, staged through its K and V tiles
@@ -269,7 +259,7 @@ def _wide_dp_issue(args, ctx, step):
 
 @gluon.jit
 def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                  S_DQ_TILES: gl.constexpr):
+                  DQ_BY_SECTION: gl.constexpr):
     """The dP warpgroup's query step: line 13 (dP^T, `_wide_dp_issue`) and, with the S warpgroup's
     P^T, line 14 (dS^T, handed back through shared memory), then lines 12 and 16 for the second
     head-dim section (P^T and dS^T from its registers) and 15 (every dQ_i column, or with
@@ -309,19 +299,17 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_A
         dv_tok = warpgroup_mma(p_smem[1], do_buf[1], dv, is_async=True)
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
     ds_t = ds_smem.permute((1, 0))
-    if S_DQ_TILES == 2:  # the second section's columns (the S warpgroup adds the first's)
+    if DQ_BY_SECTION:  # the second section's columns (the S warpgroup adds the first's)
         dq_toks = (warpgroup_mma(ds_t, k_buf[1].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True),
                    warpgroup_mma(ds_t, k_buf[1].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
                                  is_async=True))
-    elif S_DQ_TILES == 1:  # all but the first 64 columns (the S warpgroup adds those)
-        dq_toks = (warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
-                                 is_async=True),
-                   warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True))
+        FIRST_TILE: gl.constexpr = k_buf[0].type.shape[1] // DQ_COLS
     else:
         dq_toks = (warpgroup_mma(ds_t, k_buf[0].slice(0, DQ_COLS, dim=1), dq_init, use_acc=False, is_async=True),
                    warpgroup_mma(ds_t, k_buf[0].slice(DQ_COLS, DQ_COLS, dim=1), dq_init, use_acc=False,
                                  is_async=True),
                    warpgroup_mma(ds_t, k_buf[1], dq_init, use_acc=False, is_async=True))
+        FIRST_TILE: gl.constexpr = 0
     if DQ_FIRST:
         # lines 12 and 16 after 15: dQ_i is staged for the writer warp (which reduce-adds it), or
         # added, while they run
@@ -329,7 +317,7 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_A
         dk_tok = warpgroup_mma(ds_smem, q_buf[1], dk, is_async=True)
         # a commit group per wgmma, completed in order: the 2 left in flight are dV's and dK's
         dq = warpgroup_mma_wait(2, deps=dq_toks)
-        _wide_write_dq(args, DQAccum, step, dq, S_DQ_TILES, DQ_ATOMIC)
+        _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE, DQ_ATOMIC)
         dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
         mbarrier.arrive(p_free, count=1)  # both P^T buffers: the second's last reader is dV's matmul
         mbarrier.arrive(ds_free, count=1)
@@ -342,7 +330,7 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_A
         mbarrier.arrive(p_free, count=1)
         mbarrier.arrive(ds_free, count=1)
         mbarrier.arrive(empty_bar.index(stage), count=1)
-        _wide_write_dq(args, DQAccum, step, dq, S_DQ_TILES, DQ_ATOMIC)
+        _wide_write_dq(args, DQAccum, step, dq, FIRST_TILE, DQ_ATOMIC)
     return dk, dv
 
 
@@ -411,7 +399,7 @@ def _wide_stage_dq(dq_smem, dq, dq_free, step):
 
 
 @gluon.jit
-def _wide_dq_writer_partition(args, DQ_ATOMIC: gl.constexpr, S_DQ_TILES: gl.constexpr):
+def _wide_dq_writer_partition(args, DQ_ATOMIC: gl.constexpr):
     """One warp, the dQ writer (bwd._bwd_dq_writer's role; idle with DQ_ATOMIC, where the
     warpgroups add dQ themselves): each query step's dQ_i tiles,
     once the dP warpgroup has staged them (_wide_stage_dq), added into the float32 accumulator
@@ -431,16 +419,16 @@ def _wide_dq_writer_partition(args, DQ_ATOMIC: gl.constexpr, S_DQ_TILES: gl.cons
                                               HEAD_DIM)
             tile = (row0 + m) // BLOCK_M * (num_heads * TILES) + q_col // DQ_COLS
             _dq_full(0, False, 1)
-            for i in gl.static_range(TILES - S_DQ_TILES):  # the dP warpgroup's
+            for i in gl.static_range(TILES):
                 box = _register_box(dq_smem.index(i), dq_desc[0])
-                _tma_reduce_add(dq_desc[0], [(tile + S_DQ_TILES + i) * DQ_REGISTER_BOX[0], 0], box)
+                _tma_reduce_add(dq_desc[0], [(tile + i) * DQ_REGISTER_BOX[0], 0], box)
             tma.store_wait(pendings=0)
             mbarrier.arrive(dq_free, count=1)
 
 
 @gluon.jit
 def _wide_dp_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr,
-                       S_DQ_TILES: gl.constexpr):
+                       DQ_BY_SECTION: gl.constexpr):
     """The dP warpgroup (see the module's docstring): dK_j and dV_j's second head-dim section and
     dQ (DQ_BY_SECTION: the second section's columns) over every query step that sees the block;
     the sections written once both warpgroups are past K (line 18). DQ_FIRST: each step's dQ_i
@@ -464,7 +452,7 @@ def _wide_dp_partition(args, DQAccum, CAUSAL: gl.constexpr, DQ_FIRST: gl.constex
     ctx = (k_buf, v_buf, s_init, dq_init)
     mbarrier.wait(kv_bar, 0)
     for step in range(n_steps * kv_group):
-        dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST, DQ_ATOMIC, S_DQ_TILES)
+        dk, dv = _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)
     mbarrier.arrive(done_bar, count=1)
     mbarrier.wait(done_bar, 0)
     k_buf[1].store((dk * softmax_scale).to(k_buf[1].dtype))
@@ -482,7 +470,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
                                        dq_tail_desc, LSE, Delta, num_heads, seqlen, softmax_scale, qk_scale,
                                        kv_group, window_left, window_right, softcap_log2, Alibi, stride_alibi_b,
                                        DQAccum, dropout_p, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                       DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr, S_DQ_TILES: gl.constexpr):
+                                       DQ_FIRST: gl.constexpr, DQ_ATOMIC: gl.constexpr, DQ_BY_SECTION: gl.constexpr):
     """One program per (batch, kv head, 64-key block) owns dK_j and dV_j and adds dQ (FA2 Alg. 2;
     placed by flash_attn_hopper.bwd_grid and bwd._bwd_program): a loader warp, the S warpgroup,
     the dP warpgroup and a dQ writer warp (the module's docstring). The arguments are bwd.py's
@@ -500,6 +488,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     gl.static_assert(BLOCK_M == BLOCK_N, "the causal mask takes each q head's first step as the diagonal one")
+    gl.static_assert(DQ_ATOMIC or not DQ_BY_SECTION, "the writer warp takes one warpgroup's staged dQ tiles")
     b, kv_head, start_n = _bwd_program(num_heads, kv_group, BLOCK_N)
     row0 = b * seqlen
     col0 = kv_head * HEAD_DIM
@@ -512,7 +501,7 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
     n_steps = (seqlen - first_m) // BLOCK_M
     (k_smem, v_smem, q_smem, do_smem, p_smem, ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, p_bar,
      ds_bar, p_free, ds_free, dq_free, done_bar) = _wide_shared_buffers(
-        q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, DQ_ATOMIC, S_DQ_TILES)
+        q_desc, k_desc, v_desc, do_desc, dq_desc, STAGES, DQ_ATOMIC)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], LSE.layout)  # L_i and D_i per ring stage
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], Delta.layout)
     args = (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, LSE, Delta, k_smem, v_smem, q_smem, do_smem,
@@ -520,8 +509,8 @@ def _flash_bwd_dkdv_hopper_wide_kernel(q_desc, k_desc, v_desc, do_desc, dk_desc,
             ds_bar, p_free, ds_free, dq_free, done_bar, row0, start_n, first_m, col0, q_col0, n_steps, kv_group, lse_row0,
             seqlen, softmax_scale, qk_scale, num_heads)
     gl.warp_specialize([
-        (_wide_s_partition, (args, DQAccum, CAUSAL, S_DQ_TILES)),
-        (_wide_dp_partition, (args, DQAccum, CAUSAL, DQ_FIRST, DQ_ATOMIC, S_DQ_TILES)),
+        (_wide_s_partition, (args, DQAccum, CAUSAL, DQ_BY_SECTION)),
+        (_wide_dp_partition, (args, DQAccum, CAUSAL, DQ_FIRST, DQ_ATOMIC, DQ_BY_SECTION)),
         (_wide_load_partition, (args, CAUSAL)),
-        (_wide_dq_writer_partition, (args, DQ_ATOMIC, S_DQ_TILES)),
+        (_wide_dq_writer_partition, (args, DQ_ATOMIC)),
     ], [4, 1, 1], [240, 24, 24])
