@@ -252,15 +252,18 @@ HOPPER_BWD_CONFIGS = {
     # head-dim-256 backward"; rows: reports/h200/decisions/query_major_backward_d256.csv).
     # Descriptor loads free the address registers that spilled (ptxas: no spills with them) and
     # took time off at 4k-16k (backward_descriptors_d256.csv); at head dims 128 and 64 the whole
-    # backward was slower with them, so those keep pointer loads. From 1024 keys both head dims
-    # this entry serves, 192 and 256, take the Gluon kernel for wide heads instead
-    # (kernels/hopper/bwd_wide.py, dQ fused), faster in the same process (docs/performance.md, "The
-    # Gluon backward at head dim 192" and "... at head dim 256"; rows:
-    # reports/h100/decisions/gluon_backward_d192.csv, gluon_backward_d256.csv); these tiles serve
-    # what it does not take (fewer keys, features, a deterministic backward).
+    # backward was slower with them, so those keep pointer loads. From 512 keys the Gluon kernel
+    # for wide heads takes the call instead (kernels/hopper/bwd_wide.py, dQ fused), faster in the
+    # same process at 512-8192 keys (docs/performance.md, "The Gluon backward at head dim 256"; rows:
+    # reports/h100/decisions/gluon_backward_d256.csv, gluon_backward_min_keys_d256.csv); these tiles
+    # serve what it does not take (fewer keys, features, a deterministic backward).
     256: BwdConfig(128, 64, 64, 32, 8, 1, dq_num_warps=4, dq_num_stages=3, query_major=True, tma=True,
-                   hopper_gluon_min_keys=1024, hopper_gluon_fused_dq=True, hopper_gluon_causal_head_section=1),
+                   hopper_gluon_min_keys=512, hopper_gluon_fused_dq=True, hopper_gluon_causal_head_section=1),
 }
+# Head dim 192 (padded to 256 above): the 256 entry, with the Gluon kernel for wide heads from 1024
+# keys, where at 512 it was slower without a causal mask (docs/performance.md, "The Gluon backward
+# at head dim 192"; rows: reports/h100/decisions/gluon_backward_d192.csv, gluon_backward_min_keys_d192.csv).
+HOPPER_BWD_CONFIGS[192] = dataclasses.replace(HOPPER_BWD_CONFIGS[256], hopper_gluon_min_keys=1024)
 # The backward of calls with a window (causal included), softcap, ALiBi, dropout or packed
 # variable lengths (kernels/backward_features.py), where it differs from HOPPER_BWD_CONFIGS. Head dim 128: the
 # table's 64x128 key-major dK/dV kernel, with the features' mask, tanh and keep tiles beside its
@@ -322,6 +325,12 @@ def takes_feature_tiles(flags: dict) -> bool:
     return any(flags.values()) and not flags["SOFTCAP"]
 
 
+def hopper_bwd_config(headdim: int) -> BwdConfig:
+    """HOPPER_BWD_CONFIGS' entry for this head dim: its own where the table has one (192), else its
+    padded head dim's."""
+    return HOPPER_BWD_CONFIGS.get(headdim) or HOPPER_BWD_CONFIGS[padded_headdim(headdim)]
+
+
 def default_bwd_config(headdim: int, device: torch.device, masked_features: bool = False) -> BwdConfig:
     """The backward's table entry; `masked_features`: a feature-kernel call with a window (causal
     included), softcap, ALiBi, dropout or packed variable lengths (HOPPER_FEATURE_BWD_CONFIGS
@@ -332,5 +341,5 @@ def default_bwd_config(headdim: int, device: torch.device, masked_features: bool
         padded = padded_headdim(headdim)
         if masked_features and padded in HOPPER_FEATURE_BWD_CONFIGS:
             return HOPPER_FEATURE_BWD_CONFIGS[padded]
-        return HOPPER_BWD_CONFIGS[padded]
+        return hopper_bwd_config(headdim)
     return GENERIC_BWD_CONFIG

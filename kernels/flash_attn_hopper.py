@@ -25,7 +25,7 @@ A dense call off the dense kernels' scope (lengths off the 128-row grid, fewer o
 than keys) runs these varlen kernels with each batch row a packed sequence
 (`dispatch.GluonPath.PACKED`).
 `backward.flash_attn_backward` takes the dK/dV kernels at head dims 64, 96, 128, 192 and 256
-(BWD_HEAD_DIMS; at 192 and 256 with GQA but no window, softcap or ALiBi) from 1k keys in the same scope
+(BWD_HEAD_DIMS; at 192 and 256 with GQA but no window, softcap or ALiBi) from 1k keys (64 and 256: 512) in the same scope
 (`dispatch.bwd_dkdv_path`), with dQ fused unless asked to be deterministic
 (`dispatch.bwd_gluon_fuses_dq`). Dropout's forward runs on the Triton kernels, its backward on
 the dense dK/dV kernel with dQ fused where BwdConfig.hopper_gluon_dropout asks (the table's at head

@@ -757,6 +757,12 @@ SECTIONS = {
     "gluon_backward_wide_exchange_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_wide_exchange.csv",
         "P^T to the dP warpgroup, which forms dS^T (the kept form)", "dP^T - D to the S warpgroup, which forms dS^T"),
+    "gluon_backward_min_keys_d256_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_min_keys_d256.csv", "Triton dK/dV, then Triton dQ (the table's when measured)",
+        "Gluon dK/dV for wide heads (hopper_gluon_min_keys 512)"),
+    "bwd_s_dq_tile_d192_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_s_dq_tile_d192.csv", "the dP warpgroup computing dQ (the kept form)",
+        "the S warpgroup computing dQ's first tile, from registers"),
     "gluon_fields": lambda: compare_configs_table(DECISIONS / "gluon_fields.csv"),
     "gluon_fields_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_fields.csv"),
     "fwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_launch_order.csv"),

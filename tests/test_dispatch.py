@@ -217,7 +217,7 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
 
     def bwd(shape, deterministic=False):
         q = torch.empty(*shape, dtype=torch.bfloat16)
-        config = HOPPER_BWD_CONFIGS[{96: 128, 192: 256}.get(shape[3], shape[3])]
+        config = configs.hopper_bwd_config(shape[3])
         return bwd_dkdv_path(config, q, q, q, q, deterministic=deterministic)
 
     assert bwd((2, 3000, 4, 128)) == GluonPath.PACKED
@@ -424,14 +424,16 @@ def test_dropout_takes_the_triton_forward_and_the_gluon_backward_where_the_confi
 
 
 @pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
-def test_hopper_backward_takes_the_gluon_dkdv_kernels_at_head_dims_64_to_256_from_1k_keys(hdim):
+def test_hopper_backward_takes_the_gluon_dkdv_kernels_at_head_dims_64_to_256_from_512_or_1k_keys(hdim):
     """The Hopper table's dK/dV kernel at the paper sweep's lengths: the Gluon ones at head dims 64
-    (from 512 keys), 96 (the head-dim-128 entry's), 128, 192 and 256 (the head-dim-256 entry's, the
-    kernel for wide heads) from 1024 keys, adding dQ themselves, the Triton one below that."""
-    config = HOPPER_BWD_CONFIGS[{96: 128, 192: 256}.get(hdim, hdim)]
+    and 256 (the kernel for wide heads) from 512 keys, 96 (the head-dim-128 entry's), 128 and 192
+    (the kernel for wide heads, its own entry) from 1024 keys, adding dQ themselves, the Triton one
+    below that."""
+    config = configs.hopper_bwd_config(hdim)
+    assert config is HOPPER_BWD_CONFIGS[{96: 128}.get(hdim, hdim)]
     for seqlen in (256, 512, 1024, 2048, 4096, 8192, 16384):
         q = torch.empty(16384 // seqlen, seqlen, max(2048 // hdim, 1), hdim, dtype=torch.bfloat16)
-        gluon = seqlen >= (512 if hdim == 64 else 1024)
+        gluon = seqlen >= (512 if hdim in (64, 256) else 1024)
         assert (bwd_dkdv_path(config, q, q, q, q) == GluonPath.DENSE) == gluon, seqlen
     # the Gluon kernel adds dQ itself (FA3's scheme) unless asked to be deterministic
     assert bwd_gluon_fuses_dq(config, hdim)
