@@ -763,6 +763,8 @@ SECTIONS = {
     "bwd_s_dq_tile_d192_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_s_dq_tile_d192.csv", "the dP warpgroup computing dQ (the kept form)",
         "the S warpgroup computing dQ's first tile, from registers"),
+    "gluon_backward_wide_fields_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_wide_fields.csv"),
     "gluon_fields": lambda: compare_configs_table(DECISIONS / "gluon_fields.csv"),
     "gluon_fields_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_fields.csv"),
     "fwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_launch_order.csv"),
