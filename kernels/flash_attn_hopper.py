@@ -178,7 +178,7 @@ def wide_bwd_sections(head_dim: int) -> tuple[int, int]:
 def wide_bwd_constexprs(head_dim: int) -> dict:
     """bwd_wide.py's DQ_ATOMIC and DQ_BY_SECTION at this head dim: dQ added from registers where its
     staging tiles (the head dim's 64 x 64 float32 tiles) do not fit shared memory beside K_j, V_j,
-    the ring of BWD_STAGES Q_i and dO_i tiles, dP^T - D_i, P^T and dS^T (2 KiB left for L_i, D_i and
+    the ring of BWD_STAGES Q_i and dO_i tiles, P^T (float32 and 16-bit) and dS^T (2 KiB left for L_i, D_i and
     the mbarriers): 256, not 192; and each warpgroup computing dQ's columns of its own section where
     the sections are equal (256), so that both do half of a step's matmul work (at 192 the dP
     warpgroup computes them all: 7 / 15 against 8 / 15, where by section it would be 9 against 6)."""
@@ -478,9 +478,10 @@ def bwd_grid(n_blocks: int, pairs: int, kv_group: int, seqlen_q: int, headdim: i
 def dq_first(config: BwdConfig, kv_group: int, flags: dict, headdim: int = 128) -> bool:
     """Whether the fused dQ's matmul goes before dK's (the dK/dV kernels' DQ_FIRST): never at head
     dims 64 and 96, where the consumers compute dQ in turns (bwd._dq_in_turns) after dK; at the wide
-    head dims (WIDE_BWD_HEAD_DIMS: 192, bwd_wide.py, where the dP warpgroup then issues dQ's
-    matmuls before dV's and dK's and stages dQ while they run) unless config.hopper_gluon_dq_first
-    is False: faster or level there (gluon_backward_dq_first_d192.csv); at 128 as config.hopper_gluon_dq_first says,
+    head dims (WIDE_BWD_HEAD_DIMS: 192 and 256, bwd_wide.py, where the dP warpgroup then issues
+    dQ's matmuls before dV's and dK's and writes dQ out while they run) unless
+    config.hopper_gluon_dq_first is False: faster or level there (gluon_backward_dq_first_d192.csv,
+    gluon_backward_wide_fields.csv); at 128 as config.hopper_gluon_dq_first says,
     or where it is None with GQA/MQA, a window or ALiBi, where it measured faster; dense MHA
     measured level or slower (docs/performance.md)."""
     if headdim in WIDE_BWD_HEAD_DIMS:

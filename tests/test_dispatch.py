@@ -730,8 +730,8 @@ def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster():
     """flash_attn_hopper.dq_first, the Gluon backward's schedule rule (docs/performance.md, "The
     Gluon backward's schedule"), the table's hopper_gluon_dq_first None: with GQA/MQA, a window or
     ALiBi; not for dense MHA or softcap alone; a config's True or False forces it either way, but
-    at head dim 64. At head dim 192 (bwd_wide.py) None puts it first too, with GQA or not; only a
-    config's False keeps dQ after dV and dK there."""
+    at head dim 64. At head dims 192 and 256 (bwd_wide.py) None puts it first too, with GQA or not;
+    only a config's False keeps dQ after dV and dK there."""
     from kernels import flash_attn_hopper as hopper
 
     def flags(**on):
@@ -748,10 +748,23 @@ def test_the_fused_dq_goes_before_dk_only_where_it_measured_faster():
     assert hopper.dq_first(forced, 4, flags(WINDOW=True), 128) and not hopper.dq_first(forced, 4, flags(), 64)
     assert hopper.dq_first(dataclasses.replace(table, hopper_gluon_dq_first=True), 1, flags())
     assert not hopper.dq_first(dataclasses.replace(table, hopper_gluon_dq_first=False), 4, flags(WINDOW=True))
-    wide = HOPPER_BWD_CONFIGS[256]  # head dim 192's entry
-    assert wide.hopper_gluon_dq_first is None and hopper.dq_first(wide, 4, flags(), 192)
-    assert hopper.dq_first(dataclasses.replace(wide, hopper_gluon_dq_first=True), 1, flags(), 192)
-    assert not hopper.dq_first(dataclasses.replace(wide, hopper_gluon_dq_first=False), 4, flags(), 192)
+    for headdim in (192, 256):
+        wide = HOPPER_BWD_CONFIGS[headdim]
+        assert wide.hopper_gluon_dq_first is None and hopper.dq_first(wide, 4, flags(), headdim)
+        assert hopper.dq_first(wide, 1, flags(), headdim)
+        assert not hopper.dq_first(dataclasses.replace(wide, hopper_gluon_dq_first=False), 4, flags(), headdim)
+
+
+def test_the_wide_backward_adds_dq_from_registers_and_by_section_at_256_only():
+    """flash_attn_hopper.wide_bwd_constexprs: at 192 (128 + 64) dQ's three staging tiles fit shared
+    memory beside the rest and the dP warpgroup computes all of dQ; at 256 (128 + 128) the four do
+    not, so each warpgroup adds its tiles from registers, and each computes its own section's
+    columns (10 and 10 of a step's 20 matmul units)."""
+    from kernels import flash_attn_hopper as hopper
+
+    assert hopper.wide_bwd_sections(192) == (128, 64) and hopper.wide_bwd_sections(256) == (128, 128)
+    assert hopper.wide_bwd_constexprs(192) == {"DQ_ATOMIC": False, "DQ_BY_SECTION": False}
+    assert hopper.wide_bwd_constexprs(256) == {"DQ_ATOMIC": True, "DQ_BY_SECTION": True}
 
 
 def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch):

@@ -426,7 +426,7 @@ def test_gpu_gluon_backward_at_head_dims_192_and_256(headdim, batch, seqlen, hea
     """Head dims 192 and 256 on the Gluon dK/dV kernel for wide heads (kernels/hopper/bwd_wide.py:
     64-key blocks, one warpgroup computing S and the first head-dim section of dK and dV, the other
     dP, the second section and dQ (at 256 each warpgroup dQ's columns of its own section, added
-    from registers), exchanging dP^T - D, P^T and dS^T through shared memory), dense and GQA/MQA,
+    from registers), exchanging P^T and dS^T through shared memory), dense and GQA/MQA,
     against float64, on that kernel (asserted); a deterministic backward keeps the Triton kernels.
     Both orders of the dP warpgroup: the table's (BwdConfig.hopper_gluon_dq_first None: dQ's
     matmuls first, its tiles written out under dV's and dK's) and dQ after them."""

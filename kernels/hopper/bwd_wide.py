@@ -18,8 +18,9 @@ flash_attn_hopper.wide_bwd_sections):
   section, the S warpgroup those of the first, so that each does ten twentieths of the step's
   matmul work (else the dP warpgroup's twelve would set the pace).
 
-So the dP warpgroup, whose chain of matmuls is the longer, waits in a step only for P^T, which the
-S warpgroup forms while dP^T is computed, not for the other's arithmetic on its own result (with
+So the dP warpgroup, whose chain of matmuls is the longer, waits in a step for P^T, which the S
+warpgroup forms while dP^T is computed (and for the previous step's dS^T to have been read), not
+for the other's arithmetic on its own result (with
 dP^T - D_i handed over and dS^T formed by the S warpgroup it was level or slower at every shape
 measured: docs/performance.md, "The Gluon backward at head dim 192").
 
@@ -35,7 +36,7 @@ the step's matmul work (each of the five matmuls is three). A pair of buffers ca
 in the warpgroup's register order, for dS^T; the inputs' dtype, for dV's matmul) and one dS^T
 (the inputs' dtype) between them, each with an mbarrier that says it is full and one that says it
 has been read (dS^T by both warpgroups). K_j and V_j (64 keys, loaded once) and a ring of 2 Q_i and dO_i
-tiles stream as in bwd.py; shared memory holds 225 KiB at both head dims.
+tiles stream as in bwd.py; shared memory holds about 226 KiB at both head dims.
 
 The host side (descriptors, grid, plans) is kernels/flash_attn_hopper.py.
 """
@@ -262,7 +263,7 @@ def _wide_dp_step(args, ctx, step, dk, dv, DQAccum, DQ_FIRST: gl.constexpr, DQ_A
                   DQ_BY_SECTION: gl.constexpr):
     """The dP warpgroup's query step: line 13 (dP^T, `_wide_dp_issue`) and, with the S warpgroup's
     P^T, line 14 (dS^T, handed back through shared memory), then lines 12 and 16 for the second
-    head-dim section (P^T and dS^T from its registers) and 15 (every dQ_i column, or with
+    head-dim section (P^T and dS^T from shared memory) and 15 (every dQ_i column, or with
     DQ_BY_SECTION the second section's), in the order `_wide_dp_partition`'s DQ_FIRST says; dQ_i
     staged for the writer warp, or (DQ_ATOMIC) added into DQAccum from registers (`_wide_add_dq`).
     Returns dK_j, dV_j of the second section."""
