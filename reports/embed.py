@@ -582,7 +582,8 @@ def compare_configs_table(path: Path, a_label: str | None = None, b_label: str |
     them each run is a line of its own that names its configs' fields (a file of several fields
     compared against the table, several of them on one shape)."""
     rows = pd.read_csv(path, keep_default_na=False)
-    shape = ["call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "dtype"]
+    shape = ["call", "batch", "seqlen", *(["seqlen_k"] if "seqlen_k" in rows else []), "lengths", "heads", "kv_heads",
+             "headdim", "causal", "dtype"]
     shape += [column for column in ("window", "dropout_p") if column in rows]
     per_run = a_label is None or b_label is None
     key = shape + (["timestamp"] if per_run else [])  # a compare_configs.py run's rows share its timestamp
@@ -600,6 +601,8 @@ def compare_configs_table(path: Path, a_label: str | None = None, b_label: str |
     for index, ms in medians.sort_index(level=["causal", "seqlen"], sort_remaining=False).iterrows():
         row = dict(zip(key, index))
         size = f"{row['batch']} sequences: {row['lengths']}" if row["lengths"] else f"{row['batch']} x {row['seqlen']}"
+        if row.get("seqlen_k") and row["seqlen_k"] != row["seqlen"]:  # keys of another length (--seqlen-k)
+            size += f" q, {row['seqlen_k']} k"
         if checked.get(index, ""):
             size += f" (checked on {checked[index]})"
         heads = f"{row['heads']}" + (f" ({row['kv_heads']})" if row["kv_heads"] != row["heads"] else "")

@@ -90,6 +90,28 @@ def test_a_windowed_call_is_checked_and_timed(tmp_path):
             compare_configs.main(["--call", "fwd", "--shape", "1,48,2,32", *bad, "--out", str(tmp_path / "x.csv")])
 
 
+def test_a_call_with_more_keys_than_queries_is_checked_and_timed(tmp_path, capsys, monkeypatch):
+    """--seqlen-k: keys of another length than the queries (cross-attention, a chunk of queries
+    against a longer cache; causal aligned bottom-right): the call and both references take them
+    (a config that ignored the extra keys would be off them), the rows carry seqlen_k and the
+    generated table names both lengths; packed lengths refuse it."""
+    from reports import embed
+
+    out = compare_configs.main(["--call", "fwd_bwd", "--shape", "1,40,2,32", "--seqlen-k", "72", "--causal",
+                                "--dtype", "fp16", "--b", "block_m=16", "--rounds", "1",
+                                "--out", str(tmp_path / "rows.csv")])
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [row["config"] for row in rows] == ["A", "B"]
+    assert all(row["seqlen"] == "40" and row["seqlen_k"] == "72" for row in rows)
+    assert "keys 72" in capsys.readouterr().out
+    monkeypatch.setattr(embed, "_repository_path", lambda p: p.name)  # rows outside the repository
+    assert "| fwd_bwd | 1 x 40 q, 72 k | 2 | 32 | True |" in embed.compare_configs_table(out, "a", "b")
+    for bad in (["--seqlen-k", "-1"], ["--seqlen-k", "72", "--lengths", "40,70"]):
+        with pytest.raises(SystemExit):
+            compare_configs.main(["--call", "fwd", "--shape", "1,40,2,32", *bad, "--out", str(tmp_path / "x.csv")])
+
+
 @pytest.mark.parametrize("fields,call,message", [
     ("blok_m=64", "fwd", "unknown config field 'blok_m'"),
     ("block_m1=64", "fwd", "unknown config field 'block_m1'"),  # a BwdConfig field, for the forward
@@ -138,6 +160,7 @@ def test_a_config_off_the_reference_is_not_timed():
     own fp16 error against float64."""
     class Args:
         shape, kv_heads, dtype, causal, lengths, dropout, window = (1, 32, 2, 32), 0, "fp16", False, None, 0.0, (-1, -1)
+        seqlen_k = 0
 
     call = compare_configs.Call(Args, torch.device("cpu"))
     fwd, bwd = compare_configs.make_configs({"fwd": {}, "bwd": {}}, 32, False, torch.device("cpu"))

@@ -20,6 +20,7 @@ such a call takes.
     python tools/compare_configs.py --call bwd --shape 8,0,16,128 --lengths 8192,512,512,512 --causal \\
         --a hopper_gluon_varlen_grid=longest --b hopper_gluon_varlen_grid=packed
     python tools/compare_configs.py --call bwd --shape 4,2048,16,128 --causal --dropout 0.1 --a bwd.hopper_gluon_dropout=False
+    python tools/compare_configs.py --call bwd --shape 8,2048,16,128 --seqlen-k 8192 --causal --b hopper_gluon_varlen_grid=longest
 
 Several comparisons in one process: `--plan FILE`, one comparison's arguments a line (blank lines
 and `#` comments aside), each after the arguments given beside --plan (e.g. `--rounds 3`); a line
@@ -30,7 +31,7 @@ on; the tool then exits 1, naming each failed line.
     python tools/compare_configs.py --plan plan.txt --rounds 3 --out results/compare.csv
 
 --shape is batch,seqlen,heads,headdim (with --lengths, the packed sequences' lengths, batch and
-seqlen are ignored). With --dropout (dense calls) the check runs each config under one seed and
+seqlen are ignored; with --seqlen-k, seqlen is the queries' and the keys' differ). With --dropout (dense calls) the check runs each config under one seed and
 compares with the references under that call's keep-mask (`return_attn_probs`). In a field list (comma-separated name=value), a name both configs have
 (hopper_gluon_min_keys) takes a `fwd.` or `bwd.` prefix. On a CPU (Triton's interpreter) the
 tool runs end to end, but its times say nothing of a GPU.
@@ -65,7 +66,7 @@ from kernels.configs import default_bwd_config, default_fwd_config, takes_featur
 CALLS = ("fwd", "bwd", "fwd_bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # checked_shape: the (batch, heads) the float64 check ran on where it was not the whole call ('' where it was)
-COLUMNS = ("tool", "call", "batch", "seqlen", "lengths", "heads", "kv_heads", "headdim", "causal", "window", "dropout_p",
+COLUMNS = ("tool", "call", "batch", "seqlen", "seqlen_k", "lengths", "heads", "kv_heads", "headdim", "causal", "window", "dropout_p",
            "dtype", "config", "fields", "round", "ms", "p20_ms", "p80_ms", "sm_clock_mhz", "checked_shape",
            *ROW_ENV_COLUMNS)
 
@@ -145,7 +146,9 @@ class Call:
             self.cu = torch.tensor([0, *torch.tensor(args.lengths).cumsum(0).tolist()], dtype=torch.int32,
                                    device=device)
         else:
-            self.q, self.k, self.v = (randn(batch, seqlen, h, headdim) for h in (heads, kv_heads, kv_heads))
+            seqlen_k = args.seqlen_k or seqlen
+            self.q = randn(batch, seqlen, heads, headdim)
+            self.k, self.v = (randn(batch, seqlen_k, kv_heads, headdim) for _ in range(2))
         self.dout = torch.randn(self.q.shape, generator=generator).to(device=device, dtype=dtype)
 
     def run(self, fwd: FwdConfig, bwd: BwdConfig, q=None, k=None, v=None, probs: bool = False):
@@ -215,7 +218,8 @@ def checked_args(args: argparse.Namespace) -> argparse.Namespace:
     batch, seqlen, heads, headdim = args.shape
     kv_heads = args.kv_heads or heads
     group = heads // kv_heads
-    fit = REFERENCE_BYTES // (SCORE_TENSORS * 8 * max(seqlen, 1) ** 2)
+    seqlen_k = getattr(args, "seqlen_k", 0) or seqlen
+    fit = REFERENCE_BYTES // (SCORE_TENSORS * 8 * max(seqlen, 1) * max(seqlen_k, 1))
     if batch * heads <= fit:
         return args
     kv = max(1, min(kv_heads, fit // group))
@@ -247,6 +251,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--plan", type=Path, metavar="FILE",
                         help="several comparisons in this process: one comparison's arguments a line")
     parser.add_argument("--kv-heads", type=int, default=0, help="GQA/MQA: kv heads (default: as many as q heads)")
+    parser.add_argument("--seqlen-k", type=int, default=0, metavar="K",
+                        help="keys per batch row where they differ from the queries (dense calls: cross-attention, "
+                             "a chunk of queries against a longer cache; causal aligned bottom-right, as flash-attn "
+                             "aligns it); default: seqlen")
     parser.add_argument("--lengths", type=lambda text: [int(x) for x in text.split(",")], default=None,
                         help="packed variable lengths (flash_attn_varlen_func), comma-separated")
     parser.add_argument("--causal", action="store_true")
@@ -267,6 +275,9 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--shape takes batch,seqlen,heads,headdim, got {args.shape}")
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.seqlen_k < 0 or (args.seqlen_k and args.lengths):
+        parser.error(f"--seqlen-k takes a key count for dense calls, got {args.seqlen_k}"
+                     + (" with --lengths" if args.lengths else ""))
     if not 0.0 <= args.dropout < 1.0 or (args.dropout and args.lengths):
         parser.error(f"--dropout takes a probability in [0, 1) for dense calls, got {args.dropout}"
                      + (" with --lengths" if args.lengths else ""))
@@ -279,7 +290,9 @@ def main(argv: list[str] | None = None) -> Path:
     headdim = args.shape[3]
     # kernels/backward.py: dropout, packed lengths and GQA take the feature kernels; their tiles by the
     # constexprs this tool's calls can have (feature_args': causal is a window)
-    feature_call = bool(args.dropout or args.lengths or windowed or (args.kv_heads and args.kv_heads != args.shape[2]))
+    cross = bool(args.seqlen_k) and args.seqlen_k != args.shape[1]  # unequal lengths: the features' kernels, too
+    feature_call = bool(args.dropout or args.lengths or windowed or cross
+                        or (args.kv_heads and args.kv_heads != args.shape[2]))
     flags = {"WINDOW": args.causal or windowed, "SOFTCAP": False, "ALIBI": False, "DROPOUT": bool(args.dropout),
              "VARLEN": bool(args.lengths)}
     feature_tiles = feature_call and takes_feature_tiles(flags)
@@ -309,6 +322,7 @@ def main(argv: list[str] | None = None) -> Path:
         env = out.env
         common = {"tool": "tools/compare_configs.py", "call": args.call,
                   "batch": len(args.lengths) if args.lengths else batch, "seqlen": 0 if args.lengths else seqlen,
+                  "seqlen_k": 0 if args.lengths else args.seqlen_k or seqlen,
                   "lengths": " ".join(map(str, args.lengths or ())), "heads": heads,
                   "kv_heads": args.kv_heads or heads, "headdim": headdim, "causal": args.causal,
                   "window": ",".join(map(str, args.window)) if windowed else "",
@@ -323,7 +337,7 @@ def main(argv: list[str] | None = None) -> Path:
                 out.write(row)
                 rows.append(row)
     medians = {label: statistics.median(r["ms"] for r in rows if r["config"] == label) for label in ("A", "B")}
-    print(f"{args.call} {args.shape} causal={args.causal} {args.dtype}"
+    print(f"{args.call} {args.shape}{f' keys {args.seqlen_k}' if cross else ''} causal={args.causal} {args.dtype}"
           f"{f' dropout {args.dropout}' if args.dropout else ''}{f' window {args.window}' if windowed else ''} on {env['gpu'] or device.type}, "
           f"{args.rounds} interleaved rounds (median ms):")
     clocks = {label: [r["sm_clock_mhz"] for r in rows if r["config"] == label and not math.isnan(r["sm_clock_mhz"])]
