@@ -768,6 +768,8 @@ SECTIONS = {
         "the S warpgroup computing dQ's first tile, from registers"),
     "gluon_backward_wide_fields_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_wide_fields.csv"),
+    "gluon_backward_cross_fields_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_cross_fields.csv"),
     "gluon_fields": lambda: compare_configs_table(DECISIONS / "gluon_fields.csv"),
     "gluon_fields_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_fields.csv"),
     "fwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_launch_order.csv"),
