@@ -20,9 +20,9 @@ flash_attn_hopper.wide_bwd_sections):
 
 So the dP warpgroup, whose chain of matmuls is the longer, waits in a step for P^T, which the S
 warpgroup forms while dP^T is computed (and for the previous step's dS^T to have been read), not
-for the other's arithmetic on its own result (with
-dP^T - D_i handed over and dS^T formed by the S warpgroup it was level or slower at every shape
-measured: docs/performance.md, "The Gluon backward at head dim 192").
+for the other's arithmetic on its own result (with dP^T - D_i handed over and dS^T formed by the
+S warpgroup it was level or slower at every shape measured: docs/performance.md, "The Gluon
+backward at head dim 192").
 
 dQ goes to the float32 accumulator: at 192 staged in shared memory for a dQ writer warp that
 issues their TMA reduce-adds, as in bwd.py: once dV's and dK's matmuls have finished too, or
