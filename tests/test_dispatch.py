@@ -940,6 +940,19 @@ def test_the_register_order_dq_tile_lays_each_threads_registers_side_by_side():
     assert [list(b) for b in DQ_TILE_BASES] == [list(b) for b in expected]
 
 
+def test_the_register_add_path_inverts_the_dq_tile_order():
+    """hopper/shared.py's _dq_tile_offsets (the offsets bwd_wide.py adds dQ at from registers) sends
+    each (row, column) of a 64 x 64 tile to the offset whose set bits' DQ_TILE_BASES reach it: the
+    same order the writer warp's reduce-adds and dq_cast.py read."""
+    from kernels.hopper.shared import DQ_TILE_BASES, _dq_tile_offsets
+
+    for offset in range(64 * 64):
+        row = sum(r for bit, (r, _) in enumerate(DQ_TILE_BASES) if offset >> bit & 1)
+        col = sum(c for bit, (_, c) in enumerate(DQ_TILE_BASES) if offset >> bit & 1)
+        row_off, col_off = _dq_tile_offsets.fn(row, col)
+        assert row_off + col_off == offset, (offset, row, col)
+
+
 def _register_order(dq: torch.Tensor, tile_cols: int = 64) -> torch.Tensor:
     """dq (batch, seqlen, heads, head dim) as the register-order accumulator holds it, built from
     DQ_TILE_BASES alone: tiles of the (batch x seqlen, heads x head dim) view's 64 x tile_cols

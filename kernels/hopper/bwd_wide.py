@@ -67,6 +67,7 @@ from .shared import (
     DQ_REGISTER_TILE,
     _allocate_sections,
     _at,
+    _dq_tile_offsets,
     _head_dim,
     _load_sections,
     _tma_reduce_add,
@@ -368,11 +369,8 @@ def _wide_add_dq(args, DQAccum, step, dq, FIRST_TILE: gl.constexpr):
     layout: gl.constexpr = dq[0].type.layout
     m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, lse_row0, seqlen, kv_group, BLOCK_M, HEAD_DIM)
     tile = (row0 + m) // BLOCK_M * (num_heads * TILES) + q_col // DQ_COLS + FIRST_TILE
-    # (row, column) -> offset in the tile: DQ_TILE_BASES inverted
-    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, layout))
-    row_offs = ((rows >> 3) & 1) * 2 + (rows & 7) * 16 + (rows >> 4) * 128
-    col_offs = (cols & 1) + ((cols >> 1) & 3) * 4 + (cols >> 3) * 512
+    row_offs, col_offs = _dq_tile_offsets(gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout)),
+                                          gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, layout)))
     offs = row_offs[:, None] + col_offs[None, :]
     for i in gl.static_range(len(dq)):
         # addresses as integers, the values' bits as int32: the assembly's operands are all integers

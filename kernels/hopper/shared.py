@@ -52,6 +52,16 @@ DQ_TAIL_REGISTER_TILE: gl.constexpr = gl.SharedLinearLayout(
     offset_bases=[[row, col] for row, col in DQ_TILE_BASES[:-1]])
 
 
+@gluon.jit
+def _dq_tile_offsets(rows, cols):
+    """DQ_TILE_BASES inverted: the offsets in a 64 x 64 register-order tile of rows `rows` and of
+    columns `cols` (to be added: row + column), for dQ added from registers (bwd_wide._wide_add_dq).
+    Plain integer arithmetic, so the CPU tests check it on Python ints against DQ_TILE_BASES."""
+    row_offs = ((rows >> 3) & 1) * 2 + (rows & 7) * 16 + (rows >> 4) * 128
+    col_offs = (cols & 1) + ((cols >> 1) & 3) * 4 + (cols >> 3) * 512
+    return row_offs, col_offs
+
+
 @gluon.constexpr_function
 def _wgmma_layout(cols):
     """The layout of a wgmma accumulator `cols` wide held by one warpgroup (its 4 warps split the rows)."""
