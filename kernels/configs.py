@@ -113,16 +113,18 @@ class BwdConfig:
     # fused_dq_min_rows.
     hopper_gluon_min_keys: int = 0
     # Whether that Gluon kernel also adds dQ (FA3's scheme: TMA reduce-adds into a float32
-    # accumulator, so the sum's order varies between runs), at head dims 64 to 192, unless
+    # accumulator, at head dim 256 reductions from registers, so the sum's order varies between
+    # runs), at head dims 64 to 256, unless
     # flash_attn_backward is asked to be deterministic; the dQ kernel then does not run.
     hopper_gluon_fused_dq: bool = False
     # That kernel's schedule and launch order (kernels/flash_attn_hopper.py): the fused dQ's matmul
     # issued before dK's (True), after (False), or None: before with GQA/MQA, a window or ALiBi,
     # where it measured faster, after for dense MHA, where it measured level or slower. Head dims
-    # 64 and 96 ignore it: their consumers take turns and compute dQ after dK. At head dim 192
-    # (kernels/hopper/bwd_wide.py) True or None issues dQ's matmuls before dV's and dK's, its tiles
-    # staged and reduce-added while those run, faster or level than after them, which False keeps
-    # (reports/h100/decisions/gluon_backward_dq_first_d192.csv; flash_attn_hopper.dq_first).
+    # 64 and 96 ignore it: their consumers take turns and compute dQ after dK. At head dims 192 and
+    # 256 (kernels/hopper/bwd_wide.py) True or None issues dQ's matmuls before dV's and dK's, its
+    # tiles written out while those run, faster or level than after them at 192 and faster at 256,
+    # which False keeps (reports/h100/decisions/gluon_backward_dq_first_d192.csv,
+    # gluon_backward_wide_fields.csv; flash_attn_hopper.dq_first).
     hopper_gluon_dq_first: bool | None = None
     # (batch, kv head) pairs in sections of at most this many, each section's key blocks launched
     # block-major (flash_attn_hopper.bwd_grid); "l2": as many as keep their Q, dO and dQ
@@ -132,8 +134,8 @@ class BwdConfig:
     # causal mask, hopper_gluon_causal_head_section causal ones. Without the mask 1 (or 4: at 96
     # only 4 was timed) measured faster than "l2" at head dims 64 to 192 (most at 192 with 2k keys,
     # level at 192 with 8k); causal, level or slower at 64 and 128 and faster at 192, which the
-    # table gives 1 (docs/performance.md,
-    # "Launch order"; reports/h100/decisions/gluon_backward_launch_order.csv).
+    # table gives 1, as 256 (faster than "l2" at 8k keys causal there: gluon_backward_wide_fields.csv)
+    # (docs/performance.md, "Launch order"; reports/h100/decisions/gluon_backward_launch_order.csv).
     hopper_gluon_head_section: int | str = 1
     hopper_gluon_causal_head_section: int | str = "l2"
     # The packed-sequence kernel's key blocks: "longest" (every sequence given the longest one's),
