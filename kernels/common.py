@@ -112,6 +112,15 @@ def l2_cache_bytes(device_index: int) -> int:
     return int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 50 << 20))
 
 
+@functools.cache
+def sm_count(device_index: int) -> int:
+    """The streaming multiprocessors of CUDA device `device_index`; without a CUDA device (a launch
+    recorded on the CPU): 132 (the H100 SXM's and the H200's)."""
+    if not torch.cuda.is_available():
+        return 132
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def interpreter_enabled() -> bool:
     """Whether Triton's CPU interpreter runs the kernels (TRITON_INTERPRET=1)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -45,7 +45,7 @@ import triton
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .common import l2_cache_bytes
+from .common import l2_cache_bytes, sm_count
 from .configs import BwdConfig
 from .hopper.bwd import _flash_bwd_dkdv_hopper_kernel
 from .hopper.bwd_varlen import _flash_bwd_dkdv_hopper_varlen_kernel
@@ -216,19 +216,21 @@ _fwd_launcher = CachedLauncher(_flash_fwd_hopper_kernel)  # kernels/launch.py
 _fwd_varlen_launcher = CachedLauncher(_flash_fwd_hopper_varlen_kernel)
 
 
-def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_m: int = BLOCK_M) -> tuple[int, int]:
+def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_m: int = BLOCK_M,
+                   q_buffers: int = 1) -> tuple[int, int]:
     """The K and V blocks in flight (STAGES, V_STAGES) of the forward at this head dim and block_n
-    keys a block: STAGES of each where they fit beside Q's [block_m, head dim] tile (and, with
-    `alibi_tile`, ALiBi's [block_n, 16] key tile: `_alibi_by_matmul`) in SHARED_MEMORY_BYTES, less
-    a margin for the mbarriers; else one V block fewer, then one K block fewer, in turn (FA3 sizes
-    its forward tiles to the same limit). At head dim 128 with 128 keys a block: 3 and 3 (224 KiB),
-    2 V blocks with ALiBi's tile; at 256 with 64 keys: 3 and 2. Refuses fewer than 2 K blocks: with
-    one, K_{j+1}'s load waits for the stage that block j's P V still holds (the kernel's loop
-    issues S_{j+1} before it releases block j)."""
+    keys a block: STAGES of each where they fit beside `q_buffers` of Q's [block_m, head dim] tiles
+    (and, with `alibi_tile`, ALiBi's [block_n, 16] key tile: `_alibi_by_matmul`) in
+    SHARED_MEMORY_BYTES, less a margin for the mbarriers; else one V block fewer, then one K block
+    fewer, in turn (FA3 sizes its forward tiles to the same limit). At head dim 128 with 128 keys a
+    block: 3 and 3 (224 KiB), 2 V blocks with ALiBi's tile; at 256 with 64 keys: 3 and 2. Refuses
+    fewer than 2 K blocks: with one, K_{j+1}'s load waits for the stage that block j's P V still
+    holds (the kernel's loop issues S_{j+1} before it releases block j)."""
     element = 2  # fp16 and bf16
 
     def fits(k_stages: int, v_stages: int) -> bool:
-        tiles = block_m * head_dim + (k_stages + v_stages) * block_n * head_dim + (block_n * 16 if alibi_tile else 0)
+        tiles = (q_buffers * block_m * head_dim + (k_stages + v_stages) * block_n * head_dim
+                 + (block_n * 16 if alibi_tile else 0))
         return tiles * element + 1024 <= SHARED_MEMORY_BYTES
 
     k_stages = v_stages = STAGES
@@ -243,16 +245,45 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_
     return k_stages, v_stages
 
 
+def forward_q_buffers(head_dim: int, block_n: int, alibi_tile: bool, block_m: int, persistent: bool) -> int:
+    """Q's buffers in the forward (fwd.py `_q_slot`): on a persistent grid (FwdConfig.hopper_gluon_persistent)
+    two where the second fits beside the K and V blocks forward_stages gives one (head dims 64 and 96
+    in 128-key blocks), so that the next tile's Q loads while a tile runs; else one (its next Q
+    loads once the tile's output has left through it)."""
+    if not persistent:
+        return 1
+    try:
+        two = forward_stages(head_dim, block_n, alibi_tile, block_m, q_buffers=2)
+    except ValueError:
+        return 1
+    return 2 if two == forward_stages(head_dim, block_n, alibi_tile, block_m) else 1
+
+
+def forward_grid(tiles: int, persistent: bool, device: torch.device) -> tuple[int]:
+    """The forwards' grid over `tiles` (query block, batch x head) tiles (fwd.py's kernels): one
+    program a tile, or persistent (FwdConfig.hopper_gluon_persistent), one an SM of `device`'s GPU
+    (one program fits an SM: its shared memory and registers) and no more than the tiles."""
+    if persistent:
+        index = device.index if device.index is not None else (
+            torch.cuda.current_device() if device.type == "cuda" else 0)
+        return (max(1, min(tiles, sm_count(index))),)
+    return (tiles,)
+
+
 def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n: int = BLOCK_N,
-                       block_m: int = BLOCK_M, schedule: dict | None = None) -> dict:
+                       block_m: int = BLOCK_M, schedule=None) -> dict:
     """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, its K and V
-    blocks in flight for this head dim, block_n keys a block and block_m query rows
-    (forward_stages), its key loop's `schedule` (forward_schedule) and its launch options
-    (forward_launch_options)."""
+    blocks in flight for this head dim, block_n keys a block, block_m query rows and its Q buffers
+    (forward_stages, forward_q_buffers: two only where the FwdConfig `schedule` is persistent), its
+    key loop's `schedule` (forward_schedule; a dict of constexprs may set Q_BUFFERS) and its launch
+    options (forward_launch_options)."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
-    stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m)
-    return {**flags, "STAGES": stages, "V_STAGES": v_stages, **forward_schedule(schedule),
+    loop = dict(forward_schedule(schedule))
+    q_buffers = loop.pop("Q_BUFFERS", None) or forward_q_buffers(
+        head_dim, block_n, by_matmul, block_m, bool(getattr(schedule, "hopper_gluon_persistent", False)))
+    stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m, q_buffers)
+    return {**flags, "STAGES": stages, "V_STAGES": v_stages, "Q_BUFFERS": q_buffers, **loop,
             **forward_launch_options(block_m)}
 
 
@@ -356,7 +387,9 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
                                                     k.shape[1], q.shape[-1], q.element_size(), q.device)
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
     # without a tail section the tail arguments are the logsumexp's pointer, not read
-    launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher", (seqlen // block_m, batch * heads),
+    persistent = bool(getattr(schedule, "hopper_gluon_persistent", False))
+    launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher",
+                          forward_grid(seqlen // block_m * batch * heads, persistent, q.device),
                           {"CAUSAL": causal, **constexprs},
                           descriptors={i: descriptor_template(d) for i, d in enumerate(descriptors) if d is not None})
     kv_group = heads // k.shape[2]
@@ -366,8 +399,8 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
         qk_scale, window_left, window_right, softcap_log2, alibi, stride_alibi_b = (
             features or (softmax_scale * LOG2E, 0, 0, 0.0, None, 0))
         tails = (q, k, v, out) if head_split else (lse, lse, lse, lse)
-        launch(q, k, v, out, *tails, lse, heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
-               alibi if alibi is not None else lse, stride_alibi_b)
+        launch(q, k, v, out, *tails, lse, heads, batch * heads, seqlen, qk_scale, kv_group, window_left, window_right,
+               softcap_log2, alibi if alibi is not None else lse, stride_alibi_b)
 
     return run
 
@@ -382,13 +415,16 @@ def varlen_forward_hopper_plan(q, k, v, out, lse, batch: int, max_seqlen_q: int,
     (shapes, strides, dtypes, the pointers' 16-byte alignment, batch, the longest lengths, causal,
     the tiles and the schedule)."""
     total_q, heads, headdim = q.shape
-    grid = (triton.cdiv(max_seqlen_q, block_m), batch * heads)
+    num_m = triton.cdiv(max_seqlen_q, block_m)
+    persistent = bool(getattr(schedule, "hopper_gluon_persistent", False))
+    grid = forward_grid(num_m * batch * heads, persistent, q.device)
     group_shift = 0
     if causal:  # the causal programs' launch order (FwdConfig.hopper_gluon_head_section)
         group_shift = fwd_group_shift(getattr(schedule, "hopper_gluon_head_section", 1), batch * heads,
                                       max_seqlen_k, headdim, q.element_size(), q.device)
     lse_strides = (total_q, 0) if lse.dim() == 2 else (max_seqlen_q, (heads - 1) * max_seqlen_q)
-    stages, v_stages = forward_stages(headdim, block_n, block_m=block_m)
+    q_buffers = forward_q_buffers(headdim, block_n, False, block_m, persistent)
+    stages, v_stages = forward_stages(headdim, block_n, block_m=block_m, q_buffers=q_buffers)
     descriptors, split_constexprs = _section_descriptors(_packed_descriptor, (q, k, v, out),
                                                          (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), headdim)
     head_split = split_constexprs["HEAD_SPLIT"]
@@ -398,13 +434,14 @@ def varlen_forward_hopper_plan(q, k, v, out, lse, batch: int, max_seqlen_q: int,
     templates = {i: descriptor_template(d) for i, d in enumerate(descriptors) if d is not None}
     launch = DirectLaunch(sys.modules[__name__], "_fwd_varlen_launcher", grid,
                           {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "GROUP_SHIFT": group_shift,
-                           **forward_schedule(schedule), **forward_launch_options(block_m), **split_constexprs},
+                           "Q_BUFFERS": q_buffers, **forward_schedule(schedule), **forward_launch_options(block_m),
+                           **split_constexprs},
                           descriptors=templates)
 
     def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, qk_scale):
         sections = (q, k, v, out)
         launch(*sections, *(sections if head_split else (lse,) * 4), out, lse, cu_seqlens_q, cu_seqlens_k, heads,
-               *lse_strides, out.stride(0), qk_scale, kv_group)
+               batch * heads, num_m, *lse_strides, out.stride(0), qk_scale, kv_group)
 
     return run
 

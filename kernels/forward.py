@@ -436,7 +436,7 @@ def varlen_forward_gluon(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seql
     key = ("gluon-varlen", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), lse.shape,
            lse.stride(), q.dtype, q.device, batch, max_seqlen_q, max_seqlen_k, causal, cfg.hopper_gluon_block_n,
            block_m, tuple(hopper.forward_schedule(cfg).values()), cfg.hopper_gluon_head_section,
-           *(t.data_ptr() % 16 for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)))
+           cfg.hopper_gluon_persistent, *(t.data_ptr() % 16 for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)))
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.varlen_forward_hopper_plan(
         q, k, v, out, lse, batch, max_seqlen_q, max_seqlen_k, causal, cfg.hopper_gluon_block_n, block_m, cfg))
     plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, qk_scale)
@@ -451,7 +451,8 @@ def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features,
     flags = dispatch.gluon_feature_flags(features, causal)
     key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal,
            tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, cfg.hopper_gluon_block_n,
-           block_m, tuple(hopper.forward_schedule(cfg).values()), cfg.hopper_gluon_head_section)
+           block_m, tuple(hopper.forward_schedule(cfg).values()), cfg.hopper_gluon_head_section,
+           cfg.hopper_gluon_persistent)
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.forward_hopper_plan(
         q, k, v, out, causal, flags=flags, block_n=cfg.hopper_gluon_block_n, block_m=block_m,
         schedule=cfg))

@@ -240,7 +240,8 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, b
                   **hopper.forward_constexprs(causal, headdim, flags, block_n, block_m, schedule),
                   "HEAD_SPLIT": len(sections) == 2}  # as launched
     options = {name: constexprs.pop(name) for name in ("num_warps", "maxnreg")}
-    signature = {**section_signature(sections, block_n, dtype), "LSE": "*fp32", "num_heads": "i32", "seqlen": "i32",
+    signature = {**section_signature(sections, block_n, dtype), "LSE": "*fp32", "num_heads": "i32", "num_rows": "i32",
+                 "seqlen": "i32",
                  "qk_scale": "fp32", **FWD_FEATURE_SIGNATURE, **{name: "constexpr" for name in constexprs}}
     tiles = f" {block_m}x{block_n} x {constexprs['STAGES']}/{constexprs['V_STAGES']}" + schedule_label(schedule)
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype}{label}{tiles}",
@@ -249,7 +250,8 @@ def hopper_gluon_report(causal: bool, dtype: str = "bf16", headdim: int = 128, b
 
 def schedule_label(schedule: dict) -> str:
     """The forward's key-loop constexprs set (flash_attn_hopper.forward_schedule), for a report line."""
-    return "".join(f" {name.lower().replace('_', ' ')}" for name, on in schedule.items() if on)
+    return "".join(f" {name.lower().replace('_', ' ')}" + ("" if value is True else f" {value}")
+                   for name, value in schedule.items() if value and (name, value) != ("Q_BUFFERS", 1))
 
 
 def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int = 128, block_n: int | None = None,
@@ -263,13 +265,13 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     block_n = block_n or config.hopper_gluon_block_n
     block_m = block_m or config.hopper_gluon_block_m
     # GROUP_SHIFT (the causal launch order, fwd_group_shift) 0 unless the schedule sets it
-    schedule = {**hopper.forward_schedule(config), "GROUP_SHIFT": 0, **(schedule or {})}
-    stages, v_stages = hopper.forward_stages(headdim, block_n, block_m=block_m)
+    schedule = {**hopper.forward_schedule(config), "GROUP_SHIFT": 0, "Q_BUFFERS": 1, **(schedule or {})}
+    stages, v_stages = hopper.forward_stages(headdim, block_n, block_m=block_m, q_buffers=schedule["Q_BUFFERS"])
     options = hopper.forward_launch_options(block_m)
     consumers = options.pop("CONSUMERS")
     sections = hopper.head_sections(headdim)
     signature = {**section_signature(sections, block_n, dtype), "Out": f"*{dtype}", "LSE": "*fp32", "CuSeqQ": "*i32",
-                 "CuSeqK": "*i32", "num_heads": "i32", "stride_lse_h": "i32", "stride_lse_b": "i32", "stride_o": "i32", "qk_scale": "fp32",
+                 "CuSeqK": "*i32", "num_heads": "i32", "num_rows": "i32", "num_m": "i32", "stride_lse_h": "i32", "stride_lse_b": "i32", "stride_o": "i32", "qk_scale": "fp32",
                  "kv_group": "i32", "STAGES": "constexpr", "V_STAGES": "constexpr", "CAUSAL": "constexpr",
                  "HEAD_SPLIT": "constexpr", "CONSUMERS": "constexpr", **{name: "constexpr" for name in schedule}}
     return gluon_report(f"d{headdim} causal={causal!s:5s} {dtype} varlen {block_m}x{block_n} x {stages}/{v_stages}"
@@ -422,6 +424,12 @@ def main() -> None:
         for headdim in (128, 256):
             emit(hopper_gluon_report(True, headdim=headdim, schedule={"GROUP_SHIFT": 2}))
         emit(hopper_gluon_varlen_report(True, headdim=128, schedule={"GROUP_SHIFT": 2}))
+        # a second Q buffer (a persistent grid's, FwdConfig.hopper_gluon_persistent: the next tile's Q loads
+        # while a tile runs), where it fits beside the rings: head dims 64 (the table's 192 rows) and 96
+        for headdim in (64, 96):
+            for causal in (False, True):
+                emit(hopper_gluon_report(causal, headdim=headdim, schedule={"Q_BUFFERS": 2}))
+                emit(hopper_gluon_varlen_report(causal, headdim=headdim, schedule={"Q_BUFFERS": 2}))
         # the forward on 192 query rows (three consumer warpgroups: FwdConfig.hopper_gluon_block_m)
         # in 64-key blocks at head dims 96 and 128 (the tiles flash_attn_hopper.three_consumer_refusal
         # lets through), dense and varlen; head dim 64's table takes them in FA3's 128-key blocks

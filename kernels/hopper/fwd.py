@@ -183,46 +183,61 @@ def _alibi_by_matmul(causal, window, softcap, alibi):
 
 
 @gluon.jit
-def _fwd_program(num_heads, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr = 0):
-    """The program's (query block, batch x head, batch, head); causal runs the last query block (the
-    most key blocks) first: the longest programs start early. With GROUP_SHIFT (causal only;
-    FwdConfig.hopper_gluon_head_section) the grid's programs are renumbered so that each group of
+def _fwd_program(tile, num_m, num_heads, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr = 0):
+    """Tile `tile` of the (query block, batch x head) grid flattened query block first (num_m
+    blocks a row; a program runs tiles program_id, program_id + num_programs, ...):
+    its (query block, batch x head, batch, head); causal runs the last query block (the most key
+    blocks) first: the longest tiles start early. With GROUP_SHIFT (causal only;
+    FwdConfig.hopper_gluon_head_section) the tiles are renumbered so that each group of
     2**GROUP_SHIFT (batch x head) rows starts x-major, every row's longest query block first, then
-    every row's next (FA4's longest-processing-time scheduler over L2-sized head sections): CUDA
-    starts program x + y * X in turn, and in the grid's own order the last rows' longest programs
-    would start near the end. Shifts and masks only: the rows are a multiple of the group."""
+    every row's next (FA4's longest-processing-time scheduler over L2-sized head sections): tiles
+    start in turn, and in the grid's own order the last rows' longest tiles would start near the
+    end. Shifts and masks only: the rows are a multiple of the group."""
+    block = tile % num_m
+    row = tile // num_m
     if CAUSAL and GROUP_SHIFT:
         rows_mask: gl.constexpr = (1 << GROUP_SHIFT) - 1
-        within = (gl.program_id(1) & rows_mask) * gl.num_programs(0) + gl.program_id(0)
-        pid_m = gl.num_programs(0) - 1 - (within >> GROUP_SHIFT)
-        pid_bh = (gl.program_id(1) & ~rows_mask) | (within & rows_mask)
+        within = (row & rows_mask) * num_m + block
+        pid_m = num_m - 1 - (within >> GROUP_SHIFT)
+        pid_bh = (row & ~rows_mask) | (within & rows_mask)
     else:
         if CAUSAL:
-            pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
+            pid_m = num_m - 1 - block
         else:
-            pid_m = gl.program_id(0)
-        pid_bh = gl.program_id(1)
+            pid_m = block
+        pid_bh = row
     return pid_m, pid_bh, pid_bh // num_heads, pid_bh % num_heads
 
 
 @gluon.jit
+def _q_slot(local, Q_BUFFERS: gl.constexpr):
+    """The Q buffer of a program's `local`-th tile and the phase its mbarriers are in: Q_BUFFERS
+    (1 or 2) buffers taken in turn, so with two the next tile's Q loads while this one's runs."""
+    return local % Q_BUFFERS, (local // Q_BUFFERS) & 1
+
+
+@gluon.jit
 def _fwd_shared_buffers(q_descs, k_descs, v_descs, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
-                        CONSUMERS: gl.constexpr):
-    """The forward's shared memory: Q_i as one 64-row part a consumer warpgroup, rings of STAGES K_j and V_STAGES V_j
+                        CONSUMERS: gl.constexpr, Q_BUFFERS: gl.constexpr = 1):
+    """The forward's shared memory: Q_BUFFERS buffers of Q_i (`_q_slot`), each one 64-row part a
+    consumer warpgroup (part slot * CONSUMERS + consumer), rings of STAGES K_j and V_STAGES V_j
     blocks (each a tuple of head-dim sections: `_head_sections`), and their mbarriers (q_bar, k_bar,
-    v_bar: a TMA load has landed; empty_bar: a stage is free). With rings of one size a key
-    block's K and V share a stage, released once P~ V is done; with V's ring shorter
-    (`_split_release`) empty_bar holds K's stages then V's, each released once its matmul is done."""
-    q_smem = _allocate_sections(q_descs, CONSUMERS)
+    v_bar: a TMA load has landed; empty_bar: a stage is free; q_free: a Q part's consumer has
+    written its output through it). With rings of one size a key block's K and V share a stage,
+    released once P~ V is done; with V's ring shorter (`_split_release`) empty_bar holds K's stages
+    then V's, each released once its matmul is done."""
+    q_smem = _allocate_sections(q_descs, Q_BUFFERS * CONSUMERS)
     k_smem = _allocate_sections(k_descs, STAGES)
     v_smem = _allocate_sections(v_descs, V_STAGES)
-    q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_bar = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS * CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS * CONSUMERS, 1], mbarrier.MBarrierLayout())
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [V_STAGES, 1], mbarrier.MBarrierLayout())
     RELEASES: gl.constexpr = STAGES + V_STAGES if V_STAGES != STAGES else STAGES
     empty_bar = gl.allocate_shared_memory(gl.int64, [RELEASES, 1], mbarrier.MBarrierLayout())
-    for part in gl.static_range(CONSUMERS):
+    for part in gl.static_range(Q_BUFFERS * CONSUMERS):
         mbarrier.init(q_bar.index(part), count=1)
+        mbarrier.init(q_free.index(part), count=1)
     for stage in gl.static_range(STAGES):
         mbarrier.init(k_bar.index(stage), count=1)
         if V_STAGES == STAGES:
@@ -232,37 +247,53 @@ def _fwd_shared_buffers(q_descs, k_descs, v_descs, STAGES: gl.constexpr, V_STAGE
         for stage in gl.static_range(V_STAGES):
             mbarrier.init(v_bar.index(stage), count=1)
             mbarrier.init(empty_bar.index(STAGES + stage), count=CONSUMERS)
-    return q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar
+    return q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free
 
 
 @gluon.jit
-def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, first_block, n_blocks):
-    """FA2 Alg. 1 line 4 (Q_i, as one 64-row part a consumer) and line 7 (K_j, V_j of key blocks first_block ..
-    first_block + n_blocks - 1 from row kv_row0) as TMA loads, each key block into the ring stage
-    every consumer has released (empty_bar counts them; with `_split_release`, K's and V's apart).
+def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, q_row, col0,
+               kv_row0, kv_col0, first_block, n_blocks, it, local, Q_BUFFERS: gl.constexpr):
+    """FA2 Alg. 1 line 4 (Q_i, as one 64-row part a consumer, into the buffer of the program's
+    `local`-th tile: `_q_slot`) and line 7 (K_j, V_j of key blocks first_block .. first_block +
+    n_blocks - 1 from row kv_row0) as TMA loads, the program's it-th key block on (`_load_kv`). Q_i
+    waits for its buffer's consumers to have written their output through it (q_free), so it is
+    issued after the first key block: with one buffer that block loads while the tile before ends.
     Descriptors and tiles are tuples of head-dim sections (`_head_sections`)."""
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
+    CONSUMERS: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS
+    _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, empty_bar, it, kv_row0 + first_block * BLOCK_N, kv_col0)
+    slot, q_phase = _q_slot(local, Q_BUFFERS)
+    for part in gl.static_range(CONSUMERS):
+        buffer = slot * CONSUMERS + part
+        # a fresh mbarrier counts as having completed the phase before its first: a buffer's first
+        # use passes at once
+        mbarrier.wait(q_free.index(buffer), q_phase ^ 1)
+        _expect_sections(q_bar.index(buffer), q_desc)
+        _load_sections(q_desc, q_row + part * q_desc[0].block_type.shape[0], col0, q_bar.index(buffer),
+                       _at(q_smem, buffer))
+    for i in range(1, n_blocks):
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, empty_bar, it + i,
+                 kv_row0 + (first_block + i) * BLOCK_N, kv_col0)
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, empty_bar, position, row, kv_col0):
+    """Line 7 for the program's position-th key block (counted over all its tiles, so the rings
+    run on across them), K and V from `row` into the ring stages every consumer has released
+    (empty_bar counts them; with `_split_release`, K's and V's apart)."""
     STAGES: gl.constexpr = k_smem[0].type.shape[0]
     V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
-    CONSUMERS: gl.constexpr = q_smem[0].type.shape[0]
-    for part in gl.static_range(CONSUMERS):
-        _expect_sections(q_bar.index(part), q_desc)
-        _load_sections(q_desc, q_row + part * q_desc[0].block_type.shape[0], col0, q_bar.index(part),
-                       _at(q_smem, part))
-    for i in range(n_blocks):
-        stage = i % STAGES
-        # a fresh mbarrier counts as having completed the phase before its first, so the first
-        # STAGES waits pass at once
-        mbarrier.wait(empty_bar.index(stage), ((i // STAGES) & 1) ^ 1)
-        row = kv_row0 + (first_block + i) * BLOCK_N
-        _expect_sections(k_bar.index(stage), k_desc)
-        _load_sections(k_desc, row, kv_col0, k_bar.index(stage), _at(k_smem, stage))
-        v_stage = i % V_STAGES
-        if _split_release(empty_bar, k_smem[0]):
-            mbarrier.wait(empty_bar.index(STAGES + v_stage), ((i // V_STAGES) & 1) ^ 1)
-        _expect_sections(v_bar.index(v_stage), v_desc)
-        _load_sections(v_desc, row, kv_col0, v_bar.index(v_stage), _at(v_smem, v_stage))
+    stage = position % STAGES
+    # a fresh mbarrier counts as having completed the phase before its first, so the first
+    # STAGES waits pass at once
+    mbarrier.wait(empty_bar.index(stage), ((position // STAGES) & 1) ^ 1)
+    _expect_sections(k_bar.index(stage), k_desc)
+    _load_sections(k_desc, row, kv_col0, k_bar.index(stage), _at(k_smem, stage))
+    v_stage = position % V_STAGES
+    if _split_release(empty_bar, k_smem[0]):
+        mbarrier.wait(empty_bar.index(STAGES + v_stage), ((position // V_STAGES) & 1) ^ 1)
+    _expect_sections(v_bar.index(v_stage), v_desc)
+    _load_sections(v_desc, row, kv_col0, v_bar.index(v_stage), _at(v_smem, v_stage))
 
 
 @gluon.constexpr_function
@@ -400,35 +431,39 @@ def _pass_turn(turn_bar, PART: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout: gl.constexpr, PART: gl.constexpr,
-                     PINGPONG: gl.constexpr, bias=None, Q_IN_REGS: gl.constexpr = False):
-    """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its first key block (S = Q K^T,
-    unscaled, waited for, through `_s_matmul`, issued in its turn: `_await_turn`), then K_0's stage
-    released: (m, l, O, the zero accumulator every S matmul starts from, S, Q's operand for the
-    S matmuls: `_q_operand`). Q's tiles, K's rings and O are tuples of head-dim sections (`_head_sections`)."""
+def _fwd_first_block(q_buf, q_ready, q_phase, k_smem, k_bar, empty_bar, turn_bar, it, s_layout: gl.constexpr,
+                     PART: gl.constexpr, PINGPONG: gl.constexpr, bias=None, Q_IN_REGS: gl.constexpr = False):
+    """A consumer's line 5 (O = 0, l = 0, m = -inf) and line 8 for its tile's first key block, the
+    program's it-th (S = Q K^T, unscaled, waited for, through `_s_matmul`, issued in its turn:
+    `_await_turn`), once Q's tile has landed (`q_ready` in phase `q_phase`), then that K's stage
+    released: (m, l, O, the zero accumulator every S matmul starts from, S, Q's operand for the S
+    matmuls: `_q_operand`). Q's tiles, K's rings and O are tuples of head-dim sections
+    (`_head_sections`)."""
     ROWS: gl.constexpr = q_buf[0].type.shape[0]
     BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
+    STAGES: gl.constexpr = k_smem[0].type.shape[0]
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_layout)
     l_i = gl.zeros([ROWS], gl.float32, layout=row_layout)
     acc = _zero_sections(ROWS, q_buf)
     s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-    mbarrier.wait(q_bar.index(PART), 0)
+    mbarrier.wait(q_ready, q_phase)
     q_op = _q_operand(q_buf, s_layout, Q_IN_REGS)
-    mbarrier.wait(k_bar.index(0), 0)
-    _await_turn(turn_bar, 0, PART, PINGPONG)
-    s_tok = _s_matmul(q_op, _at(k_smem, 0), s_init, bias)
+    stage = it % STAGES
+    mbarrier.wait(k_bar.index(stage), (it // STAGES) & 1)
+    _await_turn(turn_bar, it, PART, PINGPONG)
+    s_tok = _s_matmul(q_op, _at(k_smem, stage), s_init, bias)
     _pass_turn(turn_bar, PART, PINGPONG)
     s = warpgroup_mma_wait(0, deps=[s_tok])
     if _split_release(empty_bar, k_smem[0]):
-        mbarrier.arrive(empty_bar.index(0), count=1)  # K_0 read
+        mbarrier.arrive(empty_bar.index(stage), count=1)  # the first K read
     return m_i, l_i, acc, s_init, s, q_op
 
 
 @gluon.jit
 def _fwd_block_matmuls(i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, s_init,
                        PART: gl.constexpr, PINGPONG: gl.constexpr, bias=None):
-    """Line 8 for the loop's i-th key block j (`_s_matmul`) and line 10's P~ V for block j - 1, both
+    """Line 8 for the program's i-th key block j (counted over its tiles: the ring's position; `_s_matmul`) and line 10's P~ V for block j - 1, both
     in flight; waits for S_j (wgmma groups complete in order; with two head-dim sections the wait
     also takes P~ V's first, leaving its second in flight), so the caller's line 9 for block j runs
     under P~ V. Both matmuls are issued in the consumer's i-th turn (`_await_turn`). Returns S_j, P~ V's accumulator tokens and A operand,
@@ -485,12 +520,13 @@ def _pin_softmax(l_i, pin_buf, PART: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
 
 
 @gluon.jit
-def _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar):
-    """Line 10 for the last key block: O += P~ V, waited for, and its stage released."""
+def _fwd_last_block(end, p, acc, v_smem, v_bar, empty_bar):
+    """Line 10 for the tile's last key block, the program's (end - 1)-th: O += P~ V, waited for, and
+    its stage released."""
     V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     V_FIRST: gl.constexpr = empty_bar.type.shape[0] - V_STAGES  # V's first empty barrier: 0 unless released apart
-    last = (n_blocks - 1) % V_STAGES
-    mbarrier.wait(v_bar.index(last), ((n_blocks - 1) // V_STAGES) & 1)
+    last = (end - 1) % V_STAGES
+    mbarrier.wait(v_bar.index(last), ((end - 1) // V_STAGES) & 1)
     acc_tok, p_op = _pv_matmul(p, _at(v_smem, last), acc)
     acc = _pv_wait(acc_tok, p_op)
     mbarrier.arrive(empty_bar.index(V_FIRST + last), count=1)
@@ -512,62 +548,113 @@ def _store_output(out, l_i, q_buf, o_desc, row, col0):
 
 
 @gluon.jit
-def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                    PART: gl.constexpr):
-    """One warp: _load_q_kv for the program's query block and the key blocks it visits."""
-    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
-     kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem, turn_bar, pin_buf) = args
-    _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, first_block, n_blocks)
+def _dense_tile(tile, num_m, num_heads, seqlen, kv_group, window_left, window_right, HEAD_DIM: gl.constexpr,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
+                GROUP_SHIFT: gl.constexpr):
+    """What a tile of the dense kernel covers (`_fwd_program`), which the loader and every consumer
+    work out alike: (batch x head, batch, head, query block's first row in its sequence, its row
+    in Q's (batch * seqlen) view, K's and V's first row there, Q's and K's first columns, the first
+    key block and how many, and [full_lo, full_hi): the key blocks without a mask (a window's; causal:
+    full_hi is the first diagonal block)."""
+    pid_m, pid_bh, b, h = _fwd_program(tile, num_m, num_heads, CAUSAL, GROUP_SHIFT)
+    start_m = pid_m * BLOCK_M
+    full_lo = 0
+    full_hi = 0
+    if WINDOW:
+        first_block, n_blocks, full_lo, full_hi = _window_key_blocks(start_m, seqlen, window_left, window_right,
+                                                                     BLOCK_M, BLOCK_N)
+    elif CAUSAL:  # key blocks up to the diagonal, the last BLOCK_M / BLOCK_N masked
+        first_block = 0
+        n_blocks = (start_m + BLOCK_M) // BLOCK_N
+        full_hi = n_blocks - BLOCK_M // BLOCK_N
+    else:
+        first_block = 0
+        n_blocks = seqlen // BLOCK_N
+    return (pid_bh, b, h, start_m, b * seqlen + start_m, b * seqlen, h * HEAD_DIM, (h // kv_group) * HEAD_DIM,
+            first_block, n_blocks, full_lo, full_hi)
+
+
+@gluon.jit
+def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, GROUP_SHIFT: gl.constexpr,
+                    Q_BUFFERS: gl.constexpr):
+    """One warp: _load_q_kv for each of the program's tiles and the key blocks it visits."""
+    (q_desc, k_desc, v_desc, o_desc, LSE, Alibi, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free,
+     num_tiles, num_m, num_heads, seqlen, kv_group, qk_scale, softcap_log2, stride_alibi_b, window_left, window_right,
+     kx_smem, turn_bar, pin_buf) = args
+    BLOCK_M: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS * q_desc[0].block_type.shape[0]
+    it = 0
+    local = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):  # the program's tiles in turn
+        (pid_bh, b, h, start_m, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, full_lo,
+         full_hi) = _dense_tile(tile, num_m, num_heads, seqlen, kv_group, window_left, window_right,
+                                _head_dim(q_desc), BLOCK_M, k_desc[0].block_type.shape[0], CAUSAL, WINDOW, GROUP_SHIFT)
+        _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, q_row, col0,
+                   kv_row0, kv_col0, first_block, n_blocks, it, local, Q_BUFFERS)
+        it += n_blocks
+        local += 1  # noqa: SIM113 -- counts the tiles run, not the loop's
 
 
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr,
-                       Q_IN_REGS: gl.constexpr):
-    """One consumer warpgroup: FA2 Alg. 1 lines 5-15 for query rows [PART * 64, PART * 64 + 64)
-    of the block, in FA3's Algorithm 2 order, over key blocks first_block .. first_block +
-    n_blocks - 1 (_softmax_loop), then lines 12-15."""
-    (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0, col0,
-     kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left, window_right,
-     full_lo, full_hi, kx_smem, turn_bar, pin_buf) = args
+                       Q_IN_REGS: gl.constexpr, GROUP_SHIFT: gl.constexpr, Q_BUFFERS: gl.constexpr):
+    """One consumer warpgroup, for each of the program's tiles: FA2 Alg. 1 lines 5-15 for query rows
+    [PART * 64, PART * 64 + 64) of the tile's block, in FA3's Algorithm 2 order, over its key blocks
+    (_softmax_loop), then lines 12-15, O written through its Q buffer, which it then frees (q_free)."""
+    (q_desc, k_desc, v_desc, o_desc, LSE, Alibi, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free,
+     num_tiles, num_m, num_heads, seqlen, kv_group, qk_scale, softcap_log2, stride_alibi_b, window_left, window_right,
+     kx_smem, turn_bar, pin_buf) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
+    CONSUMERS: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS
     # the S accumulator of one warpgroup (O's, one per head-dim section, are made by _zero_sections)
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_buf = _at(q_smem, PART)
-    mods = (softcap_log2, alibi_log2, q_row - kv_row0)  # ALiBi's reference row: the block's first
-    window = (window_left, window_right, full_lo, full_hi)
-
-    start_m = (q_row - kv_row0) + PART * ROWS  # this part's first query row in its sequence
-    offs_m = start_m + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     offs_n_f = offs_n.to(gl.float32)
-    acc, l_i, m_i = _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale,
-                                  mods, window, offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout,
-                                  CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)
-    # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
-    lse2 = m_i + gl.log2(l_i)
-    if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
-        lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
-    gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
-    _store_output(acc, l_i, q_buf, o_desc, q_row + PART * ROWS, col0)
+    it = 0
+    local = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):  # the program's tiles in turn
+        (pid_bh, b, h, start_m, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, full_lo,
+         full_hi) = _dense_tile(tile, num_m, num_heads, seqlen, kv_group, window_left, window_right,
+                                _head_dim(q_desc), CONSUMERS * ROWS, BLOCK_N, CAUSAL, WINDOW, GROUP_SHIFT)
+        alibi_log2 = 0.0
+        if ALIBI:
+            alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
+        slot, q_phase = _q_slot(local, Q_BUFFERS)
+        buffer = slot * CONSUMERS + PART
+        q_buf = _at(q_smem, buffer)
+        mods = (softcap_log2, alibi_log2, start_m)  # ALiBi's reference row: the block's first
+        window = (window_left, window_right, full_lo, full_hi)
+        offs_m = start_m + PART * ROWS + gl.arange(0, ROWS, layout=row_layout)  # this part's rows in the sequence
+        acc, l_i, m_i = _softmax_loop(q_buf, q_bar.index(buffer), q_phase, k_smem, v_smem, k_bar, v_bar, empty_bar,
+                                      turn_bar, pin_buf, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
+                                      n_blocks, it, kx_smem, s_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG,
+                                      PIN_SOFTMAX, Q_IN_REGS, CONSUMERS)
+        # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
+        lse2 = m_i + gl.log2(l_i)
+        if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
+            lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
+        gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
+        _store_output(acc, l_i, q_buf, o_desc, q_row + PART * ROWS, col0)
+        mbarrier.arrive(q_free.index(buffer), count=1)
+        it += n_blocks
+        local += 1  # noqa: SIM113 -- counts the tiles run, not the loop's
 
 
 @gluon.jit
-def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale, mods, window,
-                  offs_m, offs_n, offs_n_f, first_block, n_blocks, kx_smem, s_layout: gl.constexpr,
+def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale, mods,
+                  window, offs_m, offs_n, offs_n_f, first_block, n_blocks, it, kx_smem, s_layout: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
-                  PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr, Q_IN_REGS: gl.constexpr):
-    """Lines 5-11 of one consumer over its key blocks, the scores through _softmax_step (dense),
+                  PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr, Q_IN_REGS: gl.constexpr,
+                  CONSUMERS: gl.constexpr):
+    """Lines 5-11 of one consumer over its tile's key blocks (the program's it-th on), the scores through _softmax_step (dense),
     _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, the matmuls issued in turns with PINGPONG
     (`_await_turn`), the softmax held before P~ V's wait with PIN_SOFTMAX (`_pin_softmax`): the
     unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
-    EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
+    EARLY_P: gl.constexpr = CONSUMERS == 3  # (_held_p)
     BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
     if ALIBI_MMA:  # ALiBi's (A, B) tiles, and its key term's per-block part: slope * log2(e) * (j0 - row0)
         bias = (_alibi_query_tile(mods[1], qk_scale, k_smem[0].dtype,
@@ -576,8 +663,8 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
     else:
         bias = None
     # lines 5 and 8 for key block 0, then line 9
-    m_i, l_i, acc, s_init, s, q_op = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout,
-                                                      PART, PINGPONG, bias, Q_IN_REGS)
+    m_i, l_i, acc, s_init, s, q_op = _fwd_first_block(q_buf, q_ready, q_phase, k_smem, k_bar, empty_bar, turn_bar, it,
+                                                      s_layout, PART, PINGPONG, bias, Q_IN_REGS)
     if ALIBI_MMA:
         p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (-mods[2]).to(gl.float32), offs_m,
                                                  offs_n, 0, window[3], BLOCK_N)
@@ -589,8 +676,8 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     for i in range(1, n_blocks):
         # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
-                                                    acc, s_init, PART, PINGPONG, bias)
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar,
+                                                    p, acc, s_init, PART, PINGPONG, bias)
         if ALIBI_MMA:
             p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
                                                      offs_m, offs_n, i, window[3], BLOCK_N)
@@ -602,7 +689,7 @@ def _softmax_loop(q_buf, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, turn_ba
         _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
         p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
+    acc = _fwd_last_block(it + n_blocks, p, acc, v_smem, v_bar, empty_bar)
     return acc, l_i, m_i
 
 
@@ -620,57 +707,41 @@ def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.c
 
 @gluon.jit
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc, LSE,
-                             num_heads, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2, Alibi,
-                             stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                             num_heads, num_rows, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
+                             Alibi, stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                              WINDOW: gl.constexpr = False, SOFTCAP: gl.constexpr = False, ALIBI: gl.constexpr = False,
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
                              PINGPONG: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
-                             PIN_SOFTMAX: gl.constexpr = False, Q_IN_REGS: gl.constexpr = False):
-    """One program per (query block, batch x head) (FA2 Section 3.2), partitioned into warps as
-    FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader warp; PINGPONG: the
-    consumers issue their matmuls in turns (`_await_turn`); Q_IN_REGS: Q is the S matmuls' A operand
-    from registers (`_q_operand`); GROUP_SHIFT: causal programs start
-    longest first across groups of rows (`_fwd_program`). The descriptors view (batch * seqlen, heads *
-    head dim); K and V have num_heads / kv_group heads (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the
-    partitions at compile time (a constexpr in their argument tuples), so the non-causal kernel has
-    no mask code (as a run-time flag it cost the non-causal kernel its speed); so do WINDOW (a
-    sliding window: only the key blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of
-    shape (heads,) or (batch, heads), batch stride stride_alibi_b). STAGES K blocks and V_STAGES V
-    blocks in flight (fewer V than K where the tiles need the room: flash_attn_hopper.forward_stages).
-    With HEAD_SPLIT the head dim is two sections (`_head_sections`), the *_tail_desc descriptors'
-    boxes the second's; without, the tail arguments are not read."""
+                             PIN_SOFTMAX: gl.constexpr = False, Q_IN_REGS: gl.constexpr = False,
+                             Q_BUFFERS: gl.constexpr = 1):
+    """The tiles (query block, batch x head) of FA2 Section 3.2's grid over num_rows = batch x
+    heads rows, one a program or, on a persistent grid (FwdConfig.hopper_gluon_persistent: one
+    program an SM), several in turn: program_id, program_id + num_programs, ..., its loader warp
+    loading the next tile's first K/V block and Q while the consumers finish the one before. Each
+    tile is partitioned into warps as FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader
+    warp; Q_BUFFERS: Q's buffers (`_q_slot`); PINGPONG: the consumers issue their matmuls in turns
+    (`_await_turn`); Q_IN_REGS: Q is the S matmuls' A operand from registers (`_q_operand`);
+    GROUP_SHIFT: causal tiles start longest first across groups of rows (`_fwd_program`). The
+    descriptors view (batch * seqlen, heads * head dim); K and V have num_heads / kv_group heads
+    (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the partitions at compile time (a
+    constexpr in their argument tuples), so the non-causal kernel has no mask code (as a run-time
+    flag it cost the non-causal kernel its speed); so do WINDOW (a sliding window: only the key
+    blocks it reaches are loaded), SOFTCAP and ALIBI (slopes of shape (heads,) or (batch, heads),
+    batch stride stride_alibi_b). STAGES K blocks and V_STAGES V blocks in flight (fewer V than K
+    where the tiles need the room: flash_attn_hopper.forward_stages). With HEAD_SPLIT the head dim
+    is two sections (`_head_sections`), the *_tail_desc descriptors' boxes the second's; without,
+    the tail arguments are not read."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
-    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     BLOCK_M: gl.constexpr = CONSUMERS * ROWS
     # the causal loop's block count and its masked (diagonal) blocks assume whole key blocks per query block
     gl.static_assert(not CAUSAL or BLOCK_M % BLOCK_N == 0)
-    pid_m, pid_bh, b, h = _fwd_program(num_heads, CAUSAL, GROUP_SHIFT)
-    start_m = pid_m * BLOCK_M
-    q_row = b * seqlen + start_m
-    kv_row0 = b * seqlen
-    col0 = h * HEAD_DIM
-    kv_col0 = (h // kv_group) * HEAD_DIM
-    full_lo = 0
-    full_hi = 0
-    if WINDOW:
-        first_block, n_blocks, full_lo, full_hi = _window_key_blocks(start_m, seqlen, window_left, window_right,
-                                                                     BLOCK_M, BLOCK_N)
-    elif CAUSAL:  # key blocks up to the diagonal, the last BLOCK_M / BLOCK_N masked
-        first_block = 0
-        n_blocks = (start_m + BLOCK_M) // BLOCK_N
-        full_hi = n_blocks - BLOCK_M // BLOCK_N
-    else:
-        first_block = 0
-        n_blocks = seqlen // BLOCK_N
-    alibi_log2 = 0.0
-    if ALIBI:
-        alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
+    num_m = seqlen // BLOCK_M
 
-    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(
-        q_desc, k_desc, v_desc, STAGES, V_STAGES, CONSUMERS)
+    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free = _fwd_shared_buffers(
+        q_desc, k_desc, v_desc, STAGES, V_STAGES, CONSUMERS, Q_BUFFERS)
     if _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI):
         kx_smem = gl.allocate_shared_memory(q_desc[0].dtype, [BLOCK_N, 16],
                                             gl.NVMMASharedLayout(swizzle_byte_width=32, element_bitwidth=16, rank=2))
@@ -678,9 +749,9 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     else:
         kx_smem = q_smem[0]  # not read
 
-    args = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-            col0, kv_col0, first_block, n_blocks, pid_bh, seqlen, qk_scale, softcap_log2, alibi_log2, window_left,
-            window_right, full_lo, full_hi, kx_smem, _turn_barriers(q_bar, CONSUMERS, PINGPONG),
+    args = (q_desc, k_desc, v_desc, o_desc, LSE, Alibi, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free,
+            num_m * num_rows, num_m, num_heads, seqlen, kv_group, qk_scale, softcap_log2, stride_alibi_b, window_left,
+            window_right, kx_smem, _turn_barriers(q_bar, CONSUMERS, PINGPONG),
             _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
@@ -689,14 +760,19 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     # two consumers 240 a thread, three 168, 160 and 160 (FA3's 160), the loader 24.
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
-            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS,
+                                  GROUP_SHIFT, Q_BUFFERS)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS,
+                                  GROUP_SHIFT, Q_BUFFERS)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX, Q_IN_REGS,
+                                  GROUP_SHIFT, Q_BUFFERS)),
+            (_load_partition, (args, CAUSAL, WINDOW, GROUP_SHIFT, Q_BUFFERS)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
-            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
-            (_load_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS,
+                                  GROUP_SHIFT, Q_BUFFERS)),
+            (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS,
+                                  GROUP_SHIFT, Q_BUFFERS)),
+            (_load_partition, (args, CAUSAL, WINDOW, GROUP_SHIFT, Q_BUFFERS)),
         ], [4, 1], [240, 24])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .fwd import (
     _fwd_block_matmuls,
@@ -24,6 +25,7 @@ from .fwd import (
     _online_softmax,
     _pin_buffer,
     _pin_softmax,
+    _q_slot,
     _store_output,
     _turn_barriers,
 )
@@ -47,63 +49,116 @@ def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from
 
 
 @gluon.jit
-def _varlen_load_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr):
-    """_load_partition over one sequence's rows of the packed (total, heads * head dim) views."""
-    (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
-     turn_bar, pin_buf) = args
-    _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, col0, kv_row0,
-               kv_col0, 0, n_blocks)
+def _varlen_tile(tile, num_m, num_heads, CuSeqQ, CuSeqK, kv_group, stride_lse_h, stride_lse_b, HEAD_DIM: gl.constexpr,
+                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr):
+    """What a tile (query block, sequence x head) covers (`_fwd_program` over num_m blocks a row),
+    which the loader and every consumer work out alike: (its first query row in the sequence, the
+    sequence's query and key lengths, shift = seqlen_k - seqlen_q (causal is bottom-right aligned),
+    its key blocks (at least one: a tile whose rows see no key runs one fully masked block), the
+    first block with a mask (the sequence's partial last block, or causal, the one holding the first
+    row's diagonal), its rows in Q's and K's packed views, Q's and K's first columns and its
+    logsumexp's first row). A tile from the sequence's last query block on has no rows: start_m >= seqlen_q."""
+    pid_m, _, b, h = _fwd_program(tile, num_m, num_heads, CAUSAL, GROUP_SHIFT)
+    q_start = gl.load(CuSeqQ + b)
+    seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
+    kv_row0 = gl.load(CuSeqK + b)
+    seqlen_k = gl.load(CuSeqK + b + 1) - kv_row0
+    start_m = pid_m * BLOCK_M
+    shift = seqlen_k - seqlen_q
+    keys = seqlen_k
+    if CAUSAL:  # the keys the block's last row sees (bottom-right), at most the sequence's
+        keys = gl.minimum(gl.maximum(start_m + BLOCK_M + shift, 0), seqlen_k)
+    n_blocks = gl.maximum((keys + BLOCK_N - 1) // BLOCK_N, 1)  # one masked block if no key is seen
+    mask_from = seqlen_k // BLOCK_N  # the sequence's partial last block
+    if CAUSAL:  # from the block holding the first row's diagonal
+        mask_from = gl.minimum(mask_from, gl.maximum(start_m + shift, 0) // BLOCK_N)
+    lse_row0 = h.to(gl.int64) * stride_lse_h + b.to(gl.int64) * stride_lse_b + q_start
+    return (start_m, seqlen_q, seqlen_k, shift, n_blocks, mask_from, q_start + start_m, kv_row0, h * HEAD_DIM,
+            (h // kv_group) * HEAD_DIM, lse_row0)
+
+
+@gluon.jit
+def _varlen_load_partition(args, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr, Q_BUFFERS: gl.constexpr):
+    """_load_partition over the program's tiles of the packed (total, heads * head dim) views."""
+    (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, CuSeqQ,
+     CuSeqK, num_tiles, num_m, num_heads, stride_lse_h, stride_lse_b, stride_o, qk_scale, kv_group, turn_bar,
+     pin_buf) = args
+    BLOCK_M: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS * q_desc[0].block_type.shape[0]
+    it = 0
+    local = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):  # the program's tiles in turn
+        (start_m, seqlen_q, seqlen_k, shift, n_blocks, mask_from, q_row, kv_row0, col0, kv_col0,
+         lse_row0) = _varlen_tile(tile, num_m, num_heads, CuSeqQ, CuSeqK, kv_group, stride_lse_h, stride_lse_b,
+                                  _head_dim(q_desc), BLOCK_M, k_desc[0].block_type.shape[0], CAUSAL, GROUP_SHIFT)
+        if start_m < seqlen_q:
+            _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, q_row,
+                       col0, kv_row0, kv_col0, 0, n_blocks, it, local, Q_BUFFERS)
+            it += n_blocks
+            local += 1
 
 
 @gluon.jit
 def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
-                              PIN_SOFTMAX: gl.constexpr, Q_IN_REGS: gl.constexpr):
-    """_softmax_partition for one sequence of a packed batch: rows [start_m + PART * 64, + 64) of
-    the sequence, over its n_blocks key blocks (at least one: a program whose rows see no key runs
-    one fully masked block and writes zeros with logsumexp +inf, as the reference does). The rows
-    of a query tile past the sequence's end are the next sequence's: their results are not
-    written (a masked store where the tile crosses the end, TMA where it does not)."""
-    (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_row, kv_row0,
-     col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0, stride_o, qk_scale,
-     turn_bar, pin_buf) = args
+                              PIN_SOFTMAX: gl.constexpr, Q_IN_REGS: gl.constexpr, GROUP_SHIFT: gl.constexpr,
+                              Q_BUFFERS: gl.constexpr):
+    """_softmax_partition for the program's tiles of a packed batch: rows [start_m + PART * 64, + 64)
+    of the tile's sequence, over its n_blocks key blocks (a tile whose rows see no key runs one fully
+    masked block and writes zeros with logsumexp +inf, as the reference does). The rows of a query
+    tile past the sequence's end are the next sequence's: their results are not written (a masked
+    store where the tile crosses the end, TMA where it does not)."""
+    (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, CuSeqQ,
+     CuSeqK, num_tiles, num_m, num_heads, stride_lse_h, stride_lse_b, stride_o, qk_scale, kv_group, turn_bar,
+     pin_buf) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
+    CONSUMERS: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
-    q_buf = _at(q_smem, PART)
-
-    first_row = start_m + PART * ROWS  # this part's first query row in its sequence
-    offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    m_i, l_i, acc, s_init, s, q_op = _fwd_first_block(q_buf, k_smem, q_bar, k_bar, empty_bar, turn_bar, s_layout,
-                                                      PART, PINGPONG, None, Q_IN_REGS)
-    p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k, shift,
-                                              BLOCK_N, CAUSAL)
-    EARLY_P: gl.constexpr = q_bar.type.shape[0] == 3  # three consumers (_held_p)
-    p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    for i in range(1, n_blocks):
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
-                                                    acc, s_init, PART, PINGPONG)
-        p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from, seqlen_k,
-                                                  shift, BLOCK_N, CAUSAL)
-        _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
-        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
-        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    acc = _fwd_last_block(n_blocks, p, acc, v_smem, v_bar, empty_bar)
+    EARLY_P: gl.constexpr = CONSUMERS == 3  # (_held_p)
+    it = 0
+    local = 0
+    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):  # the program's tiles in turn
+        (start_m, seqlen_q, seqlen_k, shift, n_blocks, mask_from, q_row, kv_row0, col0, kv_col0,
+         lse_row0) = _varlen_tile(tile, num_m, num_heads, CuSeqQ, CuSeqK, kv_group, stride_lse_h, stride_lse_b,
+                                  _head_dim(q_desc), CONSUMERS * ROWS, BLOCK_N, CAUSAL, GROUP_SHIFT)
+        if start_m < seqlen_q:
+            slot, q_phase = _q_slot(local, Q_BUFFERS)
+            buffer = slot * CONSUMERS + PART
+            q_buf = _at(q_smem, buffer)
+            first_row = start_m + PART * ROWS  # this part's first query row in its sequence
+            offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
+            m_i, l_i, acc, s_init, s, q_op = _fwd_first_block(q_buf, q_bar.index(buffer), q_phase, k_smem, k_bar,
+                                                              empty_bar, turn_bar, it, s_layout, PART, PINGPONG, None,
+                                                              Q_IN_REGS)
+            p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k,
+                                                      shift, BLOCK_N, CAUSAL)
+            p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
+            for i in range(1, n_blocks):
+                s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar,
+                                                            turn_bar, p, acc, s_init, PART, PINGPONG)
+                p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from,
+                                                          seqlen_k, shift, BLOCK_N, CAUSAL)
+                _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
+                acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+                p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
+            acc = _fwd_last_block(it + n_blocks, p, acc, v_smem, v_bar, empty_bar)
 
-    # lines 12-15; a row that saw no key: O = 0, L = +inf
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < seqlen_q)
-    if first_row + ROWS <= seqlen_q:  # the whole part is this sequence's: one TMA store a section
-        _store_output(acc, l_safe, q_buf, o_desc, q_row + PART * ROWS, col0)
-    else:  # the tile crosses the sequence's end: the rows past it belong to the next sequence
-        _store_rows_within(acc[0], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o, col0)
-        if len(acc) == 2:
-            _store_rows_within(acc[1], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o,
-                               col0 + acc[0].type.shape[1])
+            # lines 12-15; a row that saw no key: O = 0, L = +inf
+            empty = l_i == 0.0
+            l_safe = gl.where(empty, 1.0, l_i)
+            lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+            gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < seqlen_q)
+            if first_row + ROWS <= seqlen_q:  # the whole part is this sequence's: one TMA store a section
+                _store_output(acc, l_safe, q_buf, o_desc, q_row + PART * ROWS, col0)
+            else:  # the tile crosses the sequence's end: the rows past it belong to the next sequence
+                _store_rows_within(acc[0], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o, col0)
+                if len(acc) == 2:
+                    _store_rows_within(acc[1], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o,
+                                       col0 + acc[0].type.shape[1])
+            mbarrier.arrive(q_free.index(buffer), count=1)
+            it += n_blocks
+            local += 1
 
 
 @gluon.jit
@@ -121,62 +176,39 @@ def _store_rows_within(acc, l_i, Out, seq_row0, first_row, seqlen_q, stride_o, c
 
 @gluon.jit
 def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc,
-                                    Out, LSE, CuSeqQ, CuSeqK, num_heads, stride_lse_h, stride_lse_b, stride_o,
-                                    qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
+                                    Out, LSE, CuSeqQ, CuSeqK, num_heads, num_rows, num_m, stride_lse_h, stride_lse_b,
+                                    stride_o, qk_scale, kv_group, STAGES: gl.constexpr, V_STAGES: gl.constexpr,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
                                     CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
                                     PIN_SOFTMAX: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
-                                    Q_IN_REGS: gl.constexpr = False):
-    """The Gluon forward over packed sequences (flash_attn_varlen_func): program (query block,
-    sequence x head); sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q,
-    heads * head dim) views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h
-    has its logsumexp at LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads,
-    total_q): (total_q, 0); a dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) *
-    seqlen_q)). Causal is bottom-right aligned per sequence. A program past its sequence's last
-    query block does nothing. CONSUMERS, PINGPONG, PIN_SOFTMAX, Q_IN_REGS and GROUP_SHIFT (the causal programs'
-    launch order over groups of sequence x head rows, `_fwd_program`) as the dense kernel's."""
+                                    Q_IN_REGS: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1):
+    """The Gluon forward over packed sequences (flash_attn_varlen_func): tiles (query block of
+    num_m a row, sequence x head of num_rows), one a program or several in turn (as the dense kernel's);
+    sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q, heads * head dim)
+    views, its keys rows CuSeqK[b]:CuSeqK[b + 1]; row i of sequence b, head h has its logsumexp at
+    LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads, total_q): (total_q, 0); a
+    dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) * seqlen_q)). Causal is
+    bottom-right aligned per sequence. A tile past its sequence's last query block is skipped.
+    CONSUMERS, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, Q_BUFFERS and GROUP_SHIFT (the causal tiles' order
+    over groups of sequence x head rows, `_fwd_program`) as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
-    HEAD_DIM: gl.constexpr = _head_dim(q_desc)
-    BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
-    BLOCK_M: gl.constexpr = CONSUMERS * ROWS
-    pid_m, _, b, h = _fwd_program(num_heads, CAUSAL, GROUP_SHIFT)
-    q_start = gl.load(CuSeqQ + b)
-    seqlen_q = gl.load(CuSeqQ + b + 1) - q_start
-    kv_row0 = gl.load(CuSeqK + b)
-    seqlen_k = gl.load(CuSeqK + b + 1) - kv_row0
-    start_m = pid_m * BLOCK_M
-    if start_m < seqlen_q:
-        shift = seqlen_k - seqlen_q
-        keys = seqlen_k
-        if CAUSAL:  # the keys the block's last row sees (bottom-right), at most the sequence's
-            keys = gl.minimum(gl.maximum(start_m + BLOCK_M + shift, 0), seqlen_k)
-        n_blocks = gl.maximum((keys + BLOCK_N - 1) // BLOCK_N, 1)  # one masked block if no key is seen
-        mask_from = seqlen_k // BLOCK_N  # the sequence's partial last block
-        if CAUSAL:  # from the block holding the first row's diagonal
-            mask_from = gl.minimum(mask_from, gl.maximum(start_m + shift, 0) // BLOCK_N)
-        q_row = q_start + start_m
-        col0 = h * HEAD_DIM
-        kv_col0 = (h // kv_group) * HEAD_DIM
-        lse_row0 = h.to(gl.int64) * stride_lse_h + b.to(gl.int64) * stride_lse_b + q_start
-        q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
-                                                                                     V_STAGES, CONSUMERS)
-        args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar,
-                q_row, kv_row0, col0, kv_col0, n_blocks, mask_from, start_m, seqlen_q, seqlen_k, shift, lse_row0,
-                stride_o, qk_scale, _turn_barriers(q_bar, CONSUMERS, PINGPONG),
-                _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
-        if CONSUMERS == 3:  # registers as the dense kernel's
-            gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
-                (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
-                (_varlen_load_partition, (args, CAUSAL, 0)),
-            ], [4, 4, 1], [160, 160, 24])
-        else:
-            gl.warp_specialize([
-                (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
-                (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS)),
-                (_varlen_load_partition, (args, CAUSAL, 0)),
-            ], [4, 1], [240, 24])
-
+    q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
+                                                                                         V_STAGES, CONSUMERS, Q_BUFFERS)
+    args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free,
+            CuSeqQ, CuSeqK, num_m * num_rows, num_m, num_heads, stride_lse_h, stride_lse_b, stride_o, qk_scale,
+            kv_group, _turn_barriers(q_bar, CONSUMERS, PINGPONG), _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
+    if CONSUMERS == 3:  # registers as the dense kernel's
+        gl.warp_specialize([
+            (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS)),
+            (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS)),
+            (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS)),
+            (_varlen_load_partition, (args, CAUSAL, GROUP_SHIFT, Q_BUFFERS)),
+        ], [4, 4, 1], [160, 160, 24])
+    else:
+        gl.warp_specialize([
+            (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS)),
+            (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS)),
+            (_varlen_load_partition, (args, CAUSAL, GROUP_SHIFT, Q_BUFFERS)),
+        ], [4, 1], [240, 24])
