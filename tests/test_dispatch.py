@@ -711,8 +711,8 @@ def test_hopper_gluon_kernels_compile_for_sm90():
         assert (" pin softmax " in line) == (line.split()[1] in ("d96", "d128") and line not in unpinned), line
         if " pin softmax " in line:
             assert exp2_under_pv(line) >= int(re.search(r" \d+x(\d+) x ", line).group(1)) // 2, line
-    # (at 128, not a table's tile, the varlen kernel keeps a few words of its tile loop in local memory)
-    assert all(spills(line) <= (32 if " d128 " in line else 0) for line in three), report
+    # (at 128, not a table's tile, ptxas keeps some of the tile loop's state in local memory)
+    assert all(spills(line) <= (128 if " d128 " in line else 0) for line in three), report
     varlen_bwd = [line for line in report.splitlines() if line.startswith("_flash_bwd_dkdv_hopper_varlen_kernel ")]
     # d64, d96 and d128, dQ fused, causal or not: the longest grid, then the packed grid
     assert len(varlen_bwd) == 12 and all("tma-reduce" in line and "dq-writer" in line for line in varlen_bwd), report

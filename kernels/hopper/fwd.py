@@ -185,7 +185,7 @@ def _alibi_by_matmul(causal, window, softcap, alibi):
 @gluon.jit
 def _fwd_program(tile, num_m, num_heads, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr = 0):
     """Tile `tile` of the (query block, batch x head) grid flattened query block first (num_m
-    blocks a row; a program runs tiles program_id, program_id + num_programs, ...):
+    blocks a row; a program runs one a round of them: `_round_tile`):
     its (query block, batch x head, batch, head); causal runs the last query block (the most key
     blocks) first: the longest tiles start early. With GROUP_SHIFT (causal only;
     FwdConfig.hopper_gluon_head_section) the tiles are renumbered so that each group of
@@ -207,6 +207,19 @@ def _fwd_program(tile, num_m, num_heads, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.c
             pid_m = block
         pid_bh = row
     return pid_m, pid_bh, pid_bh // num_heads, pid_bh % num_heads
+
+
+@gluon.jit
+def _round_tile(first):
+    """The tile this program runs in the round of tiles from `first` (one a program: a grid of one
+    program a tile has one round), in rounds that alternate direction: program p takes tile
+    first + p in even rounds and first + num_programs - 1 - p in odd ones. Tiles come longest first
+    (`_fwd_program`), so a persistent grid's first programs would otherwise take the longest tile of
+    every round; alternating pairs a round's longest with the next round's shortest."""
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    odd = (first // programs) & 1
+    return first + pid + odd * (programs - 1 - 2 * pid)
 
 
 @gluon.jit
@@ -255,13 +268,15 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
                kv_row0, kv_col0, first_block, n_blocks, it, local, Q_BUFFERS: gl.constexpr):
     """FA2 Alg. 1 line 4 (Q_i, as one 64-row part a consumer, into the buffer of the program's
     `local`-th tile: `_q_slot`) and line 7 (K_j, V_j of key blocks first_block .. first_block +
-    n_blocks - 1 from row kv_row0) as TMA loads, the program's it-th key block on (`_load_kv`). Q_i
-    waits for its buffer's consumers to have written their output through it (q_free), so it is
-    issued after the first key block: with one buffer that block loads while the tile before ends.
+    n_blocks - 1 from row kv_row0) as TMA loads, the program's it-th key block on (`_load_k`,
+    `_load_v`). Q_i waits for its buffer's consumers to have written their output through it
+    (q_free), so the first K block is issued before it (with one buffer it loads while the tile
+    before ends) and the first V block after it (the first S matmul needs Q and K, not V).
     Descriptors and tiles are tuples of head-dim sections (`_head_sections`)."""
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     CONSUMERS: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS
-    _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, empty_bar, it, kv_row0 + first_block * BLOCK_N, kv_col0)
+    first_row = kv_row0 + first_block * BLOCK_N
+    _load_k(k_desc, k_smem, k_bar, empty_bar, it, first_row, kv_col0)
     slot, q_phase = _q_slot(local, Q_BUFFERS)
     for part in gl.static_range(CONSUMERS):
         buffer = slot * CONSUMERS + part
@@ -271,24 +286,33 @@ def _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_b
         _expect_sections(q_bar.index(buffer), q_desc)
         _load_sections(q_desc, q_row + part * q_desc[0].block_type.shape[0], col0, q_bar.index(buffer),
                        _at(q_smem, buffer))
+    _load_v(v_desc, k_smem, v_smem, v_bar, empty_bar, it, first_row, kv_col0)
     for i in range(1, n_blocks):
-        _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, empty_bar, it + i,
-                 kv_row0 + (first_block + i) * BLOCK_N, kv_col0)
+        row = kv_row0 + (first_block + i) * BLOCK_N
+        _load_k(k_desc, k_smem, k_bar, empty_bar, it + i, row, kv_col0)
+        _load_v(v_desc, k_smem, v_smem, v_bar, empty_bar, it + i, row, kv_col0)
 
 
 @gluon.jit
-def _load_kv(k_desc, v_desc, k_smem, v_smem, k_bar, v_bar, empty_bar, position, row, kv_col0):
-    """Line 7 for the program's position-th key block (counted over all its tiles, so the rings
-    run on across them), K and V from `row` into the ring stages every consumer has released
-    (empty_bar counts them; with `_split_release`, K's and V's apart)."""
+def _load_k(k_desc, k_smem, k_bar, empty_bar, position, row, kv_col0):
+    """Line 7's K_j for the program's position-th key block (counted over all its tiles, so the
+    rings run on across them) from `row`, into the ring stage every consumer has released
+    (empty_bar counts them)."""
     STAGES: gl.constexpr = k_smem[0].type.shape[0]
-    V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     stage = position % STAGES
     # a fresh mbarrier counts as having completed the phase before its first, so the first
     # STAGES waits pass at once
     mbarrier.wait(empty_bar.index(stage), ((position // STAGES) & 1) ^ 1)
     _expect_sections(k_bar.index(stage), k_desc)
     _load_sections(k_desc, row, kv_col0, k_bar.index(stage), _at(k_smem, stage))
+
+
+@gluon.jit
+def _load_v(v_desc, k_smem, v_smem, v_bar, empty_bar, position, row, kv_col0):
+    """Line 7's V_j as `_load_k` loads K_j: into its own ring's stage where V's ring is shorter
+    (`_split_release`, its stages released apart), else into the stage K_j's wait freed."""
+    STAGES: gl.constexpr = k_smem[0].type.shape[0]
+    V_STAGES: gl.constexpr = v_smem[0].type.shape[0]
     v_stage = position % V_STAGES
     if _split_release(empty_bar, k_smem[0]):
         mbarrier.wait(empty_bar.index(STAGES + v_stage), ((position // V_STAGES) & 1) ^ 1)
@@ -584,14 +608,16 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, GROUP_SHIF
     BLOCK_M: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS * q_desc[0].block_type.shape[0]
     it = 0
     local = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):  # the program's tiles in turn
-        (pid_bh, b, h, start_m, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, full_lo,
-         full_hi) = _dense_tile(tile, num_m, num_heads, seqlen, kv_group, window_left, window_right,
-                                _head_dim(q_desc), BLOCK_M, k_desc[0].block_type.shape[0], CAUSAL, WINDOW, GROUP_SHIFT)
-        _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, q_row, col0,
-                   kv_row0, kv_col0, first_block, n_blocks, it, local, Q_BUFFERS)
-        it += n_blocks
-        local += 1  # noqa: SIM113 -- counts the tiles run, not the loop's
+    for first in range(0, num_tiles, gl.num_programs(0)):  # a round of tiles, one a program
+        tile = _round_tile(first)
+        if tile < num_tiles:
+            (pid_bh, b, h, start_m, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, full_lo,
+             full_hi) = _dense_tile(tile, num_m, num_heads, seqlen, kv_group, window_left, window_right,
+                                    _head_dim(q_desc), BLOCK_M, k_desc[0].block_type.shape[0], CAUSAL, WINDOW, GROUP_SHIFT)
+            _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, q_row, col0,
+                       kv_row0, kv_col0, first_block, n_blocks, it, local, Q_BUFFERS)
+            it += n_blocks
+            local += 1
 
 
 @gluon.jit
@@ -614,32 +640,34 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n_f = offs_n.to(gl.float32)
     it = 0
     local = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):  # the program's tiles in turn
-        (pid_bh, b, h, start_m, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, full_lo,
-         full_hi) = _dense_tile(tile, num_m, num_heads, seqlen, kv_group, window_left, window_right,
-                                _head_dim(q_desc), CONSUMERS * ROWS, BLOCK_N, CAUSAL, WINDOW, GROUP_SHIFT)
-        alibi_log2 = 0.0
-        if ALIBI:
-            alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
-        slot, q_phase = _q_slot(local, Q_BUFFERS)
-        buffer = slot * CONSUMERS + PART
-        q_buf = _at(q_smem, buffer)
-        mods = (softcap_log2, alibi_log2, start_m)  # ALiBi's reference row: the block's first
-        window = (window_left, window_right, full_lo, full_hi)
-        offs_m = start_m + PART * ROWS + gl.arange(0, ROWS, layout=row_layout)  # this part's rows in the sequence
-        acc, l_i, m_i = _softmax_loop(q_buf, q_bar.index(buffer), q_phase, k_smem, v_smem, k_bar, v_bar, empty_bar,
-                                      turn_bar, pin_buf, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
-                                      n_blocks, it, kx_smem, s_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG,
-                                      PIN_SOFTMAX, Q_IN_REGS, CONSUMERS)
-        # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
-        lse2 = m_i + gl.log2(l_i)
-        if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
-            lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
-        gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
-        _store_output(acc, l_i, q_buf, o_desc, q_row + PART * ROWS, col0)
-        mbarrier.arrive(q_free.index(buffer), count=1)
-        it += n_blocks
-        local += 1  # noqa: SIM113 -- counts the tiles run, not the loop's
+    for first in range(0, num_tiles, gl.num_programs(0)):  # a round of tiles, one a program
+        tile = _round_tile(first)
+        if tile < num_tiles:
+            (pid_bh, b, h, start_m, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, full_lo,
+             full_hi) = _dense_tile(tile, num_m, num_heads, seqlen, kv_group, window_left, window_right,
+                                    _head_dim(q_desc), CONSUMERS * ROWS, BLOCK_N, CAUSAL, WINDOW, GROUP_SHIFT)
+            alibi_log2 = 0.0
+            if ALIBI:
+                alibi_log2 = gl.load(Alibi + b * stride_alibi_b + h) * 1.4426950408889634
+            slot, q_phase = _q_slot(local, Q_BUFFERS)
+            buffer = slot * CONSUMERS + PART
+            q_buf = _at(q_smem, buffer)
+            mods = (softcap_log2, alibi_log2, start_m)  # ALiBi's reference row: the block's first
+            window = (window_left, window_right, full_lo, full_hi)
+            offs_m = start_m + PART * ROWS + gl.arange(0, ROWS, layout=row_layout)  # this part's rows in the sequence
+            acc, l_i, m_i = _softmax_loop(q_buf, q_bar.index(buffer), q_phase, k_smem, v_smem, k_bar, v_bar, empty_bar,
+                                          turn_bar, pin_buf, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
+                                          n_blocks, it, kx_smem, s_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG,
+                                          PIN_SOFTMAX, Q_IN_REGS, CONSUMERS)
+            # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
+            lse2 = m_i + gl.log2(l_i)
+            if ALIBI and CAUSAL:  # the query term the softmax left out (_scores_log2)
+                lse2 = lse2 - mods[1] * (offs_m - mods[2]).to(gl.float32)
+            gl.store(LSE + pid_bh.to(gl.int64) * seqlen + offs_m, lse2 * 0.6931471805599453)
+            _store_output(acc, l_i, q_buf, o_desc, q_row + PART * ROWS, col0)
+            mbarrier.arrive(q_free.index(buffer), count=1)
+            it += n_blocks
+            local += 1
 
 
 @gluon.jit
@@ -716,8 +744,8 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              Q_BUFFERS: gl.constexpr = 1):
     """The tiles (query block, batch x head) of FA2 Section 3.2's grid over num_rows = batch x
     heads rows, one a program or, on a persistent grid (FwdConfig.hopper_gluon_persistent: one
-    program an SM), several in turn: program_id, program_id + num_programs, ..., its loader warp
-    loading the next tile's first K/V block and Q while the consumers finish the one before. Each
+    program an SM), one a round (`_round_tile`), its loader warp loading the next tile's first K/V
+    block and Q while the consumers finish the one before. Each
     tile is partitioned into warps as FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader
     warp; Q_BUFFERS: Q's buffers (`_q_slot`); PINGPONG: the consumers issue their matmuls in turns
     (`_await_turn`); Q_IN_REGS: Q is the S matmuls' A operand from registers (`_q_operand`);

@@ -26,6 +26,7 @@ from .fwd import (
     _pin_buffer,
     _pin_softmax,
     _q_slot,
+    _round_tile,
     _store_output,
     _turn_barriers,
 )
@@ -86,15 +87,17 @@ def _varlen_load_partition(args, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr
     BLOCK_M: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS * q_desc[0].block_type.shape[0]
     it = 0
     local = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):  # the program's tiles in turn
-        (start_m, seqlen_q, seqlen_k, shift, n_blocks, mask_from, q_row, kv_row0, col0, kv_col0,
-         lse_row0) = _varlen_tile(tile, num_m, num_heads, CuSeqQ, CuSeqK, kv_group, stride_lse_h, stride_lse_b,
-                                  _head_dim(q_desc), BLOCK_M, k_desc[0].block_type.shape[0], CAUSAL, GROUP_SHIFT)
-        if start_m < seqlen_q:
-            _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, q_row,
-                       col0, kv_row0, kv_col0, 0, n_blocks, it, local, Q_BUFFERS)
-            it += n_blocks
-            local += 1
+    for first in range(0, num_tiles, gl.num_programs(0)):  # a round of tiles, one a program
+        tile = _round_tile(first)
+        if tile < num_tiles:
+            (start_m, seqlen_q, seqlen_k, shift, n_blocks, mask_from, q_row, kv_row0, col0, kv_col0,
+             lse_row0) = _varlen_tile(tile, num_m, num_heads, CuSeqQ, CuSeqK, kv_group, stride_lse_h, stride_lse_b,
+                                      _head_dim(q_desc), BLOCK_M, k_desc[0].block_type.shape[0], CAUSAL, GROUP_SHIFT)
+            if start_m < seqlen_q:
+                _load_q_kv(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, q_row,
+                           col0, kv_row0, kv_col0, 0, n_blocks, it, local, Q_BUFFERS)
+                it += n_blocks
+                local += 1
 
 
 @gluon.jit
@@ -118,47 +121,49 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
     EARLY_P: gl.constexpr = CONSUMERS == 3  # (_held_p)
     it = 0
     local = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):  # the program's tiles in turn
-        (start_m, seqlen_q, seqlen_k, shift, n_blocks, mask_from, q_row, kv_row0, col0, kv_col0,
-         lse_row0) = _varlen_tile(tile, num_m, num_heads, CuSeqQ, CuSeqK, kv_group, stride_lse_h, stride_lse_b,
-                                  _head_dim(q_desc), CONSUMERS * ROWS, BLOCK_N, CAUSAL, GROUP_SHIFT)
-        if start_m < seqlen_q:
-            slot, q_phase = _q_slot(local, Q_BUFFERS)
-            buffer = slot * CONSUMERS + PART
-            q_buf = _at(q_smem, buffer)
-            first_row = start_m + PART * ROWS  # this part's first query row in its sequence
-            offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
-            m_i, l_i, acc, s_init, s, q_op = _fwd_first_block(q_buf, q_bar.index(buffer), q_phase, k_smem, k_bar,
-                                                              empty_bar, turn_bar, it, s_layout, PART, PINGPONG, None,
-                                                              Q_IN_REGS)
-            p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k,
-                                                      shift, BLOCK_N, CAUSAL)
-            p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-            for i in range(1, n_blocks):
-                s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar,
-                                                            turn_bar, p, acc, s_init, PART, PINGPONG)
-                p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from,
-                                                          seqlen_k, shift, BLOCK_N, CAUSAL)
-                _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
-                acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+    for first in range(0, num_tiles, gl.num_programs(0)):  # a round of tiles, one a program
+        tile = _round_tile(first)
+        if tile < num_tiles:
+            (start_m, seqlen_q, seqlen_k, shift, n_blocks, mask_from, q_row, kv_row0, col0, kv_col0,
+             lse_row0) = _varlen_tile(tile, num_m, num_heads, CuSeqQ, CuSeqK, kv_group, stride_lse_h, stride_lse_b,
+                                      _head_dim(q_desc), CONSUMERS * ROWS, BLOCK_N, CAUSAL, GROUP_SHIFT)
+            if start_m < seqlen_q:
+                slot, q_phase = _q_slot(local, Q_BUFFERS)
+                buffer = slot * CONSUMERS + PART
+                q_buf = _at(q_smem, buffer)
+                first_row = start_m + PART * ROWS  # this part's first query row in its sequence
+                offs_m = first_row + gl.arange(0, ROWS, layout=row_layout)
+                m_i, l_i, acc, s_init, s, q_op = _fwd_first_block(q_buf, q_bar.index(buffer), q_phase, k_smem, k_bar,
+                                                                  empty_bar, turn_bar, it, s_layout, PART, PINGPONG, None,
+                                                                  Q_IN_REGS)
+                p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k,
+                                                          shift, BLOCK_N, CAUSAL)
                 p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-            acc = _fwd_last_block(it + n_blocks, p, acc, v_smem, v_bar, empty_bar)
+                for i in range(1, n_blocks):
+                    s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar,
+                                                                turn_bar, p, acc, s_init, PART, PINGPONG)
+                    p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from,
+                                                              seqlen_k, shift, BLOCK_N, CAUSAL)
+                    _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
+                    acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+                    p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
+                acc = _fwd_last_block(it + n_blocks, p, acc, v_smem, v_bar, empty_bar)
 
-            # lines 12-15; a row that saw no key: O = 0, L = +inf
-            empty = l_i == 0.0
-            l_safe = gl.where(empty, 1.0, l_i)
-            lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-            gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < seqlen_q)
-            if first_row + ROWS <= seqlen_q:  # the whole part is this sequence's: one TMA store a section
-                _store_output(acc, l_safe, q_buf, o_desc, q_row + PART * ROWS, col0)
-            else:  # the tile crosses the sequence's end: the rows past it belong to the next sequence
-                _store_rows_within(acc[0], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o, col0)
-                if len(acc) == 2:
-                    _store_rows_within(acc[1], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o,
-                                       col0 + acc[0].type.shape[1])
-            mbarrier.arrive(q_free.index(buffer), count=1)
-            it += n_blocks
-            local += 1
+                # lines 12-15; a row that saw no key: O = 0, L = +inf
+                empty = l_i == 0.0
+                l_safe = gl.where(empty, 1.0, l_i)
+                lse = gl.where(empty, float("inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+                gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < seqlen_q)
+                if first_row + ROWS <= seqlen_q:  # the whole part is this sequence's: one TMA store a section
+                    _store_output(acc, l_safe, q_buf, o_desc, q_row + PART * ROWS, col0)
+                else:  # the tile crosses the sequence's end: the rows past it belong to the next sequence
+                    _store_rows_within(acc[0], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o, col0)
+                    if len(acc) == 2:
+                        _store_rows_within(acc[1], l_safe, Out, q_row - start_m, first_row, seqlen_q, stride_o,
+                                           col0 + acc[0].type.shape[1])
+                mbarrier.arrive(q_free.index(buffer), count=1)
+                it += n_blocks
+                local += 1
 
 
 @gluon.jit
