@@ -78,12 +78,14 @@ class FwdConfig:
     # (gluon_forward_launch_order.csv); on the varlen kernel faster at 5 x 3000 causal and level
     # on a ragged batch (the same rows).
     hopper_gluon_head_section: int | str = 8
-    # Whether that kernel's grid is persistent: one program an SM, each running tiles (query block,
-    # batch x head) in turn, in the order above (hopper/fwd.py's kernel), its loader warp loading
-    # the next tile's first K/V block and (in a second Q buffer where one fits beside the rings:
-    # flash_attn_hopper.forward_q_buffers) its Q while the consumers finish the tile before, as FA3's
-    # persistent scheduler does; else one program a tile, each paying the pipeline's fill and drain.
-    hopper_gluon_persistent: bool = False
+    # Below this many keys that kernel's grid is persistent (0: never): one program an SM, each
+    # running tiles (query block, batch x head) in rounds, in the order above (hopper/fwd.py
+    # _round_tile), its loader warp loading the next tile's first K/V block and (in a second Q buffer
+    # where one fits beside the rings: flash_attn_hopper.forward_q_buffers) its Q while the consumers
+    # finish the tile before, as FA3's persistent scheduler does; else one program a tile, each
+    # paying the pipeline's fill and drain, which short key loops feel. Causal calls on a
+    # persistent grid take 128 query rows (dispatch.fwd_gluon_rows).
+    hopper_gluon_persistent_below_keys: int = 0
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def fwd_gluon_path(config: FwdConfig, q, k, v, out, causal: bool, features: Feat
         refusal = hopper_gluon_varlen_refusal(config, q, k, v, out, features)
         return (GluonPath.DENSE, "") if not refusal else ("", refusal)
     refusal = _min_keys_refusal(config, k.shape[1], "forward")
-    rows, block_n = fwd_gluon_rows(config, features), config.hopper_gluon_block_n
+    rows, block_n = fwd_gluon_rows(config, features, causal, k.shape[1]), config.hopper_gluon_block_n
     refusal = refusal or hopper_gluon_refusal(q, k, v, out, block_m=rows, block_n=block_n, causal=causal)
     if not refusal and _forward_tile_refusal(config, q.shape[-1], rows):
         return "", _forward_tile_refusal(config, q.shape[-1], rows)
@@ -190,12 +190,16 @@ def _forward_tile_refusal(config: FwdConfig, headdim: int, rows: int | None = No
     return flash_attn_hopper.three_consumer_refusal(headdim, block_n) if consumers == 3 else ""
 
 
-def fwd_gluon_rows(config: FwdConfig, features: Features = DENSE) -> int:
-    """The Gluon forward's query rows a program for a call: the config's hopper_gluon_block_m, but
-    128 (two consumer warpgroups) with a window, softcap or ALiBi, whose score code takes the
-    registers a third consumer would need."""
+def fwd_gluon_rows(config: FwdConfig, features: Features = DENSE, causal: bool = False, keys: int = 0) -> int:
+    """The Gluon forward's query rows a program for a call of `keys` keys (the longest sequence's):
+    the config's hopper_gluon_block_m, but 128 (two consumer warpgroups) with a window, softcap or
+    ALiBi, whose score code takes the registers a third consumer would need, and causal on a
+    persistent grid (fewer keys than hopper_gluon_persistent_below_keys), where 128 rows measured
+    faster than 192 at head dim 64 (the one entry with 192)."""
     if (features.window_left >= 0 or features.window_right >= 0 or features.softcap
             or features.alibi_slopes is not None):
+        return flash_attn_hopper.BLOCK_M
+    if causal and keys < config.hopper_gluon_persistent_below_keys:
         return flash_attn_hopper.BLOCK_M
     return config.hopper_gluon_block_m
 

@@ -246,7 +246,7 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_
 
 
 def forward_q_buffers(head_dim: int, block_n: int, alibi_tile: bool, block_m: int, persistent: bool) -> int:
-    """Q's buffers in the forward (fwd.py `_q_slot`): on a persistent grid (FwdConfig.hopper_gluon_persistent)
+    """Q's buffers in the forward (fwd.py `_q_slot`): on a persistent grid (forward_persistent)
     two where the second fits beside the K and V blocks forward_stages gives one (head dims 64 and 96
     in 128-key blocks), so that the next tile's Q loads while a tile runs; else one (its next Q
     loads once the tile's output has left through it)."""
@@ -259,9 +259,15 @@ def forward_q_buffers(head_dim: int, block_n: int, alibi_tile: bool, block_m: in
     return 2 if two == forward_stages(head_dim, block_n, alibi_tile, block_m) else 1
 
 
+def forward_persistent(config, keys: int) -> bool:
+    """Whether a forward of `keys` keys (the longest sequence's) runs on a persistent grid: fewer
+    than the FwdConfig's hopper_gluon_persistent_below_keys (a `config` without the field: no)."""
+    return keys < getattr(config, "hopper_gluon_persistent_below_keys", 0)
+
+
 def forward_grid(tiles: int, persistent: bool, device: torch.device) -> tuple[int]:
     """The forwards' grid over `tiles` (query block, batch x head) tiles (fwd.py's kernels): one
-    program a tile, or persistent (FwdConfig.hopper_gluon_persistent), one an SM of `device`'s GPU
+    program a tile, or persistent (forward_persistent), one an SM of `device`'s GPU
     (one program fits an SM: its shared memory and registers) and no more than the tiles."""
     if persistent:
         index = device.index if device.index is not None else (
@@ -271,17 +277,17 @@ def forward_grid(tiles: int, persistent: bool, device: torch.device) -> tuple[in
 
 
 def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n: int = BLOCK_N,
-                       block_m: int = BLOCK_M, schedule=None) -> dict:
+                       block_m: int = BLOCK_M, schedule=None, persistent: bool = False) -> dict:
     """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, its K and V
     blocks in flight for this head dim, block_n keys a block, block_m query rows and its Q buffers
-    (forward_stages, forward_q_buffers: two only where the FwdConfig `schedule` is persistent), its
+    (forward_stages, forward_q_buffers: two only on a `persistent` grid), its
     key loop's `schedule` (forward_schedule; a dict of constexprs may set Q_BUFFERS) and its launch
     options (forward_launch_options)."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
     loop = dict(forward_schedule(schedule))
     q_buffers = loop.pop("Q_BUFFERS", None) or forward_q_buffers(
-        head_dim, block_n, by_matmul, block_m, bool(getattr(schedule, "hopper_gluon_persistent", False)))
+        head_dim, block_n, by_matmul, block_m, persistent)
     stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m, q_buffers)
     return {**flags, "STAGES": stages, "V_STAGES": v_stages, "Q_BUFFERS": q_buffers, **loop,
             **forward_launch_options(block_m)}
@@ -377,7 +383,8 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
                                                          (BLOCK_M // 2, block_n, block_n, BLOCK_M // 2), q.shape[-1])
     # 4 warps in the default partition and 4 a further consumer, 1 loader warp: padded to whole
     # warpgroups, their registers at launch moved by setmaxnreg (forward_launch_options)
-    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule),
+    persistent = forward_persistent(schedule, k.shape[1])
+    constexprs = {**forward_constexprs(causal, q.shape[-1], flags, block_n, block_m, schedule, persistent),
                   **split_constexprs}
     # the causal programs' launch order (FwdConfig.hopper_gluon_head_section); passed where 0 too, as
     # every parameter must be for the plan to keep the compiled kernel (launch.DirectLaunch)
@@ -387,7 +394,6 @@ def forward_hopper_plan(q, k, v, out, causal: bool, flags: dict | None = None, b
                                                     k.shape[1], q.shape[-1], q.element_size(), q.device)
     # the descriptors' tensors are passed and the launch makes them (launch.DirectLaunch)
     # without a tail section the tail arguments are the logsumexp's pointer, not read
-    persistent = bool(getattr(schedule, "hopper_gluon_persistent", False))
     launch = DirectLaunch(sys.modules[__name__], "_fwd_launcher",
                           forward_grid(seqlen // block_m * batch * heads, persistent, q.device),
                           {"CAUSAL": causal, **constexprs},
@@ -416,7 +422,7 @@ def varlen_forward_hopper_plan(q, k, v, out, lse, batch: int, max_seqlen_q: int,
     the tiles and the schedule)."""
     total_q, heads, headdim = q.shape
     num_m = triton.cdiv(max_seqlen_q, block_m)
-    persistent = bool(getattr(schedule, "hopper_gluon_persistent", False))
+    persistent = forward_persistent(schedule, max_seqlen_k)
     grid = forward_grid(num_m * batch * heads, persistent, q.device)
     group_shift = 0
     if causal:  # the causal programs' launch order (FwdConfig.hopper_gluon_head_section)

@@ -373,17 +373,17 @@ def _dense_plan(q, k, v, out, causal: bool, cfg: FwdConfig):
     if path in (GluonPath.DENSE, GluonPath.PACKED):
         if on_hopper(q.device):
             hopper = dispatch.flash_attn_hopper
+            rows = dispatch.fwd_gluon_rows(cfg, causal=causal, keys=seqlen_k)
             gluon_runs = []  # made by the first call (where the kernel compiles, or fails to)
 
             def run_gluon(q, k, v, out, lse, softmax_scale):
                 if not gluon_runs:
                     gluon_runs.append(hopper.forward_hopper_plan(q, k, v, out, causal, block_n=cfg.hopper_gluon_block_n,
-                                                                 block_m=cfg.hopper_gluon_block_m,
-                                                                 schedule=cfg))
+                                                                 block_m=rows, schedule=cfg))
                 gluon_runs[0](q, k, v, out, lse, softmax_scale)
 
             def run_gluon_packed(q, k, v, out, lse, softmax_scale):
-                forward_packed(q, k, v, out, lse, softmax_scale * LOG2E.value, causal, cfg, cfg.hopper_gluon_block_m)
+                forward_packed(q, k, v, out, lse, softmax_scale * LOG2E.value, causal, cfg, rows)
 
             run = run_gluon if path == GluonPath.DENSE else run_gluon_packed
             run.gluon = True
@@ -436,7 +436,7 @@ def varlen_forward_gluon(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seql
     key = ("gluon-varlen", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), lse.shape,
            lse.stride(), q.dtype, q.device, batch, max_seqlen_q, max_seqlen_k, causal, cfg.hopper_gluon_block_n,
            block_m, tuple(hopper.forward_schedule(cfg).values()), cfg.hopper_gluon_head_section,
-           cfg.hopper_gluon_persistent, *(t.data_ptr() % 16 for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)))
+           cfg.hopper_gluon_persistent_below_keys, *(t.data_ptr() % 16 for t in (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)))
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.varlen_forward_hopper_plan(
         q, k, v, out, lse, batch, max_seqlen_q, max_seqlen_k, causal, cfg.hopper_gluon_block_n, block_m, cfg))
     plan(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, qk_scale)
@@ -452,7 +452,7 @@ def _forward_features_gluon(q, k, v, out, lse, causal: bool, features: Features,
     key = ("gluon", q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.device, causal,
            tuple(flags.values()), q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16, cfg.hopper_gluon_block_n,
            block_m, tuple(hopper.forward_schedule(cfg).values()), cfg.hopper_gluon_head_section,
-           cfg.hopper_gluon_persistent)
+           cfg.hopper_gluon_persistent_below_keys)
     plan = _PLANS.get(key) or _PLANS.put(key, hopper.forward_hopper_plan(
         q, k, v, out, causal, flags=flags, block_n=cfg.hopper_gluon_block_n, block_m=block_m,
         schedule=cfg))
@@ -501,7 +501,9 @@ def _forward_features(q, k, v, softmax_scale: float, causal: bool, config: FwdCo
     qk_scale, feature_values, flags = feature_args(q, k, softmax_scale, causal, features)
     if path in (GluonPath.DENSE, GluonPath.PACKED):
         if on_hopper(q.device):
-            gluon_rows = dispatch.fwd_gluon_rows(cfg, features)  # `rows` stays the Triton fallback's grid
+            # `rows` stays the Triton fallback's grid
+            gluon_rows = dispatch.fwd_gluon_rows(cfg, features, causal,
+                                                 features.max_seqlen_k if features.varlen else seqlen_k)
             try:
                 if features.varlen:
                     varlen_forward_gluon(q, k, v, out, lse, features.cu_seqlens_q, features.cu_seqlens_k,

@@ -1335,9 +1335,9 @@ def test_a_persistent_gluon_forward_takes_a_second_q_buffer_only_where_it_costs_
                                                                                             buffers, monkeypatch):
     """forward_q_buffers: a persistent grid takes two Q buffers where the second fits beside the K and
     V blocks forward_stages gives one (head dims 64 and 96), else one; a grid of one program a tile
-    one. The dense launch (made and launched on the CPU, the launcher recorded) on a persistent grid
-    runs one program an SM (132 without a GPU to ask) with those buffers and the same blocks in
-    flight, and one a tile (here fewer than the SMs) otherwise."""
+    one. The dense launch (made and launched on the CPU, the launcher recorded) of a call with fewer
+    keys than the config's hopper_gluon_persistent_below_keys runs one program an SM (132 without a
+    GPU to ask) with those buffers and the same blocks in flight, and at that many keys one a tile."""
     from kernels import flash_attn_hopper as hopper
 
     assert hopper.forward_q_buffers(headdim, block_n, False, block_m, persistent=True) == buffers
@@ -1347,12 +1347,13 @@ def test_a_persistent_gluon_forward_takes_a_second_q_buffer_only_where_it_costs_
     launches = _RecordedLaunches()
     monkeypatch.setattr(hopper, "_fwd_launcher", launches)
     config = dataclasses.replace(hopper_fwd_config(headdim, False), hopper_gluon_block_n=block_n,
-                                 hopper_gluon_block_m=block_m, hopper_gluon_persistent=True)
+                                 hopper_gluon_block_m=block_m)
     seqlen = 384 * 16
     q, k, v = (torch.randn(1, seqlen, 2, headdim, dtype=torch.bfloat16) for _ in range(3))
     out, lse = torch.empty_like(q), torch.empty(1, 2, seqlen)
     for persistent in (True, False):
-        schedule = dataclasses.replace(config, hopper_gluon_persistent=persistent)
+        # persistent below a threshold of keys: above the call's, or at it
+        schedule = dataclasses.replace(config, hopper_gluon_persistent_below_keys=seqlen + 1 if persistent else seqlen)
         hopper.forward_hopper_plan(q, k, v, out, False, block_n=block_n, block_m=block_m,
                                    schedule=schedule)(q, k, v, out, lse, 0.1)
         launch = launches.pop()

@@ -286,9 +286,9 @@ def test_gpu_gluon_forward_with_q_in_registers(case, dtype):
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, softcap, query rows a program): more
 # tiles than an H100 or H200 has SMs, so each persistent program runs several, of unequal lengths where causal
 PERSISTENT_CASES = {
-    "d64-three-causal": (2, 2048, 2048, 8, 8, 64, True, (-1, -1), 0.0, 192),  # varlen kernel, two Q buffers
+    "d64-three-off-grid-full": (4, 1000, 1000, 8, 8, 64, False, (-1, -1), 0.0, 192),  # varlen kernel, two Q buffers
     "d64-three-full": (2, 3072, 3072, 8, 4, 64, False, (-1, -1), 0.0, 192),  # dense, GQA
-    "d64-two-causal": (2, 2048, 2048, 8, 8, 64, True, (-1, -1), 0.0, 128),  # dense, two Q buffers
+    "d64-causal": (2, 2048, 2048, 8, 8, 64, True, (-1, -1), 0.0, 192),  # dense on 128 rows (causal), two Q buffers
     "d64-off-grid-causal": (4, 1000, 1000, 8, 8, 64, True, (-1, -1), 0.0, 128),  # varlen, batch rows packed
     "d64-cross-causal": (2, 1100, 2300, 8, 8, 64, True, (-1, -1), 0.0, 128),  # some rows see no key
     "d96-full": (2, 2048, 2048, 8, 8, 96, False, (-1, -1), 0.0, 128),  # two head-dim sections, two Q buffers
@@ -303,20 +303,22 @@ PERSISTENT_CASES = {
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(PERSISTENT_CASES))
 def test_gpu_gluon_forward_on_a_persistent_grid(case, dtype):
-    """FwdConfig.hopper_gluon_persistent (one program an SM, each running tiles in turn, its K/V rings
-    and Q buffers carried from one tile to the next) on the dense, features and varlen Gluon forwards,
-    two and three consumers, one and two Q buffers, every head dim: out, logsumexp and gradients
-    against float64 (a ring phase or a Q buffer carried wrongly from a tile to the next would read a
-    stale tile, race or deadlock), on the Gluon kernel; packed sequences too, one of them empty."""
+    """A persistent grid (FwdConfig.hopper_gluon_persistent_below_keys above the call's keys: one
+    program an SM, each running tiles in rounds, its K/V rings and Q buffers carried from one tile to
+    the next) on the dense, features and varlen Gluon forwards, two and three consumers (causal
+    calls take two), one and two Q buffers, every head dim: out, logsumexp and gradients against
+    float64 (a ring phase or a Q buffer carried wrongly from a tile to the next would read a stale
+    tile, race or deadlock), on the Gluon kernel; packed sequences too, one of them empty."""
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, softcap, rows = PERSISTENT_CASES[case]
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
     _check_forward_with_fields(batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, dtype, causal,
                                (dispatch.GluonPath.DENSE, dispatch.GluonPath.PACKED), window=window, softcap=softcap,
-                               hopper_gluon_block_m=rows, hopper_gluon_persistent=True)
-    if case in ("d64-three-causal", "d128-causal-gqa"):
+                               hopper_gluon_block_m=rows, hopper_gluon_persistent_below_keys=1 << 30)
+    if case in ("d64-three-off-grid-full", "d128-causal-gqa"):
         config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")),
-                                     hopper_gluon_min_keys=1024, hopper_gluon_block_m=rows, hopper_gluon_persistent=True)
+                                     hopper_gluon_min_keys=1024, hopper_gluon_block_m=rows,
+                                     hopper_gluon_persistent_below_keys=1 << 30)
         check_varlen([1500, 0, 700, 2100, 1, 1800] * 4, [1100, 300, 700, 2100, 1, 1800] * 4, heads, kv_heads, headdim,
                      dtype, device="cuda", causal=causal, fwd_config=config)
         assert dispatch.gluon_unavailable == "", dispatch.gluon_unavailable
