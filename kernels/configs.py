@@ -182,11 +182,15 @@ HOPPER_FWD_CONFIGS = {
     # reports/h200/decisions/gluon_fields.csv; with 128 rows, gluon_forward_d64.csv). Its three
     # consumers issue their matmuls in turns (hopper_gluon_pingpong, as FA3 and FA4 order them at head
     # dims up to 128): faster at 2k and 8k keys without causal and at 4k causal, level at 8k causal,
-    # same process (reports/h100/decisions/gluon_fields.csv).
+    # same process (reports/h100/decisions/gluon_fields.csv). Below 4096 keys its grid is persistent
+    # (hopper_gluon_persistent_below_keys; causal on 128 rows), and causal it takes the Gluon forward
+    # from 1000 keys: faster than the table before it at 16 x 1000 and 8 x 2048 causal (on the Triton
+    # forward then) and 8 x 2048 full, slower at 2 x 8192 causal and level full (docs/performance.md,
+    # "The Gluon forward on a persistent grid"; rows: reports/h100/decisions/gluon_forward_persistent.csv).
     (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=1024, hopper_gluon_block_m=192,
-                           hopper_gluon_pingpong=True),
-    (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=4096, hopper_gluon_block_m=192,
-                          hopper_gluon_pingpong=True),
+                           hopper_gluon_pingpong=True, hopper_gluon_persistent_below_keys=4096),
+    (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=1000, hopper_gluon_block_m=192,
+                          hopper_gluon_pingpong=True, hopper_gluon_persistent_below_keys=4096),
     # head dim 128: 128x128 tiles with 8 warps halve the K/V re-reads per output row; TMA
     # frees the pointer registers (ptxas: no spills with it). From 1024 keys, equal lengths in
     # whole blocks take the Gluon kernel instead (other lengths its varlen variant, dispatch's

@@ -140,8 +140,8 @@ def test_hopper_gluon_varlen_forward_scope():
 
     assert path() == GluonPath.DENSE
     assert path(dtype=torch.float16, kv_heads=1) == GluonPath.DENSE
-    assert path(headdim=64, config=HOPPER_FWD_CONFIGS[(64, True)]) != GluonPath.DENSE  # below 4096 keys
-    assert path(headdim=64, max_k=4096, config=HOPPER_FWD_CONFIGS[(64, True)]) == GluonPath.DENSE
+    assert path(headdim=64, max_k=999, config=HOPPER_FWD_CONFIGS[(64, True)]) != GluonPath.DENSE  # below 1000 keys
+    assert path(headdim=64, max_k=1000, config=HOPPER_FWD_CONFIGS[(64, True)]) == GluonPath.DENSE
     assert path(max_k=512) != GluonPath.DENSE  # below hopper_gluon_min_keys
     assert path(headdim=80) != GluonPath.DENSE and path(dtype=torch.float32) != GluonPath.DENSE
     assert path(headdim=96) == path(headdim=192) == GluonPath.DENSE  # two head-dim sections
@@ -194,7 +194,8 @@ def test_dense_calls_off_the_grid_take_the_gluon_varlen_kernels():
     assert fwd((1, 4500, 4, 64)) == GluonPath.PACKED
     assert fwd((2, 2048, 4, 128)) == GluonPath.DENSE  # on the grid: the dense kernel
     assert fwd((2, 1000, 4, 128)) not in (GluonPath.DENSE, GluonPath.PACKED)  # below 1024 keys
-    assert fwd((2, 3000, 4, 64)) not in (GluonPath.DENSE, GluonPath.PACKED)  # below 4096 keys at d64
+    assert fwd((2, 999, 4, 64)) not in (GluonPath.DENSE, GluonPath.PACKED)  # below 1000 keys at d64 causal
+    assert fwd((2, 3000, 4, 64)) == GluonPath.PACKED
     assert fwd((2, 3000, 4, 80)) not in (GluonPath.DENSE, GluonPath.PACKED)
     assert fwd((2, 3000, 4, 96)) == GluonPath.PACKED
     assert fwd((2, 3000, 4, 128), dtype=torch.float32) not in (GluonPath.DENSE, GluonPath.PACKED)
@@ -327,16 +328,21 @@ def test_hopper_gluon_varlen_backward_scope():
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_hopper_head_dim_64_takes_the_gluon_forward_on_192_rows_where_it_was_measured_faster(causal):
     """At head dim 64 the table takes the Gluon forward on 192 query rows from 1024 keys full and
-    4096 causal (2048 causal measured slower than the Triton kernel): the dense kernel where the
-    lengths are whole 192-row blocks (full), else its varlen kernel on the batch rows."""
+    1000 causal, on a persistent grid below 4096 keys, where causal calls take 128 rows
+    (fwd_gluon_rows): the dense kernel where the lengths are whole blocks of the call's rows (192
+    full, not causal: its diagonal blocks must be whole key blocks of a query block), else its
+    varlen kernel on the batch rows."""
     config = HOPPER_FWD_CONFIGS[(64, causal)]
-    assert config.hopper_gluon_block_m == 192
-    for seqlen in (512, 1024, 2048, 3072, 4096, 8192, 16384):
+    assert config.hopper_gluon_block_m == 192 and config.hopper_gluon_persistent_below_keys == 4096
+    for seqlen in (512, 1000, 1024, 2048, 3072, 4096, 8192, 16384):
         q = torch.empty(max(1, 16384 // seqlen), seqlen, 1, 64, dtype=torch.bfloat16)
         gluon = fwd_memory_path(config, q, q, q, q, causal)
-        assert (gluon in (GluonPath.DENSE, GluonPath.PACKED)) == (seqlen >= (4096 if causal else 1024)), seqlen
+        assert (gluon in (GluonPath.DENSE, GluonPath.PACKED)) == (seqlen >= (1000 if causal else 1024)), seqlen
+        rows = dispatch.fwd_gluon_rows(config, causal=causal, keys=seqlen)
+        assert rows == (128 if causal and seqlen < 4096 else 192), seqlen
         if gluon in (GluonPath.DENSE, GluonPath.PACKED):
-            assert (gluon == GluonPath.DENSE) == (not causal and seqlen % 192 == 0), seqlen
+            dense = seqlen % rows == 0 and not (causal and rows % config.hopper_gluon_block_n)
+            assert (gluon == GluonPath.DENSE) == dense, seqlen
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -350,7 +356,7 @@ def test_the_forward_on_192_query_rows_takes_the_dense_kernel_on_its_grid_and_th
     from kernels.checks import Features
 
     config = dataclasses.replace(HOPPER_FWD_CONFIGS[(64, causal)], hopper_gluon_min_keys=1024,
-                                 hopper_gluon_block_m=192)
+                                 hopper_gluon_block_m=192, hopper_gluon_persistent_below_keys=0)
 
     def path(seqlen_q, seqlen_k=None, features=dispatch.DENSE, cfg=config):
         q = torch.empty(2, seqlen_q, 4, 64, dtype=torch.bfloat16)
@@ -680,13 +686,14 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     assert all("spill stores 0 B" in line and "128x128 x 3/3" in line for line in forward_lines
                if "d96" in line and "192x" not in line)
     # head dims 64, 96, 128, 192 and 256, causal or not (64 on 192 rows); causal in launch groups of 4
-    # rows at 128, spilling no more than the same build in the grid's order (a few bytes with the
-    # softmax pinned); then two Q buffers at 64 and 96; then 192 rows at 96 and 128
+    # rows at 128, spilling at most a word more than the same build in the grid's order (its tile
+    # loop's state, stored and loaded once a tile); then two Q buffers at 64 and 96; then 192 rows at
+    # 96 and 128
     assert len(varlen_lines) == 10 + 1 + 4 + 4, report
     grouped = [line for line in varlen_lines if " group shift" in line]
 
     in_grid_order = next(line for line in varlen_lines if " d128 causal=True " in line and " 128x128 " in line)
-    assert len(grouped) == 1 and spills(grouped[0]) <= spills(in_grid_order), report
+    assert len(grouped) == 1 and spills(grouped[0]) <= spills(in_grid_order) + 4, report
     # three consumer warpgroups at 160 registers a thread (FwdConfig.hopper_gluon_block_m = 192): at head
     # dim 64 in 128-key blocks (the table's; causal: the varlen kernel only), at 96 and 128 in 64-key
     # blocks, without spills or serialised wgmma (at 64 also with two Q buffers)

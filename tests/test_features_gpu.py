@@ -286,10 +286,10 @@ def test_gpu_gluon_forward_with_q_in_registers(case, dtype):
 # (batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, softcap, query rows a program): more
 # tiles than an H100 or H200 has SMs, so each persistent program runs several, of unequal lengths where causal
 PERSISTENT_CASES = {
-    "d64-three-off-grid-full": (4, 1000, 1000, 8, 8, 64, False, (-1, -1), 0.0, 192),  # varlen kernel, two Q buffers
+    "d64-three-off-grid-full": (4, 1500, 1500, 8, 8, 64, False, (-1, -1), 0.0, 192),  # varlen kernel, two Q buffers
     "d64-three-full": (2, 3072, 3072, 8, 4, 64, False, (-1, -1), 0.0, 192),  # dense, GQA
     "d64-causal": (2, 2048, 2048, 8, 8, 64, True, (-1, -1), 0.0, 192),  # dense on 128 rows (causal), two Q buffers
-    "d64-off-grid-causal": (4, 1000, 1000, 8, 8, 64, True, (-1, -1), 0.0, 128),  # varlen, batch rows packed
+    "d64-off-grid-causal": (4, 1500, 1500, 8, 8, 64, True, (-1, -1), 0.0, 128),  # varlen, batch rows packed
     "d64-cross-causal": (2, 1100, 2300, 8, 8, 64, True, (-1, -1), 0.0, 128),  # some rows see no key
     "d96-full": (2, 2048, 2048, 8, 8, 96, False, (-1, -1), 0.0, 128),  # two head-dim sections, two Q buffers
     "d128-causal-gqa": (2, 2048, 2048, 8, 2, 128, True, (-1, -1), 0.0, 128),  # one Q buffer
