@@ -424,7 +424,7 @@ def main() -> None:
         for headdim in (128, 256):
             emit(hopper_gluon_report(True, headdim=headdim, schedule={"GROUP_SHIFT": 2}))
         emit(hopper_gluon_varlen_report(True, headdim=128, schedule={"GROUP_SHIFT": 2}))
-        # a second Q buffer (a persistent grid's, FwdConfig.hopper_gluon_persistent: the next tile's Q loads
+        # a second Q buffer (a persistent grid's, hopper_gluon_persistent_below_keys: the next tile's Q loads
         # while a tile runs), where it fits beside the rings: head dims 64 (the table's 192 rows) and 96
         for headdim in (64, 96):
             for causal in (False, True):

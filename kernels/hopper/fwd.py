@@ -19,6 +19,11 @@ when a matmul is waited for. These kernels (FA3, Shah et al. 2024):
 - **Intra-warpgroup overlap (FA3's Algorithm 2):** for key block j a consumer issues S_j = Q K_j^T,
   then O += P_{j-1} V_{j-1}, and waits for S_j (`warpgroup_mma_wait(1)`; with two head-dim
   sections that also takes P V's first): the softmax of S_j runs under (the rest of) the P V matmul.
+- **Tiles in a loop:** a program runs (query block, batch x head) tiles in rounds over a flat grid,
+  its K/V rings and mbarrier phases running on from one tile to the next: one program a tile, or
+  one an SM on a persistent grid (FwdConfig.hopper_gluon_persistent_below_keys), where the loader
+  warp loads the next tile's first K block and, in a second Q buffer where one fits, its Q while
+  the consumers finish the tile before.
 - FA2's non-matmul savings are kept: O unnormalised until one final rescale, the softmax scale
   folded into the exponent's FMA, logsumexp stored, the causal mask only on the diagonal blocks.
 - **Every head dim FA3's table has, unpadded:** register tiles are powers of two, so head dims 96
@@ -743,7 +748,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              PIN_SOFTMAX: gl.constexpr = False, Q_IN_REGS: gl.constexpr = False,
                              Q_BUFFERS: gl.constexpr = 1):
     """The tiles (query block, batch x head) of FA2 Section 3.2's grid over num_rows = batch x
-    heads rows, one a program or, on a persistent grid (FwdConfig.hopper_gluon_persistent: one
+    heads rows, one a program or, on a persistent grid (FwdConfig.hopper_gluon_persistent_below_keys: one
     program an SM), one a round (`_round_tile`), its loader warp loading the next tile's first K/V
     block and Q while the consumers finish the one before. Each
     tile is partitioned into warps as FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader
