@@ -79,7 +79,7 @@ class FwdConfig:
     # on a ragged batch (the same rows).
     hopper_gluon_head_section: int | str = 8
     # Below this many keys that kernel's grid is persistent (0: never): one program an SM, each
-    # running tiles (query block, batch x head) in rounds, in the order above (hopper/fwd.py
+    # running tiles (query block, batch x head) in rounds, in the order above (hopper/fwd_tiles.py
     # _round_tile), its loader warp loading the next tile's first K/V block and (in a second Q buffer
     # where one fits beside the rings: flash_attn_hopper.forward_q_buffers) its Q while the consumers
     # finish the tile before, as FA3's persistent scheduler does; else one program a tile, each

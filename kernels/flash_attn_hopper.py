@@ -246,7 +246,7 @@ def forward_stages(head_dim: int, block_n: int, alibi_tile: bool = False, block_
 
 
 def forward_q_buffers(head_dim: int, block_n: int, alibi_tile: bool, block_m: int, persistent: bool) -> int:
-    """Q's buffers in the forward (fwd.py `_q_slot`): on a persistent grid (forward_persistent)
+    """Q's buffers in the forward (fwd_tiles.py `_q_slot`): on a persistent grid (forward_persistent)
     two where the second fits beside the K and V blocks forward_stages gives one (head dims 64 and 96
     in 128-key blocks), so that the next tile's Q loads while a tile runs; else one (its next Q
     loads once the tile's output has left through it)."""
@@ -266,7 +266,7 @@ def forward_persistent(config, keys: int) -> bool:
 
 
 def forward_grid(tiles: int, persistent: bool, device: torch.device) -> tuple[int]:
-    """The forwards' grid over `tiles` (query block, batch x head) tiles (fwd.py's kernels): one
+    """The forwards' grid over `tiles` (query block, batch x head) tiles (fwd.py's and fwd_varlen.py's kernels): one
     program a tile, or persistent (forward_persistent), one an SM of `device`'s GPU
     (one program fits an SM: its shared memory and registers) and no more than the tiles."""
     if persistent:
@@ -305,7 +305,7 @@ def device_l2_bytes(device: torch.device) -> int:
 def fwd_group_shift(section: int | str, rows: int, seqlen_k: int, headdim: int, element_size: int,
                     device: torch.device) -> int:
     """log2 of the (batch x head) rows whose causal programs start together longest first (fwd.py's
-    GROUP_SHIFT, `_fwd_program`; FwdConfig.hopper_gluon_head_section): the largest power of two that
+    GROUP_SHIFT, fwd_tiles.py `_fwd_program`; FwdConfig.hopper_gluon_head_section): the largest power of two that
     divides `rows`, is at most `section` ("l2": no bound of its own) and keeps that many rows' K and
     V (seqlen_k x headdim each) within the L2 cache (common.l2_cache_bytes), the budget
     FlashAttention-4's forward tile scheduler sizes its head sections by (SingleTileLPTScheduler in
@@ -440,7 +440,7 @@ def varlen_forward_hopper_plan(q, k, v, out, lse, batch: int, max_seqlen_q: int,
     templates = {i: descriptor_template(d) for i, d in enumerate(descriptors) if d is not None}
     launch = DirectLaunch(sys.modules[__name__], "_fwd_varlen_launcher", grid,
                           {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "GROUP_SHIFT": group_shift,
-                           "Q_BUFFERS": q_buffers, **forward_schedule(schedule), **forward_launch_options(block_m),
+                           **forward_schedule(schedule), "Q_BUFFERS": q_buffers, **forward_launch_options(block_m),
                            **split_constexprs},
                           descriptors=templates)
 

@@ -811,7 +811,7 @@ def test_the_backward_grid_takes_sections_of_pairs_that_divide_them(monkeypatch)
 
 
 def test_the_causal_forward_starts_groups_of_rows_longest_first_sized_as_asked(monkeypatch):
-    """flash_attn_hopper.fwd_group_shift, the Gluon forward's causal launch order (fwd._fwd_program's
+    """flash_attn_hopper.fwd_group_shift, the Gluon forward's causal launch order (fwd_tiles._fwd_program's
     GROUP_SHIFT): log2 of the largest power of two that divides the (batch x head) rows, is at most
     the config's hopper_gluon_head_section (1: the grid's own order; the tables' 8) and keeps that
     many rows' K and V within the L2 cache ("l2": that bound alone, FA4's forward rule); a bad

@@ -339,7 +339,7 @@ CAUSAL_SECTION_CASES = {
 @pytest.mark.parametrize("case", list(CAUSAL_SECTION_CASES))
 def test_gpu_gluon_causal_forward_in_launch_groups(case, dtype):
     """FwdConfig.hopper_gluon_head_section on the causal Gluon forward: the programs renumbered so that
-    groups of (batch x head) rows start longest first together (fwd._fwd_program's GROUP_SHIFT; a
+    groups of (batch x head) rows start longest first together (fwd_tiles._fwd_program's GROUP_SHIFT; a
     renumbering that lost or repeated a program would leave poisoned rows or write one twice): out,
     logsumexp and gradients against float64, on the dense kernel (asserted), MHA and GQA."""
     batch, seqlen, heads, kv_heads, headdim, section = CAUSAL_SECTION_CASES[case]
@@ -370,7 +370,7 @@ CAUSAL_SECTION_VARLEN_CASES = {
 def test_gpu_gluon_causal_varlen_forward_in_launch_groups(case, dtype, monkeypatch):
     """FwdConfig.hopper_gluon_head_section on the causal varlen Gluon forward, packed sequences and
     a dense call off the grid: the programs renumbered so that groups of (sequence x head) rows start
-    longest first together (fwd._fwd_program's GROUP_SHIFT, the launch's asserted; a renumbering
+    longest first together (fwd_tiles._fwd_program's GROUP_SHIFT, the launch's asserted; a renumbering
     that lost or repeated a program would leave poisoned rows or write one twice): out, logsumexp
     and gradients against float64, on the varlen kernel (asserted)."""
     from kernels import flash_attn_hopper as hopper

@@ -46,6 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..features import _tanh
+from .fwd_tiles import _dense_tile, _q_slot, _round_tile
 from .shared import (
     _allocate_sections,
     _at,
@@ -185,53 +186,6 @@ def _alibi_by_matmul(causal, window, softcap, alibi):
     the query, and a softcap comes before it. Its B tile takes shared memory that V's ring gives up
     where they do not fit together (flash_attn_hopper.forward_stages: 2 V blocks at head dim 128)."""
     return bool(alibi) and bool(causal) and not window and not softcap
-
-
-@gluon.jit
-def _fwd_program(tile, num_m, num_heads, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr = 0):
-    """Tile `tile` of the (query block, batch x head) grid flattened query block first (num_m
-    blocks a row; a program runs one a round of them: `_round_tile`):
-    its (query block, batch x head, batch, head); causal runs the last query block (the most key
-    blocks) first: the longest tiles start early. With GROUP_SHIFT (causal only;
-    FwdConfig.hopper_gluon_head_section) the tiles are renumbered so that each group of
-    2**GROUP_SHIFT (batch x head) rows starts x-major, every row's longest query block first, then
-    every row's next (FA4's longest-processing-time scheduler over L2-sized head sections): tiles
-    start in turn, and in the grid's own order the last rows' longest tiles would start near the
-    end. Shifts and masks only: the rows are a multiple of the group."""
-    block = tile % num_m
-    row = tile // num_m
-    if CAUSAL and GROUP_SHIFT:
-        rows_mask: gl.constexpr = (1 << GROUP_SHIFT) - 1
-        within = (row & rows_mask) * num_m + block
-        pid_m = num_m - 1 - (within >> GROUP_SHIFT)
-        pid_bh = (row & ~rows_mask) | (within & rows_mask)
-    else:
-        if CAUSAL:
-            pid_m = num_m - 1 - block
-        else:
-            pid_m = block
-        pid_bh = row
-    return pid_m, pid_bh, pid_bh // num_heads, pid_bh % num_heads
-
-
-@gluon.jit
-def _round_tile(first):
-    """The tile this program runs in the round of tiles from `first` (one a program: a grid of one
-    program a tile has one round), in rounds that alternate direction: program p takes tile
-    first + p in even rounds and first + num_programs - 1 - p in odd ones. Tiles come longest first
-    (`_fwd_program`), so a persistent grid's first programs would otherwise take the longest tile of
-    every round; alternating pairs a round's longest with the next round's shortest."""
-    pid = gl.program_id(0)
-    programs = gl.num_programs(0)
-    odd = (first // programs) & 1
-    return first + pid + odd * (programs - 1 - 2 * pid)
-
-
-@gluon.jit
-def _q_slot(local, Q_BUFFERS: gl.constexpr):
-    """The Q buffer of a program's `local`-th tile and the phase its mbarriers are in: Q_BUFFERS
-    (1 or 2) buffers taken in turn, so with two the next tile's Q loads while this one's runs."""
-    return local % Q_BUFFERS, (local // Q_BUFFERS) & 1
 
 
 @gluon.jit
@@ -577,33 +531,6 @@ def _store_output(out, l_i, q_buf, o_desc, row, col0):
 
 
 @gluon.jit
-def _dense_tile(tile, num_m, num_heads, seqlen, kv_group, window_left, window_right, HEAD_DIM: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr,
-                GROUP_SHIFT: gl.constexpr):
-    """What a tile of the dense kernel covers (`_fwd_program`), which the loader and every consumer
-    work out alike: (batch x head, batch, head, query block's first row in its sequence, its row
-    in Q's (batch * seqlen) view, K's and V's first row there, Q's and K's first columns, the first
-    key block and how many, and [full_lo, full_hi): the key blocks without a mask (a window's; causal:
-    full_hi is the first diagonal block)."""
-    pid_m, pid_bh, b, h = _fwd_program(tile, num_m, num_heads, CAUSAL, GROUP_SHIFT)
-    start_m = pid_m * BLOCK_M
-    full_lo = 0
-    full_hi = 0
-    if WINDOW:
-        first_block, n_blocks, full_lo, full_hi = _window_key_blocks(start_m, seqlen, window_left, window_right,
-                                                                     BLOCK_M, BLOCK_N)
-    elif CAUSAL:  # key blocks up to the diagonal, the last BLOCK_M / BLOCK_N masked
-        first_block = 0
-        n_blocks = (start_m + BLOCK_M) // BLOCK_N
-        full_hi = n_blocks - BLOCK_M // BLOCK_N
-    else:
-        first_block = 0
-        n_blocks = seqlen // BLOCK_N
-    return (pid_bh, b, h, start_m, b * seqlen + start_m, b * seqlen, h * HEAD_DIM, (h // kv_group) * HEAD_DIM,
-            first_block, n_blocks, full_lo, full_hi)
-
-
-@gluon.jit
 def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, GROUP_SHIFT: gl.constexpr,
                     Q_BUFFERS: gl.constexpr):
     """One warp: _load_q_kv for each of the program's tiles and the key blocks it visits."""
@@ -727,18 +654,6 @@ def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_b
 
 
 @gluon.jit
-def _window_key_blocks(start_m, seqlen, window_left, window_right, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Key blocks the query block [start_m, start_m + BLOCK_M) visits under a window (query and
-    key lengths equal): first, count, and [full_lo, full_hi), the blocks every row sees whole
-    (kernels/features.py's _window_key_blocks; sides are non-negative, UNBOUNDED for no bound)."""
-    first = gl.maximum(start_m - window_left, 0) // BLOCK_N
-    end = (gl.minimum(start_m + BLOCK_M + window_right, seqlen) + BLOCK_N - 1) // BLOCK_N
-    full_lo = (gl.maximum(start_m + BLOCK_M - 1 - window_left, 0) + BLOCK_N - 1) // BLOCK_N
-    full_hi = gl.maximum(gl.minimum(start_m + window_right + 1, seqlen) // BLOCK_N, full_lo)
-    return first, end - first, full_lo, full_hi
-
-
-@gluon.jit
 def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc, v_tail_desc, o_tail_desc, LSE,
                              num_heads, num_rows, seqlen, qk_scale, kv_group, window_left, window_right, softcap_log2,
                              Alibi, stride_alibi_b, STAGES: gl.constexpr, V_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
@@ -749,12 +664,12 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              Q_BUFFERS: gl.constexpr = 1):
     """The tiles (query block, batch x head) of FA2 Section 3.2's grid over num_rows = batch x
     heads rows, one a program or, on a persistent grid (FwdConfig.hopper_gluon_persistent_below_keys: one
-    program an SM), one a round (`_round_tile`), its loader warp loading the next tile's first K/V
+    program an SM), one a round (fwd_tiles.py `_round_tile`), its loader warp loading the next tile's first K/V
     block and Q while the consumers finish the one before. Each
     tile is partitioned into warps as FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader
     warp; Q_BUFFERS: Q's buffers (`_q_slot`); PINGPONG: the consumers issue their matmuls in turns
     (`_await_turn`); Q_IN_REGS: Q is the S matmuls' A operand from registers (`_q_operand`);
-    GROUP_SHIFT: causal tiles start longest first across groups of rows (`_fwd_program`). The
+    GROUP_SHIFT: causal tiles start longest first across groups of rows (fwd_tiles.py `_fwd_program`). The
     descriptors view (batch * seqlen, heads * head dim); K and V have num_heads / kv_group heads
     (GQA/MQA: q head h reads kv head h // kv_group). CAUSAL reaches the partitions at compile time (a
     constexpr in their argument tuples), so the non-causal kernel has no mask code (as a run-time

@@ -17,7 +17,6 @@ from .fwd import (
     _fwd_block_matmuls,
     _fwd_first_block,
     _fwd_last_block,
-    _fwd_program,
     _fwd_rescale,
     _fwd_shared_buffers,
     _held_p,
@@ -25,11 +24,10 @@ from .fwd import (
     _online_softmax,
     _pin_buffer,
     _pin_softmax,
-    _q_slot,
-    _round_tile,
     _store_output,
     _turn_barriers,
 )
+from .fwd_tiles import _fwd_program, _q_slot, _round_tile
 from .shared import _at, _descriptor_sections, _head_dim, _wgmma_layout
 
 
@@ -52,7 +50,7 @@ def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from
 @gluon.jit
 def _varlen_tile(tile, num_m, num_heads, CuSeqQ, CuSeqK, kv_group, stride_lse_h, stride_lse_b, HEAD_DIM: gl.constexpr,
                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr):
-    """What a tile (query block, sequence x head) covers (`_fwd_program` over num_m blocks a row),
+    """What a tile (query block, sequence x head) covers (fwd_tiles.py `_fwd_program` over num_m blocks a row),
     which the loader and every consumer work out alike: (its first query row in the sequence, the
     sequence's query and key lengths, shift = seqlen_k - seqlen_q (causal is bottom-right aligned),
     its key blocks (at least one: a tile whose rows see no key runs one fully masked block), the
