@@ -186,7 +186,7 @@ HOPPER_FWD_CONFIGS = {
     # (hopper_gluon_persistent_below_keys; causal on 128 rows), and causal it takes the Gluon forward
     # from 1000 keys: faster than the table before it at 16 x 1000 and 8 x 2048 causal (on the Triton
     # forward then) and 8 x 2048 full, slower at 2 x 8192 causal and level full (docs/performance.md,
-    # "The Gluon forward on a persistent grid"; rows: reports/h100/decisions/gluon_forward_persistent.csv).
+    # "A persistent grid for short key loops"; rows: reports/h100/decisions/gluon_forward_persistent.csv).
     (64, False): FwdConfig(128, 64, 4, 3, hopper_gluon_min_keys=1024, hopper_gluon_block_m=192,
                            hopper_gluon_pingpong=True, hopper_gluon_persistent_below_keys=4096),
     (64, True): FwdConfig(128, 64, 8, 3, hopper_gluon_min_keys=1000, hopper_gluon_block_m=192,

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 
 from .checks import check_flag, check_scalars, softmax_scale_or_default, window_sides
-from .common import cdiv, next_power_of_2
+from .common import cdiv, next_power_of_2, sm_count
 from .decode_kernels import (
     _fwd_kvcache_combine_kernel,
     _fwd_kvcache_split_kernel,
@@ -146,7 +146,7 @@ def choose_tile(programs: int, num_sms: int, block_d: int = 128) -> tuple[int, i
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return INTERPRETER_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _rotary_meta(headdim: int, rotary_cos: torch.Tensor | None) -> dict:

@@ -195,7 +195,8 @@ def fwd_gluon_rows(config: FwdConfig, features: Features = DENSE, causal: bool =
     the config's hopper_gluon_block_m, but 128 (two consumer warpgroups) with a window, softcap or
     ALiBi, whose score code takes the registers a third consumer would need, and causal on a
     persistent grid (fewer keys than hopper_gluon_persistent_below_keys), where 128 rows measured
-    faster than 192 at head dim 64 (the one entry with 192)."""
+    faster than 192 at head dim 64, the one entry with 192 (in a side-by-side run whose rows are not
+    kept; the kept rows time the persistent grid on 128 rows against the table)."""
     if (features.window_left >= 0 or features.window_right >= 0 or features.softcap
             or features.alibi_slopes is not None):
         return flash_attn_hopper.BLOCK_M

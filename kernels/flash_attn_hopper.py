@@ -270,9 +270,7 @@ def forward_grid(tiles: int, persistent: bool, device: torch.device) -> tuple[in
     program a tile, or persistent (forward_persistent), one an SM of `device`'s GPU
     (one program fits an SM: its shared memory and registers) and no more than the tiles."""
     if persistent:
-        index = device.index if device.index is not None else (
-            torch.cuda.current_device() if device.type == "cuda" else 0)
-        return (max(1, min(tiles, sm_count(index))),)
+        return (max(1, min(tiles, sm_count(_device_index(device)))),)
     return (tiles,)
 
 
@@ -293,13 +291,18 @@ def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n:
             **forward_launch_options(block_m)}
 
 
-def device_l2_bytes(device: torch.device) -> int:
-    """The L2 cache of `device`'s GPU in bytes (common.l2_cache_bytes): the current GPU's where the
-    device names none; for a CPU device (a launch recorded on the CPU) the first GPU's, or the
-    H100/H200's where there is none."""
+def _device_index(device: torch.device) -> int:
+    """The CUDA device a launch on `device` asks about: its own index, the current GPU where it
+    names none, and for a CPU device (a launch recorded on the CPU) the first."""
     if device.index is not None:
-        return l2_cache_bytes(device.index)
-    return l2_cache_bytes(torch.cuda.current_device() if device.type == "cuda" else 0)
+        return device.index
+    return torch.cuda.current_device() if device.type == "cuda" else 0
+
+
+def device_l2_bytes(device: torch.device) -> int:
+    """The L2 cache of `device`'s GPU in bytes (common.l2_cache_bytes; `_device_index`'s GPU, or
+    the H100/H200's where there is none)."""
+    return l2_cache_bytes(_device_index(device))
 
 
 def fwd_group_shift(section: int | str, rows: int, seqlen_k: int, headdim: int, element_size: int,
