@@ -43,6 +43,7 @@ from .dispatch import (
 )
 from .features import feature_args
 from .launch import CachedLauncher, DirectLaunch, PlanCache
+from .row_chunks import GRID_ROWS, backward_in_chunks, row_spans, spans_of
 
 
 @triton.jit
@@ -199,6 +200,10 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     variable lengths its varlen variant where dispatch.hopper_gluon_varlen_bwd_applies holds. Dense calls
     run a per-shape plan (`_dense_plan`), as the forward does."""
     if features is not DENSE or k.shape[-2] != q.shape[-2]:
+        spans = spans_of(q, features)
+        if spans:
+            return backward_in_chunks(flash_attn_backward, spans, do, q, k, v, out, lse, softmax_scale, causal, config,
+                                      deterministic, features)
         if features.varlen and on_hopper(q.device) and min(q.shape[0], k.shape[0], q.shape[1]):
             cfg = config or default_bwd_config(q.shape[-1], q.device)
             if dispatch.hopper_gluon_varlen_bwd_applies(cfg, q, k, v, do, features, deterministic):
@@ -222,6 +227,9 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     do, q, k, v = (last_dim_contiguous(t) for t in (do, q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
     seqlen_k = k.shape[1]
+    if batch * heads > GRID_ROWS:
+        return backward_in_chunks(flash_attn_backward, row_spans(batch, heads), do, q, k, v, out, lse, softmax_scale,
+                                  causal, config, deterministic, features)
     if seqlen_q == 0 or seqlen_k == 0 or batch * heads == 0:
         return (torch.zeros_like(q, memory_format=torch.contiguous_format),
                 torch.zeros_like(k, memory_format=torch.contiguous_format),

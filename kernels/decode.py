@@ -44,6 +44,7 @@ from .decode_kernels import (
 )
 from .launch import CachedLauncher, DirectLaunch, PlanCache
 from .ops import tracing
+from .row_chunks import GRID_ROWS
 
 PAGE_MULTIPLE = 16  # page sizes the paged cache takes: multiples of this many tokens
 PAGE_SPAN_LIMIT = 2 ** 31  # elements one page may span: the split kernel's in-page row offsets are int32
@@ -328,6 +329,9 @@ def _attend_plan(q, k_cache, v_cache, seqlens_k, cache_batch_idx, block_table, a
     constant argument decided once, as a function of (the tensors, softmax_scale, softcap)."""
     batch, seqlen_q, heads, headdim = q.shape
     kv_heads = k_cache.shape[2]
+    if batch * kv_heads > GRID_ROWS:  # the split kernel's grid axis
+        raise ValueError(f"q batch x k_cache heads: at most {GRID_ROWS} in one call (the decode kernel's grid), got "
+                         f"{batch} x {kv_heads}; split the batch")
     group = heads // kv_heads
     capacity = _capacity(k_cache, block_table)
     interpreted = q.device.type != "cuda"

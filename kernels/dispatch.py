@@ -17,6 +17,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .checks import DENSE, Features
 from .configs import BwdConfig, FwdConfig, padded_headdim
 from .launch import PlanCache
+from .row_chunks import GRID_ROWS
 
 # The Gluon kernels are written against Triton 3.6's Gluon API, which later releases change
 # (3.8 removed gl.thread_barrier). Where they cannot be imported or compiled, every call takes
@@ -268,8 +269,8 @@ def hopper_gluon_refusal(q, k, v, out, mode: str = "forward", block_m: int | Non
     if not (q.shape == out.shape and k.shape == v.shape and k.shape[0] == batch and k.shape[3] == headdim
             and kv_heads and heads % kv_heads == 0):
         return f"{heads} q heads on {kv_heads} kv heads, or shapes that do not match"
-    if batch * heads > 65535:  # the grid's y limit
-        return f"batch x heads {batch * heads}: more than the grid's 65535"
+    if batch * heads > GRID_ROWS:  # a grid axis's bound: the API runs such calls in chunks (row_chunks.py)
+        return f"batch x heads {batch * heads}: more than a grid axis's {GRID_ROWS}"
     # rows that do not overlap (no broadcast K or V with stride 0): one descriptor row each
     if any(t.stride(1) < t.shape[2] * headdim for t in (q, k, v, out)) or not tma_compatible(q, k, v, out):
         return "rows that overlap, a last stride other than 1, or not 16-byte aligned (TMA)"
@@ -321,8 +322,8 @@ def hopper_gluon_varlen_refusal(config: FwdConfig, q, k, v, out, features: Featu
     if not (q.shape == out.shape and k.shape == v.shape and k.shape[2] == headdim
             and kv_heads and heads % kv_heads == 0):
         return f"{heads} q heads on {kv_heads} kv heads, or shapes that do not match"
-    if batch * heads > 65535:  # the grid's y limit
-        return f"batch x heads {batch * heads}: more than the grid's 65535"
+    if batch * heads > GRID_ROWS:  # a grid axis's bound: the API runs such calls in chunks (row_chunks.py)
+        return f"batch x heads {batch * heads}: more than a grid axis's {GRID_ROWS}"
     if any(t.stride(1) != headdim or t.stride(0) < t.shape[1] * headdim for t in (q, k, v, out)):
         return "heads not side by side in their rows"
     if not tma_compatible(q, k, v, out):

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from .common import cdiv
+from .row_chunks import chunk_seed, row_spans
 
 
 @triton.jit
@@ -50,6 +51,10 @@ def dropout_keep_mask(rng_seed: torch.Tensor, dropout_p: float, batch: int, head
                       seqlen_k: int) -> torch.Tensor:
     """The keep-mask the kernels draw, (batch, heads, seqlen_q, seqlen_k) bool. For packed
     variable lengths, pass max_seqlen_q/k: sequence b's mask is [b, :, :len_q, :len_k]."""
+    spans = row_spans(batch, heads)
+    if spans:  # the kernels ran the call in chunks (kernels/row_chunks.py), each under its own offset
+        return torch.cat([dropout_keep_mask(chunk_seed(rng_seed, index), dropout_p, end - start, heads, seqlen_q,
+                                            seqlen_k) for index, (start, end) in enumerate(spans)])
     mask = torch.empty((batch, heads, seqlen_q, seqlen_k), dtype=torch.int8, device=rng_seed.device)
     if mask.numel():
         block = 32

@@ -47,6 +47,7 @@ from .dispatch import (
 from .dropout import _dropout_keep, _rng_state
 from .features import _in_window, _scores, _seq_bounds, _window_key_blocks, feature_args
 from .launch import CachedLauncher, DirectLaunch, PlanCache, descriptor_like, descriptor_template
+from .row_chunks import GRID_ROWS, forward_in_chunks, row_spans, spans_of
 
 
 @triton.jit
@@ -335,9 +336,15 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, config: FwdC
     constexprs and descriptor templates are decided once per (shapes, strides, dtype, alignment,
     config, device), so a repeated shape costs the host two allocations and one direct launch."""
     if features is not DENSE or k.shape[-2] != q.shape[-2]:
+        spans = spans_of(q, features)
+        if spans:
+            return forward_in_chunks(flash_attn_forward, spans, q, k, v, softmax_scale, causal, config, features)
         return _forward_features(q, k, v, softmax_scale, causal, config, features)
     q, k, v = (last_dim_contiguous(t) for t in (q, k, v))
     batch, seqlen_q, heads, headdim = q.shape
+    if batch * heads > GRID_ROWS:
+        return forward_in_chunks(flash_attn_forward, row_spans(batch, heads), q, k, v, softmax_scale, causal, config,
+                                 features)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((batch, heads, seqlen_q), device=q.device, dtype=torch.float32)
     if out.numel() == 0:

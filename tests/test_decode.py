@@ -453,6 +453,13 @@ def test_bad_input_is_refused_by_name(overrides, error, match):
         flash_attn_with_kvcache(**_bad_call(**overrides))
 
 
+def test_more_batch_x_kv_heads_than_the_grid_takes_is_refused(monkeypatch):
+    """Past the split kernel's grid axis (row_chunks.GRID_ROWS, lowered here to 3), a clear error."""
+    monkeypatch.setattr(decode, "GRID_ROWS", 3)
+    with pytest.raises(ValueError, match="q batch x k_cache heads: at most 3"):
+        flash_attn_with_kvcache(**_bad_call())
+
+
 def test_bad_block_tables_and_page_sizes_are_refused():
     q = torch.randn(2, 1, 4, 16, dtype=torch.float16)
     k_cache, v_cache, table = make_cache(2, 32, 2, 16, torch.float16, "cpu", [20, 32], page_size=16)
