@@ -187,8 +187,10 @@ def test_gpu_gluon_forward_on_192_query_rows(case, dtype):
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, block_n = THREE_CONSUMER_CASES[case]
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon kernels run on sm_90 (H100/H200) only")
+    # one program a tile: a persistent grid takes 128 rows causal (dispatch.fwd_gluon_rows)
     config = dataclasses.replace(default_fwd_config(headdim, causal, torch.device("cuda")), hopper_gluon_min_keys=1024,
-                                 hopper_gluon_block_m=192, hopper_gluon_block_n=block_n)
+                                 hopper_gluon_block_m=192, hopper_gluon_block_n=block_n,
+                                 hopper_gluon_persistent_below_keys=0)
     like_q = torch.empty(batch, seqlen_q, heads, headdim, device="cuda", dtype=dtype)
     like_k = torch.empty(batch, seqlen_k, kv_heads, headdim, device="cuda", dtype=dtype)
     dense = (seqlen_q == seqlen_k and seqlen_q % 192 == 0 and seqlen_q % block_n == 0

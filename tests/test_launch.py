@@ -315,7 +315,8 @@ def test_gpu_repeated_calls_take_the_cached_launch(shape, causal, monkeypatch):
         plans.clear()
     counts = count_launches(monkeypatch, (forward._fwd_launcher, backward._bwd_preprocess_launcher,
                                           backward._bwd_dkdv_launcher, backward._bwd_dq_launcher,
-                                          flash_attn_hopper._fwd_launcher, flash_attn_hopper._bwd_dkdv_launcher))
+                                          flash_attn_hopper._fwd_launcher, flash_attn_hopper._bwd_dkdv_launcher,
+                                          flash_attn_hopper._bwd_dkdv_wide_launcher))
     # the varlen Gluon kernels, which calls off the 128-row grid take (dispatch's GluonPath.PACKED),
     # counted apart: their plans (forward.varlen_forward_gluon, backward._backward_varlen_gluon) launch
     # them as the dense kernels', but the packed backward's preprocess kernel has no plan
