@@ -41,8 +41,11 @@ def chunk_seed(rng_seed: torch.Tensor, index: int) -> torch.Tensor:
 
 def _chunk_features(features: Features, index: int, start: int, end: int) -> Features:
     """`features` for batch rows [start, end): ALiBi's per-batch slopes and the packed offsets
-    sliced, dropout's offset moved by the chunk's number."""
+    sliced, dropout's offset moved by the chunk's number (`features` itself where none of them is
+    there: a dense call's chunks stay on the dense path, which asks `features is DENSE`)."""
     alibi = features.alibi_slopes
+    if features.rng_seed is None and not features.varlen and (alibi is None or alibi.dim() == 1):
+        return features
     if alibi is not None and alibi.dim() == 2:
         alibi = alibi[start:end]
     seed = features.rng_seed if features.rng_seed is None else chunk_seed(features.rng_seed, index)

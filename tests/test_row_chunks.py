@@ -48,11 +48,15 @@ def test_row_spans_cover_the_batch_in_chunks_within_the_bound():
 
 @pytest.mark.usefixtures("poisoned_allocations")
 @pytest.mark.parametrize("causal", [False, True])
-def test_dense_calls_in_chunks_match_the_reference(chunks_counted, causal):
+def test_dense_calls_in_chunks_match_the_reference(chunks_counted, causal, monkeypatch):
     """5 batch rows of 2 heads under a bound of 4 rows: chunks of 2, 2 and 1 batch rows, forward
-    and backward."""
-    check_dense(5, 23, 31, 2, 2, 16, torch.float32, causal=causal)
+    and backward, each on the dense path (not the features kernels)."""
+    feature_calls = []
+    real = forward._forward_features
+    monkeypatch.setattr(forward, "_forward_features", lambda *args: feature_calls.append(1) or real(*args))
+    check_dense(5, 23, 23, 2, 2, 16, torch.float32, causal=causal)
     assert [start for _, start, _ in chunks_counted] == [0, 2, 4] * 2  # forward, then backward
+    assert not feature_calls, "a dense call's chunks left the dense path"
 
 
 @pytest.mark.usefixtures("poisoned_allocations")
