@@ -26,6 +26,16 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: run `pytest -m {marker}` on a GPU machine"))
 
 
+@pytest.fixture(autouse=True)
+def _gpu_memory_released(request):
+    """A `gpu` test's tensors go back to the GPU when it ends, not to its process's caching
+    allocator: pytest-xdist's workers share the card, and a worker holding the gigabytes of its
+    last large test would leave the others out of memory."""
+    yield
+    if HAS_CUDA and "gpu" in request.keywords:
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture
 def device() -> str:
     return "cuda" if HAS_CUDA else "cpu"

@@ -99,21 +99,10 @@ def test_the_keep_mask_of_a_chunked_call_is_each_chunks_mask(chunks_counted):
     assert not torch.equal(second[0], first[0])
 
 
-@pytest.fixture
-def gpu_memory_released():
-    """This test's tensors (gigabytes) go back to the GPU when it ends, not to this process's
-    cache, where the tests that other pytest-xdist workers run beside it could not have them."""
-    yield
-    import gc
-
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("headdim,seqlen", [(64, 128), (64, 197), (128, 64)])
-def test_gpu_calls_past_the_grid_bound(causal, headdim, seqlen, gpu_memory_released):
+def test_gpu_calls_past_the_grid_bound(causal, headdim, seqlen):
     """More than 65535 (batch x head) rows (a ViT's large batch), bf16, forward and backward on
     the fast kernels' shapes and off them: the first and last batch rows against float64."""
     batch, heads = 65536 // 8 + 3, 8
