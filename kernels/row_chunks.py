@@ -56,10 +56,18 @@ def _chunk_features(features: Features, index: int, start: int, end: int) -> Fea
     return dataclasses.replace(features, alibi_slopes=alibi, rng_seed=seed, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
 
 
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the stream `t`'s work goes to."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def _rows(features: Features, spans: list[tuple[int, int]]) -> tuple[list[slice], list[slice]]:
     """Each chunk's rows of q and of k: batch rows, or the packed rows of its sequences."""
     if not features.varlen:
         return [slice(s, e) for s, e in spans], [slice(s, e) for s, e in spans]
+    if _capturing(features.cu_seqlens_q):
+        raise ValueError(f"cu_seqlens_q: more than {GRID_ROWS} (sequences x heads) run in chunks whose rows the host "
+                         "reads from cu_seqlens, which a CUDA graph's capture cannot; capture fewer sequences a call")
     cu_q, cu_k = features.cu_seqlens_q.tolist(), features.cu_seqlens_k.tolist()
     return ([slice(cu_q[s], cu_q[e]) for s, e in spans], [slice(cu_k[s], cu_k[e]) for s, e in spans])
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from baselines.reference import attention_reference, attention_same_dtype
-from kernels import backward, flash_attn_func, forward, row_chunks
+from kernels import backward, flash_attn_func, flash_attn_varlen_func, forward, row_chunks
 from kernels.dropout import dropout_keep_mask
 from tests.attention_checks import assert_close_to_reference, poisoned_allocations  # noqa: F401
 from tests.test_features import check_dense, check_varlen
@@ -71,6 +71,16 @@ def test_packed_sequences_in_chunks(chunks_counted):
     """Packed sequences (one empty) in chunks of 2 sequences of 2 heads."""
     check_varlen([9, 0, 17, 5, 12], [11, 4, 17, 5, 20], 2, 1, 16, torch.float32, causal=True)
     assert [start for _, start, _ in chunks_counted][:3] == [0, 2, 4]
+
+
+def test_packed_calls_in_chunks_are_refused_under_cuda_graph_capture(chunks_counted, monkeypatch):
+    """Their chunks' rows come from cu_seqlens read on the host, which a capture cannot do: a
+    clear error naming the argument, not a failed capture."""
+    monkeypatch.setattr(row_chunks, "_capturing", lambda t: True)
+    q, k, v = (torch.randn(30, 2, 16) for _ in range(3))
+    cu = torch.tensor([0, 10, 20, 30], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q: more than 4"):
+        flash_attn_varlen_func(q, k, v, cu, cu, 10, 10)
 
 
 def test_dropout_chunks_draw_masks_of_their_own_that_the_keep_mask_reports(chunks_counted):
