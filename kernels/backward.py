@@ -198,7 +198,8 @@ def flash_attn_backward(do, q, k, v, out, lse, softmax_scale: float, causal: boo
     than q heads, run kernels/backward_features.py (atomic-free), or on Hopper the Gluon dK/dV
     kernel with dQ fused where dispatch.bwd_dkdv_path sends them (not deterministic); packed
     variable lengths its varlen variant where dispatch.hopper_gluon_varlen_bwd_applies holds. Dense calls
-    run a per-shape plan (`_dense_plan`), as the forward does."""
+    run a per-shape plan (`_dense_plan`), as the forward does; more (batch x head) rows than a grid
+    axis takes, in chunks of batch rows (row_chunks.py)."""
     if features is not DENSE or k.shape[-2] != q.shape[-2]:
         spans = spans_of(q, features)
         if spans:

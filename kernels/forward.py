@@ -334,7 +334,8 @@ def flash_attn_forward(q, k, v, softmax_scale: float, causal: bool, config: FwdC
 
     Dense calls run a per-shape plan (`_dense_plan`): which kernel and memory path, the grid, the
     constexprs and descriptor templates are decided once per (shapes, strides, dtype, alignment,
-    config, device), so a repeated shape costs the host two allocations and one direct launch."""
+    config, device), so a repeated shape costs the host two allocations and one direct launch.
+    More (batch x head) rows than a grid axis takes run in chunks of batch rows (row_chunks.py)."""
     if features is not DENSE or k.shape[-2] != q.shape[-2]:
         spans = spans_of(q, features)
         if spans:
