@@ -1,8 +1,8 @@
 """Calls with more (batch x head) rows than a launch grid's second axis takes.
 
-The Triton kernels, the backward's preprocess and dQ cast and the Gluon dK/dV grid put a call's
-(batch x head) rows on a grid axis that CUDA bounds to 65535 programs (a ViT's batch of 8192
-images of 12 heads has 98,304). Such a call runs here as several calls over whole batch rows
+The Triton kernels and the backward's preprocess put a call's (batch x head) rows, and the Gluon
+dK/dV grid up to its (batch x kv head) pairs, on a grid axis that CUDA bounds to 65535 programs (a
+ViT's batch of 8192 images of 12 heads has 98,304). Such a call runs here as several calls over whole batch rows
 (sequences, for packed variable lengths), each within the bound, into outputs of the whole call's
 shape. With dropout, each chunk's keep-mask counts batch x head within the chunk, so the chunks
 draw under offsets of their own (the rng tensor's offset plus the chunk's number) rather than
