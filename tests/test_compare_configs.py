@@ -232,3 +232,53 @@ def test_without_a_plan_the_call_and_shape_are_required(capsys):
 ])
 def test_the_arguments_beside_a_plan_are_the_command_line_but_the_plan(argv, shared):
     assert compare_configs._without_plan(argv) == shared
+
+
+def _other_tree(tmp_path: Path) -> Path:
+    """A checkout holding a copy of this one's kernels/ (what --a-tree and --b-tree read)."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(Path(compare_configs.__file__).resolve().parents[1] / "kernels", other / "kernels",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return other
+
+
+def test_two_trees_run_each_config_in_a_process_of_its_own_with_its_kernels(tmp_path, capsys, monkeypatch):
+    """--b-tree: config B's kernels from the other checkout, A's from this one, each in its own
+    process (checked against float64 there), the rounds still alternating; the rows name the tree."""
+    other = _other_tree(tmp_path)
+    workers = []
+    real_init = compare_configs.TreeWorker.__init__
+
+    def recorded(self, *args):
+        real_init(self, *args)
+        workers.append(self)
+
+    monkeypatch.setattr(compare_configs.TreeWorker, "__init__", recorded)
+    out = compare_configs.main(["--call", "fwd", "--shape", "1,64,2,32", "--dtype", "fp16", "--b-tree", str(other),
+                                "--b", "block_m=16", "--rounds", "2", "--out", str(tmp_path / "rows.csv")])
+    with out.open() as f:
+        rows = list(csv.DictReader(f))
+    assert [row["config"] for row in rows] == ["A", "B", "B", "A"]
+    assert all(float(row["ms"]) > 0 for row in rows)
+    assert rows[1]["fields"] == f"kernels of {other}; block_m=16"
+    mine = Path(compare_configs.__file__).resolve().parents[1]
+    assert rows[0]["fields"] == f"kernels of {mine}"
+    assert [Path(w.kernels).resolve().parents[1] for w in workers] == [mine, other.resolve()]
+    assert all(w.process.returncode == 0 for w in workers)  # closed when the comparison ended
+    assert "B / A" in capsys.readouterr().out
+
+
+def test_a_tree_without_kernels_or_a_trees_bad_field_is_refused(tmp_path, capfd):
+    """A tree without kernels/ is refused by name; a bad field of a tree's config ends its process,
+    whose error (on the inherited stderr) names the field, and the comparison stops, naming the tree."""
+    with pytest.raises(SystemExit):
+        compare_configs.main(["--call", "fwd", "--shape", "1,64,2,32", "--a-tree", str(tmp_path),
+                              "--out", str(tmp_path / "rows.csv")])
+    assert f"--a-tree {tmp_path}: no kernels/ there" in capfd.readouterr().err
+    other = _other_tree(tmp_path)
+    with pytest.raises(SystemExit, match=r"config B \(kernels of .*other; no_such_field=1\): its process ended"):
+        compare_configs.main(["--call", "fwd", "--shape", "1,64,2,32", "--dtype", "fp16", "--b-tree", str(other),
+                              "--b", "no_such_field=1", "--out", str(tmp_path / "rows.csv")])
+    assert "unknown config field 'no_such_field'" in capfd.readouterr().err

@@ -1,4 +1,5 @@
-"""Time two configs of the same attention call against each other, in one process.
+"""Time two configs of the same attention call against each other, in one process (two versions of
+the kernels: one process each).
 
 A config is the table's (kernels/configs.py: FwdConfig, BwdConfig) with some fields set on the
 command line; every field the kernels take as an argument can be compared so (block sizes,
@@ -30,6 +31,15 @@ on; the tool then exits 1, naming each failed line.
 
     python tools/compare_configs.py --plan plan.txt --rounds 3 --out results/compare.csv
 
+Two versions of the kernels: `--a-tree DIR` and `--b-tree DIR` take config A's or B's kernels from
+another checkout's `kernels/` (a `git worktree` of another commit; the default is this one's). Each
+config then runs in a process of its own that imports its tree's kernels, checks them against
+float64 and times them when asked, the rounds still alternating; the rows name the tree beside the
+fields (which are that tree's config fields).
+
+    git worktree add /tmp/before HEAD~1
+    python tools/compare_configs.py --call bwd --shape 8,2048,16,128 --a-tree /tmp/before
+
 --shape is batch,seqlen,heads,headdim (with --lengths, the packed sequences' lengths, batch and
 seqlen are ignored; with --seqlen-k, seqlen is the queries' and the keys' differ). With --dropout (dense calls) the check runs each config under one seed and
 compares with the references under that call's keep-mask (`return_attn_probs`). In a field list (comma-separated name=value), a name both configs have
@@ -42,13 +52,17 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import itertools
+import json
 import math
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from tqdm import tqdm
@@ -60,6 +74,12 @@ from harness.accuracy import within_twice_the_error
 from harness.environment import ROW_ENV_COLUMNS
 from harness.suite import SuiteRows
 from harness.timing import benchmark
+
+# A worker timing another checkout's kernels (--a-tree, --b-tree: `serve`) imports them from it; the
+# reference, the accuracy check and the timing stay this checkout's (kernels/ imports neither)
+TREE_ENV = "COMPARE_CONFIGS_TREE"
+if os.environ.get(TREE_ENV):
+    sys.path.insert(0, os.environ[TREE_ENV])
 from kernels import BwdConfig, FwdConfig, flash_attn_func, flash_attn_varlen_func
 from kernels.configs import default_bwd_config, default_fwd_config, takes_feature_tiles
 
@@ -264,6 +284,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     parser.add_argument("--a", default="", metavar="FIELDS", help="config A: name=value,... (empty: the table's)")
     parser.add_argument("--b", default="", metavar="FIELDS", help="config B: name=value,...")
+    parser.add_argument("--a-tree", type=Path, metavar="DIR",
+                        help="config A's kernels from this checkout (its kernels/), in a process of their own")
+    parser.add_argument("--b-tree", type=Path, metavar="DIR", help="config B's kernels, likewise")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a tree's worker (`serve`)
     parser.add_argument("--rounds", type=int, default=6, help="timed rounds of each config, interleaved")
     parser.add_argument("--out", type=Path, default=Path("compare_configs.csv"), help="the rows (CSV)")
     args = parser.parse_args(argv)
@@ -287,7 +311,42 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--window takes LEFT RIGHT (each -1 or more) for dense calls, got {args.window}"
                      + (" with --lengths" if args.lengths else ""))
     device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
+    trees = {"A": args.a_tree, "B": args.b_tree}
+    if args.serve:
+        return serve(args, device)
+    if not any(trees.values()):
+        try:
+            configs = build_configs(args, device, {"A": args.a, "B": args.b})
+        except (ValueError, TypeError) as exc:
+            parser.error(str(exc))
+    missing = [f"--{label.lower()}-tree {tree}" for label, tree in trees.items()
+               if tree and not (tree / "kernels" / "__init__.py").is_file()]
+    if missing:
+        parser.error(f"{', '.join(missing)}: no kernels/ there")
+    checked = checked_args(args)
+    if checked is not args:
+        print(f"accuracy checked at batch {checked.shape[0]}, {checked.shape[2]} heads (the float64 reference of "
+              f"{args.shape} would not fit {REFERENCE_BYTES >> 30} GiB)")
+    if any(trees.values()):
+        workers = {}
+        try:
+            for label, tree in trees.items():
+                workers[label] = TreeWorker(label, tree, args)
+            return compare(args, device, checked, workers)
+        finally:
+            for worker in workers.values():
+                worker.close()
+    check_configs(checked, device, configs)
+    call = Call(args, device)
+    return compare(args, device, checked, {label: functools.partial(benchmark, call.timed(args.call, *configs[label]),
+                                                                    device, cpu_reps=1) for label in configs})
+
+
+def build_configs(args, device: torch.device, fields: dict[str, str]) -> dict[str, tuple[FwdConfig, BwdConfig]]:
+    """The (forward, backward) config of each label: the table's for this call with its fields set
+    (make_configs); a bad field raises ValueError or TypeError."""
     headdim = args.shape[3]
+    windowed = tuple(args.window) != (-1, -1)
     # kernels/backward.py: dropout, packed lengths and GQA take the feature kernels; their tiles by the
     # constexprs this tool's calls can have (feature_args': causal is a window)
     cross = bool(args.seqlen_k) and args.seqlen_k != args.shape[1]  # unequal lengths: the features' kernels, too
@@ -296,26 +355,83 @@ def main(argv: list[str] | None = None) -> Path:
     flags = {"WINDOW": args.causal or windowed, "SOFTCAP": False, "ALIBI": False, "DROPOUT": bool(args.dropout),
              "VARLEN": bool(args.lengths)}
     feature_tiles = feature_call and takes_feature_tiles(flags)
-    try:
-        configs = {label: make_configs(parse_fields(text, args.call), headdim, args.causal, device, feature_tiles)
-                   for label, text in (("A", args.a), ("B", args.b))}
-    except (ValueError, TypeError) as exc:
-        parser.error(str(exc))
+    return {label: make_configs(parse_fields(text, args.call), headdim, args.causal, device, feature_tiles)
+            for label, text in fields.items()}
 
-    checked = checked_args(args)
-    if checked is not args:
-        print(f"accuracy checked at batch {checked.shape[0]}, {checked.shape[2]} heads (the float64 reference of "
-              f"{args.shape} would not fit {REFERENCE_BYTES >> 30} GiB)")
+
+def check_configs(checked, device: torch.device, configs: dict[str, tuple[FwdConfig, BwdConfig]]) -> None:
+    """Each config's call against the float64 reference (check_accuracy) on the `checked` call
+    (checked_args'), dropout's keep-mask the first config's."""
     check = Call(checked, device)
-    keep = check.keep_mask(*configs["A"])
+    keep = check.keep_mask(*next(iter(configs.values())))
     ref, same = check.reference(double=True, keep=keep), check.reference(double=False, keep=keep)
     for label, (fwd, bwd) in configs.items():
         check_accuracy(check, label, fwd, bwd, ref, same)
-    del check, ref, same, keep
-    call = Call(args, device)
-    batch, seqlen, heads, _ = args.shape
-    fields = {"A": args.a, "B": args.b}
-    functions = {label: call.timed(args.call, *configs[label]) for label in configs}
+
+
+def serve(args, device: torch.device) -> None:
+    """A tree's worker (TreeWorker): config A (`--a`, this process's kernels' fields) checked against
+    float64, then timed once for each line read, each timing a JSON line on stdout; everything else
+    it prints goes to stderr."""
+    protocol, sys.stdout = sys.stdout, sys.stderr
+    try:
+        configs = build_configs(args, device, {"A": args.a})
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"config fields {args.a!r}: {exc}") from exc
+    check_configs(checked_args(args), device, configs)
+    timed = Call(args, device).timed(args.call, *configs["A"])
+    print(json.dumps({"ready": sys.modules["kernels"].__file__}), file=protocol, flush=True)
+    for _ in sys.stdin:
+        timing = benchmark(timed, device, cpu_reps=1)
+        print(json.dumps({"ms": timing.ms, "ms_p20": timing.ms_p20, "ms_p80": timing.ms_p80,
+                          "sm_clock_mhz": timing.sm_clock_mhz}), file=protocol, flush=True)
+
+
+class TreeWorker:
+    """A config of a two-tree comparison: this tool run as a process of its own (`serve`) with its
+    tree's kernels (this checkout's where `tree` is None) first on the import path; calling it times
+    the call once there."""
+
+    def __init__(self, label: str, tree: Path | None, args):
+        self.label, self.tree = label, tree or Path(__file__).resolve().parents[1]
+        fields = args.a if label == "A" else args.b
+        self.fields = f"kernels of {self.tree}" + (f"; {fields}" if fields else "")
+        call = ["--call", args.call, "--shape", ",".join(map(str, args.shape)), "--dtype", args.dtype,
+                "--kv-heads", str(args.kv_heads), "--seqlen-k", str(args.seqlen_k), "--dropout", str(args.dropout),
+                "--window", *map(str, args.window), "--a", fields]
+        call += ["--lengths", ",".join(map(str, args.lengths))] if args.lengths else []
+        call += ["--causal"] if args.causal else []
+        self.process = subprocess.Popen([sys.executable, __file__, "--serve", *call], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True,
+                                        env={**os.environ, TREE_ENV: str(self.tree.resolve())})
+        self.kernels = json.loads(self._line())["ready"]
+
+    def _line(self) -> str:
+        line = self.process.stdout.readline()
+        if not line:
+            code = self.process.wait()
+            raise SystemExit(f"config {self.label} ({self.fields}): its process ended (exit {code}; its error "
+                             "above); not timed")
+        return line
+
+    def __call__(self) -> SimpleNamespace:
+        self.process.stdin.write("time\n")
+        self.process.stdin.flush()
+        return SimpleNamespace(**json.loads(self._line()))
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait()
+
+
+def compare(args, device: torch.device, checked, timers: dict) -> Path:
+    """`timers` (each label's: a call timing its config once) in interleaved rounds, A first in even
+    rounds: the rows, as they are timed, to args.out; a short table. Returns args.out."""
+    batch, seqlen, heads, headdim = args.shape
+    windowed = tuple(args.window) != (-1, -1)
+    cross = bool(args.seqlen_k) and args.seqlen_k != seqlen
+    fields = {label: getattr(timer, "fields", args.a if label == "A" else args.b) for label, timer in timers.items()}
     rows = []
     # the rows as they are timed, and beside them OUT's stem + .notes.txt: clocks lowered by heat or power
     with SuiteRows(args.out.parent, args.out.name, COLUMNS, notes_name=f"{args.out.stem}.notes.txt") as out:
@@ -331,7 +447,7 @@ def main(argv: list[str] | None = None) -> Path:
                   **{k: env[k] for k in ROW_ENV_COLUMNS}}
         for round_ in range(args.rounds):
             for label in ("A", "B") if round_ % 2 == 0 else ("B", "A"):
-                timing = benchmark(functions[label], device, cpu_reps=1)
+                timing = timers[label]()
                 row = {**common, "config": label, "fields": fields[label], "round": round_, "ms": timing.ms,
                        "p20_ms": timing.ms_p20, "p80_ms": timing.ms_p80, "sm_clock_mhz": timing.sm_clock_mhz}
                 out.write(row)
