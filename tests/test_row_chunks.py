@@ -14,7 +14,7 @@ from baselines.reference import attention_reference, attention_same_dtype
 from kernels import backward, flash_attn_func, flash_attn_varlen_func, forward, row_chunks
 from kernels.dropout import dropout_keep_mask
 from tests.attention_checks import assert_close_to_reference, poisoned_allocations  # noqa: F401
-from tests.test_features import check_dense, check_varlen
+from tests.test_features import check_dense, check_varlen, grads
 
 INTERPRETER_TESTS = True
 
@@ -122,10 +122,9 @@ def test_gpu_calls_past_the_grid_bound(causal, headdim, seqlen):
     dout = torch.randn_like(out)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
     for rows in (slice(0, 2), slice(batch - 2, batch)):
-        inputs = [t[rows].detach().clone().requires_grad_() for t in (q, k, v)]
-        ref_out = attention_reference(*(t.double() for t in inputs), None, causal=causal)[0]
-        ref = (ref_out.detach(), *torch.autograd.grad(ref_out, inputs, dout[rows].double()))
-        same_out = attention_same_dtype(*inputs, None, causal=causal)
-        same = (same_out.detach(), *torch.autograd.grad(same_out, inputs, dout[rows]))
+        inputs = [t[rows] for t in (q, k, v)]
+        ref = grads(lambda q, k, v: attention_reference(q, k, v, None, causal=causal)[0],
+                    [t.double() for t in inputs], dout[rows].double())
+        same = grads(lambda q, k, v: attention_same_dtype(q, k, v, None, causal=causal), inputs, dout[rows])
         for name, g, r, s in zip(("out", "dq", "dk", "dv"), (out[rows], dq[rows], dk[rows], dv[rows]), ref, same):
             assert_close_to_reference(name, g, r, s)

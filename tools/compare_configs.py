@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--a", default="", metavar="FIELDS", help="config A: name=value,... (empty: the table's)")
     parser.add_argument("--b", default="", metavar="FIELDS", help="config B: name=value,...")
     parser.add_argument("--a-tree", type=Path, metavar="DIR",
-                        help="config A's kernels from this checkout (its kernels/), in a process of their own")
+                        help="config A's kernels from the checkout DIR (its kernels/), in a process of their own")
     parser.add_argument("--b-tree", type=Path, metavar="DIR", help="config B's kernels, likewise")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a tree's worker (`serve`)
     parser.add_argument("--rounds", type=int, default=6, help="timed rounds of each config, interleaved")
