@@ -228,6 +228,16 @@ REFERENCE_BYTES = 16 << 30
 SCORE_TENSORS = 6
 
 
+def _windowed(args) -> bool:
+    """Whether the call has a sliding window (--window other than -1 -1)."""
+    return tuple(args.window) != (-1, -1)
+
+
+def _cross(args) -> bool:
+    """Whether the keys' length differs from the queries' (--seqlen-k)."""
+    return bool(args.seqlen_k) and args.seqlen_k != args.shape[1]
+
+
 def checked_args(args: argparse.Namespace) -> argparse.Namespace:
     """The call the accuracy check runs: the timed one, or where its float64 reference would not fit
     REFERENCE_BYTES, its first batch rows and kv heads (each with its group of q heads) that do,
@@ -306,8 +316,7 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--dropout takes a probability in [0, 1) for dense calls, got {args.dropout}"
                      + (" with --lengths" if args.lengths else ""))
     args.window = tuple(args.window)
-    windowed = args.window != (-1, -1)
-    if min(args.window) < -1 or (windowed and args.lengths):
+    if min(args.window) < -1 or (_windowed(args) and args.lengths):
         parser.error(f"--window takes LEFT RIGHT (each -1 or more) for dense calls, got {args.window}"
                      + (" with --lengths" if args.lengths else ""))
     device = torch.device("cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu")
@@ -346,10 +355,9 @@ def build_configs(args, device: torch.device, fields: dict[str, str]) -> dict[st
     """The (forward, backward) config of each label: the table's for this call with its fields set
     (make_configs); a bad field raises ValueError or TypeError."""
     headdim = args.shape[3]
-    windowed = tuple(args.window) != (-1, -1)
-    # kernels/backward.py: dropout, packed lengths and GQA take the feature kernels; their tiles by the
+    windowed, cross = _windowed(args), _cross(args)
+    # kernels/backward.py: dropout, packed lengths, unequal lengths and GQA take the feature kernels; their tiles by the
     # constexprs this tool's calls can have (feature_args': causal is a window)
-    cross = bool(args.seqlen_k) and args.seqlen_k != args.shape[1]  # unequal lengths: the features' kernels, too
     feature_call = bool(args.dropout or args.lengths or windowed or cross
                         or (args.kv_heads and args.kv_heads != args.shape[2]))
     flags = {"WINDOW": args.causal or windowed, "SOFTCAP": False, "ALIBI": False, "DROPOUT": bool(args.dropout),
@@ -429,8 +437,7 @@ def compare(args, device: torch.device, checked, timers: dict) -> Path:
     """`timers` (each label's: a call timing its config once) in interleaved rounds, A first in even
     rounds: the rows, as they are timed, to args.out; a short table. Returns args.out."""
     batch, seqlen, heads, headdim = args.shape
-    windowed = tuple(args.window) != (-1, -1)
-    cross = bool(args.seqlen_k) and args.seqlen_k != seqlen
+    windowed, cross = _windowed(args), _cross(args)
     fields = {label: getattr(timer, "fields", args.a if label == "A" else args.b) for label, timer in timers.items()}
     rows = []
     # the rows as they are timed, and beside them OUT's stem + .notes.txt: clocks lowered by heat or power
