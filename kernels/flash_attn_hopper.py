@@ -277,17 +277,18 @@ def forward_grid(tiles: int, persistent: bool, device: torch.device) -> tuple[in
 def forward_constexprs(causal: bool, head_dim: int, flags: dict | None, block_n: int = BLOCK_N,
                        block_m: int = BLOCK_M, schedule=None, persistent: bool = False) -> dict:
     """The forward kernel's feature constexprs for GLUON_FEATURE_FLAGS `flags`, its K and V
-    blocks in flight for this head dim, block_n keys a block, block_m query rows and its Q buffers
-    (forward_stages, forward_q_buffers: two only on a `persistent` grid), its
-    key loop's `schedule` (forward_schedule; a dict of constexprs may set Q_BUFFERS) and its launch
-    options (forward_launch_options)."""
+    blocks in flight for this head dim, block_n keys a block, block_m query rows, its Q buffers
+    (forward_stages, forward_q_buffers: two only on a `persistent` grid), PERSISTENT (the tiles'
+    loop, fwd_tiles.py `_rounds`), its key loop's `schedule` (forward_schedule; a dict of
+    constexprs may set Q_BUFFERS and PERSISTENT) and its launch options (forward_launch_options)."""
     flags = {name: bool((flags or {}).get(name)) for name in GLUON_FEATURE_FLAGS}
     by_matmul = _alibi_by_matmul(causal, flags["WINDOW"], flags["SOFTCAP"], flags["ALIBI"])
     loop = dict(forward_schedule(schedule))
+    persistent = loop.pop("PERSISTENT", persistent)
     q_buffers = loop.pop("Q_BUFFERS", None) or forward_q_buffers(
         head_dim, block_n, by_matmul, block_m, persistent)
     stages, v_stages = forward_stages(head_dim, block_n, by_matmul, block_m, q_buffers)
-    return {**flags, "STAGES": stages, "V_STAGES": v_stages, "Q_BUFFERS": q_buffers, **loop,
+    return {**flags, "STAGES": stages, "V_STAGES": v_stages, "Q_BUFFERS": q_buffers, "PERSISTENT": persistent, **loop,
             **forward_launch_options(block_m)}
 
 
@@ -443,7 +444,8 @@ def varlen_forward_hopper_plan(q, k, v, out, lse, batch: int, max_seqlen_q: int,
     templates = {i: descriptor_template(d) for i, d in enumerate(descriptors) if d is not None}
     launch = DirectLaunch(sys.modules[__name__], "_fwd_varlen_launcher", grid,
                           {"STAGES": stages, "V_STAGES": v_stages, "CAUSAL": causal, "GROUP_SHIFT": group_shift,
-                           **forward_schedule(schedule), "Q_BUFFERS": q_buffers, **forward_launch_options(block_m),
+                           **forward_schedule(schedule), "Q_BUFFERS": q_buffers, "PERSISTENT": persistent,
+                           **forward_launch_options(block_m),
                            **split_constexprs},
                           descriptors=templates)
 

@@ -841,7 +841,8 @@ def test_the_varlen_forward_plan_describes_each_calls_own_tensors(headdim, monke
     """flash_attn_hopper.varlen_forward_hopper_plan keeps descriptor templates, not tensors: two
     calls of one plan (recorded on the CPU) launch on the same grid with descriptors of each call's
     own Q, K, V and O (and, at head dim 96, their tail sections'), and each call's L, cu_seqlens
-    and scale; a plan that kept its first call's tensors would read stale inputs silently."""
+    and scale; a plan that kept its first call's tensors would read stale inputs silently. Its
+    kernel loops over rounds of tiles only on a persistent grid (PERSISTENT)."""
     from kernels import flash_attn_hopper as hopper
 
     launches = _RecordedLaunches()
@@ -869,6 +870,13 @@ def test_the_varlen_forward_plan_describes_each_calls_own_tensors(headdim, monke
         assert args[8] is out and args[9] is lse and args[18] == scale
     assert launches[0]["grid"] == launches[1]["grid"] and launches[0]["CAUSAL"] and launches[1]["HEAD_SPLIT"] == (
         headdim == 96)
+    # one program a tile (the table's entry), its kernel without the loop over rounds of tiles; on a
+    # persistent grid (fewer keys than hopper_gluon_persistent_below_keys) with it
+    assert launches[0]["PERSISTENT"] is False
+    persistent = dataclasses.replace(config, hopper_gluon_persistent_below_keys=max(lengths) + 1)
+    hopper.varlen_forward_hopper_plan(*first, len(lengths), max(lengths), max(lengths), True, config.hopper_gluon_block_n,
+                                      config.hopper_gluon_block_m, persistent)(*first, cu, cu, 0.1)
+    assert launches[-1]["PERSISTENT"] is True
 
 
 def test_the_causal_varlen_forward_starts_groups_of_sequence_rows_longest_first(monkeypatch):
@@ -1344,7 +1352,8 @@ def test_a_persistent_gluon_forward_takes_a_second_q_buffer_only_where_it_costs_
     V blocks forward_stages gives one (head dims 64 and 96), else one; a grid of one program a tile
     one. The dense launch (made and launched on the CPU, the launcher recorded) of a call with fewer
     keys than the config's hopper_gluon_persistent_below_keys runs one program an SM (132 without a
-    GPU to ask) with those buffers and the same blocks in flight, and at that many keys one a tile."""
+    GPU to ask) with those buffers and the same blocks in flight, and at that many keys one a tile,
+    its kernel then compiled without the loop over rounds of tiles (PERSISTENT False)."""
     from kernels import flash_attn_hopper as hopper
 
     assert hopper.forward_q_buffers(headdim, block_n, False, block_m, persistent=True) == buffers
@@ -1367,6 +1376,7 @@ def test_a_persistent_gluon_forward_takes_a_second_q_buffer_only_where_it_costs_
         tiles = seqlen // block_m * 2
         assert launch["grid"] == ((min(tiles, 132),) if persistent else (tiles,))
         assert launch["Q_BUFFERS"] == (buffers if persistent else 1)
+        assert launch["PERSISTENT"] is persistent  # the kernel's loop over rounds of tiles, or one tile straight
         assert (launch["STAGES"], launch["V_STAGES"]) == hopper.forward_stages(headdim, block_n, block_m=block_m)
         assert launch["args"][9:11] == (2, 2)  # heads, then batch x heads: the rows the tiles run over
 

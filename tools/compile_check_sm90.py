@@ -265,7 +265,8 @@ def hopper_gluon_varlen_report(causal: bool, dtype: str = "bf16", headdim: int =
     block_n = block_n or config.hopper_gluon_block_n
     block_m = block_m or config.hopper_gluon_block_m
     # GROUP_SHIFT (the causal launch order, fwd_group_shift) 0 unless the schedule sets it
-    schedule = {**hopper.forward_schedule(config), "GROUP_SHIFT": 0, "Q_BUFFERS": 1, **(schedule or {})}
+    schedule = {**hopper.forward_schedule(config), "GROUP_SHIFT": 0, "Q_BUFFERS": 1, "PERSISTENT": False,
+                **(schedule or {})}
     stages, v_stages = hopper.forward_stages(headdim, block_n, block_m=block_m, q_buffers=schedule["Q_BUFFERS"])
     options = hopper.forward_launch_options(block_m)
     consumers = options.pop("CONSUMERS")
@@ -424,12 +425,14 @@ def main() -> None:
         for headdim in (128, 256):
             emit(hopper_gluon_report(True, headdim=headdim, schedule={"GROUP_SHIFT": 2}))
         emit(hopper_gluon_varlen_report(True, headdim=128, schedule={"GROUP_SHIFT": 2}))
-        # a second Q buffer (a persistent grid's, hopper_gluon_persistent_below_keys: the next tile's Q loads
-        # while a tile runs), where it fits beside the rings: head dims 64 (the table's 192 rows) and 96
+        # the persistent grid (hopper_gluon_persistent_below_keys: the tiles' loop, fwd_tiles.py `_rounds`) with a
+        # second Q buffer (the next tile's Q loads while a tile runs), where it fits beside the rings: head dims
+        # 64 (the table's 192 rows) and 96
         for headdim in (64, 96):
             for causal in (False, True):
-                emit(hopper_gluon_report(causal, headdim=headdim, schedule={"Q_BUFFERS": 2}))
-                emit(hopper_gluon_varlen_report(causal, headdim=headdim, schedule={"Q_BUFFERS": 2}))
+                emit(hopper_gluon_report(causal, headdim=headdim, schedule={"Q_BUFFERS": 2, "PERSISTENT": True}))
+                emit(hopper_gluon_varlen_report(causal, headdim=headdim,
+                                                schedule={"Q_BUFFERS": 2, "PERSISTENT": True}))
         # the forward on 192 query rows (three consumer warpgroups: FwdConfig.hopper_gluon_block_m)
         # in 64-key blocks at head dims 96 and 128 (the tiles flash_attn_hopper.three_consumer_refusal
         # lets through), dense and varlen; head dim 64's table takes them in FA3's 128-key blocks

@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..features import _tanh
-from .fwd_tiles import _dense_tile, _q_slot, _round_tile
+from .fwd_tiles import _dense_tile, _q_slot, _round_tile, _rounds
 from .shared import (
     _allocate_sections,
     _at,
@@ -532,7 +532,7 @@ def _store_output(out, l_i, q_buf, o_desc, row, col0):
 
 @gluon.jit
 def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, GROUP_SHIFT: gl.constexpr,
-                    Q_BUFFERS: gl.constexpr):
+                    Q_BUFFERS: gl.constexpr, PERSISTENT: gl.constexpr):
     """One warp: _load_q_kv for each of the program's tiles and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, Alibi, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free,
      num_tiles, num_m, num_heads, seqlen, kv_group, qk_scale, softcap_log2, stride_alibi_b, window_left, window_right,
@@ -540,7 +540,8 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, GROUP_SHIF
     BLOCK_M: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS * q_desc[0].block_type.shape[0]
     it = 0
     local = 0
-    for first in range(0, num_tiles, gl.num_programs(0)):  # a round of tiles, one a program
+    rounds_end, rounds_step = _rounds(num_tiles, PERSISTENT)
+    for first in range(0, rounds_end, rounds_step):  # a round of tiles, one a program
         tile = _round_tile(first)
         if tile < num_tiles:
             (pid_bh, b, h, start_m, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, full_lo,
@@ -555,7 +556,8 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, GROUP_SHIF
 @gluon.jit
 def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                        PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr,
-                       Q_IN_REGS: gl.constexpr, GROUP_SHIFT: gl.constexpr, Q_BUFFERS: gl.constexpr):
+                       Q_IN_REGS: gl.constexpr, GROUP_SHIFT: gl.constexpr, Q_BUFFERS: gl.constexpr,
+                       PERSISTENT: gl.constexpr):
     """One consumer warpgroup, for each of the program's tiles: FA2 Alg. 1 lines 5-15 for query rows
     [PART * 64, PART * 64 + 64) of the tile's block, in FA3's Algorithm 2 order, over its key blocks
     (_softmax_loop), then lines 12-15, O written through its Q buffer, which it then frees (q_free)."""
@@ -572,7 +574,8 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     offs_n_f = offs_n.to(gl.float32)
     it = 0
     local = 0
-    for first in range(0, num_tiles, gl.num_programs(0)):  # a round of tiles, one a program
+    rounds_end, rounds_step = _rounds(num_tiles, PERSISTENT)
+    for first in range(0, rounds_end, rounds_step):  # a round of tiles, one a program
         tile = _round_tile(first)
         if tile < num_tiles:
             (pid_bh, b, h, start_m, q_row, kv_row0, col0, kv_col0, first_block, n_blocks, full_lo,
@@ -661,10 +664,10 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
                              HEAD_SPLIT: gl.constexpr = False, CONSUMERS: gl.constexpr = 2,
                              PINGPONG: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
                              PIN_SOFTMAX: gl.constexpr = False, Q_IN_REGS: gl.constexpr = False,
-                             Q_BUFFERS: gl.constexpr = 1):
+                             Q_BUFFERS: gl.constexpr = 1, PERSISTENT: gl.constexpr = False):
     """The tiles (query block, batch x head) of FA2 Section 3.2's grid over num_rows = batch x
-    heads rows, one a program or, on a persistent grid (FwdConfig.hopper_gluon_persistent_below_keys: one
-    program an SM), one a round (fwd_tiles.py `_round_tile`), its loader warp loading the next tile's first K/V
+    heads rows, one a program or, on a PERSISTENT grid (FwdConfig.hopper_gluon_persistent_below_keys: one
+    program an SM), one a round (fwd_tiles.py `_round_tile`, `_rounds`), its loader warp loading the next tile's first K/V
     block and Q while the consumers finish the one before. Each
     tile is partitioned into warps as FA3 does: CONSUMERS warpgroups of 64 query rows (2 or 3) and a loader
     warp; Q_BUFFERS: Q's buffers (`_q_slot`); PINGPONG: the consumers issue their matmuls in turns
@@ -709,18 +712,18 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS,
-                                  GROUP_SHIFT, Q_BUFFERS)),
+                                  GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS,
-                                  GROUP_SHIFT, Q_BUFFERS)),
+                                  GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 2, PINGPONG, PIN_SOFTMAX, Q_IN_REGS,
-                                  GROUP_SHIFT, Q_BUFFERS)),
-            (_load_partition, (args, CAUSAL, WINDOW, GROUP_SHIFT, Q_BUFFERS)),
+                                  GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
+            (_load_partition, (args, CAUSAL, WINDOW, GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS,
-                                  GROUP_SHIFT, Q_BUFFERS)),
+                                  GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
             (_softmax_partition, (args, CAUSAL, WINDOW, SOFTCAP, ALIBI, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS,
-                                  GROUP_SHIFT, Q_BUFFERS)),
-            (_load_partition, (args, CAUSAL, WINDOW, GROUP_SHIFT, Q_BUFFERS)),
+                                  GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
+            (_load_partition, (args, CAUSAL, WINDOW, GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
         ], [4, 1], [240, 24])

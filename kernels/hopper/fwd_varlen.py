@@ -27,7 +27,7 @@ from .fwd import (
     _store_output,
     _turn_barriers,
 )
-from .fwd_tiles import _fwd_program, _q_slot, _round_tile
+from .fwd_tiles import _fwd_program, _q_slot, _round_tile, _rounds
 from .shared import _at, _descriptor_sections, _head_dim, _wgmma_layout
 
 
@@ -77,7 +77,8 @@ def _varlen_tile(tile, num_m, num_heads, CuSeqQ, CuSeqK, kv_group, stride_lse_h,
 
 
 @gluon.jit
-def _varlen_load_partition(args, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr, Q_BUFFERS: gl.constexpr):
+def _varlen_load_partition(args, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr, Q_BUFFERS: gl.constexpr,
+                           PERSISTENT: gl.constexpr):
     """_load_partition over the program's tiles of the packed (total, heads * head dim) views."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, CuSeqQ,
      CuSeqK, num_tiles, num_m, num_heads, stride_lse_h, stride_lse_b, stride_o, qk_scale, kv_group, turn_bar,
@@ -85,7 +86,8 @@ def _varlen_load_partition(args, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr
     BLOCK_M: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS * q_desc[0].block_type.shape[0]
     it = 0
     local = 0
-    for first in range(0, num_tiles, gl.num_programs(0)):  # a round of tiles, one a program
+    rounds_end, rounds_step = _rounds(num_tiles, PERSISTENT)
+    for first in range(0, rounds_end, rounds_step):  # a round of tiles, one a program
         tile = _round_tile(first)
         if tile < num_tiles:
             (start_m, seqlen_q, seqlen_k, shift, n_blocks, mask_from, q_row, kv_row0, col0, kv_col0,
@@ -101,7 +103,7 @@ def _varlen_load_partition(args, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr
 @gluon.jit
 def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PINGPONG: gl.constexpr,
                               PIN_SOFTMAX: gl.constexpr, Q_IN_REGS: gl.constexpr, GROUP_SHIFT: gl.constexpr,
-                              Q_BUFFERS: gl.constexpr):
+                              Q_BUFFERS: gl.constexpr, PERSISTENT: gl.constexpr):
     """_softmax_partition for the program's tiles of a packed batch: rows [start_m + PART * 64, + 64)
     of the tile's sequence, over its n_blocks key blocks (a tile whose rows see no key runs one fully
     masked block and writes zeros with logsumexp +inf, as the reference does). The rows of a query
@@ -119,7 +121,8 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
     EARLY_P: gl.constexpr = CONSUMERS == 3  # (_held_p)
     it = 0
     local = 0
-    for first in range(0, num_tiles, gl.num_programs(0)):  # a round of tiles, one a program
+    rounds_end, rounds_step = _rounds(num_tiles, PERSISTENT)
+    for first in range(0, rounds_end, rounds_step):  # a round of tiles, one a program
         tile = _round_tile(first)
         if tile < num_tiles:
             (start_m, seqlen_q, seqlen_k, shift, n_blocks, mask_from, q_row, kv_row0, col0, kv_col0,
@@ -184,7 +187,8 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
                                     CAUSAL: gl.constexpr, HEAD_SPLIT: gl.constexpr = False,
                                     CONSUMERS: gl.constexpr = 2, PINGPONG: gl.constexpr = False,
                                     PIN_SOFTMAX: gl.constexpr = False, GROUP_SHIFT: gl.constexpr = 0,
-                                    Q_IN_REGS: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1):
+                                    Q_IN_REGS: gl.constexpr = False, Q_BUFFERS: gl.constexpr = 1,
+                                    PERSISTENT: gl.constexpr = False):
     """The Gluon forward over packed sequences (flash_attn_varlen_func): tiles (query block of
     num_m a row, sequence x head of num_rows), one a program or several in turn (as the dense kernel's);
     sequence b's queries are rows CuSeqQ[b]:CuSeqQ[b + 1] of the (total_q, heads * head dim)
@@ -192,8 +196,8 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
     LSE[h * stride_lse_h + b * stride_lse_b + CuSeqQ[b] + i] ((heads, total_q): (total_q, 0); a
     dense call's (batch, heads, seqlen_q): (seqlen_q, (heads - 1) * seqlen_q)). Causal is
     bottom-right aligned per sequence. A tile past its sequence's last query block is skipped.
-    CONSUMERS, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, Q_BUFFERS and GROUP_SHIFT (the causal tiles' order
-    over groups of sequence x head rows, `_fwd_program`) as the dense kernel's."""
+    CONSUMERS, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, Q_BUFFERS, PERSISTENT and GROUP_SHIFT (the causal
+    tiles' order over groups of sequence x head rows, `_fwd_program`) as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
@@ -204,14 +208,14 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
             kv_group, _turn_barriers(q_bar, CONSUMERS, PINGPONG), _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
     if CONSUMERS == 3:  # registers as the dense kernel's
         gl.warp_specialize([
-            (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS)),
-            (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS)),
-            (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS)),
-            (_varlen_load_partition, (args, CAUSAL, GROUP_SHIFT, Q_BUFFERS)),
+            (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
+            (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
+            (_varlen_softmax_partition, (args, CAUSAL, 2, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
+            (_varlen_load_partition, (args, CAUSAL, GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
         ], [4, 4, 1], [160, 160, 24])
     else:
         gl.warp_specialize([
-            (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS)),
-            (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS)),
-            (_varlen_load_partition, (args, CAUSAL, GROUP_SHIFT, Q_BUFFERS)),
+            (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
+            (_varlen_softmax_partition, (args, CAUSAL, 1, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
+            (_varlen_load_partition, (args, CAUSAL, GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
         ], [4, 1], [240, 24])
