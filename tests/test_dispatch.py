@@ -673,6 +673,18 @@ def test_hopper_gluon_kernels_compile_for_sm90():
     def spills(line):
         return int(re.search(r"spill stores (\d+) B", line).group(1))
 
+    def loop_spills(line):  # each consumer loop's spills and fills a step (compile_check_sm90.loop_spills)
+        counts = re.search(r"loop spills ([\d ]+|-)$", line).group(1)
+        return [] if counts == "-" else [int(n) for n in counts.split()]
+
+    # every Gluon forward's key loops run without local-memory traffic (causal ALiBi's: a word a
+    # step); so do the dense dK/dV kernels' step loops without a mask (non-causal, no feature)
+    assert all(loop_spills(line) for line in forward_lines + varlen_lines + backward_lines), report
+    for line in forward_lines + varlen_lines:
+        assert max(loop_spills(line)) <= (1 if " alibi " in line and "causal=True" in line else 0), line
+    for line in backward_lines:
+        if "causal=False" in line and not any(f" {flag}" in line for flag in ("window", "softcap", "alibi", "dropout")):
+            assert max(loop_spills(line)) == 0, line
     # v6: the causal flag at compile time left the non-causal head-dim-128 forward without spills
     assert "spill stores 0 B" in next(line for line in forward_lines if "d128 causal=False" in line), report
     # at 256 a word of the tile loop's state may live in local memory (stored once, loaded once a tile)
@@ -1501,3 +1513,40 @@ def test_exp2_under_pv_counts_the_softmax_between_the_two_waits(monkeypatch):
     assert module.exp2_under_pv(listing(softmax, softmax[:2])) == 1  # the fewest of the two consumers
     assert module.exp2_under_pv(listing(("FMNMX R1, R2, R3 ;",))) == 0  # the softmax after P V's wait
     assert module.exp2_under_pv("no loop") == 0
+
+
+def test_loop_spills_counts_local_memory_traffic_in_each_innermost_wgmma_loop(monkeypatch):
+    """tools/compile_check_sm90.py's loop_spills on a listing shaped like nvdisasm's: the STL and LDL
+    inside each innermost loop that issues HGMMA, in address order; a loop without HGMMA, spills
+    outside any loop, and the branches back from after the last EXIT (ptxas's out-of-line mbarrier
+    retries) do not count."""
+    import importlib.util
+
+    monkeypatch.setenv("TRITON_INTERPRET", os.environ.get("TRITON_INTERPRET", "0"))
+    path = Path(__file__).resolve().parents[1] / "tools" / "compile_check_sm90.py"
+    spec = importlib.util.spec_from_file_location("compile_check_sm90", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    program = [
+        ("", "STL [R1], R2"),  # a prologue's spill: once, not a step's
+        (".L_x_0", "HGMMA.64x64x16.F32 R24, gdesc[UR4], R24"),  # the first consumer's step loop
+        ("", "LDL R3, [R1]"),
+        ("", "STL [R1+0x4], R3"),
+        ("", "@P0 BRA `(.L_x_0)"),
+        (".L_x_1", "LDL R5, [R1+0x8]"),  # a loop without a matmul (a loader's)
+        ("", "@P1 BRA `(.L_x_1)"),
+        (".L_x_2", "HGMMA.64x64x16.F32 R24, gdesc[UR4], R24"),  # the second consumer's, clean
+        ("", "@P0 BRA `(.L_x_2)"),
+        ("", "EXIT"),
+        (".L_x_3", "LDL R6, [R1]"),  # an out-of-line retry back into the first loop
+        ("", "BRA `(.L_x_0)"),
+    ]
+    lines = []
+    for address, (label, instruction) in enumerate(program):
+        if label:
+            lines.append(f"{label}:")
+        lines.append(f"        /*{address * 16:04x}*/                   {instruction} ;")
+    listing = "\n".join(["  .text.kernel:", *lines])
+    assert module.loop_spills(listing) == [2, 0]
+    assert module.loop_spills("no loop") == []

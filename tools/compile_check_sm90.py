@@ -11,7 +11,8 @@ registers, any spills) are answered here:
     python tools/compile_check_sm90.py --decode           # the split-KV decoding kernels (kernels/decode.py)
 
 Prints one line per kernel (and per memory path the forward config can take): the block config,
-shared memory, registers and spill bytes; `--out FILE` writes the same lines to FILE, and
+shared memory, registers and spill bytes (for the Gluon kernels also the spills and fills each
+consumer loop runs a step, `loop_spills`: the ones a step pays); `--out FILE` writes the same lines to FILE, and
 `--dump-ptx DIR` writes each compiled kernel's PTX to DIR, one file per report line (named after
 the line's kernel and config), e.g. to diff a refactor's generated code against its base.
 """
@@ -176,20 +177,53 @@ def exp2_under_pv(listing: str) -> int:
     return min(counts, default=0)
 
 
+def loop_spills(listing: str) -> list[int]:
+    """Of a kernel's machine code (nvdisasm's listing), the local-memory spills and fills (STL, LDL)
+    inside each innermost loop that issues wgmma (HGMMA): the key or query-step loops of the consumer
+    warpgroups, in address order. A loop is a branch back to an earlier label; the branches after
+    the kernel's last EXIT (ptxas's out-of-line retries of mbarrier waits) are not loops. Spills
+    elsewhere (a prologue, an epilogue) run once a tile; these run every step."""
+    instructions, labels, pending = [], {}, []
+    for line in listing.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        found = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if found:
+            address = int(found.group(1), 16)
+            labels.update({name: address for name in pending})
+            pending = []
+            instructions.append((address, found.group(2)))
+    end = max((address for address, text in instructions if re.search(r"\bEXIT\b", text)), default=0)
+    loops = set()
+    for address, text in instructions:
+        branch = re.search(r"\bBRA\b.*\((\.L_x_\d+)\)", text)
+        if branch and address < end and labels.get(branch.group(1), address) < address:
+            start = labels[branch.group(1)]
+            if any("HGMMA" in other for at, other in instructions if start <= at <= address):
+                loops.add((start, address))
+    innermost = [loop for loop in loops
+                 if not any(other != loop and loop[0] <= other[0] and other[1] <= loop[1] for other in loops)]
+    return [sum(1 for at, text in instructions if start <= at <= stop and re.search(r"\b(LDL|STL)", text))
+            for start, stop in sorted(innermost)]
+
+
 def gluon_report(label: str, kernel, signature: dict, constexprs: dict, options: dict | None = None,
                  block_n: int | None = None) -> str:
     """A Gluon kernel of kernels/hopper/ compiled for sm_90: shared memory, spills (ptxas), and
     what makes it fast: warp specialisation (setmaxnreg), a wgmma left in flight (wait_group 1),
     TMA loads; for a forward (`block_n`: its keys a block), the exp2 its softmax runs under P~ V
-    (`exp2_under_pv`). A forward built with PIN_SOFTMAX must run all of a block's there (a thread's
-    block_n / 2 scores at least): one that does not is added to PIN_FAILURES."""
+    (`exp2_under_pv`); last, the spills and fills each consumer loop runs a step (`loop_spills`).
+    A forward built with PIN_SOFTMAX must run all of a block's there (a thread's block_n / 2
+    scores at least): one that does not is added to PIN_FAILURES."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     signature = {name: signature[name] for name in kernel.arg_names}  # in the kernel's order
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs), target=TARGET,
                               options=options or {"num_warps": 4, "maxnreg": 168})
     name = f"{kernel.fn.__name__} {label}"
-    ptx, ptxas, listing = assembled(compiled, name, sass=block_n is not None)
+    ptx, ptxas, listing = assembled(compiled, name, sass=True)
     spills = re.search(r"(\d+) bytes spill stores", ptxas.stderr)
     waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)))
     serialised = " wgmma serialised (ptxas C7512)" if "C7512" in ptxas.stderr else ""
@@ -206,7 +240,8 @@ def gluon_report(label: str, kernel, signature: dict, constexprs: dict, options:
     return (f"{name} smem {compiled.metadata.shared} B  "
             f"spill stores {spills.group(1) if spills else '?'} B  warp-specialised "
             f"{'yes' if 'setmaxnreg' in ptx else 'no'}  tma {'yes' if 'cp.async.bulk.tensor' in ptx else 'no'}  "
-            f"wgmma wait_group values {' '.join(waits)}{serialised}{under_pv}")
+            f"wgmma wait_group values {' '.join(waits)}{serialised}{under_pv}"
+            f"  loop spills {' '.join(map(str, loop_spills(listing))) or '-'}")
 
 
 # the forward's run-time feature arguments; the dK/dV kernels' add dropout's
