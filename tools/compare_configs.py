@@ -387,6 +387,8 @@ def serve(args, device: torch.device) -> None:
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"config fields {args.a!r}: {exc}") from exc
     check_configs(checked_args(args), device, configs)
+    if device.type == "cuda":  # the float64 reference's memory back to the GPU: the other tree's worker checks next
+        torch.cuda.empty_cache()
     timed = Call(args, device).timed(args.call, *configs["A"])
     print(json.dumps({"ready": sys.modules["kernels"].__file__}), file=protocol, flush=True)
     for _ in sys.stdin:
