@@ -20,10 +20,10 @@ when a matmul is waited for. These kernels (FA3, Shah et al. 2024):
   then O += P_{j-1} V_{j-1}, and waits for S_j (`warpgroup_mma_wait(1)`; with two head-dim
   sections that also takes P V's first): the softmax of S_j runs under (the rest of) the P V matmul.
 - **Tiles in a loop:** a program runs (query block, batch x head) tiles in rounds over a flat grid,
-  its K/V rings and mbarrier phases running on from one tile to the next: one program a tile, or
-  one an SM on a persistent grid (FwdConfig.hopper_gluon_persistent_below_keys), where the loader
-  warp loads the next tile's first K block and, in a second Q buffer where one fits, its Q while
-  the consumers finish the tile before.
+  its K/V rings and mbarrier phases running on from one tile to the next: one program a tile (the
+  loop compiled away: PERSISTENT off, fwd_tiles.py `_rounds`), or one an SM on a persistent grid
+  (FwdConfig.hopper_gluon_persistent_below_keys), where the loader warp loads the next tile's first
+  K block and, in a second Q buffer where one fits, its Q while the consumers finish the tile before.
 - FA2's non-matmul savings are kept: O unnormalised until one final rescale, the softmax scale
   folded into the exponent's FMA, logsumexp stored, the causal mask only on the diagonal blocks.
 - **Every head dim FA3's table has, unpadded:** register tiles are powers of two, so head dims 96
