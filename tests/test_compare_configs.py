@@ -33,6 +33,12 @@ def test_two_configs_are_timed_in_alternating_rounds_into_long_rows(tmp_path, ca
     printed = capsys.readouterr().out
     assert "B / A" in printed and "block_m=16" in printed
     assert "MHz" not in printed and all(row["sm_clock_mhz"] == "nan" for row in rows)  # no NVML reading on a CPU
+    # a label names config B in the rows instead of its fields; A without one keeps its fields
+    out = compare_configs.main(["--call", "fwd", "--shape", "1,64,2,32", "--dtype", "fp16", "--a", "block_m=32",
+                                "--b", "block_m=16", "--b-label", "half the rows", "--rounds", "1",
+                                "--out", str(tmp_path / "labelled.csv")])
+    with out.open() as f:
+        assert [row["fields"] for row in csv.DictReader(f)] == ["block_m=32", "half the rows"]
     assert (tmp_path / "rows.notes.txt").exists()  # clocks lowered during the run, if any (none on a CPU)
 
 
@@ -268,6 +274,12 @@ def test_two_trees_run_each_config_in_a_process_of_its_own_with_its_kernels(tmp_
     assert [Path(w.kernels).resolve().parents[1] for w in workers] == [mine, other.resolve()]
     assert all(w.process.returncode == 0 for w in workers)  # closed when the comparison ended
     assert "B / A" in capsys.readouterr().out
+    # --a-label / --b-label name the configs in the rows instead
+    out = compare_configs.main(["--call", "fwd", "--shape", "1,64,2,32", "--dtype", "fp16", "--b-tree", str(other),
+                                "--rounds", "1", "--a-label", "the kept kernels", "--b-label", "a trial's kernels",
+                                "--out", str(tmp_path / "labelled.csv")])
+    with out.open() as f:
+        assert [row["fields"] for row in csv.DictReader(f)] == ["the kept kernels", "a trial's kernels"]
 
 
 def test_a_tree_without_kernels_or_a_trees_bad_field_is_refused(tmp_path, capfd):

@@ -35,7 +35,9 @@ Two versions of the kernels: `--a-tree DIR` and `--b-tree DIR` take config A's o
 another checkout's `kernels/` (a `git worktree` of another commit; the default is this one's). Each
 config then runs in a process of its own that imports its tree's kernels, checks them against
 float64 and times them when asked, the rounds still alternating; the rows name the tree beside the
-fields (which are that tree's config fields).
+fields (which are that tree's config fields). `--a-label TEXT` and `--b-label TEXT` name a config
+in the rows' fields column instead, as a table made from the rows shows it (what the other tree's
+kernels do, where a path would say nothing to a reader).
 
     git worktree add /tmp/before HEAD~1
     python tools/compare_configs.py --call bwd --shape 8,2048,16,128 --a-tree /tmp/before
@@ -297,6 +299,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--a-tree", type=Path, metavar="DIR",
                         help="config A's kernels from the checkout DIR (its kernels/), in a process of their own")
     parser.add_argument("--b-tree", type=Path, metavar="DIR", help="config B's kernels, likewise")
+    parser.add_argument("--a-label", default="", metavar="TEXT",
+                        help="what the rows' fields column calls config A (default: its fields, with a tree "
+                             "'kernels of DIR' before them), e.g. what a tree's kernels do that the other's do not")
+    parser.add_argument("--b-label", default="", metavar="TEXT", help="config B's, likewise")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a tree's worker (`serve`)
     parser.add_argument("--rounds", type=int, default=6, help="timed rounds of each config, interleaved")
     parser.add_argument("--out", type=Path, default=Path("compare_configs.csv"), help="the rows (CSV)")
@@ -405,7 +411,8 @@ class TreeWorker:
     def __init__(self, label: str, tree: Path | None, args):
         self.label, self.tree = label, tree or Path(__file__).resolve().parents[1]
         fields = args.a if label == "A" else args.b
-        self.fields = f"kernels of {self.tree}" + (f"; {fields}" if fields else "")
+        self.fields = (args.a_label if label == "A" else args.b_label) or (
+            f"kernels of {self.tree}" + (f"; {fields}" if fields else ""))
         call = ["--call", args.call, "--shape", ",".join(map(str, args.shape)), "--dtype", args.dtype,
                 "--kv-heads", str(args.kv_heads), "--seqlen-k", str(args.seqlen_k), "--dropout", str(args.dropout),
                 "--window", *map(str, args.window), "--a", fields]
@@ -440,7 +447,8 @@ def compare(args, device: torch.device, checked, timers: dict) -> Path:
     rounds: the rows, as they are timed, to args.out; a short table. Returns args.out."""
     batch, seqlen, heads, headdim = args.shape
     windowed, cross = _windowed(args), _cross(args)
-    fields = {label: getattr(timer, "fields", args.a if label == "A" else args.b) for label, timer in timers.items()}
+    labels = {"A": args.a_label or args.a, "B": args.b_label or args.b}
+    fields = {label: getattr(timer, "fields", labels[label]) for label, timer in timers.items()}
     rows = []
     # the rows as they are timed, and beside them OUT's stem + .notes.txt: clocks lowered by heat or power
     with SuiteRows(args.out.parent, args.out.name, COLUMNS, notes_name=f"{args.out.stem}.notes.txt") as out:
