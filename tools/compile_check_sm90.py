@@ -159,17 +159,35 @@ def assembled(compiled, name: str, sass: bool = False) -> tuple[str, subprocess.
     return ptx, ptxas, listing
 
 
+def sass_instructions(listing: str) -> tuple[list[tuple[int, str]], dict[str, int]]:
+    """nvdisasm's listing read once for the checks below: its instructions as (address, text up to
+    the `;`), in order, and each label's (`.L_x_N`) address, the instruction after it."""
+    instructions, labels, pending = [], {}, []
+    for line in listing.splitlines():
+        label = re.match(r"\s*(\.L_x_\d+):", line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        found = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+([^;]*)", line)
+        if found:
+            address = int(found.group(1), 16)
+            labels.update({name: address for name in pending})
+            pending = []
+            instructions.append((address, found.group(2).strip()))
+    return instructions, labels
+
+
 def exp2_under_pv(listing: str) -> int:
     """Of a Gluon forward's machine code, the fewest exp2 (MUFU.EX2) any consumer's key loop runs
     between its wait for S_j (`WARPGROUP.DEPBAR.LE gsb0, 0x1`: block j-1's P~ V still in flight)
     and its wait for that P~ V (`... 0x0`): the softmax FA3's Algorithm 2 overlaps with P~ V. ptxas
     may move the second wait above the softmax (FwdConfig.hopper_gluon_pin_softmax keeps it below)."""
-    lines = [line for line in listing.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
+    texts = [text for _, text in sass_instructions(listing)[0]]
     counts = []
-    for i, line in enumerate(lines):
-        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+    for i, text in enumerate(texts):
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in text:
             count = 0
-            for later in lines[i + 1:]:
+            for later in texts[i + 1:]:
                 if "WARPGROUP.DEPBAR.LE gsb0, 0x0" in later:
                     break
                 count += "MUFU.EX2" in later
@@ -183,18 +201,7 @@ def loop_spills(listing: str) -> list[int]:
     warpgroups, in address order. A loop is a branch back to an earlier label; the branches after
     the kernel's last EXIT (ptxas's out-of-line retries of mbarrier waits) are not loops. Spills
     elsewhere (a prologue, an epilogue) run once a tile; these run every step."""
-    instructions, labels, pending = [], {}, []
-    for line in listing.splitlines():
-        label = re.match(r"\s*(\.L_x_\d+):", line)
-        if label:
-            pending.append(label.group(1))
-            continue
-        found = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
-        if found:
-            address = int(found.group(1), 16)
-            labels.update({name: address for name in pending})
-            pending = []
-            instructions.append((address, found.group(2)))
+    instructions, labels = sass_instructions(listing)
     end = max((address for address, text in instructions if re.search(r"\bEXIT\b", text)), default=0)
     loops = set()
     for address, text in instructions:
