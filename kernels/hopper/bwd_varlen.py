@@ -106,41 +106,49 @@ def _varlen_bwd_step(args, ctx, step, dk, dv, CAUSAL: gl.constexpr, HALF: gl.con
     (the block's keys run past the sequence's end, or, causal, some row of the step does not see
     every key of this half), told at run time: one loop for all steps, faster causal than masking
     every step and level otherwise, and level with the masked steps in a loop of their own
-    (docs/performance.md). Returns dK_j, dV_j."""
+    (docs/performance.md). The diagonal's test takes one offset a key row against the step's
+    column indices, made where it runs, so that no index vector lives through the loop (held
+    there, the consumers' loops spilled and filled registers every step: `loop_spills` of
+    tools/compile_check_sm90.py). Returns dK_j, dV_j."""
     (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, DK, DV, LSE, Delta, q_smem, k_smem, v_smem, do_smem,
      ds_smem, dq_smem, kv_bar, q_bar, do_bar, empty_bar, ds_bar, dq_free, done_bar, q_start, kv_row0, start_n,
      first_m, col0, q_col0, n_steps, kv_group, seqlen_q, seqlen_k, shift, total_q, stride_dk, stride_dv,
      softmax_scale, qk_scale, lse_smem, delta_smem, stats_bar, dq_row0, num_heads) = args
-    k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys = ctx
+    k_buf, v_buf, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys = ctx
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
     HEAD_DIM: gl.constexpr = _head_dim(q_desc)
     STAGES: gl.constexpr = q_smem[0].type.shape[0]
     dtype: gl.constexpr = q_desc[0].dtype
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk[0].type.layout, k_width=2)
+    s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     stage = step % STAGES
     phase = (step // STAGES) & 1
     m, q_col, _, _ = _bwd_step_coords(step, n_steps, first_m, q_col0, q_col0 // HEAD_DIM, 0, kv_group, BLOCK_M,
                                       HEAD_DIM)
-    offs_m = m + offs_m_base
     q_buf = _at(q_smem, stage)
     do_buf = _at(do_smem, stage)
     s_tok, dp_tok = _bwd_score_matmuls(k_buf, v_buf, q_buf, do_buf, q_bar, do_bar, stage, phase, s_init)
     # the loader's copies of L_i and D_i; D_i read once P^T is made (as bwd._bwd_dkdv_step does)
     mbarrier.wait(stats_bar.index(stage), phase)
-    lse = lse_smem.index(stage).load(offs_m_base.type.layout)[None, :] * 1.4426950408889634
+    lse = lse_smem.index(stage).load(col_layout)[None, :] * 1.4426950408889634
     s = warpgroup_mma_wait(len(k_buf), deps=[s_tok])
     p = gl.exp2(s * qk_scale - lse)
     # keys past the sequence's end and, causal, past a row's diagonal, where the step needs it: row
     # m + shift sees keys up to itself
     if CAUSAL:
-        if partial_keys | (m + shift < first_key + ROWS - 1):
-            p = gl.where(keys_ok[:, None] & (offs_n[:, None] <= offs_m[None, :] + shift), p, 0.0)
+        if m + shift < first_key + ROWS - 1:  # rows that miss some key of this half
+            # key n, query column c of the step: visible iff n - (m + shift) <= c
+            last = gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)) + (first_key - m - shift)
+            p = gl.where(last[:, None] <= gl.arange(0, BLOCK_M, layout=col_layout)[None, :], p, 0.0)
+        if partial_keys:
+            p = gl.where(keys_ok[:, None], p, 0.0)
     else:
         if partial_keys:
             p = gl.where(keys_ok[:, None], p, 0.0)
     p_op = gl.convert_layout(p.to(dtype), op_layout)
-    delta = delta_smem.index(stage).load(offs_m_base.type.layout)[None, :]
+    delta = delta_smem.index(stage).load(col_layout)[None, :]
     dv_tok, dk_tok, ds, ds_op = _bwd_dv_ds_dk(p, p_op, dp_tok, delta, q_buf, do_buf, dv, dk, op_layout)
     parity = _bwd_share_ds(ds_smem, ds_bar, ds, step, HALF)
     dv, dk, p_op, ds_op = _bwd_wait_dkdv(dv_tok, dk_tok, p_op, ds_op)
@@ -164,14 +172,11 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     ROWS: gl.constexpr = k_desc[0].block_type.shape[0]
     BLOCK_M: gl.constexpr = q_desc[0].block_type.shape[0]
     s_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
-    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     k_buf = _at(k_smem, HALF)
     v_buf = _at(v_smem, HALF)
 
     first_key = start_n + HALF * ROWS  # this half's first key in its sequence
-    offs_n = first_key + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-    offs_m_base = gl.arange(0, BLOCK_M, layout=col_layout)
-    keys_ok = offs_n < seqlen_k
+    keys_ok = first_key + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout)) < seqlen_k
     partial_keys = start_n + 2 * ROWS > seqlen_k
     dk = _zero_sections(ROWS, k_smem)
     dv = _zero_sections(ROWS, k_smem)
@@ -179,7 +184,7 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
     dq_init = _zero_sections(BLOCK_M, dq_smem)  # one per dQ section
     dq_buf = _dq_tile_buffer(dq_smem, HALF)
     mbarrier.wait(kv_bar, 0)
-    ctx = (k_buf, v_buf, offs_n, offs_m_base, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys)
+    ctx = (k_buf, v_buf, keys_ok, s_init, dq_init, dq_buf, first_key, partial_keys)
     for group in range(kv_group):
         for i in range(n_steps):
             dk, dv = _varlen_bwd_step(args, ctx, group * n_steps + i, dk, dv, CAUSAL, HALF)
