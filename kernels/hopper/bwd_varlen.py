@@ -82,8 +82,8 @@ def _varlen_bwd_dq_writer_partition(args):
 def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit):
     """Write a [ROWS, width] tile (`value`, `buf` and `desc` one head-dim section's) whose rows are
     sequence positions first.. (row0 + first in the packed view), from column col0 on: by TMA where
-    every row is before `limit`, else only those rows, by a masked pointer store (the rows past it
-    belong to the next sequence)."""
+    every row is before `limit` (issued, not waited for: the caller waits once for all its tiles),
+    else only those rows, by a masked pointer store (the rows past it belong to the next sequence)."""
     ROWS: gl.constexpr = value.shape[0]
     WIDTH: gl.constexpr = value.shape[1]
     layout: gl.constexpr = value.type.layout
@@ -91,7 +91,6 @@ def _varlen_store_rows(desc, Ptr, stride, buf, value, first, row0, col0, limit):
         buf.store(value)
         fence_async_shared()
         tma.async_copy_shared_to_global(desc, [row0 + first, col0], buf)
-        tma.store_wait(pendings=0)
     else:
         rows = first + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
         cols = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, layout))
@@ -197,6 +196,7 @@ def _varlen_bwd_dkdv_partition(args, CAUSAL: gl.constexpr, HALF: gl.constexpr):
                            (dk[section] * softmax_scale).to(k_buf[section].dtype), first_key, kv_row0, col, seqlen_k)
         _varlen_store_rows(dv_desc[section], DV, stride_dv, v_buf[section], dv[section].to(v_buf[section].dtype),
                            first_key, kv_row0, col, seqlen_k)
+    tma.store_wait(pendings=0)  # once for every tile's store: each leaves through a buffer of its own
 
 
 @gluon.jit
