@@ -774,6 +774,8 @@ SECTIONS = {
         H100 / "decisions" / "gluon_forward_persistent.csv"),
     "gluon_forward_tile_loop_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_forward_tile_loop.csv"),
+    "gluon_backward_varlen_mask_h200": lambda: compare_configs_table(
+        H200 / "decisions" / "gluon_backward_varlen_mask.csv"),
     "gluon_fields": lambda: compare_configs_table(DECISIONS / "gluon_fields.csv"),
     "gluon_fields_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_fields.csv"),
     "fwd_launch_order_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_launch_order.csv"),
