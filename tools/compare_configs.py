@@ -31,6 +31,9 @@ on; the tool then exits 1, naming each failed line.
 
     python tools/compare_configs.py --plan plan.txt --rounds 3 --out results/compare.csv
 
+With `--line-timeout S` each line runs in a process of its own, killed after S seconds: a kernel
+that hangs, or an illegal instruction that leaves the CUDA context unusable, fails its line alone.
+
 Two versions of the kernels: `--a-tree DIR` and `--b-tree DIR` take config A's or B's kernels from
 another checkout's `kernels/` (a `git worktree` of another commit; the default is this one's). Each
 config then runs in a process of its own that imports its tree's kernels, checks them against
@@ -60,6 +63,7 @@ import json
 import math
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -282,6 +286,10 @@ def main(argv: list[str] | None = None) -> Path:
                         help="batch,seqlen,heads,headdim (required unless --plan)")
     parser.add_argument("--plan", type=Path, metavar="FILE",
                         help="several comparisons in this process: one comparison's arguments a line")
+    parser.add_argument("--line-timeout", type=float, default=0.0, metavar="S",
+                        help="with --plan: each line in a process of its own, stopped after S seconds, so that a "
+                             "kernel that hangs or breaks the CUDA context fails its line alone (default 0: every "
+                             "line in this process)")
     parser.add_argument("--kv-heads", type=int, default=0, help="GQA/MQA: kv heads (default: as many as q heads)")
     parser.add_argument("--seqlen-k", type=int, default=0, metavar="K",
                         help="keys per batch row where they differ from the queries (dense calls: cross-attention, "
@@ -307,8 +315,11 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--rounds", type=int, default=6, help="timed rounds of each config, interleaved")
     parser.add_argument("--out", type=Path, default=Path("compare_configs.csv"), help="the rows (CSV)")
     args = parser.parse_args(argv)
+    if args.line_timeout < 0:
+        parser.error(f"--line-timeout takes seconds (0: none), got {args.line_timeout}")
     if args.plan:
-        return run_plan(args.plan, _without_plan(list(sys.argv[1:] if argv is None else argv)), args.out)
+        return run_plan(args.plan, _without_plan(list(sys.argv[1:] if argv is None else argv)), args.out,
+                        args.line_timeout)
     if args.call is None or args.shape is None:
         parser.error("--call and --shape are required (or --plan FILE)")
     if len(args.shape) != 4:
@@ -504,9 +515,10 @@ def _without_plan(argv: list[str]) -> list[str]:
     return kept
 
 
-def run_plan(plan: Path, shared: list[str], out: Path) -> Path:
-    """Each comparison of `plan` (main's arguments a line, after `shared`) in turn, in this process;
-    one that fails is reported and the plan goes on, then SystemExit(1) names the failed lines.
+def run_plan(plan: Path, shared: list[str], out: Path, line_timeout: float = 0.0) -> Path:
+    """Each comparison of `plan` (main's arguments a line, after `shared`) in turn, in this process,
+    or with `line_timeout` each in a process of its own, killed after that many seconds; one that
+    fails is reported and the plan goes on, then SystemExit(1) names the failed lines.
     Returns the folder of the rows."""
     if not plan.is_file():
         raise SystemExit(f"--plan: no file {plan}")
@@ -521,6 +533,11 @@ def run_plan(plan: Path, shared: list[str], out: Path) -> Path:
         if not any(arg == "--out" or arg.startswith("--out=") for arg in shlex.split(line)):
             argv += ["--out", str(out.with_name(f"{out.stem}_{number:02d}.csv"))]
         print(f"[{number}] {line}", flush=True)
+        if line_timeout:
+            failure = _run_line_apart(argv, line_timeout)
+            if failure:
+                failed.append(f"[{number}] {line}: {failure}")
+            continue
         try:
             main(argv)
         except SystemExit as exc:  # argparse's error (printed above), or a config off the reference
@@ -533,6 +550,20 @@ def run_plan(plan: Path, shared: list[str], out: Path) -> Path:
         print("failed:\n" + "\n".join(failed), file=sys.stderr)
         raise SystemExit(1)
     return out.parent
+
+
+def _run_line_apart(argv: list[str], line_timeout: float) -> str:
+    """One plan line in a process of its own (its output this one's), killed after `line_timeout`
+    seconds with the tree workers it started (its process group): why it failed, or '' where it
+    exited 0."""
+    process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv], start_new_session=True)
+    try:
+        code = process.wait(timeout=line_timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return f"no result within {line_timeout:g} s (killed: a kernel that hangs?)"
+    return "" if code == 0 else f"its process exited {code}"
 
 
 if __name__ == "__main__":
