@@ -228,13 +228,17 @@ def test_a_plan_runs_each_line_in_one_process_and_goes_on_past_a_failed_one(tmp_
 def test_a_plan_line_in_a_process_of_its_own_writes_its_rows_or_fails_alone_when_it_runs_out_of_time(tmp_path,
                                                                                                      capsys):
     """--line-timeout: each line a process of its own (in the interpreter here), its rows written as
-    in one process; a line that runs past the limit (here: too short for the process to start) is
-    killed, named at the end with the limit (exit 1), and the lines after it still run."""
+    in one process; a line whose process fails is named with its exit status, and one that runs past
+    the limit (here: too short for the process to start) is killed and named with the limit (exit 1),
+    the lines after either still run."""
     plan = tmp_path / "plan.txt"
-    plan.write_text("--call fwd --shape 1,64,2,32 --b block_m=16\n")
-    compare_configs.main(["--plan", str(plan), "--dtype", "fp16", "--rounds", "1", "--line-timeout", "600",
-                          "--out", str(tmp_path / "cmp.csv")])
-    with (tmp_path / "cmp_00.csv").open() as f:
+    plan.write_text("--call fwd --shape 1,64,2,32 --b warps=8\n--call fwd --shape 1,64,2,32 --b block_m=16\n")
+    with pytest.raises(SystemExit) as exc:
+        compare_configs.main(["--plan", str(plan), "--dtype", "fp16", "--rounds", "1", "--line-timeout", "600",
+                              "--out", str(tmp_path / "cmp.csv")])
+    assert exc.value.code == 1  # a line whose process fails (a bad field: argparse's exit 2) is named
+    assert "[0] --call fwd --shape 1,64,2,32 --b warps=8: its process exited 2" in capsys.readouterr().err
+    with (tmp_path / "cmp_01.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [row["config"] for row in rows] == ["A", "B"] and rows[0]["dtype"] == "fp16"
     plan.write_text("--call fwd --shape 1,64,2,32 --b block_m=16\n--call fwd --shape 1,64,2,32 --b block_m=32\n")
