@@ -247,8 +247,8 @@ def test_gpu_gluon_forward_with_consumers_in_turns(case, dtype, pin_softmax):
     """FwdConfig.hopper_gluon_pingpong (the consumer warpgroups issue their matmuls in turns, a ring
     of mbarriers, as FA3's and FA4's warp-scheduler barriers order them) on the dense, features and
     varlen Gluon forwards, two and three consumers, and without it at head dims where the table sets
-    it, each with and without FwdConfig.hopper_gluon_pin_softmax (the row sums stored to an unread
-    shared row before P~ V's wait): out, logsumexp and gradients against float64 (a turn passed out
+    it, each with and without FwdConfig.hopper_gluon_pin_softmax (the row sums stored to shared
+    memory under a predicate never true, before P~ V's wait): out, logsumexp and gradients against float64 (a turn passed out
     of order would deadlock or race, not only slow down), on the Gluon kernel."""
     batch, seqlen_q, seqlen_k, heads, kv_heads, headdim, causal, window, rows, in_turns = PINGPONG_CASES[case]
     if torch.cuda.get_device_capability() != (9, 0):

@@ -480,26 +480,20 @@ def _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar):
 
 
 @gluon.jit
-def _pin_buffer(q_bar, CONSUMERS: gl.constexpr, ROWS: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
-    """`_pin_softmax`'s shared rows, one of ROWS float32 a consumer, written and never read; without
-    PIN_SOFTMAX none (`q_bar` in their place, not written)."""
+def _pin_softmax(l_i, PIN_SOFTMAX: gl.constexpr):
+    """With PIN_SOFTMAX (FwdConfig.hopper_gluon_pin_softmax) block j's softmax is held before block
+    j - 1's P~ V is waited for. ptxas otherwise moves that wait (`_pv_wait`) above the softmax, which
+    then runs after P~ V instead of under it (FA3's Algorithm 2 overlap, which the source has). The
+    pin is a shared-memory store of the row sums l (which need every exponential of the block),
+    predicated on l < 0, so never taken: ptxas keeps a store's place against the wait, as it does
+    not a barrier or a fence, which carry no data (`exp2 under P V` of tools/compile_check_sm90.py).
+    No buffer, no barrier: two instructions a row a thread. Returns l."""
     if PIN_SOFTMAX:
-        pin_buf = gl.allocate_shared_memory(gl.float32, [CONSUMERS, ROWS],
-                                            gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    else:
-        pin_buf = q_bar
-    return pin_buf
-
-
-@gluon.jit
-def _pin_softmax(l_i, pin_buf, PART: gl.constexpr, PIN_SOFTMAX: gl.constexpr):
-    """With PIN_SOFTMAX (FwdConfig.hopper_gluon_pin_softmax) the row sums of block j's softmax are
-    stored to this consumer's unread shared row before block j - 1's P~ V is waited for. ptxas
-    otherwise moves that wait (`_pv_wait`) above the softmax, which then runs after P~ V instead of
-    under it (FA3's Algorithm 2 overlap, which the source has); the store needs every exponential
-    of the block (l sums them) and the barrier Triton puts before it keeps the wait below."""
-    if PIN_SOFTMAX:
-        pin_buf.index(PART).store(l_i)
+        l_i = gl.inline_asm_elementwise(
+            "{\n\t.reg .pred never;\n\t.reg .b32 at;\n\tsetp.lt.f32 never, $1, 0f00000000;\n\tmov.b32 at, 0;\n\t"
+            "@never st.shared.b32 [at], $1;\n\tmov.b32 $0, $1;\n\t}", "=r,r", [l_i], dtype=gl.float32,
+            is_pure=False, pack=1)
+    return l_i
 
 
 @gluon.jit
@@ -536,7 +530,7 @@ def _load_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, GROUP_SHIF
     """One warp: _load_q_kv for each of the program's tiles and the key blocks it visits."""
     (q_desc, k_desc, v_desc, o_desc, LSE, Alibi, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free,
      num_tiles, num_m, num_heads, seqlen, kv_group, qk_scale, softcap_log2, stride_alibi_b, window_left, window_right,
-     kx_smem, turn_bar, pin_buf) = args
+     kx_smem, turn_bar) = args
     BLOCK_M: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS * q_desc[0].block_type.shape[0]
     it = 0
     local = 0
@@ -563,7 +557,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
     (_softmax_loop), then lines 12-15, O written through its Q buffer, which it then frees (q_free)."""
     (q_desc, k_desc, v_desc, o_desc, LSE, Alibi, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free,
      num_tiles, num_m, num_heads, seqlen, kv_group, qk_scale, softcap_log2, stride_alibi_b, window_left, window_right,
-     kx_smem, turn_bar, pin_buf) = args
+     kx_smem, turn_bar) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     CONSUMERS: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS
@@ -591,7 +585,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
             window = (window_left, window_right, full_lo, full_hi)
             offs_m = start_m + PART * ROWS + gl.arange(0, ROWS, layout=row_layout)  # this part's rows in the sequence
             acc, l_i, m_i = _softmax_loop(q_buf, q_bar.index(buffer), q_phase, k_smem, v_smem, k_bar, v_bar, empty_bar,
-                                          turn_bar, pin_buf, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
+                                          turn_bar, qk_scale, mods, window, offs_m, offs_n, offs_n_f, first_block,
                                           n_blocks, it, kx_smem, s_layout, CAUSAL, WINDOW, SOFTCAP, ALIBI, PART, PINGPONG,
                                           PIN_SOFTMAX, Q_IN_REGS, CONSUMERS)
             # lines 12-15: O = diag(l)^-1 O once, L = m + log(l) (m is in log2 units), write both
@@ -606,7 +600,7 @@ def _softmax_partition(args, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP
 
 
 @gluon.jit
-def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, pin_buf, qk_scale, mods,
+def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, qk_scale, mods,
                   window, offs_m, offs_n, offs_n_f, first_block, n_blocks, it, kx_smem, s_layout: gl.constexpr,
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr, Q_IN_REGS: gl.constexpr,
@@ -649,7 +643,7 @@ def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_b
                                                     offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
         else:
             p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
-        _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
+        l_i = _pin_softmax(l_i, PIN_SOFTMAX)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
         p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
     acc = _fwd_last_block(it + n_blocks, p, acc, v_smem, v_bar, empty_bar)
@@ -702,8 +696,7 @@ def _flash_fwd_hopper_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail
 
     args = (q_desc, k_desc, v_desc, o_desc, LSE, Alibi, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free,
             num_m * num_rows, num_m, num_heads, seqlen, kv_group, qk_scale, softcap_log2, stride_alibi_b, window_left,
-            window_right, kx_smem, _turn_barriers(q_bar, CONSUMERS, PINGPONG),
-            _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
+            window_right, kx_smem, _turn_barriers(q_bar, CONSUMERS, PINGPONG))
     # The run-time values travel as one tuple, the constexprs beside it in tuples written in the
     # call (a tuple assigned to a name holds run-time values: the flags would be). The default
     # partition (4 warps) and one or two workers (4 warps each) consume, one function PART apart;

@@ -22,7 +22,6 @@ from .fwd import (
     _held_p,
     _load_q_kv,
     _online_softmax,
-    _pin_buffer,
     _pin_softmax,
     _store_output,
     _turn_barriers,
@@ -81,8 +80,7 @@ def _varlen_load_partition(args, CAUSAL: gl.constexpr, GROUP_SHIFT: gl.constexpr
                            PERSISTENT: gl.constexpr):
     """_load_partition over the program's tiles of the packed (total, heads * head dim) views."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, CuSeqQ,
-     CuSeqK, num_tiles, num_m, num_heads, stride_lse_h, stride_lse_b, stride_o, qk_scale, kv_group, turn_bar,
-     pin_buf) = args
+     CuSeqK, num_tiles, num_m, num_heads, stride_lse_h, stride_lse_b, stride_o, qk_scale, kv_group, turn_bar) = args
     BLOCK_M: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS * q_desc[0].block_type.shape[0]
     it = 0
     local = 0
@@ -110,8 +108,7 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
     tile past the sequence's end are the next sequence's: their results are not written (a masked
     store where the tile crosses the end, TMA where it does not)."""
     (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free, CuSeqQ,
-     CuSeqK, num_tiles, num_m, num_heads, stride_lse_h, stride_lse_b, stride_o, qk_scale, kv_group, turn_bar,
-     pin_buf) = args
+     CuSeqK, num_tiles, num_m, num_heads, stride_lse_h, stride_lse_b, stride_o, qk_scale, kv_group, turn_bar) = args
     BLOCK_N: gl.constexpr = k_desc[0].block_type.shape[0]
     ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     CONSUMERS: gl.constexpr = q_smem[0].type.shape[0] // Q_BUFFERS
@@ -145,7 +142,7 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
                                                                 turn_bar, p, acc, s_init, PART, PINGPONG)
                     p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from,
                                                               seqlen_k, shift, BLOCK_N, CAUSAL)
-                    _pin_softmax(l_i, pin_buf, PART, PIN_SOFTMAX)
+                    l_i = _pin_softmax(l_i, PIN_SOFTMAX)
                     acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
                     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
                 acc = _fwd_last_block(it + n_blocks, p, acc, v_smem, v_bar, empty_bar)
@@ -200,12 +197,11 @@ def _flash_fwd_hopper_varlen_kernel(q_desc, k_desc, v_desc, o_desc, q_tail_desc,
     tiles' order over groups of sequence x head rows, `_fwd_program`) as the dense kernel's."""
     q_desc, k_desc, v_desc, o_desc = _descriptor_sections(q_desc, k_desc, v_desc, o_desc, q_tail_desc, k_tail_desc,
                                                           v_tail_desc, o_tail_desc, HEAD_SPLIT)  # as the dense kernel's
-    ROWS: gl.constexpr = q_desc[0].block_type.shape[0]
     q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free = _fwd_shared_buffers(q_desc, k_desc, v_desc, STAGES,
                                                                                          V_STAGES, CONSUMERS, Q_BUFFERS)
     args = (q_desc, k_desc, v_desc, o_desc, Out, LSE, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, empty_bar, q_free,
             CuSeqQ, CuSeqK, num_m * num_rows, num_m, num_heads, stride_lse_h, stride_lse_b, stride_o, qk_scale,
-            kv_group, _turn_barriers(q_bar, CONSUMERS, PINGPONG), _pin_buffer(q_bar, CONSUMERS, ROWS, PIN_SOFTMAX))
+            kv_group, _turn_barriers(q_bar, CONSUMERS, PINGPONG))
     if CONSUMERS == 3:  # registers as the dense kernel's
         gl.warp_specialize([
             (_varlen_softmax_partition, (args, CAUSAL, 0, PINGPONG, PIN_SOFTMAX, Q_IN_REGS, GROUP_SHIFT, Q_BUFFERS, PERSISTENT)),
