@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -105,9 +106,12 @@ class Comparison:
 
 def baseline_path(gpu: str, directory: Path = REPORTS_DIR) -> Path:
     """Conventional baseline location for a GPU model: reports/<gpu>/regression/baseline.json,
-    <gpu> the model's slug without its vendor ('NVIDIA H200' -> reports/h200/...)."""
-    slug = gpu_slug(gpu).removeprefix("nvidia-")
-    return Path(directory) / slug / "regression" / "baseline.json"
+    <gpu> the model's slug without its vendor and its memory's size and kind, the folder that
+    holds the model's other results ('NVIDIA H200' -> reports/h200/...,
+    'NVIDIA H100 80GB HBM3' -> reports/h100/...; 'NVIDIA H100 PCIe' keeps its own folder)."""
+    words = gpu_slug(gpu).removeprefix("nvidia-").split("-")
+    model = [word for word in words if not re.fullmatch(r"\d+gb|hbm\d*e?", word)] or words
+    return Path(directory) / "-".join(model) / "regression" / "baseline.json"
 
 
 # --------------------------------------------------------------------------------------

@@ -89,6 +89,21 @@ def test_the_committed_baseline_loads_as_ratios_to_the_reference():
     assert baseline_path("NVIDIA H200") == COMMITTED
 
 
+@pytest.mark.parametrize("gpu, folder", [
+    ("NVIDIA H200", "h200"),
+    ("NVIDIA H100 80GB HBM3", "h100"),  # torch's name for the SXM H100: its results live in reports/h100
+    ("NVIDIA H100 PCIe", "h100-pcie"),  # another model, another folder
+    ("NVIDIA A100-SXM4-80GB", "a100-sxm4"),
+    ("NVIDIA GeForce RTX 4090", "geforce-rtx-4090"),
+])
+def test_the_baseline_lives_in_the_folder_of_the_gpus_other_results(gpu, folder):
+    assert baseline_path(gpu, Path("reports")) == Path("reports") / folder / "regression" / "baseline.json"
+
+
+def test_the_committed_h100_baseline_is_found_by_the_name_torch_gives_the_gpu():
+    assert baseline_path("NVIDIA H100 80GB HBM3").is_file()
+
+
 def test_a_schema_1_baseline_loads_as_ratios_to_the_reference():
     loaded = load_baseline(SCHEMA_1)
     assert set(loaded.entries["provider"]) == {"fa2"} and loaded.reference == REFERENCE
