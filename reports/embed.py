@@ -796,6 +796,13 @@ SECTIONS = {
     "fwd_pin_softmax_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_pin_softmax.csv",
                                                           "without the pin",
                                                           "row sums stored before P V's wait"),
+    "fwd_pin_store_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_forward_pin_store.csv", "row sums to an unread shared row, after a barrier",
+        "row sums by a store never taken"),
+    "fwd_pin_store_table_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_pin_store_table.csv"),
+    "gluon_backward_varlen_persistent_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_backward_varlen_persistent.csv", "one program a key block",
+        "a persistent grid, two K/V slots"),
     "fwd_counters_h100": lambda: peer_counters_table(H100 / "counters_fa4"),
     "bwd_counters_sections_h100": lambda: peer_counters_table(H100 / "counters_bwd_fa4_sections"),
     "bwd_counters_h100": lambda: peer_counters_table(H100 / "counters_bwd_fa4"),
