@@ -180,7 +180,8 @@ def test_a_config_off_the_reference_is_not_timed():
 
 def test_a_call_whose_reference_does_not_fit_is_checked_on_its_first_rows_and_heads():
     """checked_args keeps the lengths, head dim and GQA group and cuts batch rows, then kv heads,
-    until the float64 reference fits REFERENCE_BYTES; a call that fits, or packed lengths, stay whole."""
+    until the float64 reference fits REFERENCE_BYTES; a call that fits stays whole; packed lengths keep
+    every sequence and lose kv heads alone."""
     import argparse
 
     def args(shape, kv_heads=0, lengths=None):
@@ -198,8 +199,16 @@ def test_a_call_whose_reference_does_not_fit_is_checked_on_its_first_rows_and_he
     assert gqa.shape == (1, 8192, 4, 64) and gqa.kv_heads == 1
     empty = args((2, 0, 32, 64))  # no rows at all: nothing to cut
     assert compare_configs.checked_args(empty) is empty
-    packed = args((0, 0, 32, 64), lengths=[16384, 16384])
+    packed = args((2, 0, 32, 64), lengths=[1024, 3000])
     assert compare_configs.checked_args(packed) is packed
+    # eight sequences up to 7422 at 32 heads: one float64 score tensor of the longest alone is 13 GiB;
+    # over all eight the reference holds about 8 GiB a head, so two heads fit
+    lengths = [6040, 3336, 945, 4133, 6181, 1141, 7422, 2684]
+    assert compare_configs.REFERENCE_BYTES // (compare_configs.SCORE_TENSORS * 8 * sum(n * n for n in lengths)) == 2
+    cut = compare_configs.checked_args(args((8, 0, 32, 64), lengths=lengths))
+    assert cut.shape == (8, 0, 2, 64) and cut.lengths == lengths and cut.kv_heads == 0
+    grouped = compare_configs.checked_args(args((8, 0, 32, 64), kv_heads=8, lengths=lengths))
+    assert grouped.shape == (8, 0, 4, 64) and grouped.kv_heads == 1  # a group of 4 kept whole, over the fit
 
 
 def test_a_plan_runs_each_line_in_one_process_and_goes_on_past_a_failed_one(tmp_path, capsys):

@@ -7,7 +7,7 @@ warps, stages, memory paths, the Gluon kernels' thresholds and hopper_gluon_dq_f
 hopper_gluon_head_section, hopper_gluon_causal_head_section, hopper_gluon_varlen_grid). Both configs are first checked against
 the float64 reference (baselines/reference.py: each output within twice the same-dtype PyTorch
 error, flash-attn's criterion; where that reference would not fit the device, on the call's first
-batch rows and heads); then rounds alternate A and B (A first in even rounds, B in odd)
+batch rows and heads, packed lengths on their first heads); then rounds alternate A and B (A first in even rounds, B in odd)
 so that drift of clocks and temperature falls on both. Every measurement is one row of a
 long-format CSV with the environment beside it; a short table gives each config's median and
 the ratio B / A of this run. A call the feature kernels take with a mask (dropout, a window,
@@ -248,12 +248,18 @@ def checked_args(args: argparse.Namespace) -> argparse.Namespace:
     """The call the accuracy check runs: the timed one, or where its float64 reference would not fit
     REFERENCE_BYTES, its first batch rows and kv heads (each with its group of q heads) that do,
     at least one: the same lengths, head dim, GQA group and configs, so the same kernels on a
-    smaller grid. Packed lengths are checked whole."""
-    if args.lengths:
-        return args
+    smaller grid. Packed lengths keep every sequence (the reference holds each one's scores through
+    the backward) and lose kv heads alone."""
     batch, seqlen, heads, headdim = args.shape
     kv_heads = args.kv_heads or heads
     group = heads // kv_heads
+    if args.lengths:
+        fit = REFERENCE_BYTES // (SCORE_TENSORS * 8 * max(sum(n * n for n in args.lengths), 1))
+        if heads <= fit:
+            return args
+        kv = max(1, min(kv_heads, fit // group))
+        return argparse.Namespace(**{**vars(args), "shape": (batch, seqlen, kv * group, headdim),
+                                     "kv_heads": kv if args.kv_heads else 0})
     seqlen_k = getattr(args, "seqlen_k", 0) or seqlen
     fit = REFERENCE_BYTES // (SCORE_TENSORS * 8 * max(seqlen, 1) * max(seqlen_k, 1))
     if batch * heads <= fit:
