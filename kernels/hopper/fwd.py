@@ -96,6 +96,49 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, diagonal, BLOCK_
 
 
 @gluon.jit
+def _block_mask(s, block, mask, BLOCK_N: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr):
+    """S of key block `block` with the keys a row does not see at -inf. `mask` = (the rows' query
+    indices, the block's key offsets, the key length, shift): with KEYS the keys from the key length
+    on; with CAUSAL the keys past a row's diagonal, bottom-right aligned (key j is seen by query row
+    i when j <= i + shift, shift = seqlen_k - seqlen_q: 0 in the dense kernel)."""
+    offs_m, offs_n, seqlen_k, shift = mask
+    # one bound a row on the offsets within the block (one compare an element, nothing a step could
+    # hoist out of its loop as a whole tile): a row sees the keys before it
+    first_key = block * BLOCK_N
+    if CAUSAL:
+        end = offs_m + (shift + 1)
+        if KEYS:
+            end = gl.minimum(end, seqlen_k)
+        s = gl.where(offs_n[None, :] < (end - first_key)[:, None], s, float("-inf"))
+    elif KEYS:
+        s = gl.where(offs_n[None, :] < seqlen_k - first_key, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _fwd_blocks(lo, hi, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, s_init, m_i, l_i,
+                qk_scale, mask, PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr,
+                EARLY_P: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr):
+    """Lines 8-11 for the tile's key blocks lo to hi - 1 (the program's it + lo-th on), after block
+    lo - 1's line 9 (its P~ held in `p`): S_j and P~_{j-1} V_{j-1} in flight, line 9 for block j
+    under P~ V (`_fwd_block_matmuls`), the softmax held there with PIN_SOFTMAX (`_pin_softmax`), then
+    O rescaled. The blocks' mask is `_block_mask`'s (KEYS, CAUSAL); with neither the loop has no mask
+    code: as FA3's and FA4's mainloops, the tile's blocks every row sees whole run in a loop of their
+    own, the masked ones in another. With KEYS a row may see no key yet (`_online_softmax`'s
+    EMPTY_ROWS). Returns P~ of block hi - 1, O, m and l."""
+    BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
+    for i in range(lo, hi):
+        s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar,
+                                                    p, acc, s_init, PART, PINGPONG)
+        s = _block_mask(s, i, mask, BLOCK_N, KEYS, CAUSAL)
+        p, alpha, l_i, m_i = _online_softmax(s, m_i, l_i, qk_scale, KEYS)
+        l_i = _pin_softmax(l_i, PIN_SOFTMAX)
+        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
+    return p, acc, m_i, l_i
+
+
+@gluon.jit
 def _softmax_step_alibi(s, m_i, l_i, qk_scale, block_bias, offs_m, offs_n, block, diagonal, BLOCK_N: gl.constexpr):
     """_softmax_step (causal) on scores whose matmul added ALiBi's key term (`_alibi_query_tile`):
     S * scale holds scale * q.k + slope * log2(e) * (key offset in the block), and `block_bias`
@@ -631,21 +674,33 @@ def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_b
     else:
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, window[3], BLOCK_N, CAUSAL)
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    for i in range(1, n_blocks):
-        # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
-        s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar,
-                                                    p, acc, s_init, PART, PINGPONG, bias)
-        if ALIBI_MMA:
-            p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale, mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32),
-                                                     offs_m, offs_n, i, window[3], BLOCK_N)
-        elif MODS:
-            p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n,
-                                                    offs_n_f, first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
-        else:
-            p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
-        l_i = _pin_softmax(l_i, PIN_SOFTMAX)
-        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
-        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
+    if ALIBI_MMA or MODS:
+        for i in range(1, n_blocks):
+            # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
+            s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar,
+                                                        p, acc, s_init, PART, PINGPONG, bias)
+            if ALIBI_MMA:
+                p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale,
+                                                         mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32), offs_m,
+                                                         offs_n, i, window[3], BLOCK_N)
+            else:
+                p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f,
+                                                        first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+            l_i = _pin_softmax(l_i, PIN_SOFTMAX)
+            acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+            p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
+    else:  # the blocks before the diagonal without mask code, then (causal) the diagonal ones masked
+        mask = (offs_m, offs_n, 0, 0)
+        unmasked_end = n_blocks
+        if CAUSAL:
+            unmasked_end = gl.maximum(window[3], 1)
+        p, acc, m_i, l_i = _fwd_blocks(1, unmasked_end, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
+                                       acc, s_init, m_i, l_i, qk_scale, mask, PART, PINGPONG, PIN_SOFTMAX, EARLY_P,
+                                       False, False)
+        if CAUSAL:
+            p, acc, m_i, l_i = _fwd_blocks(unmasked_end, n_blocks, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar,
+                                           turn_bar, p, acc, s_init, m_i, l_i, qk_scale, mask, PART, PINGPONG,
+                                           PIN_SOFTMAX, EARLY_P, False, True)
     acc = _fwd_last_block(it + n_blocks, p, acc, v_smem, v_bar, empty_bar)
     return acc, l_i, m_i
 
