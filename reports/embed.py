@@ -800,6 +800,9 @@ SECTIONS = {
         H100 / "decisions" / "gluon_forward_pin_store.csv", "row sums to an unread shared row, after a barrier",
         "row sums by a store never taken"),
     "fwd_pin_store_table_h100": lambda: compare_configs_table(H100 / "decisions" / "gluon_forward_pin_store_table.csv"),
+    "fwd_mask_loops_h100": lambda: compare_configs_table(
+        H100 / "decisions" / "gluon_forward_mask_loops.csv", "masked blocks behind a run-time branch in the key loop",
+        "unmasked and masked key blocks in loops of their own"),
     "gluon_backward_varlen_persistent_h100": lambda: compare_configs_table(
         H100 / "decisions" / "gluon_backward_varlen_persistent.csv", "one program a key block",
         "a persistent grid, two K/V slots"),

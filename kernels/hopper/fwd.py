@@ -118,14 +118,16 @@ def _block_mask(s, block, mask, BLOCK_N: gl.constexpr, KEYS: gl.constexpr, CAUSA
 @gluon.jit
 def _fwd_blocks(lo, hi, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p, acc, s_init, m_i, l_i,
                 qk_scale, mask, PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr,
-                EARLY_P: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr):
+                KEYS: gl.constexpr, CAUSAL: gl.constexpr):
     """Lines 8-11 for the tile's key blocks lo to hi - 1 (the program's it + lo-th on), after block
     lo - 1's line 9 (its P~ held in `p`): S_j and P~_{j-1} V_{j-1} in flight, line 9 for block j
     under P~ V (`_fwd_block_matmuls`), the softmax held there with PIN_SOFTMAX (`_pin_softmax`), then
     O rescaled. The blocks' mask is `_block_mask`'s (KEYS, CAUSAL); with neither the loop has no mask
     code: as FA3's and FA4's mainloops, the tile's blocks every row sees whole run in a loop of their
     own, the masked ones in another. With KEYS a row may see no key yet (`_online_softmax`'s
-    EMPTY_ROWS). Returns P~ of block hi - 1, O, m and l."""
+    EMPTY_ROWS). Two consumers only: on three (192 query rows) the loops apart were slower, and their
+    key blocks run in one loop, the mask behind a run-time branch (docs/performance.md, "The key
+    blocks without a mask in a loop of their own"). Returns P~ of block hi - 1, O, m and l."""
     BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
     for i in range(lo, hi):
         s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar,
@@ -134,7 +136,7 @@ def _fwd_blocks(lo, hi, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_
         p, alpha, l_i, m_i = _online_softmax(s, m_i, l_i, qk_scale, KEYS)
         l_i = _pin_softmax(l_i, PIN_SOFTMAX)
         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
-        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
+        p = _held_p(p, acc, v_smem[0].dtype, False)
     return p, acc, m_i, l_i
 
 
@@ -674,7 +676,7 @@ def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_b
     else:
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, window[3], BLOCK_N, CAUSAL)
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    if ALIBI_MMA or MODS:
+    if ALIBI_MMA or MODS or EARLY_P:  # one loop (three consumers: `_fwd_blocks`)
         for i in range(1, n_blocks):
             # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
             s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar,
@@ -683,9 +685,11 @@ def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_b
                 p, alpha, l_i, m_i = _softmax_step_alibi(s, m_i, l_i, qk_scale,
                                                          mods[1] * (i * BLOCK_N - mods[2]).to(gl.float32), offs_m,
                                                          offs_n, i, window[3], BLOCK_N)
-            else:
+            elif MODS:
                 p, alpha, l_i, m_i = _softmax_step_mods(s, m_i, l_i, qk_scale, mods, window, offs_m, offs_n, offs_n_f,
                                                         first_block + i, CAUSAL, BLOCK_N, WINDOW, SOFTCAP, ALIBI)
+            else:
+                p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, window[3], BLOCK_N, CAUSAL)
             l_i = _pin_softmax(l_i, PIN_SOFTMAX)
             acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
             p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
@@ -695,12 +699,12 @@ def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_b
         if CAUSAL:
             unmasked_end = gl.maximum(window[3], 1)
         p, acc, m_i, l_i = _fwd_blocks(1, unmasked_end, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar, p,
-                                       acc, s_init, m_i, l_i, qk_scale, mask, PART, PINGPONG, PIN_SOFTMAX, EARLY_P,
-                                       False, False)
+                                       acc, s_init, m_i, l_i, qk_scale, mask, PART, PINGPONG, PIN_SOFTMAX, False,
+                                       False)
         if CAUSAL:
             p, acc, m_i, l_i = _fwd_blocks(unmasked_end, n_blocks, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar,
                                            turn_bar, p, acc, s_init, m_i, l_i, qk_scale, mask, PART, PINGPONG,
-                                           PIN_SOFTMAX, EARLY_P, False, True)
+                                           PIN_SOFTMAX, False, True)
     acc = _fwd_last_block(it + n_blocks, p, acc, v_smem, v_bar, empty_bar)
     return acc, l_i, m_i
 

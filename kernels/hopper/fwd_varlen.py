@@ -14,14 +14,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .fwd import (
-    _block_mask,
+    _fwd_block_matmuls,
     _fwd_blocks,
     _fwd_first_block,
     _fwd_last_block,
+    _fwd_rescale,
     _fwd_shared_buffers,
     _held_p,
     _load_q_kv,
     _online_softmax,
+    _pin_softmax,
     _store_output,
     _turn_barriers,
 )
@@ -37,7 +39,11 @@ def _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, mask_from
     visible to query row i when j <= i + shift, shift = seqlen_k - seqlen_q) are masked. A row
     may see no key of a block (or none at all)."""
     if block >= mask_from:
-        s = _block_mask(s, block, (offs_m, offs_n, seqlen_k, shift), BLOCK_N, True, CAUSAL)
+        cols = block * BLOCK_N + offs_n
+        visible = cols[None, :] < seqlen_k
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + shift)
+        s = gl.where(visible, s, float("-inf"))
     return _online_softmax(s, m_i, l_i, qk_scale, True)
 
 
@@ -132,16 +138,24 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
                 p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, mask_from, seqlen_k,
                                                           shift, BLOCK_N, CAUSAL)
                 p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-                # the blocks every row sees whole without mask code (block 0 was one of them: no row is empty
-                # there), then the masked ones
-                unmasked_end = gl.maximum(gl.minimum(mask_from, n_blocks), 1)
-                mask = (offs_m, offs_n, seqlen_k, shift)
-                p, acc, m_i, l_i = _fwd_blocks(1, unmasked_end, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar,
-                                               turn_bar, p, acc, s_init, m_i, l_i, qk_scale, mask, PART, PINGPONG,
-                                               PIN_SOFTMAX, EARLY_P, False, False)
-                p, acc, m_i, l_i = _fwd_blocks(unmasked_end, n_blocks, it, q_op, k_smem, v_smem, k_bar, v_bar,
-                                               empty_bar, turn_bar, p, acc, s_init, m_i, l_i, qk_scale, mask, PART,
-                                               PINGPONG, PIN_SOFTMAX, EARLY_P, True, CAUSAL)
+                if EARLY_P:  # three consumers: one loop, the mask behind a run-time branch (fwd._fwd_blocks)
+                    for i in range(1, n_blocks):
+                        s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar,
+                                                                    empty_bar, turn_bar, p, acc, s_init, PART, PINGPONG)
+                        p, alpha, l_i, m_i = _varlen_softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, i, mask_from,
+                                                                  seqlen_k, shift, BLOCK_N, CAUSAL)
+                        l_i = _pin_softmax(l_i, PIN_SOFTMAX)
+                        acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
+                        p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
+                else:  # the blocks every row sees whole (block 0 was one: no row is empty there), then the masked ones
+                    unmasked_end = gl.maximum(gl.minimum(mask_from, n_blocks), 1)
+                    mask = (offs_m, offs_n, seqlen_k, shift)
+                    p, acc, m_i, l_i = _fwd_blocks(1, unmasked_end, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar,
+                                                   turn_bar, p, acc, s_init, m_i, l_i, qk_scale, mask, PART, PINGPONG,
+                                                   PIN_SOFTMAX, False, False)
+                    p, acc, m_i, l_i = _fwd_blocks(unmasked_end, n_blocks, it, q_op, k_smem, v_smem, k_bar, v_bar,
+                                                   empty_bar, turn_bar, p, acc, s_init, m_i, l_i, qk_scale, mask, PART,
+                                                   PINGPONG, PIN_SOFTMAX, True, CAUSAL)
                 acc = _fwd_last_block(it + n_blocks, p, acc, v_smem, v_bar, empty_bar)
 
                 # lines 12-15; a row that saw no key: O = 0, L = +inf
