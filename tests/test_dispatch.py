@@ -684,7 +684,7 @@ def test_hopper_gluon_kernels_compile_for_sm90():
         assert max(loop_spills(line)) <= (1 if " alibi " in line and "causal=True" in line else 0), line
     # on two consumers the key blocks every row sees whole run in a loop without mask code, the masked
     # ones in a loop of their own (fwd._fwd_blocks): two loops a consumer in the varlen kernel and in the
-    # dense causal one on 64-key blocks (on 128-key blocks the one diagonal block is no loop); three
+    # dense causal one on 64-key blocks (on 128-key blocks ptxas may make the one diagonal block no loop); three
     # consumers keep one loop
     for line in varlen_lines + [line for line in forward_lines if "causal=True" in line and "x64 x" in line]:
         assert len(loop_spills(line)) == (3 if " 192x" in line else 4), line

@@ -99,8 +99,9 @@ def _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, block, diagonal, BLOCK_
 def _block_mask(s, block, mask, BLOCK_N: gl.constexpr, KEYS: gl.constexpr, CAUSAL: gl.constexpr):
     """S of key block `block` with the keys a row does not see at -inf. `mask` = (the rows' query
     indices, the block's key offsets, the key length, shift): with KEYS the keys from the key length
-    on; with CAUSAL the keys past a row's diagonal, bottom-right aligned (key j is seen by query row
-    i when j <= i + shift, shift = seqlen_k - seqlen_q: 0 in the dense kernel)."""
+    on (without KEYS the key length is not read); with CAUSAL the keys past a row's diagonal,
+    bottom-right aligned (key j is seen by query row i when j <= i + shift, shift = seqlen_k -
+    seqlen_q: 0 in the dense kernel)."""
     offs_m, offs_n, seqlen_k, shift = mask
     # one bound a row on the offsets within the block (one compare an element, nothing a step could
     # hoist out of its loop as a whole tile): a row sees the keys before it
@@ -125,9 +126,10 @@ def _fwd_blocks(lo, hi, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_
     O rescaled. The blocks' mask is `_block_mask`'s (KEYS, CAUSAL); with neither the loop has no mask
     code: as FA3's and FA4's mainloops, the tile's blocks every row sees whole run in a loop of their
     own, the masked ones in another. With KEYS a row may see no key yet (`_online_softmax`'s
-    EMPTY_ROWS). Two consumers only: on three (192 query rows) the loops apart were slower, and their
-    key blocks run in one loop, the mask behind a run-time branch (docs/performance.md, "The key
-    blocks without a mask in a loop of their own"). Returns P~ of block hi - 1, O, m and l."""
+    EMPTY_ROWS). Two consumers without a window, softcap or ALiBi only: on three (192 query rows) the
+    loops apart were slower, and their key blocks run in one loop, the mask behind a run-time branch,
+    as a feature's do (docs/performance.md, "The key blocks without a mask in a loop of their own").
+    Returns P~ of block hi - 1, O, m and l."""
     BLOCK_N: gl.constexpr = k_smem[0].type.shape[1]
     for i in range(lo, hi):
         s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar,
@@ -650,10 +652,11 @@ def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_b
                   CAUSAL: gl.constexpr, WINDOW: gl.constexpr, SOFTCAP: gl.constexpr, ALIBI: gl.constexpr,
                   PART: gl.constexpr, PINGPONG: gl.constexpr, PIN_SOFTMAX: gl.constexpr, Q_IN_REGS: gl.constexpr,
                   CONSUMERS: gl.constexpr):
-    """Lines 5-11 of one consumer over its tile's key blocks (the program's it-th on), the scores through _softmax_step (dense),
-    _softmax_step_alibi (ALiBi's key term added by the S matmul) or _softmax_step_mods, the matmuls issued in turns with PINGPONG
-    (`_await_turn`), the softmax held before P~ V's wait with PIN_SOFTMAX (`_pin_softmax`): the
-    unnormalised O, l and m."""
+    """Lines 5-11 of one consumer over its tile's key blocks (the program's it-th on), the scores through _softmax_step (the
+    first block; after it, on two consumers, `_fwd_blocks`: the blocks before the diagonal, then the diagonal ones), or, in one
+    loop, through _softmax_step_alibi (ALiBi's key term added by the S matmul), _softmax_step_mods, or on three consumers
+    _softmax_step; the matmuls issued in turns with PINGPONG (`_await_turn`), the softmax held before P~ V's wait with
+    PIN_SOFTMAX (`_pin_softmax`): the unnormalised O, l and m."""
     ALIBI_MMA: gl.constexpr = _alibi_by_matmul(CAUSAL, WINDOW, SOFTCAP, ALIBI)
     MODS: gl.constexpr = WINDOW | SOFTCAP | ALIBI
     EARLY_P: gl.constexpr = CONSUMERS == 3  # (_held_p)
@@ -676,7 +679,7 @@ def _softmax_loop(q_buf, q_ready, q_phase, k_smem, v_smem, k_bar, v_bar, empty_b
     else:
         p, alpha, l_i, m_i = _softmax_step(s, m_i, l_i, qk_scale, offs_m, offs_n, 0, window[3], BLOCK_N, CAUSAL)
     p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-    if ALIBI_MMA or MODS or EARLY_P:  # one loop (three consumers: `_fwd_blocks`)
+    if ALIBI_MMA or MODS or EARLY_P:  # one loop: a feature's, or three consumers' (`_fwd_blocks`)
         for i in range(1, n_blocks):
             # line 8 for block j and line 10's P~ V for block j - 1; line 9 for block j runs under P~ V
             s, acc_tok, p_op, prev = _fwd_block_matmuls(it + i, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar, turn_bar,

@@ -147,7 +147,8 @@ def _varlen_softmax_partition(args, CAUSAL: gl.constexpr, PART: gl.constexpr, PI
                         l_i = _pin_softmax(l_i, PIN_SOFTMAX)
                         acc = _fwd_rescale(acc_tok, p_op, alpha, prev, empty_bar)
                         p = _held_p(p, acc, v_smem[0].dtype, EARLY_P)
-                else:  # the blocks every row sees whole (block 0 was one: no row is empty there), then the masked ones
+                else:  # the blocks every row sees whole, then the masked ones (rows may be empty only when
+                    # mask_from is 0, and then the first loop is empty)
                     unmasked_end = gl.maximum(gl.minimum(mask_from, n_blocks), 1)
                     mask = (offs_m, offs_n, seqlen_k, shift)
                     p, acc, m_i, l_i = _fwd_blocks(1, unmasked_end, it, q_op, k_smem, v_smem, k_bar, v_bar, empty_bar,
